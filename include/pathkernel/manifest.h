@@ -1,0 +1,113 @@
+// The run manifest: manifest.json, the index of a run directory.
+//
+// It holds everything needed to reproduce the run and to read it without
+// pathkernel: data, model, parameter layout (names, shapes, flat offsets),
+// optimizer, per-step learning rates, seeds, dtype, versions, and the list
+// of files with their sizes and CRC-32s. JSON keys keep a fixed order, so
+// save -> load -> save gives identical bytes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pathkernel/dataset.h"
+#include "pathkernel/model.h"
+#include "pathkernel/optimizer.h"
+
+namespace pathkernel {
+
+/// A file of the run, relative to the run directory.
+struct FileRecord {
+  std::string file;
+  int64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
+/// A full checkpoint: w_step as a flat float64 [P] .npy, plus the optimizer
+/// state at that step (each buffer a flat [P] .npy; none before step 1).
+struct CheckpointRecord {
+  int64_t step = 0;
+  FileRecord weights;
+  int64_t optimizer_step = 0;
+  std::map<std::string, FileRecord> optimizer_buffers;
+};
+
+/// The batch indices of steps [first_step, first_step + steps): an int32 .npy
+/// of shape [steps, max batch], rows padded with -1.
+struct BatchRecord {
+  int64_t first_step = 0;
+  int64_t steps = 0;
+  FileRecord indices;
+};
+
+struct Manifest {
+  std::string format = "pathkernel-run";
+  int64_t format_version = 1;
+  std::string pathkernel_version;
+  std::string libtorch_version;
+  std::string status = "running";  ///< running | complete | diverged
+  std::string message;             ///< why training stopped, if it did not complete
+  int64_t steps = 0;               ///< N: the path is w_0 .. w_N
+
+  // Data.
+  DataOptions data;
+  int64_t num_train = 0;
+  int64_t num_test = 0;
+  std::vector<int64_t> input_shape;
+  int64_t num_classes = 0;
+  nlohmann::ordered_json normalization;
+  nlohmann::ordered_json source;
+  uint32_t train_crc32 = 0;  ///< CRC-32 of the training inputs and labels as used
+
+  // Model.
+  std::string model_spec;
+  std::string output = "logsoftmax";
+  bool zero_last_layer = false;
+  uint64_t init_seed = 0;
+  std::string dtype = "float64";
+  int64_t parameter_count = 0;
+  std::vector<ParamInfo> parameters;
+
+  // Training.
+  OptimizerOptions optimizer;
+  int64_t batch_size = 0;  ///< 0: full batch
+  uint64_t batch_seed = 0;
+  std::string schedule = "constant";
+  int64_t threads = 1;  ///< intra-op threads used; replay uses the same
+  int64_t checkpoint_every = 1;
+  std::vector<double> learning_rates;  ///< [N]: eta_s of every step
+  std::vector<CheckpointRecord> checkpoints;
+  std::vector<BatchRecord> batches;  ///< empty for full-batch training
+  std::string metrics = "metrics.csv";
+  nlohmann::ordered_json summary;  ///< final loss and accuracies, when complete
+
+  nlohmann::ordered_json to_json() const;
+  /// Parses a manifest; throws Error naming the missing or mistyped field.
+  static Manifest from_json(const nlohmann::ordered_json& j);
+  std::string dump() const;  ///< to_json().dump(2) + "\n"
+
+  /// Reads RUN/manifest.json. Throws Error if missing or malformed.
+  static Manifest load(const std::string& run_dir);
+  /// Writes RUN/manifest.json atomically.
+  void save(const std::string& run_dir) const;
+
+  /// The options to rebuild the network of this run.
+  NetworkOptions network_options() const;
+  /// Bytes of the path data: checkpoints, optimizer state and batch logs.
+  int64_t path_bytes() const;
+};
+
+/// Checks the manifest against the files in run_dir: every listed file exists
+/// with the recorded size and CRC-32, checkpoints are in order and start at 0
+/// and end at N, batch logs cover every step of minibatch training, and there
+/// is one learning rate per step. Throws Error naming the first inconsistency.
+void validate_run(const std::string& run_dir, const Manifest& manifest);
+
+/// CRC-32 of a training set (inputs then labels, raw bytes).
+uint32_t training_data_crc32(const torch::Tensor& x, const torch::Tensor& y);
+
+}  // namespace pathkernel

@@ -1,0 +1,104 @@
+// Models: spec strings -> torch::nn modules, plus the layer description the
+// exact-kernel engine walks.
+//
+// Spec strings:
+//   mlp:H1[,H2...][:relu|tanh|gelu]   fully connected, e.g. "mlp:128", "mlp:256,128:tanh"
+//   cnn:C1[,C2...]                     conv3x3(pad 1) -> ReLU -> 2x2 max-pool blocks,
+//                                      then one linear layer, e.g. "cnn:8,16"
+// The output map is log-softmax (default; the loss is NLL on it, i.e. cross
+// entropy) or the raw logits (the loss is cross entropy on them).
+//
+// Flat parameter order: the order of Network::named_parameters(), each tensor
+// flattened row-major. The flat vector has length P = parameter_count().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace pathkernel {
+
+/// A parsed model spec string.
+struct ModelSpec {
+  std::string kind;             ///< "mlp" or "cnn"
+  std::vector<int64_t> widths;  ///< hidden widths (mlp) or channels (cnn)
+  std::string activation;       ///< "relu", "tanh" or "gelu" (cnn: "relu")
+
+  /// Parses a spec string; throws Error naming the bad part and the grammar.
+  static ModelSpec parse(const std::string& spec);
+  /// The canonical spec string, e.g. "mlp:256,128:tanh".
+  std::string str() const;
+};
+
+enum class OutputMap { LogSoftmax, Logits };
+OutputMap parse_output_map(const std::string& name);
+std::string output_map_name(OutputMap map);
+
+/// One layer as the engine sees it. Parameterised layers name their module.
+struct LayerDesc {
+  enum class Kind { Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax };
+  Kind kind;
+  std::string module;    ///< for Linear / Conv2d: the module name, e.g. "fc1"
+  int64_t in = 0;        ///< Linear: in_features;  Conv2d: in_channels
+  int64_t out = 0;       ///< Linear: out_features; Conv2d: out_channels
+  int64_t kernel = 0;    ///< Conv2d kernel size; MaxPool2d window
+  int64_t padding = 0;   ///< Conv2d padding
+};
+
+/// Everything that determines a network's architecture and initialisation.
+struct NetworkOptions {
+  ModelSpec spec;
+  std::vector<int64_t> input_shape;  ///< per-example shape, e.g. {100} or {1,28,28}
+  int64_t num_classes = 0;
+  OutputMap output = OutputMap::LogSoftmax;
+  bool zero_last_layer = false;  ///< paper Remark 1: last layer starts at 0
+  torch::Dtype dtype = torch::kFloat64;
+  uint64_t seed = 0;  ///< initialisation seed
+};
+
+/// The network: a fixed sequence of layers described by layers().
+class NetworkImpl : public torch::nn::Module {
+ public:
+  explicit NetworkImpl(const NetworkOptions& options);
+
+  /// x: [n, *input_shape] -> [n, num_classes] (log-probabilities or logits).
+  torch::Tensor forward(torch::Tensor x);
+
+  const std::vector<LayerDesc>& layers() const { return layers_; }
+  const NetworkOptions& options() const { return options_; }
+
+ private:
+  NetworkOptions options_;
+  std::vector<LayerDesc> layers_;
+  std::vector<torch::nn::Linear> linears_;
+  std::vector<torch::nn::Conv2d> convs_;
+};
+TORCH_MODULE(Network);
+
+/// Builds and initialises a network (seeded; last layer zeroed if asked).
+Network build_network(const NetworkOptions& options);
+
+/// One parameter tensor's place in the flat vector.
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+std::vector<ParamInfo> parameter_layout(Network& net);
+int64_t parameter_count(Network& net);
+
+/// The flat parameter vector, shape [P], a copy.
+torch::Tensor flatten_parameters(Network& net);
+
+/// Copies a flat vector of shape [P] into the parameters (bit for bit).
+void set_flat_parameters(Network& net, const torch::Tensor& flat);
+
+/// Mean training loss of `output` (from forward) against labels y [n]:
+/// NLL for log-softmax, cross entropy for logits.
+torch::Tensor training_loss(const torch::Tensor& output, const torch::Tensor& y, OutputMap map);
+
+}  // namespace pathkernel

@@ -1,0 +1,64 @@
+// Optimizers: a registry of LibTorch's torch::optim optimizers by name, and
+// their state as flat vectors (for checkpoints and exact replay).
+//
+// Names: gd (SGD on the full batch), sgd, momentum (SGD with momentum),
+// nesterov, adam, adamw. Updates are LibTorch's own, not re-implementations.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+namespace pathkernel {
+
+/// Optimizer hyper-parameters (PyTorch conventions). Fields that do not apply
+/// to the chosen optimizer are ignored and not recorded.
+struct OptimizerOptions {
+  std::string name = "sgd";
+  double lr = 0.1;
+  double momentum = 0.9;     ///< momentum, nesterov
+  double dampening = 0.0;    ///< momentum
+  double weight_decay = 0.0; ///< L2 (coupled) for gd/sgd/momentum/nesterov/adam; decoupled for adamw
+  double beta1 = 0.9;        ///< adam, adamw
+  double beta2 = 0.999;      ///< adam, adamw
+  double eps = 1e-8;         ///< adam, adamw
+
+  /// Checks ranges and the name; throws Error naming the bad value.
+  void validate() const;
+  /// The fields that apply to `name`, for the manifest.
+  nlohmann::ordered_json to_json() const;
+  static OptimizerOptions from_json(const nlohmann::ordered_json& j);
+};
+
+std::vector<std::string> optimizer_names();
+
+/// Whether the optimizer uses the whole training set at every step.
+bool is_full_batch(const std::string& name);
+
+/// Creates the LibTorch optimizer over `params`.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& options,
+                                                        const std::vector<torch::Tensor>& params);
+
+/// Sets the learning rate of every parameter group.
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+/// Optimizer state flattened in the parameter order: each buffer has shape
+/// [P]. Empty before the first step (LibTorch creates state lazily).
+struct OptimizerState {
+  int64_t step = 0;  ///< adam/adamw step counter (0 for the SGD family)
+  std::map<std::string, torch::Tensor> buffers;  ///< e.g. "momentum_buffer", "exp_avg", "exp_avg_sq"
+  bool empty() const { return buffers.empty(); }
+};
+
+OptimizerState export_state(torch::optim::Optimizer& optimizer, const std::string& name,
+                            const std::vector<torch::Tensor>& params);
+
+/// Replaces the optimizer's state by `state` (bit for bit); empty clears it.
+void import_state(torch::optim::Optimizer& optimizer, const std::string& name,
+                  const std::vector<torch::Tensor>& params, const OptimizerState& state);
+
+}  // namespace pathkernel

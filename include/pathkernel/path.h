@@ -1,0 +1,92 @@
+// The path reader: the recorded training path w_0 .. w_N of a run directory,
+// reconstructed by deterministic replay from its checkpoints.
+//
+// Replay re-runs take_step() from the checkpoint before the wanted step with
+// the recorded batches, learning rates and optimizer state, using the thread
+// count the run was trained with. It reproduces the recorded checkpoints bit
+// for bit; every checkpoint the replay reaches is compared, and a difference
+// throws Error (check() reports instead of throwing).
+//
+// All weight vectors are flat float64 [P] in the manifest's parameter order.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "pathkernel/dataset.h"
+#include "pathkernel/manifest.h"
+#include "pathkernel/model.h"
+#include "pathkernel/optimizer.h"
+
+namespace pathkernel {
+
+/// One step of the path.
+struct PathStep {
+  int64_t step = 0;       ///< s
+  torch::Tensor w;        ///< w_s, float64 [P]
+  torch::Tensor delta;    ///< the recorded difference w_{s+1} - w_s, float64 [P]
+  torch::Tensor batch;    ///< B_s as int64 [B_s] indices into the training set; undefined = all
+  double lr = 0;          ///< eta_s
+  OptimizerState state;   ///< optimizer state after step s (the one that produced delta)
+};
+
+/// The outcome of replaying a whole path against its checkpoints.
+struct ReplayReport {
+  int64_t steps_replayed = 0;
+  int64_t checkpoints_compared = 0;
+  int64_t mismatches = 0;
+  int64_t first_mismatch_step = -1;
+  double max_abs_diff = 0;
+  bool bitwise_equal = true;
+};
+
+class PathReader {
+ public:
+  /// Opens a run: reads and validates the manifest against the files, reloads
+  /// the training data (checking it matches what was trained on) and rebuilds
+  /// the network. Throws Error naming the first inconsistency.
+  explicit PathReader(std::string run_dir);
+
+  const Manifest& manifest() const { return manifest_; }
+  const Dataset& dataset() const { return dataset_; }
+  Network& network() { return net_; }
+  int64_t steps() const { return manifest_.steps; }
+  const std::string& dir() const { return dir_; }
+
+  /// w at checkpoint i of manifest().checkpoints, float64 [P].
+  torch::Tensor checkpoint(size_t i) const;
+
+  /// w_s for any s in [0, N], replayed from the checkpoint before it.
+  torch::Tensor weights(int64_t s);
+
+  /// Calls fn for s = 0 .. N-1 in order. Memory: O(P).
+  void forward(const std::function<void(const PathStep&)>& fn);
+
+  /// Calls fn for s = N-1 .. 0, replaying one checkpoint segment at a time and
+  /// holding at most one segment in memory.
+  void reverse(const std::function<void(const PathStep&)>& fn);
+
+  /// Replays every step and compares every checkpoint bit for bit.
+  ReplayReport check(bool progress = false);
+
+ private:
+  /// Replays checkpoint segment k (steps c_k .. c_{k+1}-1), calling fn per
+  /// step, then compares with checkpoint k+1. Returns the max |diff| there
+  /// (0 when bit for bit equal, +inf when bits differ but values are equal).
+  double replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state);
+  torch::Tensor batch_indices(int64_t s);
+  OptimizerState checkpoint_state(size_t k) const;
+  void require_equal(size_t k, double diff) const;
+
+  std::string dir_;
+  Manifest manifest_;
+  Dataset dataset_;
+  Network net_{nullptr};
+  // The batch log currently loaded.
+  int64_t batch_first_ = -1;
+  torch::Tensor batch_rows_;
+};
+
+}  // namespace pathkernel

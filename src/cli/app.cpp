@@ -1,0 +1,36 @@
+// The application object: global options and subcommand registration.
+#include <cstdio>
+
+#include "commands.h"
+#include "pathkernel/context.h"
+#include "pathkernel/version.h"
+
+namespace pathkernel::cli {
+
+void Globals::apply() const {
+  set_threads(threads == 0 ? hardware_threads() : threads);
+  warn_if_slow_blas();
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{
+      "pathkernel: a network trained by gradient descent as its exact kernel machine.\n"
+      "Train a model and record its path, then inspect and replay it."};
+  app.set_version_flag("--version", "pathkernel " + pathkernel_version() + " (LibTorch " +
+                                        libtorch_version() + ")");
+  Globals globals;
+  app.add_option("--threads", globals.threads, "Threads for LibTorch and BLAS (default: all cores)")
+      ->check(CLI::Range(1, 1024));
+  app.require_subcommand(1);
+  add_train_command(app, globals);
+  add_info_command(app, globals);
+  add_check_path_command(app, globals);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return globals.exit_status;
+}
+
+}  // namespace pathkernel::cli

@@ -1,0 +1,71 @@
+// `pathkernel info`: what a run directory holds.
+#include <cstdio>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "pathkernel/error.h"
+#include "pathkernel/manifest.h"
+
+namespace pathkernel::cli {
+
+void add_info_command(CLI::App& app, Globals& globals) {
+  struct Args {
+    std::string run;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("info", "Describe a run directory (checks it against its manifest)");
+  cmd->add_option("RUN", args->run, "Run directory")->required();
+  cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->callback([args, &globals] {
+    (void)globals;
+    Manifest m = Manifest::load(args->run);
+    validate_run(args->run, m);
+    const int64_t every_step = mul_no_overflow(
+        mul_no_overflow(m.steps + 1, m.parameter_count, "every-step path size"), 8, "every-step path size");
+    const int64_t path = m.path_bytes();
+    nlohmann::ordered_json j{{"run", args->run},
+                             {"status", m.status},
+                             {"steps", m.steps},
+                             {"parameters", m.parameter_count},
+                             {"path_bytes", path},
+                             {"every_step_bytes", every_step},
+                             {"compression", every_step > 0 ? static_cast<double>(every_step) / path : 0.0},
+                             {"checkpoints", m.checkpoints.size()},
+                             {"checkpoint_every", m.checkpoint_every},
+                             {"data", m.data.spec},
+                             {"num_train", m.num_train},
+                             {"num_test", m.num_test},
+                             {"model", m.model_spec},
+                             {"output", m.output},
+                             {"dtype", m.dtype},
+                             {"optimizer", m.optimizer.to_json()},
+                             {"batch_size", m.batch_size},
+                             {"threads", m.threads},
+                             {"libtorch_version", m.libtorch_version},
+                             {"pathkernel_version", m.pathkernel_version},
+                             {"summary", m.summary}};
+    if (args->json) {
+      std::printf("%s\n", j.dump().c_str());
+      return;
+    }
+    std::printf("run %s (%s)\n", args->run.c_str(), m.status.c_str());
+    if (!m.message.empty()) std::printf("  %s\n", m.message.c_str());
+    std::printf("  data      %s: %lld train / %lld test, %lld classes\n", m.data.spec.c_str(),
+                static_cast<long long>(m.num_train), static_cast<long long>(m.num_test),
+                static_cast<long long>(m.num_classes));
+    std::printf("  model     %s, output %s, %s, %lld parameters\n", m.model_spec.c_str(),
+                m.output.c_str(), m.dtype.c_str(), static_cast<long long>(m.parameter_count));
+    std::printf("  training  %s, batch %s, %lld steps\n", m.optimizer.to_json().dump().c_str(),
+                m.batch_size == 0 ? "full" : std::to_string(m.batch_size).c_str(),
+                static_cast<long long>(m.steps));
+    std::printf("  path      %zu checkpoints (every %lld steps), %.2f MB; every step would be %.2f MB (%.1fx)\n",
+                m.checkpoints.size(), static_cast<long long>(m.checkpoint_every), path / 1e6,
+                every_step / 1e6, path > 0 ? static_cast<double>(every_step) / path : 0.0);
+    if (!m.summary.empty()) std::printf("  summary   %s\n", m.summary.dump().c_str());
+  });
+}
+
+}  // namespace pathkernel::cli

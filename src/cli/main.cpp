@@ -1,0 +1,14 @@
+// pathkernel's entry point: run the application, report user errors.
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  try {
+    return pathkernel::cli::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pathkernel: error: %s\n", e.what());
+    return 1;
+  }
+}

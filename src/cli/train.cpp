@@ -1,0 +1,130 @@
+// `pathkernel train`: train a model and record its path in a run directory.
+#include <cstdio>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "pathkernel/context.h"
+#include "pathkernel/dataset.h"
+#include "pathkernel/error.h"
+#include "pathkernel/optimizer.h"
+#include "pathkernel/run.h"
+
+namespace pathkernel::cli {
+
+namespace {
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+struct TrainArgs {
+  RunOptions run;
+  std::string dtype = "float64";
+  std::string output = "logsoftmax";
+  double lr = 0;
+  bool json = false;
+  bool quiet = false;
+};
+
+/// Checks options that only make sense together, in one place.
+void check_conflicts(CLI::App& cmd, const TrainArgs& a) {
+  const std::string& opt = a.run.train.optimizer.name;
+  bool momentum_family = opt == "momentum" || opt == "nesterov";
+  bool adam_family = opt == "adam" || opt == "adamw";
+  for (const char* flag : {"--momentum", "--dampening"}) {
+    PK_CHECK(cmd.count(flag) == 0 || momentum_family,
+             flag << " applies to --optimizer momentum or nesterov (got --optimizer " << opt << ")");
+  }
+  for (const char* flag : {"--beta1", "--beta2", "--eps"}) {
+    PK_CHECK(cmd.count(flag) == 0 || adam_family,
+             flag << " applies to --optimizer adam or adamw (got --optimizer " << opt << ")");
+  }
+  PK_CHECK(!(cmd.count("--steps") && cmd.count("--epochs")), "give --steps or --epochs, not both");
+}
+}  // namespace
+
+void add_train_command(CLI::App& app, Globals& globals) {
+  auto args = std::make_shared<TrainArgs>();
+  RunOptions& r = args->run;
+  CLI::App* cmd = app.add_subcommand("train", "Train a model and record its path in a run directory");
+  cmd->add_option("--data", r.data.spec, "Dataset: " + joined(dataset_names()))->required();
+  cmd->add_option("--train-size", r.data.train_size, "Class-balanced training subset size (default: all)");
+  cmd->add_option("--test-size", r.data.test_size, "Class-balanced test subset size (default: all)");
+  cmd->add_option("--data-seed", r.data.seed, "Seed of synthetic data and subsets")->capture_default_str();
+  cmd->add_option("--model", r.model, "Model spec: mlp:H1[,H2...][:relu|tanh|gelu] or cnn:C1[,C2...]")
+      ->capture_default_str();
+  cmd->add_option("--output", args->output, "Output map: logsoftmax (NLL loss) or logits (cross entropy)")
+      ->check(CLI::IsMember({"logsoftmax", "logits"}))
+      ->capture_default_str();
+  cmd->add_flag("--zero-last-layer", r.zero_last_layer,
+                "Start the last layer at zero, so the kernel machine's bias is constant");
+  cmd->add_option("--dtype", args->dtype, "float64 or float32")
+      ->check(CLI::IsMember({"float64", "float32"}))
+      ->capture_default_str();
+  cmd->add_option("--optimizer", r.train.optimizer.name, "Optimizer: " + joined(optimizer_names()))
+      ->capture_default_str();
+  cmd->add_option("--lr", args->lr, "Learning rate (default: 0.1; 0.001 for adam and adamw)");
+  cmd->add_option("--schedule", r.train.schedule, "Learning-rate schedule: constant, cosine, linear")
+      ->capture_default_str();
+  auto* steps = cmd->add_option("--steps", r.train.steps, "Number of optimisation steps");
+  cmd->add_option("--epochs", r.train.epochs, "Number of epochs (default: 1 when --steps is not given)")
+      ->excludes(steps);
+  cmd->add_option("--batch", r.train.batch, "Minibatch size; 0 = full batch (default: 100; full for gd)");
+  cmd->add_option("--momentum", r.train.optimizer.momentum, "Momentum (momentum, nesterov)")
+      ->capture_default_str();
+  cmd->add_option("--dampening", r.train.optimizer.dampening, "Dampening (momentum)")->capture_default_str();
+  cmd->add_option("--weight-decay", r.train.optimizer.weight_decay,
+                  "L2 weight decay (decoupled for adamw)")
+      ->capture_default_str();
+  cmd->add_option("--beta1", r.train.optimizer.beta1, "Adam beta1")->capture_default_str();
+  cmd->add_option("--beta2", r.train.optimizer.beta2, "Adam beta2")->capture_default_str();
+  cmd->add_option("--eps", r.train.optimizer.eps, "Adam epsilon")->capture_default_str();
+  cmd->add_option("--seed", r.seed, "Seed of initialisation and batch order")->capture_default_str();
+  cmd->add_option("--checkpoint-every", r.checkpoint_every,
+                  "Store a full checkpoint every k steps (default: about sqrt(steps))");
+  cmd->add_option("--out", r.out, "Run directory to create")->required();
+  cmd->add_flag("--force", r.force, "Overwrite an existing run directory");
+  cmd->add_flag("--json", args->json, "Print the summary as one JSON object");
+  cmd->add_flag("--quiet", args->quiet, "No progress bar");
+
+  cmd->callback([cmd, args, &globals] {
+    check_conflicts(*cmd, *args);
+    globals.apply();
+    RunOptions& r = args->run;
+    const std::string& opt = r.train.optimizer.name;
+    r.data.dtype = parse_dtype(args->dtype);
+    r.output = parse_output_map(args->output);
+    r.train.optimizer.lr = cmd->count("--lr") ? args->lr : (opt == "adam" || opt == "adamw" ? 1e-3 : 0.1);
+    if (!cmd->count("--batch")) r.train.batch = opt == "gd" ? 0 : 100;
+    if (r.train.steps == -1 && r.train.epochs == -1) r.train.epochs = 1;
+    r.train.seed = r.seed;
+    r.train.progress = !args->quiet;
+    RunResult res = train_run(r);
+    const Manifest& m = res.manifest;
+    if (args->json) {
+      nlohmann::ordered_json j{{"run", r.out},
+                               {"steps", m.steps},
+                               {"parameters", m.parameter_count},
+                               {"final_batch_loss", res.summary.final_loss},
+                               {"train_accuracy", res.summary.train_accuracy},
+                               {"test_accuracy", res.summary.test_accuracy},
+                               {"seconds", res.summary.seconds}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("trained %s on %s (%lld train / %lld test points) with %s, %lld steps in %.1f s\n",
+                  m.model_spec.c_str(), m.data.spec.c_str(), static_cast<long long>(m.num_train),
+                  static_cast<long long>(m.num_test), opt.c_str(), static_cast<long long>(m.steps),
+                  res.summary.seconds);
+      std::printf("  final batch loss %.4f, train accuracy %.4f, test accuracy %.4f\n",
+                  res.summary.final_loss, res.summary.train_accuracy, res.summary.test_accuracy);
+      std::printf("  %lld parameters, %zu checkpoints, path data %.2f MB\n",
+                  static_cast<long long>(m.parameter_count), m.checkpoints.size(), m.path_bytes() / 1e6);
+      std::printf("  run directory: %s\n", r.out.c_str());
+    }
+  });
+}
+
+}  // namespace pathkernel::cli

@@ -1,0 +1,76 @@
+// Thread control and the BLAS check.
+#include "pathkernel/context.h"
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "pathkernel/error.h"
+
+namespace pathkernel {
+
+namespace {
+using SetThreadsFn = void (*)(int);
+
+SetThreadsFn openblas_set_threads() {
+  static SetThreadsFn fn =
+      reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  return fn;
+}
+}  // namespace
+
+int hardware_threads() {
+  unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+void set_threads(int n) {
+  PK_CHECK(n >= 1, "thread count must be >= 1 (got " << n << ")");
+  torch::set_num_threads(n);
+  if (SetThreadsFn fn = openblas_set_threads()) fn(n);
+}
+
+int current_threads() { return torch::get_num_threads(); }
+
+ThreadScope::ThreadScope(int n) : previous_(current_threads()) { set_threads(n); }
+ThreadScope::~ThreadScope() { set_threads(previous_); }
+
+BlasInfo active_blas() {
+  BlasInfo info{"unknown", false};
+  void* sym = dlsym(RTLD_DEFAULT, "dgemm_");
+  Dl_info dl{};
+  if (sym != nullptr && dladdr(sym, &dl) != 0 && dl.dli_fname != nullptr) {
+    char resolved[4096];
+    info.library = realpath(dl.dli_fname, resolved) ? resolved : dl.dli_fname;
+  }
+  const std::string& lib = info.library;
+  info.optimized = lib.find("openblas") != std::string::npos ||
+                   lib.find("mkl") != std::string::npos || lib.find("blis") != std::string::npos;
+  return info;
+}
+
+void warn_if_slow_blas() {
+  BlasInfo info = active_blas();
+  if (!info.optimized) {
+    std::fprintf(stderr,
+                 "pathkernel: warning: LibTorch is using a slow BLAS (%s), about 30x slower than "
+                 "OpenBLAS. Install it with `apt-get install libopenblas0-pthread` (or run "
+                 "`make deps`).\n",
+                 info.library.c_str());
+  }
+}
+
+torch::Dtype parse_dtype(const std::string& name) {
+  if (name == "float64" || name == "double") return torch::kFloat64;
+  if (name == "float32" || name == "float") return torch::kFloat32;
+  PK_THROW("unknown dtype '" << name << "': expected float64 or float32");
+}
+
+std::string dtype_name(torch::Dtype dtype) {
+  if (dtype == torch::kFloat64) return "float64";
+  if (dtype == torch::kFloat32) return "float32";
+  PK_THROW("unsupported dtype " << dtype << ": expected float64 or float32");
+}
+
+}  // namespace pathkernel

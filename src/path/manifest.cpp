@@ -1,0 +1,313 @@
+// manifest.json: serialisation, loading and validation against the files.
+#include "pathkernel/manifest.h"
+
+#include <filesystem>
+
+#include "pathkernel/context.h"
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/npy.h"
+
+namespace pathkernel {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+/// Reads field `key` of object `j` as T; `where` names the object in errors.
+template <typename T>
+T field(const ojson& j, const char* key, const std::string& where) {
+  PK_CHECK(j.is_object(), "manifest: " << where << " is not an object");
+  auto it = j.find(key);
+  PK_CHECK(it != j.end(), "manifest: " << where << " has no field '" << key << "'");
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    PK_THROW("manifest: field '" << key << "' of " << where << " has the wrong type (" << it->dump()
+                                 << "): " << e.what());
+  }
+}
+
+ojson file_json(const FileRecord& f) {
+  return ojson{{"file", f.file}, {"bytes", f.bytes}, {"crc32", f.crc32}};
+}
+
+FileRecord file_from(const ojson& j, const std::string& where) {
+  return {field<std::string>(j, "file", where), field<int64_t>(j, "bytes", where),
+          field<uint32_t>(j, "crc32", where)};
+}
+
+}  // namespace
+
+ojson Manifest::to_json() const {
+  ojson j;
+  j["format"] = format;
+  j["format_version"] = format_version;
+  j["pathkernel_version"] = pathkernel_version;
+  j["libtorch_version"] = libtorch_version;
+  j["status"] = status;
+  j["message"] = message;
+  j["steps"] = steps;
+  j["data"] = ojson{{"spec", data.spec},
+                    {"train_size", data.train_size},
+                    {"test_size", data.test_size},
+                    {"seed", data.seed},
+                    {"num_train", num_train},
+                    {"num_test", num_test},
+                    {"input_shape", input_shape},
+                    {"num_classes", num_classes},
+                    {"normalization", normalization},
+                    {"source", source},
+                    {"train_crc32", train_crc32}};
+  j["model"] = ojson{{"spec", model_spec},
+                     {"output", output},
+                     {"zero_last_layer", zero_last_layer},
+                     {"init_seed", init_seed}};
+  j["dtype"] = dtype;
+  ojson params = ojson::array();
+  for (const ParamInfo& p : parameters) {
+    params.push_back(ojson{{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
+  }
+  j["parameters"] = ojson{{"count", parameter_count}, {"tensors", params}};
+  j["optimizer"] = optimizer.to_json();
+  j["training"] = ojson{{"batch_size", batch_size},
+                        {"batch_seed", batch_seed},
+                        {"schedule", schedule},
+                        {"threads", threads},
+                        {"checkpoint_every", checkpoint_every}};
+  j["learning_rates"] = learning_rates;
+  ojson cks = ojson::array();
+  for (const CheckpointRecord& c : checkpoints) {
+    ojson ck = ojson{{"step", c.step}, {"file", c.weights.file}, {"bytes", c.weights.bytes},
+               {"crc32", c.weights.crc32}};
+    ojson state = ojson::object();
+    for (const auto& [name, f] : c.optimizer_buffers) state[name] = file_json(f);
+    ck["optimizer_state"] = ojson{{"step", c.optimizer_step}, {"buffers", state}};
+    cks.push_back(ck);
+  }
+  j["checkpoints"] = cks;
+  ojson bs = ojson::array();
+  for (const BatchRecord& b : batches) {
+    bs.push_back(ojson{{"first_step", b.first_step}, {"steps", b.steps}, {"file", b.indices.file},
+                       {"bytes", b.indices.bytes}, {"crc32", b.indices.crc32}});
+  }
+  j["batches"] = bs;
+  j["metrics"] = metrics;
+  j["summary"] = summary;
+  return j;
+}
+
+Manifest Manifest::from_json(const ojson& j) {
+  Manifest m;
+  m.format = field<std::string>(j, "format", "the manifest");
+  PK_CHECK(m.format == "pathkernel-run",
+           "manifest: format is '" << m.format << "', expected 'pathkernel-run'");
+  m.format_version = field<int64_t>(j, "format_version", "the manifest");
+  PK_CHECK(m.format_version == 1, "manifest: format_version " << m.format_version
+                                                              << " is not supported (expected 1)");
+  m.pathkernel_version = field<std::string>(j, "pathkernel_version", "the manifest");
+  m.libtorch_version = field<std::string>(j, "libtorch_version", "the manifest");
+  m.status = field<std::string>(j, "status", "the manifest");
+  m.message = field<std::string>(j, "message", "the manifest");
+  m.steps = field<int64_t>(j, "steps", "the manifest");
+
+  const ojson d = field<ojson>(j, "data", "the manifest");
+  m.data.spec = field<std::string>(d, "spec", "data");
+  m.data.train_size = field<int64_t>(d, "train_size", "data");
+  m.data.test_size = field<int64_t>(d, "test_size", "data");
+  m.data.seed = field<uint64_t>(d, "seed", "data");
+  m.num_train = field<int64_t>(d, "num_train", "data");
+  m.num_test = field<int64_t>(d, "num_test", "data");
+  m.input_shape = field<std::vector<int64_t>>(d, "input_shape", "data");
+  m.num_classes = field<int64_t>(d, "num_classes", "data");
+  m.normalization = field<ojson>(d, "normalization", "data");
+  m.source = field<ojson>(d, "source", "data");
+  m.train_crc32 = field<uint32_t>(d, "train_crc32", "data");
+
+  const ojson mo = field<ojson>(j, "model", "the manifest");
+  m.model_spec = field<std::string>(mo, "spec", "model");
+  m.output = field<std::string>(mo, "output", "model");
+  m.zero_last_layer = field<bool>(mo, "zero_last_layer", "model");
+  m.init_seed = field<uint64_t>(mo, "init_seed", "model");
+  m.dtype = field<std::string>(j, "dtype", "the manifest");
+  m.data.dtype = parse_dtype(m.dtype);
+
+  const ojson ps = field<ojson>(j, "parameters", "the manifest");
+  m.parameter_count = field<int64_t>(ps, "count", "parameters");
+  for (const ojson& p : field<ojson>(ps, "tensors", "parameters")) {
+    m.parameters.push_back({field<std::string>(p, "name", "a parameter tensor"),
+                            field<std::vector<int64_t>>(p, "shape", "a parameter tensor"),
+                            field<int64_t>(p, "offset", "a parameter tensor"),
+                            field<int64_t>(p, "numel", "a parameter tensor")});
+  }
+  try {
+    m.optimizer = OptimizerOptions::from_json(field<ojson>(j, "optimizer", "the manifest"));
+  } catch (const nlohmann::json::exception& e) {
+    PK_THROW("manifest: bad optimizer entry: " << e.what());
+  }
+  const ojson t = field<ojson>(j, "training", "the manifest");
+  m.batch_size = field<int64_t>(t, "batch_size", "training");
+  m.batch_seed = field<uint64_t>(t, "batch_seed", "training");
+  m.schedule = field<std::string>(t, "schedule", "training");
+  m.threads = field<int64_t>(t, "threads", "training");
+  m.checkpoint_every = field<int64_t>(t, "checkpoint_every", "training");
+  m.learning_rates = field<std::vector<double>>(j, "learning_rates", "the manifest");
+
+  for (const ojson& c : field<ojson>(j, "checkpoints", "the manifest")) {
+    CheckpointRecord ck;
+    ck.step = field<int64_t>(c, "step", "a checkpoint");
+    std::string where = "checkpoint " + std::to_string(ck.step);
+    ck.weights = file_from(c, where);
+    const ojson st = field<ojson>(c, "optimizer_state", where);
+    ck.optimizer_step = field<int64_t>(st, "step", where + " optimizer_state");
+    const ojson buffers = field<ojson>(st, "buffers", where + " optimizer_state");
+    for (const auto& [name, f] : buffers.items()) {
+      ck.optimizer_buffers[name] = file_from(f, where + " buffer " + name);
+    }
+    m.checkpoints.push_back(std::move(ck));
+  }
+  for (const ojson& b : field<ojson>(j, "batches", "the manifest")) {
+    BatchRecord br;
+    br.first_step = field<int64_t>(b, "first_step", "a batch log");
+    br.steps = field<int64_t>(b, "steps", "a batch log");
+    br.indices = file_from(b, "batch log at step " + std::to_string(br.first_step));
+    m.batches.push_back(std::move(br));
+  }
+  m.metrics = field<std::string>(j, "metrics", "the manifest");
+  m.summary = field<ojson>(j, "summary", "the manifest");
+  return m;
+}
+
+std::string Manifest::dump() const { return to_json().dump(2) + "\n"; }
+
+Manifest Manifest::load(const std::string& run_dir) {
+  fs::path path = fs::path(run_dir) / "manifest.json";
+  PK_CHECK(fs::is_directory(run_dir), "run directory '" << run_dir << "' does not exist");
+  PK_CHECK(fs::exists(path), "run directory '" << run_dir
+                                               << "' has no manifest.json: was it created by "
+                                                  "'pathkernel train'?");
+  std::string text = read_file(path.string());
+  ojson j;
+  try {
+    j = ojson::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    PK_THROW("manifest '" << path.string() << "' is not valid JSON: " << e.what());
+  }
+  try {
+    return from_json(j);
+  } catch (const nlohmann::json::exception& e) {
+    PK_THROW("manifest '" << path.string() << "' is malformed: " << e.what());
+  }
+}
+
+void Manifest::save(const std::string& run_dir) const {
+  write_file_atomic((fs::path(run_dir) / "manifest.json").string(), dump());
+}
+
+NetworkOptions Manifest::network_options() const {
+  NetworkOptions o;
+  o.spec = ModelSpec::parse(model_spec);
+  o.input_shape = input_shape;
+  o.num_classes = num_classes;
+  o.output = parse_output_map(output);
+  o.zero_last_layer = zero_last_layer;
+  o.dtype = parse_dtype(dtype);
+  o.seed = init_seed;
+  return o;
+}
+
+int64_t Manifest::path_bytes() const {
+  int64_t total = 0;
+  for (const CheckpointRecord& c : checkpoints) {
+    total += c.weights.bytes;
+    for (const auto& [_, f] : c.optimizer_buffers) total += f.bytes;
+  }
+  for (const BatchRecord& b : batches) total += b.indices.bytes;
+  return total;
+}
+
+namespace {
+/// Checks a listed file's presence, size and CRC-32; returns its bytes.
+std::string check_file(const std::string& run_dir, const FileRecord& f, const std::string& what) {
+  fs::path path = fs::path(run_dir) / f.file;
+  PK_CHECK(fs::exists(path), "run '" << run_dir << "': " << what << " file '" << f.file
+                                     << "' listed in manifest.json is missing");
+  std::string bytes = read_file(path.string());
+  PK_CHECK(static_cast<int64_t>(bytes.size()) == f.bytes,
+           "run '" << run_dir << "': " << what << " file '" << f.file << "' has " << bytes.size()
+                   << " bytes, manifest.json says " << f.bytes);
+  uint32_t crc = crc32_of(bytes);
+  PK_CHECK(crc == f.crc32, "run '" << run_dir << "': " << what << " file '" << f.file
+                                   << "' has CRC-32 " << crc << ", manifest.json says " << f.crc32
+                                   << " (the file is corrupt)");
+  return bytes;
+}
+
+/// Checks that an .npy file holds a flat float64 vector of length p.
+void check_flat_vector(const std::string& run_dir, const FileRecord& f, const std::string& what,
+                       int64_t p) {
+  torch::Tensor t = parse_npy(check_file(run_dir, f, what), (fs::path(run_dir) / f.file).string());
+  PK_CHECK(t.scalar_type() == torch::kFloat64 && t.dim() == 1 && t.size(0) == p,
+           "run '" << run_dir << "': " << what << " file '" << f.file << "' holds " << t.scalar_type()
+                   << " of shape " << t.sizes() << ", expected float64 of shape [" << p << "]");
+}
+}  // namespace
+
+void validate_run(const std::string& run_dir, const Manifest& m) {
+  const std::string where = "run '" + run_dir + "'";
+  PK_CHECK(m.status == "running" || m.status == "complete" || m.status == "diverged",
+           where << ": unknown status '" << m.status << "' (expected running, complete or diverged)");
+  PK_CHECK(m.steps >= 0, where << ": negative step count " << m.steps);
+  PK_CHECK(static_cast<int64_t>(m.learning_rates.size()) >= m.steps,
+           where << ": " << m.learning_rates.size() << " learning rates for " << m.steps << " steps");
+  int64_t offset = 0;
+  for (const ParamInfo& p : m.parameters) {
+    PK_CHECK(p.offset == offset, where << ": parameter '" << p.name << "' at offset " << p.offset
+                                       << ", expected " << offset);
+    int64_t n = 1;
+    for (int64_t d : p.shape) n = mul_no_overflow(n, d, "parameter size");
+    PK_CHECK(n == p.numel, where << ": parameter '" << p.name << "' has numel " << p.numel
+                                 << " but shape gives " << n);
+    offset += n;
+  }
+  PK_CHECK(offset == m.parameter_count,
+           where << ": parameter tensors hold " << offset << " values, count says " << m.parameter_count);
+  PK_CHECK(!m.checkpoints.empty() && m.checkpoints.front().step == 0,
+           where << ": the first checkpoint must be step 0");
+  PK_CHECK(m.checkpoints.back().step == m.steps,
+           where << ": the last checkpoint is step " << m.checkpoints.back().step
+                 << ", expected the final step " << m.steps);
+  for (size_t i = 0; i < m.checkpoints.size(); ++i) {
+    const CheckpointRecord& c = m.checkpoints[i];
+    if (i > 0) {
+      PK_CHECK(c.step > m.checkpoints[i - 1].step,
+               where << ": checkpoint steps out of order (" << m.checkpoints[i - 1].step << " then "
+                     << c.step << ")");
+    }
+    const std::string what = "checkpoint " + std::to_string(c.step);
+    check_flat_vector(run_dir, c.weights, what, m.parameter_count);
+    for (const auto& [name, f] : c.optimizer_buffers) {
+      check_flat_vector(run_dir, f, what + " " + name, m.parameter_count);
+    }
+  }
+  if (m.batch_size != 0) {
+    int64_t next = 0;
+    for (const BatchRecord& b : m.batches) {
+      PK_CHECK(b.first_step == next, where << ": batch log starts at step " << b.first_step
+                                           << ", expected " << next);
+      check_file(run_dir, b.indices, "batch log");
+      next += b.steps;
+    }
+    PK_CHECK(next >= m.steps, where << ": batch logs cover " << next << " steps, expected " << m.steps);
+  }
+}
+
+uint32_t training_data_crc32(const torch::Tensor& x, const torch::Tensor& y) {
+  torch::Tensor xc = x.contiguous(), yc = y.contiguous();
+  std::string bytes(static_cast<const char*>(xc.data_ptr()), xc.numel() * xc.element_size());
+  bytes.append(static_cast<const char*>(yc.data_ptr()), yc.numel() * yc.element_size());
+  return crc32_of(bytes);
+}
+
+}  // namespace pathkernel

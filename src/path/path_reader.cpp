@@ -1,0 +1,183 @@
+// Reading a recorded path forward and in reverse by exact replay.
+#include "pathkernel/path.h"
+
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+#include "pathkernel/context.h"
+#include "pathkernel/error.h"
+#include "pathkernel/npy.h"
+#include "pathkernel/progress.h"
+#include "pathkernel/trainer.h"
+
+namespace pathkernel {
+
+namespace fs = std::filesystem;
+
+namespace {
+bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0;
+}
+}  // namespace
+
+PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
+  manifest_ = Manifest::load(dir_);
+  validate_run(dir_, manifest_);
+  dataset_ = load_dataset(manifest_.data);
+  PK_CHECK(dataset_.x_train.size(0) == manifest_.num_train,
+           "run '" << dir_ << "': dataset '" << manifest_.data.spec << "' now has "
+                   << dataset_.x_train.size(0) << " training points, the run used " << manifest_.num_train);
+  uint32_t crc = training_data_crc32(dataset_.x_train, dataset_.y_train);
+  PK_CHECK(crc == manifest_.train_crc32,
+           "run '" << dir_ << "': the training data of '" << manifest_.data.spec
+                   << "' has changed since the run was trained (CRC-32 " << crc << ", recorded "
+                   << manifest_.train_crc32 << ")");
+  net_ = build_network(manifest_.network_options());
+  PK_CHECK(parameter_count(net_) == manifest_.parameter_count,
+           "run '" << dir_ << "': model '" << manifest_.model_spec << "' has "
+                   << parameter_count(net_) << " parameters, the manifest says "
+                   << manifest_.parameter_count);
+  std::vector<ParamInfo> layout = parameter_layout(net_);
+  for (size_t i = 0; i < layout.size(); ++i) {
+    PK_CHECK(i < manifest_.parameters.size() && layout[i].name == manifest_.parameters[i].name &&
+                 layout[i].shape == manifest_.parameters[i].shape,
+             "run '" << dir_ << "': parameter " << i << " ('" << layout[i].name
+                     << "') does not match the manifest's parameter list");
+  }
+}
+
+torch::Tensor PathReader::checkpoint(size_t i) const {
+  PK_CHECK(i < manifest_.checkpoints.size(),
+           "checkpoint index " << i << " out of range [0, " << manifest_.checkpoints.size() << ")");
+  return read_npy((fs::path(dir_) / manifest_.checkpoints[i].weights.file).string());
+}
+
+OptimizerState PathReader::checkpoint_state(size_t k) const {
+  const CheckpointRecord& ck = manifest_.checkpoints[k];
+  OptimizerState state;
+  state.step = ck.optimizer_step;
+  for (const auto& [name, f] : ck.optimizer_buffers) {
+    state.buffers[name] = read_npy((fs::path(dir_) / f.file).string());
+  }
+  return state;
+}
+
+torch::Tensor PathReader::batch_indices(int64_t s) {
+  if (manifest_.batch_size == 0) return {};
+  if (batch_first_ < 0 || s < batch_first_ || s >= batch_first_ + batch_rows_.size(0)) {
+    batch_first_ = -1;
+    for (const BatchRecord& b : manifest_.batches) {
+      if (s >= b.first_step && s < b.first_step + b.steps) {
+        batch_rows_ = read_npy((fs::path(dir_) / b.indices.file).string());
+        PK_CHECK(batch_rows_.dim() == 2 && batch_rows_.size(0) == b.steps &&
+                     batch_rows_.scalar_type() == torch::kInt32,
+                 "run '" << dir_ << "': batch log '" << b.indices.file << "' has shape "
+                         << batch_rows_.sizes() << ", expected int32 [" << b.steps << ", B]");
+        batch_first_ = b.first_step;
+        break;
+      }
+    }
+    PK_CHECK(batch_first_ >= 0, "run '" << dir_ << "': no batch log covers step " << s);
+  }
+  torch::Tensor row = batch_rows_[s - batch_first_];
+  torch::Tensor idx = row.masked_select(row >= 0).to(torch::kInt64);
+  PK_CHECK(idx.numel() > 0 && idx.max().item<int64_t>() < manifest_.num_train,
+           "run '" << dir_ << "': batch of step " << s << " is empty or indexes past "
+                   << manifest_.num_train << " training points");
+  return idx;
+}
+
+double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state) {
+  PK_ASSERT(k + 1 < manifest_.checkpoints.size());
+  ThreadScope threads(static_cast<int>(manifest_.threads));
+  const int64_t begin = manifest_.checkpoints[k].step, end = manifest_.checkpoints[k + 1].step;
+  const torch::Dtype dtype = parse_dtype(manifest_.dtype);
+  std::vector<torch::Tensor> params = net_->parameters();
+  torch::Tensor w = checkpoint(k);
+  set_flat_parameters(net_, w.to(dtype));
+  auto optimizer = make_optimizer(manifest_.optimizer, params);
+  OptimizerState state = checkpoint_state(k);
+  for (auto& [_, b] : state.buffers) b = b.to(dtype);
+  import_state(*optimizer, manifest_.optimizer.name, params, state);
+  for (int64_t s = begin; s < end; ++s) {
+    torch::Tensor idx = batch_indices(s);
+    const torch::Tensor& xt = dataset_.x_train;
+    const torch::Tensor& yt = dataset_.y_train;
+    take_step(net_, *optimizer, idx.defined() ? xt.index_select(0, idx) : xt,
+              idx.defined() ? yt.index_select(0, idx) : yt, manifest_.learning_rates[s]);
+    torch::Tensor next = flatten_parameters(net_).to(torch::kFloat64);
+    PathStep step;
+    step.step = s;
+    step.delta = next - w;
+    step.w = std::move(w);
+    step.batch = idx;
+    step.lr = manifest_.learning_rates[s];
+    if (need_state) step.state = export_state(*optimizer, manifest_.optimizer.name, params);
+    w = next;
+    fn(std::move(step));
+  }
+  torch::Tensor stored = checkpoint(k + 1);
+  if (bitwise_equal(w, stored)) return 0;
+  double diff = (w - stored).abs().max().item<double>();
+  return diff > 0 ? diff : std::numeric_limits<double>::infinity();
+}
+
+void PathReader::require_equal(size_t k, double diff) const {
+  PK_CHECK(diff == 0, "run '" << dir_ << "': replay does not reproduce checkpoint step "
+                              << manifest_.checkpoints[k + 1].step << " bit for bit (max |diff| "
+                              << diff << "); the run was trained with LibTorch "
+                              << manifest_.libtorch_version << " on " << manifest_.threads
+                              << " threads; replay needs the same LibTorch, BLAS and thread count");
+}
+
+torch::Tensor PathReader::weights(int64_t s) {
+  PK_CHECK(s >= 0 && s <= manifest_.steps, "step " << s << " out of range [0, " << manifest_.steps << "]");
+  size_t k = 0;
+  while (k + 1 < manifest_.checkpoints.size() && manifest_.checkpoints[k + 1].step <= s) ++k;
+  if (manifest_.checkpoints[k].step == s) return checkpoint(k);
+  torch::Tensor result;
+  // Replay the segment up to s; it is cheap to finish it and check the end.
+  double diff = replay_segment(k, [&](PathStep&& st) { if (st.step + 1 == s) result = st.w + st.delta; }, false);
+  require_equal(k, diff);
+  return result;
+}
+
+void PathReader::forward(const std::function<void(const PathStep&)>& fn) {
+  for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
+    double diff = replay_segment(k, [&](PathStep&& st) { fn(st); }, true);
+    require_equal(k, diff);
+  }
+}
+
+void PathReader::reverse(const std::function<void(const PathStep&)>& fn) {
+  for (size_t k = manifest_.checkpoints.size() - 1; k-- > 0;) {
+    std::vector<PathStep> segment;
+    double diff = replay_segment(k, [&](PathStep&& st) { segment.push_back(std::move(st)); }, true);
+    require_equal(k, diff);
+    for (auto it = segment.rbegin(); it != segment.rend(); ++it) fn(*it);
+  }
+}
+
+ReplayReport PathReader::check(bool progress) {
+  ReplayReport report;
+  ProgressBar bar(manifest_.steps, "check-path", progress);
+  for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
+    double diff = replay_segment(k, [&](PathStep&& st) {
+      ++report.steps_replayed;
+      bar.update(st.step + 1);
+    }, false);
+    ++report.checkpoints_compared;
+    if (diff != 0) {
+      ++report.mismatches;
+      if (report.first_mismatch_step < 0) report.first_mismatch_step = manifest_.checkpoints[k + 1].step;
+      report.max_abs_diff = std::max(report.max_abs_diff, diff);
+    }
+  }
+  bar.finish();
+  report.bitwise_equal = report.mismatches == 0;
+  return report;
+}
+
+}  // namespace pathkernel

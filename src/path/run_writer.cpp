@@ -1,0 +1,139 @@
+// Writing a run directory during training.
+#include "pathkernel/run_writer.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/npy.h"
+
+namespace pathkernel {
+
+namespace fs = std::filesystem;
+
+namespace {
+std::string step_name(const std::string& prefix, int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%08lld", static_cast<long long>(step));
+  return prefix + buf + ".npy";
+}
+}  // namespace
+
+int64_t default_checkpoint_every(int64_t steps) {
+  return std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(steps))));
+}
+
+RunWriter::RunWriter(std::string run_dir, Manifest base, bool force)
+    : dir_(std::move(run_dir)), manifest_(std::move(base)) {
+  PK_CHECK(manifest_.checkpoint_every >= 1,
+           "--checkpoint-every must be >= 1 (got " << manifest_.checkpoint_every << ")");
+  if (fs::exists(dir_)) {
+    PK_CHECK(fs::is_directory(dir_), "run path '" << dir_ << "' exists and is not a directory");
+    bool empty = fs::is_empty(dir_);
+    if (!empty) {
+      PK_CHECK(force, "run directory '" << dir_ << "' already exists; use --force to overwrite it");
+      PK_CHECK(fs::exists(fs::path(dir_) / "manifest.json"),
+               "run directory '" << dir_ << "' is not empty and holds no manifest.json, so it is not "
+                                 << "a pathkernel run; refusing to delete it even with --force");
+      fs::remove_all(dir_);
+    }
+  }
+  for (const char* sub : {"", "checkpoints", "optimizer", "batches"}) {
+    std::error_code ec;
+    fs::create_directories(fs::path(dir_) / sub, ec);
+    PK_CHECK(!ec, "cannot create run directory '" << (fs::path(dir_) / sub).string() << "': " << ec.message());
+  }
+  metrics_ = "step,lr,loss,batch_accuracy\n";
+}
+
+FileRecord RunWriter::write_record(const std::string& relative, const torch::Tensor& tensor) {
+  std::string bytes = npy_bytes(tensor);
+  write_file_atomic((fs::path(dir_) / relative).string(), bytes);
+  return {relative, static_cast<int64_t>(bytes.size()), crc32_of(bytes)};
+}
+
+void RunWriter::write_checkpoint(int64_t step, Network& net, torch::optim::Optimizer& optimizer) {
+  CheckpointRecord ck;
+  ck.step = step;
+  ck.weights = write_record(step_name("checkpoints/w_", step), flatten_parameters(net).to(torch::kFloat64));
+  OptimizerState state = export_state(optimizer, manifest_.optimizer.name, net->parameters());
+  ck.optimizer_step = state.step;
+  for (const auto& [name, buffer] : state.buffers) {
+    ck.optimizer_buffers[name] = write_record(step_name("optimizer/" + name + "_", step), buffer.to(torch::kFloat64));
+  }
+  manifest_.checkpoints.push_back(std::move(ck));
+}
+
+void RunWriter::flush(int64_t step) {
+  if (!pending_batches_.empty()) {
+    int64_t width = 0;
+    for (auto& b : pending_batches_) width = std::max(width, b.size(0));
+    torch::Tensor rows = torch::full({static_cast<int64_t>(pending_batches_.size()), width}, -1, torch::kInt32);
+    for (size_t i = 0; i < pending_batches_.size(); ++i) {
+      rows[i].narrow(0, 0, pending_batches_[i].size(0)).copy_(pending_batches_[i]);
+    }
+    BatchRecord br;
+    br.first_step = segment_start_;
+    br.steps = static_cast<int64_t>(pending_batches_.size());
+    br.indices = write_record(step_name("batches/b_", segment_start_), rows);
+    manifest_.batches.push_back(std::move(br));
+    pending_batches_.clear();
+  }
+  segment_start_ = step;
+  manifest_.steps = step;
+  write_file_atomic((fs::path(dir_) / manifest_.metrics).string(), metrics_);
+  manifest_.save(dir_);
+}
+
+void RunWriter::on_start(Network& net, torch::optim::Optimizer& optimizer,
+                         const std::vector<double>& learning_rates) {
+  manifest_.learning_rates = learning_rates;
+  manifest_.status = "running";
+  write_checkpoint(0, net, optimizer);
+  flush(0);
+}
+
+void RunWriter::on_step(int64_t step, const torch::Tensor& batch, const StepResult& result,
+                        Network& net, torch::optim::Optimizer& optimizer) {
+  if (batch.defined()) pending_batches_.push_back(batch.to(torch::kInt32));
+  char row[128];
+  std::snprintf(row, sizeof row, "%lld,%.17g,%.17g,%.17g\n", static_cast<long long>(step),
+                manifest_.learning_rates[step], result.loss,
+                static_cast<double>(result.correct) / static_cast<double>(result.count));
+  metrics_ += row;
+  if ((step + 1) % manifest_.checkpoint_every == 0) {
+    write_checkpoint(step + 1, net, optimizer);
+    flush(step + 1);
+  }
+}
+
+void RunWriter::on_stop(int64_t steps, const std::string& status, const std::string& message,
+                        Network& net, torch::optim::Optimizer& optimizer) {
+  manifest_.status = status;
+  manifest_.message = message;
+  int64_t last = manifest_.checkpoints.back().step;
+  bool finite = torch::isfinite(flatten_parameters(net)).all().item<bool>();
+  if (last != steps && finite) {
+    write_checkpoint(steps, net, optimizer);
+    flush(steps);
+  } else if (last != steps) {
+    // w_steps is not finite: the path stays valid up to the last checkpoint.
+    pending_batches_.clear();
+    manifest_.message += "; parameters were not finite at step " + std::to_string(steps) +
+                         ", so the path ends at the last checkpoint, step " + std::to_string(last);
+    steps = last;
+  }
+  manifest_.steps = steps;
+  manifest_.learning_rates.resize(static_cast<size_t>(steps));
+  write_file_atomic((fs::path(dir_) / manifest_.metrics).string(), metrics_);
+  manifest_.save(dir_);
+}
+
+void RunWriter::set_summary(const nlohmann::ordered_json& summary) {
+  manifest_.summary = summary;
+  manifest_.save(dir_);
+}
+
+}  // namespace pathkernel

