@@ -9,10 +9,7 @@
 // num_classes, source, and a normalization record that is either
 // {"kind":"none"} or {"kind":"standardize","scale":s}. For "standardize" this
 // file adds "mean" and "std" and maps every input x to (x*s - mean)/std.
-#include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <sstream>
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"

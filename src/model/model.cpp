@@ -44,6 +44,7 @@ ModelSpec ModelSpec::parse(const std::string& spec) {
   PK_CHECK(m.kind == "mlp" || m.kind == "cnn",
            "bad model spec '" << spec << "': unknown model kind '" << m.kind
                               << "': expected one of mlp, cnn");
+  if (parts[1].empty()) parse_width("", spec);  // throws: no widths
   for (const std::string& w : split(parts[1], ',')) m.widths.push_back(parse_width(w, spec));
   m.activation = parts.size() == 3 ? parts[2] : "relu";
   if (m.kind == "mlp") {

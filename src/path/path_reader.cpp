@@ -139,7 +139,7 @@ torch::Tensor PathReader::weights(int64_t s) {
   if (manifest_.checkpoints[k].step == s) return checkpoint(k);
   torch::Tensor result;
   // Replay the segment up to s; it is cheap to finish it and check the end.
-  double diff = replay_segment(k, [&](PathStep&& st) { if (st.step + 1 == s) result = st.w + st.delta; }, false);
+  double diff = replay_segment(k, [&](PathStep&& st) { if (st.step == s) result = st.w; }, false);
   require_equal(k, diff);
   return result;
 }

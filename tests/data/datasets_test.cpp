@@ -42,13 +42,13 @@ int64_t count_label(const torch::Tensor& y, int64_t label) {
   return y.eq(label).sum().item<int64_t>();
 }
 
-TEST(Registry, ListsTheNames) {
+TEST(DatasetRegistry, ListsTheNames) {
   const std::vector<std::string> expected = {"gaussians3", "toy2d", "mnist", "fashion-mnist",
                                              "csv:PATH"};
   EXPECT_EQ(pathkernel::dataset_names(), expected);
 }
 
-TEST(Registry, UnknownNameListsValidNames) {
+TEST(DatasetRegistry, UnknownNameListsValidNames) {
   const std::string message = error_message([] { load_dataset(options_for("foo")); });
   EXPECT_EQ(message,
             "unknown dataset 'foo': expected one of gaussians3, toy2d, mnist, fashion-mnist, "
@@ -60,12 +60,12 @@ TEST(Registry, UnknownNameListsValidNames) {
                   "unknown dataset 'mnist:x'");
 }
 
-TEST(Registry, CsvNeedsAPath) {
+TEST(DatasetRegistry, CsvNeedsAPath) {
   EXPECT_CONTAINS(error_message([] { load_dataset(options_for("csv")); }), "csv:PATH");
   EXPECT_CONTAINS(error_message([] { load_dataset(options_for("csv:")); }), "csv:PATH");
 }
 
-TEST(Registry, TrainSizeOutOfRangeNamesValueAndRange) {
+TEST(DatasetRegistry, TrainSizeOutOfRangeNamesValueAndRange) {
   for (int64_t bad : {int64_t{0}, int64_t{3001}, int64_t{-2}}) {
     DataOptions options = options_for("gaussians3");
     options.train_size = bad;
@@ -80,7 +80,7 @@ TEST(Registry, TrainSizeOutOfRangeNamesValueAndRange) {
   EXPECT_CONTAINS(message, "[1, 900]");
 }
 
-TEST(Registry, RejectsNonFloatingDtype) {
+TEST(DatasetRegistry, RejectsNonFloatingDtype) {
   DataOptions options = options_for("toy2d");
   options.dtype = torch::kInt32;
   EXPECT_CONTAINS(error_message([&] { load_dataset(options); }), "dtype");
@@ -175,7 +175,7 @@ TEST(Toy2d, ShapesAndMeans) {
   EXPECT_TRUE(torch::equal(data.x_train, load_dataset(options_for("toy2d", 3)).x_train));
 }
 
-TEST(Subsets, TrainAndTestSizesTakeBalancedSubsetsOfTheFullSplits) {
+TEST(DatasetSubsets, TrainAndTestSizesTakeBalancedSubsetsOfTheFullSplits) {
   const uint64_t seed = 5;
   const Dataset full = load_dataset(options_for("gaussians3", seed));
   DataOptions options = options_for("gaussians3", seed);
@@ -198,7 +198,7 @@ TEST(Subsets, TrainAndTestSizesTakeBalancedSubsetsOfTheFullSplits) {
   EXPECT_TRUE(sub.x_train.is_contiguous());
 }
 
-TEST(Dtype, Float32OptionGivesFloat32Inputs) {
+TEST(DatasetDtype, Float32OptionGivesFloat32Inputs) {
   DataOptions options = options_for("gaussians3", 2);
   options.dtype = torch::kFloat32;
   const Dataset data32 = load_dataset(options);

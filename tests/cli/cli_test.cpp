@@ -1,0 +1,132 @@
+// End-to-end tests of the pathkernel command line: train, info, check-path,
+// exit codes, error messages, and loading a run with numpy alone.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "../test_util.h"
+#include "pathkernel/files.h"
+#include "pathkernel/manifest.h"
+#include "pathkernel/npy.h"
+
+namespace pathkernel {
+namespace {
+
+struct Output {
+  int status;
+  std::string out;  // stdout and stderr
+};
+
+Output run(const std::string& args) {
+  std::string cmd = std::string(PATHKERNEL_BINARY) + " --threads 1 " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+/// The last line of the output parsed as JSON.
+nlohmann::json last_json(const std::string& out) {
+  std::string s = out;
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return nlohmann::json::parse(s.substr(s.rfind('\n') == std::string::npos ? 0 : s.rfind('\n') + 1));
+}
+
+TEST(Cli, TrainInfoCheckPathOnMnist) {
+  testing::TempDir dir("cli");
+  std::string r = dir / "R";
+  Output t = run("train --data mnist --train-size 500 --model mlp:16 --optimizer sgd --batch 50 --steps 60 --quiet --json --out " + r);
+  ASSERT_EQ(t.status, 0) << t.out;
+  nlohmann::json tj = last_json(t.out);
+  EXPECT_EQ(tj["steps"], 60);
+  EXPECT_GT(tj["test_accuracy"].get<double>(), 0.5);
+
+  Output info = run("info --json " + r);
+  ASSERT_EQ(info.status, 0) << info.out;
+  nlohmann::json ij = last_json(info.out);
+  const int64_t p = 784 * 16 + 16 + 16 * 10 + 10;
+  EXPECT_EQ(ij["steps"], 60);
+  EXPECT_EQ(ij["parameters"], p);
+  EXPECT_EQ(ij["every_step_bytes"], 61 * p * 8);
+  // Recount path_bytes from the files on disk.
+  Manifest m = Manifest::load(r);
+  int64_t on_disk = 0;
+  for (auto& e : std::filesystem::recursive_directory_iterator(r)) {
+    std::string rel = std::filesystem::relative(e.path(), r).string();
+    if (e.is_regular_file() && rel != "manifest.json" && rel != "metrics.csv") on_disk += e.file_size();
+  }
+  EXPECT_EQ(ij["path_bytes"], on_disk);
+  EXPECT_LE(ij["path_bytes"].get<int64_t>() * 4, ij["every_step_bytes"].get<int64_t>());
+
+  Output check = run("check-path --json --quiet " + r);
+  EXPECT_EQ(check.status, 0) << check.out;
+  nlohmann::json cj = last_json(check.out);
+  EXPECT_EQ(cj["steps_replayed"], 60);
+  EXPECT_EQ(cj["bitwise_equal"], true);
+
+  // A run a replay cannot reproduce: check-path says so and exits non-zero.
+  CheckpointRecord& ck = m.checkpoints[1];
+  torch::Tensor w = read_npy(r + "/" + ck.weights.file);
+  w[0] += 1e-9;
+  std::string bytes = npy_bytes(w);
+  write_file_atomic(r + "/" + ck.weights.file, bytes);
+  ck.weights.crc32 = crc32_of(bytes);
+  m.save(r);
+  Output bad = run("check-path --json --quiet " + r);
+  EXPECT_NE(bad.status, 0) << bad.out;
+  EXPECT_EQ(last_json(bad.out)["bitwise_equal"], false);
+}
+
+TEST(Cli, NumpyLoadsARunWithoutPathkernel) {
+  if (std::system("/usr/bin/python3 -c 'import numpy' > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "python3-numpy is not installed (make deps installs it)";
+  }
+  testing::TempDir dir("numpy");
+  std::string r = dir / "R";
+  ASSERT_EQ(run("train --data gaussians3 --train-size 90 --model mlp:5 --optimizer adam --batch 30 --steps 12 --quiet --out " + r).status, 0);
+  std::string cmd = "/usr/bin/python3 " PATHKERNEL_SOURCE_DIR "/examples/load_path.py " + r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  char buf[4096] = {0};
+  size_t n = fread(buf, 1, sizeof buf - 1, pipe);
+  ASSERT_EQ(pclose(pipe), 0) << std::string(buf, n);
+  nlohmann::json j = nlohmann::json::parse(std::string(buf, n));
+  EXPECT_EQ(j["steps"], 12);
+  EXPECT_EQ(j["P"], 100 * 5 + 5 + 5 * 3 + 3);
+  EXPECT_EQ(j["first_tensor"], "fc1.weight");
+  EXPECT_EQ(j["first_tensor_shape"], nlohmann::json::array({5, 100}));
+  EXPECT_GT(j["moved"].get<double>(), 0);
+}
+
+TEST(Cli, BadInputGetsAClearErrorAndANonZeroExit) {
+  testing::TempDir dir("cli_errors");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --data nosuch --out " + (dir / "a"), "unknown dataset 'nosuch'"},
+      {"train --data gaussians3 --model mlp:x --out " + (dir / "b"), "width 'x'"},
+      {"train --data gaussians3 --optimizer rmsprop --steps 2 --out " + (dir / "c"), "unknown optimizer 'rmsprop'"},
+      {"train --data gaussians3 --lr -1 --steps 2 --out " + (dir / "d"), "learning rate must be > 0 (got -1)"},
+      {"train --data gaussians3 --optimizer sgd --momentum 0.5 --steps 2 --out " + (dir / "e"), "--momentum applies to"},
+      {"train --data gaussians3 --model cnn:4 --steps 2 --out " + (dir / "f"), "needs image inputs"},
+      {"train --data gaussians3 --train-size 99999 --steps 2 --out " + (dir / "g"), "99999"},
+      {"info " + (dir / "missing"), "does not exist"},
+      {"check-path " + dir.str(), "has no manifest.json"},
+      {"frobnicate", "A subcommand is required"},
+  };
+  for (const auto& [args, message] : cases) {
+    Output o = run(args);
+    EXPECT_NE(o.status, 0) << args;
+    EXPECT_NE(o.out.find(message), std::string::npos) << args << "\n" << o.out;
+  }
+}
+
+}  // namespace
+}  // namespace pathkernel

@@ -1,0 +1,291 @@
+// Tests of the run directory: bitwise replay for every optimizer, forward and
+// reverse iteration, the manifest round trip, and corrupt or missing files.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "../test_util.h"
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/npy.h"
+#include "pathkernel/path.h"
+#include "pathkernel/run_writer.h"
+
+namespace pathkernel {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::small_run;
+using testing::TempDir;
+
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.defined() == b.defined() &&
+         (!a.defined() || (a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+                           std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0));
+}
+
+std::string expect_error(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected pathkernel::Error";
+  return "";
+}
+
+const std::vector<std::string> kOptimizers = {"gd", "sgd", "momentum", "nesterov", "adam", "adamw"};
+
+// The reference is a run that stores every step; the path under test stores
+// every 4th. Replaying the sparse one must give every stored w_s bit for bit.
+TEST(Replay, ReproducesEveryStepBitForBitForEveryOptimizer) {
+  for (const std::string& opt : kOptimizers) {
+    TempDir dir("replay_" + opt);
+    RunOptions dense = small_run(dir / "dense", opt, 11, 1);
+    RunOptions sparse = small_run(dir / "sparse", opt, 11, 4);
+    if (opt != "adamw") dense.train.optimizer.weight_decay = sparse.train.optimizer.weight_decay = 1e-3;
+    if (opt == "adamw") dense.train.optimizer.weight_decay = sparse.train.optimizer.weight_decay = 1e-2;
+    train_run(dense);
+    RunResult res = train_run(sparse);
+    ASSERT_EQ(res.manifest.checkpoints.size(), 4u) << opt;  // 0, 4, 8, 11
+
+    PathReader reference(dense.out), reader(sparse.out);
+    ReplayReport report = reader.check();
+    EXPECT_TRUE(report.bitwise_equal) << opt;
+    EXPECT_EQ(report.steps_replayed, 11) << opt;
+    EXPECT_EQ(report.checkpoints_compared, 3) << opt;
+
+    int64_t next = 0;
+    reader.forward([&](const PathStep& st) {
+      ASSERT_EQ(st.step, next++) << opt;
+      EXPECT_TRUE(same_bits(st.w, reference.checkpoint(st.step))) << opt << " step " << st.step;
+      EXPECT_TRUE(same_bits(st.delta, reference.checkpoint(st.step + 1) - reference.checkpoint(st.step)))
+          << opt << " step " << st.step;
+      EXPECT_EQ(st.lr, res.manifest.learning_rates[st.step]);
+      EXPECT_EQ(st.batch.defined(), opt != "gd");
+      bool stateful = opt != "gd" && opt != "sgd";
+      EXPECT_EQ(st.state.empty(), !stateful) << opt;
+    });
+    EXPECT_EQ(next, 11) << opt;
+    for (int64_t s : {0, 3, 4, 9, 11}) {
+      EXPECT_TRUE(same_bits(reader.weights(s), reference.checkpoint(s))) << opt << " weights(" << s << ")";
+    }
+  }
+}
+
+TEST(Replay, ReverseYieldsTheForwardSequenceReversed) {
+  for (const std::string opt : {"sgd", "adam"}) {
+    TempDir dir("reverse_" + opt);
+    RunOptions r = small_run(dir / "run", opt, 10, 3);
+    train_run(r);
+    PathReader reader(r.out);
+    std::vector<PathStep> fwd, rev;
+    reader.forward([&](const PathStep& st) { fwd.push_back(st); });
+    reader.reverse([&](const PathStep& st) { rev.push_back(st); });
+    ASSERT_EQ(fwd.size(), 10u);
+    ASSERT_EQ(rev.size(), 10u);
+    for (size_t i = 0; i < fwd.size(); ++i) {
+      const PathStep& a = fwd[i];
+      const PathStep& b = rev[fwd.size() - 1 - i];
+      EXPECT_EQ(a.step, b.step);
+      EXPECT_TRUE(same_bits(a.w, b.w)) << "step " << a.step;
+      EXPECT_TRUE(same_bits(a.delta, b.delta)) << "step " << a.step;
+      EXPECT_TRUE(same_bits(a.batch, b.batch)) << "step " << a.step;
+      EXPECT_EQ(a.lr, b.lr);
+      EXPECT_EQ(a.state.step, b.state.step);
+      ASSERT_EQ(a.state.buffers.size(), b.state.buffers.size());
+      for (const auto& [name, buf] : a.state.buffers) {
+        EXPECT_TRUE(same_bits(buf, b.state.buffers.at(name))) << name << " step " << a.step;
+      }
+    }
+  }
+}
+
+TEST(Replay, DetectsACheckpointThatReplayDoesNotReproduce) {
+  TempDir dir("tamper");
+  RunOptions r = small_run(dir / "run", "sgd", 9, 3);
+  train_run(r);
+  // Nudge checkpoint 6 by one ulp in one value and keep the manifest consistent,
+  // so only replay can notice.
+  Manifest m = Manifest::load(r.out);
+  CheckpointRecord& ck = m.checkpoints[2];
+  ASSERT_EQ(ck.step, 6);
+  torch::Tensor w = read_npy(dir / ("run/" + ck.weights.file));
+  double* data = w.data_ptr<double>();
+  data[5] = std::nextafter(data[5], 1e300);
+  std::string bytes = npy_bytes(w);
+  write_file_atomic(dir / ("run/" + ck.weights.file), bytes);
+  ck.weights.crc32 = crc32_of(bytes);
+  m.save(r.out);
+
+  PathReader reader(r.out);
+  ReplayReport report = reader.check();
+  EXPECT_FALSE(report.bitwise_equal);
+  EXPECT_EQ(report.mismatches, 2);  // replay into 6 differs, and replay from the nudged 6 into 9
+  EXPECT_EQ(report.first_mismatch_step, 6);
+  EXPECT_GT(report.max_abs_diff, 0);
+  std::string msg = expect_error([&] { reader.forward([](const PathStep&) {}); });
+  EXPECT_NE(msg.find("does not reproduce checkpoint step 6 bit for bit"), std::string::npos) << msg;
+}
+
+TEST(Manifest, SaveLoadSaveGivesIdenticalBytes) {
+  TempDir dir("manifest");
+  RunOptions r = small_run(dir / "run", "adamw", 5, 2);
+  r.train.schedule = "cosine";
+  r.train.optimizer.weight_decay = 0.01;
+  train_run(r);
+  std::string first = read_file(dir / "run/manifest.json");
+  Manifest m = Manifest::load(r.out);
+  fs::create_directories(dir / "copy");
+  m.save(dir / "copy");
+  EXPECT_EQ(read_file(dir / "copy/manifest.json"), first);
+  // And through the JSON object form.
+  EXPECT_EQ(Manifest::from_json(m.to_json()).dump(), first);
+  // It records what a reader needs.
+  EXPECT_EQ(m.steps, 5);
+  EXPECT_EQ(m.learning_rates.size(), 5u);
+  EXPECT_LT(m.learning_rates[4], m.learning_rates[0]);
+  EXPECT_EQ(m.optimizer.name, "adamw");
+  EXPECT_EQ(m.parameters.front().name, "fc1.weight");
+  EXPECT_EQ(m.parameters.front().shape, (std::vector<int64_t>{6, 100}));
+  EXPECT_EQ(m.checkpoints.back().optimizer_buffers.count("exp_avg_sq"), 1u);
+  EXPECT_EQ(m.checkpoints.back().optimizer_step, 5);
+}
+
+TEST(RunDirectory, CheckpointsAreNumpyFilesInManifestOrder) {
+  TempDir dir("npy");
+  RunOptions r = small_run(dir / "run", "sgd", 4, 2);
+  RunResult res = train_run(r);
+  const Manifest& m = res.manifest;
+  std::string bytes = read_file(dir / ("run/" + m.checkpoints.back().weights.file));
+  ASSERT_EQ(bytes.substr(0, 6), std::string("\x93NUMPY", 6));
+  EXPECT_NE(bytes.find("'descr': '<f8'"), std::string::npos);
+  EXPECT_NE(bytes.find("'shape': (" + std::to_string(m.parameter_count) + ",)"), std::string::npos);
+  // The header is padded so the data starts on a 64-byte boundary.
+  size_t header_len = static_cast<unsigned char>(bytes[8]) | (static_cast<unsigned char>(bytes[9]) << 8);
+  EXPECT_EQ((10 + header_len) % 64, 0u);
+  EXPECT_EQ(bytes.size(), 10 + header_len + 8 * m.parameter_count);
+  // Rebuilding the network from the manifest and loading w_N reproduces the
+  // trained network's predictions.
+  PathReader reader(r.out);
+  set_flat_parameters(reader.network(), reader.checkpoint(m.checkpoints.size() - 1));
+  torch::NoGradGuard guard;
+  double acc = accuracy(reader.network(), reader.dataset().x_test, reader.dataset().y_test);
+  EXPECT_DOUBLE_EQ(acc, m.summary.at("test_accuracy").get<double>());
+  EXPECT_EQ(m.batches.size(), 2u);
+}
+
+TEST(RunDirectory, RefusesToOverwriteUnlessForced) {
+  TempDir dir("overwrite");
+  RunOptions r = small_run(dir / "run", "sgd", 2, 1);
+  train_run(r);
+  std::string msg = expect_error([&] { train_run(r); });
+  EXPECT_NE(msg.find("already exists; use --force"), std::string::npos) << msg;
+  r.force = true;
+  EXPECT_NO_THROW(train_run(r));
+  // --force never deletes a directory that is not a run.
+  fs::create_directories(dir / "precious");
+  std::ofstream(dir / "precious/notes.txt") << "keep me";
+  r.out = dir / "precious";
+  msg = expect_error([&] { train_run(r); });
+  EXPECT_NE(msg.find("not a pathkernel run"), std::string::npos) << msg;
+  EXPECT_TRUE(fs::exists(dir / "precious/notes.txt"));
+}
+
+TEST(RunDirectory, NamesTheFirstInconsistency) {
+  TempDir dir("corrupt");
+  RunOptions r = small_run(dir / "run", "momentum", 6, 3);
+  train_run(r);
+  const std::string run = r.out;
+  auto copy_run = [&](const std::string& name) {
+    fs::copy(run, dir / name, fs::copy_options::recursive);
+    return dir / name;
+  };
+  Manifest m = Manifest::load(run);
+
+  std::string missing = copy_run("missing");
+  fs::remove(missing + "/" + m.checkpoints[1].weights.file);
+  std::string msg = expect_error([&] { PathReader reader(missing); });
+  EXPECT_NE(msg.find("checkpoint 3 file 'checkpoints/w_00000003.npy' listed in manifest.json is missing"),
+            std::string::npos) << msg;
+
+  std::string flipped = copy_run("flipped");
+  {
+    std::string path = flipped + "/" + m.checkpoints[2].optimizer_buffers.at("momentum_buffer").file;
+    std::string bytes = read_file(path);
+    bytes[bytes.size() - 3] ^= 0x10;
+    write_file_atomic(path, bytes);
+  }
+  msg = expect_error([&] { PathReader reader(flipped); });
+  EXPECT_NE(msg.find("momentum_buffer file"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the file is corrupt"), std::string::npos) << msg;
+
+  std::string truncated = copy_run("truncated");
+  {
+    std::string path = truncated + "/" + m.batches[0].indices.file;
+    std::string bytes = read_file(path);
+    write_file_atomic(path, bytes.substr(0, bytes.size() - 4));
+  }
+  msg = expect_error([&] { PathReader reader(truncated); });
+  EXPECT_NE(msg.find("batch log file"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("manifest.json says"), std::string::npos) << msg;
+
+  std::string no_manifest = copy_run("no_manifest");
+  fs::remove(no_manifest + "/manifest.json");
+  msg = expect_error([&] { PathReader reader(no_manifest); });
+  EXPECT_NE(msg.find("has no manifest.json: was it created by 'pathkernel train'?"), std::string::npos) << msg;
+
+  std::string bad_json = copy_run("bad_json");
+  write_file_atomic(bad_json + "/manifest.json", read_file(run + "/manifest.json").substr(0, 200));
+  msg = expect_error([&] { PathReader reader(bad_json); });
+  EXPECT_NE(msg.find("is not valid JSON"), std::string::npos) << msg;
+
+  std::string no_field = copy_run("no_field");
+  {
+    auto j = m.to_json();
+    j["training"].erase("threads");
+    write_file_atomic(no_field + "/manifest.json", j.dump(2));
+  }
+  msg = expect_error([&] { PathReader reader(no_field); });
+  EXPECT_NE(msg.find("training has no field 'threads'"), std::string::npos) << msg;
+
+  msg = expect_error([&] { PathReader reader(dir / "nowhere"); });
+  EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
+}
+
+TEST(RunDirectory, ADivergedRunStaysValidUpToItsLastGoodStep) {
+  TempDir dir("diverged");
+  RunOptions r = small_run(dir / "run", "gd", 40, 7);
+  r.train.optimizer.lr = 1e4;
+  std::string msg = expect_error([&] { train_run(r); });
+  EXPECT_NE(msg.find("diverged at step"), std::string::npos) << msg;
+  Manifest m = Manifest::load(r.out);
+  EXPECT_EQ(m.status, "diverged");
+  EXPECT_NE(m.message.find("diverged at step"), std::string::npos);
+  EXPECT_GE(m.steps, 1);
+  EXPECT_LT(m.steps, 40);
+  EXPECT_EQ(static_cast<int64_t>(m.learning_rates.size()), m.steps);
+  PathReader reader(r.out);
+  EXPECT_TRUE(reader.check().bitwise_equal);
+}
+
+TEST(RunDirectory, DefaultCheckpointSpacingIsAboutTheSquareRoot) {
+  EXPECT_EQ(default_checkpoint_every(1), 1);
+  EXPECT_EQ(default_checkpoint_every(300), 17);
+  EXPECT_EQ(default_checkpoint_every(10000), 100);
+}
+
+TEST(RunDirectory, Float32RunsReplayBitForBit) {
+  TempDir dir("float32");
+  RunOptions r = small_run(dir / "run", "momentum", 7, 3);
+  r.data.dtype = torch::kFloat32;
+  train_run(r);
+  PathReader reader(r.out);
+  EXPECT_EQ(reader.manifest().dtype, "float32");
+  EXPECT_TRUE(reader.check().bitwise_equal);
+}
+
+}  // namespace
+}  // namespace pathkernel
