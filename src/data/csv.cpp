@@ -17,13 +17,9 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "loaders.h"
 
 namespace pathkernel {
-
-namespace detail {
-// subset.cpp
-std::pair<torch::Tensor, torch::Tensor> split_last_fifth_per_class(const torch::Tensor& labels);
-}  // namespace detail
 
 namespace {
 

@@ -23,6 +23,7 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "loaders.h"
 
 namespace pathkernel {
 

@@ -14,17 +14,13 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "loaders.h"
 
 #ifndef PATHKERNEL_SOURCE_DIR
 #error "PATHKERNEL_SOURCE_DIR must be defined (the source tree, as a string)"
 #endif
 
 namespace pathkernel {
-
-namespace detail {
-// subset.cpp
-std::pair<torch::Tensor, torch::Tensor> split_last_fifth_per_class(const torch::Tensor& labels);
-}  // namespace detail
 
 namespace {
 

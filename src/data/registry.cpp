@@ -13,18 +13,9 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "loaders.h"
 
 namespace pathkernel {
-
-// Defined in the reader files; declared here because there is no private
-// header for the data module.
-namespace detail {
-Dataset load_gaussians3(const std::string& argument, uint64_t seed);
-Dataset load_toy2d(const std::string& argument, uint64_t seed);
-Dataset load_mnist(const std::string& argument, uint64_t seed);
-Dataset load_fashion_mnist(const std::string& argument, uint64_t seed);
-Dataset load_csv(const std::string& argument, uint64_t seed);
-}  // namespace detail
 
 namespace {
 

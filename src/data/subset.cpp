@@ -9,6 +9,7 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "loaders.h"
 
 namespace pathkernel {
 
