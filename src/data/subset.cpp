@@ -71,8 +71,8 @@ namespace detail {
 /// The split rule for single-pool datasets: within each class, in input
 /// order, the last floor(20%) of its examples go to test and the rest to
 /// train (so a class with fewer than 5 examples stays entirely in train).
-/// Returns (train indices, test indices), each ascending, i.e. input order.
-std::pair<torch::Tensor, torch::Tensor> split_last_fifth_per_class(const torch::Tensor& labels) {
+/// Rows keep input order in both splits.
+Dataset split_last_fifth_per_class(const torch::Tensor& x, const torch::Tensor& labels) {
   const auto classes = indices_by_class(labels);
   std::vector<bool> is_test(labels.numel(), false);
   for (const auto& [label, members] : classes) {
@@ -84,7 +84,13 @@ std::pair<torch::Tensor, torch::Tensor> split_last_fifth_per_class(const torch::
   for (size_t i = 0; i < is_test.size(); ++i) {
     (is_test[i] ? test : train).push_back(static_cast<int64_t>(i));
   }
-  return {to_index_tensor(train), to_index_tensor(test)};
+  Dataset data;
+  data.x_train = x.index_select(0, to_index_tensor(train));
+  data.y_train = labels.index_select(0, to_index_tensor(train));
+  data.x_test = x.index_select(0, to_index_tensor(test));
+  data.y_test = labels.index_select(0, to_index_tensor(test));
+  data.source = {{"split", "per class, in file order: last floor(20%) -> test"}};
+  return data;
 }
 
 }  // namespace detail

@@ -10,6 +10,7 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "../test_util.h"
 
 namespace {
 
@@ -17,46 +18,8 @@ namespace fs = std::filesystem;
 using pathkernel::Dataset;
 using pathkernel::read_csv;
 
-#define EXPECT_CONTAINS(text, part)                                                   \
-  EXPECT_NE(std::string(text).find(part), std::string::npos)                          \
-      << "expected to find \"" << (part) << "\" in:\n  " << (text)
-
-template <class F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const pathkernel::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a pathkernel::Error";
-  return "";
-}
-
-/// A fresh directory for the current test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("pathkernel_data_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
-             std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  /// Writes `text` to a file in the directory and returns its path.
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string path = (path_ / name).string();
-    std::ofstream(path, std::ios::binary) << text;
-    return path;
-  }
-
- private:
-  fs::path path_;
-};
+using pathkernel::testing::error_message;
+using pathkernel::testing::TempDir;
 
 Dataset load_csv_dataset(const std::string& path) {
   pathkernel::DataOptions options;

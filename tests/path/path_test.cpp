@@ -17,6 +17,7 @@ namespace pathkernel {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::error_message;
 using testing::small_run;
 using testing::TempDir;
 
@@ -24,16 +25,6 @@ bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
   return a.defined() == b.defined() &&
          (!a.defined() || (a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
                            std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0));
-}
-
-std::string expect_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected pathkernel::Error";
-  return "";
 }
 
 const std::vector<std::string> kOptimizers = {"gd", "sgd", "momentum", "nesterov", "adam", "adamw"};
@@ -126,7 +117,7 @@ TEST(Replay, DetectsACheckpointThatReplayDoesNotReproduce) {
   EXPECT_EQ(report.mismatches, 2);  // replay into 6 differs, and replay from the nudged 6 into 9
   EXPECT_EQ(report.first_mismatch_step, 6);
   EXPECT_GT(report.max_abs_diff, 0);
-  std::string msg = expect_error([&] { reader.forward([](const PathStep&) {}); });
+  std::string msg = error_message([&] { reader.forward([](const PathStep&) {}); });
   EXPECT_NE(msg.find("does not reproduce checkpoint step 6 bit for bit"), std::string::npos) << msg;
 }
 
@@ -181,7 +172,7 @@ TEST(RunDirectory, RefusesToOverwriteUnlessForced) {
   TempDir dir("overwrite");
   RunOptions r = small_run(dir / "run", "sgd", 2, 1);
   train_run(r);
-  std::string msg = expect_error([&] { train_run(r); });
+  std::string msg = error_message([&] { train_run(r); });
   EXPECT_NE(msg.find("already exists; use --force"), std::string::npos) << msg;
   r.force = true;
   EXPECT_NO_THROW(train_run(r));
@@ -189,7 +180,7 @@ TEST(RunDirectory, RefusesToOverwriteUnlessForced) {
   fs::create_directories(dir / "precious");
   std::ofstream(dir / "precious/notes.txt") << "keep me";
   r.out = dir / "precious";
-  msg = expect_error([&] { train_run(r); });
+  msg = error_message([&] { train_run(r); });
   EXPECT_NE(msg.find("not a pathkernel run"), std::string::npos) << msg;
   EXPECT_TRUE(fs::exists(dir / "precious/notes.txt"));
 }
@@ -207,7 +198,7 @@ TEST(RunDirectory, NamesTheFirstInconsistency) {
 
   std::string missing = copy_run("missing");
   fs::remove(missing + "/" + m.checkpoints[1].weights.file);
-  std::string msg = expect_error([&] { PathReader reader(missing); });
+  std::string msg = error_message([&] { PathReader reader(missing); });
   EXPECT_NE(msg.find("checkpoint 3 file 'checkpoints/w_00000003.npy' listed in manifest.json is missing"),
             std::string::npos) << msg;
 
@@ -218,7 +209,7 @@ TEST(RunDirectory, NamesTheFirstInconsistency) {
     bytes[bytes.size() - 3] ^= 0x10;
     write_file_atomic(path, bytes);
   }
-  msg = expect_error([&] { PathReader reader(flipped); });
+  msg = error_message([&] { PathReader reader(flipped); });
   EXPECT_NE(msg.find("momentum_buffer file"), std::string::npos) << msg;
   EXPECT_NE(msg.find("the file is corrupt"), std::string::npos) << msg;
 
@@ -228,18 +219,18 @@ TEST(RunDirectory, NamesTheFirstInconsistency) {
     std::string bytes = read_file(path);
     write_file_atomic(path, bytes.substr(0, bytes.size() - 4));
   }
-  msg = expect_error([&] { PathReader reader(truncated); });
+  msg = error_message([&] { PathReader reader(truncated); });
   EXPECT_NE(msg.find("batch log file"), std::string::npos) << msg;
   EXPECT_NE(msg.find("manifest.json says"), std::string::npos) << msg;
 
   std::string no_manifest = copy_run("no_manifest");
   fs::remove(no_manifest + "/manifest.json");
-  msg = expect_error([&] { PathReader reader(no_manifest); });
+  msg = error_message([&] { PathReader reader(no_manifest); });
   EXPECT_NE(msg.find("has no manifest.json: was it created by 'pathkernel train'?"), std::string::npos) << msg;
 
   std::string bad_json = copy_run("bad_json");
   write_file_atomic(bad_json + "/manifest.json", read_file(run + "/manifest.json").substr(0, 200));
-  msg = expect_error([&] { PathReader reader(bad_json); });
+  msg = error_message([&] { PathReader reader(bad_json); });
   EXPECT_NE(msg.find("is not valid JSON"), std::string::npos) << msg;
 
   std::string no_field = copy_run("no_field");
@@ -248,10 +239,10 @@ TEST(RunDirectory, NamesTheFirstInconsistency) {
     j["training"].erase("threads");
     write_file_atomic(no_field + "/manifest.json", j.dump(2));
   }
-  msg = expect_error([&] { PathReader reader(no_field); });
+  msg = error_message([&] { PathReader reader(no_field); });
   EXPECT_NE(msg.find("training has no field 'threads'"), std::string::npos) << msg;
 
-  msg = expect_error([&] { PathReader reader(dir / "nowhere"); });
+  msg = error_message([&] { PathReader reader(dir / "nowhere"); });
   EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
 }
 
@@ -259,7 +250,7 @@ TEST(RunDirectory, ADivergedRunStaysValidUpToItsLastGoodStep) {
   TempDir dir("diverged");
   RunOptions r = small_run(dir / "run", "gd", 40, 7);
   r.train.optimizer.lr = 1e4;
-  std::string msg = expect_error([&] { train_run(r); });
+  std::string msg = error_message([&] { train_run(r); });
   EXPECT_NE(msg.find("diverged at step"), std::string::npos) << msg;
   Manifest m = Manifest::load(r.out);
   EXPECT_EQ(m.status, "diverged");
