@@ -51,6 +51,24 @@ std::string joined_names() {
 }
 
 std::string key_of(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+/// Appends one parameter's Adam or AdamW state to the flat buffers.
+template <class State>
+void export_adam(const State& s, OptimizerState& out, std::map<std::string, std::vector<torch::Tensor>>& parts) {
+  out.step = s.step();
+  parts["exp_avg"].push_back(s.exp_avg().reshape({-1}));
+  parts["exp_avg_sq"].push_back(s.exp_avg_sq().reshape({-1}));
+}
+
+/// One parameter's Adam or AdamW state from slices of the flat buffers.
+template <class State, class Slice>
+std::unique_ptr<torch::optim::OptimizerParamState> make_adam_state(int64_t step, const Slice& slice) {
+  auto s = std::make_unique<State>();
+  s->step(step);
+  s->exp_avg(slice("exp_avg"));
+  s->exp_avg_sq(slice("exp_avg_sq"));
+  return s;
+}
 }  // namespace
 
 std::vector<std::string> optimizer_names() {
@@ -139,15 +157,9 @@ OptimizerState export_state(torch::optim::Optimizer& optimizer, const std::strin
       auto& s = static_cast<torch::optim::SGDParamState&>(*it->second);
       parts["momentum_buffer"].push_back(s.momentum_buffer().reshape({-1}));
     } else if (name == "adam") {
-      auto& s = static_cast<torch::optim::AdamParamState&>(*it->second);
-      out.step = s.step();
-      parts["exp_avg"].push_back(s.exp_avg().reshape({-1}));
-      parts["exp_avg_sq"].push_back(s.exp_avg_sq().reshape({-1}));
+      export_adam(static_cast<torch::optim::AdamParamState&>(*it->second), out, parts);
     } else if (name == "adamw") {
-      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
-      out.step = s.step();
-      parts["exp_avg"].push_back(s.exp_avg().reshape({-1}));
-      parts["exp_avg_sq"].push_back(s.exp_avg_sq().reshape({-1}));
+      export_adam(static_cast<torch::optim::AdamWParamState&>(*it->second), out, parts);
     }
   }
   for (auto& [key, list] : parts) out.buffers[key] = torch::cat(list).clone();
@@ -177,17 +189,9 @@ void import_state(torch::optim::Optimizer& optimizer, const std::string& name,
       s->momentum_buffer(slice("momentum_buffer"));
       map[key_of(p)] = std::move(s);
     } else if (name == "adam") {
-      auto s = std::make_unique<torch::optim::AdamParamState>();
-      s->step(state.step);
-      s->exp_avg(slice("exp_avg"));
-      s->exp_avg_sq(slice("exp_avg_sq"));
-      map[key_of(p)] = std::move(s);
+      map[key_of(p)] = make_adam_state<torch::optim::AdamParamState>(state.step, slice);
     } else if (name == "adamw") {
-      auto s = std::make_unique<torch::optim::AdamWParamState>();
-      s->step(state.step);
-      s->exp_avg(slice("exp_avg"));
-      s->exp_avg_sq(slice("exp_avg_sq"));
-      map[key_of(p)] = std::move(s);
+      map[key_of(p)] = make_adam_state<torch::optim::AdamWParamState>(state.step, slice);
     } else {
       PK_THROW("optimizer '" << name << "' keeps no state, but state was given");
     }
