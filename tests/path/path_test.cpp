@@ -11,6 +11,7 @@
 #include "pathkernel/files.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/path.h"
+#include "pathkernel/context.h"
 #include "pathkernel/run_writer.h"
 
 namespace pathkernel {
@@ -260,6 +261,51 @@ TEST(RunDirectory, ADivergedRunStaysValidUpToItsLastGoodStep) {
   EXPECT_EQ(static_cast<int64_t>(m.learning_rates.size()), m.steps);
   PathReader reader(r.out);
   EXPECT_TRUE(reader.check().bitwise_equal);
+}
+
+// Training interrupted mid-way (here by an exception after step 7, as a kill
+// would) leaves a run that reads as valid up to its last checkpoint.
+TEST(RunDirectory, AnInterruptedRunIsValidUpToItsLastCheckpoint) {
+  TempDir dir("interrupted");
+  RunOptions r = small_run(dir / "run", "momentum", 20, 3);
+  Dataset data = load_dataset(r.data);
+  NetworkOptions o;
+  o.spec = ModelSpec::parse(r.model);
+  o.input_shape = data.input_shape;
+  o.num_classes = data.num_classes;
+  Network net = build_network(o);
+  Manifest base;
+  base.data = r.data;
+  base.num_train = data.x_train.size(0);
+  base.input_shape = data.input_shape;
+  base.num_classes = data.num_classes;
+  base.train_crc32 = training_data_crc32(data.x_train, data.y_train);
+  base.model_spec = r.model;
+  base.parameters = parameter_layout(net);
+  base.parameter_count = parameter_count(net);
+  base.optimizer = r.train.optimizer;
+  base.batch_size = r.train.batch;
+  base.threads = current_threads();
+  base.checkpoint_every = 3;
+
+  struct Interrupting : RunWriter {
+    using RunWriter::RunWriter;
+    void on_step(int64_t step, const torch::Tensor& batch, const StepResult& result, Network& n,
+                 torch::optim::Optimizer& opt) override {
+      if (step == 7) throw std::runtime_error("interrupted");
+      RunWriter::on_step(step, batch, result, n, opt);
+    }
+  } writer(r.out, base, false);
+  EXPECT_THROW(train(net, data.x_train, data.y_train, data.x_test, data.y_test, r.train, writer),
+               std::runtime_error);
+  Manifest m = Manifest::load(r.out);
+  EXPECT_EQ(m.status, "running");
+  EXPECT_EQ(m.steps, 6);
+  EXPECT_EQ(m.checkpoints.back().step, 6);
+  PathReader reader(r.out);
+  ReplayReport report = reader.check();
+  EXPECT_TRUE(report.bitwise_equal);
+  EXPECT_EQ(report.steps_replayed, 6);
 }
 
 TEST(RunDirectory, DefaultCheckpointSpacingIsAboutTheSquareRoot) {
