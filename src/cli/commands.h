@@ -16,6 +16,7 @@ struct Globals {
 void add_train_command(CLI::App& app, Globals& globals);
 void add_info_command(CLI::App& app, Globals& globals);
 void add_check_path_command(CLI::App& app, Globals& globals);
+void add_verify_command(CLI::App& app, Globals& globals);
 
 /// Parses argv and runs the chosen subcommand. Returns the exit status.
 /// User errors propagate as pathkernel::Error.

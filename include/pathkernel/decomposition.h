@@ -1,0 +1,48 @@
+// The exact decomposition of a trained network's outputs (MATH.md §4):
+//
+//   f(w_N, x) = f(w_0, x) + Σ_i C_i(x) + R(x) + E(x)
+//
+// for GD and minibatch SGD with optional L2 weight decay, where
+//   C_i(x) = Σ_{s: i ∈ B_s} −(η_s/|B_s|) J̄_s(x) g_{i,s}   contribution of training point i
+//   R(x)   = Σ_s −η_s λ J̄_s(x) w_s                        regularisation
+//   E(x)   = Σ_s J̄_s(x) e_s                               rounding of the recorded updates,
+//            e_s = Δw_s + η_s (G_s + λ w_s)
+// and J̄_s is certified by quadrature (features.h). Streaming: one step, one
+// chunk of test points and one chunk of training points at a time.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "pathkernel/features.h"
+#include "pathkernel/path.h"
+
+namespace pathkernel {
+
+struct DecompositionOptions {
+  QuadratureOptions quadrature;
+  int64_t train_chunk = 1024;          ///< training rows per contraction
+  int64_t memory_doubles = 64 << 20;   ///< budget for one chunk of test features (doubles)
+  bool progress = true;
+};
+
+/// Shapes: n test points, M training points, K outputs.
+struct Decomposition {
+  torch::Tensor f0;              ///< [n, K] f(w_0, x)
+  torch::Tensor fN;              ///< [n, K] f(w_N, x)
+  torch::Tensor contributions;   ///< [n, M, K] C_i(x)
+  torch::Tensor regularization;  ///< [n, K] R(x)
+  torch::Tensor rounding;        ///< [n, K] E(x)
+  double certificate_max_gap = 0;
+  int64_t evaluations = 0;       ///< integrand evaluations summed over test points and steps
+  int64_t steps = 0;
+  double seconds = 0;
+
+  /// f(w_0) + Σ_i C_i + R + E: the kernel machine's prediction, [n, K].
+  torch::Tensor prediction() const;
+};
+
+/// Decomposes the run's final outputs on test inputs x [n, *input_shape].
+/// Throws Error for optimizers other than gd and sgd.
+Decomposition decompose(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options);
+
+}  // namespace pathkernel

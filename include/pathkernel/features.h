@@ -1,0 +1,71 @@
+// Test features along a path segment and their structured contractions.
+//
+// The test feature of step s is J̄_s(x) = ∫_0^1 J(w_s + t dw_s, x) dt (K x P
+// per test point). It is never formed as a K x P matrix: it is kept as rows
+// (test point, quadrature node t_r, weight ω_r) with, per parameterised
+// layer, the layer input a_r and the backprop signals δ_{k,r} of every output
+// k. For a Linear layer ∂f_k/∂W = δ_k a^T, so
+//   <J̄_k(x), δ_i a_i^T + δ_i> = Σ_r ω_r (δ_{k,r}·δ_i)(a_r·a_i + 1),
+// evaluated as GEMMs over rows and training points. Conv2d layers use the
+// dense block per test point (C_out x C_in·k·k plus bias), contracted with
+// per-sample im2col gradients, which are small.
+//
+// Quadrature (see quadrature.h): gauss (adaptive Gauss–Legendre, split at the
+// first layer's ReLU kinks, found in closed form, and refined by halving until
+// the free certificate J̄_s(x) dw_s = f(w_{s+1},x) − f(w_s,x) holds per piece),
+// riemann:T, or dpk (one node at t = 0).
+#pragma once
+
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pathkernel/quadrature.h"
+#include "pathkernel/segment.h"
+
+namespace pathkernel {
+
+struct QuadratureOptions {
+  QuadratureSpec spec;  ///< gauss (default), riemann:T, dpk
+  double tol = 1e-13;   ///< certificate tolerance, relative to max(1, |f(w_s, x)|)
+  int gauss_nodes = 4;  ///< Gauss–Legendre nodes per piece
+  int max_depth = 30;   ///< halvings of a piece before it is accepted as is
+};
+
+/// Test features of one step for n test points.
+struct TestFeatures {
+  int64_t num_points = 0;
+  torch::Tensor agg;                   ///< [n, R]: ω_r in column r for its test point, else 0
+  std::vector<torch::Tensor> inputs;   ///< per param layer: a_r, rows first
+  std::vector<torch::Tensor> signals;  ///< per param layer: [K, R, ...] δ_{k,r}
+  std::vector<torch::Tensor> dense;    ///< per Conv2d layer: [K, n, Q] J̄ block; undefined for Linear
+  torch::Tensor f0, f1;                ///< [n, K]: f(w_s, x) and f(w_{s+1}, x)
+  int64_t evaluations = 0;             ///< integrand evaluations (rows), including refined-away ones
+  double certificate_gap = 0;          ///< max |J̄ dw − (f1 − f0)| / max(1, |f0|)
+};
+
+/// Per-sample training signals at w_s: per param layer a_i and δ_i for the
+/// loss cotangent u_i = ∂ℓ_i/∂f (so Σ_layers δ_i a_i^T is the per-sample
+/// gradient g_i, never formed).
+struct TrainSignals {
+  std::vector<torch::Tensor> inputs;   ///< per param layer: a_i [B, ...]
+  std::vector<torch::Tensor> signals;  ///< per param layer: δ_i [B, ...]
+};
+
+/// Test features of the segment set in `ev` for test inputs x [n, *input_shape].
+TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& options);
+
+/// Training signals at t = 0 for rows x [B, ...] with labels y [B].
+TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
+                           OutputMap map);
+
+/// J̄ v for a flat vector v [P]: [n, K].
+torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, const torch::Tensor& v);
+
+/// <J̄_k(x_n), g_i> for every test point n, training row i and output k: [n, B, K].
+torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const TrainSignals& t);
+
+/// Doubles held per row of test features (for sizing test-point chunks).
+int64_t feature_doubles_per_row(const SegmentEvaluator& ev, const torch::Tensor& example);
+
+}  // namespace pathkernel

@@ -1,0 +1,92 @@
+// Quadrature in t along one segment: rules on [0,1], the --quadrature spec,
+// and the root finding that locates kinks (MATH.md §6).
+//
+// The test feature J̄_s(x) = ∫_0^1 J(w_s + tΔw_s, x) dt has kinks where a
+// pre-activation crosses 0; between kinks it is smooth, so it is integrated
+// with Gauss–Legendre piece by piece. Riemann and the single left point are
+// kept to reproduce the paper and Domingos' discrete path kernel.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace pathkernel {
+
+/// A quadrature rule: nodes t_j and weights w_j, both of length n, so that
+/// ∫ f ≈ Σ_j w_j f(t_j). Rules on [0,1] have nodes in [0,1] and Σ_j w_j = 1;
+/// a rule on [a,b] has Σ_j w_j = b − a.
+struct QuadratureRule {
+  std::vector<double> nodes;    ///< [n], ascending
+  std::vector<double> weights;  ///< [n], positive
+};
+
+/// n-point Gauss–Legendre rule on [a,b]: n nodes, ascending, symmetric about
+/// (a+b)/2, with positive weights summing to b − a. Exact for polynomials of
+/// degree <= 2n−1. Nodes and weights are computed by Newton's method on the
+/// Legendre recurrence in extended precision (long double) and rounded once,
+/// so they are accurate to about an ulp; the rules are cached by n.
+/// Throws Error unless 1 <= n <= 10000 and a < b are finite.
+QuadratureRule gauss_legendre(int n, double a = 0.0, double b = 1.0);
+
+/// Composite Gauss–Legendre: the n-point rule on each sub-interval
+/// [breaks[k], breaks[k+1]], concatenated; (breaks.size() − 1)·n nodes,
+/// ascending. `breaks` must be finite and strictly ascending, with at least
+/// two entries (typically the output of breakpoints()). Throws Error otherwise.
+QuadratureRule composite_gauss_legendre(int n, const std::vector<double>& breaks);
+
+/// The paper's Riemann rule with T nodes on [0,1]: left endpoints t_j = j/T
+/// and weights 1/T, j = 0..T−1. Converges like 1/T. Throws Error unless T >= 1.
+QuadratureRule riemann(int T);
+
+/// Domingos' discrete path kernel: one node at t = 0 with weight 1
+/// (the same rule as riemann(1)).
+QuadratureRule left_point();
+
+/// A parsed --quadrature option: "gauss" (adaptive Gauss–Legendre, the
+/// default), "riemann:T" (T in [1, 100000]) or "dpk".
+struct QuadratureSpec {
+  enum class Kind { Gauss, Riemann, Dpk } kind = Kind::Gauss;
+  int nodes = 0;  ///< T for Kind::Riemann, 0 otherwise
+
+  /// Parses a spec. Throws Error on an unknown name (the message lists
+  /// "gauss, riemann:T, dpk") or a bad T (the message shows the value and
+  /// says that T must be an integer in [1, 100000]).
+  static QuadratureSpec parse(const std::string& text);
+
+  /// The canonical text: "gauss", "riemann:100" or "dpk"; parse(str()) round-trips.
+  std::string str() const;
+};
+
+/// A root of a continuous scalar function g on [a,b] (a <= b, finite) where
+/// g(a) and g(b) have opposite signs or one of them is 0 (then that end is
+/// returned). Brent's method (inverse quadratic interpolation and secant
+/// steps, safeguarded by bisection) keeps a bracket of the sign change and
+/// stops when g is exactly 0 or the bracket is at most about 4 ulp wide; the
+/// returned end of the bracket is the one with the smaller |g|.
+/// Throws Error if there is no sign change or g returns a non-finite value.
+/// Stores the number of evaluations of g in *evaluations when it is non-null
+/// (also when it throws).
+double find_root(const std::function<double(double)>& g, double a, double b,
+                 int* evaluations = nullptr);
+
+/// Zero crossings in the open interval (0,1) of the affine functions
+/// p_u(t) = p0[u] + t·(p1[u] − p0[u]), u = 0..U−1 (a first-layer
+/// pre-activation along a segment is affine in t). p0 and p1 are [U].
+/// A unit crosses when p0[u] and p1[u] have strictly opposite signs; the
+/// crossing t = p0/(p0 − p1) is computed in long double and rounded once.
+/// Units with p1 == p0 and crossings at (or rounding to) t = 0 or t = 1 are
+/// left out. Returns the crossings sorted, without duplicates. Throws Error on a size mismatch or a
+/// non-finite value.
+std::vector<double> affine_crossings(const std::vector<double>& p0, const std::vector<double>& p1);
+
+/// Merges break points into the breaks of a composite rule on [0,1]: sorts,
+/// drops points outside (0,1) (and NaN), and returns {0, ..., 1} in which
+/// consecutive breaks are at least `min_gap` apart: in ascending order, a
+/// point closer than `min_gap` to the last kept break (0 at first) or to 1 is
+/// dropped, so every input point in (0,1) lies within `min_gap` of an output
+/// break. Duplicates are merged even when min_gap is 0. Throws Error unless
+/// min_gap >= 0 and finite.
+std::vector<double> breakpoints(std::vector<double> points, double min_gap = 1e-12);
+
+}  // namespace pathkernel

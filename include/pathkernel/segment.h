@@ -1,0 +1,78 @@
+// Evaluating the network along a straight path segment w(t) = w_s + t dw_s,
+// many (input, t) rows at once, with the per-layer signals the exact-kernel
+// engine contracts.
+//
+// Rows: row r is input x[r] evaluated at weights w_s + t[r] dw_s. Because
+// every parameterised layer is linear in its weights, a Linear or Conv2d
+// layer at w(t) is layer(a; W_s) + t layer(a; dW): no per-row weights are
+// ever materialised.
+//
+// For each parameterised layer l the evaluation keeps its input a_l (rows
+// first: Linear [R, in], Conv2d [R, C_in, H, W]) and its pre-activation
+// output y_l (Linear [R, out], Conv2d [R, C_out, H', W']). The backprop
+// signal delta_l = d(c . f)/d y_l for a cotangent c on the outputs has y_l's
+// shape.
+#pragma once
+
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pathkernel/model.h"
+
+namespace pathkernel {
+
+/// One parameterised layer's place in the flat parameter vector.
+struct ParamLayer {
+  LayerDesc desc;
+  int64_t weight_offset = 0, weight_numel = 0;
+  int64_t bias_offset = 0, bias_numel = 0;
+  std::vector<int64_t> weight_shape;
+};
+
+/// The outcome of evaluating rows.
+struct SegmentPass {
+  torch::Tensor out;                  ///< [R, K] network outputs
+  std::vector<torch::Tensor> inputs;  ///< per param layer: a_l (rows first)
+  std::vector<torch::Tensor> preacts; ///< per param layer: y_l (rows first)
+};
+
+class SegmentEvaluator {
+ public:
+  /// `layers` and the flat order come from a built network (see model.h).
+  explicit SegmentEvaluator(Network& net);
+
+  /// Sets the segment: w [P] and dw [P], in the network's dtype.
+  void set_segment(const torch::Tensor& w, const torch::Tensor& dw);
+
+  /// Evaluates rows x [R, *input_shape] at t [R]. With `track`, the pass
+  /// keeps an autograd graph so signals() can be taken.
+  SegmentPass forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const;
+
+  /// Backprop signals of a tracked pass for cotangent c [R, K]: one tensor
+  /// per param layer, shaped like preacts. Keeps the graph for more calls.
+  std::vector<torch::Tensor> signals(const SegmentPass& pass, const torch::Tensor& c) const;
+
+  const std::vector<ParamLayer>& param_layers() const { return params_; }
+  int64_t num_outputs() const { return num_outputs_; }
+  /// The segment's direction dw [P].
+  const torch::Tensor& direction() const { return dw_; }
+  /// Per param layer: whether its pre-activation feeds a ReLU, whose sign
+  /// changes are the kinks of the integrand. The first layer's pre-activation
+  /// is affine in t, so its kinks are closed-form.
+  const std::vector<bool>& relu_after() const { return relu_after_; }
+  int64_t parameter_count() const { return parameter_count_; }
+
+  /// Views of flat vector v [P] as layer l's weight and bias.
+  torch::Tensor weight_of(const torch::Tensor& v, size_t l) const;
+  torch::Tensor bias_of(const torch::Tensor& v, size_t l) const;
+
+ private:
+  std::vector<LayerDesc> layers_;
+  std::vector<ParamLayer> params_;
+  std::vector<bool> relu_after_;
+  int64_t num_outputs_ = 0, parameter_count_ = 0;
+  torch::Tensor w_, dw_;
+};
+
+}  // namespace pathkernel

@@ -1,0 +1,103 @@
+// Functional evaluation of the network along a path segment.
+#include "pathkernel/segment.h"
+
+#include "pathkernel/error.h"
+
+namespace pathkernel {
+
+SegmentEvaluator::SegmentEvaluator(Network& net) : layers_(net->layers()) {
+  std::vector<ParamInfo> layout = parameter_layout(net);
+  parameter_count_ = pathkernel::parameter_count(net);
+  num_outputs_ = net->options().num_classes;
+  for (const LayerDesc& d : layers_) {
+    if (d.kind != LayerDesc::Kind::Linear && d.kind != LayerDesc::Kind::Conv2d) continue;
+    ParamLayer p;
+    p.desc = d;
+    for (const ParamInfo& info : layout) {
+      if (info.name == d.module + ".weight") {
+        p.weight_offset = info.offset;
+        p.weight_numel = info.numel;
+        p.weight_shape = info.shape;
+      } else if (info.name == d.module + ".bias") {
+        p.bias_offset = info.offset;
+        p.bias_numel = info.numel;
+      }
+    }
+    PK_ASSERT(p.weight_numel > 0 && p.bias_numel > 0);
+    params_.push_back(p);
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (layers_[i].kind == LayerDesc::Kind::Linear || layers_[i].kind == LayerDesc::Kind::Conv2d) {
+      relu_after_.push_back(i + 1 < layers_.size() && layers_[i + 1].kind == LayerDesc::Kind::ReLU);
+    }
+  }
+}
+
+void SegmentEvaluator::set_segment(const torch::Tensor& w, const torch::Tensor& dw) {
+  PK_CHECK(w.dim() == 1 && w.size(0) == parameter_count_ && dw.sizes() == w.sizes(),
+           "segment vectors have shapes " << w.sizes() << " and " << dw.sizes() << ", expected ["
+                                          << parameter_count_ << "]");
+  w_ = w;
+  dw_ = dw;
+}
+
+torch::Tensor SegmentEvaluator::weight_of(const torch::Tensor& v, size_t l) const {
+  const ParamLayer& p = params_[l];
+  return v.narrow(0, p.weight_offset, p.weight_numel).view(p.weight_shape);
+}
+
+torch::Tensor SegmentEvaluator::bias_of(const torch::Tensor& v, size_t l) const {
+  const ParamLayer& p = params_[l];
+  return v.narrow(0, p.bias_offset, p.bias_numel);
+}
+
+SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const {
+  using Kind = LayerDesc::Kind;
+  PK_ASSERT(w_.defined());
+  PK_CHECK(t.dim() == 1 && t.size(0) == x.size(0),
+           "segment rows: " << x.size(0) << " inputs but t has shape " << t.sizes());
+  torch::AutoGradMode grad_mode(track);
+  SegmentPass pass;
+  torch::Tensor h = track ? x.detach().clone().requires_grad_(true) : x;
+  size_t l = 0;
+  for (const LayerDesc& layer : layers_) {
+    switch (layer.kind) {
+      case Kind::Linear: {
+        pass.inputs.push_back(h);
+        torch::Tensor y = torch::addmm(bias_of(w_, l), h, weight_of(w_, l).t()) +
+                          t.view({-1, 1}) * torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t());
+        pass.preacts.push_back(y);
+        h = y;
+        ++l;
+        break;
+      }
+      case Kind::Conv2d: {
+        pass.inputs.push_back(h);
+        auto conv = [&](const torch::Tensor& v) {
+          return torch::conv2d(h, weight_of(v, l), bias_of(v, l), 1, layer.padding);
+        };
+        torch::Tensor y = conv(w_) + t.view({-1, 1, 1, 1}) * conv(dw_);
+        pass.preacts.push_back(y);
+        h = y;
+        ++l;
+        break;
+      }
+      case Kind::ReLU: h = torch::relu(h); break;
+      case Kind::Tanh: h = torch::tanh(h); break;
+      case Kind::GELU: h = torch::gelu(h); break;
+      case Kind::MaxPool2d: h = torch::max_pool2d(h, layer.kernel); break;
+      case Kind::Flatten: h = h.flatten(1); break;
+      case Kind::LogSoftmax: h = torch::log_softmax(h, 1); break;
+    }
+  }
+  pass.out = h;
+  return pass;
+}
+
+std::vector<torch::Tensor> SegmentEvaluator::signals(const SegmentPass& pass, const torch::Tensor& c) const {
+  PK_ASSERT(pass.out.requires_grad());
+  torch::Tensor scalar = (pass.out * c).sum();
+  return torch::autograd::grad({scalar}, pass.preacts, {}, /*retain_graph=*/true);
+}
+
+}  // namespace pathkernel
