@@ -61,6 +61,8 @@ class SegmentEvaluator {
   /// changes are the kinks of the integrand. The first layer's pre-activation
   /// is affine in t, so its kinks are closed-form.
   const std::vector<bool>& relu_after() const { return relu_after_; }
+  /// Per param layer: the max-pool window following its ReLU, or 0.
+  const std::vector<int64_t>& pool_after() const { return pool_after_; }
   int64_t parameter_count() const { return parameter_count_; }
 
   /// Views of flat vector v [P] as layer l's weight and bias.
@@ -71,6 +73,7 @@ class SegmentEvaluator {
   std::vector<LayerDesc> layers_;
   std::vector<ParamLayer> params_;
   std::vector<bool> relu_after_;
+  std::vector<int64_t> pool_after_;
   int64_t num_outputs_ = 0, parameter_count_ = 0;
   torch::Tensor w_, dw_;
 };

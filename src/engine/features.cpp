@@ -62,58 +62,75 @@ struct Piece {
 
 constexpr double kEps = 2.220446049250313e-16;
 
-/// For each failed piece, the t in (a, b) where a ReLU pre-activation that
-/// differs in sign between the piece's ends crosses zero (the first such unit,
-/// layer by layer), found by bisection on all pieces at once to machine
-/// precision; the midpoint where no unit changes sign (a max-pool switch, or a
-/// smooth piece that needs splitting). `ends` holds the pieces' end rows
-/// (2p: a, 2p+1: b) of all pending pieces; `index` maps failed to pending.
+/// A kink of the integrand inside a piece: where y[plus] - y[minus] (or
+/// y[plus] alone when minus < 0) changes sign, y being param layer `layer`'s
+/// pre-activation flattened per row. A ReLU unit that flips is (unit, -1); a
+/// max-pool window whose argmax switches from i to j is (j, i).
+struct Kink {
+  int64_t layer = -1, plus = -1, minus = -1;
+};
+
+double kink_value(const torch::TensorAccessor<double, 2>& y, int64_t row, const Kink& k) {
+  return y[row][k.plus] - (k.minus >= 0 ? y[row][k.minus] : 0.0);
+}
+
+/// For each failed piece, a kink inside it located by bisection on all pieces
+/// at once, to machine precision; the midpoint where none is seen (a smooth
+/// piece that needs splitting). `ends` holds the end rows of all pending
+/// pieces (2p: a, 2p+1: b); `index` maps failed pieces to pending ones.
 std::vector<double> locate_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const SegmentPass& ends,
                                  const std::vector<Piece>& failed, const std::vector<int64_t>& index) {
   const int64_t nf = static_cast<int64_t>(failed.size());
   std::vector<double> cut(nf);
   for (int64_t i = 0; i < nf; ++i) cut[i] = 0.5 * (failed[i].a + failed[i].b);
   if (nf == 0) return cut;
-  // Choose a unit per piece: (layer, flat unit index), or none.
-  std::vector<int64_t> layer(nf, -1), unit(nf, -1);
+  torch::Tensor at_a = torch::tensor(index, torch::kLong) * 2, at_b = at_a + 1;
+  std::vector<Kink> kinks(nf);
   for (size_t l = 0; l < ev.relu_after().size(); ++l) {
     if (!ev.relu_after()[l]) continue;
-    torch::Tensor y = ends.preacts[l].detach().flatten(1);
-    const int64_t units = y.size(1);
-    torch::Tensor ya = y.index_select(0, torch::tensor(index, torch::kLong) * 2);
-    torch::Tensor yb = y.index_select(0, torch::tensor(index, torch::kLong) * 2 + 1);
-    torch::Tensor flips = ((ya > 0) != (yb > 0));  // [nf, units]
+    torch::Tensor y = ends.preacts[l].detach();
+    torch::Tensor ya = y.index_select(0, at_a), yb = y.index_select(0, at_b);
+    // ReLU units that change sign.
+    torch::Tensor flips = ((ya.flatten(1) > 0) != (yb.flatten(1) > 0));
     torch::Tensor any = flips.any(1), first = flips.to(torch::kInt).argmax(1);
-    auto any_a = any.accessor<bool, 1>();
-    auto first_a = first.accessor<int64_t, 1>();
     for (int64_t i = 0; i < nf; ++i) {
-      if (layer[i] < 0 && any_a[i]) {
-        layer[i] = static_cast<int64_t>(l);
-        unit[i] = first_a[i];
+      if (kinks[i].layer < 0 && any[i].item<bool>()) kinks[i] = {static_cast<int64_t>(l), first[i].item<int64_t>(), -1};
+    }
+    // Max-pool windows whose (positive) argmax switches.
+    if (int64_t k = ev.pool_after()[l]) {
+      auto [ma, ia] = torch::max_pool2d_with_indices(ya, k);
+      auto [mb, ib] = torch::max_pool2d_with_indices(yb, k);
+      torch::Tensor sw = ((ia != ib) & ((ma > 0) | (mb > 0))).flatten(1);
+      torch::Tensor plane = torch::arange(ia.size(1)).view({1, -1, 1, 1}) * (ya.size(2) * ya.size(3));
+      torch::Tensor ua = (ia + plane).flatten(1), ub = (ib + plane).flatten(1);
+      torch::Tensor any_sw = sw.any(1), first_sw = sw.to(torch::kInt).argmax(1);
+      for (int64_t i = 0; i < nf; ++i) {
+        if (kinks[i].layer < 0 && any_sw[i].item<bool>()) {
+          int64_t w = first_sw[i].item<int64_t>();
+          kinks[i] = {static_cast<int64_t>(l), ub[i][w].item<int64_t>(), ua[i][w].item<int64_t>()};
+        }
       }
     }
-    (void)units;
   }
   std::vector<int64_t> who;
   for (int64_t i = 0; i < nf; ++i) {
-    if (layer[i] >= 0) who.push_back(i);
+    if (kinks[i].layer >= 0) who.push_back(i);
   }
   if (who.empty()) return cut;
   const int64_t nw = static_cast<int64_t>(who.size());
   std::vector<double> lo(nw), hi(nw);
   std::vector<int64_t> rows(nw);
+  std::vector<bool> positive_at_a(nw);
+  std::vector<torch::Tensor> flat_a(ends.preacts.size());
+  for (size_t l = 0; l < ends.preacts.size(); ++l) flat_a[l] = ends.preacts[l].detach().flatten(1).contiguous();
   for (int64_t j = 0; j < nw; ++j) {
-    lo[j] = failed[who[j]].a;
-    hi[j] = failed[who[j]].b;
-    rows[j] = failed[who[j]].point;
+    const int64_t i = who[j];
+    lo[j] = failed[i].a;
+    hi[j] = failed[i].b;
+    rows[j] = failed[i].point;
+    positive_at_a[j] = kink_value(flat_a[kinks[i].layer].accessor<double, 2>(), 2 * index[i], kinks[i]) > 0;
   }
   torch::Tensor xr = x.index_select(0, torch::tensor(rows, torch::kLong));
-  // Sign of the chosen unit at a, per piece.
-  std::vector<bool> positive_at_a(nw);
-  for (int64_t j = 0; j < nw; ++j) {
-    int64_t i = who[j];
-    positive_at_a[j] = ends.preacts[layer[i]].detach().flatten(1)[2 * index[i]][unit[i]].item<double>() > 0;
-  }
   for (int iter = 0; iter < 64; ++iter) {
     std::vector<double> mid(nw);
     bool moved = false;
@@ -123,9 +140,11 @@ std::vector<double> locate_kinks(const SegmentEvaluator& ev, const torch::Tensor
     }
     if (!moved) break;
     SegmentPass pm = ev.forward(xr, torch::tensor(mid, x.options()), false);
+    std::vector<torch::Tensor> flat(pm.preacts.size());
+    for (size_t l = 0; l < pm.preacts.size(); ++l) flat[l] = pm.preacts[l].flatten(1).contiguous();
     for (int64_t j = 0; j < nw; ++j) {
-      int64_t i = who[j];
-      double v = pm.preacts[layer[i]].flatten(1)[j][unit[i]].item<double>();
+      const Kink& k = kinks[who[j]];
+      double v = kink_value(flat[k.layer].accessor<double, 2>(), j, k);
       ((v > 0) == positive_at_a[j] ? lo[j] : hi[j]) = mid[j];
     }
   }

@@ -28,7 +28,10 @@ SegmentEvaluator::SegmentEvaluator(Network& net) : layers_(net->layers()) {
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (layers_[i].kind == LayerDesc::Kind::Linear || layers_[i].kind == LayerDesc::Kind::Conv2d) {
-      relu_after_.push_back(i + 1 < layers_.size() && layers_[i + 1].kind == LayerDesc::Kind::ReLU);
+      bool relu = i + 1 < layers_.size() && layers_[i + 1].kind == LayerDesc::Kind::ReLU;
+      bool pool = relu && i + 2 < layers_.size() && layers_[i + 2].kind == LayerDesc::Kind::MaxPool2d;
+      relu_after_.push_back(relu);
+      pool_after_.push_back(pool ? layers_[i + 2].kernel : 0);
     }
   }
 }
