@@ -27,8 +27,8 @@ namespace pathkernel {
 
 struct QuadratureOptions {
   QuadratureSpec spec;  ///< gauss (default), riemann:T, dpk
-  double tol = 1e-13;   ///< certificate tolerance, relative to max(1, |f(w_s, x)|)
-  int gauss_nodes = 4;  ///< Gauss–Legendre nodes per piece
+  double tol = 1e-14;   ///< certificate tolerance per step, relative to max(1, |f(w_s, x)|)
+  int gauss_nodes = 8;  ///< Gauss–Legendre nodes per piece
   int max_depth = 30;   ///< halvings of a piece before it is accepted as is
 };
 

@@ -44,7 +44,8 @@ void add_verify_command(CLI::App& app, Globals& globals) {
   struct Args {
     std::string run, test_index, quadrature = "gauss";
     int64_t test = 100;
-    double tol = 1e-13;
+    double tol = 1e-14;
+    int gauss_nodes = 8;
     double fail_above = -1;
     bool json = false, quiet = false;
   };
@@ -54,7 +55,10 @@ void add_verify_command(CLI::App& app, Globals& globals) {
   auto* n = cmd->add_option("--test", args->test, "Use the first N test points")->capture_default_str();
   cmd->add_option("--test-index", args->test_index, "Comma-separated test indices, e.g. 0,5,17")->excludes(n);
   cmd->add_option("--quadrature", args->quadrature, "gauss (certified), riemann:T, or dpk")->capture_default_str();
-  cmd->add_option("--tol", args->tol, "Certificate tolerance, relative to max(1,|f|)")->capture_default_str();
+  cmd->add_option("--tol", args->tol, "Certificate tolerance per step, relative to max(1,|f|)")->capture_default_str();
+  cmd->add_option("--gauss-nodes", args->gauss_nodes, "Gauss-Legendre nodes per piece (gauss)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   cmd->add_option("--fail-above", args->fail_above, "Exit non-zero if max_rel_error exceeds this");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--quiet", args->quiet, "No progress bar");
@@ -64,6 +68,7 @@ void add_verify_command(CLI::App& app, Globals& globals) {
     options.quadrature.spec = QuadratureSpec::parse(args->quadrature);
     PK_CHECK(args->tol > 0 && args->tol < 1, "--tol must be in (0, 1) (got " << args->tol << ")");
     options.quadrature.tol = args->tol;
+    options.quadrature.gauss_nodes = args->gauss_nodes;
     options.progress = !args->quiet;
     PathReader reader(args->run);
     torch::Tensor idx = test_indices(args->test, args->test_index, reader.dataset().x_test.size(0));

@@ -107,6 +107,37 @@ TEST(Cli, NumpyLoadsARunWithoutPathkernel) {
   EXPECT_GT(j["moved"].get<double>(), 0);
 }
 
+TEST(Cli, VerifyReportsTheKernelMachineAgainstTheNetwork) {
+  testing::TempDir dir("verify");
+  std::string r = dir / "R";
+  ASSERT_EQ(run("train --data gaussians3 --train-size 90 --model mlp:8 --optimizer sgd --batch 30 --lr 0.2 --steps 15 --quiet --out " + r).status, 0);
+  Output v = run("verify " + r + " --test 12 --json --quiet");
+  ASSERT_EQ(v.status, 0) << v.out;
+  nlohmann::json j = last_json(v.out);
+  for (const char* key : {"max_abs_error", "max_rel_error", "completeness_error", "certificate_max_gap",
+                          "mean_evaluations_per_step", "test_points", "steps", "quadrature", "seconds"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["test_points"], 12);
+  EXPECT_EQ(j["steps"], 15);
+  EXPECT_EQ(j["quadrature"], "gauss");
+  EXPECT_LE(j["max_rel_error"].get<double>(), 1e-12);
+  EXPECT_LE(j["completeness_error"].get<double>(), 1e-12);
+  // The DPK is not exact, and --fail-above turns that into a non-zero exit.
+  Output dpk = run("verify " + r + " --test-index 0,3 --quadrature dpk --json --quiet --fail-above 1e-9");
+  EXPECT_NE(dpk.status, 0) << dpk.out;
+  nlohmann::json dj = last_json(dpk.out);
+  EXPECT_EQ(dj["test_points"], 2);
+  EXPECT_GT(dj["max_rel_error"].get<double>(), 1e-9);
+  EXPECT_EQ(dj["mean_evaluations_per_step"], 1.0);
+  Output bad = run("verify " + r + " --test-index 0,9999 --quiet");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--test-index 9999 is out of range [0, 900)"), std::string::npos) << bad.out;
+  Output badq = run("verify " + r + " --quadrature simpson --quiet");
+  EXPECT_NE(badq.status, 0);
+  EXPECT_NE(badq.out.find("unknown quadrature 'simpson'"), std::string::npos) << badq.out;
+}
+
 TEST(Cli, BadInputGetsAClearErrorAndANonZeroExit) {
   testing::TempDir dir("cli_errors");
   const std::vector<std::pair<std::string, std::string>> cases = {
