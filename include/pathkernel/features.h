@@ -39,6 +39,10 @@ struct TestFeatures {
   std::vector<torch::Tensor> inputs;   ///< per param layer: a_r, rows first
   std::vector<torch::Tensor> signals;  ///< per param layer: [K, R, ...] δ_{k,r}
   std::vector<torch::Tensor> dense;    ///< per Conv2d layer: [K, n, Q] J̄ block; undefined for Linear
+  /// When the first layer is Linear its input is x itself at every node, so
+  /// its part of J̄ is Σ_r ω_r δ_r ⊗ x: first_signal [K, n, out] = Σ_r ω_r δ_r
+  /// and first_inputs [n, in] = x (undefined otherwise).
+  torch::Tensor first_signal, first_inputs;
   torch::Tensor f0, f1;                ///< [n, K]: f(w_s, x) and f(w_{s+1}, x)
   int64_t evaluations = 0;             ///< integrand evaluations (rows), including refined-away ones
   double certificate_gap = 0;          ///< max |J̄ dw − (f1 − f0)| / max(1, |f0|)

@@ -171,8 +171,12 @@ void build_dense(const SegmentEvaluator& ev, TestFeatures& f) {
   }
 }
 
-void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& dw) {
+void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& x, const torch::Tensor& dw) {
   build_dense(ev, f);
+  if (ev.param_layers()[0].desc.kind == Kind::Linear) {
+    f.first_inputs = x.flatten(1);
+    f.first_signal = torch::matmul(f.agg.unsqueeze(0), f.signals[0]);  // [K, n, out]
+  }
   torch::Tensor jdw = apply_features(ev, f, dw);
   torch::Tensor scale = f.f0.abs().amax(1, true).clamp_min(1.0);
   f.certificate_gap = ((jdw - (f.f1 - f.f0)).abs() / scale).max().item<double>();
@@ -312,7 +316,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   torch::Tensor point = torch::cat(kept_point), weight = torch::cat(kept_weight);
   f.agg = torch::zeros({n, point.size(0)}, opts);
   f.agg.index_put_({point, torch::arange(point.size(0))}, weight);
-  finish(ev, f, ev.direction());
+  finish(ev, f, x, ev.direction());
   return f;
 }
 
@@ -338,7 +342,11 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
   for (size_t l = 0; l < f.inputs.size(); ++l) {
     const LayerDesc& d = ev.param_layers()[l].desc;
     torch::Tensor part;
-    if (d.kind == Kind::Linear) {
+    if (l == 0 && f.first_signal.defined()) {
+      // Σ_r ω_r (δ_r·δ_i)(x·a_i + 1) = (x·a_i + 1)((Σ_r ω_r δ_r)·δ_i): the nodes collapse.
+      torch::Tensor a = torch::addmm(torch::ones({1}, f.agg.options()), f.first_inputs, t.inputs[0].t());  // [n, B]
+      part = torch::matmul(f.first_signal, t.signals[0].t()) * a.unsqueeze(0);     // [K, n, B]
+    } else if (d.kind == Kind::Linear) {
       const torch::Tensor& s = f.signals[l];                                       // [K, R, out]
       torch::Tensor a = torch::addmm(torch::ones({1}, f.agg.options()), f.inputs[l], t.inputs[l].t());  // [R, B]
       torch::Tensor dd = torch::matmul(s, t.signals[l].t());                        // [K, R, B]

@@ -34,15 +34,21 @@ const std::vector<Case> kCases = {
 
 std::string name(const Case& c) { return c.spec + "/" + output_map_name(c.map); }
 
+/// A 3-class network of the case's architecture.
+NetworkOptions options_for(const Case& c, uint64_t seed) {
+  NetworkOptions o;
+  o.spec = ModelSpec::parse(c.spec);
+  o.input_shape = c.shape;
+  o.num_classes = 3;
+  o.output = c.map;
+  o.seed = seed;
+  return o;
+}
+
 // <J̄_k(x_n), g_i> with a riemann:3 rule, against per-sample autograd Jacobians.
 TEST(Features, ContractionMatchesPerSampleAutograd) {
   for (const Case& c : kCases) {
-    NetworkOptions o;
-    o.spec = ModelSpec::parse(c.spec);
-    o.input_shape = c.shape;
-    o.num_classes = 3;
-    o.output = c.map;
-    o.seed = 11;
+    NetworkOptions o = options_for(c, 11);
     Network net = build_network(o);
     const int64_t p = parameter_count(net);
     torch::manual_seed(5);
@@ -88,12 +94,7 @@ TEST(Features, ContractionMatchesPerSampleAutograd) {
 // Gauss quadrature certifies J̄ dw = f(w + dw) − f(w) to tolerance.
 TEST(Features, GaussSatisfiesTheCertificate) {
   for (const Case& c : kCases) {
-    NetworkOptions o;
-    o.spec = ModelSpec::parse(c.spec);
-    o.input_shape = c.shape;
-    o.num_classes = 3;
-    o.output = c.map;
-    Network net = build_network(o);
+    Network net = build_network(options_for(c, 0));
     torch::manual_seed(9);
     torch::Tensor w = flatten_parameters(net), dw = 0.3 * torch::randn_like(w);
     std::vector<int64_t> xs{6};

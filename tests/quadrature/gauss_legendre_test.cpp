@@ -9,21 +9,13 @@
 #include <vector>
 
 #include "pathkernel/error.h"
+#include "../test_util.h"
 #include "pathkernel/quadrature.h"
 
 namespace pathkernel {
 namespace {
 
-// The message of the Error that f throws, or "" (and a failure) if none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected pathkernel::Error";
-  return "";
-}
+using testing::error_message;
 
 // Σ_j w_j t_j^d, accumulated in long double so that only the rule's own
 // rounding shows.
@@ -206,10 +198,10 @@ TEST(GaussLegendre, CachedRulesAreIdenticalAcrossCallsAndThreads) {
 }
 
 TEST(GaussLegendre, RejectsBadArguments) {
-  EXPECT_NE(error_of([] { gauss_legendre(0); }).find("bad number of nodes 0"), std::string::npos);
-  EXPECT_NE(error_of([] { gauss_legendre(10001); }).find("[1, 10000]"), std::string::npos);
-  EXPECT_NE(error_of([] { gauss_legendre(3, 1.0, 1.0); }).find("a < b"), std::string::npos);
-  EXPECT_NE(error_of([] { gauss_legendre(3, 0.0, NAN); }).find("bad interval"), std::string::npos);
+  EXPECT_NE(error_message([] { gauss_legendre(0); }).find("bad number of nodes 0"), std::string::npos);
+  EXPECT_NE(error_message([] { gauss_legendre(10001); }).find("[1, 10000]"), std::string::npos);
+  EXPECT_NE(error_message([] { gauss_legendre(3, 1.0, 1.0); }).find("a < b"), std::string::npos);
+  EXPECT_NE(error_message([] { gauss_legendre(3, 0.0, NAN); }).find("bad interval"), std::string::npos);
 }
 
 }  // namespace

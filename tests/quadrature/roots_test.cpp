@@ -10,21 +10,13 @@
 #include <vector>
 
 #include "pathkernel/error.h"
+#include "../test_util.h"
 #include "pathkernel/quadrature.h"
 
 namespace pathkernel {
 namespace {
 
-// The message of the Error that f throws, or "" (and a failure) if none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected pathkernel::Error";
-  return "";
-}
+using testing::error_message;
 
 // The distance from x to the reference, in ulps of the reference.
 double ulps_from(double x, long double reference) {
@@ -107,13 +99,13 @@ TEST(FindRoot, ReturnsAnEndWhereGIsZero) {
 
 TEST(FindRoot, RejectsMissingSignChangesAndBadInput) {
   int evaluations = -1;
-  std::string message = error_of([&] { find_root([](double s) { return s * s + 1.0; }, -1.0, 2.0, &evaluations); });
+  std::string message = error_message([&] { find_root([](double s) { return s * s + 1.0; }, -1.0, 2.0, &evaluations); });
   EXPECT_NE(message.find("no sign change on [-1, 2]"), std::string::npos) << message;
   EXPECT_NE(message.find("g(-1) = 2"), std::string::npos) << message;
   EXPECT_EQ(evaluations, 2);  // counted even when it throws
-  message = error_of([] { find_root([](double s) { return s < 0.5 ? -1.0 : NAN; }, 0.0, 1.0); });
+  message = error_message([] { find_root([](double s) { return s < 0.5 ? -1.0 : NAN; }, 0.0, 1.0); });
   EXPECT_NE(message.find("expected a finite value"), std::string::npos) << message;
-  message = error_of([] { find_root([](double s) { return s; }, 1.0, 0.0); });
+  message = error_message([] { find_root([](double s) { return s; }, 1.0, 0.0); });
   EXPECT_NE(message.find("a <= b"), std::string::npos) << message;
 }
 
@@ -157,9 +149,9 @@ TEST(AffineCrossings, MatchesTheClosedFormToAnUlp) {
 }
 
 TEST(AffineCrossings, RejectsMismatchedAndNonFiniteInput) {
-  EXPECT_NE(error_of([] { affine_crossings({1.0, 2.0}, {1.0}); }).find("p0 has 2 units but p1 has 1"),
+  EXPECT_NE(error_message([] { affine_crossings({1.0, 2.0}, {1.0}); }).find("p0 has 2 units but p1 has 1"),
             std::string::npos);
-  EXPECT_NE(error_of([] { affine_crossings({1.0, NAN}, {1.0, 2.0}); }).find("unit 1"), std::string::npos);
+  EXPECT_NE(error_message([] { affine_crossings({1.0, NAN}, {1.0, 2.0}); }).find("unit 1"), std::string::npos);
 }
 
 // ---------------------------------------------------------------- breakpoints
@@ -204,8 +196,8 @@ TEST(Breakpoints, KeepsGapsAndCoversEveryPoint) {
 }
 
 TEST(Breakpoints, RejectsABadGap) {
-  EXPECT_NE(error_of([] { breakpoints({0.5}, -1e-3); }).find("bad min_gap"), std::string::npos);
-  EXPECT_NE(error_of([] { breakpoints({0.5}, NAN); }).find(">= 0"), std::string::npos);
+  EXPECT_NE(error_message([] { breakpoints({0.5}, -1e-3); }).find("bad min_gap"), std::string::npos);
+  EXPECT_NE(error_message([] { breakpoints({0.5}, NAN); }).find(">= 0"), std::string::npos);
 }
 
 }  // namespace

@@ -9,21 +9,13 @@
 #include <vector>
 
 #include "pathkernel/error.h"
+#include "../test_util.h"
 #include "pathkernel/quadrature.h"
 
 namespace pathkernel {
 namespace {
 
-// The message of the Error that f throws, or "" (and a failure) if none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected pathkernel::Error";
-  return "";
-}
+using testing::error_message;
 
 long double apply(const QuadratureRule& rule, const std::function<long double(long double)>& f) {
   long double sum = 0.0L;
@@ -107,14 +99,14 @@ TEST(CompositeGaussLegendre, IntegratesAReluLayerExactlyAtItsKinks) {
 }
 
 TEST(CompositeGaussLegendre, RejectsBadBreaks) {
-  EXPECT_NE(error_of([] { composite_gauss_legendre(2, {0.0}); }).find("at least 2 breaks (got 1)"),
+  EXPECT_NE(error_message([] { composite_gauss_legendre(2, {0.0}); }).find("at least 2 breaks (got 1)"),
             std::string::npos);
-  EXPECT_NE(error_of([] { composite_gauss_legendre(2, {0.0, 0.5, 0.5, 1.0}); }).find("strictly ascending"),
+  EXPECT_NE(error_message([] { composite_gauss_legendre(2, {0.0, 0.5, 0.5, 1.0}); }).find("strictly ascending"),
             std::string::npos);
-  EXPECT_NE(error_of([] { composite_gauss_legendre(2, {0.0, 0.7, 0.4, 1.0}); }).find("strictly ascending"),
+  EXPECT_NE(error_message([] { composite_gauss_legendre(2, {0.0, 0.7, 0.4, 1.0}); }).find("strictly ascending"),
             std::string::npos);
-  EXPECT_NE(error_of([] { composite_gauss_legendre(2, {0.0, NAN, 1.0}); }).find("finite"), std::string::npos);
-  EXPECT_NE(error_of([] { composite_gauss_legendre(0, {0.0, 1.0}); }).find("bad number of nodes"),
+  EXPECT_NE(error_message([] { composite_gauss_legendre(2, {0.0, NAN, 1.0}); }).find("finite"), std::string::npos);
+  EXPECT_NE(error_message([] { composite_gauss_legendre(0, {0.0, 1.0}); }).find("bad number of nodes"),
             std::string::npos);
 }
 
@@ -128,7 +120,7 @@ TEST(Riemann, HasLeftEndpointNodesAndEqualWeights) {
   EXPECT_EQ(r3.nodes[1], 1.0 / 3);
   EXPECT_EQ(r3.nodes[2], 2.0 / 3);
   EXPECT_EQ(riemann(100).nodes.size(), 100u);
-  EXPECT_NE(error_of([] { riemann(0); }).find("T >= 1"), std::string::npos);
+  EXPECT_NE(error_message([] { riemann(0); }).find("T >= 1"), std::string::npos);
 }
 
 TEST(Riemann, ConvergesAtFirstOrder) {
@@ -199,7 +191,7 @@ TEST(QuadratureSpec, RejectsBadSpecsWithHelpfulMessages) {
       {"gauss:5", {"unknown quadrature 'gauss:5'", "gauss, riemann:T, dpk"}},
   };
   for (const auto& [text, parts] : cases) {
-    const std::string message = error_of([&] { QuadratureSpec::parse(text); });
+    const std::string message = error_message([&] { QuadratureSpec::parse(text); });
     for (const std::string& part : parts) {
       EXPECT_NE(message.find(part), std::string::npos)
           << "spec \"" << text << "\": expected \"" << part << "\" in: " << message;
