@@ -35,7 +35,8 @@ struct QuadratureOptions {
 /// Test features of one step for n test points.
 struct TestFeatures {
   int64_t num_points = 0;
-  torch::Tensor agg;                   ///< [n, R]: ω_r in column r for its test point, else 0
+  torch::Tensor point;                 ///< [R] int64: the test point of row r
+  torch::Tensor weight;                ///< [R]: the quadrature weight ω_r of row r
   std::vector<torch::Tensor> inputs;   ///< per param layer: a_r, rows first
   std::vector<torch::Tensor> signals;  ///< per param layer: [K, R, ...] δ_{k,r}
   std::vector<torch::Tensor> dense;    ///< per Conv2d layer: [K, n, Q] J̄ block; undefined for Linear
@@ -62,6 +63,9 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
 /// Training signals at t = 0 for rows x [B, ...] with labels y [B].
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
                            OutputMap map);
+
+/// Σ_r ω_r X[:, r, ...] per test point: X [K, R, ...] -> [K, n, ...].
+torch::Tensor aggregate(const TestFeatures& f, const torch::Tensor& x);
 
 /// J̄ v for a flat vector v [P]: [n, K].
 torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, const torch::Tensor& v);

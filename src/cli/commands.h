@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <torch/torch.h>
 
 namespace pathkernel::cli {
 
@@ -17,6 +18,11 @@ void add_train_command(CLI::App& app, Globals& globals);
 void add_info_command(CLI::App& app, Globals& globals);
 void add_check_path_command(CLI::App& app, Globals& globals);
 void add_verify_command(CLI::App& app, Globals& globals);
+void add_explain_command(CLI::App& app, Globals& globals);
+
+/// Test indices from --test-index LIST (comma-separated) or, when LIST is
+/// empty, the first `count`; checked against n_test. int64 [n].
+torch::Tensor parse_test_indices(int64_t count, const std::string& list, int64_t n_test);
 
 /// Parses argv and runs the chosen subcommand. Returns the exit status.
 /// User errors propagate as pathkernel::Error.

@@ -12,9 +12,7 @@
 
 namespace pathkernel::cli {
 
-namespace {
-/// Test indices from --test N or --test-index LIST, checked against n_test.
-torch::Tensor test_indices(int64_t count, const std::string& list, int64_t n_test) {
+torch::Tensor parse_test_indices(int64_t count, const std::string& list, int64_t n_test) {
   std::vector<int64_t> idx;
   if (!list.empty()) {
     std::stringstream ss(list);
@@ -38,7 +36,6 @@ torch::Tensor test_indices(int64_t count, const std::string& list, int64_t n_tes
   PK_CHECK(!idx.empty(), "no test points selected");
   return torch::tensor(idx, torch::kLong);
 }
-}  // namespace
 
 void add_verify_command(CLI::App& app, Globals& globals) {
   struct Args {
@@ -71,7 +68,7 @@ void add_verify_command(CLI::App& app, Globals& globals) {
     options.quadrature.gauss_nodes = args->gauss_nodes;
     options.progress = !args->quiet;
     PathReader reader(args->run);
-    torch::Tensor idx = test_indices(args->test, args->test_index, reader.dataset().x_test.size(0));
+    torch::Tensor idx = parse_test_indices(args->test, args->test_index, reader.dataset().x_test.size(0));
     Decomposition d = decompose(reader, reader.dataset().x_test.index_select(0, idx), options);
     torch::Tensor err = (d.prediction() - d.fN).abs();
     torch::Tensor scale = d.fN.abs().clamp_min(1.0);

@@ -167,7 +167,7 @@ void build_dense(const SegmentEvaluator& ev, TestFeatures& f) {
     torch::Tensor sig = s.flatten(3);                                          // [K, R, Cout, L]
     torch::Tensor gw = torch::matmul(sig, u.transpose(1, 2).unsqueeze(0));     // [K, R, Cout, Cin·k·k]
     torch::Tensor g = torch::cat({gw.flatten(2), sig.sum(3)}, 2);              // [K, R, Q]
-    f.dense[l] = torch::matmul(f.agg.unsqueeze(0), g);                         // [K, n, Q]
+    f.dense[l] = aggregate(f, g);                                              // [K, n, Q]
   }
 }
 
@@ -175,7 +175,7 @@ void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& x,
   build_dense(ev, f);
   if (ev.param_layers()[0].desc.kind == Kind::Linear) {
     f.first_inputs = x.flatten(1);
-    f.first_signal = torch::matmul(f.agg.unsqueeze(0), f.signals[0]);  // [K, n, out]
+    f.first_signal = aggregate(f, f.signals[0]);  // [K, n, out]
   }
   torch::Tensor jdw = apply_features(ev, f, dw);
   torch::Tensor scale = f.f0.abs().amax(1, true).clamp_min(1.0);
@@ -314,8 +314,8 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     f.signals[l] = torch::cat(sg, 1);
   }
   torch::Tensor point = torch::cat(kept_point), weight = torch::cat(kept_weight);
-  f.agg = torch::zeros({n, point.size(0)}, opts);
-  f.agg.index_put_({point, torch::arange(point.size(0))}, weight);
+  f.point = point;
+  f.weight = weight;
   finish(ev, f, x, ev.direction());
   return f;
 }
@@ -333,8 +333,16 @@ TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, c
   return t;
 }
 
+torch::Tensor aggregate(const TestFeatures& f, const torch::Tensor& x) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[1] = f.num_points;
+  std::vector<int64_t> w_shape(x.dim(), 1);
+  w_shape[1] = x.size(1);
+  return torch::zeros(shape, x.options()).index_add_(1, f.point, x * f.weight.view(w_shape));
+}
+
 torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, const torch::Tensor& v) {
-  return torch::matmul(f.agg, row_dot(ev, f.inputs, f.signals, v).t());  // [n, K]
+  return aggregate(f, row_dot(ev, f.inputs, f.signals, v)).t();  // [n, K]
 }
 
 torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const TrainSignals& t) {
@@ -344,13 +352,13 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
     torch::Tensor part;
     if (l == 0 && f.first_signal.defined()) {
       // Σ_r ω_r (δ_r·δ_i)(x·a_i + 1) = (x·a_i + 1)((Σ_r ω_r δ_r)·δ_i): the nodes collapse.
-      torch::Tensor a = torch::addmm(torch::ones({1}, f.agg.options()), f.first_inputs, t.inputs[0].t());  // [n, B]
+      torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), f.first_inputs, t.inputs[0].t());  // [n, B]
       part = torch::matmul(f.first_signal, t.signals[0].t()) * a.unsqueeze(0);     // [K, n, B]
     } else if (d.kind == Kind::Linear) {
       const torch::Tensor& s = f.signals[l];                                       // [K, R, out]
-      torch::Tensor a = torch::addmm(torch::ones({1}, f.agg.options()), f.inputs[l], t.inputs[l].t());  // [R, B]
+      torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), f.inputs[l], t.inputs[l].t());  // [R, B]
       torch::Tensor dd = torch::matmul(s, t.signals[l].t());                        // [K, R, B]
-      part = torch::matmul(f.agg.unsqueeze(0), dd * a.unsqueeze(0));               // [K, n, B]
+      part = aggregate(f, dd * a.unsqueeze(0));                                    // [K, n, B]
     } else {
       torch::Tensor u = unfold(t.inputs[l], d);                                    // [B, Cin·k·k, L]
       torch::Tensor sig = t.signals[l].flatten(2);                                 // [B, Cout, L]

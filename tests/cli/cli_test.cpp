@@ -138,6 +138,36 @@ TEST(Cli, VerifyReportsTheKernelMachineAgainstTheNetwork) {
   EXPECT_NE(badq.out.find("unknown quadrature 'simpson'"), std::string::npos) << badq.out;
 }
 
+TEST(Cli, ExplainWritesExactPerTrainingPointContributions) {
+  testing::TempDir dir("explain");
+  std::string r = dir / "R";
+  ASSERT_EQ(run("train --data gaussians3 --train-size 90 --model mlp:8 --optimizer sgd --batch 30 --lr 0.2 --steps 9 --quiet --out " + r).status, 0);
+  Output e = run("explain " + r + " --test-index 4,7 --top 3 --quiet --out " + (dir / "ex"));
+  ASSERT_EQ(e.status, 0) << e.out;
+  EXPECT_NE(e.out.find("proponents"), std::string::npos) << e.out;
+  torch::Tensor c = read_npy(dir / "ex/contributions.npy");
+  ASSERT_EQ(c.sizes(), (std::vector<int64_t>{2, 90, 3}));
+  nlohmann::json j = nlohmann::json::parse(read_file(dir / "ex/explain.json"));
+  ASSERT_EQ(j["points"].size(), 2u);
+  for (int n = 0; n < 2; ++n) {
+    const auto& p = j["points"][n];
+    EXPECT_EQ(p["test_index"], n == 0 ? 4 : 7);
+    // f_final = f_initial + Σ_i C_i + R + E, recomputed here from the .npy.
+    for (int k = 0; k < 3; ++k) {
+      double sum = c[n].select(1, k).sum().item<double>();
+      double rebuilt = p["f_initial"][k].get<double>() + sum + p["regularization"][k].get<double>() +
+                       p["rounding"][k].get<double>();
+      EXPECT_NEAR(rebuilt, p["f_final"][k].get<double>(), 1e-12) << "point " << n << " output " << k;
+    }
+    // Proponents are the largest contributions to the predicted class, in order.
+    int64_t predicted = p["predicted"];
+    torch::Tensor col = c[n].select(1, predicted);
+    EXPECT_EQ(p["proponents"][0]["index"].get<int64_t>(), col.argmax().item<int64_t>());
+    EXPECT_EQ(p["opponents"][0]["index"].get<int64_t>(), col.argmin().item<int64_t>());
+    EXPECT_GE(p["proponents"][0]["value"].get<double>(), p["proponents"][1]["value"].get<double>());
+  }
+}
+
 TEST(Cli, BadInputGetsAClearErrorAndANonZeroExit) {
   testing::TempDir dir("cli_errors");
   const std::vector<std::pair<std::string, std::string>> cases = {

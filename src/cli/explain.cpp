@@ -1,0 +1,110 @@
+// `pathkernel explain`: per-training-point attribution of test predictions.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "pathkernel/decomposition.h"
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/npy.h"
+
+namespace pathkernel::cli {
+
+namespace {
+/// The k training points with the largest (or smallest) contributions c [M].
+nlohmann::ordered_json extremes(const torch::Tensor& c, const torch::Tensor& labels, int64_t k, bool largest) {
+  auto [values, index] = c.topk(std::min<int64_t>(k, c.size(0)), 0, largest);
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (int64_t j = 0; j < index.size(0); ++j) {
+    int64_t i = index[j].item<int64_t>();
+    out.push_back({{"index", i}, {"label", labels[i].item<int64_t>()}, {"value", values[j].item<double>()}});
+  }
+  return out;
+}
+}  // namespace
+
+void add_explain_command(CLI::App& app, Globals& globals) {
+  struct Args {
+    std::string run, test_index = "0", quadrature = "gauss", out;
+    int64_t top = 10;
+    bool quiet = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "explain", "Split test predictions exactly into per-training-point contributions");
+  cmd->add_option("RUN", args->run, "Run directory")->required();
+  cmd->add_option("--test-index", args->test_index, "Comma-separated test indices")->capture_default_str();
+  cmd->add_option("--top", args->top, "Proponents and opponents to list")->check(CLI::Range(1, 100000))->capture_default_str();
+  cmd->add_option("--quadrature", args->quadrature, "gauss (certified), riemann:T, or dpk")->capture_default_str();
+  cmd->add_option("--out", args->out, "Directory for contributions.npy and explain.json (default: RUN/explain)");
+  cmd->add_flag("--quiet", args->quiet, "No progress bar");
+  cmd->callback([args, &globals] {
+    globals.apply();
+    DecompositionOptions options;
+    options.quadrature.spec = QuadratureSpec::parse(args->quadrature);
+    options.progress = !args->quiet;
+    PathReader reader(args->run);
+    const torch::Tensor& x_test = reader.dataset().x_test;
+    torch::Tensor idx = parse_test_indices(0, args->test_index, x_test.size(0));
+    Decomposition d = decompose(reader, x_test.index_select(0, idx), options);
+    const std::string out = args->out.empty() ? (std::filesystem::path(args->run) / "explain").string() : args->out;
+    std::filesystem::create_directories(out);
+    write_npy((std::filesystem::path(out) / "contributions.npy").string(), d.contributions);
+
+    const torch::Tensor& y_train = reader.dataset().y_train;
+    nlohmann::ordered_json points = nlohmann::ordered_json::array();
+    for (int64_t n = 0; n < idx.size(0); ++n) {
+      const int64_t predicted = d.fN[n].argmax().item<int64_t>();
+      torch::Tensor c = d.contributions[n].select(1, predicted);  // [M]
+      torch::Tensor completeness = (d.fN[n] - d.f0[n] - d.contributions[n].sum(0) - d.regularization[n]).abs().max();
+      auto vec = [](const torch::Tensor& t) {
+        std::vector<double> v(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+        return v;
+      };
+      points.push_back({{"test_index", idx[n].item<int64_t>()},
+                        {"label", reader.dataset().y_test[idx[n]].item<int64_t>()},
+                        {"predicted", predicted},
+                        {"f_final", vec(d.fN[n].contiguous())},
+                        {"f_initial", vec(d.f0[n].contiguous())},
+                        {"contributions_sum", vec(d.contributions[n].sum(0).contiguous())},
+                        {"regularization", vec(d.regularization[n].contiguous())},
+                        {"rounding", vec(d.rounding[n].contiguous())},
+                        {"completeness_error", completeness.item<double>()},
+                        {"proponents", extremes(c, y_train, args->top, true)},
+                        {"opponents", extremes(c, y_train, args->top, false)}});
+    }
+    nlohmann::ordered_json j{{"run", args->run},
+                             {"quadrature", options.quadrature.spec.str()},
+                             {"steps", d.steps},
+                             {"certificate_max_gap", d.certificate_max_gap},
+                             {"contributions", {{"file", "contributions.npy"},
+                                                {"shape", {idx.size(0), d.contributions.size(1), d.contributions.size(2)}}}},
+                             {"points", points}};
+    write_file_atomic((std::filesystem::path(out) / "explain.json").string(), j.dump(2) + "\n");
+    for (const auto& p : points) {
+      std::printf("test %lld (label %lld) predicted %lld; completeness error %.2e\n",
+                  static_cast<long long>(p["test_index"].get<int64_t>()),
+                  static_cast<long long>(p["label"].get<int64_t>()),
+                  static_cast<long long>(p["predicted"].get<int64_t>()), p["completeness_error"].get<double>());
+      for (const char* side : {"proponents", "opponents"}) {
+        std::printf("  %-10s", side);
+        int shown = 0;
+        for (const auto& e : p[side]) {
+          if (shown++ == 5) break;
+          std::printf(" #%lld(label %lld) %+.3g", static_cast<long long>(e["index"].get<int64_t>()),
+                      static_cast<long long>(e["label"].get<int64_t>()), e["value"].get<double>());
+        }
+        std::printf("\n");
+      }
+    }
+    std::printf("wrote %s/contributions.npy [%lld, %lld, %lld] and %s/explain.json\n", out.c_str(),
+                static_cast<long long>(idx.size(0)), static_cast<long long>(d.contributions.size(1)),
+                static_cast<long long>(d.contributions.size(2)), out.c_str());
+  });
+}
+
+}  // namespace pathkernel::cli
