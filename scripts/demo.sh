@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make demo: train an MLP on real MNIST digits, record its path, show what was
-# recorded, and replay the whole path to check it reproduces bit for bit.
+# recorded, replay the whole path bit for bit, check the exact kernel machine
+# against the network, and explain a few test digits by training digits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-build/pathkernel}
@@ -20,5 +21,11 @@ if /usr/bin/python3 -c 'import numpy' 2> /dev/null; then
   echo "== 4. load w_0 and w_N with numpy alone (examples/load_path.py)"
   /usr/bin/python3 examples/load_path.py "$RUN"
 fi
+echo
+echo "== 5. the exact kernel machine: f(w_N,x) = f(w_0,x) + sum_i C_i(x) + R(x) + E(x) on 10 test digits"
+"$BIN" verify "$RUN" --test 10
+echo
+echo "== 6. which training digits pushed three test predictions up (proponents) or down (opponents)"
+"$BIN" explain "$RUN" --test-index 0,3,7 --top 10
 echo
 echo "run directory: $RUN"

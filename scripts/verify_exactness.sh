@@ -19,8 +19,9 @@ mkdir -p "$RUNS"
 
 "$BIN" train --data mnist --model mlp:64 --optimizer sgd --batch 100 --steps 300 \
   --out "$RUNS/mnist-mlp" --force --quiet > /dev/null
-"$BIN" verify "$RUNS/mnist-mlp" --test 100 --json --quiet
+"$BIN" verify "$RUNS/mnist-mlp" --test "${MNIST_TEST_POINTS:-10}" --gauss-nodes 8 --tol 1e-14 --json --quiet
+"$BIN" verify "$RUNS/mnist-mlp" --test "${MNIST_TEST_POINTS:-10}" --quadrature dpk --json --quiet
 
 "$BIN" train --data mnist --model cnn:8,16 --optimizer sgd --lr 0.05 --batch 100 --steps 200 \
   --out "$RUNS/mnist-cnn" --force --quiet > /dev/null
-"$BIN" verify "$RUNS/mnist-cnn" --test "${CNN_TEST_POINTS:-20}" --json --quiet
+"$BIN" verify "$RUNS/mnist-cnn" --test "${CNN_TEST_POINTS:-5}" --json --quiet
