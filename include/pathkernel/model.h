@@ -47,6 +47,11 @@ struct LayerDesc {
   int64_t padding = 0;   ///< Conv2d padding
 };
 
+/// Applies a parameter-free layer (activation, max-pool, flatten,
+/// log-softmax) to x [n, ...]. The one definition of those layers, shared by
+/// the network and the engine's segment evaluation.
+torch::Tensor apply_parameter_free(const LayerDesc& layer, const torch::Tensor& x);
+
 /// Everything that determines a network's architecture and initialisation.
 struct NetworkOptions {
   ModelSpec spec;

@@ -85,12 +85,7 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
         ++l;
         break;
       }
-      case Kind::ReLU: h = torch::relu(h); break;
-      case Kind::Tanh: h = torch::tanh(h); break;
-      case Kind::GELU: h = torch::gelu(h); break;
-      case Kind::MaxPool2d: h = torch::max_pool2d(h, layer.kernel); break;
-      case Kind::Flatten: h = h.flatten(1); break;
-      case Kind::LogSoftmax: h = torch::log_softmax(h, 1); break;
+      default: h = apply_parameter_free(layer, h); break;
     }
   }
   pass.out = h;

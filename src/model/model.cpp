@@ -130,14 +130,25 @@ torch::Tensor NetworkImpl::forward(torch::Tensor x) {
     switch (layer.kind) {
       case Kind::Linear: x = linears_[next_linear++]->forward(x); break;
       case Kind::Conv2d: x = convs_[next_conv++]->forward(x); break;
-      case Kind::ReLU: x = torch::relu(x); break;
-      case Kind::Tanh: x = torch::tanh(x); break;
-      case Kind::GELU: x = torch::gelu(x); break;
-      case Kind::MaxPool2d: x = torch::max_pool2d(x, layer.kernel); break;
-      case Kind::Flatten: x = x.flatten(1); break;
-      case Kind::LogSoftmax: x = torch::log_softmax(x, 1); break;
+      default: x = apply_parameter_free(layer, x); break;
     }
   }
+  return x;
+}
+
+torch::Tensor apply_parameter_free(const LayerDesc& layer, const torch::Tensor& x) {
+  using Kind = LayerDesc::Kind;
+  switch (layer.kind) {
+    case Kind::ReLU: return torch::relu(x);
+    case Kind::Tanh: return torch::tanh(x);
+    case Kind::GELU: return torch::gelu(x);
+    case Kind::MaxPool2d: return torch::max_pool2d(x, layer.kernel);
+    case Kind::Flatten: return x.flatten(1);
+    case Kind::LogSoftmax: return torch::log_softmax(x, 1);
+    case Kind::Linear:
+    case Kind::Conv2d: break;
+  }
+  PK_ASSERT(false && "apply_parameter_free called on a parameterised layer");
   return x;
 }
 
