@@ -25,7 +25,7 @@ echo
 echo "== 5. the exact kernel machine: f(w_N,x) = f(w_0,x) + sum_i C_i(x) + R(x) + E(x) on 10 test digits"
 "$BIN" verify "$RUN" --test 10
 echo
-echo "== 6. which training digits pushed three test predictions up (proponents) or down (opponents)"
-"$BIN" explain "$RUN" --test-index 0,3,7 --top 10
+echo "== 6. which training digits pushed three test predictions (a 0, a 3, a 6) up (proponents) or down (opponents)"
+"$BIN" explain "$RUN" --test-index 0,700,1200 --top 10   # test digits are ordered by class
 echo
 echo "run directory: $RUN"
