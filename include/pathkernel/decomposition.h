@@ -39,6 +39,9 @@ struct Decomposition {
 
   /// f(w_0) + Σ_i C_i + R + E: the kernel machine's prediction, [n, K].
   torch::Tensor prediction() const;
+  /// f(w_N) − f(w_0) − Σ_i C_i − R, which completeness says is E up to
+  /// quadrature error: [n, K].
+  torch::Tensor completeness_gap() const;
 };
 
 /// Decomposes the run's final outputs on test inputs x [n, *input_shape].

@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include "pathkernel/decomposition.h"
+
 namespace pathkernel::cli {
 
 /// Options shared by every subcommand.
@@ -23,6 +25,19 @@ void add_explain_command(CLI::App& app, Globals& globals);
 /// Test indices from --test-index LIST (comma-separated) or, when LIST is
 /// empty, the first `count`; checked against n_test. int64 [n].
 torch::Tensor parse_test_indices(int64_t count, const std::string& list, int64_t n_test);
+
+/// The quadrature options of the commands that decompose a run (verify,
+/// explain): declared once, checked once.
+struct QuadratureArgs {
+  std::string quadrature = "gauss";
+  double tol = 1e-14;
+  int gauss_nodes = 8;
+  bool quiet = false;
+  /// Declares --quadrature, --tol, --gauss-nodes and --quiet on cmd.
+  void add_to(CLI::App* cmd);
+  /// The checked decomposition options.
+  DecompositionOptions options() const;
+};
 
 /// Parses argv and runs the chosen subcommand. Returns the exit status.
 /// User errors propagate as pathkernel::Error.

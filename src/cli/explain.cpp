@@ -29,9 +29,9 @@ nlohmann::ordered_json extremes(const torch::Tensor& c, const torch::Tensor& lab
 
 void add_explain_command(CLI::App& app, Globals& globals) {
   struct Args {
-    std::string run, test_index = "0", quadrature = "gauss", out;
+    std::string run, test_index = "0", out;
     int64_t top = 10;
-    bool quiet = false;
+    QuadratureArgs q;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -39,14 +39,11 @@ void add_explain_command(CLI::App& app, Globals& globals) {
   cmd->add_option("RUN", args->run, "Run directory")->required();
   cmd->add_option("--test-index", args->test_index, "Comma-separated test indices")->capture_default_str();
   cmd->add_option("--top", args->top, "Proponents and opponents to list")->check(CLI::Range(1, 100000))->capture_default_str();
-  cmd->add_option("--quadrature", args->quadrature, "gauss (certified), riemann:T, or dpk")->capture_default_str();
+  args->q.add_to(cmd);
   cmd->add_option("--out", args->out, "Directory for contributions.npy and explain.json (default: RUN/explain)");
-  cmd->add_flag("--quiet", args->quiet, "No progress bar");
   cmd->callback([args, &globals] {
     globals.apply();
-    DecompositionOptions options;
-    options.quadrature.spec = QuadratureSpec::parse(args->quadrature);
-    options.progress = !args->quiet;
+    DecompositionOptions options = args->q.options();
     PathReader reader(args->run);
     const torch::Tensor& x_test = reader.dataset().x_test;
     torch::Tensor idx = parse_test_indices(0, args->test_index, x_test.size(0));
@@ -56,11 +53,12 @@ void add_explain_command(CLI::App& app, Globals& globals) {
     write_npy((std::filesystem::path(out) / "contributions.npy").string(), d.contributions);
 
     const torch::Tensor& y_train = reader.dataset().y_train;
+    const torch::Tensor gap = d.completeness_gap();
     nlohmann::ordered_json points = nlohmann::ordered_json::array();
     for (int64_t n = 0; n < idx.size(0); ++n) {
       const int64_t predicted = d.fN[n].argmax().item<int64_t>();
       torch::Tensor c = d.contributions[n].select(1, predicted);  // [M]
-      torch::Tensor completeness = (d.fN[n] - d.f0[n] - d.contributions[n].sum(0) - d.regularization[n]).abs().max();
+      torch::Tensor completeness = gap[n].abs().max();
       auto vec = [](const torch::Tensor& t) {
         std::vector<double> v(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
         return v;

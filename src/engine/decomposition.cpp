@@ -13,6 +13,10 @@ torch::Tensor Decomposition::prediction() const {
   return f0 + contributions.sum(1) + regularization + rounding;
 }
 
+torch::Tensor Decomposition::completeness_gap() const {
+  return fN - f0 - contributions.sum(1) - regularization;
+}
+
 namespace {
 
 /// The full-batch mean-loss gradient G_s at w as training computed it: [P].
