@@ -34,6 +34,8 @@ struct Decomposition {
   torch::Tensor rounding;        ///< [n, K] E(x)
   double certificate_max_gap = 0;
   int64_t evaluations = 0;       ///< integrand evaluations summed over test points and steps
+  int64_t forward_evaluations = 0;  ///< forward-only evaluations (kink search, piece ends), summed likewise
+  int64_t kinks = 0;             ///< kinks located, summed likewise
   int64_t steps = 0;
   double seconds = 0;
 

@@ -10,10 +10,12 @@
 // dense block per test point (C_out x C_in·k·k plus bias), contracted with
 // per-sample im2col gradients, which are small.
 //
-// Quadrature (see quadrature.h): gauss (adaptive Gauss–Legendre, split at the
-// first layer's ReLU kinks, found in closed form, and refined by halving until
-// the free certificate J̄_s(x) dw_s = f(w_{s+1},x) − f(w_s,x) holds per piece),
-// riemann:T, or dpk (one node at t = 0).
+// Quadrature (see quadrature.h): gauss, riemann:T, or dpk (one node at t = 0).
+// gauss is adaptive Gauss–Legendre: [0,1] is split at every kink (the first
+// layer's ReLU kinks in closed form, the others found by a forward-only scan
+// and root finding, see kinks.h), then each piece is refined until the free
+// certificate J̄_s(x) dw_s = f(w_{s+1},x) − f(w_s,x) holds on it, splitting
+// at kinks the scan missed, else at the midpoint.
 #pragma once
 
 #include <vector>
@@ -28,7 +30,9 @@ namespace pathkernel {
 struct QuadratureOptions {
   QuadratureSpec spec;  ///< gauss (default), riemann:T, dpk
   double tol = 1e-14;   ///< certificate tolerance per step, relative to max(1, |f(w_s, x)|)
-  int gauss_nodes = 8;  ///< Gauss–Legendre nodes per piece
+  int gauss_nodes = 8;  ///< Gauss–Legendre nodes on a piece of length 1 (ceil(n·√h) on length h)
+  int min_nodes = 3;    ///< fewest nodes on a short piece
+  int scan_intervals = 16;  ///< forward-only scan of [0,1] for kinks before integrating
   int max_depth = 30;   ///< halvings of a piece before it is accepted as is
 };
 
@@ -46,6 +50,8 @@ struct TestFeatures {
   torch::Tensor first_signal, first_inputs;
   torch::Tensor f0, f1;                ///< [n, K]: f(w_s, x) and f(w_{s+1}, x)
   int64_t evaluations = 0;             ///< integrand evaluations (rows), including refined-away ones
+  int64_t forward_evaluations = 0;     ///< forward-only rows: kink scan and search, piece ends
+  int64_t kinks = 0;                   ///< kinks located (ReLU flips and max-pool switches)
   double certificate_gap = 0;          ///< max |J̄ dw − (f1 − f0)| / max(1, |f0|)
 };
 

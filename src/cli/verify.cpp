@@ -51,6 +51,10 @@ void add_verify_command(CLI::App& app, Globals& globals) {
         {"certificate_max_gap", d.certificate_max_gap},
         {"mean_evaluations_per_step",
          static_cast<double>(d.evaluations) / static_cast<double>(std::max<int64_t>(1, n_test * d.steps))},
+        {"mean_forward_evaluations_per_step",
+         static_cast<double>(d.forward_evaluations) / static_cast<double>(std::max<int64_t>(1, n_test * d.steps))},
+        {"mean_kinks_per_step",
+         static_cast<double>(d.kinks) / static_cast<double>(std::max<int64_t>(1, n_test * d.steps))},
         {"seconds", d.seconds}};
     if (args->json) {
       std::printf("%s\n", j.dump().c_str());

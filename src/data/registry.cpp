@@ -50,7 +50,8 @@ std::string joined_names() {
 }
 
 /// Mean and population standard deviation (divisor N) of all elements of
-/// `raw` times `scale`, accumulated in double. uint8 inputs go through a
+/// `raw` times `scale`, accumulated sequentially (the same bits under any
+/// thread count). uint8 inputs go through a
 /// 256-bin histogram, which is exact and avoids a float64 copy of the images.
 std::pair<double, double> scaled_mean_std(const torch::Tensor& raw, double scale) {
   PK_CHECK(raw.numel() > 0, "cannot standardise an empty train split");
@@ -70,9 +71,16 @@ std::pair<double, double> scaled_mean_std(const torch::Tensor& raw, double scale
     }
     var /= static_cast<double>(n);
   } else {
-    const torch::Tensor x = raw.to(torch::kFloat64).mul(scale);
-    mean = x.mean().item<double>();
-    var = x.var(/*unbiased=*/false).item<double>();
+    // A sequential loop, not torch reductions: their rounding depends on the
+    // thread count, and a run must load bit-identical data under any --threads.
+    const torch::Tensor x = raw.to(torch::kFloat64).mul(scale).contiguous();
+    const double* p = x.data_ptr<double>();
+    const int64_t n = x.numel();
+    long double sum = 0, sq = 0;
+    for (int64_t i = 0; i < n; ++i) sum += p[i];
+    mean = static_cast<double>(sum / static_cast<long double>(n));
+    for (int64_t i = 0; i < n; ++i) sq += (p[i] - mean) * static_cast<long double>(p[i] - mean);
+    var = static_cast<double>(sq / static_cast<long double>(n));
   }
   return {mean, std::sqrt(var)};
 }

@@ -88,6 +88,8 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       const int64_t nc = std::min(chunk, n - c0);
       TestFeatures f = test_features(ev, x.narrow(0, c0, nc), options.quadrature);
       d.evaluations += f.evaluations;
+      d.forward_evaluations += f.forward_evaluations;
+      d.kinks += f.kinks;
       d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
       if (lambda != 0) d.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, rho));
       d.rounding.narrow(0, c0, nc).add_(apply_features(ev, f, e));
@@ -98,8 +100,9 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
         d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
       }
     }
-    char status[64];
-    std::snprintf(status, sizeof status, "certificate gap %.1e", d.certificate_max_gap);
+    char status[96];
+    std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
+                  static_cast<double>(d.evaluations) / static_cast<double>(n * (st.step + 1)));
     bar.update(st.step + 1, status);
   });
   bar.finish();

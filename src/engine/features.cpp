@@ -2,8 +2,10 @@
 #include "pathkernel/features.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "pathkernel/error.h"
+#include "pathkernel/kinks.h"
 
 namespace pathkernel {
 
@@ -24,11 +26,12 @@ torch::Tensor layer_direction(const SegmentEvaluator& ev, size_t l, const torch:
 }
 
 /// Per-row directional derivatives J(w(t_r), x_r) v: [K, R].
+/// Layers are param layers first_layer, first_layer + 1, ...
 torch::Tensor row_dot(const SegmentEvaluator& ev, const std::vector<torch::Tensor>& inputs,
-                      const std::vector<torch::Tensor>& signals, const torch::Tensor& v) {
+                      const std::vector<torch::Tensor>& signals, const torch::Tensor& v, size_t first_layer = 0) {
   torch::Tensor total;
   for (size_t l = 0; l < inputs.size(); ++l) {
-    torch::Tensor z = layer_direction(ev, l, inputs[l], v);                      // [R, ...]
+    torch::Tensor z = layer_direction(ev, first_layer + l, inputs[l], v);        // [R, ...]
     torch::Tensor s = (signals[l] * z.unsqueeze(0)).flatten(2).sum(2);           // [K, R]
     total = total.defined() ? total + s : s;
   }
@@ -61,121 +64,80 @@ struct Piece {
 };
 
 constexpr double kEps = 2.220446049250313e-16;
+/// Kinks closer than this (in t) to a piece end or to each other are merged:
+/// the integral over such a sliver is below the rounding of f(b) − f(a).
+constexpr double kMinPiece = 64 * kEps;
 
-/// A kink of the integrand inside a piece: where y[plus] - y[minus] (or
-/// y[plus] alone when minus < 0) changes sign, y being param layer `layer`'s
-/// pre-activation flattened per row. A ReLU unit that flips is (unit, -1); a
-/// max-pool window whose argmax switches from i to j is (j, i).
-struct Kink {
-  int64_t layer = -1, plus = -1, minus = -1;
-};
-
-double kink_value(const torch::TensorAccessor<double, 2>& y, int64_t row, const Kink& k) {
-  return y[row][k.plus] - (k.minus >= 0 ? y[row][k.minus] : 0.0);
+/// Splits `pc` at the sorted points `cuts` (those inside it), else at its midpoint.
+void split(const Piece& pc, const std::vector<double>& cuts, std::vector<Piece>& out) {
+  double last = pc.a;
+  for (double c : cuts) {
+    if (c - last > kMinPiece && pc.b - c > kMinPiece) {
+      out.push_back({pc.point, last, c, pc.depth + 1});
+      last = c;
+    }
+  }
+  if (last == pc.a) {
+    const double mid = 0.5 * (pc.a + pc.b);
+    out.push_back({pc.point, pc.a, mid, pc.depth + 1});
+    last = mid;
+  }
+  out.push_back({pc.point, last, pc.b, pc.depth + 1});
 }
 
-/// For each failed piece, a kink inside it located by bisection on all pieces
-/// at once, to machine precision; the midpoint where none is seen (a smooth
-/// piece that needs splitting). `ends` holds the end rows of all pending
-/// pieces (2p: a, 2p+1: b); `index` maps failed pieces to pending ones.
-std::vector<double> locate_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const SegmentPass& ends,
-                                 const std::vector<Piece>& failed, const std::vector<int64_t>& index) {
-  const int64_t nf = static_cast<int64_t>(failed.size());
-  std::vector<double> cut(nf);
-  for (int64_t i = 0; i < nf; ++i) cut[i] = 0.5 * (failed[i].a + failed[i].b);
-  if (nf == 0) return cut;
-  torch::Tensor at_a = torch::tensor(index, torch::kLong) * 2, at_b = at_a + 1;
-  std::vector<Kink> kinks(nf);
-  for (size_t l = 0; l < ev.relu_after().size(); ++l) {
-    if (!ev.relu_after()[l]) continue;
-    torch::Tensor y = ends.preacts[l].detach();
-    torch::Tensor ya = y.index_select(0, at_a), yb = y.index_select(0, at_b);
-    // ReLU units that change sign.
-    torch::Tensor flips = ((ya.flatten(1) > 0) != (yb.flatten(1) > 0));
-    torch::Tensor any = flips.any(1), first = flips.to(torch::kInt).argmax(1);
-    for (int64_t i = 0; i < nf; ++i) {
-      if (kinks[i].layer < 0 && any[i].item<bool>()) kinks[i] = {static_cast<int64_t>(l), first[i].item<int64_t>(), -1};
-    }
-    // Max-pool windows whose (positive) argmax switches.
-    if (int64_t k = ev.pool_after()[l]) {
-      auto [ma, ia] = torch::max_pool2d_with_indices(ya, k);
-      auto [mb, ib] = torch::max_pool2d_with_indices(yb, k);
-      torch::Tensor sw = ((ia != ib) & ((ma > 0) | (mb > 0))).flatten(1);
-      torch::Tensor plane = torch::arange(ia.size(1)).view({1, -1, 1, 1}) * (ya.size(2) * ya.size(3));
-      torch::Tensor ua = (ia + plane).flatten(1), ub = (ib + plane).flatten(1);
-      torch::Tensor any_sw = sw.any(1), first_sw = sw.to(torch::kInt).argmax(1);
-      for (int64_t i = 0; i < nf; ++i) {
-        if (kinks[i].layer < 0 && any_sw[i].item<bool>()) {
-          int64_t w = first_sw[i].item<int64_t>();
-          kinks[i] = {static_cast<int64_t>(l), ub[i][w].item<int64_t>(), ua[i][w].item<int64_t>()};
-        }
-      }
-    }
+/// Rows [first, first + count) of every test point; rows are sorted by point.
+std::vector<std::pair<int64_t, int64_t>> point_ranges(const TestFeatures& f) {
+  torch::Tensor counts = torch::bincount(f.point, {}, f.num_points);
+  auto c = counts.accessor<int64_t, 1>();
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t first = 0;
+  for (int64_t p = 0; p < f.num_points; ++p) {
+    ranges.emplace_back(first, c[p]);
+    first += c[p];
   }
-  std::vector<int64_t> who;
-  for (int64_t i = 0; i < nf; ++i) {
-    if (kinks[i].layer >= 0) who.push_back(i);
-  }
-  if (who.empty()) return cut;
-  const int64_t nw = static_cast<int64_t>(who.size());
-  std::vector<double> lo(nw), hi(nw);
-  std::vector<int64_t> rows(nw);
-  std::vector<bool> positive_at_a(nw);
-  std::vector<torch::Tensor> flat_a(ends.preacts.size());
-  for (size_t l = 0; l < ends.preacts.size(); ++l) flat_a[l] = ends.preacts[l].detach().flatten(1).contiguous();
-  for (int64_t j = 0; j < nw; ++j) {
-    const int64_t i = who[j];
-    lo[j] = failed[i].a;
-    hi[j] = failed[i].b;
-    rows[j] = failed[i].point;
-    positive_at_a[j] = kink_value(flat_a[kinks[i].layer].accessor<double, 2>(), 2 * index[i], kinks[i]) > 0;
-  }
-  torch::Tensor xr = x.index_select(0, torch::tensor(rows, torch::kLong));
-  for (int iter = 0; iter < 64; ++iter) {
-    std::vector<double> mid(nw);
-    bool moved = false;
-    for (int64_t j = 0; j < nw; ++j) {
-      mid[j] = 0.5 * (lo[j] + hi[j]);
-      moved |= mid[j] > lo[j] && mid[j] < hi[j];
-    }
-    if (!moved) break;
-    SegmentPass pm = ev.forward(xr, torch::tensor(mid, x.options()), false);
-    std::vector<torch::Tensor> flat(pm.preacts.size());
-    for (size_t l = 0; l < pm.preacts.size(); ++l) flat[l] = pm.preacts[l].flatten(1).contiguous();
-    for (int64_t j = 0; j < nw; ++j) {
-      const Kink& k = kinks[who[j]];
-      double v = kink_value(flat[k.layer].accessor<double, 2>(), j, k);
-      ((v > 0) == positive_at_a[j] ? lo[j] : hi[j]) = mid[j];
-    }
-  }
-  for (int64_t j = 0; j < nw; ++j) {
-    const Piece& pc = failed[who[j]];
-    double t = 0.5 * (lo[j] + hi[j]);
-    if (t > pc.a && t < pc.b) cut[who[j]] = t;
-  }
-  return cut;
+  return ranges;
 }
 
-/// Dense Conv2d blocks J̄ [K, n, Q] from rows.
+/// Dense Conv2d blocks J̄ [K, n, Q] from rows: per test point one
+/// contraction over its rows and output positions.
 void build_dense(const SegmentEvaluator& ev, TestFeatures& f) {
   f.dense.assign(f.inputs.size(), torch::Tensor());
+  const auto ranges = point_ranges(f);
   for (size_t l = 0; l < f.inputs.size(); ++l) {
     const LayerDesc& d = ev.param_layers()[l].desc;
     if (d.kind != Kind::Conv2d) continue;
-    torch::Tensor u = unfold(f.inputs[l], d);                                  // [R, Cin·k·k, L]
-    const torch::Tensor& s = f.signals[l];                                     // [K, R, Cout, H, W]
-    torch::Tensor sig = s.flatten(3);                                          // [K, R, Cout, L]
-    torch::Tensor gw = torch::matmul(sig, u.transpose(1, 2).unsqueeze(0));     // [K, R, Cout, Cin·k·k]
-    torch::Tensor g = torch::cat({gw.flatten(2), sig.sum(3)}, 2);              // [K, R, Q]
-    f.dense[l] = aggregate(f, g);                                              // [K, n, Q]
+    torch::Tensor u = unfold(f.inputs[l], d);                                       // [R, Cin·k·k, L]
+    torch::Tensor sig = f.signals[l].flatten(3) * f.weight.view({1, -1, 1, 1});    // [K, R, Cout, L]
+    const int64_t K = sig.size(0), cout = sig.size(2), q = u.size(1);
+    torch::Tensor dense = torch::zeros({K, f.num_points, cout * q + cout}, sig.options());
+    for (int64_t p = 0; p < f.num_points; ++p) {
+      const auto [first, count] = ranges[p];
+      if (count == 0) continue;
+      torch::Tensor sp = sig.narrow(1, first, count), up = u.narrow(0, first, count);
+      torch::Tensor gw = torch::einsum("krcl,rql->kcq", {sp, up});                  // [K, Cout, Cin·k·k]
+      dense.select(1, p).copy_(torch::cat({gw.flatten(1), sp.sum({1, 3})}, 1));
+    }
+    f.dense[l] = dense;
   }
 }
 
+/// Sorts rows by test point, builds the dense and collapsed blocks, drops
+/// the rows those blocks replace, and measures the certificate.
 void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& x, const torch::Tensor& dw) {
+  torch::Tensor order = std::get<1>(f.point.sort(/*stable=*/true, 0, false));
+  f.point = f.point.index_select(0, order);
+  f.weight = f.weight.index_select(0, order);
+  for (size_t l = 0; l < f.inputs.size(); ++l) {
+    f.inputs[l] = f.inputs[l].index_select(0, order);
+    f.signals[l] = f.signals[l].index_select(1, order);
+  }
   build_dense(ev, f);
   if (ev.param_layers()[0].desc.kind == Kind::Linear) {
     f.first_inputs = x.flatten(1);
     f.first_signal = aggregate(f, f.signals[0]);  // [K, n, out]
+  }
+  for (size_t l = 0; l < f.inputs.size(); ++l) {
+    if (f.dense[l].defined() || (l == 0 && f.first_signal.defined())) f.inputs[l] = f.signals[l] = torch::Tensor();
   }
   torch::Tensor jdw = apply_features(ev, f, dw);
   torch::Tensor scale = f.f0.abs().amax(1, true).clamp_min(1.0);
@@ -226,35 +188,69 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     keep(pass, sig, torch::arange(point.size(0)), point, w);
     f.evaluations = point.size(0);
   } else {
-    // Initial pieces: split [0,1] at the first layer's ReLU kinks, which are
-    // closed-form because its pre-activation is affine in t.
+    // Initial pieces: split [0,1] at every kink that a scan of the segment
+    // sees. The first layer's ReLU kinks are closed-form (its pre-activation
+    // is affine in t); deeper ones and max-pool switches are detected between
+    // scan points and located by root finding.
     const bool first_relu = ev.relu_after()[0];
+    const int64_t scan = std::max(1, q.scan_intervals);
+    std::vector<int64_t> scan_point(n * (scan + 1));
+    std::vector<double> scan_t(n * (scan + 1));
+    std::vector<KinkBracket> scan_brackets;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j <= scan; ++j) {
+        scan_point[i * (scan + 1) + j] = i;
+        scan_t[i * (scan + 1) + j] = j == scan ? 1.0 : static_cast<double>(j) / static_cast<double>(scan);
+        if (j < scan) scan_brackets.push_back({i * (scan + 1) + j, i * (scan + 1) + j + 1});
+      }
+    }
+    std::vector<std::vector<double>> cuts(n);
+    {
+      SegmentPass sp = ev.forward(x.index_select(0, torch::tensor(scan_point, torch::kLong)),
+                                  torch::tensor(scan_t, opts), false);
+      f.forward_evaluations += n * (scan + 1);
+      KinkSearch ks = find_kinks(ev, x, sp.preacts, scan_point, scan_t, scan_brackets, first_relu);
+      f.forward_evaluations += ks.forward_evaluations;
+      f.kinks += static_cast<int64_t>(ks.kinks.size());
+      for (const Kink& k : ks.kinks) cuts[k.bracket / scan].push_back(k.t);
+    }
     std::vector<Piece> pending;
     torch::Tensor y0 = p0.preacts[0].flatten(1).contiguous(), y1 = p1.preacts[0].flatten(1).contiguous();
     for (int64_t i = 0; i < n; ++i) {
-      std::vector<double> cuts;
       if (first_relu) {
         std::vector<double> a(y0[i].data_ptr<double>(), y0[i].data_ptr<double>() + y0.size(1));
         std::vector<double> b(y1[i].data_ptr<double>(), y1[i].data_ptr<double>() + y1.size(1));
-        cuts = affine_crossings(a, b);
+        std::vector<double> c = affine_crossings(a, b);
+        f.kinks += static_cast<int64_t>(c.size());
+        cuts[i].insert(cuts[i].end(), c.begin(), c.end());
       }
-      std::vector<double> br = breakpoints(cuts);
+      std::vector<double> br = breakpoints(cuts[i], kMinPiece);
       for (size_t j = 0; j + 1 < br.size(); ++j) pending.push_back({i, br[j], br[j + 1], 0});
     }
     torch::Tensor scale = f.f0.abs().amax(1).clamp_min(1.0);  // [n]
-    QuadratureRule unit = gauss_legendre(q.gauss_nodes, 0.0, 1.0);
-    const int64_t g = q.gauss_nodes;
+    // Nodes per piece: gauss_nodes on [0,1], fewer on shorter pieces (whose
+    // integrand is closer to a low-degree polynomial), at least min_nodes.
+    auto nodes_for = [&](const Piece& pc) {
+      const double n_h = std::ceil(q.gauss_nodes * std::sqrt(pc.b - pc.a));
+      return static_cast<int64_t>(std::clamp<double>(n_h, std::min(q.min_nodes, q.gauss_nodes), q.gauss_nodes));
+    };
     while (!pending.empty()) {
       const int64_t np = static_cast<int64_t>(pending.size());
-      std::vector<int64_t> point(np * g), piece_of(np * g), end_point(2 * np);
-      std::vector<double> t(np * g), w(np * g), ends(2 * np);
+      // Rows: the nodes of every piece, then (for the certificate and the
+      // kink search) both ends of every piece.
+      std::vector<int64_t> first(np + 1, 0);
+      for (int64_t p = 0; p < np; ++p) first[p + 1] = first[p] + nodes_for(pending[p]);
+      const int64_t rows = first[np];
+      std::vector<int64_t> point(rows), piece_of(rows), end_point(2 * np);
+      std::vector<double> t(rows), w(rows), ends(2 * np);
       for (int64_t p = 0; p < np; ++p) {
         const Piece& pc = pending[p];
-        for (int64_t j = 0; j < g; ++j) {
-          point[p * g + j] = pc.point;
-          piece_of[p * g + j] = p;
-          t[p * g + j] = pc.a + (pc.b - pc.a) * unit.nodes[j];
-          w[p * g + j] = (pc.b - pc.a) * unit.weights[j];
+        const QuadratureRule& rule = gauss_legendre(static_cast<int>(first[p + 1] - first[p]), 0.0, 1.0);
+        for (int64_t j = 0, r = first[p]; r < first[p + 1]; ++j, ++r) {
+          point[r] = pc.point;
+          piece_of[r] = p;
+          t[r] = pc.a + (pc.b - pc.a) * rule.nodes[j];
+          w[r] = (pc.b - pc.a) * rule.weights[j];
         }
         end_point[2 * p] = end_point[2 * p + 1] = pc.point;
         ends[2 * p] = pc.a;
@@ -263,37 +259,58 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       torch::Tensor point_t = torch::tensor(point, torch::kLong), w_t = torch::tensor(w, opts);
       SegmentPass pass = ev.forward(x.index_select(0, point_t), torch::tensor(t, opts), true);
       std::vector<torch::Tensor> sig = all_signals(ev, pass);
-      f.evaluations += np * g;
+      f.evaluations += rows;
       // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
       torch::Tensor rd = row_dot(ev, pass.inputs, sig, ev.direction()).detach();   // [K, R]
       torch::Tensor integral = torch::zeros({np, rd.size(0)}, opts).index_add_(
           0, torch::tensor(piece_of, torch::kLong), (rd * w_t.unsqueeze(0)).t());   // [np, K]
       SegmentPass pe = ev.forward(x.index_select(0, torch::tensor(end_point, torch::kLong)),
                                   torch::tensor(ends, opts), false);
+      f.forward_evaluations += 2 * np;
       torch::Tensor fe = pe.out.view({np, 2, -1});
       torch::Tensor gap = (integral - (fe.select(1, 1) - fe.select(1, 0))).abs().amax(1);  // [np]
-      std::vector<Piece> next, failed;
-      std::vector<int64_t> accepted_rows, failed_index;
+      std::vector<Piece> failed;
+      std::vector<int64_t> accepted_rows, bracket_piece;
+      std::vector<KinkBracket> brackets;
       auto gap_a = gap.accessor<double, 1>();
       auto scale_a = scale.accessor<double, 1>();
       for (int64_t p = 0; p < np; ++p) {
         const Piece& pc = pending[p];
         // The tolerance shares tol * scale over [0,1] by length, with a floor
         // for the rounding of f(b) - f(a) itself.
-        double limit = std::max(q.tol * (pc.b - pc.a), 64 * kEps) * scale_a[pc.point];
+        double limit = std::max(q.tol * (pc.b - pc.a), 8 * kEps) * scale_a[pc.point];
         if (gap_a[p] <= limit || pc.depth >= q.max_depth) {
-          for (int64_t j = 0; j < g; ++j) accepted_rows.push_back(p * g + j);
-        } else {
-          failed.push_back(pc);
-          failed_index.push_back(p);
+          for (int64_t r = first[p]; r < first[p + 1]; ++r) accepted_rows.push_back(r);
+          continue;
         }
+        // Search a, nodes..., b for kinks that the scan missed.
+        int64_t prev = rows + 2 * p;
+        for (int64_t r = first[p]; r <= first[p + 1]; ++r) {
+          const int64_t next = r < first[p + 1] ? r : rows + 2 * p + 1;
+          brackets.push_back({prev, next});
+          bracket_piece.push_back(static_cast<int64_t>(failed.size()));
+          prev = next;
+        }
+        failed.push_back(pc);
       }
-      // Split each failed piece at a kink inside it, else at its midpoint.
-      std::vector<double> cut = locate_kinks(ev, x, pe, failed, failed_index);
-      for (size_t i = 0; i < failed.size(); ++i) {
-        const Piece& pc = failed[i];
-        next.push_back({pc.point, pc.a, cut[i], pc.depth + 1});
-        next.push_back({pc.point, cut[i], pc.b, pc.depth + 1});
+      // Split each failed piece at the kinks inside it, else at its midpoint.
+      std::vector<Piece> next;
+      if (!failed.empty()) {
+        std::vector<torch::Tensor> pre(pass.preacts.size());
+        for (size_t l = 0; l < pre.size(); ++l) pre[l] = torch::cat({pass.preacts[l].detach(), pe.preacts[l]}, 0);
+        std::vector<int64_t> row_point(point);
+        row_point.insert(row_point.end(), end_point.begin(), end_point.end());
+        std::vector<double> row_t(t);
+        row_t.insert(row_t.end(), ends.begin(), ends.end());
+        KinkSearch ks = find_kinks(ev, x, pre, row_point, row_t, brackets, first_relu);
+        f.forward_evaluations += ks.forward_evaluations;
+        f.kinks += static_cast<int64_t>(ks.kinks.size());
+        std::vector<std::vector<double>> piece_cuts(failed.size());
+        for (const Kink& k : ks.kinks) piece_cuts[bracket_piece[k.bracket]].push_back(k.t);
+        for (size_t i = 0; i < failed.size(); ++i) {
+          std::sort(piece_cuts[i].begin(), piece_cuts[i].end());
+          split(failed[i], piece_cuts[i], next);
+        }
       }
       if (!accepted_rows.empty()) keep(pass, sig, torch::tensor(accepted_rows, torch::kLong), point_t, w_t);
       pending = std::move(next);
@@ -342,7 +359,20 @@ torch::Tensor aggregate(const TestFeatures& f, const torch::Tensor& x) {
 }
 
 torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, const torch::Tensor& v) {
-  return aggregate(f, row_dot(ev, f.inputs, f.signals, v)).t();  // [n, K]
+  torch::Tensor total;  // [K, n]
+  for (size_t l = 0; l < ev.param_layers().size(); ++l) {
+    torch::Tensor part;
+    if (f.dense.size() > l && f.dense[l].defined()) {
+      part = torch::matmul(f.dense[l], torch::cat({ev.weight_of(v, l).flatten(), ev.bias_of(v, l)}));
+    } else if (l == 0 && f.first_signal.defined()) {
+      torch::Tensor z = layer_direction(ev, 0, f.first_inputs, v);                 // [n, out]
+      part = (f.first_signal * z.unsqueeze(0)).sum(2);
+    } else {
+      part = aggregate(f, row_dot(ev, {f.inputs[l]}, {f.signals[l]}, v, l));
+    }
+    total = total.defined() ? total + part : part;
+  }
+  return total.t();  // [n, K]
 }
 
 torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const TrainSignals& t) {

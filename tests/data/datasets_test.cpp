@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "pathkernel/context.h"
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
 #include "../test_util.h"
@@ -196,3 +197,18 @@ TEST(DatasetDtype, Float32OptionGivesFloat32Inputs) {
 }
 
 }  // namespace
+
+// A run is validated by the CRC of its training inputs, so loading must give
+// the same bits under any thread count (standardisation included).
+TEST(DatasetRegistry, MnistLoadsTheSameBitsUnderAnyThreadCount) {
+  torch::Tensor one, two;
+  {
+    pathkernel::ThreadScope threads(1);
+    one = load_dataset(options_for("mnist")).x_train;
+  }
+  {
+    pathkernel::ThreadScope threads(2);
+    two = load_dataset(options_for("mnist")).x_train;
+  }
+  EXPECT_TRUE(torch::equal(one, two));
+}

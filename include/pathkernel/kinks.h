@@ -1,0 +1,54 @@
+// Locating the kinks of the integrand along a path segment (MATH.md §6).
+//
+// Along w(t) = w_s + t dw_s the test feature's integrand J(w(t), x) is smooth
+// except where a ReLU unit's pre-activation crosses 0 or a max-pool window's
+// argmax switches. Kinks are detected by comparing activation patterns at
+// sampled t, and each detected one is located by a bracketing root finder
+// (Illinois false position, safeguarded by bisection) to a few ulp of t. All
+// brackets are refined together: one batched forward pass per iteration.
+//
+// First-layer ReLU kinks are closed-form (affine_crossings in quadrature.h),
+// so the finder can skip them.
+#pragma once
+
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pathkernel/segment.h"
+
+namespace pathkernel {
+
+/// A pair of evaluated rows of the same test point, t_a < t_b, to search for kinks.
+struct KinkBracket {
+  int64_t row_a = 0, row_b = 0;
+};
+
+/// A located kink: the bracket it was found in, where, and what switched:
+/// in param layer `layer`'s pre-activation (flattened per row), ReLU unit
+/// `plus` crossing 0 (minus = −1), or a max-pool window's argmax switching
+/// from unit `minus` to unit `plus`.
+struct Kink {
+  int64_t bracket = 0;
+  double t = 0;
+  int64_t layer = 0, plus = 0, minus = -1;
+};
+
+struct KinkSearch {
+  std::vector<Kink> kinks;          ///< sorted by bracket, then t
+  int64_t forward_evaluations = 0;  ///< forward-only rows spent locating
+};
+
+/// Kinks inside every bracket. `preacts` are the pre-activations of every
+/// param layer for the evaluated rows (rows first), `point` [rows] the test
+/// point of each row (an index into x) and `t` [rows] its position. Every
+/// unit whose pattern differs at a bracket's ends is located, so a bracket
+/// may yield several kinks; an even number of flips of one unit inside a
+/// bracket is not seen (the certificate catches it). With `skip_first_relu`
+/// the first layer's ReLU units are left out. Evaluates at most
+/// `rows_per_pass` rows per forward pass.
+KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
+                      const std::vector<int64_t>& point, const std::vector<double>& t,
+                      const std::vector<KinkBracket>& brackets, bool skip_first_relu, int64_t rows_per_pass = 512);
+
+}  // namespace pathkernel

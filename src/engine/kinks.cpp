@@ -1,0 +1,146 @@
+// Detecting and locating the kinks of the integrand along a segment.
+#include "pathkernel/kinks.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "pathkernel/error.h"
+
+namespace pathkernel {
+
+namespace {
+
+constexpr double kEps = 2.220446049250313e-16;
+
+/// A sign change of y[plus] − y[minus] (y[plus] alone when minus < 0) inside
+/// a bracket, y being param layer `layer`'s pre-activation flattened per row.
+/// A ReLU unit that flips is (unit, −1); a max-pool window whose argmax
+/// switches from i to j is (j, i).
+struct Target {
+  int64_t bracket, layer, plus, minus;
+  double lo, hi, glo, ghi;
+  int last_side = 0;  // −1: lo moved last, +1: hi moved last
+  bool done = false;
+  double root = 0;
+};
+
+double value(const torch::TensorAccessor<double, 2>& y, int64_t row, const Target& k) {
+  return y[row][k.plus] - (k.minus >= 0 ? y[row][k.minus] : 0.0);
+}
+
+void settle(Target& k, double root) {
+  k.done = true;
+  k.root = root;
+}
+
+}  // namespace
+
+KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
+                      const std::vector<int64_t>& point, const std::vector<double>& t,
+                      const std::vector<KinkBracket>& brackets, bool skip_first_relu, int64_t rows_per_pass) {
+  PK_ASSERT(preacts.size() == ev.relu_after().size() && point.size() == t.size() && rows_per_pass > 0);
+  KinkSearch out;
+  if (brackets.empty()) return out;
+  std::vector<int64_t> a_rows, b_rows;
+  for (const KinkBracket& b : brackets) {
+    PK_ASSERT(t[b.row_a] < t[b.row_b] && point[b.row_a] == point[b.row_b]);
+    a_rows.push_back(b.row_a);
+    b_rows.push_back(b.row_b);
+  }
+  const torch::Tensor at_a = torch::tensor(a_rows, torch::kLong), at_b = torch::tensor(b_rows, torch::kLong);
+
+  // Detection: every unit whose pattern differs at the two ends of a bracket.
+  std::vector<Target> targets;
+  std::vector<torch::Tensor> flat(preacts.size());
+  for (size_t l = 0; l < preacts.size(); ++l) flat[l] = preacts[l].detach().flatten(1).contiguous();
+  auto add = [&](int64_t l, const torch::Tensor& hits, const torch::Tensor& plus, const torch::Tensor& minus) {
+    torch::Tensor nz = hits.nonzero();  // [F, 2]: bracket, column
+    auto nz_a = nz.accessor<int64_t, 2>();
+    const bool pool = plus.defined();
+    torch::Tensor p = pool ? plus.contiguous() : nz, m = pool ? minus.contiguous() : nz;
+    auto p_a = p.accessor<int64_t, 2>(), m_a = m.accessor<int64_t, 2>();
+    for (int64_t i = 0; i < nz.size(0); ++i) {
+      const int64_t b = nz_a[i][0], c = nz_a[i][1];
+      targets.push_back({b, l, pool ? p_a[b][c] : c, pool ? m_a[b][c] : -1, t[a_rows[b]], t[b_rows[b]], 0, 0});
+    }
+  };
+  for (size_t l = 0; l < preacts.size(); ++l) {
+    if (!ev.relu_after()[l]) continue;
+    if (!(l == 0 && skip_first_relu)) {
+      torch::Tensor ya = flat[l].index_select(0, at_a), yb = flat[l].index_select(0, at_b);
+      add(static_cast<int64_t>(l), (ya > 0) != (yb > 0), torch::Tensor(), torch::Tensor());
+    }
+    if (const int64_t k = ev.pool_after()[l]) {
+      const torch::Tensor& y = preacts[l].detach();  // [R, C, H, W]
+      auto [m, ind] = torch::max_pool2d_with_indices(y, k);
+      torch::Tensor plane = torch::arange(y.size(1)).view({1, -1, 1, 1}) * (y.size(2) * y.size(3));
+      torch::Tensor unit = (ind + plane).flatten(1), mf = m.flatten(1);
+      torch::Tensor ua = unit.index_select(0, at_a), ub = unit.index_select(0, at_b);
+      torch::Tensor ma = mf.index_select(0, at_a), mb = mf.index_select(0, at_b);
+      add(static_cast<int64_t>(l), (ua != ub) & ((ma > 0) | (mb > 0)), ub, ua);
+    }
+  }
+  for (Target& k : targets) {
+    auto y = flat[k.layer].accessor<double, 2>();
+    k.glo = value(y, a_rows[k.bracket], k);
+    k.ghi = value(y, b_rows[k.bracket], k);
+    if (k.glo == 0) settle(k, k.lo);
+    else if (k.ghi == 0) settle(k, k.hi);
+  }
+
+  // Location: Illinois false position on every bracket at once; every fourth
+  // step bisects, so each bracket at least halves every four steps.
+  for (int iter = 0; iter < 400; ++iter) {
+    std::vector<size_t> active;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      if (!targets[i].done) active.push_back(i);
+    }
+    if (active.empty()) break;
+    for (size_t c0 = 0; c0 < active.size(); c0 += static_cast<size_t>(rows_per_pass)) {
+      const size_t nc = std::min(active.size() - c0, static_cast<size_t>(rows_per_pass));
+      std::vector<int64_t> rows(nc);
+      std::vector<double> ts(nc);
+      for (size_t j = 0; j < nc; ++j) {
+        const Target& k = targets[active[c0 + j]];
+        double s = k.lo - k.glo * (k.hi - k.lo) / (k.ghi - k.glo);
+        if (iter % 4 == 3 || !(s > k.lo && s < k.hi)) s = 0.5 * (k.lo + k.hi);
+        rows[j] = point[a_rows[k.bracket]];
+        ts[j] = s;
+      }
+      SegmentPass pm = ev.forward(x.index_select(0, torch::tensor(rows, torch::kLong)), torch::tensor(ts, x.options()),
+                                  false);
+      out.forward_evaluations += static_cast<int64_t>(nc);
+      std::vector<torch::Tensor> pf(pm.preacts.size());
+      for (size_t l = 0; l < pm.preacts.size(); ++l) pf[l] = pm.preacts[l].flatten(1).contiguous();
+      for (size_t j = 0; j < nc; ++j) {
+        Target& k = targets[active[c0 + j]];
+        const double s = ts[j], v = value(pf[k.layer].accessor<double, 2>(), static_cast<int64_t>(j), k);
+        PK_CHECK(std::isfinite(v), "kink search: non-finite pre-activation at t = " << s);
+        if (v == 0) {
+          settle(k, s);
+          continue;
+        }
+        if ((v > 0) == (k.glo > 0)) {
+          k.lo = s;
+          k.glo = v;
+          if (k.last_side == -1) k.ghi *= 0.5;
+          k.last_side = -1;
+        } else {
+          k.hi = s;
+          k.ghi = v;
+          if (k.last_side == 1) k.glo *= 0.5;
+          k.last_side = 1;
+        }
+        if (k.hi - k.lo <= 4 * kEps * std::max(std::abs(k.lo), std::abs(k.hi))) settle(k, 0.5 * (k.lo + k.hi));
+      }
+    }
+  }
+  for (const Target& k : targets) {
+    out.kinks.push_back({k.bracket, k.done ? k.root : 0.5 * (k.lo + k.hi), k.layer, k.plus, k.minus});
+  }
+  std::sort(out.kinks.begin(), out.kinks.end(),
+            [](const Kink& p, const Kink& q) { return p.bracket != q.bracket ? p.bracket < q.bracket : p.t < q.t; });
+  return out;
+}
+
+}  // namespace pathkernel
