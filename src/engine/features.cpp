@@ -278,7 +278,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         const Piece& pc = pending[p];
         // The tolerance shares tol * scale over [0,1] by length, with a floor
         // for the rounding of f(b) - f(a) itself.
-        double limit = std::max(q.tol * (pc.b - pc.a), 8 * kEps) * scale_a[pc.point];
+        double limit = std::max(q.tol * (pc.b - pc.a), 64 * kEps) * scale_a[pc.point];
         if (gap_a[p] <= limit || pc.depth >= q.max_depth) {
           for (int64_t r = first[p]; r < first[p + 1]; ++r) accepted_rows.push_back(r);
           continue;
