@@ -7,6 +7,9 @@
 //   R(x)   = Σ_s −η_s λ J̄_s(x) w_s                        regularisation
 //   E(x)   = Σ_s J̄_s(x) e_s                               rounding of the recorded updates,
 //            e_s = Δw_s + η_s (G_s + λ w_s)
+// Ensemble form (Thm. 3.6): C_i(x) = Σ_{s: i∈B_s} K_s(x, x_i) a_{i,s} with the
+// K x K kernel K_s(x, x_i) = J̄_s(x) J(w_s, x_i)^T and a_{i,s} = −(η_s/|B_s|) u_{i,s},
+// u_{i,s} = ∂ℓ_i/∂f; the contraction computes K_s a_{i,s} without forming K_s.
 // and J̄_s is certified by quadrature (features.h). Streaming: one step, one
 // chunk of test points and one chunk of training points at a time.
 #pragma once
@@ -23,6 +26,9 @@ struct DecompositionOptions {
   int64_t train_chunk = 1024;          ///< training rows per contraction
   int64_t memory_doubles = 64 << 20;   ///< budget for one chunk of test features (doubles)
   bool progress = true;
+  /// Also accumulate the kernel Σ_{s: i∈B_s} K_s(x, x_i) (K extra
+  /// backprops per training point and step; n·M·K·K doubles).
+  bool kernel = false;
 };
 
 /// Shapes: n test points, M training points, K outputs.
@@ -32,6 +38,10 @@ struct Decomposition {
   torch::Tensor contributions;   ///< [n, M, K] C_i(x)
   torch::Tensor regularization;  ///< [n, K] R(x)
   torch::Tensor rounding;        ///< [n, K] E(x)
+  /// [n, M, K, K] when requested: Σ_{s: i∈B_s} K_s(x, x_i), K_s = J̄_s(x) J(w_s, x_i)^T.
+  /// With log-softmax + NLL and constant η/|B_s| (Thm. 3.7):
+  /// C_i(x) = (η/|B|) kernel[x, i, :, y_i], a single kernel machine.
+  torch::Tensor kernel;
   double certificate_max_gap = 0;
   int64_t evaluations = 0;       ///< integrand evaluations summed over test points and steps
   int64_t forward_evaluations = 0;  ///< forward-only evaluations (kink search, piece ends), summed likewise

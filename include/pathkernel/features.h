@@ -70,6 +70,10 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
                            OutputMap map);
 
+/// Training signals at t = 0 for the cotangent e_k of every output k (the
+/// rows of J(w_s, x_i)): K TrainSignals sharing one forward pass.
+std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const torch::Tensor& x);
+
 /// Σ_r ω_r X[:, r, ...] per test point: X [K, R, ...] -> [K, n, ...].
 torch::Tensor aggregate(const TestFeatures& f, const torch::Tensor& x);
 

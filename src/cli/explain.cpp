@@ -30,6 +30,7 @@ nlohmann::ordered_json extremes(const torch::Tensor& c, const torch::Tensor& lab
 void add_explain_command(CLI::App& app, Globals& globals) {
   struct Args {
     std::string run, test_index = "0", out;
+    std::string kernel = "auto";
     int64_t top = 10;
     QuadratureArgs q;
   };
@@ -40,6 +41,10 @@ void add_explain_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--test-index", args->test_index, "Comma-separated test indices")->capture_default_str();
   cmd->add_option("--top", args->top, "Proponents and opponents to list")->check(CLI::Range(1, 100000))->capture_default_str();
   args->q.add_to(cmd);
+  cmd->add_option("--kernel", args->kernel,
+                  "Write kernel.npy, the summed kernel [n, M, K, K]: auto (when it takes at most 2 GiB), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--out", args->out, "Directory for contributions.npy and explain.json (default: RUN/explain)");
   cmd->callback([args, &globals] {
     globals.apply();
@@ -47,11 +52,24 @@ void add_explain_command(CLI::App& app, Globals& globals) {
     PathReader reader(args->run);
     const torch::Tensor& x_test = reader.dataset().x_test;
     torch::Tensor idx = parse_test_indices(0, args->test_index, x_test.size(0));
+    const Manifest& m = reader.manifest();
+    const double kernel_bytes = 8.0 * static_cast<double>(idx.size(0)) * static_cast<double>(m.num_train) *
+                                static_cast<double>(m.num_classes * m.num_classes);
+    options.kernel = args->kernel == "on" || (args->kernel == "auto" && kernel_bytes <= 2.0 * (1 << 30));
+    if (args->kernel == "auto" && !options.kernel) {
+      std::fprintf(stderr, "pathkernel: kernel.npy would take %.1f GiB; not written (use --kernel on to force)\n",
+                   kernel_bytes / (1 << 30));
+    }
     Decomposition d = decompose(reader, x_test.index_select(0, idx), options);
     const std::string out = args->out.empty() ? (std::filesystem::path(args->run) / "explain").string() : args->out;
     std::filesystem::create_directories(out);
     write_npy((std::filesystem::path(out) / "contributions.npy").string(), d.contributions);
-
+    if (options.kernel) write_npy((std::filesystem::path(out) / "kernel.npy").string(), d.kernel);
+    // Thm. 3.7: a single kernel machine, C_i(x) = (η/|B|) kernel[x, i, :, y_i],
+    // when u_i = −e_{y_i} (log-softmax + NLL) and η/|B_s| is the same at every step.
+    const bool even_batches = m.batch_size == 0 || m.num_train % m.batch_size == 0;
+    const bool single = m.output == "logsoftmax" && m.schedule == "constant" && even_batches;
+    const double batch = static_cast<double>(m.batch_size == 0 ? m.num_train : m.batch_size);
     const torch::Tensor& y_train = reader.dataset().y_train;
     const torch::Tensor gap = d.completeness_gap();
     nlohmann::ordered_json points = nlohmann::ordered_json::array();
@@ -81,6 +99,13 @@ void add_explain_command(CLI::App& app, Globals& globals) {
                              {"certificate_max_gap", d.certificate_max_gap},
                              {"contributions", {{"file", "contributions.npy"},
                                                 {"shape", {idx.size(0), d.contributions.size(1), d.contributions.size(2)}}}},
+                             {"kernel", options.kernel ? nlohmann::ordered_json{
+                                  {"file", "kernel.npy"},
+                                  {"shape", {idx.size(0), d.contributions.size(1), m.num_classes, m.num_classes}},
+                                  {"single_kernel", single},
+                                  {"weight", single ? nlohmann::ordered_json(m.optimizer.lr / batch)
+                                                    : nlohmann::ordered_json(nullptr)}}
+                                                       : nlohmann::ordered_json(nullptr)},
                              {"points", points}};
     write_file_atomic((std::filesystem::path(out) / "explain.json").string(), j.dump(2) + "\n");
     for (const auto& p : points) {
@@ -99,9 +124,9 @@ void add_explain_command(CLI::App& app, Globals& globals) {
         std::printf("\n");
       }
     }
-    std::printf("wrote %s/contributions.npy [%lld, %lld, %lld] and %s/explain.json\n", out.c_str(),
+    std::printf("wrote %s/contributions.npy [%lld, %lld, %lld]%s and %s/explain.json\n", out.c_str(),
                 static_cast<long long>(idx.size(0)), static_cast<long long>(d.contributions.size(1)),
-                static_cast<long long>(d.contributions.size(2)), out.c_str());
+                static_cast<long long>(d.contributions.size(2)), options.kernel ? ", kernel.npy" : "", out.c_str());
   });
 }
 

@@ -65,6 +65,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   d.contributions = torch::zeros({n, M, K}, torch::kFloat64);
   d.regularization = torch::zeros({n, K}, torch::kFloat64);
   d.rounding = torch::zeros({n, K}, torch::kFloat64);
+  if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
 
   const int64_t rows_per_point =
       options.quadrature.spec.kind == QuadratureSpec::Kind::Riemann ? options.quadrature.spec.nodes
@@ -98,6 +99,17 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
         TrainSignals ts = train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map);
         torch::Tensor part = contract(ev, f, ts) * (-st.lr / static_cast<double>(b));  // [nc, nr, K]
         d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
+        if (options.kernel) {
+          std::vector<TrainSignals> per_output = train_output_signals(ev, xb.narrow(0, r0, nr));
+          torch::Tensor ks = torch::stack(
+              [&] {
+                std::vector<torch::Tensor> parts;
+                for (const TrainSignals& t : per_output) parts.push_back(contract(ev, f, t));  // [nc, nr, K]
+                return parts;
+              }(),
+              3);  // [nc, nr, K, K]
+          d.kernel.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), ks);
+        }
       }
     }
     char status[96];

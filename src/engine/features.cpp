@@ -350,6 +350,19 @@ TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, c
   return t;
 }
 
+std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const torch::Tensor& x) {
+  SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), true);
+  std::vector<torch::Tensor> inputs;
+  for (auto& a : pass.inputs) inputs.push_back(a.detach());
+  std::vector<TrainSignals> out;
+  for (int64_t k = 0; k < ev.num_outputs(); ++k) {
+    torch::Tensor c = torch::zeros({x.size(0), ev.num_outputs()}, x.options());
+    c.select(1, k).fill_(1);
+    out.push_back({inputs, ev.signals(pass, c)});
+  }
+  return out;
+}
+
 torch::Tensor aggregate(const TestFeatures& f, const torch::Tensor& x) {
   std::vector<int64_t> shape = x.sizes().vec();
   shape[1] = f.num_points;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
+#include "pathkernel/dataset.h"
 #include "pathkernel/files.h"
 #include "pathkernel/manifest.h"
 #include "pathkernel/npy.h"
@@ -166,6 +167,18 @@ TEST(Cli, ExplainWritesExactPerTrainingPointContributions) {
     EXPECT_EQ(p["opponents"][0]["index"].get<int64_t>(), col.argmin().item<int64_t>());
     EXPECT_GE(p["proponents"][0]["value"].get<double>(), p["proponents"][1]["value"].get<double>());
   }
+  // kernel.npy: log-softmax, constant η and even batches make it a single
+  // kernel machine, C_i = weight · K(x, x_i) e_{y_i}.
+  torch::Tensor kernel = read_npy(dir / "ex/kernel.npy");
+  ASSERT_EQ(kernel.sizes(), (std::vector<int64_t>{2, 90, 3, 3}));
+  EXPECT_EQ(j["kernel"]["single_kernel"], true);
+  EXPECT_DOUBLE_EQ(j["kernel"]["weight"].get<double>(), 0.2 / 30);
+  DataOptions data;
+  data.spec = "gaussians3";
+  data.train_size = 90;
+  torch::Tensor y = load_dataset(data).y_train;
+  torch::Tensor single = kernel.gather(3, y.view({1, -1, 1, 1}).expand({2, 90, 3, 1})).squeeze(3) * (0.2 / 30);
+  EXPECT_LT((single - c).abs().max().item<double>(), 1e-12 * c.abs().max().item<double>());
 }
 
 TEST(Cli, BadInputGetsAClearErrorAndANonZeroExit) {

@@ -170,5 +170,65 @@ TEST(Decomposition, DpkEqualsBruteForceTracIn) {
   EXPECT_GT(d.certificate_max_gap, 1e-8);
 }
 
+// The summed kernel against per-sample autograd: with dpk,
+// kernel[n, i, k, k'] = Σ_{s: i∈B_s} ∇f_k(w_s, x_n) · ∇f_k'(w_s, x_i).
+TEST(Decomposition, KernelEqualsBruteForceSums) {
+  testing::TempDir dir;
+  RunOptions r = testing::small_run(dir / "run", "sgd", 3, 2);
+  r.output = OutputMap::Logits;
+  train_run(r);
+  PathReader reader(r.out);
+  torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+  DecompositionOptions options;
+  options.progress = false;
+  options.kernel = true;
+  options.quadrature.spec = QuadratureSpec::parse("dpk");
+  Decomposition d = decompose(reader, x, options);
+  ASSERT_EQ(d.kernel.sizes(), (std::vector<int64_t>{2, 60, 3, 3}));
+
+  Network ref = build_network(reader.manifest().network_options());
+  const torch::Tensor& xt = reader.dataset().x_train;
+  torch::Tensor expect = torch::zeros({2, 60, 3, 3}, torch::kFloat64);
+  reader.forward([&](const PathStep& st) {
+    for (int64_t bi = 0; bi < st.batch.size(0); ++bi) {
+      const int64_t i = st.batch[bi].item<int64_t>();
+      for (int64_t k2 = 0; k2 < 3; ++k2) {
+        torch::Tensor ji = flat_grad(ref, st.w, xt.narrow(0, i, 1), [&](const torch::Tensor& f) { return f[0][k2]; });
+        for (int64_t n = 0; n < 2; ++n) {
+          for (int64_t k = 0; k < 3; ++k) {
+            torch::Tensor j = flat_grad(ref, st.w, x.narrow(0, n, 1), [&](const torch::Tensor& f) { return f[0][k]; });
+            expect[n][i][k][k2] += j.dot(ji).item<double>();
+          }
+        }
+      }
+    }
+  });
+  EXPECT_GT(expect.abs().max().item<double>(), 1e-3);
+  EXPECT_LT((d.kernel - expect).abs().max().item<double>(), 1e-12 * expect.abs().max().item<double>());
+}
+
+// Thm. 3.7 on full-batch GD with log-softmax: every contribution is one
+// kernel machine term, C_i(x) = (η/M) K(x, x_i) e_{y_i}, to machine precision.
+TEST(Decomposition, KernelGivesTheSingleKernelMachine) {
+  testing::TempDir dir;
+  RunOptions r = testing::small_run(dir / "run", "gd", 6, 3);
+  train_run(r);
+  PathReader reader(r.out);
+  torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
+  DecompositionOptions options;
+  options.progress = false;
+  options.kernel = true;
+  Decomposition d = decompose(reader, x, options);
+  const torch::Tensor& y = reader.dataset().y_train;  // [60]
+  torch::Tensor picked = d.kernel.gather(3, y.view({1, -1, 1, 1}).expand({4, 60, 3, 1})).squeeze(3);  // [4, 60, 3]
+  torch::Tensor single = picked * (r.train.optimizer.lr / 60.0);
+  const double scale = d.contributions.abs().max().item<double>();
+  EXPECT_GT(scale, 1e-6);
+  EXPECT_LT((single - d.contributions).abs().max().item<double>(), 1e-12 * scale);
+  // The other columns of the kernel are not the contributions: the check can fail.
+  torch::Tensor other = d.kernel.gather(3, ((y + 1) % 3).view({1, -1, 1, 1}).expand({4, 60, 3, 1})).squeeze(3);
+  EXPECT_GT((other * (r.train.optimizer.lr / 60.0) - d.contributions).abs().max().item<double>(), 1e-6 * scale);
+}
+
 }  // namespace
 }  // namespace pathkernel
