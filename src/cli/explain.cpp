@@ -10,6 +10,7 @@
 #include "pathkernel/decomposition.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
+#include "pathkernel/image.h"
 #include "pathkernel/npy.h"
 
 namespace pathkernel::cli {
@@ -108,6 +109,29 @@ void add_explain_command(CLI::App& app, Globals& globals) {
                                                        : nlohmann::ordered_json(nullptr)},
                              {"points", points}};
     write_file_atomic((std::filesystem::path(out) / "explain.json").string(), j.dump(2) + "\n");
+    // Image data: the test image (blue) beside its top proponents (green, top
+    // row) and opponents (red, bottom row).
+    std::vector<std::string> pngs;
+    if (m.input_shape.size() == 3) {
+      const torch::Tensor& x_train = reader.dataset().x_train;
+      for (int64_t n = 0; n < idx.size(0); ++n) {
+        std::vector<std::vector<GridTile>> rows(2);
+        rows[0].push_back({x_test[idx[n].item<int64_t>()], Rgb{40, 90, 220}});
+        rows[1].push_back({torch::Tensor(), std::nullopt});
+        const char* sides[] = {"proponents", "opponents"};
+        const Rgb colours[] = {Rgb{30, 160, 60}, Rgb{210, 40, 40}};
+        for (int side = 0; side < 2; ++side) {
+          int shown = 0;
+          for (const auto& e : points[n][sides[side]]) {
+            if (shown++ == 8) break;
+            rows[side].push_back({x_train[e["index"].get<int64_t>()], colours[side]});
+          }
+        }
+        const std::string name = "explain_" + std::to_string(idx[n].item<int64_t>()) + ".png";
+        write_png_grid((std::filesystem::path(out) / name).string(), rows);
+        pngs.push_back(name);
+      }
+    }
     for (const auto& p : points) {
       std::printf("test %lld (label %lld) predicted %lld; completeness error %.2e\n",
                   static_cast<long long>(p["test_index"].get<int64_t>()),
@@ -127,6 +151,10 @@ void add_explain_command(CLI::App& app, Globals& globals) {
     std::printf("wrote %s/contributions.npy [%lld, %lld, %lld]%s and %s/explain.json\n", out.c_str(),
                 static_cast<long long>(idx.size(0)), static_cast<long long>(d.contributions.size(1)),
                 static_cast<long long>(d.contributions.size(2)), options.kernel ? ", kernel.npy" : "", out.c_str());
+    if (!pngs.empty()) {
+      std::printf("wrote %zu PNG grids (test image in blue; proponents green, top row; opponents red, bottom row): "
+                  "%s/%s ...\n", pngs.size(), out.c_str(), pngs.front().c_str());
+    }
   });
 }
 

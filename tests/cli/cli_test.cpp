@@ -74,6 +74,22 @@ TEST(Cli, TrainInfoCheckPathOnMnist) {
   EXPECT_EQ(cj["steps_replayed"], 60);
   EXPECT_EQ(cj["bitwise_equal"], true);
 
+  // Image data: explain draws the test digit beside its proponents and
+  // opponents, a PNG that decodes to 2 rows of 9 framed 28x28 tiles at zoom 3.
+  Output ex = run("explain " + r + " --test-index 3 --top 8 --kernel off --quiet --out " + (dir / "ex"));
+  ASSERT_EQ(ex.status, 0) << ex.out;
+  EXPECT_FALSE(std::filesystem::exists(dir / "ex/kernel.npy"));
+  const std::string png = read_file(dir / "ex/explain_3.png");
+  ASSERT_GT(png.size(), 24u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  auto be32 = [&](size_t at) {
+    return (uint32_t(uint8_t(png[at])) << 24) | (uint32_t(uint8_t(png[at + 1])) << 16) |
+           (uint32_t(uint8_t(png[at + 2])) << 8) | uint32_t(uint8_t(png[at + 3]));
+  };
+  const uint32_t cell = 28 * 3 + 2 * 2, gap = 4;
+  EXPECT_EQ(be32(16), 9 * (cell + gap) + gap);  // IHDR width
+  EXPECT_EQ(be32(20), 2 * (cell + gap) + gap);  // IHDR height
+
   // A run a replay cannot reproduce: check-path says so and exits non-zero.
   CheckpointRecord& ck = m.checkpoints[1];
   torch::Tensor w = read_npy(r + "/" + ck.weights.file);
