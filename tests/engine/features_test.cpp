@@ -104,6 +104,22 @@ TEST(Features, GaussSatisfiesTheCertificate) {
     QuadratureOptions q;
     TestFeatures f = test_features(ev, torch::randn(xs, torch::kFloat64), q);
     EXPECT_LE(f.certificate_gap, 1e-13) << name(c);
+    // With adaptive rows (several rounds, rows out of point order) the
+    // contraction still equals J̄ g_i for the autograd per-sample gradient g_i.
+    std::vector<int64_t> ts{2};
+    ts.insert(ts.end(), c.shape.begin(), c.shape.end());
+    torch::Tensor x_train = torch::randn(ts, torch::kFloat64), y_train = torch::tensor({1, 2}, torch::kLong);
+    torch::Tensor got = contract(ev, f, train_signals(ev, x_train, y_train, c.map));  // [6, 2, 3]
+    Network ref = build_network(options_for(c, 0));
+    for (int64_t i = 0; i < 2; ++i) {
+      torch::Tensor g = flat_grad(ref, w, x_train.narrow(0, i, 1), [&](const torch::Tensor& out) {
+        return training_loss(out, y_train.narrow(0, i, 1), c.map);
+      });
+      torch::Tensor expect = apply_features(ev, f, g);  // [6, 3]
+      EXPECT_LT((got.select(1, i) - expect).abs().max().item<double>(),
+                1e-12 * std::max(1.0, expect.abs().max().item<double>()))
+          << name(c) << " train " << i;
+    }
     // Riemann with few nodes does not: the certificate is able to fail.
     q.spec = QuadratureSpec::parse("riemann:2");
     EXPECT_GT(test_features(ev, torch::randn(xs, torch::kFloat64), q).certificate_gap, 1e-8) << name(c);
