@@ -33,6 +33,7 @@ struct QuadratureOptions {
   int gauss_nodes = 8;  ///< Gauss–Legendre nodes on a piece of length 1 (ceil(n·√h) on length h)
   int min_nodes = 3;    ///< fewest nodes on a short piece
   int scan_intervals = 16;  ///< forward-only scan of [0,1] for kinks before integrating
+  int64_t max_rows = 512;  ///< integrand evaluations per batched pass (bounds memory)
   int max_depth = 30;   ///< halvings of a piece before it is accepted as is
 };
 
@@ -41,8 +42,8 @@ struct TestFeatures {
   int64_t num_points = 0;
   torch::Tensor point;                 ///< [R] int64: the test point of row r
   torch::Tensor weight;                ///< [R]: the quadrature weight ω_r of row r
-  std::vector<torch::Tensor> inputs;   ///< per param layer: a_r, rows first
-  std::vector<torch::Tensor> signals;  ///< per param layer: [K, R, ...] δ_{k,r}
+  std::vector<torch::Tensor> inputs;   ///< per Linear layer after the first: a_r, rows first (else undefined)
+  std::vector<torch::Tensor> signals;  ///< per Linear layer after the first: [K, R, out] δ_{k,r} (else undefined)
   std::vector<torch::Tensor> dense;    ///< per Conv2d layer: [K, n, Q] J̄ block; undefined for Linear
   /// When the first layer is Linear its input is x itself at every node, so
   /// its part of J̄ is Σ_r ω_r δ_r ⊗ x: first_signal [K, n, out] = Σ_r ω_r δ_r

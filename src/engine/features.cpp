@@ -87,60 +87,31 @@ void split(const Piece& pc, double gap, const std::vector<double>& cuts, std::ve
   out.push_back({pc.point, last, pc.b, pc.depth + 1, gap});
 }
 
-/// Rows [first, first + count) of every test point; rows are sorted by point.
-std::vector<std::pair<int64_t, int64_t>> point_ranges(const TestFeatures& f) {
-  torch::Tensor counts = torch::bincount(f.point, {}, f.num_points);
-  auto c = counts.accessor<int64_t, 1>();
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  int64_t first = 0;
-  for (int64_t p = 0; p < f.num_points; ++p) {
-    ranges.emplace_back(first, c[p]);
-    first += c[p];
-  }
-  return ranges;
-}
-
-/// Dense Conv2d blocks J̄ [K, n, Q] from rows: per test point one
+/// Adds rows (layer inputs a [r, Cin, H, W], signals s [K, r, Cout, H', W'],
+/// test points `point` [r], weights `weight` [r]) of Conv2d layer l to its
+/// dense block J̄ [K, n, Cout·Cin·k·k + Cout]: per test point, one
 /// contraction over its rows and output positions.
-void build_dense(const SegmentEvaluator& ev, TestFeatures& f) {
-  f.dense.assign(f.inputs.size(), torch::Tensor());
-  const auto ranges = point_ranges(f);
-  for (size_t l = 0; l < f.inputs.size(); ++l) {
-    const LayerDesc& d = ev.param_layers()[l].desc;
-    if (d.kind != Kind::Conv2d) continue;
-    torch::Tensor u = unfold(f.inputs[l], d);                                       // [R, Cin·k·k, L]
-    torch::Tensor sig = f.signals[l].flatten(3) * f.weight.view({1, -1, 1, 1});    // [K, R, Cout, L]
-    const int64_t K = sig.size(0), cout = sig.size(2), q = u.size(1);
-    torch::Tensor dense = torch::zeros({K, f.num_points, cout * q + cout}, sig.options());
-    for (int64_t p = 0; p < f.num_points; ++p) {
-      const auto [first, count] = ranges[p];
-      if (count == 0) continue;
-      torch::Tensor sp = sig.narrow(1, first, count), up = u.narrow(0, first, count);
-      torch::Tensor gw = torch::einsum("krcl,rql->kcq", {sp, up});                  // [K, Cout, Cin·k·k]
-      dense.select(1, p).copy_(torch::cat({gw.flatten(1), sp.sum({1, 3})}, 1));
-    }
-    f.dense[l] = dense;
+void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torch::Tensor& a, const torch::Tensor& s,
+               const torch::Tensor& point, const torch::Tensor& weight) {
+  const LayerDesc& d = ev.param_layers()[l].desc;
+  torch::Tensor order = std::get<1>(point.sort(/*stable=*/true, 0, false));
+  torch::Tensor u = unfold(a.index_select(0, order), d);                                     // [r, Cin·k·k, L]
+  torch::Tensor sig = s.index_select(1, order).flatten(3) *
+                      weight.index_select(0, order).view({1, -1, 1, 1});                     // [K, r, Cout, L]
+  const int64_t K = sig.size(0), cout = sig.size(2), q = u.size(1);
+  if (!f.dense[l].defined()) f.dense[l] = torch::zeros({K, f.num_points, cout * q + cout}, sig.options());
+  torch::Tensor counts = torch::bincount(point, {}, f.num_points);
+  auto c = counts.accessor<int64_t, 1>();
+  for (int64_t p = 0, first = 0; p < f.num_points; first += c[p], ++p) {
+    if (c[p] == 0) continue;
+    torch::Tensor sp = sig.narrow(1, first, c[p]), up = u.narrow(0, first, c[p]);
+    torch::Tensor gw = torch::einsum("krcl,rql->kcq", {sp, up});                              // [K, Cout, Cin·k·k]
+    f.dense[l].select(1, p).add_(torch::cat({gw.flatten(1), sp.sum({1, 3})}, 1));
   }
 }
 
-/// Sorts rows by test point, builds the dense and collapsed blocks, drops
-/// the rows those blocks replace, and measures the certificate.
-void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& x, const torch::Tensor& dw) {
-  torch::Tensor order = std::get<1>(f.point.sort(/*stable=*/true, 0, false));
-  f.point = f.point.index_select(0, order);
-  f.weight = f.weight.index_select(0, order);
-  for (size_t l = 0; l < f.inputs.size(); ++l) {
-    f.inputs[l] = f.inputs[l].index_select(0, order);
-    f.signals[l] = f.signals[l].index_select(1, order);
-  }
-  build_dense(ev, f);
-  if (ev.param_layers()[0].desc.kind == Kind::Linear) {
-    f.first_inputs = x.flatten(1);
-    f.first_signal = aggregate(f, f.signals[0]);  // [K, n, out]
-  }
-  for (size_t l = 0; l < f.inputs.size(); ++l) {
-    if (f.dense[l].defined() || (l == 0 && f.first_signal.defined())) f.inputs[l] = f.signals[l] = torch::Tensor();
-  }
+/// Measures the certificate of the assembled features.
+void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& dw) {
   torch::Tensor jdw = apply_features(ev, f, dw);
   torch::Tensor scale = f.f0.abs().amax(1, true).clamp_min(1.0);
   f.certificate_gap = ((jdw - (f.f1 - f.f0)).abs() / scale).max().item<double>();
@@ -167,19 +138,31 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     return std::make_tuple(point, t, w);
   };
 
+  // Accepted rows go straight into the dense Conv2d blocks and the collapsed
+  // first Linear layer; only other Linear layers keep their rows.
+  const size_t layers = ev.param_layers().size();
+  const bool first_linear = ev.param_layers()[0].desc.kind == Kind::Linear;
+  f.dense.assign(layers, torch::Tensor());
   std::vector<torch::Tensor> kept_point, kept_weight;
-  std::vector<std::vector<torch::Tensor>> kept_inputs, kept_signals;
+  std::vector<std::vector<torch::Tensor>> kept_inputs(layers), kept_signals(layers);
   auto keep = [&](const SegmentPass& pass, const std::vector<torch::Tensor>& sig, const torch::Tensor& rows,
                   const torch::Tensor& point, const torch::Tensor& weight) {
-    std::vector<torch::Tensor> in, sg;
-    for (size_t l = 0; l < sig.size(); ++l) {
-      in.push_back(pass.inputs[l].detach().index_select(0, rows));
-      sg.push_back(sig[l].index_select(1, rows));
+    torch::Tensor pr = point.index_select(0, rows), wr = weight.index_select(0, rows);
+    for (size_t l = 0; l < layers; ++l) {
+      torch::Tensor a = pass.inputs[l].detach().index_select(0, rows), s = sig[l].index_select(1, rows);
+      if (ev.param_layers()[l].desc.kind == Kind::Conv2d) {
+        add_dense(ev, l, f, a, s, pr, wr);
+      } else if (l == 0 && first_linear) {
+        // Σ_r ω_r δ_r per test point: the first layer's input is x at every node.
+        if (!f.first_signal.defined()) f.first_signal = torch::zeros({s.size(0), n, s.size(2)}, s.options());
+        f.first_signal.index_add_(1, pr, s * wr.view({1, -1, 1}));
+      } else {
+        kept_inputs[l].push_back(a);
+        kept_signals[l].push_back(s);
+      }
     }
-    kept_inputs.push_back(in);
-    kept_signals.push_back(sg);
-    kept_point.push_back(point.index_select(0, rows));
-    kept_weight.push_back(weight.index_select(0, rows));
+    kept_point.push_back(pr);
+    kept_weight.push_back(wr);
   };
 
   if (q.spec.kind != QuadratureSpec::Kind::Gauss) {
@@ -237,11 +220,16 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       return static_cast<int64_t>(std::clamp<double>(n_h, std::min(q.min_nodes, q.gauss_nodes), q.gauss_nodes));
     };
     while (!pending.empty()) {
-      const int64_t np = static_cast<int64_t>(pending.size());
-      // Rows: the nodes of every piece, then (for the certificate and the
-      // kink search) both ends of every piece.
-      std::vector<int64_t> first(np + 1, 0);
-      for (int64_t p = 0; p < np; ++p) first[p + 1] = first[p] + nodes_for(pending[p]);
+      // A round evaluates at most max_rows nodes (at least one piece); the
+      // other pieces wait for the next round, so memory stays bounded.
+      std::vector<int64_t> first{0};
+      while (first.size() <= pending.size() &&
+             (first.size() == 1 || first.back() + nodes_for(pending[first.size() - 1]) <= q.max_rows)) {
+        first.push_back(first.back() + nodes_for(pending[first.size() - 1]));
+      }
+      const int64_t np = static_cast<int64_t>(first.size()) - 1;
+      std::vector<Piece> next(pending.begin() + np, pending.end());
+      pending.resize(np);
       const int64_t rows = first[np];
       std::vector<int64_t> point(rows), piece_of(rows), end_point(2 * np);
       std::vector<double> t(rows), w(rows), ends(2 * np);
@@ -301,7 +289,6 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         failed_gap.push_back(gap_a[p]);
       }
       // Split each failed piece at the kinks inside it, else at its midpoint.
-      std::vector<Piece> next;
       if (!failed.empty()) {
         std::vector<torch::Tensor> pre(pass.preacts.size());
         for (size_t l = 0; l < pre.size(); ++l) pre[l] = torch::cat({pass.preacts[l].detach(), pe.preacts[l]}, 0);
@@ -325,22 +312,17 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   }
 
   // Assemble the kept rows.
-  const size_t layers = kept_inputs.front().size();
-  f.inputs.resize(layers);
-  f.signals.resize(layers);
+  f.inputs.assign(layers, torch::Tensor());
+  f.signals.assign(layers, torch::Tensor());
   for (size_t l = 0; l < layers; ++l) {
-    std::vector<torch::Tensor> in, sg;
-    for (size_t c = 0; c < kept_inputs.size(); ++c) {
-      in.push_back(kept_inputs[c][l]);
-      sg.push_back(kept_signals[c][l]);
-    }
-    f.inputs[l] = torch::cat(in, 0);
-    f.signals[l] = torch::cat(sg, 1);
+    if (kept_inputs[l].empty()) continue;
+    f.inputs[l] = torch::cat(kept_inputs[l], 0);
+    f.signals[l] = torch::cat(kept_signals[l], 1);
   }
-  torch::Tensor point = torch::cat(kept_point), weight = torch::cat(kept_weight);
-  f.point = point;
-  f.weight = weight;
-  finish(ev, f, x, ev.direction());
+  f.point = torch::cat(kept_point);
+  f.weight = torch::cat(kept_weight);
+  if (first_linear) f.first_inputs = x.flatten(1);
+  finish(ev, f, ev.direction());
   return f;
 }
 
