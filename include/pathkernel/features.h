@@ -84,7 +84,8 @@ torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, 
 /// <J̄_k(x_n), g_i> for every test point n, training row i and output k: [n, B, K].
 torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const TrainSignals& t);
 
-/// Doubles held per row of test features (for sizing test-point chunks).
+/// Doubles one evaluated row holds (layer inputs, pre-activations and K
+/// signals), for sizing test-point chunks.
 int64_t feature_doubles_per_row(const SegmentEvaluator& ev, const torch::Tensor& example);
 
 }  // namespace pathkernel

@@ -223,9 +223,10 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       // A round evaluates at most max_rows nodes (at least one piece); the
       // other pieces wait for the next round, so memory stays bounded.
       std::vector<int64_t> first{0};
-      while (first.size() <= pending.size() &&
-             (first.size() == 1 || first.back() + nodes_for(pending[first.size() - 1]) <= q.max_rows)) {
-        first.push_back(first.back() + nodes_for(pending[first.size() - 1]));
+      for (const Piece& pc : pending) {
+        const int64_t nodes = nodes_for(pc);
+        if (first.size() > 1 && first.back() + nodes > q.max_rows) break;
+        first.push_back(first.back() + nodes);
       }
       const int64_t np = static_cast<int64_t>(first.size()) - 1;
       std::vector<Piece> next(pending.begin() + np, pending.end());
@@ -299,12 +300,10 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         KinkSearch ks = find_kinks(ev, x, pre, row_point, row_t, brackets, first_relu);
         f.forward_evaluations += ks.forward_evaluations;
         f.kinks += static_cast<int64_t>(ks.kinks.size());
+        // Kinks come sorted by bracket, then t, and a piece's brackets ascend in t.
         std::vector<std::vector<double>> piece_cuts(failed.size());
         for (const Kink& k : ks.kinks) piece_cuts[bracket_piece[k.bracket]].push_back(k.t);
-        for (size_t i = 0; i < failed.size(); ++i) {
-          std::sort(piece_cuts[i].begin(), piece_cuts[i].end());
-          split(failed[i], failed_gap[i], piece_cuts[i], next);
-        }
+        for (size_t i = 0; i < failed.size(); ++i) split(failed[i], failed_gap[i], piece_cuts[i], next);
       }
       if (!accepted_rows.empty()) keep(pass, sig, torch::tensor(accepted_rows, torch::kLong), point_t, w_t);
       pending = std::move(next);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 
 #include "pathkernel/kinks.h"
 
@@ -11,24 +12,6 @@ namespace pathkernel {
 namespace {
 
 constexpr double kEps = 2.220446049250313e-16;
-
-struct Segment {
-  Network net;
-  torch::Tensor x;
-};
-
-Segment make_segment(const std::string& spec, std::vector<int64_t> shape, int64_t points) {
-  NetworkOptions o;
-  o.spec = ModelSpec::parse(spec);
-  o.input_shape = shape;
-  o.num_classes = 3;
-  o.seed = 3;
-  Segment s{build_network(o), torch::Tensor()};
-  torch::manual_seed(17);
-  shape.insert(shape.begin(), points);
-  s.x = torch::randn(shape, torch::kFloat64);
-  return s;
-}
 
 /// Pre-activation of a kink's unit (or pool pair) at t for test point i;
 /// with `scale`, also the largest pre-activation of that layer.
@@ -64,6 +47,36 @@ Scan scan(const SegmentEvaluator& ev, const torch::Tensor& x, int64_t intervals)
   return s;
 }
 
+/// A 3-class network of `spec`, inputs x [points, *shape], the segment
+/// w_0 + t·0.8·randn (seeded by `direction_seed`), and its 16-interval scan.
+struct Scanned {
+  Network net = nullptr;
+  torch::Tensor x;
+  std::unique_ptr<SegmentEvaluator> ev;
+  Scan sc;
+
+  Scanned(const std::string& spec, std::vector<int64_t> shape, int64_t points, uint64_t direction_seed) {
+    NetworkOptions o;
+    o.spec = ModelSpec::parse(spec);
+    o.input_shape = shape;
+    o.num_classes = 3;
+    o.seed = 3;
+    net = build_network(o);
+    torch::manual_seed(17);
+    shape.insert(shape.begin(), points);
+    x = torch::randn(shape, torch::kFloat64);
+    torch::Tensor w = flatten_parameters(net);
+    torch::manual_seed(direction_seed);
+    ev = std::make_unique<SegmentEvaluator>(net);
+    ev->set_segment(w, 0.8 * torch::randn_like(w));
+    sc = scan(*ev, x, 16);
+  }
+
+  KinkSearch search(bool skip_first_relu) const {
+    return find_kinks(*ev, x, sc.pass.preacts, sc.point, sc.t, sc.brackets, skip_first_relu);
+  }
+};
+
 // Each located kink is a sign change of its unit within a few ulp of t, or
 // a point where the unit is zero to rounding (where it is that flat, the
 // rounding of the pre-activation hides the sign).
@@ -88,13 +101,10 @@ void expect_located(const SegmentEvaluator& ev, const torch::Tensor& x, const Sc
 TEST(FindKinks, LocatesDeepReluFlipsToAFewUlp) {
   // Two hidden layers: the second pre-activation is not affine in t, so its
   // kinks need root finding.
-  Segment s = make_segment("mlp:12,10", {4}, 5);
-  torch::Tensor w = flatten_parameters(s.net);
-  torch::manual_seed(2);
-  SegmentEvaluator ev(s.net);
-  ev.set_segment(w, 0.8 * torch::randn_like(w));
-  Scan sc = scan(ev, s.x, 16);
-  KinkSearch ks = find_kinks(ev, s.x, sc.pass.preacts, sc.point, sc.t, sc.brackets, /*skip_first_relu=*/false);
+  Scanned s("mlp:12,10", {4}, 5, 2);
+  const SegmentEvaluator& ev = *s.ev;
+  const Scan& sc = s.sc;
+  KinkSearch ks = s.search(/*skip_first_relu=*/false);
   expect_located(ev, s.x, sc, ks, false);
   EXPECT_GT(ks.forward_evaluations, 0);
 
@@ -134,25 +144,15 @@ TEST(FindKinks, LocatesDeepReluFlipsToAFewUlp) {
 }
 
 TEST(FindKinks, SkipsTheClosedFormFirstLayer) {
-  Segment s = make_segment("mlp:12,10", {4}, 3);
-  torch::Tensor w = flatten_parameters(s.net);
-  torch::manual_seed(2);
-  SegmentEvaluator ev(s.net);
-  ev.set_segment(w, 0.8 * torch::randn_like(w));
-  Scan sc = scan(ev, s.x, 16);
-  KinkSearch ks = find_kinks(ev, s.x, sc.pass.preacts, sc.point, sc.t, sc.brackets, /*skip_first_relu=*/true);
+  Scanned s("mlp:12,10", {4}, 3, 2);
+  KinkSearch ks = s.search(/*skip_first_relu=*/true);
+  ASSERT_FALSE(ks.kinks.empty());
   for (const Kink& k : ks.kinks) EXPECT_EQ(k.layer, 1);
 }
 
 TEST(FindKinks, LocatesMaxPoolSwitches) {
-  Segment s = make_segment("cnn:3", {1, 6, 6}, 4);
-  torch::Tensor w = flatten_parameters(s.net);
-  torch::manual_seed(4);
-  SegmentEvaluator ev(s.net);
-  ev.set_segment(w, 0.8 * torch::randn_like(w));
-  Scan sc = scan(ev, s.x, 16);
-  KinkSearch ks = find_kinks(ev, s.x, sc.pass.preacts, sc.point, sc.t, sc.brackets, /*skip_first_relu=*/true);
-  expect_located(ev, s.x, sc, ks, true);
+  Scanned s("cnn:3", {1, 6, 6}, 4, 4);
+  expect_located(*s.ev, s.x, s.sc, s.search(/*skip_first_relu=*/true), true);
 }
 
 }  // namespace
