@@ -7,8 +7,12 @@
 // (Illinois false position, safeguarded by bisection) to a few ulp of t. All
 // brackets are refined together: one batched forward pass per iteration.
 //
-// First-layer ReLU kinks are closed-form (affine_crossings in quadrature.h),
-// so the finder can skip them.
+// The first layer's pre-activation is affine in t, so its kinks are
+// closed-form (first_layer_kinks) and the finder can skip that layer.
+//
+// Only switches the network sees are kinks: where a max-pool follows a ReLU,
+// a unit's sign matters only while it is its window's maximum, so the flips
+// of the other units are left out.
 #pragma once
 
 #include <vector>
@@ -44,11 +48,21 @@ struct KinkSearch {
 /// point of each row (an index into x) and `t` [rows] its position. Every
 /// unit whose pattern differs at a bracket's ends is located, so a bracket
 /// may yield several kinks; an even number of flips of one unit inside a
-/// bracket is not seen (the certificate catches it). With `skip_first_relu`
-/// the first layer's ReLU units are left out. Evaluates at most
+/// bracket is not seen (the certificate catches it). With `skip_first_layer`
+/// the first layer's units are left out. Evaluates at most
 /// `rows_per_pass` rows per forward pass.
 KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
                       const std::vector<int64_t>& point, const std::vector<double>& t,
-                      const std::vector<KinkBracket>& brackets, bool skip_first_relu, int64_t rows_per_pass = 512);
+                      const std::vector<KinkBracket>& brackets, bool skip_first_layer, int64_t rows_per_pass = 512);
+
+/// The kinks of the first param layer along the segment, in closed form, for
+/// one test point: y0 and y1 are its pre-activations at t = 0 and t = 1
+/// (that pre-activation is affine in t). Without a max-pool these are the
+/// ReLU units' zero crossings; with one, every break of a window's
+/// max(0, max_u y_u(t)), i.e. the ReLU kinks of its maximum and its argmax
+/// switches while positive. Sorted, in (0, 1), no duplicates; empty when no
+/// ReLU follows the layer. Throws Error on mismatched shapes or non-finite
+/// values.
+std::vector<double> first_layer_kinks(const SegmentEvaluator& ev, const torch::Tensor& y0, const torch::Tensor& y1);
 
 }  // namespace pathkernel

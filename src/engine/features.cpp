@@ -174,9 +174,9 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     f.evaluations = point.size(0);
   } else {
     // Initial pieces: split [0,1] at every kink that a scan of the segment
-    // sees. The first layer's ReLU kinks are closed-form (its pre-activation
-    // is affine in t); deeper ones and max-pool switches are detected between
-    // scan points and located by root finding.
+    // sees. The first layer's kinks are closed-form (its pre-activation is
+    // affine in t); deeper ReLU kinks and max-pool switches are detected
+    // between scan points and located by root finding.
     const bool first_relu = ev.relu_after()[0];
     const int64_t scan = std::max(1, q.scan_intervals);
     std::vector<int64_t> scan_point(n * (scan + 1));
@@ -200,12 +200,9 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       for (const Kink& k : ks.kinks) cuts[k.bracket / scan].push_back(k.t);
     }
     std::vector<Piece> pending;
-    torch::Tensor y0 = p0.preacts[0].flatten(1).contiguous(), y1 = p1.preacts[0].flatten(1).contiguous();
     for (int64_t i = 0; i < n; ++i) {
       if (first_relu) {
-        std::vector<double> a(y0[i].data_ptr<double>(), y0[i].data_ptr<double>() + y0.size(1));
-        std::vector<double> b(y1[i].data_ptr<double>(), y1[i].data_ptr<double>() + y1.size(1));
-        std::vector<double> c = affine_crossings(a, b);
+        std::vector<double> c = first_layer_kinks(ev, p0.preacts[0][i], p1.preacts[0][i]);
         f.kinks += static_cast<int64_t>(c.size());
         cuts[i].insert(cuts[i].end(), c.begin(), c.end());
       }

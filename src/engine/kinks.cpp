@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "pathkernel/error.h"
+#include "pathkernel/quadrature.h"
 
 namespace pathkernel {
 
@@ -37,7 +38,7 @@ void settle(Target& k, double root) {
 
 KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
                       const std::vector<int64_t>& point, const std::vector<double>& t,
-                      const std::vector<KinkBracket>& brackets, bool skip_first_relu, int64_t rows_per_pass) {
+                      const std::vector<KinkBracket>& brackets, bool skip_first_layer, int64_t rows_per_pass) {
   PK_ASSERT(preacts.size() == ev.relu_after().size() && point.size() == t.size() && rows_per_pass > 0);
   KinkSearch out;
   if (brackets.empty()) return out;
@@ -65,11 +66,9 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
     }
   };
   for (size_t l = 0; l < preacts.size(); ++l) {
-    if (!ev.relu_after()[l]) continue;
-    if (!(l == 0 && skip_first_relu)) {
-      torch::Tensor ya = flat[l].index_select(0, at_a), yb = flat[l].index_select(0, at_b);
-      add(static_cast<int64_t>(l), (ya > 0) != (yb > 0), torch::Tensor(), torch::Tensor());
-    }
+    if (!ev.relu_after()[l] || (l == 0 && skip_first_layer)) continue;
+    torch::Tensor ya = flat[l].index_select(0, at_a), yb = flat[l].index_select(0, at_b);
+    torch::Tensor flips = (ya > 0) != (yb > 0);
     if (const int64_t k = ev.pool_after()[l]) {
       const torch::Tensor& y = preacts[l].detach();  // [R, C, H, W]
       auto [m, ind] = torch::max_pool2d_with_indices(y, k);
@@ -77,8 +76,16 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
       torch::Tensor unit = (ind + plane).flatten(1), mf = m.flatten(1);
       torch::Tensor ua = unit.index_select(0, at_a), ub = unit.index_select(0, at_b);
       torch::Tensor ma = mf.index_select(0, at_a), mb = mf.index_select(0, at_b);
-      add(static_cast<int64_t>(l), (ua != ub) & ((ma > 0) | (mb > 0)), ub, ua);
+      // Pooling sees a unit's sign only while it is its window's positive
+      // maximum: the flips of the others are not kinks of the network.
+      torch::Tensor seen_a = torch::zeros_like(flips).scatter_(1, ua, ma > 0);
+      torch::Tensor seen_b = torch::zeros_like(flips).scatter_(1, ub, mb > 0);
+      flips &= seen_a | seen_b;
+      // An argmax switch matters while the window is positive; one into or out
+      // of a zero window is the ReLU kink of the unit that crosses 0.
+      add(static_cast<int64_t>(l), (ua != ub) & (ma > 0) & (mb > 0), ub, ua);
     }
+    add(static_cast<int64_t>(l), flips, torch::Tensor(), torch::Tensor());
   }
   for (Target& k : targets) {
     auto y = flat[k.layer].accessor<double, 2>();
@@ -141,6 +148,67 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
   std::sort(out.kinks.begin(), out.kinks.end(),
             [](const Kink& p, const Kink& q) { return p.bracket != q.bracket ? p.bracket < q.bracket : p.t < q.t; });
   return out;
+}
+
+std::vector<double> first_layer_kinks(const SegmentEvaluator& ev, const torch::Tensor& y0, const torch::Tensor& y1) {
+  PK_CHECK(y0.sizes() == y1.sizes(), "first_layer_kinks: pre-activations at t = 0 " << y0.sizes()
+                                         << " and t = 1 " << y1.sizes() << " differ in shape");
+  if (!ev.relu_after()[0]) return {};
+  const torch::Tensor a0 = y0.to(torch::kFloat64).contiguous(), a1 = y1.to(torch::kFloat64).contiguous();
+  std::vector<double> p0(a0.data_ptr<double>(), a0.data_ptr<double>() + a0.numel());
+  std::vector<double> p1(a1.data_ptr<double>(), a1.data_ptr<double>() + a1.numel());
+  const int64_t k = ev.pool_after()[0];
+  if (k == 0) return affine_crossings(p0, p1);
+  PK_CHECK(y0.dim() == 3, "first_layer_kinks: a pooled layer's pre-activation is [C, H, W], got " << y0.sizes());
+  const int64_t channels = y0.size(0), height = y0.size(1), width = y0.size(2);
+  std::vector<double> kinks;
+  std::vector<long double> lo, slope;
+  for (int64_t c = 0; c < channels; ++c) {
+    for (int64_t h = 0; h + k <= height; h += k) {
+      for (int64_t w = 0; w + k <= width; w += k) {
+        // The window's output max(0, max_u y_u(t)) is the upper envelope of
+        // lines, the zero line first: walk it from t = 0, taking at each
+        // step the earliest line to overtake the current one.
+        lo.assign(1, 0.0L);
+        slope.assign(1, 0.0L);
+        for (int64_t i = 0; i < k; ++i) {
+          for (int64_t j = 0; j < k; ++j) {
+            const int64_t u = (c * height + h + i) * width + w + j;
+            PK_CHECK(std::isfinite(p0[u]) && std::isfinite(p1[u]),
+                     "first_layer_kinks: unit " << u << " has a non-finite pre-activation (" << p0[u] << " at t = 0, "
+                                                << p1[u] << " at t = 1)");
+            lo.push_back(p0[u]);
+            slope.push_back(static_cast<long double>(p1[u]) - p0[u]);
+          }
+        }
+        size_t cur = 0;
+        for (size_t i = 1; i < lo.size(); ++i) {
+          if (lo[i] > lo[cur] || (lo[i] == lo[cur] && slope[i] > slope[cur])) cur = i;
+        }
+        long double t = 0;
+        while (true) {
+          size_t best = cur;
+          long double best_t = 1;
+          for (size_t i = 0; i < lo.size(); ++i) {
+            if (slope[i] <= slope[cur]) continue;
+            const long double ti = (lo[cur] - lo[i]) / (slope[i] - slope[cur]);
+            if (ti < t) continue;
+            if (ti < best_t || (ti == best_t && (best == cur || slope[i] > slope[best]))) {
+              best = i;
+              best_t = ti;
+            }
+          }
+          if (best == cur || best_t >= 1) break;
+          if (best_t > 0) kinks.push_back(static_cast<double>(best_t));
+          cur = best;
+          t = best_t;
+        }
+      }
+    }
+  }
+  std::sort(kinks.begin(), kinks.end());
+  kinks.erase(std::unique(kinks.begin(), kinks.end()), kinks.end());
+  return kinks;
 }
 
 }  // namespace pathkernel

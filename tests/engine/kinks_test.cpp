@@ -3,10 +3,13 @@
 // fine brute-force grid.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
+#include "pathkernel/error.h"
 #include "pathkernel/kinks.h"
+#include "pathkernel/quadrature.h"
 
 namespace pathkernel {
 namespace {
@@ -72,8 +75,8 @@ struct Scanned {
     sc = scan(*ev, x, 16);
   }
 
-  KinkSearch search(bool skip_first_relu) const {
-    return find_kinks(*ev, x, sc.pass.preacts, sc.point, sc.t, sc.brackets, skip_first_relu);
+  KinkSearch search(bool skip_first_layer) const {
+    return find_kinks(*ev, x, sc.pass.preacts, sc.point, sc.t, sc.brackets, skip_first_layer);
   }
 };
 
@@ -104,7 +107,7 @@ TEST(FindKinks, LocatesDeepReluFlipsToAFewUlp) {
   Scanned s("mlp:12,10", {4}, 5, 2);
   const SegmentEvaluator& ev = *s.ev;
   const Scan& sc = s.sc;
-  KinkSearch ks = s.search(/*skip_first_relu=*/false);
+  KinkSearch ks = s.search(/*skip_first_layer=*/false);
   expect_located(ev, s.x, sc, ks, false);
   EXPECT_GT(ks.forward_evaluations, 0);
 
@@ -144,15 +147,141 @@ TEST(FindKinks, LocatesDeepReluFlipsToAFewUlp) {
 }
 
 TEST(FindKinks, SkipsTheClosedFormFirstLayer) {
-  Scanned s("mlp:12,10", {4}, 3, 2);
-  KinkSearch ks = s.search(/*skip_first_relu=*/true);
-  ASSERT_FALSE(ks.kinks.empty());
-  for (const Kink& k : ks.kinks) EXPECT_EQ(k.layer, 1);
+  for (const char* spec : {"mlp:12,10", "cnn:3,4"}) {
+    Scanned s(spec, spec[0] == 'm' ? std::vector<int64_t>{4} : std::vector<int64_t>{1, 8, 8}, 3, 2);
+    KinkSearch ks = s.search(/*skip_first_layer=*/true);
+    ASSERT_FALSE(ks.kinks.empty()) << spec;
+    for (const Kink& k : ks.kinks) EXPECT_EQ(k.layer, 1) << spec;
+  }
+}
+
+/// Per max-pool window of a ReLU + max-pool layer's pre-activation y
+/// [C, H, W]: the flat index of the unit the window passes on, or −1 when its
+/// output is 0. Two t with the same states have the same integrand pattern.
+std::vector<int64_t> window_states(const torch::Tensor& y, int64_t k) {
+  auto [m, ind] = torch::max_pool2d_with_indices(y.unsqueeze(0), k);
+  torch::Tensor plane = torch::arange(y.size(0)).view({1, -1, 1, 1}) * (y.size(1) * y.size(2));
+  torch::Tensor state = torch::where(m > 0, ind + plane, torch::full_like(ind, -1)).flatten().contiguous();
+  return std::vector<int64_t>(state.data_ptr<int64_t>(), state.data_ptr<int64_t>() + state.numel());
+}
+
+std::vector<int64_t> states_at(const SegmentEvaluator& ev, const torch::Tensor& x, int64_t i, double t, size_t layer) {
+  SegmentPass p = ev.forward(x.narrow(0, i, 1), torch::tensor({t}, torch::kFloat64), false);
+  return window_states(p.preacts[layer][0], ev.pool_after()[layer]);
 }
 
 TEST(FindKinks, LocatesMaxPoolSwitches) {
   Scanned s("cnn:3", {1, 6, 6}, 4, 4);
-  expect_located(*s.ev, s.x, s.sc, s.search(/*skip_first_relu=*/true), true);
+  expect_located(*s.ev, s.x, s.sc, s.search(/*skip_first_layer=*/false), true);
+}
+
+TEST(FindKinks, LeavesOutFlipsAMaxPoolHides) {
+  // cnn:3,4: the second conv layer's ReLU feeds a max-pool, so only its
+  // windows' maxima matter.
+  Scanned s("cnn:3,4", {1, 8, 8}, 4, 4);
+  const SegmentEvaluator& ev = *s.ev;
+  KinkSearch ks = s.search(/*skip_first_layer=*/true);
+  expect_located(ev, s.x, s.sc, ks, true);
+
+  // Nearly every kink is one the network sees: a window's state differs
+  // just before and just after it. (One unit of a window that switches
+  // twice inside a bracket can still be located where it no longer matters.)
+  int64_t real = 0, relu_flips_hidden = 0;
+  for (const Kink& k : ks.kinks) {
+    const int64_t i = s.sc.point[s.sc.brackets[k.bracket].row_a];
+    const double d = 1e-9;
+    const bool seen = states_at(ev, s.x, i, k.t - d, 1) != states_at(ev, s.x, i, k.t + d, 1);
+    real += seen;
+  }
+  EXPECT_GE(static_cast<double>(real), 0.9 * static_cast<double>(ks.kinks.size())) << real << " of " << ks.kinks.size();
+
+  // Against the raw sign flips at the scan's bracket ends: some are hidden.
+  torch::Tensor y = s.sc.pass.preacts[1].flatten(1);
+  for (const KinkBracket& b : s.sc.brackets) {
+    relu_flips_hidden += ((y[b.row_a] > 0) != (y[b.row_b] > 0)).sum().item<int64_t>();
+  }
+  int64_t relu_kinks = 0;
+  for (const Kink& k : ks.kinks) relu_kinks += k.minus < 0;
+  EXPECT_LT(relu_kinks, relu_flips_hidden);
+
+  // Every window whose state differs at a bracket's ends has a kink of one
+  // of its units located in that bracket.
+  const int64_t pool = ev.pool_after()[1];
+  const int64_t h = y.size(0) > 0 ? s.sc.pass.preacts[1].size(2) : 0, w = s.sc.pass.preacts[1].size(3);
+  auto window_of = [&](int64_t unit) {
+    const int64_t c = unit / (h * w), r = unit % (h * w);
+    return (c * (h / pool) + (r / w) / pool) * (w / pool) + (r % w) / pool;
+  };
+  for (size_t b = 0; b < s.sc.brackets.size(); ++b) {
+    std::vector<int64_t> sa = window_states(s.sc.pass.preacts[1][s.sc.brackets[b].row_a], pool);
+    std::vector<int64_t> sb = window_states(s.sc.pass.preacts[1][s.sc.brackets[b].row_b], pool);
+    for (size_t win = 0; win < sa.size(); ++win) {
+      if (sa[win] == sb[win]) continue;
+      bool found = false;
+      for (const Kink& k : ks.kinks) found |= k.bracket == static_cast<int64_t>(b) && window_of(k.plus) == static_cast<int64_t>(win);
+      EXPECT_TRUE(found) << "bracket " << b << " window " << win;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- first_layer_kinks
+
+TEST(FirstLayerKinks, WithoutPoolingAreTheReluCrossings) {
+  Scanned s("mlp:12,10", {4}, 3, 2);
+  SegmentPass p0 = s.ev->forward(s.x, torch::zeros({3}, torch::kFloat64), false);
+  SegmentPass p1 = s.ev->forward(s.x, torch::ones({3}, torch::kFloat64), false);
+  for (int64_t i = 0; i < 3; ++i) {
+    torch::Tensor a = p0.preacts[0][i].contiguous(), b = p1.preacts[0][i].contiguous();
+    std::vector<double> va(a.data_ptr<double>(), a.data_ptr<double>() + a.numel());
+    std::vector<double> vb(b.data_ptr<double>(), b.data_ptr<double>() + b.numel());
+    EXPECT_EQ(first_layer_kinks(*s.ev, p0.preacts[0][i], p1.preacts[0][i]), affine_crossings(va, vb));
+  }
+}
+
+TEST(FirstLayerKinks, WithPoolingAreTheWindowBreaks) {
+  // Against a fine grid: each window-state change between grid points has a
+  // closed-form kink within that cell, and each kink changes some window's
+  // state across it.
+  Scanned s("cnn:3", {1, 8, 8}, 3, 4);
+  const SegmentEvaluator& ev = *s.ev;
+  const int64_t fine = 2048;
+  SegmentPass p0 = ev.forward(s.x, torch::zeros({3}, torch::kFloat64), false);
+  SegmentPass p1 = ev.forward(s.x, torch::ones({3}, torch::kFloat64), false);
+  int64_t changes = 0;
+  for (int64_t i = 0; i < 3; ++i) {
+    std::vector<double> kinks = first_layer_kinks(ev, p0.preacts[0][i], p1.preacts[0][i]);
+    ASSERT_TRUE(std::is_sorted(kinks.begin(), kinks.end()));
+    for (double t : kinks) {
+      ASSERT_GT(t, 0.0);
+      ASSERT_LT(t, 1.0);
+      EXPECT_NE(states_at(ev, s.x, i, t - 1e-9, 0), states_at(ev, s.x, i, t + 1e-9, 0)) << "point " << i << " t " << t;
+    }
+    std::vector<double> grid(fine + 1);
+    for (int64_t j = 0; j <= fine; ++j) grid[j] = static_cast<double>(j) / fine;
+    SegmentPass g = ev.forward(s.x.narrow(0, i, 1).expand({fine + 1, 1, 8, 8}), torch::tensor(grid, torch::kFloat64),
+                               false);
+    std::vector<int64_t> prev = window_states(g.preacts[0][0], ev.pool_after()[0]);
+    for (int64_t j = 1; j <= fine; ++j) {
+      std::vector<int64_t> now = window_states(g.preacts[0][j], ev.pool_after()[0]);
+      if (now != prev) {
+        ++changes;
+        EXPECT_TRUE(std::any_of(kinks.begin(), kinks.end(), [&](double t) { return t >= grid[j - 1] && t <= grid[j]; }))
+            << "point " << i << ": a window changes in [" << grid[j - 1] << ", " << grid[j] << "]";
+      }
+      prev = now;
+    }
+  }
+  EXPECT_GT(changes, 5);
+}
+
+TEST(FirstLayerKinks, RejectsMismatchedShapes) {
+  Scanned s("cnn:3", {1, 8, 8}, 1, 4);
+  try {
+    first_layer_kinks(*s.ev, torch::zeros({3, 8, 8}, torch::kFloat64), torch::zeros({3, 8, 4}, torch::kFloat64));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("differ in shape"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
