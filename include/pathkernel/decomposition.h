@@ -2,16 +2,22 @@
 //
 //   f(w_N, x) = f(w_0, x) + Σ_i C_i(x) + R(x) + E(x)
 //
-// for GD and minibatch SGD with optional L2 weight decay, where
-//   C_i(x) = Σ_{s: i ∈ B_s} −(η_s/|B_s|) J̄_s(x) g_{i,s}   contribution of training point i
-//   R(x)   = Σ_s −η_s λ J̄_s(x) w_s                        regularisation
-//   E(x)   = Σ_s J̄_s(x) e_s                               rounding of the recorded updates,
-//            e_s = Δw_s + η_s (G_s + λ w_s)
-// Ensemble form (Thm. 3.6): C_i(x) = Σ_{s: i∈B_s} K_s(x, x_i) a_{i,s} with the
-// K x K kernel K_s(x, x_i) = J̄_s(x) J(w_s, x_i)^T and a_{i,s} = −(η_s/|B_s|) u_{i,s},
-// u_{i,s} = ∂ℓ_i/∂f; the contraction computes K_s a_{i,s} without forming K_s.
-// and J̄_s is certified by quadrature (features.h). Streaming: one step, one
-// chunk of test points and one chunk of training points at a time.
+// With the updates written as in update_rule.h (Δw_s = P_s(α_s d_s + κ_s b_s)
+// + ρ_s + e_s, d_s = G_s + λ_c w_s):
+//   C_i(x) = Σ_{r: i ∈ B_r} A_r(x) g_{i,r} / |B_r|      contribution of training point i
+//   R(x)   = Σ_r (λ_c A_r(x) w_r + J̄_r(x) ρ_r)         regularisation (weight decay)
+//   E(x)   = the rounding of the recorded updates and buffers
+// where A_r = Σ_{s ≥ r} J̄_s Q_{s,r} collects every later step a gradient of
+// step r moves. For gd and sgd A_r = −η_r J̄_r and the path is walked forward;
+// with a buffer (momentum, nesterov, adam, adamw) A_r is accumulated walking
+// the path backwards (one K x P matrix per test point, never one buffer per
+// training point).
+// Ensemble form (Thm. 3.6, gd and sgd): C_i(x) = Σ_{s: i∈B_s} K_s(x, x_i) a_{i,s}
+// with the K x K kernel K_s(x, x_i) = J̄_s(x) J(w_s, x_i)^T and
+// a_{i,s} = −(η_s/|B_s|) u_{i,s}, u_{i,s} = ∂ℓ_i/∂f; the contraction computes
+// K_s a_{i,s} without forming K_s. J̄_s is certified by quadrature
+// (features.h). Streaming: one step, one chunk of test points and one chunk
+// of training points at a time.
 #pragma once
 
 #include <torch/torch.h>
@@ -29,6 +35,11 @@ struct DecompositionOptions {
   /// Also accumulate the kernel Σ_{s: i∈B_s} K_s(x, x_i) (K extra
   /// backprops per training point and step; n·M·K·K doubles).
   bool kernel = false;
+  /// Walk the path backwards with dense test-side accumulators (MATH.md §4).
+  /// Always so for optimizers with a buffer (momentum, nesterov, adam,
+  /// adamw); for gd and sgd it is an independent second route to the same
+  /// decomposition.
+  bool reverse = false;
 };
 
 /// Shapes: n test points, M training points, K outputs.
@@ -57,7 +68,8 @@ struct Decomposition {
 };
 
 /// Decomposes the run's final outputs on test inputs x [n, *input_shape].
-/// Throws Error for optimizers other than gd and sgd.
+/// Every optimizer of optimizer.h is supported (update_rule.h); the kernel
+/// output only for gd and sgd.
 Decomposition decompose(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options);
 
 }  // namespace pathkernel

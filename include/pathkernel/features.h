@@ -84,6 +84,15 @@ torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, 
 /// <J̄_k(x_n), g_i> for every test point n, training row i and output k: [n, B, K].
 torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const TrainSignals& t);
 
+/// J̄ as dense per-point matrices in the flat parameter order: [n, K, P].
+torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f);
+
+/// <A_k(x_n), g_i> for dense test-side matrices A [n, K, P] (flat parameter
+/// order) and every training row i of t: [n, B, K]. Per-sample gradients are
+/// never formed for Linear layers (δ_iᵀ A a_i); Conv2d layers use their small
+/// per-sample weight gradients.
+torch::Tensor contract_dense(const SegmentEvaluator& ev, const torch::Tensor& a, const TrainSignals& t);
+
 /// Doubles one evaluated row holds (layer inputs, pre-activations and K
 /// signals), for sizing test-point chunks.
 int64_t feature_doubles_per_row(const SegmentEvaluator& ev, const torch::Tensor& example);

@@ -1,11 +1,13 @@
 // Streaming the path to decompose the final outputs per training point.
 #include "pathkernel/decomposition.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
 #include "pathkernel/error.h"
 #include "pathkernel/progress.h"
+#include "pathkernel/update_rule.h"
 
 namespace pathkernel {
 
@@ -35,13 +37,115 @@ torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tens
   return net->forward(x.to(net->parameters()[0].scalar_type())).to(torch::kFloat64);
 }
 
+/// Test points per chunk so that `per_point` doubles of accumulators and
+/// features per test point fit in the budget.
+int64_t chunk_size(const DecompositionOptions& options, int64_t per_point, int64_t n) {
+  return std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, per_point), 1, std::max<int64_t>(1, n));
+}
+
+/// Reverse accumulation (MATH.md §4) for optimizers with a buffer. For each
+/// chunk of test points, walking s = N−1 .. 0 with one [n, K, P]
+/// accumulator Ã_s = κ_s J̄_s P_s + β Ã_{s+1}:
+///   A_s = α_s J̄_s P_s + γ_s Ã_s,  C_i += A_s g_{i,s} / |B_s|,  R += λ_c A_s w_s + J̄_s ρ_s,
+/// and, with the recorded buffers b_s and the step residuals e_s,
+///   E = Σ_s J̄_s e_s + Σ_s Ã_s (b_s − β b_{s−1} − γ_s d_s),
+/// so that completeness holds exactly up to quadrature.
+Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
+                                const UpdateRule& rule) {
+  auto t0 = std::chrono::steady_clock::now();
+  const Manifest& m = reader.manifest();
+  const torch::Tensor x = x_in.to(torch::kFloat64);
+  const torch::Tensor& x_train = reader.dataset().x_train;
+  const torch::Tensor& y_train = reader.dataset().y_train;
+  const torch::Tensor x_train64 = x_train.to(torch::kFloat64);
+  const int64_t n = x.size(0), M = x_train.size(0), K = m.num_classes, P = m.parameter_count;
+  PK_CHECK(!options.kernel, "the kernel output is built for gd and sgd runs; run '"
+                                << reader.dir() << "' used '" << m.optimizer.name << "' (turn the kernel off)");
+  Network net = build_network(m.network_options());
+  const OutputMap map = net->options().output;
+  Network net64 = build_network(m.network_options());
+  net64->to(torch::kFloat64);
+  SegmentEvaluator ev(net64);
+  const double beta = rule.beta(), lambda = rule.coupled_decay();
+
+  Decomposition d;
+  d.steps = m.steps;
+  d.f0 = outputs_at(net, reader.checkpoint(0), x);
+  d.fN = outputs_at(net, reader.checkpoint(m.checkpoints.size() - 1), x);
+  d.contributions = torch::zeros({n, M, K}, torch::kFloat64);
+  d.regularization = torch::zeros({n, K}, torch::kFloat64);
+  d.rounding = torch::zeros({n, K}, torch::kFloat64);
+
+  const int64_t rows_per_point = options.quadrature.spec.kind == QuadratureSpec::Kind::Riemann
+                                     ? options.quadrature.spec.nodes
+                                     : 8 * options.quadrature.gauss_nodes;
+  ev.set_segment(reader.checkpoint(0), torch::zeros({P}, torch::kFloat64));
+  const int64_t per_row = feature_doubles_per_row(ev, x.narrow(0, 0, std::min<int64_t>(n, 1)));
+  // Ã, A and the dense J̄ P: three K x P matrices per test point.
+  const int64_t chunk = chunk_size(options, 3 * K * P + per_row * rows_per_point, n);
+  const int64_t chunks = (n + chunk - 1) / chunk;
+
+  ProgressBar bar(m.steps * chunks, "decompose", options.progress);
+  int64_t done = 0;
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t nc = std::min(chunk, n - c0);
+    const torch::Tensor xc = x.narrow(0, c0, nc);
+    torch::Tensor acc = torch::zeros({nc, K, P}, torch::kFloat64);  // Ã_{s+1}
+    bool first = true;
+    reader.reverse([&](const PathStep& st) {
+      ev.set_segment(st.w, st.delta);
+      const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
+      const int64_t b = idx.size(0);
+      const torch::Tensor xb = x_train64.index_select(0, idx), yb = y_train.index_select(0, idx);
+      const torch::Tensor dvec = mean_gradient(net, st.w, x_train.index_select(0, idx), yb) + lambda * st.w;
+      const StepCoefficients c = rule.step(st.step, st.lr, st.w, st.state);
+      const torch::Tensor buf = rule.buffer(st.state);
+      torch::Tensor erow = torch::zeros({nc, K}, torch::kFloat64);
+      // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
+      if (buf.defined() && !first) erow -= beta * torch::matmul(acc, buf);
+      first = false;
+
+      TestFeatures f = test_features(ev, xc, options.quadrature);
+      d.evaluations += f.evaluations;
+      d.forward_evaluations += f.forward_evaluations;
+      d.kinks += f.kinks;
+      d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
+      erow += apply_features(ev, f, st.delta - UpdateRule::update(c, dvec, buf));
+      if (c.rho.defined()) d.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, c.rho));
+      torch::Tensor jp = dense_features(ev, f);  // [nc, K, P]
+      if (c.metric.defined()) jp.mul_(c.metric);
+      torch::Tensor a = c.alpha * jp;
+      if (buf.defined()) {
+        acc.mul_(beta).add_(jp, c.kappa);
+        a.add_(acc, c.gamma);
+        erow += torch::matmul(acc, buf - c.gamma * dvec);
+      }
+      jp = torch::Tensor();
+      d.rounding.narrow(0, c0, nc).add_(erow);
+      if (lambda != 0) d.regularization.narrow(0, c0, nc).add_(lambda * torch::matmul(a, st.w));
+      for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
+        const int64_t nr = std::min(options.train_chunk, b - r0);
+        TrainSignals ts = train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map);
+        torch::Tensor part = contract_dense(ev, a, ts) / static_cast<double>(b);  // [nc, nr, K]
+        d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
+      }
+      char status[96];
+      std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
+                    static_cast<double>(d.evaluations) / static_cast<double>(c0 * m.steps + nc * (m.steps - st.step)));
+      bar.update(++done, status);
+    });
+  }
+  bar.finish();
+  d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return d;
+}
+
 }  // namespace
 
 Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options) {
   const Manifest& m = reader.manifest();
-  PK_CHECK(m.optimizer.name == "gd" || m.optimizer.name == "sgd",
-           "the exact decomposition supports optimizers gd and sgd; run '" << reader.dir() << "' used '"
-                                                                             << m.optimizer.name << "'");
+  const UpdateRule rule(m.optimizer);  // checks the optimizer is supported
+  if (rule.has_buffer() || options.reverse) return decompose_reverse(reader, x_in, options, rule);
   auto t0 = std::chrono::steady_clock::now();
   const torch::Tensor x = x_in.to(torch::kFloat64);
   const torch::Tensor& x_train = reader.dataset().x_train;

@@ -19,6 +19,14 @@ torch::Tensor unfold(const torch::Tensor& a, const LayerDesc& d) {
   return F::unfold(a, F::UnfoldFuncOptions({d.kernel, d.kernel}).padding(d.padding));
 }
 
+/// Per-sample gradients of Conv2d layer l (weight, then bias) from training
+/// signals: [B, Cout·Cin·k·k + Cout]. They are small, so they are formed.
+torch::Tensor conv_sample_gradients(const LayerDesc& d, const TrainSignals& t, size_t l) {
+  torch::Tensor u = unfold(t.inputs[l], d);     // [B, Cin·k·k, L]
+  torch::Tensor sig = t.signals[l].flatten(2);  // [B, Cout, L]
+  return torch::cat({torch::bmm(sig, u.transpose(1, 2)).flatten(1), sig.sum(2)}, 1);
+}
+
 /// Layer l's output change for parameter direction v: layer(a; v) with v's bias.
 torch::Tensor layer_direction(const SegmentEvaluator& ev, size_t l, const torch::Tensor& a, const torch::Tensor& v) {
   const LayerDesc& d = ev.param_layers()[l].desc;
@@ -388,14 +396,59 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
       torch::Tensor dd = torch::matmul(s, t.signals[l].t());                        // [K, R, B]
       part = aggregate(f, dd * a.unsqueeze(0));                                    // [K, n, B]
     } else {
-      torch::Tensor u = unfold(t.inputs[l], d);                                    // [B, Cin·k·k, L]
-      torch::Tensor sig = t.signals[l].flatten(2);                                 // [B, Cout, L]
-      torch::Tensor g = torch::cat({torch::bmm(sig, u.transpose(1, 2)).flatten(1), sig.sum(2)}, 1);  // [B, Q]
-      part = torch::matmul(f.dense[l], g.t());                                     // [K, n, B]
+      part = torch::matmul(f.dense[l], conv_sample_gradients(d, t, l).t());         // [K, n, B]
     }
     total = total.defined() ? total + part : part;
   }
   return total.permute({1, 2, 0}).contiguous();  // [n, B, K]
+}
+
+torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f) {
+  const int64_t n = f.num_points, K = ev.num_outputs();
+  torch::Tensor out = torch::zeros({n, K, ev.parameter_count()}, f.f0.options());
+  for (size_t l = 0; l < ev.param_layers().size(); ++l) {
+    const ParamLayer& pl = ev.param_layers()[l];
+    torch::Tensor weight, bias;  // [K, n, weight_numel], [K, n, out]
+    if (f.dense.size() > l && f.dense[l].defined()) {
+      weight = f.dense[l].narrow(2, 0, pl.weight_numel);
+      bias = f.dense[l].narrow(2, pl.weight_numel, pl.bias_numel);
+    } else if (l == 0 && f.first_signal.defined()) {
+      weight = (f.first_signal.unsqueeze(3) * f.first_inputs.unsqueeze(0).unsqueeze(2)).flatten(2);
+      bias = f.first_signal;
+    } else {
+      torch::Tensor s = f.signals[l] * f.weight.view({1, -1, 1});                            // [K, R, out]
+      torch::Tensor outer = (s.unsqueeze(3) * f.inputs[l].unsqueeze(0).unsqueeze(2)).flatten(2);  // [K, R, out·in]
+      weight = torch::zeros({K, n, outer.size(2)}, s.options()).index_add_(1, f.point, outer);
+      bias = torch::zeros({K, n, s.size(2)}, s.options()).index_add_(1, f.point, s);
+    }
+    out.narrow(2, pl.weight_offset, pl.weight_numel).copy_(weight.transpose(0, 1));
+    out.narrow(2, pl.bias_offset, pl.bias_numel).copy_(bias.transpose(0, 1));
+  }
+  return out;
+}
+
+torch::Tensor contract_dense(const SegmentEvaluator& ev, const torch::Tensor& a, const TrainSignals& t) {
+  const int64_t n = a.size(0), K = a.size(1);
+  torch::Tensor total;  // [n, B, K]
+  for (size_t l = 0; l < ev.param_layers().size(); ++l) {
+    const ParamLayer& pl = ev.param_layers()[l];
+    const LayerDesc& d = pl.desc;
+    torch::Tensor bias = a.narrow(2, pl.bias_offset, pl.bias_numel);                    // [n, K, out]
+    torch::Tensor part;
+    if (d.kind == Kind::Linear) {
+      const int64_t out = pl.weight_shape[0], in = pl.weight_shape[1];
+      torch::Tensor w = a.narrow(2, pl.weight_offset, pl.weight_numel).reshape({n, K, out, in});
+      const torch::Tensor& delta = t.signals[l];                                        // [B, out]
+      torch::Tensor wa = torch::matmul(w, t.inputs[l].flatten(1).t());                  // [n, K, out, B]
+      part = torch::einsum("nkob,bo->nbk", {wa, delta}) + torch::einsum("nko,bo->nbk", {bias, delta});
+    } else {
+      torch::Tensor g = conv_sample_gradients(d, t, l);                                // [B, Q]
+      torch::Tensor block = torch::cat({a.narrow(2, pl.weight_offset, pl.weight_numel), bias}, 2);  // [n, K, Q]
+      part = torch::einsum("nkq,bq->nbk", {block, g});
+    }
+    total = total.defined() ? total + part : part;
+  }
+  return total;
 }
 
 int64_t feature_doubles_per_row(const SegmentEvaluator& ev, const torch::Tensor& example) {

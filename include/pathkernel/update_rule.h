@@ -1,0 +1,65 @@
+// Updates as linear maps of per-sample gradients (MATH.md §3).
+//
+// Every supported optimizer's step is written, in PyTorch's conventions, as
+//
+//   d_s  = G_s + λ_c w_s                        (G_s: mean batch gradient at w_s)
+//   b_s  = β b_{s−1} + γ_s d_s,  b_{−1} = 0    (the optimizer's buffer)
+//   Δw_s = P_s (α_s d_s + κ_s b_s) + ρ_s + e_s
+//
+// | optimizer     | β  | γ_s                 | α_s    | κ_s            | P_s | ρ_s       | λ_c |
+// | gd, sgd       | 0  | 0                   | −η_s   | 0              | I   | 0         | λ   |
+// | momentum      | μ  | 1 at s = 0, else 1−τ| 0      | −η_s           | I   | 0         | λ   |
+// | nesterov      | μ  | 1 at s = 0, else 1  | −η_s   | −η_s μ         | I   | 0         | λ   |
+// | adam          | β1 | 1−β1                | 0      | −η_s/(1−β1^t)  | D_s | 0         | λ   |
+// | adamw         | β1 | 1−β1                | 0      | −η_s/(1−β1^t)  | D_s | −η_s λ w_s| 0   |
+//
+// with t = s+1 Adam's step count and D_s = 1/(√v_s/√(1−β2^t) + ε) from the
+// second-moment state after step s: once the step is taken, D_s is a known
+// fixed metric. e_s is the floating-point residual of the recorded update
+// against this reconstruction.
+#pragma once
+
+#include <string>
+
+#include <torch/torch.h>
+
+#include "pathkernel/optimizer.h"
+
+namespace pathkernel {
+
+/// The coefficients of one step (see the table above).
+struct StepCoefficients {
+  double alpha = 0, kappa = 0, gamma = 0;
+  torch::Tensor metric;  ///< P_s [P]; undefined means the identity
+  torch::Tensor rho;     ///< ρ_s [P]; undefined means 0
+};
+
+class UpdateRule {
+ public:
+  /// Throws Error for an optimizer it does not know.
+  explicit UpdateRule(const OptimizerOptions& options);
+
+  /// β: how much of b_{s−1} carries into b_s (0 without a buffer).
+  double beta() const { return beta_; }
+  /// λ_c: the L2 decay coupled into the gradient.
+  double coupled_decay() const { return coupled_decay_; }
+  /// Whether the optimizer keeps a buffer b_s.
+  bool has_buffer() const { return beta_ != 0; }
+
+  /// b_s read from the optimizer state after step s, float64 [P]; undefined
+  /// without a buffer. Throws Error when the state lacks it.
+  torch::Tensor buffer(const OptimizerState& after) const;
+
+  /// Coefficients of step s, taken with rate lr from weights w_s [P], given
+  /// the optimizer state after the step.
+  StepCoefficients step(int64_t s, double lr, const torch::Tensor& w, const OptimizerState& after) const;
+
+  /// The reconstruction P_s (α_s d_s + κ_s b_s) + ρ_s (b undefined: no buffer).
+  static torch::Tensor update(const StepCoefficients& c, const torch::Tensor& d, const torch::Tensor& b);
+
+ private:
+  OptimizerOptions options_;
+  double beta_ = 0, coupled_decay_ = 0;
+};
+
+}  // namespace pathkernel
