@@ -18,11 +18,16 @@
 
 namespace pathkernel {
 
-/// Names of learning-rate schedules: constant, cosine, linear.
+/// Names of learning-rate schedules: constant, step, cosine, linear, warmup.
 std::vector<std::string> schedule_names();
 
-/// Per-step learning rates, shape [steps]: constant: lr; cosine:
-/// lr (1 + cos(pi s / N)) / 2; linear: lr (1 - s / N).
+/// Per-step learning rates, shape [steps], for a schedule spec:
+///   constant                lr
+///   step[:EVERY[:GAMMA]]    lr GAMMA^floor(s / EVERY)   (defaults: EVERY = ceil(N/3), GAMMA = 0.1)
+///   cosine                  lr (1 + cos(pi s / N)) / 2
+///   linear                  lr (1 - s / N)
+///   warmup[:STEPS]          lr min(1, (s+1) / STEPS)    (linear warm-up; default STEPS = max(1, N/10))
+/// Throws Error naming a bad spec.
 std::vector<double> learning_rate_schedule(const std::string& schedule, double lr, int64_t steps);
 
 struct TrainOptions {

@@ -67,7 +67,7 @@ void add_train_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--optimizer", r.train.optimizer.name, "Optimizer: " + joined(optimizer_names()))
       ->capture_default_str();
   cmd->add_option("--lr", args->lr, "Learning rate (default: 0.1; 0.001 for adam and adamw)");
-  cmd->add_option("--schedule", r.train.schedule, "Learning-rate schedule: constant, cosine, linear")
+  cmd->add_option("--schedule", r.train.schedule, "Learning-rate schedule: constant, step[:EVERY[:GAMMA]], cosine, linear, warmup[:STEPS]")
       ->capture_default_str();
   auto* steps = cmd->add_option("--steps", r.train.steps, "Number of optimisation steps");
   cmd->add_option("--epochs", r.train.epochs, "Number of epochs (default: 1 when --steps is not given)")

@@ -1,6 +1,7 @@
 // The training loop, schedules, batch sampling and divergence checks.
 #include "pathkernel/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -10,20 +11,71 @@
 
 namespace pathkernel {
 
-std::vector<std::string> schedule_names() { return {"constant", "cosine", "linear"}; }
+
+namespace {
+
+constexpr const char* kScheduleHelp =
+    "constant, step[:EVERY[:GAMMA]], cosine, linear, warmup[:STEPS]";
+
+/// The numeric fields after a schedule's name ("step:50:0.5" -> {50, 0.5}).
+std::vector<double> schedule_args(const std::string& schedule, const std::string& name, size_t max_args) {
+  std::vector<double> args;
+  size_t pos = name.size();
+  while (pos < schedule.size()) {
+    PK_CHECK(schedule[pos] == ':', "bad schedule '" << schedule << "': expected one of " << kScheduleHelp);
+    const size_t next = std::min(schedule.find(':', pos + 1), schedule.size());
+    const std::string field = schedule.substr(pos + 1, next - pos - 1);
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(field, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    PK_CHECK(!field.empty() && used == field.size() && std::isfinite(v),
+             "bad schedule '" << schedule << "': '" << field << "' is not a number");
+    args.push_back(v);
+    pos = next;
+  }
+  PK_CHECK(args.size() <= max_args, "bad schedule '" << schedule << "': " << name << " takes at most " << max_args
+                                                     << " numbers, got " << args.size());
+  return args;
+}
+
+bool has_name(const std::string& schedule, const std::string& name) {
+  return schedule == name || schedule.rfind(name + ":", 0) == 0;
+}
+
+}  // namespace
+
+std::vector<std::string> schedule_names() { return {"constant", "step", "cosine", "linear", "warmup"}; }
 
 std::vector<double> learning_rate_schedule(const std::string& schedule, double lr, int64_t steps) {
   std::vector<double> rates(static_cast<size_t>(steps), lr);
   const double pi = std::acos(-1.0);
-  for (int64_t s = 0; s < steps; ++s) {
-    double frac = static_cast<double>(s) / static_cast<double>(steps);
-    if (schedule == "cosine") {
-      rates[s] = lr * 0.5 * (1 + std::cos(pi * frac));
-    } else if (schedule == "linear") {
-      rates[s] = lr * (1 - frac);
-    } else {
-      PK_CHECK(schedule == "constant",
-               "unknown schedule '" << schedule << "': expected one of constant, cosine, linear");
+  if (has_name(schedule, "step")) {
+    std::vector<double> a = schedule_args(schedule, "step", 2);
+    const double every = a.size() > 0 ? a[0] : std::ceil(static_cast<double>(steps) / 3.0);
+    const double gamma = a.size() > 1 ? a[1] : 0.1;
+    PK_CHECK(every >= 1 && every == std::floor(every),
+             "bad schedule '" << schedule << "': EVERY must be a whole number of steps >= 1 (got " << every << ")");
+    PK_CHECK(gamma > 0 && gamma <= 1, "bad schedule '" << schedule << "': GAMMA must be in (0, 1] (got " << gamma << ")");
+    for (int64_t s = 0; s < steps; ++s) {
+      rates[s] = lr * std::pow(gamma, std::floor(static_cast<double>(s) / every));
+    }
+  } else if (has_name(schedule, "warmup")) {
+    std::vector<double> a = schedule_args(schedule, "warmup", 1);
+    const double warm = a.empty() ? std::max(1.0, std::floor(static_cast<double>(steps) / 10.0)) : a[0];
+    PK_CHECK(warm >= 1 && warm == std::floor(warm),
+             "bad schedule '" << schedule << "': STEPS must be a whole number >= 1 (got " << warm << ")");
+    for (int64_t s = 0; s < steps; ++s) rates[s] = lr * std::min(1.0, static_cast<double>(s + 1) / warm);
+  } else {
+    PK_CHECK(schedule == "constant" || schedule == "cosine" || schedule == "linear",
+             "unknown schedule '" << schedule << "': expected one of " << kScheduleHelp);
+    for (int64_t s = 0; s < steps; ++s) {
+      const double frac = static_cast<double>(s) / static_cast<double>(steps);
+      if (schedule == "cosine") rates[s] = lr * 0.5 * (1 + std::cos(pi * frac));
+      if (schedule == "linear") rates[s] = lr * (1 - frac);
     }
   }
   return rates;

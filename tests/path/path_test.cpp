@@ -13,6 +13,7 @@
 #include "pathkernel/path.h"
 #include "pathkernel/context.h"
 #include "pathkernel/run_writer.h"
+#include "pathkernel/trainer.h"
 
 namespace pathkernel {
 namespace {
@@ -326,3 +327,39 @@ TEST(RunDirectory, Float32RunsReplayBitForBit) {
 
 }  // namespace
 }  // namespace pathkernel
+
+namespace pathkernel::testing {
+namespace {
+
+// The rates a schedule gives are the ones recorded and the ones training
+// took: with sgd, Δw_s = −η_s G_s to rounding for the recorded η_s.
+TEST(Schedule, TrainingTakesTheRecordedRates) {
+  for (const std::string schedule : {"step:2:0.5", "warmup:3"}) {
+    TempDir dir(schedule.substr(0, 4));
+    RunOptions r = small_run(dir / "run", "sgd", 6, 2);
+    r.train.schedule = schedule;
+    train_run(r);
+    PathReader reader(r.out);
+    const std::vector<double> expect = learning_rate_schedule(schedule, r.train.optimizer.lr, 6);
+    EXPECT_EQ(reader.manifest().learning_rates, expect) << schedule;
+    EXPECT_NE(expect.front(), expect.back()) << schedule;
+    Network net = build_network(reader.manifest().network_options());
+    reader.forward([&](const PathStep& st) {
+      EXPECT_EQ(st.lr, expect[st.step]);
+      set_flat_parameters(net, st.w);
+      for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+      const torch::Tensor idx = st.batch;
+      training_loss(net->forward(reader.dataset().x_train.index_select(0, idx)),
+                    reader.dataset().y_train.index_select(0, idx), OutputMap::LogSoftmax)
+          .backward();
+      std::vector<torch::Tensor> g;
+      for (auto& p : net->parameters()) g.push_back(p.grad().reshape(-1));
+      const torch::Tensor step = -expect[st.step] * torch::cat(g);
+      EXPECT_LE((st.delta - step).abs().max().item<double>(), 4e-16 * st.w.abs().max().item<double>())
+          << schedule << " step " << st.step;
+    });
+  }
+}
+
+}  // namespace
+}  // namespace pathkernel::testing

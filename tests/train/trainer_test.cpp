@@ -170,11 +170,35 @@ TEST(Schedule, MatchesItsFormulas) {
     EXPECT_DOUBLE_EQ(linear[s], 0.2 * (10 - s) / 10.0);
     EXPECT_EQ(constant[s], 0.2);
   }
-  try {
-    learning_rate_schedule("exponential", 0.1, 3);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("constant, cosine, linear"), std::string::npos);
+  // step: 0.2 for steps 0-3, 0.1 for 4-7, 0.05 for 8-9.
+  const std::vector<double> step = learning_rate_schedule("step:4:0.5", 0.2, 10);
+  const std::vector<double> step_expect{0.2, 0.2, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05};
+  for (int s = 0; s < 10; ++s) EXPECT_DOUBLE_EQ(step[s], step_expect[s]) << s;
+  // step's defaults: every ceil(10/3) = 4 steps, times 0.1.
+  EXPECT_DOUBLE_EQ(learning_rate_schedule("step", 0.2, 10)[4], 0.02);
+  EXPECT_DOUBLE_EQ(learning_rate_schedule("step", 0.2, 10)[3], 0.2);
+  // warmup: 0.05, 0.1, 0.15, 0.2, then 0.2.
+  const std::vector<double> warm = learning_rate_schedule("warmup:4", 0.2, 10);
+  for (int s = 0; s < 10; ++s) EXPECT_DOUBLE_EQ(warm[s], s < 4 ? 0.05 * (s + 1) : 0.2) << s;
+  EXPECT_DOUBLE_EQ(learning_rate_schedule("warmup", 0.2, 30)[0], 0.2 / 3);  // default: N/10 = 3 steps
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"exponential", "expected one of constant, step[:EVERY[:GAMMA]], cosine, linear, warmup[:STEPS]"},
+      {"step:0", "EVERY must be a whole number of steps >= 1 (got 0)"},
+      {"step:2.5", "EVERY must be a whole number"},
+      {"step:3:1.5", "GAMMA must be in (0, 1] (got 1.5)"},
+      {"step:3:x", "'x' is not a number"},
+      {"step:1:0.5:2", "step takes at most 2 numbers, got 3"},
+      {"warmup:-1", "STEPS must be a whole number >= 1 (got -1)"},
+      {"warmup:", "'' is not a number"},
+      {"cosine:3", "expected one of"},
+  };
+  for (const auto& [spec, message] : bad) {
+    try {
+      learning_rate_schedule(spec, 0.1, 3);
+      ADD_FAILURE() << spec << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << spec << ": " << e.what();
+    }
   }
 }
 
