@@ -43,7 +43,7 @@ void add_explain_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--top", args->top, "Proponents and opponents to list")->check(CLI::Range(1, 100000))->capture_default_str();
   args->q.add_to(cmd);
   cmd->add_option("--kernel", args->kernel,
-                  "Write kernel.npy, the summed kernel [n, M, K, K]: auto (when it takes at most 2 GiB), on, off")
+                  "Write kernel.npy, the summed kernel [n, M, K, K] of a gd or sgd run: auto (when it takes at most 2 GiB), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_option("--out", args->out, "Directory for contributions.npy and explain.json (default: RUN/explain)");
@@ -56,8 +56,10 @@ void add_explain_command(CLI::App& app, Globals& globals) {
     const Manifest& m = reader.manifest();
     const double kernel_bytes = 8.0 * static_cast<double>(idx.size(0)) * static_cast<double>(m.num_train) *
                                 static_cast<double>(m.num_classes * m.num_classes);
-    options.kernel = args->kernel == "on" || (args->kernel == "auto" && kernel_bytes <= 2.0 * (1 << 30));
-    if (args->kernel == "auto" && !options.kernel) {
+    // The summed kernel is the ensemble form of gd and sgd runs.
+    const bool kernel_form = m.optimizer.name == "gd" || m.optimizer.name == "sgd";
+    options.kernel = args->kernel == "on" || (args->kernel == "auto" && kernel_form && kernel_bytes <= 2.0 * (1 << 30));
+    if (args->kernel == "auto" && kernel_form && !options.kernel) {
       std::fprintf(stderr, "pathkernel: kernel.npy would take %.1f GiB; not written (use --kernel on to force)\n",
                    kernel_bytes / (1 << 30));
     }

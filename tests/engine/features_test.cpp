@@ -45,7 +45,8 @@ NetworkOptions options_for(const Case& c, uint64_t seed) {
   return o;
 }
 
-// <J̄_k(x_n), g_i> with a riemann:3 rule, against per-sample autograd Jacobians.
+// <J̄_k(x_n), g_i> with a riemann:3 rule, against per-sample autograd Jacobians;
+// also J̄ itself in dense form, and the dense contraction.
 TEST(Features, ContractionMatchesPerSampleAutograd) {
   for (const Case& c : kCases) {
     NetworkOptions o = options_for(c, 11);
@@ -67,6 +68,8 @@ TEST(Features, ContractionMatchesPerSampleAutograd) {
     torch::Tensor got = contract(ev, f, train_signals(ev, x_train, y_train, c.map));  // [4, 5, 3]
     torch::Tensor v = torch::randn({p}, torch::kFloat64);
     torch::Tensor got_apply = apply_features(ev, f, v);                                // [4, 3]
+    torch::Tensor dense = dense_features(ev, f);                                       // [4, 3, P]
+    torch::Tensor got_dense = contract_dense(ev, dense, train_signals(ev, x_train, y_train, c.map));
 
     Network ref = build_network(o);
     for (int64_t n = 0; n < 4; ++n) {
@@ -86,8 +89,12 @@ TEST(Features, ContractionMatchesPerSampleAutograd) {
         double expect = jbar.dot(v).item<double>();
         EXPECT_NEAR(got_apply[n][k].item<double>(), expect, 1e-12 * std::max(1.0, std::abs(expect)))
             << name(c) << " J̄v, test " << n << " output " << k;
+        EXPECT_LE((dense[n][k] - jbar).abs().max().item<double>(), 1e-12 * std::max(1.0, jbar.abs().max().item<double>()))
+            << name(c) << " dense J̄, test " << n << " output " << k;
       }
     }
+    EXPECT_LE((got_dense - got).abs().max().item<double>(), 1e-12 * std::max(1.0, got.abs().max().item<double>()))
+        << name(c) << " contract_dense";
   }
 }
 
