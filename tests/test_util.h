@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <vector>
 #include <string>
 
 #include "pathkernel/error.h"
@@ -95,6 +97,18 @@ class ScopedEnv {
   bool had_old_ = false;
   std::string old_;
 };
+
+/// Flat gradient of scalar(net(x)) at flat weights w, by autograd: the slow
+/// reference the engine's tests compare against.
+inline torch::Tensor flat_grad(Network& net, const torch::Tensor& w, const torch::Tensor& x,
+                               const std::function<torch::Tensor(const torch::Tensor&)>& scalar) {
+  set_flat_parameters(net, w);
+  for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+  scalar(net->forward(x)).backward();
+  std::vector<torch::Tensor> g;
+  for (auto& p : net->parameters()) g.push_back(p.grad().reshape(-1));
+  return torch::cat(g);
+}
 
 /// A small, fast run on gaussians3: 60 training points, mlp:6.
 inline RunOptions small_run(const std::string& out, const std::string& optimizer, int64_t steps,

@@ -37,6 +37,38 @@ torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tens
   return net->forward(x.to(net->parameters()[0].scalar_type())).to(torch::kFloat64);
 }
 
+/// The decomposition's outputs before any step: f(w_0), f(w_N) and zeros.
+Decomposition start(PathReader& reader, Network& net, const torch::Tensor& x) {
+  const Manifest& m = reader.manifest();
+  const int64_t n = x.size(0), M = reader.dataset().x_train.size(0), K = m.num_classes;
+  Decomposition d;
+  d.steps = m.steps;
+  d.f0 = outputs_at(net, reader.checkpoint(0), x);
+  d.fN = outputs_at(net, reader.checkpoint(m.checkpoints.size() - 1), x);
+  d.contributions = torch::zeros({n, M, K}, torch::kFloat64);
+  d.regularization = torch::zeros({n, K}, torch::kFloat64);
+  d.rounding = torch::zeros({n, K}, torch::kFloat64);
+  return d;
+}
+
+/// A float64 copy of the run's network for the engine, which works in float64
+/// whatever the training dtype (the recorded path is float64-exact).
+Network engine_network(const Manifest& m) {
+  Network net64 = build_network(m.network_options());
+  net64->to(torch::kFloat64);
+  return net64;
+}
+
+/// Doubles of test features one test point needs (a guess at its rows).
+int64_t feature_doubles_per_point(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,
+                                  const QuadratureOptions& q) {
+  const int64_t rows_per_point = q.spec.kind == QuadratureSpec::Kind::Riemann ? q.spec.nodes
+                                 : q.spec.kind == QuadratureSpec::Kind::Dpk   ? 1
+                                                                              : 8 * q.gauss_nodes;
+  ev.set_segment(reader.checkpoint(0), torch::zeros({reader.manifest().parameter_count}, torch::kFloat64));
+  return rows_per_point * feature_doubles_per_row(ev, x.narrow(0, 0, std::min<int64_t>(x.size(0), 1)));
+}
+
 /// Test points per chunk so that `per_point` doubles of accumulators and
 /// features per test point fit in the budget.
 int64_t chunk_size(const DecompositionOptions& options, int64_t per_point, int64_t n) {
@@ -63,26 +95,13 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
                                 << reader.dir() << "' used '" << m.optimizer.name << "' (turn the kernel off)");
   Network net = build_network(m.network_options());
   const OutputMap map = net->options().output;
-  Network net64 = build_network(m.network_options());
-  net64->to(torch::kFloat64);
+  Network net64 = engine_network(m);
   SegmentEvaluator ev(net64);
   const double beta = rule.beta(), lambda = rule.coupled_decay();
-
-  Decomposition d;
-  d.steps = m.steps;
-  d.f0 = outputs_at(net, reader.checkpoint(0), x);
-  d.fN = outputs_at(net, reader.checkpoint(m.checkpoints.size() - 1), x);
-  d.contributions = torch::zeros({n, M, K}, torch::kFloat64);
-  d.regularization = torch::zeros({n, K}, torch::kFloat64);
-  d.rounding = torch::zeros({n, K}, torch::kFloat64);
-
-  const int64_t rows_per_point = options.quadrature.spec.kind == QuadratureSpec::Kind::Riemann
-                                     ? options.quadrature.spec.nodes
-                                     : 8 * options.quadrature.gauss_nodes;
-  ev.set_segment(reader.checkpoint(0), torch::zeros({P}, torch::kFloat64));
-  const int64_t per_row = feature_doubles_per_row(ev, x.narrow(0, 0, std::min<int64_t>(n, 1)));
+  Decomposition d = start(reader, net, x);
   // Ã, A and the dense J̄ P: three K x P matrices per test point.
-  const int64_t chunk = chunk_size(options, 3 * K * P + per_row * rows_per_point, n);
+  const int64_t chunk =
+      chunk_size(options, 3 * K * P + feature_doubles_per_point(ev, reader, x, options.quadrature), n);
   const int64_t chunks = (n + chunk - 1) / chunk;
 
   ProgressBar bar(m.steps * chunks, "decompose", options.progress);
@@ -156,28 +175,11 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   // A network of our own: the reader's is busy replaying the path.
   Network net = build_network(m.network_options());
   const OutputMap map = net->options().output;
-  // The engine works in float64 whatever the training dtype: the recorded
-  // path is float64-exact.
-  Network net64 = build_network(m.network_options());
-  net64->to(torch::kFloat64);
+  Network net64 = engine_network(m);
   SegmentEvaluator ev(net64);
-
-  Decomposition d;
-  d.steps = m.steps;
-  d.f0 = outputs_at(net, reader.checkpoint(0), x);
-  d.fN = outputs_at(net, reader.checkpoint(m.checkpoints.size() - 1), x);
-  d.contributions = torch::zeros({n, M, K}, torch::kFloat64);
-  d.regularization = torch::zeros({n, K}, torch::kFloat64);
-  d.rounding = torch::zeros({n, K}, torch::kFloat64);
+  Decomposition d = start(reader, net, x);
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
-
-  const int64_t rows_per_point =
-      options.quadrature.spec.kind == QuadratureSpec::Kind::Riemann ? options.quadrature.spec.nodes
-      : options.quadrature.spec.kind == QuadratureSpec::Kind::Dpk  ? 1
-                                                                   : 8 * options.quadrature.gauss_nodes;
-  ev.set_segment(reader.checkpoint(0), torch::zeros({m.parameter_count}, torch::kFloat64));
-  const int64_t per_row = feature_doubles_per_row(ev, x.narrow(0, 0, std::min<int64_t>(n, 1)));
-  const int64_t chunk = std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, per_row * rows_per_point), 1, n);
+  const int64_t chunk = chunk_size(options, feature_doubles_per_point(ev, reader, x, options.quadrature), n);
 
   ProgressBar bar(m.steps, "decompose", options.progress);
   reader.forward([&](const PathStep& st) {

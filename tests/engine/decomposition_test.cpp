@@ -10,16 +10,7 @@
 namespace pathkernel {
 namespace {
 
-/// Flat gradient of scalar(net(x)) at flat weights w.
-torch::Tensor flat_grad(Network& net, const torch::Tensor& w, const torch::Tensor& x,
-                        const std::function<torch::Tensor(const torch::Tensor&)>& scalar) {
-  set_flat_parameters(net, w);
-  for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
-  scalar(net->forward(x)).backward();
-  std::vector<torch::Tensor> g;
-  for (auto& p : net->parameters()) g.push_back(p.grad().reshape(-1));
-  return torch::cat(g);
-}
+using testing::flat_grad;
 
 RunOptions buffered_run(const std::string& dir, const std::string& optimizer, int64_t steps) {
   RunOptions r = testing::small_run(dir, optimizer, steps, 3);
