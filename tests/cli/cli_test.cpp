@@ -197,6 +197,39 @@ TEST(Cli, ExplainWritesExactPerTrainingPointContributions) {
   EXPECT_LT((single - c).abs().max().item<double>(), 1e-12 * c.abs().max().item<double>());
 }
 
+TEST(Cli, MomentumExplainAndGram) {
+  testing::TempDir dir("momentum");
+  std::string r = dir / "R";
+  ASSERT_EQ(run("train --data gaussians3 --train-size 90 --model mlp:8 --optimizer momentum --batch 30 --lr 0.05 "
+                "--weight-decay 0.01 --schedule warmup:3 --steps 6 --quiet --out " + r).status, 0);
+  // explain takes the reverse route; the kernel output is for gd and sgd only.
+  Output e = run("explain " + r + " --test-index 1 --quiet --out " + (dir / "ex"));
+  ASSERT_EQ(e.status, 0) << e.out;
+  EXPECT_FALSE(std::filesystem::exists(dir / "ex/kernel.npy"));
+  nlohmann::json j = nlohmann::json::parse(read_file(dir / "ex/explain.json"));
+  EXPECT_LE(j["points"][0]["completeness_error"].get<double>(), 1e-12);
+  EXPECT_GT(std::abs(j["points"][0]["regularization"][0].get<double>()), 0.0);
+  Output forced = run("explain " + r + " --test-index 1 --kernel on --quiet --out " + (dir / "ex2"));
+  EXPECT_NE(forced.status, 0);
+  EXPECT_CONTAINS(forced.out, "kernel output is built for gd and sgd");
+
+  // gram: a symmetric train x train trace Gram matrix and its sidecar.
+  Output g = run("gram " + r + " --kernel dpk --rows train --cols train --row-count 10 --col-count 10 --outputs trace "
+                 "--quiet --out " + (dir / "g/dpk.npy"));
+  ASSERT_EQ(g.status, 0) << g.out;
+  torch::Tensor k = read_npy(dir / "g/dpk.npy");
+  ASSERT_EQ(k.sizes(), (std::vector<int64_t>{10, 10}));
+  EXPECT_LE((k - k.t()).abs().max().item<double>(), 1e-12 * k.abs().max().item<double>());
+  nlohmann::json side = nlohmann::json::parse(read_file(dir / "g/dpk.json"));
+  EXPECT_EQ(side["kernel"], "dpk");
+  EXPECT_EQ(side["shape"], nlohmann::json({10, 10}));
+  EXPECT_EQ(side["axes"], nlohmann::json({"row", "col"}));
+  EXPECT_EQ(side["file"], "dpk.npy");
+  Output bad = run("gram " + r + " --kernel rbf --quiet");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_CONTAINS(bad.out, "unknown kernel 'rbf'");
+}
+
 TEST(Cli, BadInputGetsAClearErrorAndANonZeroExit) {
   testing::TempDir dir("cli_errors");
   const std::vector<std::pair<std::string, std::string>> cases = {

@@ -1,0 +1,54 @@
+// Gram matrices of the kernels pathkernel compares (MATH.md §5), between two
+// sets of inputs, each either test points or training points:
+//
+//   epk     Σ_s J̄_s(x) J(w_s, x')ᵀ    for a test row x and a training column x'
+//                                       (the paper's asymmetry: the test side is
+//                                       integrated along each step, the training
+//                                       side taken at the step's start);
+//           Σ_s J(w_s, x) J(w_s, x')ᵀ for two training points
+//   dpk     Σ_s J(w_s, x) J(w_s, x')ᵀ (Domingos' discrete path kernel)
+//   ntk[:S] J(w_S, x) J(w_S, x')ᵀ       (the empirical NTK at step S, default N)
+//   ntk-inf the infinite-width NTK of a fully-connected ReLU network of the
+//           run's depth (infinite_width.h), times the K x K identity
+//
+// Sums run over every step of the path. Blocks of rows and columns are
+// contracted with the structured contractions of features.h: no per-sample
+// Jacobian is formed.
+#pragma once
+
+#include <string>
+
+#include <torch/torch.h>
+
+#include "pathkernel/features.h"
+#include "pathkernel/path.h"
+
+namespace pathkernel {
+
+struct GramSpec {
+  enum class Kind { Epk, Dpk, Ntk, NtkInfinite };
+  Kind kind = Kind::Epk;
+  int64_t step = -1;  ///< ntk: the step S (−1: the last, N)
+
+  /// Parses epk, dpk, ntk, ntk:S, ntk-inf. Throws Error naming a bad spec.
+  static GramSpec parse(const std::string& text);
+  std::string str() const;
+};
+
+struct GramOptions {
+  GramSpec kernel;
+  QuadratureOptions quadrature;  ///< for epk's test side
+  double bias_scale = 0.0;       ///< ntk-inf: β
+  bool trace = false;            ///< Σ_k K[.., k, k] instead of the K x K blocks
+  int64_t block = 256;           ///< rows and columns per contraction
+  bool progress = true;
+};
+
+/// The Gram matrix between `rows` [R, ...] and `cols` [C, ...]; *_test says
+/// whether a side is test points. Returns [R, C, K, K], or [R, C] with trace.
+/// Throws Error for epk between two test sets (not built) and for ntk-inf on
+/// a model that is not a ReLU MLP.
+torch::Tensor gram(PathReader& reader, const torch::Tensor& rows, bool rows_test, const torch::Tensor& cols,
+                   bool cols_test, const GramOptions& options);
+
+}  // namespace pathkernel

@@ -1,0 +1,107 @@
+// Gram matrices against per-sample autograd Jacobians, their symmetry and
+// positive semi-definiteness, and their errors.
+#include <gtest/gtest.h>
+
+#include "../test_util.h"
+#include "pathkernel/gram.h"
+
+namespace pathkernel {
+namespace {
+
+using testing::flat_grad;
+
+/// J(w, x) [K, P] for one input, by autograd.
+torch::Tensor jacobian(Network& net, const torch::Tensor& w, const torch::Tensor& x, int64_t K) {
+  std::vector<torch::Tensor> rows;
+  for (int64_t k = 0; k < K; ++k) rows.push_back(flat_grad(net, w, x.unsqueeze(0), [&](const torch::Tensor& f) { return f[0][k]; }));
+  return torch::stack(rows);
+}
+
+struct Small {
+  testing::TempDir dir;
+  RunOptions r;
+  std::unique_ptr<PathReader> reader;
+  torch::Tensor test, train;
+  Small() {
+    r = testing::small_run(dir / "run", "sgd", 3, 2);
+    train_run(r);
+    reader = std::make_unique<PathReader>(r.out);
+    test = reader->dataset().x_test.narrow(0, 0, 2);
+    train = reader->dataset().x_train.narrow(0, 0, 3);
+  }
+};
+
+GramOptions quiet(const std::string& kernel) {
+  GramOptions o;
+  o.kernel = GramSpec::parse(kernel);
+  o.progress = false;
+  return o;
+}
+
+TEST(Gram, DpkEpkAndNtkEqualPerSampleAutograd) {
+  Small s;
+  Network net = build_network(s.reader->manifest().network_options());
+  const int64_t K = 3;
+  torch::Tensor dpk = torch::zeros({2, 3, K, K}, torch::kFloat64), epk = torch::zeros_like(dpk);
+  s.reader->forward([&](const PathStep& st) {
+    for (int64_t r = 0; r < 2; ++r) {
+      torch::Tensor jr = jacobian(net, st.w, s.test[r], K);
+      torch::Tensor jbar = torch::zeros_like(jr);  // riemann:4 along the step
+      for (double t : {0.0, 0.25, 0.5, 0.75}) jbar += jacobian(net, st.w + t * st.delta, s.test[r], K) / 4;
+      for (int64_t c = 0; c < 3; ++c) {
+        torch::Tensor jc = jacobian(net, st.w, s.train[c], K);
+        dpk[r][c] += torch::matmul(jr, jc.t());
+        epk[r][c] += torch::matmul(jbar, jc.t());
+      }
+    }
+  });
+  torch::Tensor w1 = s.reader->weights(1), ntk = torch::zeros_like(dpk);
+  for (int64_t r = 0; r < 2; ++r) {
+    for (int64_t c = 0; c < 3; ++c) ntk[r][c] = torch::matmul(jacobian(net, w1, s.test[r], K), jacobian(net, w1, s.train[c], K).t());
+  }
+  auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return (a - b).abs().max().item<double>() <= 1e-12 * b.abs().max().item<double>();
+  };
+  EXPECT_TRUE(close(gram(*s.reader, s.test, true, s.train, false, quiet("dpk")), dpk));
+  EXPECT_TRUE(close(gram(*s.reader, s.test, true, s.train, false, quiet("ntk:1")), ntk));
+  GramOptions e = quiet("epk");
+  e.quadrature.spec = QuadratureSpec::parse("riemann:4");
+  EXPECT_TRUE(close(gram(*s.reader, s.test, true, s.train, false, e), epk));
+  // Training rows and test columns: the same kernel, transposed.
+  EXPECT_TRUE(close(gram(*s.reader, s.train, false, s.test, true, e), epk.permute({1, 0, 3, 2})));
+  // The EPK differs from the DPK (the steps are not tiny).
+  EXPECT_FALSE(close(epk, dpk));
+  // trace: Σ_k K[.., k, k].
+  GramOptions t = quiet("dpk");
+  t.trace = true;
+  EXPECT_TRUE(close(gram(*s.reader, s.test, true, s.train, false, t), dpk.diagonal(0, 2, 3).sum(2)));
+}
+
+TEST(Gram, TrainTrainKernelsAreSymmetricPositiveSemidefinite) {
+  Small s;
+  const torch::Tensor x = s.reader->dataset().x_train.narrow(0, 0, 12);
+  for (const char* kernel : {"epk", "ntk:0", "ntk-inf"}) {
+    GramOptions o = quiet(kernel);
+    o.trace = true;
+    o.block = 5;  // several blocks
+    torch::Tensor g = gram(*s.reader, x, false, x, false, o);
+    const double scale = g.abs().max().item<double>();
+    EXPECT_LE((g - g.t()).abs().max().item<double>(), 1e-12 * scale) << kernel;
+    EXPECT_GE(torch::linalg::eigvalsh(0.5 * (g + g.t()), "L").min().item<double>(), -1e-10 * scale) << kernel;
+  }
+}
+
+TEST(Gram, RefusesWhatItCannotCompute) {
+  Small s;
+  EXPECT_CONTAINS(testing::error_message([&] { gram(*s.reader, s.test, true, s.test, true, quiet("epk")); }),
+                  "between two test sets");
+  EXPECT_CONTAINS(testing::error_message([&] { GramSpec::parse("ntk:x"); }), "must be a whole number");
+  EXPECT_CONTAINS(testing::error_message([&] { GramSpec::parse("rbf"); }), "unknown kernel 'rbf'");
+  EXPECT_CONTAINS(testing::error_message([&] { gram(*s.reader, s.test, true, s.train, false, quiet("ntk:9")); }),
+                  "the run has steps 0..3");
+  EXPECT_EQ(GramSpec::parse("ntk:7").str(), "ntk:7");
+  EXPECT_EQ(GramSpec::parse("ntk-inf").str(), "ntk-inf");
+}
+
+}  // namespace
+}  // namespace pathkernel
