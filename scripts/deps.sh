@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake pkg-config
   libtorch-dev libopenblas0-pthread
-  libcli11-dev nlohmann-json3-dev zlib1g-dev libstb-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev libstb-dev libsvm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   python3-numpy
