@@ -75,6 +75,10 @@ TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, c
 /// rows of J(w_s, x_i)): K TrainSignals sharing one forward pass.
 std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const torch::Tensor& x);
 
+/// The K x K kernel blocks J̄(x_n) J(w_s, x_i)ᵀ between the features and every
+/// row of x [B, ...] at t = 0 (K backprops, one forward): [n, B, K, K].
+torch::Tensor output_kernel(const SegmentEvaluator& ev, const TestFeatures& f, const torch::Tensor& x);
+
 /// Σ_r ω_r X[:, r, ...] per test point: X [K, R, ...] -> [K, n, ...].
 torch::Tensor aggregate(const TestFeatures& f, const torch::Tensor& x);
 

@@ -37,6 +37,10 @@ struct SegmentPass {
   std::vector<torch::Tensor> preacts; ///< per param layer: y_l (rows first)
 };
 
+/// The network `options` describe, built in float64 whatever its training
+/// dtype: the engine evaluates in float64 (the recorded path is float64-exact).
+Network engine_network(NetworkOptions options);
+
 class SegmentEvaluator {
  public:
   /// `layers` and the flat order come from a built network (see model.h).

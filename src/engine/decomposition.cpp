@@ -51,14 +51,6 @@ Decomposition start(PathReader& reader, Network& net, const torch::Tensor& x) {
   return d;
 }
 
-/// A float64 copy of the run's network for the engine, which works in float64
-/// whatever the training dtype (the recorded path is float64-exact).
-Network engine_network(const Manifest& m) {
-  Network net64 = build_network(m.network_options());
-  net64->to(torch::kFloat64);
-  return net64;
-}
-
 /// Doubles of test features one test point needs (a guess at its rows).
 int64_t feature_doubles_per_point(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,
                                   const QuadratureOptions& q) {
@@ -95,7 +87,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
                                 << reader.dir() << "' used '" << m.optimizer.name << "' (turn the kernel off)");
   Network net = build_network(m.network_options());
   const OutputMap map = net->options().output;
-  Network net64 = engine_network(m);
+  Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
   const double beta = rule.beta(), lambda = rule.coupled_decay();
   Decomposition d = start(reader, net, x);
@@ -109,8 +101,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t nc = std::min(chunk, n - c0);
     const torch::Tensor xc = x.narrow(0, c0, nc);
-    torch::Tensor acc = torch::zeros({nc, K, P}, torch::kFloat64);  // Ã_{s+1}
-    bool first = true;
+    torch::Tensor acc = torch::zeros({nc, K, P}, torch::kFloat64);  // Ã_{s+1}, 0 after the last step
     reader.reverse([&](const PathStep& st) {
       ev.set_segment(st.w, st.delta);
       const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
@@ -121,8 +112,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       const torch::Tensor buf = rule.buffer(st.state);
       torch::Tensor erow = torch::zeros({nc, K}, torch::kFloat64);
       // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
-      if (buf.defined() && !first) erow -= beta * torch::matmul(acc, buf);
-      first = false;
+      if (buf.defined()) erow -= beta * torch::matmul(acc, buf);
 
       TestFeatures f = test_features(ev, xc, options.quadrature);
       d.evaluations += f.evaluations;
@@ -175,7 +165,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   // A network of our own: the reader's is busy replaying the path.
   Network net = build_network(m.network_options());
   const OutputMap map = net->options().output;
-  Network net64 = engine_network(m);
+  Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
   Decomposition d = start(reader, net, x);
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
@@ -206,15 +196,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
         torch::Tensor part = contract(ev, f, ts) * (-st.lr / static_cast<double>(b));  // [nc, nr, K]
         d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
         if (options.kernel) {
-          std::vector<TrainSignals> per_output = train_output_signals(ev, xb.narrow(0, r0, nr));
-          torch::Tensor ks = torch::stack(
-              [&] {
-                std::vector<torch::Tensor> parts;
-                for (const TrainSignals& t : per_output) parts.push_back(contract(ev, f, t));  // [nc, nr, K]
-                return parts;
-              }(),
-              3);  // [nc, nr, K, K]
-          d.kernel.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), ks);
+          d.kernel.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), output_kernel(ev, f, xb.narrow(0, r0, nr)));
         }
       }
     }

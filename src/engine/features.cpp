@@ -47,8 +47,9 @@ torch::Tensor row_dot(const SegmentEvaluator& ev, const std::vector<torch::Tenso
   return total;
 }
 
-/// Signals for every output k of a tracked pass, stacked per layer as [K, R, ...].
-std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const SegmentPass& pass) {
+/// Signals of a tracked pass for the cotangent e_k of every output k: per k,
+/// one tensor per param layer.
+std::vector<std::vector<torch::Tensor>> per_output_signals(const SegmentEvaluator& ev, const SegmentPass& pass) {
   const int64_t k_out = ev.num_outputs(), rows = pass.out.size(0);
   std::vector<std::vector<torch::Tensor>> per_k;
   for (int64_t k = 0; k < k_out; ++k) {
@@ -56,6 +57,12 @@ std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const Segment
     c.select(1, k).fill_(1);
     per_k.push_back(ev.signals(pass, c));
   }
+  return per_k;
+}
+
+/// Signals for every output k of a tracked pass, stacked per layer as [K, R, ...].
+std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const SegmentPass& pass) {
+  const std::vector<std::vector<torch::Tensor>> per_k = per_output_signals(ev, pass);
   std::vector<torch::Tensor> stacked;
   for (size_t l = 0; l < pass.preacts.size(); ++l) {
     std::vector<torch::Tensor> ks;
@@ -348,12 +355,14 @@ std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const
   std::vector<torch::Tensor> inputs;
   for (auto& a : pass.inputs) inputs.push_back(a.detach());
   std::vector<TrainSignals> out;
-  for (int64_t k = 0; k < ev.num_outputs(); ++k) {
-    torch::Tensor c = torch::zeros({x.size(0), ev.num_outputs()}, x.options());
-    c.select(1, k).fill_(1);
-    out.push_back({inputs, ev.signals(pass, c)});
-  }
+  for (std::vector<torch::Tensor>& s : per_output_signals(ev, pass)) out.push_back({inputs, std::move(s)});
   return out;
+}
+
+torch::Tensor output_kernel(const SegmentEvaluator& ev, const TestFeatures& f, const torch::Tensor& x) {
+  std::vector<torch::Tensor> parts;
+  for (const TrainSignals& t : train_output_signals(ev, x)) parts.push_back(contract(ev, f, t));  // [n, B, K]
+  return torch::stack(parts, 3);
 }
 
 torch::Tensor aggregate(const TestFeatures& f, const torch::Tensor& x) {

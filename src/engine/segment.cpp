@@ -5,6 +5,11 @@
 
 namespace pathkernel {
 
+Network engine_network(NetworkOptions options) {
+  options.dtype = torch::kFloat64;
+  return build_network(options);
+}
+
 SegmentEvaluator::SegmentEvaluator(Network& net) : layers_(net->layers()) {
   std::vector<ParamInfo> layout = parameter_layout(net);
   parameter_count_ = pathkernel::parameter_count(net);

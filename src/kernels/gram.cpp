@@ -46,18 +46,6 @@ std::string GramSpec::str() const {
   return "";
 }
 
-namespace {
-
-/// K x K blocks J_row(x_r) J(w, x_c)ᵀ for every (r, c): [R, C, K, K], where
-/// the row side is given as test features and the column side at t = 0.
-torch::Tensor block_kernel(const SegmentEvaluator& ev, const TestFeatures& f, const torch::Tensor& cols) {
-  std::vector<torch::Tensor> parts;
-  for (const TrainSignals& t : train_output_signals(ev, cols)) parts.push_back(contract(ev, f, t));  // [R, C, K]
-  return torch::stack(parts, 3);
-}
-
-}  // namespace
-
 torch::Tensor gram(PathReader& reader, const torch::Tensor& rows_in, bool rows_test, const torch::Tensor& cols_in,
                    bool cols_test, const GramOptions& options) {
   const Manifest& m = reader.manifest();
@@ -89,8 +77,7 @@ torch::Tensor gram(PathReader& reader, const torch::Tensor& rows_in, bool rows_t
   QuadratureOptions q = options.quadrature;
   if (!integrate) q.spec = QuadratureSpec::parse("dpk");
 
-  Network net64 = build_network(m.network_options());
-  net64->to(torch::kFloat64);
+  Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
   const torch::Tensor rows = rows_in.to(torch::kFloat64), cols = cols_in.to(torch::kFloat64);
   torch::Tensor out = options.trace ? torch::zeros({R, C}, torch::kFloat64) : torch::zeros({R, C, K, K}, torch::kFloat64);
@@ -102,7 +89,7 @@ torch::Tensor gram(PathReader& reader, const torch::Tensor& rows_in, bool rows_t
       TestFeatures f = test_features(ev, rows.narrow(0, r0, nr), q);
       for (int64_t c0 = 0; c0 < C; c0 += b) {
         const int64_t nc = std::min(b, C - c0);
-        torch::Tensor k = block_kernel(ev, f, cols.narrow(0, c0, nc));  // [nr, nc, K, K]
+        torch::Tensor k = output_kernel(ev, f, cols.narrow(0, c0, nc));  // [nr, nc, K, K]
         if (options.trace) k = k.diagonal(0, 2, 3).sum(2);
         out.narrow(0, r0, nr).narrow(1, c0, nc).add_(k);
       }

@@ -1,9 +1,8 @@
 // Spec parsing, network construction and the flat parameter vector.
 #include "pathkernel/model.h"
 
-#include <sstream>
-
 #include "pathkernel/error.h"
+#include "pathkernel/text.h"
 
 namespace pathkernel {
 
@@ -11,14 +10,6 @@ namespace {
 const char kGrammar[] =
     "expected mlp:H1[,H2...][:relu|tanh|gelu] or cnn:C1[,C2...], e.g. mlp:128 or cnn:8,16";
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  std::string part;
-  std::istringstream in(s);
-  while (std::getline(in, part, sep)) parts.push_back(part);
-  if (!s.empty() && s.back() == sep) parts.push_back("");
-  return parts;
-}
 
 int64_t parse_width(const std::string& text, const std::string& spec) {
   PK_CHECK(!text.empty() && text.find_first_not_of("0123456789") == std::string::npos,

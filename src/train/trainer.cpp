@@ -8,9 +8,9 @@
 
 #include "pathkernel/error.h"
 #include "pathkernel/progress.h"
+#include "pathkernel/text.h"
 
 namespace pathkernel {
-
 
 namespace {
 
@@ -19,23 +19,13 @@ constexpr const char* kScheduleHelp =
 
 /// The numeric fields after a schedule's name ("step:50:0.5" -> {50, 0.5}).
 std::vector<double> schedule_args(const std::string& schedule, const std::string& name, size_t max_args) {
+  const std::vector<std::string> fields = split(schedule, ':');
   std::vector<double> args;
-  size_t pos = name.size();
-  while (pos < schedule.size()) {
-    PK_CHECK(schedule[pos] == ':', "bad schedule '" << schedule << "': expected one of " << kScheduleHelp);
-    const size_t next = std::min(schedule.find(':', pos + 1), schedule.size());
-    const std::string field = schedule.substr(pos + 1, next - pos - 1);
-    size_t used = 0;
+  for (size_t i = 1; i < fields.size(); ++i) {
     double v = 0;
-    try {
-      v = std::stod(field, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    PK_CHECK(!field.empty() && used == field.size() && std::isfinite(v),
-             "bad schedule '" << schedule << "': '" << field << "' is not a number");
+    PK_CHECK(parse_number(fields[i], v) && std::isfinite(v),
+             "bad schedule '" << schedule << "': '" << fields[i] << "' is not a number");
     args.push_back(v);
-    pos = next;
   }
   PK_CHECK(args.size() <= max_args, "bad schedule '" << schedule << "': " << name << " takes at most " << max_args
                                                      << " numbers, got " << args.size());

@@ -1,0 +1,30 @@
+// Small text parsing shared by the spec and file readers.
+#include "pathkernel/text.h"
+
+#include <charconv>
+#include <sstream>
+
+namespace pathkernel {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(s);
+  while (std::getline(in, part, sep)) parts.push_back(part);
+  if (!s.empty() && s.back() == sep) parts.push_back("");
+  return parts;
+}
+
+bool parse_number(const std::string& text, double& value) {
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  if (begin != end && *begin == '+') {
+    ++begin;  // from_chars rejects a leading '+'
+    if (begin != end && *begin == '-') return false;
+  }
+  if (begin == end) return false;
+  const auto [ptr, ec] = std::from_chars(begin, end, value);
+  return ec == std::errc() && ptr == end;
+}
+
+}  // namespace pathkernel
