@@ -67,8 +67,7 @@ torch::Tensor gram(PathReader& reader, const torch::Tensor& rows_in, bool rows_t
   // The integrated side: epk's test rows. A test column with training rows is
   // the transpose of the same computation.
   if (spec.kind == GramSpec::Kind::Epk && cols_test && !rows_test) {
-    GramOptions swapped = options;
-    torch::Tensor t = gram(reader, cols_in, true, rows_in, false, swapped);
+    torch::Tensor t = gram(reader, cols_in, true, rows_in, false, options);
     return options.trace ? t.t().contiguous() : t.permute({1, 0, 3, 2}).contiguous();
   }
   PK_CHECK(!(spec.kind == GramSpec::Kind::Epk && rows_test && cols_test),

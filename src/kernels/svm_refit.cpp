@@ -49,11 +49,9 @@ SvmRefit svm_refit(const torch::Tensor& k_train_in, const torch::Tensor& y_in, c
 
   std::vector<svm_node> train = kernel_rows(kt);
   std::vector<svm_node*> x(static_cast<size_t>(M));
-  std::vector<double> labels(static_cast<size_t>(M));
-  for (int64_t i = 0; i < M; ++i) {
-    x[i] = &train[static_cast<size_t>(i * (M + 2))];
-    labels[i] = static_cast<double>(y[i].item<int64_t>());
-  }
+  const torch::Tensor yd = y.to(torch::kFloat64).contiguous();
+  std::vector<double> labels(yd.data_ptr<double>(), yd.data_ptr<double>() + M);
+  for (int64_t i = 0; i < M; ++i) x[i] = &train[static_cast<size_t>(i * (M + 2))];
   svm_problem prob{static_cast<int>(M), labels.data(), x.data()};
   svm_parameter param{};
   param.svm_type = C_SVC;
