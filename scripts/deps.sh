@@ -10,7 +10,7 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev zlib1g-dev libstb-dev libsvm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
-  python3-numpy
+  python3-numpy gnuplot-nox
 )
 # npm may come from outside Debian; install Debian's only when there is none.
 command -v npm > /dev/null || PACKAGES+=(nodejs npm)

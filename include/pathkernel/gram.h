@@ -6,6 +6,9 @@
 //                                       integrated along each step, the training
 //                                       side taken at the step's start);
 //           Σ_s J(w_s, x) J(w_s, x')ᵀ for two training points
+//           Σ_s ∫_0^1 J(w_s(t), x) J(w_s(t), x')ᵀ dt for two test points (the
+//                                       quadrature of the product, not the
+//                                       product of the averages)
 //   dpk     Σ_s J(w_s, x) J(w_s, x')ᵀ (Domingos' discrete path kernel)
 //   ntk[:S] J(w_S, x) J(w_S, x')ᵀ       (the empirical NTK at step S, default N)
 //   ntk-inf the infinite-width NTK of a fully-connected ReLU network of the
@@ -46,9 +49,13 @@ struct GramOptions {
 
 /// The Gram matrix between `rows` [R, ...] and `cols` [C, ...]; *_test says
 /// whether a side is test points. Returns [R, C, K, K], or [R, C] with trace.
-/// Throws Error for epk between two test sets (not built) and for ntk-inf on
-/// a model that is not a ReLU MLP.
+/// Throws Error for ntk-inf on a model that is not a ReLU MLP.
 torch::Tensor gram(PathReader& reader, const torch::Tensor& rows, bool rows_test, const torch::Tensor& cols,
                    bool cols_test, const GramOptions& options);
+
+/// The kernel of each point of x [n, ...] with itself (the diagonal of
+/// gram(reader, x, test, x, test, options), without the off-diagonal
+/// pairs): [n, K, K], or [n] with trace. The GP's test variances need it.
+torch::Tensor gram_diagonal(PathReader& reader, const torch::Tensor& x, bool test, const GramOptions& options);
 
 }  // namespace pathkernel
