@@ -22,6 +22,7 @@ void add_check_path_command(CLI::App& app, Globals& globals);
 void add_verify_command(CLI::App& app, Globals& globals);
 void add_explain_command(CLI::App& app, Globals& globals);
 void add_gram_command(CLI::App& app, Globals& globals);
+void add_experiment_command(CLI::App& app, Globals& globals);
 
 /// Test indices from --test-index LIST (comma-separated) or, when LIST is
 /// empty, the first `count`; checked against n_test. int64 [n].

@@ -1,0 +1,131 @@
+// The experiments' shared session: output directory, training, summary.
+#include "common.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/npy.h"
+#include "pathkernel/segment.h"
+
+namespace pathkernel::experiments {
+
+Session::Session(std::string name, const ExperimentOptions& options)
+    : name_(std::move(name)), options_(options), start_(std::chrono::steady_clock::now()) {
+  PK_CHECK(!options_.out.empty(), "experiment " << name_ << ": no output directory given");
+  std::filesystem::create_directories(options_.out);
+  metrics_["experiment"] = name_;
+  metrics_["quick"] = options_.quick;
+}
+
+std::string Session::path(const std::string& file) const {
+  return (std::filesystem::path(options_.out) / file).string();
+}
+
+std::string Session::train(RunOptions run) {
+  run.out = path("run");
+  run.force = true;
+  run.train.progress = options_.progress;
+  RunResult r = train_run(run);
+  const Manifest& m = r.manifest;
+  std::string batch = m.batch_size == 0 ? "full batch" : "batch " + std::to_string(m.batch_size);
+  line("Run: `" + m.data.spec + "` (" + std::to_string(m.num_train) + " train / " + std::to_string(m.num_test) +
+       " test), model `" + m.model_spec + "` (" + std::to_string(m.parameter_count) + " parameters), " +
+       m.optimizer.name + " lr " + fmt(m.optimizer.lr) + ", " + batch + ", " + std::to_string(m.steps) +
+       " steps, seed " + std::to_string(run.seed) + (m.zero_last_layer ? ", last layer zeroed at start" : "") +
+       ". Final batch loss " + fmt(r.summary.final_loss) + ", train accuracy " + fmt(r.summary.train_accuracy) +
+       ", test accuracy " + fmt(r.summary.test_accuracy) + " (training took " + fmt(r.summary.seconds) + " s).");
+  metrics_["run"] = {{"data", m.data.spec},           {"num_train", m.num_train},
+                     {"num_test", m.num_test},        {"model", m.model_spec},
+                     {"parameters", m.parameter_count}, {"optimizer", m.optimizer.name},
+                     {"lr", m.optimizer.lr},          {"batch", m.batch_size},
+                     {"steps", m.steps},              {"train_accuracy", r.summary.train_accuracy},
+                     {"test_accuracy", r.summary.test_accuracy}, {"train_seconds", r.summary.seconds}};
+  return run.out;
+}
+
+void Session::save(const std::string& file, const torch::Tensor& t) const {
+  torch::Tensor c = t.is_floating_point() ? t.to(torch::kFloat64) : t.to(torch::kInt64);
+  write_npy(path(file), c.contiguous());
+}
+
+void Session::plot(Figure figure) {
+  figures_.push_back(figure.png);
+  figure.png = path(figure.png);
+  render(figure);
+}
+
+void Session::line(const std::string& text) { lines_.push_back(text); }
+
+double Session::elapsed() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+ExperimentResult Session::finish() {
+  ExperimentResult result;
+  result.name = name_;
+  result.out = options_.out;
+  result.seconds = elapsed();
+  metrics_["seconds"] = result.seconds;
+  result.metrics = metrics_;
+  write_file_atomic(path("metrics.json"), metrics_.dump(2) + "\n");
+  std::string md = "# " + name_ + ": " + experiment_description(name_) + "\n\n";
+  md += "Command: `pathkernel experiment " + name_ + (options_.quick ? " --quick" : "") + "`" +
+        (options_.quick ? " (quick: reduced sizes, a smoke test only)" : "") + "\n\n";
+  for (const auto& l : lines_) md += l + "\n\n";
+  if (!figures_.empty()) {
+    md += "Figures:\n\n";
+    for (const auto& f : figures_) md += "![" + f + "](" + f + ")\n";
+    md += "\n";
+  }
+  md += "Total time: " + fmt(result.seconds) + " s.\n";
+  write_file_atomic(path("summary.md"), md);
+  return result;
+}
+
+OutputError output_error(const torch::Tensor& kernel, const torch::Tensor& network) {
+  PK_CHECK(kernel.sizes() == network.sizes(), "output_error: kernel outputs " << kernel.sizes()
+                                                  << " and network outputs " << network.sizes() << " differ in shape");
+  torch::Tensor err = (kernel - network).abs();
+  OutputError e;
+  e.max_abs = err.max().item<double>();
+  e.max_rel = (err / network.abs().clamp_min(1.0)).max().item<double>();
+  return e;
+}
+
+std::string fmt(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  return buf;
+}
+
+std::string scatter_script(const std::string& data, int64_t classes, const std::string& title) {
+  std::string s = "set multiplot layout 1," + std::to_string(classes) + " title '" + title + "'\n" +
+                  "set size ratio -1\nset grid\nset key top left\n" +
+                  "set xlabel 'network output f(w_N, x)'\nset ylabel 'kernel machine output'\n";
+  for (int64_t k = 0; k < classes; ++k) {
+    const std::string c = std::to_string(2 * k + 1), d = std::to_string(2 * k + 2);
+    s += "set title 'class " + std::to_string(k) + "'\n";
+    s += "plot '" + data + "' using " + c + ":" + d + " with points pt 7 ps 0.6 title 'test points', '' using " + c +
+         ":" + c + " with lines lc rgb 'gray' title 'y = x'\n";
+  }
+  return s + "unset multiplot\n";
+}
+
+Network network_at(PathReader& reader, const torch::Tensor& w) {
+  Network net = engine_network(reader.manifest().network_options());
+  set_flat_parameters(net, w);
+  return net;
+}
+
+torch::Tensor outputs(Network& net, const torch::Tensor& x) {
+  torch::NoGradGuard guard;
+  std::vector<torch::Tensor> parts;
+  for (int64_t i = 0; i < x.size(0); i += 1024) {
+    parts.push_back(net->forward(x.narrow(0, i, std::min<int64_t>(1024, x.size(0) - i)).to(torch::kFloat64)));
+  }
+  return torch::cat(parts);
+}
+
+}  // namespace pathkernel::experiments

@@ -1,0 +1,86 @@
+// What the experiments share: the output directory, training their run, the
+// kernel-vs-network error, and summary.md. Internal to src/experiments.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "pathkernel/experiment.h"
+#include "pathkernel/path.h"
+#include "pathkernel/plot.h"
+#include "pathkernel/run.h"
+
+namespace pathkernel::experiments {
+
+/// One experiment in progress: where it writes, its numbers, its summary.
+class Session {
+ public:
+  Session(std::string name, const ExperimentOptions& options);
+
+  const ExperimentOptions& options() const { return options_; }
+  bool quick() const { return options_.quick; }
+  bool progress() const { return options_.progress; }
+  /// The path of `file` in the output directory.
+  std::string path(const std::string& file) const;
+
+  /// Trains `run` into OUT/run (replacing it) and returns the run directory.
+  /// The settings and training summary go into the summary.
+  std::string train(RunOptions run);
+
+  /// Writes a tensor as OUT/file (.npy, float64 unless integral).
+  void save(const std::string& file, const torch::Tensor& t) const;
+  /// Draws a figure whose png is given relative to OUT.
+  void plot(Figure figure);
+
+  nlohmann::ordered_json& metrics() { return metrics_; }
+  /// Appends a markdown line (or paragraph) to the summary.
+  void line(const std::string& text);
+  /// Seconds since the session started.
+  double elapsed() const;
+
+  /// Writes metrics.json and summary.md; returns the result.
+  ExperimentResult finish();
+
+ private:
+  std::string name_;
+  ExperimentOptions options_;
+  nlohmann::ordered_json metrics_ = nlohmann::ordered_json::object();
+  std::vector<std::string> lines_;
+  std::vector<std::string> figures_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// The kernel machine's error against the network: max |k − f| and
+/// max |k − f| / max(1, |f|) over every entry of k, f [n, K].
+struct OutputError {
+  double max_abs = 0;
+  double max_rel = 0;
+};
+OutputError output_error(const torch::Tensor& kernel, const torch::Tensor& network);
+
+/// "%.3g"-style formatting for summaries.
+std::string fmt(double v, int digits = 3);
+
+/// The gnuplot script of a kernel-vs-network scatter: data file `data`
+/// with columns (network, kernel) per class k in columns 2k+1, 2k+2.
+std::string scatter_script(const std::string& data, int64_t classes, const std::string& title);
+
+/// The run's network in float64 at flat weights w (for evaluations).
+Network network_at(PathReader& reader, const torch::Tensor& w);
+
+/// Outputs of `net` on x in chunks, without gradients: [n, K].
+torch::Tensor outputs(Network& net, const torch::Tensor& x);
+
+// The experiments.
+ExperimentResult paper_4_1(const ExperimentOptions& options);
+ExperimentResult fig2(const ExperimentOptions& options);
+ExperimentResult fig5(const ExperimentOptions& options);
+ExperimentResult fig6(const ExperimentOptions& options);
+ExperimentResult fig7(const ExperimentOptions& options);
+ExperimentResult fig8(const ExperimentOptions& options);
+
+}  // namespace pathkernel::experiments
