@@ -61,7 +61,7 @@ ExperimentResult fig2(const ExperimentOptions& options) {
     }
     const double median = angles[c].median().item<double>();
     const double max = angles[c].max().item<double>();
-    const int64_t max_step = angles[c].max(1).values.argmax().item<int64_t>();
+    const int64_t max_step = std::get<0>(angles[c].max(1)).argmax().item<int64_t>();
     stats[names[c]] = {{"median_deg", median}, {"max_deg", max}, {"step_of_max", max_step},
                        {"median_deg_first_step", angles[c][0].median().item<double>()},
                        {"median_deg_last_step", angles[c][N - 1].median().item<double>()}};

@@ -91,7 +91,7 @@ ExperimentResult fig6(const ExperimentOptions& options) {
   f.width = 1500;
   f.height = 1200;
   std::string s = "set multiplot layout 3,3 title 'EPK value K(x, x_i)[k, y_i] per training point i, test points at "
-                  "the class means'\nset grid\nset key top left font ',8'\nset xlabel 'training index i'\n";
+                  "the class means'\nset grid\nset key top left opaque font ',8'\nset xlabel 'training index i'\n";
   const char* colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c"};
   for (int64_t j = 0; j < 3; ++j) {
     for (int64_t k = 0; k < K; ++k) {

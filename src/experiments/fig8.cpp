@@ -3,6 +3,7 @@
 // loss's slope along the line; plus the weight norm along the actual path.
 #include "common.h"
 #include "pathkernel/progress.h"
+#include "pathkernel/segment.h"
 #include "pathkernel/trainer.h"
 
 namespace pathkernel::experiments {

@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "pathkernel/files.h"
-#include "test_util.h"
+#include "../test_util.h"
 
 namespace pathkernel {
 namespace {

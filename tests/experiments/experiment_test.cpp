@@ -11,7 +11,7 @@
 #include "pathkernel/npy.h"
 #include "pathkernel/path.h"
 #include "pathkernel/segment.h"
-#include "test_util.h"
+#include "../test_util.h"
 
 namespace pathkernel {
 namespace {
