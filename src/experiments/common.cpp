@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "pathkernel/decomposition.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 #include "pathkernel/npy.h"
@@ -92,6 +93,49 @@ OutputError output_error(const torch::Tensor& kernel, const torch::Tensor& netwo
   e.max_abs = err.max().item<double>();
   e.max_rel = (err / network.abs().clamp_min(1.0)).max().item<double>();
   return e;
+}
+
+RunOptions paper_gd_run(const std::string& data, bool quick) {
+  RunOptions run;
+  run.data.spec = data;
+  if (data == "gaussians3") run.data.test_size = quick ? 12 : 100;
+  if (quick) run.data.train_size = data == "toy2d" ? 30 : 60;
+  run.model = quick ? "mlp:8" : "mlp:32";
+  run.train.optimizer.name = "gd";
+  run.train.optimizer.lr = 0.1;
+  run.train.steps = quick ? 10 : 100;
+  return run;
+}
+
+RuleComparison compare_rule(Session& session, PathReader& reader, const torch::Tensor& x, const std::string& rule) {
+  DecompositionOptions d;
+  d.quadrature.spec = QuadratureSpec::parse(rule);
+  d.progress = session.progress();
+  Decomposition dec = decompose(reader, x, d);
+  RuleComparison c;
+  c.rule = rule;
+  c.tag = rule;
+  for (char& ch : c.tag) ch = ch == ':' ? '_' : ch;
+  c.network = dec.fN;
+  c.kernel = dec.prediction();
+  c.error = output_error(c.kernel, dec.fN);
+  const double agree = (c.kernel.argmax(1) == dec.fN.argmax(1)).to(torch::kFloat64).mean().item<double>();
+  const double completeness = dec.completeness_gap().abs().max().item<double>();
+  const double evaluations = static_cast<double>(dec.evaluations) / static_cast<double>(x.size(0) * dec.steps);
+  session.save("kernel_" + c.tag + ".npy", c.kernel);
+  c.json = {{"quadrature", rule},
+            {"max_abs_error", c.error.max_abs},
+            {"max_rel_error", c.error.max_rel},
+            {"completeness_error", completeness},
+            {"predicted_class_agreement", agree},
+            {"certificate_max_gap", dec.certificate_max_gap},
+            {"evaluations_per_point_step", evaluations},
+            {"seconds", dec.seconds}};
+  session.line("- `" + rule + "`: max abs error " + fmt(c.error.max_abs) + ", max rel error " + fmt(c.error.max_rel) +
+               ", completeness error " + fmt(completeness) + ", predicted class agrees on " + fmt(100 * agree) +
+               "% of the test points, " + fmt(evaluations) + " integrand evaluations per point and step, " +
+               fmt(dec.seconds) + " s.");
+  return c;
 }
 
 std::string fmt(double v, int digits) {

@@ -62,6 +62,24 @@ struct OutputError {
 };
 OutputError output_error(const torch::Tensor& kernel, const torch::Tensor& network);
 
+/// The paper's §4.1–4.2 run on `data` (gaussians3 or toy2d): a
+/// one-hidden-layer ReLU MLP (mlp:32), full-batch GD, lr 0.1, 100 steps;
+/// gaussians3 keeps 100 test points. Quick: 30 (toy2d) or 60 training
+/// points, 12 test points, mlp:8, 10 steps.
+RunOptions paper_gd_run(const std::string& data, bool quick);
+
+/// The kernel machine against the network on x with one quadrature rule.
+struct RuleComparison {
+  std::string rule, tag;   ///< e.g. "riemann:100" and "riemann_100" (for file names)
+  torch::Tensor network;   ///< [n, K] f(w_N, x)
+  torch::Tensor kernel;    ///< [n, K] the kernel machine's prediction
+  OutputError error;
+  nlohmann::ordered_json json;  ///< the numbers, for metrics.json
+};
+
+/// Decomposes with `rule`, saves kernel_<tag>.npy and adds a summary line.
+RuleComparison compare_rule(Session& session, PathReader& reader, const torch::Tensor& x, const std::string& rule);
+
 /// "%.3g"-style formatting for summaries.
 std::string fmt(double v, int digits = 3);
 

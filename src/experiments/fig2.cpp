@@ -11,15 +11,7 @@ namespace pathkernel::experiments {
 ExperimentResult fig2(const ExperimentOptions& options) {
   Session session("fig2", options);
   const bool quick = options.quick;
-  RunOptions run;
-  run.data.spec = "gaussians3";
-  run.data.test_size = quick ? 12 : 100;
-  if (quick) run.data.train_size = 60;
-  run.model = quick ? "mlp:8" : "mlp:32";
-  run.train.optimizer.name = "gd";
-  run.train.optimizer.lr = 0.1;
-  run.train.steps = quick ? 10 : 100;
-  PathReader reader(session.train(run));
+  PathReader reader(session.train(paper_gd_run("gaussians3", quick)));
   const Manifest& m = reader.manifest();
   const torch::Tensor x = reader.dataset().x_test;
   const int64_t n = x.size(0), N = m.steps;

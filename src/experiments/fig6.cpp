@@ -8,14 +8,7 @@ namespace pathkernel::experiments {
 ExperimentResult fig6(const ExperimentOptions& options) {
   Session session("fig6", options);
   const bool quick = options.quick;
-  RunOptions run;
-  run.data.spec = "toy2d";
-  if (quick) run.data.train_size = 30;
-  run.model = quick ? "mlp:8" : "mlp:32";
-  run.train.optimizer.name = "gd";
-  run.train.optimizer.lr = 0.1;
-  run.train.steps = quick ? 10 : 100;
-  PathReader reader(session.train(run));
+  PathReader reader(session.train(paper_gd_run("toy2d", quick)));
   const Manifest& m = reader.manifest();
   const Dataset& data = reader.dataset();
   const int64_t M = data.x_train.size(0), K = m.num_classes;

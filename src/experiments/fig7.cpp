@@ -2,7 +2,6 @@
 // integral is approximated with T = 1 (the DPK), 10 and 200 Riemann nodes,
 // and with the certified adaptive Gauss–Legendre rule.
 #include "common.h"
-#include "pathkernel/decomposition.h"
 
 namespace pathkernel::experiments {
 
@@ -14,11 +13,11 @@ ExperimentResult fig7(const ExperimentOptions& options) {
   // Full-batch GD as in the paper, on a class-balanced subset so that four
   // decompositions fit in about ten minutes on two cores.
   run.data.train_size = quick ? 40 : 500;
-  run.data.test_size = quick ? 4 : 10;
+  run.data.test_size = quick ? 4 : 5;
   run.model = quick ? "cnn:2,4" : "cnn:8,16";
   run.train.optimizer.name = "gd";
   run.train.optimizer.lr = 0.1;
-  run.train.steps = quick ? 3 : 30;
+  run.train.steps = quick ? 3 : 20;
   PathReader reader(session.train(run));
   const torch::Tensor x = reader.dataset().x_test;
   const std::vector<std::string> rules{"dpk", "riemann:10", quick ? "riemann:20" : "riemann:200", "gauss"};
@@ -27,33 +26,13 @@ ExperimentResult fig7(const ExperimentOptions& options) {
   std::vector<torch::Tensor> cols;
   torch::Tensor network;
   for (const auto& rule : rules) {
-    DecompositionOptions d;
-    d.quadrature.spec = QuadratureSpec::parse(rule);
-    d.progress = options.progress;
-    Decomposition dec = decompose(reader, x, d);
-    const torch::Tensor kernel = dec.prediction();
-    network = dec.fN;
-    const OutputError e = output_error(kernel, dec.fN);
-    const double agree = (kernel.argmax(1) == dec.fN.argmax(1)).to(torch::kFloat64).mean().item<double>();
-    std::string tag = rule;
-    for (char& c : tag) if (c == ':') c = '_';
-    session.save("kernel_" + tag + ".npy", kernel);
-    header.push_back("network_" + tag);
-    header.push_back("kernel_" + tag);
-    cols.push_back(dec.fN.reshape(-1));
-    cols.push_back(kernel.reshape(-1));
-    results.push_back({{"quadrature", rule},
-                       {"max_abs_error", e.max_abs},
-                       {"max_rel_error", e.max_rel},
-                       {"predicted_class_agreement", agree},
-                       {"certificate_max_gap", dec.certificate_max_gap},
-                       {"evaluations_per_point_step",
-                        static_cast<double>(dec.evaluations) / static_cast<double>(x.size(0) * dec.steps)},
-                       {"seconds", dec.seconds}});
-    session.line("- `" + rule + "`: max abs error " + fmt(e.max_abs) + ", max rel error " + fmt(e.max_rel) +
-                 ", predicted class agrees on " + fmt(100 * agree) + "% of the test points, " +
-                 fmt(static_cast<double>(dec.evaluations) / static_cast<double>(x.size(0) * dec.steps)) +
-                 " integrand evaluations per point and step, " + fmt(dec.seconds) + " s.");
+    const RuleComparison c = compare_rule(session, reader, x, rule);
+    network = c.network;
+    header.push_back("network_" + c.tag);
+    header.push_back("kernel_" + c.tag);
+    cols.push_back(c.network.reshape(-1));
+    cols.push_back(c.kernel.reshape(-1));
+    results.push_back(c.json);
   }
   session.save("network.npy", network);
   session.metrics()["test_points"] = x.size(0);

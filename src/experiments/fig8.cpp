@@ -29,8 +29,8 @@ ExperimentResult fig8(const ExperimentOptions& options) {
   const torch::Tensor w0 = reader.weights(0), wN = reader.weights(m.steps);
   const torch::Tensor dir = wN - w0;
   const double dist = dir.norm().item<double>();
-  // α = i/20 for i = -4 .. 24: [-0.2, 1.2], with 0 and 1 exactly.
-  const int64_t lo = -4, hi = 24;
+  // α = i/D for i = lo .. hi: [-0.2, 1.2], with 0 and 1 exactly.
+  const int64_t D = 10, lo = -2, hi = 12;
   const int64_t A = hi - lo + 1;
   torch::Tensor alpha = torch::zeros({A}, torch::kFloat64), norm = torch::zeros({A}, torch::kFloat64);
   torch::Tensor loss = torch::zeros({A}, torch::kFloat64), train_acc = torch::zeros({A}, torch::kFloat64);
@@ -38,20 +38,21 @@ ExperimentResult fig8(const ExperimentOptions& options) {
   Network net = engine_network(m.network_options());
   ProgressBar bar(A, "fig8 line", options.progress);
   for (int64_t i = 0; i < A; ++i) {
-    const double a = static_cast<double>(lo + i) / 20.0;
+    const double a = static_cast<double>(lo + i) / static_cast<double>(D);
     const torch::Tensor w = a == 0.0 ? w0 : a == 1.0 ? wN : w0 + a * dir;
     set_flat_parameters(net, w);
     alpha[i] = a;
     norm[i] = w.norm().item<double>();
     // Mean training loss and its derivative along the unit direction, by autograd in chunks.
-    double total = 0, d = 0;
+    double total = 0, d = 0, correct = 0;
     const int64_t M = data.x_train.size(0);
     for (int64_t c = 0; c < M; c += 1000) {
       const int64_t nc = std::min<int64_t>(1000, M - c);
       for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
-      torch::Tensor l = training_loss(net->forward(data.x_train.narrow(0, c, nc).to(torch::kFloat64)),
-                                      data.y_train.narrow(0, c, nc), map) *
-                        (static_cast<double>(nc) / static_cast<double>(M));
+      const torch::Tensor out = net->forward(data.x_train.narrow(0, c, nc).to(torch::kFloat64));
+      const torch::Tensor y = data.y_train.narrow(0, c, nc);
+      correct += (out.argmax(1) == y).sum().item<double>();
+      torch::Tensor l = training_loss(out, y, map) * (static_cast<double>(nc) / static_cast<double>(M));
       l.backward();
       total += l.item<double>();
       std::vector<torch::Tensor> g;
@@ -60,7 +61,7 @@ ExperimentResult fig8(const ExperimentOptions& options) {
     }
     loss[i] = total;
     slope[i] = d;
-    train_acc[i] = accuracy(net, data.x_train, data.y_train);
+    train_acc[i] = correct / static_cast<double>(M);
     test_acc[i] = accuracy(net, data.x_test, data.y_test);
     bar.update(i + 1);
   }
@@ -75,7 +76,7 @@ ExperimentResult fig8(const ExperimentOptions& options) {
            {"loss_slope.npy", slope}, {"path_weight_norm.npy", path_norm}}) {
     session.save(file, t);
   }
-  const int64_t i0 = -lo, i1 = 20 - lo;
+  const int64_t i0 = -lo, i1 = D - lo;
   const double n0 = norm[i0].item<double>(), n1 = norm[i1].item<double>();
   // Monotone on [0, 1]?
   const torch::Tensor inner = norm.narrow(0, i0, i1 - i0 + 1);
@@ -97,7 +98,7 @@ ExperimentResult fig8(const ExperimentOptions& options) {
   session.metrics()["train_accuracy_wN"] = train_acc[i1].item<double>();
   session.metrics()["test_accuracy_wN"] = test_acc[i1].item<double>();
   session.metrics()["alpha_of_min_loss"] = alpha[loss.argmin()].item<double>();
-  session.line("Line: w(α) = w_0 + α(w_N − w_0) for α = −0.2, −0.15, …, 1.2 (α = 0 and 1 are w_0 and w_N exactly). "
+  session.line("Line: w(α) = w_0 + α(w_N − w_0) for α = −0.2, −0.1, …, 1.2 (α = 0 and 1 are w_0 and w_N exactly). "
                "Training loss is the mean loss over all " + std::to_string(data.x_train.size(0)) +
                " training points; slope is d loss / dα divided by |w_N − w_0|, i.e. the loss gradient along the "
                "unit direction.");
@@ -127,7 +128,7 @@ ExperimentResult fig8(const ExperimentOptions& options) {
   f.width = 1100;
   session.plot(f);
   session.line("Data: alpha.npy, weight_norm.npy, train_loss.npy, train_accuracy.npy, test_accuracy.npy, "
-               "loss_slope.npy [29]; path_weight_norm.npy [N + 1].");
+               "loss_slope.npy [15]; path_weight_norm.npy [N + 1].");
   return session.finish();
 }
 

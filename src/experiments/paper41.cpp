@@ -1,6 +1,5 @@
 // paper-4.1 (Fig. 4): the kernel machine against the network on gaussians3.
 #include "common.h"
-#include "pathkernel/decomposition.h"
 
 namespace pathkernel::experiments {
 
@@ -22,15 +21,7 @@ std::string scatter_table(const torch::Tensor& network, const torch::Tensor& ker
 ExperimentResult paper_4_1(const ExperimentOptions& options) {
   Session session("paper-4.1", options);
   const bool quick = options.quick;
-  RunOptions run;
-  run.data.spec = "gaussians3";
-  run.data.test_size = quick ? 12 : 100;
-  if (quick) run.data.train_size = 60;
-  run.model = quick ? "mlp:8" : "mlp:32";
-  run.train.optimizer.name = "gd";
-  run.train.optimizer.lr = 0.1;
-  run.train.steps = quick ? 10 : 100;
-  PathReader reader(session.train(run));
+  PathReader reader(session.train(paper_gd_run("gaussians3", quick)));
   const torch::Tensor x = reader.dataset().x_test;
   session.line("The kernel machine's prediction f(w_0, x) + Σ_i C_i(x) + R(x) + E(x) (decompose) is compared with "
                "the network's output f(w_N, x) on all " + std::to_string(x.size(0)) +
@@ -39,37 +30,18 @@ ExperimentResult paper_4_1(const ExperimentOptions& options) {
   const std::vector<std::string> rules{"gauss", quick ? "riemann:10" : "riemann:100"};
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (const auto& rule : rules) {
-    DecompositionOptions d;
-    d.quadrature.spec = QuadratureSpec::parse(rule);
-    d.progress = options.progress;
-    Decomposition dec = decompose(reader, x, d);
-    const torch::Tensor kernel = dec.prediction();
-    const OutputError e = output_error(kernel, dec.fN);
-    std::string tag = rule;
-    for (char& c : tag) if (c == ':') c = '_';
-    if (rule == rules.front()) session.save("network.npy", dec.fN);
-    session.save("kernel_" + tag + ".npy", kernel);
+    const RuleComparison c = compare_rule(session, reader, x, rule);
+    const std::string& tag = c.tag;
+    if (rule == rules.front()) session.save("network.npy", c.network);
     Figure f;
     f.png = "fig4_" + tag + ".png";
-    f.data = {{"fig4_" + tag + ".dat", scatter_table(dec.fN, kernel)}};
-    f.script = scatter_script("fig4_" + tag + ".dat", dec.fN.size(1),
-                              "kernel machine (" + rule + ") vs network, max rel. error " + fmt(e.max_rel));
+    f.data = {{"fig4_" + tag + ".dat", scatter_table(c.network, c.kernel)}};
+    f.script = scatter_script("fig4_" + tag + ".dat", c.network.size(1),
+                              "kernel machine (" + rule + ") vs network, max rel. error " + fmt(c.error.max_rel));
     f.width = 1500;
     f.height = 560;
     session.plot(f);
-    const double completeness = dec.completeness_gap().abs().max().item<double>();
-    results.push_back({{"quadrature", rule},
-                       {"max_abs_error", e.max_abs},
-                       {"max_rel_error", e.max_rel},
-                       {"completeness_error", completeness},
-                       {"certificate_max_gap", dec.certificate_max_gap},
-                       {"evaluations_per_point_step",
-                        static_cast<double>(dec.evaluations) / static_cast<double>(x.size(0) * dec.steps)},
-                       {"seconds", dec.seconds}});
-    session.line("- `" + rule + "`: max abs error " + fmt(e.max_abs) + ", max rel error " + fmt(e.max_rel) +
-                 ", completeness error " + fmt(completeness) + ", " +
-                 fmt(static_cast<double>(dec.evaluations) / static_cast<double>(x.size(0) * dec.steps)) +
-                 " integrand evaluations per point and step, " + fmt(dec.seconds) + " s.");
+    results.push_back(c.json);
   }
   session.metrics()["test_points"] = x.size(0);
   session.metrics()["results"] = results;
