@@ -1,5 +1,7 @@
 // fig6: the kernel value of every training point for test points at the
 // class means (toy2d), per output class.
+#include <cmath>
+
 #include "common.h"
 #include "pathkernel/gram.h"
 
@@ -42,18 +44,31 @@ ExperimentResult fig6(const ExperimentOptions& options) {
   // predicted-class value with the Euclidean distance to the test point.
   nlohmann::ordered_json points = nlohmann::ordered_json::array();
   const torch::Tensor predicted = fN.argmax(1);
+  // Each training point's margin at w_N: f_{y_i} − max_{k ≠ y_i} f_k.
+  const torch::Tensor f_train = outputs(netN, data.x_train);
+  const torch::Tensor own = f_train.gather(1, data.y_train.view({M, 1})).squeeze(1);
+  const torch::Tensor others = f_train.scatter(1, data.y_train.view({M, 1}), -INFINITY).amax(1);
+  const torch::Tensor margin = own - others;
+  session.save("train_margin.npy", margin);
   for (int64_t j = 0; j < 3; ++j) {
     const int64_t k = predicted[j].item<int64_t>();
     const torch::Tensor v = value[j].select(1, k);
     const torch::Tensor d = (data.x_train - means[j]).norm(2, 1);
     const torch::Tensor vc = v - v.mean(), dc = d - d.mean();
     const double corr = ((vc * dc).sum() / (vc.norm() * dc.norm())).item<double>();
+    // Within the predicted class: are points with a small margin (near the
+    // decision boundary) weighted more?
+    const torch::Tensor in_class = data.y_train == k;
+    const torch::Tensor va = v.index({in_class}), ma = margin.index({in_class});
+    const torch::Tensor vac = va - va.mean(), mac = ma - ma.mean();
+    const double corr_margin = ((vac * mac).sum() / (vac.norm() * mac.norm())).item<double>();
     std::vector<double> class_mean;
     for (int64_t c = 0; c < K; ++c) class_mean.push_back(v.index({data.y_train == c}).mean().item<double>());
     const int64_t top = v.abs().argmax().item<int64_t>();
     points.push_back({{"test_point", {means[j][0].item<double>(), means[j][1].item<double>()}},
                       {"predicted", k},
                       {"corr_value_distance", corr},
+                      {"corr_value_margin_in_class", corr_margin},
                       {"class_mean_value", class_mean},
                       {"largest_index", top},
                       {"largest_label", data.y_train[top].item<int64_t>()},
@@ -63,7 +78,8 @@ ExperimentResult fig6(const ExperimentOptions& options) {
     for (int64_t c = 0; c < K; ++c) cm += (c ? ", " : "") + fmt(class_mean[c]);
     session.line("- mean " + std::to_string(j) + " (predicted class " + std::to_string(k) +
                  "): correlation of the predicted-class kernel value with distance " + fmt(corr) +
-                 "; mean value per training class (" + cm + "); largest |value| at training point " +
+                 "; within class " + std::to_string(k) + ", correlation with the training point's margin " +
+                 fmt(corr_margin) + "; mean value per training class (" + cm + "); largest |value| at training point " +
                  std::to_string(top) + " (class " + std::to_string(data.y_train[top].item<int64_t>()) + ", value " +
                  fmt(v[top].item<double>()) + ", distance " + fmt(d[top].item<double>()) + ").");
   }
@@ -101,7 +117,7 @@ ExperimentResult fig6(const ExperimentOptions& options) {
   f.script = s + "unset multiplot\n";
   session.plot(f);
   session.line("Data: kernel.npy [3, M, K, K], kernel_values.npy [3, M, K] (value[j, i, k] = K(x_j, x_i)[k, y_i]), "
-               "network.npy and kernel_machine.npy [3, K].");
+               "network.npy and kernel_machine.npy [3, K]; train_margin.npy [M] (f_{y_i} − max_{k≠y_i} f_k at w_N).");
   return session.finish();
 }
 
