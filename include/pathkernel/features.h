@@ -54,6 +54,9 @@ struct TestFeatures {
   int64_t forward_evaluations = 0;     ///< forward-only rows: kink scan and search, piece ends
   int64_t kinks = 0;                   ///< kinks located (ReLU flips and max-pool switches)
   double certificate_gap = 0;          ///< max |J̄ dw − (f1 − f0)| / max(1, |f0|)
+  /// gauss: per test point, the sorted ends of its accepted pieces (0, the
+  /// kinks and refinement splits, 1); fixed rules: {0, 1}.
+  std::vector<std::vector<double>> breaks;
 };
 
 /// Per-sample training signals at w_s: per param layer a_i and δ_i for the
@@ -71,9 +74,20 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
                            OutputMap map);
 
-/// Training signals at t = 0 for the cotangent e_k of every output k (the
-/// rows of J(w_s, x_i)): K TrainSignals sharing one forward pass.
-std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const torch::Tensor& x);
+/// Training signals for the cotangent e_k of every output k (the rows of
+/// J(w_s + t_i dw_s, x_i)): K TrainSignals sharing one forward pass. t [B]
+/// is each row's position on the segment; undefined means t = 0.
+std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const torch::Tensor& x,
+                                               const torch::Tensor& t = {});
+
+/// The tangent kernel J_a J_bᵀ between every row a of `a` and b of `b`
+/// (both from train_output_signals): [A, B, K, K], from the layer inputs and
+/// signals (per-sample Jacobians are formed for Conv2d layers only).
+torch::Tensor tangent_kernel(const SegmentEvaluator& ev, const std::vector<TrainSignals>& a,
+                             const std::vector<TrainSignals>& b);
+
+/// The tangent kernel of each row with itself, J_r J_rᵀ: [R, K, K].
+torch::Tensor tangent_kernel_rows(const SegmentEvaluator& ev, const std::vector<TrainSignals>& a);
 
 /// The K x K kernel blocks J̄(x_n) J(w_s, x_i)ᵀ between the features and every
 /// row of x [B, ...] at t = 0 (K backprops, one forward): [n, B, K, K].

@@ -58,4 +58,18 @@ torch::Tensor gram(PathReader& reader, const torch::Tensor& rows, bool rows_test
 /// pairs): [n, K, K], or [n] with trace. The GP's test variances need it.
 torch::Tensor gram_diagonal(PathReader& reader, const torch::Tensor& x, bool test, const GramOptions& options);
 
+/// The scalar kernel the kernel methods (gp.h, svm_refit.h,
+/// kernel_regression.h) take: the mean of the K output kernels, trace / K.
+struct KernelMatrices {
+  torch::Tensor train;  ///< [M, M] between the training points
+  torch::Tensor cross;  ///< [n, M] query x training
+  torch::Tensor self;   ///< [n] each query point with itself (when asked)
+};
+
+/// The kernel matrices of `options.kernel` (trace is implied) between
+/// training points x_train [M, ...] and queries x_query [n, ...], which are
+/// test points when query_test (epk integrates their side).
+KernelMatrices kernel_matrices(PathReader& reader, const torch::Tensor& x_train, const torch::Tensor& x_query,
+                               bool query_test, GramOptions options, bool self);
+
 }  // namespace pathkernel

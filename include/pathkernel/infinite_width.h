@@ -28,6 +28,8 @@ struct InfiniteWidthKernels {
   torch::Tensor ntk;   ///< [n1, n2] Θ^{L+1}(x1_i, x2_j)
 };
 
+/// Near θ = 0 (x' ≈ x) the arccos turns the rounding of Σ_xx' into a
+/// relative error of about 1e-8: √ε, not ε.
 /// Both kernels between the rows of x1 [n1, d] and x2 [n2, d] (inputs are
 /// flattened), in float64. Throws Error on mismatched feature sizes,
 /// non-finite inputs or bad options.

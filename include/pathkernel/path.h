@@ -61,6 +61,10 @@ class PathReader {
   /// w_s for any s in [0, N], replayed from the checkpoint before it.
   torch::Tensor weights(int64_t s);
 
+  /// f(w_s, x) for inputs x [n, ...], computed as training did (in the run's
+  /// dtype), returned in float64 [n, K].
+  torch::Tensor outputs(int64_t s, const torch::Tensor& x);
+
   /// Calls fn for s = 0 .. N-1 in order. Memory: O(P).
   void forward(const std::function<void(const PathStep&)>& fn);
 

@@ -28,6 +28,9 @@ int run(int argc, char** argv) {
   add_verify_command(app, globals);
   add_explain_command(app, globals);
   add_gram_command(app, globals);
+  add_gp_command(app, globals);
+  add_refit_command(app, globals);
+  add_compare_command(app, globals);
   add_experiment_command(app, globals);
   try {
     app.parse(argc, argv);

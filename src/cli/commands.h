@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "pathkernel/decomposition.h"
+#include "pathkernel/gram.h"
 
 namespace pathkernel::cli {
 
@@ -22,6 +23,9 @@ void add_check_path_command(CLI::App& app, Globals& globals);
 void add_verify_command(CLI::App& app, Globals& globals);
 void add_explain_command(CLI::App& app, Globals& globals);
 void add_gram_command(CLI::App& app, Globals& globals);
+void add_gp_command(CLI::App& app, Globals& globals);
+void add_refit_command(CLI::App& app, Globals& globals);
+void add_compare_command(CLI::App& app, Globals& globals);
 void add_experiment_command(CLI::App& app, Globals& globals);
 
 /// Test indices from --test-index LIST (comma-separated) or, when LIST is
@@ -39,6 +43,18 @@ struct QuadratureArgs {
   void add_to(CLI::App* cmd);
   /// The checked decomposition options.
   DecompositionOptions options() const;
+};
+
+/// The point sets of the kernel-method commands (gp, refit, compare): a
+/// class-balanced subset of the training points and of the test points.
+struct KernelPointArgs {
+  int64_t train_count = 200, test_count = 100;
+  uint64_t seed = 0;
+  /// Declares --train-count, --test-count and --subset-seed on cmd.
+  void add_to(CLI::App* cmd);
+  /// The chosen indices into the training and test sets (sorted, int64).
+  torch::Tensor train_indices(const torch::Tensor& y_train) const;
+  torch::Tensor test_indices(const torch::Tensor& y_test) const;
 };
 
 /// Parses argv and runs the chosen subcommand. Returns the exit status.

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
 
 namespace pathkernel::cli {
@@ -50,6 +51,24 @@ DecompositionOptions QuadratureArgs::options() const {
   options.quadrature.gauss_nodes = gauss_nodes;
   options.progress = !quiet;
   return options;
+}
+
+void KernelPointArgs::add_to(CLI::App* cmd) {
+  cmd->add_option("--train-count", train_count, "Training points the kernel methods use (class-balanced subset)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--test-count", test_count, "Test points to predict (class-balanced subset)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--subset-seed", seed, "Seed of the class-balanced subsets")->capture_default_str();
+}
+
+torch::Tensor KernelPointArgs::train_indices(const torch::Tensor& y_train) const {
+  return balanced_subset(y_train, std::min(train_count, y_train.size(0)), seed);
+}
+
+torch::Tensor KernelPointArgs::test_indices(const torch::Tensor& y_test) const {
+  return balanced_subset(y_test, std::min(test_count, y_test.size(0)), seed);
 }
 
 }  // namespace pathkernel::cli

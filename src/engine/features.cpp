@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "pathkernel/error.h"
 #include "pathkernel/kinks.h"
@@ -143,6 +144,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   SegmentPass p1 = ev.forward(x, torch::ones({n}, opts), false);
   f.f0 = p0.out;
   f.f1 = p1.out;
+  f.breaks.assign(n, std::vector<double>{0.0, 1.0});
 
   // Fixed rules: every test point gets the same nodes.
   auto fixed_rows = [&](const QuadratureRule& rule) {
@@ -288,6 +290,8 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         const bool rounding = gap_a[p] <= 64 * kEps * scale_a[pc.point] && gap_a[p] > 0.5 * pc.parent_gap;
         if (gap_a[p] <= limit || rounding || pc.depth >= q.max_depth) {
           for (int64_t r = first[p]; r < first[p + 1]; ++r) accepted_rows.push_back(r);
+          f.breaks[pc.point].push_back(pc.a);
+          f.breaks[pc.point].push_back(pc.b);
           continue;
         }
         // Search a, nodes..., b for kinks that the scan missed.
@@ -322,6 +326,10 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     }
   }
 
+  for (std::vector<double>& b : f.breaks) {
+    std::sort(b.begin(), b.end());
+    b.erase(std::unique(b.begin(), b.end()), b.end());
+  }
   // Assemble the kept rows.
   f.inputs.assign(layers, torch::Tensor());
   f.signals.assign(layers, torch::Tensor());
@@ -350,13 +358,61 @@ TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, c
   return t;
 }
 
-std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const torch::Tensor& x) {
-  SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), true);
+std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const torch::Tensor& x,
+                                               const torch::Tensor& t) {
+  SegmentPass pass = ev.forward(x, t.defined() ? t : torch::zeros({x.size(0)}, x.options()), true);
   std::vector<torch::Tensor> inputs;
   for (auto& a : pass.inputs) inputs.push_back(a.detach());
   std::vector<TrainSignals> out;
   for (std::vector<torch::Tensor>& s : per_output_signals(ev, pass)) out.push_back({inputs, std::move(s)});
   return out;
+}
+
+namespace {
+
+/// Per output k, layer l's per-row gradient factors: Linear layers give the
+/// signals [K, R, out] and inputs [R, in]; Conv2d layers the per-sample
+/// gradients [K, R, Q] (inputs undefined).
+std::pair<torch::Tensor, torch::Tensor> layer_rows(const SegmentEvaluator& ev, const std::vector<TrainSignals>& a,
+                                                   size_t l) {
+  const LayerDesc& d = ev.param_layers()[l].desc;
+  std::vector<torch::Tensor> per_k;
+  for (const TrainSignals& t : a) {
+    per_k.push_back(d.kind == Kind::Linear ? t.signals[l].flatten(1) : conv_sample_gradients(d, t, l));
+  }
+  torch::Tensor s = torch::stack(per_k);
+  if (d.kind != Kind::Linear) return {s, torch::Tensor()};
+  return {s, a[0].inputs[l].flatten(1)};
+}
+
+}  // namespace
+
+torch::Tensor tangent_kernel(const SegmentEvaluator& ev, const std::vector<TrainSignals>& a,
+                             const std::vector<TrainSignals>& b) {
+  PK_CHECK(!a.empty() && a.size() == b.size(), "tangent_kernel: need K signal sets on both sides (got "
+                                                   << a.size() << " and " << b.size() << ")");
+  torch::Tensor total;  // [A, B, K, K]
+  for (size_t l = 0; l < ev.param_layers().size(); ++l) {
+    auto [sa, ia] = layer_rows(ev, a, l);
+    auto [sb, ib] = layer_rows(ev, b, l);
+    torch::Tensor part = torch::einsum("kaq,lbq->abkl", {sa, sb});
+    // Linear: <δ_a ⊗ [a_a, 1], δ_b ⊗ [a_b, 1]> = (δ_a·δ_b)(a_a·a_b + 1).
+    if (ia.defined()) part = part * torch::addmm(torch::ones({1}, ia.options()), ia, ib.t()).view({ia.size(0), ib.size(0), 1, 1});
+    total = total.defined() ? total + part : part;
+  }
+  return total;
+}
+
+torch::Tensor tangent_kernel_rows(const SegmentEvaluator& ev, const std::vector<TrainSignals>& a) {
+  PK_CHECK(!a.empty(), "tangent_kernel_rows: need K signal sets");
+  torch::Tensor total;  // [R, K, K]
+  for (size_t l = 0; l < ev.param_layers().size(); ++l) {
+    auto [s, in] = layer_rows(ev, a, l);
+    torch::Tensor part = torch::einsum("krq,lrq->rkl", {s, s});
+    if (in.defined()) part = part * (in.pow(2).sum(1) + 1).view({-1, 1, 1});
+    total = total.defined() ? total + part : part;
+  }
+  return total;
 }
 
 torch::Tensor output_kernel(const SegmentEvaluator& ev, const TestFeatures& f, const torch::Tensor& x) {

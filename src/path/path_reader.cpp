@@ -144,6 +144,14 @@ torch::Tensor PathReader::weights(int64_t s) {
   return result;
 }
 
+torch::Tensor PathReader::outputs(int64_t s, const torch::Tensor& x) {
+  torch::NoGradGuard no_grad;
+  Network net = build_network(manifest_.network_options());
+  const auto dtype = net->parameters()[0].scalar_type();
+  set_flat_parameters(net, weights(s).to(dtype));
+  return net->forward(x.to(dtype)).to(torch::kFloat64);
+}
+
 void PathReader::forward(const std::function<void(const PathStep&)>& fn) {
   for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
     double diff = replay_segment(k, [&](PathStep&& st) { fn(st); }, true);

@@ -1,0 +1,158 @@
+// `pathkernel gp`: Gaussian-process regression of the network's outputs on a
+// path kernel, at test points or on a 2-D grid.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/gp.h"
+#include "pathkernel/npy.h"
+
+namespace pathkernel::cli {
+
+namespace {
+
+/// An N x N grid over the training inputs' bounding box, widened by 10% on
+/// each side: [N·N, 2], the first coordinate varying fastest.
+torch::Tensor grid_over(const torch::Tensor& x_train, int64_t n) {
+  const torch::Tensor x = x_train.flatten(1).to(torch::kFloat64);
+  PK_CHECK(x.size(1) == 2, "--grid needs 2-D inputs; this run's inputs have " << x.size(1) << " features");
+  torch::Tensor lo = std::get<0>(x.min(0)), hi = std::get<0>(x.max(0)), pad = 0.1 * (hi - lo);
+  torch::Tensor a = torch::linspace(lo[0].item<double>() - pad[0].item<double>(), hi[0].item<double>() + pad[0].item<double>(), n, torch::kFloat64);
+  torch::Tensor b = torch::linspace(lo[1].item<double>() - pad[1].item<double>(), hi[1].item<double>() + pad[1].item<double>(), n, torch::kFloat64);
+  auto mesh = torch::meshgrid({b, a}, "ij");
+  return torch::stack({mesh[1].flatten(), mesh[0].flatten()}, 1).view({n * n, 2});
+}
+
+/// The fraction of rows whose argmax agrees.
+double agreement(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.argmax(1).eq(b.argmax(1)).to(torch::kFloat64).mean().item<double>();
+}
+
+}  // namespace
+
+void add_gp_command(CLI::App& app, Globals& globals) {
+  struct Args {
+    std::string run, kernel = "epk", targets = "outputs", out;
+    int64_t grid = 0, samples = 1000;
+    double noise = 0.0, bias_scale = 0.0;
+    uint64_t seed = 0;
+    KernelPointArgs points;
+    QuadratureArgs q;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "gp", "Gaussian-process regression of the network's outputs on a path kernel: posterior mean, variance and "
+            "the Monte-Carlo std of the class probabilities");
+  cmd->add_option("RUN", args->run, "Run directory")->required();
+  cmd->add_option("--kernel", args->kernel, "epk, dpk, ntk, ntk:STEP or ntk-inf")->capture_default_str();
+  cmd->add_option("--targets", args->targets, "outputs: the trained network's outputs at the training points; onehot: the labels")
+      ->check(CLI::IsMember({"outputs", "onehot"}))
+      ->capture_default_str();
+  cmd->add_option("--grid", args->grid, "Predict on an N x N grid over the inputs (2-D data) instead of test points")
+      ->check(CLI::Range(2, 1000));
+  cmd->add_option("--noise", args->noise, "Observation noise variance added to the train kernel's diagonal")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--samples", args->samples, "Monte-Carlo samples for the probabilities' std (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Seed of the Monte-Carlo samples")->capture_default_str();
+  cmd->add_option("--bias-scale", args->bias_scale, "ntk-inf: the bias scale beta")->capture_default_str();
+  args->points.add_to(cmd);
+  args->q.add_to(cmd);
+  cmd->add_option("--out", args->out, "Output directory (default: RUN/gp/<kernel>[_grid])");
+  cmd->callback([args, &globals] {
+    globals.apply();
+    const auto t0 = std::chrono::steady_clock::now();
+    GramOptions options;
+    options.kernel = GramSpec::parse(args->kernel);
+    options.quadrature = args->q.options().quadrature;
+    options.progress = !args->q.quiet;
+    options.bias_scale = args->bias_scale;
+    PathReader reader(args->run);
+    const Dataset& data = reader.dataset();
+    const torch::Tensor ti = args->points.train_indices(data.y_train);
+    const torch::Tensor x_train = data.x_train.index_select(0, ti).to(torch::kFloat64);
+    const bool on_grid = args->grid > 0;
+    torch::Tensor test_idx, x_query;
+    if (on_grid) {
+      x_query = grid_over(data.x_train, args->grid).view([&] {
+        std::vector<int64_t> s = data.x_train.sizes().vec();
+        s[0] = args->grid * args->grid;
+        return s;
+      }());
+    } else {
+      test_idx = args->points.test_indices(data.y_test);
+      x_query = data.x_test.index_select(0, test_idx).to(torch::kFloat64);
+    }
+    const int64_t steps = reader.manifest().steps;
+    torch::Tensor y = args->targets == "outputs"
+        ? reader.outputs(steps, x_train)
+        : torch::zeros({x_train.size(0), reader.manifest().num_classes}, torch::kFloat64)
+              .scatter_(1, data.y_train.index_select(0, ti).view({-1, 1}), 1.0);
+    // Grid points, like test points, are the integrated side of the epk.
+    KernelMatrices k = kernel_matrices(reader, x_train, x_query, true, options, true);
+    GpOptions gp;
+    gp.noise = args->noise;
+    gp.samples = args->samples;
+    gp.seed = args->seed;
+    GpPosterior post = gp_posterior(k.train, k.cross, k.self, y, gp);
+
+    std::string name = options.kernel.str();
+    for (char& c : name) c = c == ':' ? '_' : c;
+    const std::filesystem::path dir = args->out.empty()
+        ? std::filesystem::path(args->run) / "gp" / (name + (on_grid ? "_grid" : ""))
+        : std::filesystem::path(args->out);
+    std::filesystem::create_directories(dir);
+    write_npy((dir / "mean.npy").string(), post.mean);
+    write_npy((dir / "variance.npy").string(), post.variance);
+    if (post.prob_std.defined()) write_npy((dir / "prob_std.npy").string(), post.prob_std);
+    write_npy((dir / "points.npy").string(), x_query.flatten(1));
+    write_npy((dir / "train_indices.npy").string(), ti);
+    nlohmann::ordered_json j{{"run", args->run},
+                             {"kernel", options.kernel.str()},
+                             {"scalar_kernel", "trace / K of the K x K output kernel"},
+                             {"targets", args->targets},
+                             {"train_points", ti.size(0)},
+                             {"query", on_grid ? "grid" : "test"},
+                             {"query_points", x_query.size(0)},
+                             {"noise", args->noise},
+                             {"jitter", post.jitter},
+                             {"samples", args->samples},
+                             {"mean_prob_std", post.prob_std.defined() ? post.prob_std.mean().item<double>() : 0.0},
+                             {"negative_variances", post.variance.lt(0).sum().item<int64_t>()}};
+    std::string line;
+    if (!on_grid) {
+      write_npy((dir / "test_indices.npy").string(), test_idx);
+      const torch::Tensor labels = data.y_test.index_select(0, test_idx);
+      const torch::Tensor net = reader.outputs(steps, x_query);
+      const double acc = post.mean.argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>();
+      const double net_acc = net.argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>();
+      j["gp_accuracy"] = acc;
+      j["network_accuracy"] = net_acc;
+      j["agreement_with_network"] = agreement(post.mean, net);
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "  accuracy %.4f (network %.4f), agreement with the network %.4f", acc, net_acc,
+                    agreement(post.mean, net));
+      line = buf;
+    }
+    j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    j["files"] = {{"mean.npy", "[n, K] posterior mean"},
+                  {"variance.npy", "[n] posterior variance (the same for every output)"},
+                  {"prob_std.npy", "[n, K] std of softmax over posterior samples"},
+                  {"points.npy", "[n, d] the query inputs, flattened"},
+                  {"train_indices.npy", "indices of the training points used"}};
+    write_file_atomic((dir / "gp.json").string(), j.dump(2) + "\n");
+    std::printf("%s  gp on %s, %lld training points, %lld %s points, jitter %.3g%s\n", dir.string().c_str(),
+                options.kernel.str().c_str(), static_cast<long long>(ti.size(0)),
+                static_cast<long long>(x_query.size(0)), on_grid ? "grid" : "test", post.jitter, line.c_str());
+  });
+}
+
+}  // namespace pathkernel::cli
