@@ -8,7 +8,6 @@
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 #include "pathkernel/npy.h"
-#include "pathkernel/segment.h"
 
 namespace pathkernel::experiments {
 
@@ -155,21 +154,6 @@ std::string scatter_script(const std::string& data, int64_t classes, const std::
          ":" + c + " with lines lc rgb 'gray' title 'y = x'\n";
   }
   return s + "unset multiplot\n";
-}
-
-Network network_at(PathReader& reader, const torch::Tensor& w) {
-  Network net = engine_network(reader.manifest().network_options());
-  set_flat_parameters(net, w);
-  return net;
-}
-
-torch::Tensor outputs(Network& net, const torch::Tensor& x) {
-  torch::NoGradGuard guard;
-  std::vector<torch::Tensor> parts;
-  for (int64_t i = 0; i < x.size(0); i += 1024) {
-    parts.push_back(net->forward(x.narrow(0, i, std::min<int64_t>(1024, x.size(0) - i)).to(torch::kFloat64)));
-  }
-  return torch::cat(parts);
 }
 
 }  // namespace pathkernel::experiments

@@ -87,12 +87,6 @@ std::string fmt(double v, int digits = 3);
 /// with columns (network, kernel) per class k in columns 2k+1, 2k+2.
 std::string scatter_script(const std::string& data, int64_t classes, const std::string& title);
 
-/// The run's network in float64 at flat weights w (for evaluations).
-Network network_at(PathReader& reader, const torch::Tensor& w);
-
-/// Outputs of `net` on x in chunks, without gradients: [n, K].
-torch::Tensor outputs(Network& net, const torch::Tensor& x);
-
 // The experiments.
 ExperimentResult paper_4_1(const ExperimentOptions& options);
 ExperimentResult fig2(const ExperimentOptions& options);

