@@ -49,4 +49,12 @@ void warn_if_slow_blas();
 torch::Dtype parse_dtype(const std::string& name);
 std::string dtype_name(torch::Dtype dtype);
 
+/// Re-executes the program (argv as given) with OMP_WAIT_POLICY=PASSIVE when
+/// that variable is unset; returns only if it is set already or exec fails.
+/// LibTorch runs many small OpenMP regions, and by default idle workers
+/// spin between them: on a busy 2-core machine that spinning took the cores
+/// from the main thread and made a small explain 7x slower. The policy is
+/// read when OpenMP starts, before main(), hence the re-exec.
+void reexec_with_passive_openmp(char** argv);
+
 }  // namespace pathkernel

@@ -3,8 +3,10 @@
 #include <exception>
 
 #include "commands.h"
+#include "pathkernel/context.h"
 
 int main(int argc, char** argv) {
+  pathkernel::reexec_with_passive_openmp(argv);
   try {
     return pathkernel::cli::run(argc, argv);
   } catch (const std::exception& e) {

@@ -2,8 +2,10 @@
 #include "pathkernel/context.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "pathkernel/error.h"
@@ -71,6 +73,12 @@ std::string dtype_name(torch::Dtype dtype) {
   if (dtype == torch::kFloat64) return "float64";
   if (dtype == torch::kFloat32) return "float32";
   PK_THROW("unsupported dtype " << dtype << ": expected float64 or float32");
+}
+
+void reexec_with_passive_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  ::execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
 }
 
 }  // namespace pathkernel

@@ -14,6 +14,8 @@
 #include "pathkernel/files.h"
 #include "pathkernel/manifest.h"
 #include "pathkernel/npy.h"
+#include "pathkernel/path.h"
+#include "pathkernel/text.h"
 
 namespace pathkernel {
 namespace {
@@ -226,6 +228,52 @@ TEST(Cli, MomentumExplainAndGram) {
   EXPECT_EQ(side["axes"], nlohmann::json({"row", "col"}));
   EXPECT_EQ(side["file"], "dpk.npy");
   Output bad = run("gram " + r + " --kernel rbf --quiet");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_CONTAINS(bad.out, "unknown kernel 'rbf'");
+}
+
+TEST(Cli, GpRefitAndCompare) {
+  testing::TempDir dir("kernel_methods");
+  std::string r = dir / "R";
+  ASSERT_EQ(run("train --data toy2d --train-size 60 --test-size 30 --model mlp:8 --optimizer gd --lr 0.5 --steps 8 "
+                "--quiet --out " + r).status, 0);
+  // gp at test points: the reported accuracy is the posterior mean's, recomputed here.
+  Output g = run("gp " + r + " --train-count 40 --test-count 20 --samples 200 --quiet --out " + (dir / "gp"));
+  ASSERT_EQ(g.status, 0) << g.out;
+  torch::Tensor mean = read_npy(dir / "gp/mean.npy"), var = read_npy(dir / "gp/variance.npy");
+  torch::Tensor ps = read_npy(dir / "gp/prob_std.npy"), idx = read_npy(dir / "gp/test_indices.npy");
+  ASSERT_EQ(mean.sizes(), (std::vector<int64_t>{20, 3}));
+  ASSERT_EQ(var.sizes(), (std::vector<int64_t>{20}));
+  EXPECT_GE(var.min().item<double>(), -1e-9 * var.abs().max().item<double>());
+  EXPECT_TRUE(ps.ge(0).all().item<bool>() && ps.le(0.5).all().item<bool>());
+  nlohmann::json j = nlohmann::json::parse(read_file(dir / "gp/gp.json"));
+  torch::Tensor labels = PathReader(r).dataset().y_test.index_select(0, idx.to(torch::kLong));
+  EXPECT_NEAR(j["gp_accuracy"].get<double>(), mean.argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>(), 1e-12);
+  // On a grid: N x N points over the inputs.
+  Output grid = run("gp " + r + " --train-count 40 --grid 4 --samples 0 --quiet --out " + (dir / "grid"));
+  ASSERT_EQ(grid.status, 0) << grid.out;
+  EXPECT_EQ(read_npy(dir / "grid/points.npy").sizes(), (std::vector<int64_t>{16, 2}));
+  // The test–test EPK through gram: symmetric.
+  Output tt = run("gram " + r + " --rows test --cols test --row-count 5 --col-count 5 --outputs trace --quiet --out " + (dir / "tt.npy"));
+  ASSERT_EQ(tt.status, 0) << tt.out;
+  torch::Tensor k = read_npy(dir / "tt.npy");
+  EXPECT_LE((k - k.t()).abs().max().item<double>(), 1e-12 * k.abs().max().item<double>());
+  // refit: the SVM's accuracy beside the network's.
+  Output f = run("refit " + r + " --train-count 40 --test-count 20 --quiet --out " + (dir / "refit.json"));
+  ASSERT_EQ(f.status, 0) << f.out;
+  nlohmann::json fj = nlohmann::json::parse(read_file(dir / "refit.json"));
+  EXPECT_GE(fj["svm_accuracy"].get<double>(), 0.5);  // three well-separated classes: far above chance
+  EXPECT_CONTAINS(f.out, "on the same 20 test points");
+  // compare: the exact kernel machine agrees with the network on every point.
+  Output c = run("compare " + r + " --train-count 40 --test-count 20 --kernels epk,ntk:0 --quiet --out " + (dir / "cmp"));
+  ASSERT_EQ(c.status, 0) << c.out;
+  const std::string csv = read_file(dir / "cmp/compare.csv");
+  EXPECT_CONTAINS(csv, "kernel machine (exact),epk,");
+  const size_t at = csv.find("kernel machine (exact),epk,");
+  EXPECT_EQ(split(csv.substr(at), ',')[3], "1.0000");
+  EXPECT_CONTAINS(csv, "lazy dynamics,ntk:0,");
+  // Unknown kernels are named.
+  Output bad = run("gp " + r + " --kernel rbf --quiet");
   EXPECT_NE(bad.status, 0);
   EXPECT_CONTAINS(bad.out, "unknown kernel 'rbf'");
 }
