@@ -45,6 +45,20 @@ struct QuadratureArgs {
   DecompositionOptions options() const;
 };
 
+/// The kernel options of gram, gp and refit: --kernel, --bias-scale and the
+/// quadrature options, declared and turned into GramOptions once.
+struct KernelArgs {
+  std::string kernel = "epk";
+  double bias_scale = 0.0;
+  QuadratureArgs q;
+  /// Declares --kernel, --bias-scale and the quadrature options on cmd.
+  void add_to(CLI::App* cmd);
+  /// The checked Gram options (full K x K blocks).
+  GramOptions options() const;
+  /// The kernel's name for file names: "ntk:5" becomes "ntk_5".
+  static std::string file_stem(const GramSpec& spec);
+};
+
 /// The point sets of the kernel-method commands (gp, refit, compare): a
 /// class-balanced subset of the training points and of the test points.
 struct KernelPointArgs {

@@ -53,6 +53,27 @@ DecompositionOptions QuadratureArgs::options() const {
   return options;
 }
 
+void KernelArgs::add_to(CLI::App* cmd) {
+  cmd->add_option("--kernel", kernel, "epk, dpk, ntk (at the end), ntk:STEP or ntk-inf")->capture_default_str();
+  cmd->add_option("--bias-scale", bias_scale, "ntk-inf: the bias scale beta")->capture_default_str();
+  q.add_to(cmd);
+}
+
+GramOptions KernelArgs::options() const {
+  GramOptions options;
+  options.kernel = GramSpec::parse(kernel);
+  options.quadrature = q.options().quadrature;
+  options.progress = !q.quiet;
+  options.bias_scale = bias_scale;
+  return options;
+}
+
+std::string KernelArgs::file_stem(const GramSpec& spec) {
+  std::string name = spec.str();
+  for (char& c : name) c = c == ':' ? '_' : c;
+  return name;
+}
+
 void KernelPointArgs::add_to(CLI::App* cmd) {
   cmd->add_option("--train-count", train_count, "Training points the kernel methods use (class-balanced subset)")
       ->check(CLI::PositiveNumber)

@@ -38,19 +38,18 @@ double agreement(const torch::Tensor& a, const torch::Tensor& b) {
 
 void add_gp_command(CLI::App& app, Globals& globals) {
   struct Args {
-    std::string run, kernel = "epk", targets = "outputs", out;
+    std::string run, targets = "outputs", out;
     int64_t grid = 0, samples = 1000;
-    double noise = 0.0, bias_scale = 0.0;
+    double noise = 0.0;
     uint64_t seed = 0;
     KernelPointArgs points;
-    QuadratureArgs q;
+    KernelArgs k;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "gp", "Gaussian-process regression of the network's outputs on a path kernel: posterior mean, variance and "
             "the Monte-Carlo std of the class probabilities");
   cmd->add_option("RUN", args->run, "Run directory")->required();
-  cmd->add_option("--kernel", args->kernel, "epk, dpk, ntk, ntk:STEP or ntk-inf")->capture_default_str();
   cmd->add_option("--targets", args->targets, "outputs: the trained network's outputs at the training points; onehot: the labels")
       ->check(CLI::IsMember({"outputs", "onehot"}))
       ->capture_default_str();
@@ -63,18 +62,13 @@ void add_gp_command(CLI::App& app, Globals& globals) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Seed of the Monte-Carlo samples")->capture_default_str();
-  cmd->add_option("--bias-scale", args->bias_scale, "ntk-inf: the bias scale beta")->capture_default_str();
   args->points.add_to(cmd);
-  args->q.add_to(cmd);
+  args->k.add_to(cmd);
   cmd->add_option("--out", args->out, "Output directory (default: RUN/gp/<kernel>[_grid])");
   cmd->callback([args, &globals] {
     globals.apply();
     const auto t0 = std::chrono::steady_clock::now();
-    GramOptions options;
-    options.kernel = GramSpec::parse(args->kernel);
-    options.quadrature = args->q.options().quadrature;
-    options.progress = !args->q.quiet;
-    options.bias_scale = args->bias_scale;
+    GramOptions options = args->k.options();
     PathReader reader(args->run);
     const Dataset& data = reader.dataset();
     const torch::Tensor ti = args->points.train_indices(data.y_train);
@@ -104,8 +98,7 @@ void add_gp_command(CLI::App& app, Globals& globals) {
     gp.seed = args->seed;
     GpPosterior post = gp_posterior(k.train, k.cross, k.self, y, gp);
 
-    std::string name = options.kernel.str();
-    for (char& c : name) c = c == ':' ? '_' : c;
+    const std::string name = KernelArgs::file_stem(options.kernel);
     const std::filesystem::path dir = args->out.empty()
         ? std::filesystem::path(args->run) / "gp" / (name + (on_grid ? "_grid" : ""))
         : std::filesystem::path(args->out);

@@ -26,15 +26,13 @@ torch::Tensor first_points(int64_t count, int64_t available, const std::string& 
 
 void add_gram_command(CLI::App& app, Globals& globals) {
   struct Args {
-    std::string run, kernel = "epk", rows = "test", cols = "train", outputs = "full", out;
+    std::string run, rows = "test", cols = "train", outputs = "full", out;
     int64_t row_count = 100, col_count = 100;
-    double bias_scale = 0.0;
-    QuadratureArgs q;
+    KernelArgs k;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("gram", "Gram matrix of the EPK, DPK or NTK between test and training points");
   cmd->add_option("RUN", args->run, "Run directory")->required();
-  cmd->add_option("--kernel", args->kernel, "epk, dpk, ntk (at the end), ntk:STEP or ntk-inf")->capture_default_str();
   cmd->add_option("--rows", args->rows, "Row points: train or test")
       ->check(CLI::IsMember({"train", "test"}))
       ->capture_default_str();
@@ -46,18 +44,13 @@ void add_gram_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--outputs", args->outputs, "full: K x K blocks [R, C, K, K]; trace: their trace [R, C]")
       ->check(CLI::IsMember({"full", "trace"}))
       ->capture_default_str();
-  cmd->add_option("--bias-scale", args->bias_scale, "ntk-inf: the bias scale beta")->capture_default_str();
-  args->q.add_to(cmd);
+  args->k.add_to(cmd);
   cmd->add_option("--out", args->out, "Output .npy (default: RUN/gram/<kernel>_<rows>_<cols>.npy); a .json sidecar goes beside it");
   cmd->callback([args, &globals] {
     globals.apply();
     const auto t0 = std::chrono::steady_clock::now();
-    GramOptions options;
-    options.kernel = GramSpec::parse(args->kernel);
-    options.quadrature = args->q.options().quadrature;
-    options.progress = !args->q.quiet;
+    GramOptions options = args->k.options();
     options.trace = args->outputs == "trace";
-    options.bias_scale = args->bias_scale;
     PathReader reader(args->run);
     const Dataset& data = reader.dataset();
     const bool rows_test = args->rows == "test", cols_test = args->cols == "test";
@@ -67,8 +60,7 @@ void add_gram_command(CLI::App& app, Globals& globals) {
     const torch::Tensor ci = first_points(args->col_count, col_set.size(0), "--col-count");
     torch::Tensor g = gram(reader, row_set.index_select(0, ri), rows_test, col_set.index_select(0, ci), cols_test, options);
 
-    std::string name = options.kernel.str();
-    for (char& c : name) c = c == ':' ? '_' : c;
+    const std::string name = KernelArgs::file_stem(options.kernel);
     const std::filesystem::path out = args->out.empty()
         ? std::filesystem::path(args->run) / "gram" / (name + "_" + args->rows + "_" + args->cols + ".npy")
         : std::filesystem::path(args->out);

@@ -15,29 +15,23 @@ namespace pathkernel::cli {
 
 void add_refit_command(CLI::App& app, Globals& globals) {
   struct Args {
-    std::string run, kernel = "epk", out;
-    double c = 1.0, bias_scale = 0.0;
+    std::string run, out;
+    double c = 1.0;
     KernelPointArgs points;
-    QuadratureArgs q;
+    KernelArgs k;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "refit", "Re-learn the kernel weights with an SVM on a path kernel; report its accuracy beside the network's");
   cmd->add_option("RUN", args->run, "Run directory")->required();
-  cmd->add_option("--kernel", args->kernel, "epk, dpk, ntk, ntk:STEP or ntk-inf")->capture_default_str();
   cmd->add_option("--c", args->c, "C-SVC's cost C")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--bias-scale", args->bias_scale, "ntk-inf: the bias scale beta")->capture_default_str();
   args->points.add_to(cmd);
-  args->q.add_to(cmd);
+  args->k.add_to(cmd);
   cmd->add_option("--out", args->out, "Output JSON (default: RUN/refit/<kernel>.json)");
   cmd->callback([args, &globals] {
     globals.apply();
     const auto t0 = std::chrono::steady_clock::now();
-    GramOptions options;
-    options.kernel = GramSpec::parse(args->kernel);
-    options.quadrature = args->q.options().quadrature;
-    options.progress = !args->q.quiet;
-    options.bias_scale = args->bias_scale;
+    GramOptions options = args->k.options();
     PathReader reader(args->run);
     const Dataset& data = reader.dataset();
     const torch::Tensor ti = args->points.train_indices(data.y_train), si = args->points.test_indices(data.y_test);
@@ -51,8 +45,7 @@ void add_refit_command(CLI::App& app, Globals& globals) {
     const double acc = fraction(fit.predicted.eq(labels)), net_acc = fraction(net.eq(labels));
     const double agree = fraction(fit.predicted.eq(net));
 
-    std::string name = options.kernel.str();
-    for (char& ch : name) ch = ch == ':' ? '_' : ch;
+    const std::string name = KernelArgs::file_stem(options.kernel);
     const std::filesystem::path out =
         args->out.empty() ? std::filesystem::path(args->run) / "refit" / (name + ".json") : std::filesystem::path(args->out);
     if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
