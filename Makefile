@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 DEMO_RUN ?= runs/demo-mnist
 
-.PHONY: all deps build test demo clean
+.PHONY: all deps build test demo bench clean
 
 all: build
 
@@ -21,6 +21,13 @@ test: build
 
 demo: build
 	@bash scripts/demo.sh $(BUILD)/pathkernel $(DEMO_RUN)
+
+# The benchmark suite: Release build, every ratio side by side, bench/results.json.
+bench:
+	@bash scripts/deps.sh --bench
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPATHKERNEL_BUILD_BENCH=ON > /dev/null
+	@cmake --build $(BUILD) -j $(JOBS) --target pathkernel pathkernel_bench
+	@$(BUILD)/pathkernel_bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD)

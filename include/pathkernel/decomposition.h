@@ -40,6 +40,11 @@ struct DecompositionOptions {
   /// adamw); for gd and sgd it is an independent second route to the same
   /// decomposition.
   bool reverse = false;
+  /// Contract with the training signals and gradient the path's replay
+  /// computed anyway (PathReader::set_capture) instead of running every
+  /// batch through the network twice more. Float64 runs only (others
+  /// recompute in float64 regardless).
+  bool replay_signals = true;
 };
 
 /// Shapes: n test points, M training points, K outputs.

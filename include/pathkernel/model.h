@@ -63,13 +63,27 @@ struct NetworkOptions {
   uint64_t seed = 0;  ///< initialisation seed
 };
 
+/// What a forward pass leaves behind when traced: per parameterised layer
+/// (Linear, Conv2d) in order, its input a_l and its pre-activation output
+/// y_l, which keeps its gradient (retain_grad) so that after backward
+/// y_l.grad() is the loss's backprop signal there. Tracing changes no
+/// computed value.
+struct LayerTrace {
+  std::vector<torch::Tensor> inputs;   ///< a_l: Linear [n, in], Conv2d [n, C_in, H, W]
+  std::vector<torch::Tensor> preacts;  ///< y_l: Linear [n, out], Conv2d [n, C_out, H', W']
+};
+
 /// The network: a fixed sequence of layers described by layers().
 class NetworkImpl : public torch::nn::Module {
  public:
   explicit NetworkImpl(const NetworkOptions& options);
 
   /// x: [n, *input_shape] -> [n, num_classes] (log-probabilities or logits).
+  /// Appends to the trace set by set_trace(), if any.
   torch::Tensor forward(torch::Tensor x);
+
+  /// Traces the following forward passes into `trace` (nullptr: stop).
+  void set_trace(LayerTrace* trace) { trace_ = trace; }
 
   const std::vector<LayerDesc>& layers() const { return layers_; }
   const NetworkOptions& options() const { return options_; }
@@ -79,6 +93,7 @@ class NetworkImpl : public torch::nn::Module {
   std::vector<LayerDesc> layers_;
   std::vector<torch::nn::Linear> linears_;
   std::vector<torch::nn::Conv2d> convs_;
+  LayerTrace* trace_ = nullptr;
 };
 TORCH_MODULE(Network);
 

@@ -30,6 +30,12 @@ struct PathStep {
   torch::Tensor batch;    ///< B_s as int64 [B_s] indices into the training set; undefined = all
   double lr = 0;          ///< eta_s
   OptimizerState state;   ///< optimizer state after step s (the one that produced delta)
+  /// With PathReader::set_capture(true), what the replayed step itself
+  /// computed at w_s on its batch (rows in the order of `batch`), in the
+  /// run's dtype; empty or undefined otherwise:
+  std::vector<torch::Tensor> layer_inputs;   ///< per param layer: a_l [B_s, ...]
+  std::vector<torch::Tensor> layer_signals;  ///< per param layer: ∂L_s/∂y_l [B_s, ...] of the batch's mean loss
+  torch::Tensor gradient;                    ///< G_s = ∂L_s/∂w [P] float64, as the optimizer received it
 };
 
 /// The outcome of replaying a whole path against its checkpoints.
@@ -72,6 +78,12 @@ class PathReader {
   /// holding at most one segment in memory.
   void reverse(const std::function<void(const PathStep&)>& fn);
 
+  /// Makes forward() and reverse() hand each step the batch's layer inputs,
+  /// backprop signals and gradient that its replay computed (PathStep), so
+  /// a consumer need not run the batch through the network again. Costs
+  /// the batch's activations per step held (one segment's in reverse()).
+  void set_capture(bool on) { capture_ = on; }
+
   /// Replays every step and compares every checkpoint bit for bit.
   ReplayReport check(bool progress = false);
 
@@ -91,6 +103,7 @@ class PathReader {
   // The batch log currently loaded.
   int64_t batch_first_ = -1;
   torch::Tensor batch_rows_;
+  bool capture_ = false;
 };
 
 }  // namespace pathkernel

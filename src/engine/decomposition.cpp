@@ -37,6 +37,32 @@ torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tens
   return net->forward(x.to(net->parameters()[0].scalar_type())).to(torch::kFloat64);
 }
 
+/// Whether the replay's own captured signals serve the contractions: the
+/// engine works in float64, so only a float64 run's signals are exact enough.
+bool use_capture(const Manifest& m, const DecompositionOptions& o) { return o.replay_signals && m.dtype == "float64"; }
+
+/// Training rows r0 .. r0+nr of the step's batch as the replay computed them
+/// (PathReader::set_capture): layer inputs and the mean loss's signals, that
+/// is, the per-sample signals δ_i divided by |B_s|.
+TrainSignals captured_signals(const PathStep& st, int64_t r0, int64_t nr) {
+  TrainSignals t;
+  for (size_t l = 0; l < st.layer_inputs.size(); ++l) {
+    t.inputs.push_back(st.layer_inputs[l].narrow(0, r0, nr));
+    t.signals.push_back(st.layer_signals[l].narrow(0, r0, nr));
+  }
+  return t;
+}
+
+/// Turns the reader's capture on for a scope.
+class CaptureScope {
+ public:
+  CaptureScope(PathReader& reader, bool on) : reader_(reader) { reader_.set_capture(on); }
+  ~CaptureScope() { reader_.set_capture(false); }
+
+ private:
+  PathReader& reader_;
+};
+
 /// The decomposition's outputs before any step: f(w_0), f(w_N) and zeros.
 Decomposition start(PathReader& reader, Network& net, const torch::Tensor& x) {
   const Manifest& m = reader.manifest();
@@ -95,6 +121,8 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   const int64_t chunk =
       chunk_size(options, 3 * K * P + feature_doubles_per_point(ev, reader, x, options.quadrature), n);
   const int64_t chunks = (n + chunk - 1) / chunk;
+  const bool captured = use_capture(m, options);
+  CaptureScope capture(reader, captured);
 
   ProgressBar bar(m.steps * chunks, "decompose", options.progress);
   int64_t done = 0;
@@ -107,7 +135,8 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
       const int64_t b = idx.size(0);
       const torch::Tensor xb = x_train64.index_select(0, idx), yb = y_train.index_select(0, idx);
-      const torch::Tensor dvec = mean_gradient(net, st.w, x_train.index_select(0, idx), yb) + lambda * st.w;
+      const torch::Tensor dvec =
+          (captured ? st.gradient : mean_gradient(net, st.w, x_train.index_select(0, idx), yb)) + lambda * st.w;
       const StepCoefficients c = rule.step(st.step, st.lr, st.w, st.state);
       const torch::Tensor buf = rule.buffer(st.state);
       torch::Tensor erow = torch::zeros({nc, K}, torch::kFloat64);
@@ -134,8 +163,11 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       if (lambda != 0) d.regularization.narrow(0, c0, nc).add_(lambda * torch::matmul(a, st.w));
       for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
         const int64_t nr = std::min(options.train_chunk, b - r0);
-        TrainSignals ts = train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map);
-        torch::Tensor part = contract_dense(ev, a, ts) / static_cast<double>(b);  // [nc, nr, K]
+        // Captured signals are the mean loss's: already divided by |B_s|.
+        torch::Tensor part = captured ? contract_dense(ev, a, captured_signals(st, r0, nr))
+                                      : contract_dense(ev, a, train_signals(ev, xb.narrow(0, r0, nr),
+                                                                            yb.narrow(0, r0, nr), map)) /
+                                            static_cast<double>(b);  // [nc, nr, K]
         d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
       }
       char status[96];
@@ -170,6 +202,8 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   Decomposition d = start(reader, net, x);
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
   const int64_t chunk = chunk_size(options, feature_doubles_per_point(ev, reader, x, options.quadrature), n);
+  const bool captured = use_capture(m, options);
+  CaptureScope capture(reader, captured);
 
   ProgressBar bar(m.steps, "decompose", options.progress);
   reader.forward([&](const PathStep& st) {
@@ -178,7 +212,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     const int64_t b = idx.size(0);
     const torch::Tensor xb = x_train64.index_select(0, idx), yb = y_train.index_select(0, idx);
     // Regularisation and rounding directions of this step.
-    torch::Tensor g = mean_gradient(net, st.w, x_train.index_select(0, idx), yb);
+    torch::Tensor g = captured ? st.gradient : mean_gradient(net, st.w, x_train.index_select(0, idx), yb);
     torch::Tensor rho = -st.lr * lambda * st.w;
     torch::Tensor e = st.delta + st.lr * (g + lambda * st.w);
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
@@ -192,8 +226,11 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       d.rounding.narrow(0, c0, nc).add_(apply_features(ev, f, e));
       for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
         const int64_t nr = std::min(options.train_chunk, b - r0);
-        TrainSignals ts = train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map);
-        torch::Tensor part = contract(ev, f, ts) * (-st.lr / static_cast<double>(b));  // [nc, nr, K]
+        // Captured signals are the mean loss's: already divided by |B_s|.
+        torch::Tensor part =
+            captured ? contract(ev, f, captured_signals(st, r0, nr)) * (-st.lr)
+                     : contract(ev, f, train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map)) *
+                           (-st.lr / static_cast<double>(b));  // [nc, nr, K]
         d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
         if (options.kernel) {
           d.kernel.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), output_kernel(ev, f, xb.narrow(0, r0, nr)));

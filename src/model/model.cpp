@@ -119,8 +119,16 @@ torch::Tensor NetworkImpl::forward(torch::Tensor x) {
   size_t next_linear = 0, next_conv = 0;
   for (const LayerDesc& layer : layers_) {
     switch (layer.kind) {
-      case Kind::Linear: x = linears_[next_linear++]->forward(x); break;
-      case Kind::Conv2d: x = convs_[next_conv++]->forward(x); break;
+      case Kind::Linear:
+      case Kind::Conv2d: {
+        if (trace_) trace_->inputs.push_back(x);
+        x = layer.kind == Kind::Linear ? linears_[next_linear++]->forward(x) : convs_[next_conv++]->forward(x);
+        if (trace_ && x.requires_grad()) {
+          x.retain_grad();
+          trace_->preacts.push_back(x);
+        }
+        break;
+      }
       default: x = apply_parameter_free(layer, x); break;
     }
   }

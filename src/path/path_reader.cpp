@@ -105,10 +105,22 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     torch::Tensor idx = batch_indices(s);
     const torch::Tensor& xt = dataset_.x_train;
     const torch::Tensor& yt = dataset_.y_train;
+    LayerTrace trace;
+    if (capture_) net_->set_trace(&trace);
     take_step(net_, *optimizer, idx.defined() ? xt.index_select(0, idx) : xt,
               idx.defined() ? yt.index_select(0, idx) : yt, manifest_.learning_rates[s]);
+    net_->set_trace(nullptr);
     torch::Tensor next = flatten_parameters(net_).to(torch::kFloat64);
     PathStep step;
+    if (capture_) {
+      for (size_t l = 0; l < trace.inputs.size(); ++l) {
+        step.layer_inputs.push_back(trace.inputs[l].detach());
+        step.layer_signals.push_back(trace.preacts[l].grad());
+      }
+      std::vector<torch::Tensor> grads;
+      for (auto& p : params) grads.push_back(p.grad().reshape({-1}).to(torch::kFloat64));
+      step.gradient = torch::cat(grads);
+    }
     step.step = s;
     step.delta = next - w;
     step.w = std::move(w);

@@ -119,6 +119,42 @@ TEST(ReverseAccumulation, AgreesWithTheForwardRouteOnSgd) {
   EXPECT_LE((fwd.rounding - rev.rounding).abs().max().item<double>(), 1e-14);
 }
 
+// The replay's own signals (PathReader::set_capture) against signals
+// recomputed by a separate pass of every batch through the engine's network:
+// two independent sources of the same per-sample gradients, for both routes,
+// an MLP under full-batch GD and a CNN (max-pools) under momentum.
+TEST(ReplaySignals, AgreeWithRecomputedSignals) {
+  struct Case {
+    std::string optimizer, data, model;
+    int64_t train;
+  };
+  for (const Case& c : {Case{"gd", "gaussians3", "mlp:6", 60}, Case{"sgd", "gaussians3", "mlp:5,4", 60},
+                        Case{"momentum", "mnist", "cnn:2,3", 40}}) {
+    testing::TempDir dir(c.optimizer);
+    RunOptions r = buffered_run(dir / "run", c.optimizer, 5);
+    r.data.spec = c.data;
+    r.data.train_size = c.train;
+    r.model = c.model;
+    train_run(r);
+    PathReader reader(r.out);
+    torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+    DecompositionOptions options;
+    options.progress = false;
+    options.quadrature.spec = QuadratureSpec::parse("riemann:3");
+    Decomposition replayed = decompose(reader, x, options);
+    options.replay_signals = false;
+    Decomposition recomputed = decompose(reader, x, options);
+    const double scale = recomputed.contributions.abs().max().item<double>();
+    SCOPED_TRACE(c.optimizer + " " + c.model);
+    EXPECT_GT(scale, 1e-6);
+    EXPECT_LE((replayed.contributions - recomputed.contributions).abs().max().item<double>(), 1e-12 * scale);
+    EXPECT_LE((replayed.regularization - recomputed.regularization).abs().max().item<double>(), 1e-12 * scale);
+    EXPECT_LE((replayed.rounding - recomputed.rounding).abs().max().item<double>(), 1e-13);
+    // The reader is left as it was found: no capture.
+    reader.forward([](const PathStep& st) { EXPECT_TRUE(st.layer_inputs.empty()); });
+  }
+}
+
 TEST(ReverseAccumulation, RefusesTheKernelOutput) {
   testing::TempDir dir;
   RunOptions r = buffered_run(dir / "run", "momentum", 3);

@@ -1,0 +1,61 @@
+// The pathkernel benchmark suite: rows, their shared helpers, and the
+// results every row reports.
+//
+// Each row runs in its own process (so that its peak resident memory is its
+// own) and writes one JSON object of measurements; the driver (main.cpp)
+// gathers them, derives the ratio keys of bench/results.json, prints the
+// table and compares each key with its goal.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "pathkernel/decomposition.h"
+#include "pathkernel/run.h"
+
+namespace pathkernel::bench {
+
+/// Where rows keep their runs and files, and how big they are.
+struct BenchConfig {
+  std::string work = "bench/work";  ///< run directories and exported files
+  std::string source_dir;           ///< the repository (for bench/peers)
+  int repeats = 3;                  ///< timings of short measurements: median of this many
+  bool quick = false;               ///< tiny sizes, for the suite's own smoke test
+};
+
+/// A row: a name, what it measures, and the function measuring it.
+struct Row {
+  std::string name;
+  std::string description;
+  std::function<nlohmann::ordered_json(const BenchConfig&)> run;
+};
+
+/// Every row, in the order the suite runs them.
+const std::vector<Row>& rows();
+
+/// Median of `repeats` timings of fn (seconds); fn's last result is kept by the caller.
+double median_seconds(int repeats, const std::function<void()>& fn);
+
+/// Wall seconds of fn.
+double seconds_of(const std::function<void()>& fn);
+
+/// Trains and records the run (replacing options.out) and returns the
+/// training seconds (the training loop with its recording, as `train` reports).
+double train_seconds(const RunOptions& options);
+
+/// Run options for the suite's runs: float64, log-softmax, seeded, quiet.
+RunOptions run_options(const std::string& data, int64_t train_size, const std::string& model,
+                       const std::string& optimizer, int64_t steps, int64_t batch, double lr,
+                       const std::string& out);
+
+/// Default decomposition options (gauss, no progress bar).
+DecompositionOptions quiet_decomposition(const std::string& quadrature = "gauss");
+
+/// max |pred − f| / max(1, |f|) over all entries.
+double max_rel_error(const torch::Tensor& pred, const torch::Tensor& f);
+
+}  // namespace pathkernel::bench

@@ -1,0 +1,366 @@
+// The benchmark rows: each trains the runs it needs and measures one thing
+// side by side, returning its numbers as JSON.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "algorithm1.h"
+#include "bench.h"
+#include "pathkernel/context.h"
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/gram.h"
+#include "pathkernel/npy.h"
+#include "pathkernel/segment.h"
+
+namespace pathkernel::bench {
+
+using json = nlohmann::ordered_json;
+
+double seconds_of(const std::function<void()>& fn) {
+  auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median_seconds(int repeats, const std::function<void()>& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < std::max(1, repeats); ++i) t.push_back(seconds_of(fn));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+RunOptions run_options(const std::string& data, int64_t train_size, const std::string& model,
+                       const std::string& optimizer, int64_t steps, int64_t batch, double lr,
+                       const std::string& out) {
+  RunOptions r;
+  r.data.spec = data;
+  r.data.train_size = train_size;
+  r.data.test_size = -1;
+  r.model = model;
+  r.train.optimizer.name = optimizer;
+  r.train.optimizer.lr = lr;
+  r.train.steps = steps;
+  r.train.batch = batch;
+  r.train.progress = false;
+  r.out = out;
+  r.force = true;
+  return r;
+}
+
+double train_seconds(const RunOptions& options) {
+  std::filesystem::create_directories(std::filesystem::path(options.out).parent_path());
+  return train_run(options).summary.seconds;
+}
+
+DecompositionOptions quiet_decomposition(const std::string& quadrature) {
+  DecompositionOptions o;
+  o.quadrature.spec = QuadratureSpec::parse(quadrature);
+  o.progress = false;
+  return o;
+}
+
+double max_rel_error(const torch::Tensor& pred, const torch::Tensor& f) {
+  return ((pred - f).abs() / f.abs().clamp_min(1.0)).max().item<double>();
+}
+
+namespace {
+
+std::string run_dir(const BenchConfig& c, const std::string& name) { return c.work + "/runs/" + name; }
+
+/// The first n test inputs of the run.
+torch::Tensor test_points(PathReader& reader, int64_t n) {
+  return reader.dataset().x_test.narrow(0, 0, std::min<int64_t>(n, reader.dataset().x_test.size(0)));
+}
+
+/// pathkernel's attribution of x: the median time of `repeats` decompositions
+/// (the last one is returned in d).
+double time_decompose(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& o, int repeats,
+                      Decomposition& d) {
+  return median_seconds(repeats, [&] { d = decompose(reader, x, o); });
+}
+
+// --- 1 and 2: Algorithm 1 and its PyTorch peer ------------------------------
+
+struct Algorithm1Setup {
+  int64_t train = 300, steps = 100, test = 10;
+  int T = 100;
+};
+
+Algorithm1Setup algorithm1_setup(const BenchConfig& c) {
+  Algorithm1Setup s;
+  if (c.quick) s = {60, 5, 2, 10};
+  return s;
+}
+
+RunOptions algorithm1_run(const BenchConfig& c) {
+  Algorithm1Setup s = algorithm1_setup(c);
+  return run_options("gaussians3", s.train, "mlp:32", "gd", s.steps, 0, 0.1, run_dir(c, "algorithm1"));
+}
+
+json row_algorithm1(const BenchConfig& c) {
+  Algorithm1Setup s = algorithm1_setup(c);
+  RunOptions r = algorithm1_run(c);
+  double train = train_seconds(r);
+  PathReader reader(r.out);
+  torch::Tensor x = test_points(reader, s.test);
+  Decomposition d;
+  double pk = time_decompose(reader, x, quiet_decomposition(), c.repeats, d);
+  Algorithm1Result a = algorithm1(reader, x, s.T);
+  // What the Python peer needs: every step's weights, the data and the network's outputs.
+  const std::string ex = c.work + "/peer_input";
+  std::filesystem::create_directories(ex);
+  std::vector<torch::Tensor> ws;
+  reader.forward([&](const PathStep& st) { ws.push_back(st.w.clone()); });
+  ws.push_back(reader.weights(reader.steps()));
+  write_npy(ex + "/weights.npy", torch::stack(ws));
+  write_npy(ex + "/x_train.npy", reader.dataset().x_train.to(torch::kFloat64).contiguous());
+  write_npy(ex + "/y_train.npy", reader.dataset().y_train.contiguous());
+  write_npy(ex + "/x_test.npy", x.to(torch::kFloat64).contiguous());
+  write_npy(ex + "/f_final.npy", d.fN.contiguous());
+  write_npy(ex + "/learning_rates.npy", torch::tensor(reader.manifest().learning_rates, torch::kFloat64));
+  write_npy(ex + "/contributions_pathkernel.npy", d.contributions.contiguous());
+  json spec{{"model", reader.manifest().model_spec}, {"output", "logsoftmax"}, {"T", s.T}};
+  write_file_atomic(ex + "/spec.json", spec.dump(2));
+  return json{{"setting", "gaussians3, " + std::to_string(s.train) + " training points, mlp:32, GD, " +
+                              std::to_string(s.steps) + " steps, " + std::to_string(s.test) + " test points"},
+              {"training_seconds", train},
+              {"pathkernel_seconds", pk},
+              {"algorithm1_seconds", a.seconds},
+              {"algorithm1_T", s.T},
+              {"pathkernel_max_rel_error", max_rel_error(d.prediction(), d.fN)},
+              {"algorithm1_max_rel_error", max_rel_error(a.prediction(), d.fN)},
+              {"contributions_max_abs_difference", (a.contributions - d.contributions).abs().max().item<double>()}};
+}
+
+/// Runs a command, returning its standard output; throws Error on failure.
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  PK_CHECK(p != nullptr, "cannot run '" << cmd << "'");
+  char buf[4096];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
+  int status = pclose(p);
+  PK_CHECK(status == 0, "'" << cmd << "' failed (exit status " << WEXITSTATUS(status) << ")");
+  return out;
+}
+
+json row_pytorch_peer(const BenchConfig& c) {
+  Algorithm1Setup s = algorithm1_setup(c);
+  RunOptions r = algorithm1_run(c);
+  PathReader reader(r.out);  // trained by the algorithm1 row
+  torch::Tensor x = test_points(reader, s.test);
+  const std::string ex = c.work + "/peer_input";
+  PK_CHECK(std::filesystem::exists(ex + "/spec.json"),
+           "the pytorch_peer row needs the algorithm1 row's export in '" << ex << "': run the algorithm1 row first");
+  Decomposition d;
+  double pk = time_decompose(reader, x, quiet_decomposition(), c.repeats, d);
+  std::string out = run_command("/usr/bin/python3 " + c.source_dir + "/bench/peers/algorithm1_vmap.py " + ex +
+                                " --threads " + std::to_string(current_threads()));
+  json peer = json::parse(out.substr(out.rfind('{')));
+  torch::Tensor pc = read_npy(ex + "/contributions_peer.npy");
+  json j{{"setting", "the algorithm1 row's run and test points; Python " + peer["python"].get<std::string>() +
+                        ", PyTorch " + peer["torch"].get<std::string>() + ", " + peer["dtype"].get<std::string>()},
+         {"pathkernel_seconds", pk},
+         {"peer_seconds", peer["seconds"]},
+         {"peer", peer},
+         {"pathkernel_max_rel_error", max_rel_error(d.prediction(), d.fN)},
+         {"peer_max_rel_error", max_rel_error(d.f0 + pc.sum(1), d.fN)}};
+  return j;
+}
+
+// --- 3 and 5: full-batch attribution against training; the stored path ------
+
+json row_full_batch(const BenchConfig& c) {
+  const int64_t steps = c.quick ? 5 : 300, n_small = c.quick ? 2 : 10, n_large = c.quick ? 4 : 100;
+  RunOptions r = run_options("gaussians3", c.quick ? 300 : -1, c.quick ? "mlp:16" : "mlp:256", "gd", steps, 0, 0.1,
+                             run_dir(c, "full_batch"));
+  double train = train_seconds(r);
+  PathReader reader(r.out);
+  const Manifest& m = reader.manifest();
+  Decomposition d10, d100;
+  double t10 = time_decompose(reader, test_points(reader, n_small), quiet_decomposition(), 1, d10);
+  double t100 = time_decompose(reader, test_points(reader, n_large), quiet_decomposition(), 1, d100);
+  ReplayReport rep;
+  double replay = seconds_of([&] { rep = reader.check(false); });
+  const double every_step = static_cast<double>(m.steps + 1) * static_cast<double>(m.parameter_count) * 8.0;
+  return json{{"setting", "gaussians3, " + std::to_string(m.num_train) + " training points, " + m.model_spec +
+                              ", full-batch GD, " + std::to_string(steps) + " steps"},
+              {"training_seconds", train},
+              {"attribution_seconds_10", t10},
+              {"attribution_seconds_100", t100},
+              {"test_points_small", n_small},
+              {"test_points_large", n_large},
+              {"max_rel_error_10", max_rel_error(d10.prediction(), d10.fN)},
+              {"max_rel_error_100", max_rel_error(d100.prediction(), d100.fN)},
+              {"evaluations_per_step_100", static_cast<double>(d100.evaluations) / (n_large * steps)},
+              {"replay_seconds", replay},
+              {"replay_bitwise_equal", rep.bitwise_equal},
+              {"every_step_bytes", every_step},
+              {"stored_bytes", m.path_bytes()},
+              {"checkpoints", m.checkpoints.size()}};
+}
+
+// --- 4: quadrature on the MNIST CNN ----------------------------------------
+
+json row_quadrature(const BenchConfig& c) {
+  const int64_t steps = c.quick ? 2 : 20, n = c.quick ? 1 : 3;
+  RunOptions r = run_options("mnist", c.quick ? 100 : 500, c.quick ? "cnn:2,4" : "cnn:8,16", "sgd", steps, 100, 0.05,
+                             run_dir(c, "quadrature"));
+  double train = train_seconds(r);
+  PathReader reader(r.out);
+  torch::Tensor x = test_points(reader, n);
+  json rules = json::array();
+  double gauss_evals = 0, gauss_err = 0;
+  std::vector<std::string> specs{"gauss", "dpk", "riemann:1", "riemann:10", "riemann:100", "riemann:200"};
+  if (c.quick) specs = {"gauss", "dpk", "riemann:10"};
+  for (const std::string& q : specs) {
+    Decomposition d;
+    double t = time_decompose(reader, x, quiet_decomposition(q), 1, d);
+    const double evals = static_cast<double>(d.evaluations) / static_cast<double>(n * steps);
+    const double err = max_rel_error(d.prediction(), d.fN);
+    if (q == "gauss") gauss_evals = evals, gauss_err = err;
+    rules.push_back(json{{"quadrature", q},
+                         {"evaluations_per_step", evals},
+                         {"forward_evaluations_per_step", static_cast<double>(d.forward_evaluations) / (n * steps)},
+                         {"kinks_per_step", static_cast<double>(d.kinks) / (n * steps)},
+                         {"max_rel_error", err},
+                         {"seconds", t}});
+  }
+  return json{{"setting", "mnist, " + std::to_string(reader.manifest().num_train) + " training points, " +
+                              reader.manifest().model_spec + ", SGD batch 100, lr 0.05, " + std::to_string(steps) +
+                              " steps, " + std::to_string(n) + " test points"},
+              {"training_seconds", train},
+              {"gauss_evaluations_per_step", gauss_evals},
+              {"gauss_max_rel_error", gauss_err},
+              {"rules", rules}};
+}
+
+// --- 6: structured against dense Gram ---------------------------------------
+
+/// The trace NTK Gram Σ_k J_k(x_i)·J_k(x_j) at w from per-sample Jacobians
+/// formed by autograd, one output at a time ([M, P] each), and dense GEMMs.
+torch::Tensor dense_trace_gram(Network& net, const torch::Tensor& x) {
+  std::vector<torch::Tensor> params = net->parameters();
+  const int64_t M = x.size(0);
+  torch::Tensor gram = torch::zeros({M, M}, torch::kFloat64);
+  torch::Tensor out = net->forward(x.narrow(0, 0, 1));
+  const int64_t K = out.size(1), P = parameter_count(net);
+  torch::Tensor J = torch::empty({M, P}, torch::kFloat64);
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t i = 0; i < M; ++i) {
+      torch::Tensor f = net->forward(x.narrow(0, i, 1));
+      auto grads = torch::autograd::grad({f[0][k]}, params);
+      int64_t off = 0;
+      for (auto& g : grads) {
+        J[i].narrow(0, off, g.numel()).copy_(g.reshape({-1}));
+        off += g.numel();
+      }
+    }
+    gram.addmm_(J, J.t());
+  }
+  return gram;
+}
+
+json row_gram(const BenchConfig& c) {
+  const int64_t M = c.quick ? 100 : 2000, steps = c.quick ? 2 : 10;
+  RunOptions r = run_options("mnist", M, c.quick ? "mlp:16" : "mlp:128", "sgd", steps, 100, 0.1, run_dir(c, "gram"));
+  train_seconds(r);
+  PathReader reader(r.out);
+  const torch::Tensor x = reader.dataset().x_train.to(torch::kFloat64);
+  GramOptions o;
+  o.kernel = GramSpec::parse("ntk:" + std::to_string(steps));
+  o.trace = true;
+  o.progress = false;
+  torch::Tensor gs, gd;
+  double structured = median_seconds(c.quick ? 1 : 1, [&] { gs = gram(reader, x, false, x, false, o); });
+  Network net = engine_network(reader.manifest().network_options());
+  set_flat_parameters(net, reader.weights(steps));
+  double dense = seconds_of([&] { gd = dense_trace_gram(net, x); });
+  return json{{"setting", "mnist, " + std::to_string(M) + " training points, " + reader.manifest().model_spec +
+                              ", train x train NTK at step " + std::to_string(steps) + ", trace over outputs"},
+              {"parameters", reader.manifest().parameter_count},
+              {"structured_seconds", structured},
+              {"dense_seconds", dense},
+              {"max_abs_difference", (gs - gd).abs().max().item<double>()},
+              {"max_rel_difference", ((gs - gd).abs().max() / gd.abs().max()).item<double>()}};
+}
+
+// --- 7: threads and scaling ------------------------------------------------
+
+json row_threads(const BenchConfig& c) {
+  const int64_t steps = c.quick ? 5 : 100, n = c.quick ? 2 : 10;
+  json j;
+  double t[3] = {0, 0, 0};
+  for (int threads : {1, 2}) {
+    set_threads(threads);
+    RunOptions r = run_options("gaussians3", c.quick ? 300 : -1, c.quick ? "mlp:16" : "mlp:256", "gd", steps, 0, 0.1,
+                               run_dir(c, "threads_" + std::to_string(threads)));
+    double train = train_seconds(r);
+    PathReader reader(r.out);
+    Decomposition d;
+    t[threads] = time_decompose(reader, test_points(reader, n), quiet_decomposition(), c.repeats, d);
+    j["training_seconds_" + std::to_string(threads)] = train;
+    j["attribution_seconds_" + std::to_string(threads)] = t[threads];
+  }
+  j["setting"] = "gaussians3, full training set, mlp:256, full-batch GD, " + std::to_string(steps) + " steps, " +
+                 std::to_string(n) + " test points; each run trained and attributed with the same thread count";
+  j["thread_speedup"] = t[1] / t[2];
+  return j;
+}
+
+/// Attribution time at three sizes of one quantity; the growth exponent
+/// log(t3/t1)/log(size3/size1) is 1 for linear growth.
+json scaling(const BenchConfig& c, const std::string& what) {
+  std::vector<int64_t> sizes = what == "training_points" ? std::vector<int64_t>{500, 1000, 2000}
+                               : what == "test_points"   ? std::vector<int64_t>{10, 20, 40}
+                                                         : std::vector<int64_t>{50, 100, 200};
+  if (c.quick) for (auto& s : sizes) s = std::max<int64_t>(2, s / 10);
+  json points = json::array();
+  std::vector<double> times;
+  for (int64_t size : sizes) {
+    const int64_t M = what == "training_points" ? size : (c.quick ? 100 : 1000);
+    const int64_t n = what == "test_points" ? size : (c.quick ? 2 : 10);
+    const int64_t steps = what == "steps" ? size : (c.quick ? 10 : 100);
+    RunOptions r = run_options("gaussians3", M, "mlp:64", "gd", steps, 0, 0.1, run_dir(c, "scaling"));
+    train_seconds(r);
+    PathReader reader(r.out);
+    Decomposition d;
+    double t = time_decompose(reader, test_points(reader, n), quiet_decomposition(), c.repeats, d);
+    times.push_back(t);
+    points.push_back(json{{"training_points", M}, {"test_points", n}, {"steps", steps}, {"seconds", t},
+                          {"max_rel_error", max_rel_error(d.prediction(), d.fN)}});
+  }
+  const double exponent = std::log(times.back() / times.front()) /
+                          std::log(static_cast<double>(sizes.back()) / static_cast<double>(sizes.front()));
+  return json{{"setting", "gaussians3, mlp:64, full-batch GD, attribution time against " + what},
+              {"points", points},
+              {"growth_exponent", exponent}};
+}
+
+}  // namespace
+
+const std::vector<Row>& rows() {
+  static const std::vector<Row> all{
+      {"algorithm1", "pathkernel vs the paper's Algorithm 1 (per-sample Jacobians, Riemann T=100)", row_algorithm1},
+      {"pytorch_peer", "pathkernel vs Algorithm 1 in PyTorch with functorch's vmap", row_pytorch_peer},
+      {"full_batch", "attribution of 10 and 100 test points vs training; path storage and replay", row_full_batch},
+      {"quadrature", "gauss evaluations per step vs riemann:T and dpk errors on the MNIST CNN", row_quadrature},
+      {"gram", "train x train NTK Gram: structured vs dense Jacobian contraction", row_gram},
+      {"threads", "attribution with 2 threads vs 1", row_threads},
+      {"scaling_training_points", "attribution time vs training points",
+       [](const BenchConfig& c) { return scaling(c, "training_points"); }},
+      {"scaling_test_points", "attribution time vs test points",
+       [](const BenchConfig& c) { return scaling(c, "test_points"); }},
+      {"scaling_steps", "attribution time vs steps", [](const BenchConfig& c) { return scaling(c, "steps"); }},
+  };
+  return all;
+}
+
+}  // namespace pathkernel::bench
