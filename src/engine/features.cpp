@@ -207,7 +207,13 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       }
     }
     std::vector<std::vector<double>> cuts(n);
-    {
+    // Only layers after the first can have kinks a scan must find: with one
+    // hidden ReLU layer (or smooth activations) every kink is closed-form.
+    bool deep_kinks = false;
+    for (size_t l = 1; l < ev.param_layers().size(); ++l) {
+      deep_kinks = deep_kinks || ev.relu_after()[l] || ev.pool_after()[l] > 0;
+    }
+    if (deep_kinks) {
       SegmentPass sp = ev.forward(x.index_select(0, torch::tensor(scan_point, torch::kLong)),
                                   torch::tensor(scan_t, opts), false);
       f.forward_evaluations += n * (scan + 1);

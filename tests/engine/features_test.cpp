@@ -145,6 +145,9 @@ TEST(Decomposition, CompletenessHoldsToMachinePrecision) {
     EXPECT_GT((d.fN - d.f0).abs().max().item<double>(), 1e-2) << opt;     // and training moved f
     // Minibatch: points never in a batch contribute exactly nothing.
     EXPECT_EQ(d.contributions.sizes(), (std::vector<int64_t>{10, 60, 3}));
+    // One hidden ReLU layer: every kink is closed-form, so no forward-only
+    // scan of the segment (which alone costs scan_intervals + 1 per point).
+    EXPECT_LT(d.forward_evaluations, 10 * d.steps * (options.quadrature.scan_intervals + 1)) << opt;
   }
 }
 
