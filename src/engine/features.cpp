@@ -463,9 +463,23 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
       part = torch::matmul(f.first_signal, t.signals[0].t()) * a.unsqueeze(0);     // [K, n, B]
     } else if (d.kind == Kind::Linear) {
       const torch::Tensor& s = f.signals[l];                                       // [K, R, out]
-      torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), f.inputs[l], t.inputs[l].t());  // [R, B]
-      torch::Tensor dd = torch::matmul(s, t.signals[l].t());                        // [K, R, B]
-      part = aggregate(f, dd * a.unsqueeze(0));                                    // [K, n, B]
+      const int64_t K = s.size(0), R = s.size(1), out = s.size(2), in = f.inputs[l].size(1);
+      const int64_t n = f.num_points, B = t.inputs[l].size(0);
+      if (R * (in + out) > n * in * out) {
+        // Few weights, many rows (MATH.md §7): the dense block
+        // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, n, out·(in+1)] against
+        // the per-sample gradients δ_i [a_i, 1]ᵀ [B, out·(in+1)], one GEMM.
+        torch::Tensor ones = torch::ones({R, 1}, f.weight.options());
+        torch::Tensor rows = torch::cat({f.inputs[l], ones}, 1);                     // [R, in+1]
+        torch::Tensor block = aggregate(f, s.unsqueeze(3) * rows.unsqueeze(0).unsqueeze(2));  // [K, n, out, in+1]
+        torch::Tensor ai = torch::cat({t.inputs[l], torch::ones({B, 1}, ones.options())}, 1);  // [B, in+1]
+        torch::Tensor gi = (t.signals[l].unsqueeze(2) * ai.unsqueeze(1)).reshape({B, out * (in + 1)});
+        part = torch::matmul(block.reshape({K * n, out * (in + 1)}), gi.t()).view({K, n, B});
+      } else {
+        torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), f.inputs[l], t.inputs[l].t());  // [R, B]
+        torch::Tensor dd = torch::matmul(s, t.signals[l].t());                      // [K, R, B]
+        part = aggregate(f, dd * a.unsqueeze(0));                                  // [K, n, B]
+      }
     } else {
       part = torch::matmul(f.dense[l], conv_sample_gradients(d, t, l).t());         // [K, n, B]
     }

@@ -21,6 +21,9 @@ const std::vector<Case> kCases = {
     {"mlp:7", {5}, OutputMap::LogSoftmax},      {"mlp:6,4:tanh", {5}, OutputMap::Logits},
     {"mlp:5:gelu", {1, 3, 3}, OutputMap::LogSoftmax}, {"cnn:2,3", {1, 8, 8}, OutputMap::LogSoftmax},
     {"cnn:3", {2, 6, 6}, OutputMap::Logits},
+    // A wide second layer: contract() takes the row-wise route there (the
+    // narrow layers above take the dense block).
+    {"mlp:40,40", {4}, OutputMap::LogSoftmax},
 };
 
 std::string name(const Case& c) { return c.spec + "/" + output_map_name(c.map); }
