@@ -467,14 +467,16 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
       const int64_t n = f.num_points, B = t.inputs[l].size(0);
       if (R * (in + out) > n * in * out) {
         // Few weights, many rows (MATH.md §7): the dense block
-        // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, n, out·(in+1)] against
-        // the per-sample gradients δ_i [a_i, 1]ᵀ [B, out·(in+1)], one GEMM.
+        // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, n, out, in+1], then
+        // δ_iᵀ J̄ [a_i, 1] for every training row: one GEMM against the
+        // training inputs, which are read once (per-sample gradients are
+        // never formed).
         torch::Tensor ones = torch::ones({R, 1}, f.weight.options());
         torch::Tensor rows = torch::cat({f.inputs[l], ones}, 1);                     // [R, in+1]
         torch::Tensor block = aggregate(f, s.unsqueeze(3) * rows.unsqueeze(0).unsqueeze(2));  // [K, n, out, in+1]
         torch::Tensor ai = torch::cat({t.inputs[l], torch::ones({B, 1}, ones.options())}, 1);  // [B, in+1]
-        torch::Tensor gi = (t.signals[l].unsqueeze(2) * ai.unsqueeze(1)).reshape({B, out * (in + 1)});
-        part = torch::matmul(block.reshape({K * n, out * (in + 1)}), gi.t()).view({K, n, B});
+        torch::Tensor y = torch::matmul(block.reshape({K * n * out, in + 1}), ai.t());         // [K·n·out, B]
+        part = (y.view({K, n, out, B}) * t.signals[l].t().view({1, 1, out, B})).sum(2);        // [K, n, B]
       } else {
         torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), f.inputs[l], t.inputs[l].t());  // [R, B]
         torch::Tensor dd = torch::matmul(s, t.signals[l].t());                      // [K, R, B]
