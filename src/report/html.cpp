@@ -2,6 +2,8 @@
 // library, the data and the page's script, all inline.
 #include <stb_image_write.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <ctime>
 
@@ -57,12 +59,12 @@ std::string escape_html(const std::string& s) {
   return out;
 }
 
-/// Inline text inside <script> or <style> must not close the element early.
-std::string_view inline_asset(std::string_view text, const char* what) {
-  for (const char* closing : {"</script", "</style", "</SCRIPT", "</STYLE"}) {
-    PK_ASSERT(text.find(closing) == std::string_view::npos);
-    (void)what;
-  }
+/// Inline text inside a <script> or <style> element must not close it early
+/// (element: "script" or "style"; the check is case-insensitive).
+std::string_view inline_asset(std::string_view text, const std::string& element) {
+  std::string lower(text);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  PK_ASSERT(lower.find("</" + element) == std::string::npos);
   return text;
 }
 
@@ -101,7 +103,7 @@ std::string report_html(const nlohmann::ordered_json& data) {
   html += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
   html += "<meta name=\"generator\" content=\"pathkernel " + pathkernel_version() + "\">\n";
   html += "<title>" + title + "</title>\n<style>\n";
-  html += inline_asset(report_assets::page_css(), "page.css");
+  html += inline_asset(report_assets::page_css(), "style");
   html += "</style>\n";
   // Errors are collected before anything else runs (the browser test reads them).
   html += "<script>window.__pkErrors = [];\n"
@@ -111,13 +113,13 @@ std::string report_html(const nlohmann::ordered_json& data) {
           "window.__pkErrors.push(Array.prototype.join.call(arguments, ' ')); return ce.apply(console, arguments); }; "
           "})();</script>\n";
   html += "<script>/* " + report_plotting_library() + " (MIT licence), inlined */\n";
-  html += inline_asset(report_assets::plotly_js(), "plotly");
+  html += inline_asset(report_assets::plotly_js(), "script");
   html += "\n</script>\n";
   html += "<script type=\"application/json\" id=\"pk-data\">" + json + "</script>\n";
   html += "</head>\n<body data-status=\"loading\">\n<header><h1>" + title + "</h1><p>written by pathkernel " +
           escape_html(pathkernel_version()) + " on " + when + "; self-contained, opens offline</p></header>\n";
   html += "<main id=\"pk-main\"></main>\n<script>\n";
-  html += inline_asset(report_assets::page_js(), "page.js");
+  html += inline_asset(report_assets::page_js(), "script");
   html += "\n</script>\n</body>\n</html>\n";
   return html;
 }
