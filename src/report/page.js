@@ -101,7 +101,7 @@
       { x: stepAxis(n), y: gap, name: "certificate gap", mode: "lines", line: { color: palette[3] } },
       { x: stepAxis(n), y: st.evaluations, name: "evaluations / point", mode: "lines", yaxis: "y2",
         line: { color: palette[0] } }],
-      { xaxis: { title: "step s" }, yaxis: { title: "certificate gap", type: "log", exponentformat: "e" },
+      { xaxis: { title: "step s" }, yaxis: { title: "certificate gap", type: "log", exponentformat: "power", dtick: 1 },
         yaxis2: { title: "evaluations", overlaying: "y", side: "right", rangemode: "tozero" },
         legend: { orientation: "h", y: 1.12 } });
   }
@@ -220,7 +220,7 @@
     const traces = a.degrees.map((row, j) => ({ x: stepAxis(row.length), y: row.map((v) => Math.max(v, 1e-9)),
       mode: "lines", name: "test #" + a.test_index[j], line: { color: palette[j % 10], width: 1 } }));
     plot(s, "plot-angle", traces, { xaxis: { title: "step s" },
-      yaxis: { title: "angle (degrees)", type: "log", exponentformat: "e" } });
+      yaxis: { title: "angle (degrees)", type: "log", exponentformat: "power", dtick: 1 } });
   }
 
   // Gram matrix.

@@ -55,6 +55,8 @@ Output chromium(const std::string& page, const std::string& profile, const std::
   return shell(std::string("timeout 180 ") + kChromium +
                " --headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking"
                " --disable-component-update --disable-sync --user-data-dir=" + profile +
+               // No network at all: the report must render from the file alone.
+               " --host-resolver-rules='MAP * ~NOTFOUND' --proxy-server=127.0.0.1:9" +
                " --enable-logging=stderr --v=0 --window-size=1400,4000 --virtual-time-budget=20000 " + what +
                " file://" + page);
 }
