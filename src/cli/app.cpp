@@ -32,6 +32,7 @@ int run(int argc, char** argv) {
   add_refit_command(app, globals);
   add_compare_command(app, globals);
   add_experiment_command(app, globals);
+  add_report_command(app, globals);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -27,6 +27,7 @@ void add_gp_command(CLI::App& app, Globals& globals);
 void add_refit_command(CLI::App& app, Globals& globals);
 void add_compare_command(CLI::App& app, Globals& globals);
 void add_experiment_command(CLI::App& app, Globals& globals);
+void add_report_command(CLI::App& app, Globals& globals);
 
 /// Test indices from --test-index LIST (comma-separated) or, when LIST is
 /// empty, the first `count`; checked against n_test. int64 [n].

@@ -161,6 +161,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       jp = torch::Tensor();
       d.rounding.narrow(0, c0, nc).add_(erow);
       if (lambda != 0) d.regularization.narrow(0, c0, nc).add_(lambda * torch::matmul(a, st.w));
+      torch::Tensor step_c = options.on_step ? torch::empty({nc, b, K}, torch::kFloat64) : torch::Tensor();
       for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
         const int64_t nr = std::min(options.train_chunk, b - r0);
         // Captured signals are the mean loss's: already divided by |B_s|.
@@ -169,7 +170,9 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
                                                                             yb.narrow(0, r0, nr), map)) /
                                             static_cast<double>(b);  // [nc, nr, K]
         d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
+        if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
       }
+      if (options.on_step) options.on_step({st.step, c0, &ev, &xc, &f, idx, step_c});
       char status[96];
       std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
                     static_cast<double>(d.evaluations) / static_cast<double>(c0 * m.steps + nc * (m.steps - st.step)));
@@ -224,6 +227,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
       if (lambda != 0) d.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, rho));
       d.rounding.narrow(0, c0, nc).add_(apply_features(ev, f, e));
+      torch::Tensor step_c = options.on_step ? torch::empty({nc, b, K}, torch::kFloat64) : torch::Tensor();
       for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
         const int64_t nr = std::min(options.train_chunk, b - r0);
         // Captured signals are the mean loss's: already divided by |B_s|.
@@ -232,9 +236,14 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
                      : contract(ev, f, train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map)) *
                            (-st.lr / static_cast<double>(b));  // [nc, nr, K]
         d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
+        if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
         if (options.kernel) {
           d.kernel.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), output_kernel(ev, f, xb.narrow(0, r0, nr)));
         }
+      }
+      if (options.on_step) {
+        const torch::Tensor xc = x.narrow(0, c0, nc);
+        options.on_step({st.step, c0, &ev, &xc, &f, idx, step_c});
       }
     }
     char status[96];

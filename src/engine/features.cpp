@@ -547,4 +547,12 @@ int64_t feature_doubles_per_row(const SegmentEvaluator& ev, const torch::Tensor&
   return total / std::max<int64_t>(1, example.size(0));
 }
 
+torch::Tensor feature_angle(const SegmentEvaluator& ev, const TestFeatures& a, const TestFeatures& b) {
+  PK_CHECK(a.num_points == b.num_points, "feature_angle: " << a.num_points << " vs " << b.num_points << " test points");
+  const torch::Tensor u = dense_features(ev, a).reshape({a.num_points, -1});
+  const torch::Tensor v = dense_features(ev, b).reshape({b.num_points, -1});
+  const torch::Tensor cos = (u * v).sum(1) / (u.norm(2, 1) * v.norm(2, 1));
+  return torch::acos(cos.clamp(-1.0, 1.0)) * (180.0 / M_PI);
+}
+
 }  // namespace pathkernel

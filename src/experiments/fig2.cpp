@@ -22,18 +22,12 @@ ExperimentResult fig2(const ExperimentOptions& options) {
   riemann.spec = QuadratureSpec::parse("riemann:10");
   // angles[c][s, j]: degrees between J̄_s(x_j) and rule c's test gradient.
   torch::Tensor angles = torch::zeros({2, N, n}, torch::kFloat64);
-  auto angle = [](const torch::Tensor& a, const torch::Tensor& b) {
-    torch::Tensor cos = (a * b).sum(1) / (a.norm(2, 1) * b.norm(2, 1));
-    return torch::acos(cos.clamp(-1.0, 1.0)) * (180.0 / M_PI);
-  };
   ProgressBar bar(N, "fig2 angles", options.progress);
   reader.forward([&](const PathStep& st) {
     ev.set_segment(st.w, st.delta);
-    const torch::Tensor e = dense_features(ev, test_features(ev, x, exact)).reshape({n, -1});
-    const torch::Tensor d = dense_features(ev, test_features(ev, x, dpk)).reshape({n, -1});
-    const torch::Tensor r = dense_features(ev, test_features(ev, x, riemann)).reshape({n, -1});
-    angles[0][st.step] = angle(e, d);
-    angles[1][st.step] = angle(e, r);
+    const TestFeatures e = test_features(ev, x, exact);
+    angles[0][st.step] = feature_angle(ev, e, test_features(ev, x, dpk));
+    angles[1][st.step] = feature_angle(ev, e, test_features(ev, x, riemann));
     bar.update(st.step + 1);
   });
   bar.finish();

@@ -1,0 +1,71 @@
+// `pathkernel report`: one self-contained HTML page of a run and its explanations.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "commands.h"
+#include "pathkernel/error.h"
+#include "pathkernel/report.h"
+
+namespace pathkernel::cli {
+
+void add_report_command(CLI::App& app, Globals& globals) {
+  struct Args {
+    std::string run, explain, out;
+    ReportOptions report;
+    QuadratureArgs q;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "report", "Write one self-contained HTML report of a run and its explanations (opens offline)");
+  cmd->add_option("RUN", args->run, "Run directory")->required();
+  cmd->add_option("--explain", args->explain,
+                  "Explain output to show (explain.json, contributions.npy; default: RUN/explain if it exists)");
+  cmd->add_option("--out", args->out, "The HTML file (default: RUN/report.html)");
+  cmd->add_option("--test", args->report.test_points,
+                  "Test points of the kernel-vs-network plots (the explained ones first)")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  cmd->add_option("--top", args->report.tracked, "Proponents and opponents shown per side")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->add_option("--gram-points", args->report.gram_points, "Training points in the Gram heatmap (0: none)")
+      ->check(CLI::Range(0, 2000))
+      ->capture_default_str();
+  cmd->add_option("--grid", args->report.grid, "2-D data: points per axis of the kernel and GP maps (0: none)")
+      ->check(CLI::Range(0, 200))
+      ->capture_default_str();
+  args->q.add_to(cmd);
+  cmd->callback([args, &globals] {
+    globals.apply();
+    const auto t0 = std::chrono::steady_clock::now();
+    PK_CHECK(std::filesystem::is_directory(args->run),
+             "run directory '" << args->run << "' does not exist: expected the --out of 'pathkernel train'");
+    ReportOptions options = args->report;
+    const DecompositionOptions d = args->q.options();
+    options.quadrature = d.quadrature;
+    options.progress = d.progress;
+    if (args->explain.empty()) {
+      const std::filesystem::path def = std::filesystem::path(args->run) / "explain";
+      if (std::filesystem::exists(def / "explain.json")) {
+        options.explain_dir = def.string();
+      } else {
+        std::fprintf(stderr, "pathkernel: no explain output in %s; the report shows no explained test points "
+                             "(run 'pathkernel explain %s' first, or pass --explain DIR)\n",
+                     def.string().c_str(), args->run.c_str());
+      }
+    } else {
+      options.explain_dir = args->explain;
+    }
+    const std::string out =
+        args->out.empty() ? (std::filesystem::path(args->run) / "report.html").string() : args->out;
+    PathReader reader(args->run);
+    const size_t bytes = write_report(reader, options, out);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("wrote %s (%.1f MB, %.0f s; self-contained, open it in a browser)\n", out.c_str(),
+                static_cast<double>(bytes) / 1e6, seconds);
+  });
+}
+
+}  // namespace pathkernel::cli

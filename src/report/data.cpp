@@ -1,0 +1,303 @@
+// What the report shows, gathered as JSON: read from the run directory and
+// the explain output, and computed where no command writes it.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "pathkernel/dataset.h"
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/gp.h"
+#include "pathkernel/gram.h"
+#include "pathkernel/npy.h"
+#include "pathkernel/report.h"
+
+namespace pathkernel {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+/// Four significant digits: the page plots, it does not recompute.
+double short_double(double v) {
+  if (!std::isfinite(v)) return v;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return std::strtod(buf, nullptr);
+}
+
+/// A tensor as nested JSON arrays of short doubles (integers stay integers).
+json to_json(const torch::Tensor& t) {
+  if (t.dim() == 0) {
+    if (t.is_floating_point()) return short_double(t.item<double>());
+    return t.item<int64_t>();
+  }
+  json a = json::array();
+  for (int64_t i = 0; i < t.size(0); ++i) a.push_back(to_json(t[i]));
+  return a;
+}
+
+/// Finite values for JSON (NaN and ±inf have no JSON spelling): null.
+json finite(double v) { return std::isfinite(v) ? json(short_double(v)) : json(nullptr); }
+
+/// metrics.csv: step,lr,loss,batch_accuracy per step, as columns.
+json training_curves(const std::string& run_dir, const std::string& file) {
+  const std::string path = (std::filesystem::path(run_dir) / file).string();
+  std::istringstream in(read_file(path));
+  std::string line;
+  std::getline(in, line);  // header
+  json step = json::array(), lr = json::array(), loss = json::array(), acc = json::array();
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::istringstream row(line);
+    std::string cell;
+    std::vector<double> v;
+    while (std::getline(row, cell, ',')) v.push_back(std::strtod(cell.c_str(), nullptr));
+    PK_CHECK(v.size() >= 4, "'" << path << "' has a row with " << v.size()
+                                << " columns (expected step,lr,loss,batch_accuracy): '" << line << "'");
+    step.push_back(static_cast<int64_t>(v[0]));
+    lr.push_back(finite(v[1]));
+    loss.push_back(finite(v[2]));
+    acc.push_back(finite(v[3]));
+  }
+  return {{"step", step}, {"lr", lr}, {"loss", loss}, {"batch_accuracy", acc}};
+}
+
+/// The explain output: explain.json and contributions.npy, checked against the run.
+struct Explained {
+  json points = json::array();  ///< explain.json's points
+  torch::Tensor test_index;     ///< int64 [e]
+  torch::Tensor contributions;  ///< [e, M, K]
+};
+
+Explained read_explain(const std::string& dir, const Manifest& m) {
+  Explained e;
+  PK_CHECK(std::filesystem::is_directory(dir), "explain directory '" << dir
+                                                   << "' does not exist: run 'pathkernel explain RUN --out " << dir
+                                                   << "' first, or leave out --explain");
+  const std::string jpath = (std::filesystem::path(dir) / "explain.json").string();
+  PK_CHECK(std::filesystem::exists(jpath),
+           "explain directory '" << dir << "' has no explain.json: was it written by 'pathkernel explain'?");
+  json j;
+  try {
+    j = json::parse(read_file(jpath));
+  } catch (const json::exception& ex) {
+    PK_THROW("'" << jpath << "' is not valid JSON (" << ex.what() << "): was it written by 'pathkernel explain'?");
+  }
+  PK_CHECK(j.is_object() && j.contains("points") && j["points"].is_array() && !j["points"].empty(),
+           "'" << jpath << "' has no \"points\" list: expected the output of 'pathkernel explain'");
+  const std::string cpath = (std::filesystem::path(dir) / "contributions.npy").string();
+  PK_CHECK(std::filesystem::exists(cpath), "explain directory '" << dir << "' has no contributions.npy");
+  e.contributions = read_npy(cpath).to(torch::kFloat64);
+  const int64_t count = static_cast<int64_t>(j["points"].size());
+  PK_CHECK(e.contributions.dim() == 3 && e.contributions.size(0) == count && e.contributions.size(1) == m.num_train &&
+               e.contributions.size(2) == m.num_classes,
+           "'" << cpath << "' has shape " << e.contributions.sizes() << "; expected [" << count << ", " << m.num_train
+               << ", " << m.num_classes << "] (explained points, training points, classes): was it explained from "
+               << "this run?");
+  std::vector<int64_t> idx;
+  for (const auto& p : j["points"]) {
+    PK_CHECK(p.contains("test_index") && p["test_index"].is_number_integer() && p.contains("proponents") &&
+                 p.contains("opponents") && p.contains("predicted"),
+             "'" << jpath << "' has a point without test_index, predicted, proponents or opponents: " << p.dump());
+    const int64_t i = p["test_index"].get<int64_t>();
+    PK_CHECK(i >= 0 && i < m.num_test, "'" << jpath << "' explains test point " << i << ", but the run has "
+                                            << m.num_test << " test points");
+    for (const char* side : {"proponents", "opponents"}) {
+      for (const auto& t : p[side]) {
+        const int64_t ti = t.value("index", int64_t(-1));
+        PK_CHECK(ti >= 0 && ti < m.num_train, "'" << jpath << "' lists training point " << ti << " among the "
+                                                  << side << "; the run has " << m.num_train << " training points");
+      }
+    }
+    idx.push_back(i);
+  }
+  e.points = j["points"];
+  e.test_index = torch::tensor(idx, torch::kInt64);
+  return e;
+}
+
+bool is_image(const Manifest& m) { return m.input_shape.size() == 3; }
+
+/// A training or test input for the page: a PNG data URI for images, else
+/// the feature values (first 64).
+json input_view(const Manifest& m, const torch::Tensor& x) {
+  if (is_image(m)) return {{"png", png_data_uri(x)}};
+  const torch::Tensor flat = x.reshape({-1}).to(torch::kFloat64);
+  return {{"features", to_json(flat.narrow(0, 0, std::min<int64_t>(64, flat.size(0))))},
+          {"dimensions", flat.size(0)}};
+}
+
+}  // namespace
+
+nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& options) {
+  PK_CHECK(options.test_points >= 1, "the report needs at least one test point (got " << options.test_points << ")");
+  PK_CHECK(options.tracked >= 1, "--top must be >= 1 (got " << options.tracked << ")");
+  const Manifest& m = reader.manifest();
+  const Dataset& data = reader.dataset();
+  const int64_t K = m.num_classes, N = m.steps;
+  json out;
+  out["title"] = "pathkernel report: " + reader.dir();
+  out["run"] = reader.dir();
+  out["plotting"] = report_plotting_library();
+  out["manifest"] = m.to_json();
+  out["summary"] = {{"data", m.data.spec},     {"model", m.model_spec},       {"optimizer", m.optimizer.name},
+                    {"lr", m.optimizer.lr},    {"batch", m.batch_size},       {"steps", N},
+                    {"parameters", m.parameter_count}, {"train", m.num_train}, {"test", m.num_test},
+                    {"classes", K},            {"status", m.status},          {"results", m.summary}};
+  out["training"] = training_curves(reader.dir(), m.metrics);
+
+  // The explained points, then more test points (class-balanced) up to test_points.
+  Explained ex;
+  const bool explained = !options.explain_dir.empty();
+  if (explained) ex = read_explain(options.explain_dir, m);
+  std::vector<int64_t> test_idx;
+  std::set<int64_t> seen;
+  if (explained) {
+    for (int64_t i = 0; i < ex.test_index.size(0); ++i) {
+      if (seen.insert(ex.test_index[i].item<int64_t>()).second) test_idx.push_back(ex.test_index[i].item<int64_t>());
+    }
+  }
+  const torch::Tensor more = balanced_subset(data.y_test, std::min<int64_t>(options.test_points, m.num_test), 0);
+  for (int64_t i = 0; i < more.size(0) && static_cast<int64_t>(test_idx.size()) < options.test_points; ++i) {
+    if (seen.insert(more[i].item<int64_t>()).second) test_idx.push_back(more[i].item<int64_t>());
+  }
+  // The proponents and opponents shown, whose per-step terms are kept.
+  std::vector<int64_t> tracked;
+  std::map<int64_t, int64_t> slot;
+  if (explained) {
+    for (const auto& p : ex.points) {
+      for (const char* side : {"proponents", "opponents"}) {
+        int64_t shown = 0;
+        for (const auto& t : p[side]) {
+          if (shown++ == options.tracked) break;
+          const int64_t i = t["index"].get<int64_t>();
+          if (slot.emplace(i, static_cast<int64_t>(tracked.size())).second) tracked.push_back(i);
+        }
+      }
+    }
+  }
+  const torch::Tensor tidx = torch::tensor(test_idx, torch::kInt64);
+  DecompositionOptions dopt;
+  dopt.quadrature = options.quadrature;
+  dopt.progress = options.progress;
+  const StepTrace tr =
+      trace_steps(reader, data.x_test.index_select(0, tidx), torch::tensor(tracked, torch::kInt64), dopt);
+  const Decomposition& d = tr.decomposition;
+  const torch::Tensor pred = d.prediction();
+  const torch::Tensor diff = (pred - d.fN).abs();
+  const torch::Tensor rel = diff / d.fN.abs().clamp_min(1.0);
+  out["kernel_machine"] = {{"test_index", test_idx},
+                           {"label", to_json(data.y_test.index_select(0, tidx))},
+                           {"network", to_json(d.fN)},
+                           {"kernel", to_json(pred)},
+                           {"max_abs_error", diff.max().item<double>()},
+                           {"max_rel_error", rel.max().item<double>()},
+                           {"quadrature", options.quadrature.spec.str()},
+                           {"seconds", short_double(d.seconds)}};
+  out["steps"] = {{"certificate_gap", to_json(tr.certificate_gap)},
+                  {"evaluations", to_json(tr.evaluations)},
+                  {"certificate_max_gap", d.certificate_max_gap},
+                  {"mean_evaluations", short_double(tr.evaluations.mean().item<double>())}};
+  // Contribution mass over steps, for the predicted class of each test point.
+  const torch::Tensor predicted = d.fN.argmax(1);
+  json mass = json::array();
+  for (int64_t n = 0; n < tidx.size(0); ++n) {
+    const int64_t k = predicted[n].item<int64_t>();
+    mass.push_back({{"test_index", test_idx[n]}, {"predicted", k},
+                    {"abs", to_json(tr.step_abs[n].select(1, k))}, {"sum", to_json(tr.step_sum[n].select(1, k))}});
+  }
+  out["mass"] = mass;
+  out["dpk_angle"] = {{"test_index", test_idx}, {"degrees", to_json(tr.dpk_angle)}};
+
+  // Each explained point: its input, classes, proponents and opponents with their curves.
+  json points = json::array();
+  if (explained) {
+    for (size_t e = 0; e < ex.points.size(); ++e) {
+      const json& p = ex.points[e];
+      const int64_t ti = p["test_index"].get<int64_t>();
+      const int64_t n = static_cast<int64_t>(std::find(test_idx.begin(), test_idx.end(), ti) - test_idx.begin());
+      const int64_t k = p["predicted"].get<int64_t>();
+      json pj = {{"test_index", ti},
+                 {"label", p.value("label", data.y_test[ti].item<int64_t>())},
+                 {"predicted", k},
+                 {"completeness_error", p.value("completeness_error", 0.0)},
+                 {"input", input_view(m, data.x_test[ti])}};
+      for (const char* side : {"proponents", "opponents"}) {
+        json list = json::array();
+        int64_t shown = 0;
+        for (const auto& t : p[side]) {
+          if (shown++ == options.tracked) break;
+          const int64_t i = t["index"].get<int64_t>();
+          const torch::Tensor curve = tr.per_step[n].select(1, slot.at(i)).select(1, k);  // [N]
+          list.push_back({{"index", i},
+                          {"label", data.y_train[i].item<int64_t>()},
+                          {"value", t["value"].get<double>()},
+                          {"total", ex.contributions[static_cast<int64_t>(e)][i][k].item<double>()},
+                          {"per_step", to_json(curve)},
+                          {"input", input_view(m, data.x_train[i])}});
+        }
+        pj[side] = list;
+      }
+      points.push_back(pj);
+    }
+  }
+  out["points"] = points;
+
+  // The EPK Gram matrix between class-balanced training points, sorted by class.
+  if (options.gram_points > 0) {
+    torch::Tensor g_idx = balanced_subset(data.y_train, std::min<int64_t>(options.gram_points, m.num_train), 0);
+    g_idx = g_idx.index_select(0, torch::argsort(data.y_train.index_select(0, g_idx) * m.num_train + g_idx));
+    const torch::Tensor xs = data.x_train.index_select(0, g_idx);
+    GramOptions go;
+    go.kernel = GramSpec::parse("epk");
+    go.quadrature = options.quadrature;
+    go.trace = true;
+    go.progress = options.progress;
+    const torch::Tensor g = gram(reader, xs, false, xs, false, go) / static_cast<double>(K);
+    out["gram"] = {{"kernel", "epk"},
+                   {"index", to_json(g_idx)},
+                   {"label", to_json(data.y_train.index_select(0, g_idx))},
+                   {"values", to_json(g)}};
+  }
+
+  // 2-D data: the mean EPK value against the training points and the GP's
+  // probability std on a grid (fig5's maps).
+  const bool two_d = m.input_shape.size() == 1 && m.input_shape[0] == 2;
+  if (two_d && options.grid > 0) {
+    const int64_t G = options.grid;
+    const torch::Tensor X = data.x_train.to(torch::kFloat64);
+    const double pad = 0.5;
+    const double lo0 = X.select(1, 0).min().item<double>() - pad, hi0 = X.select(1, 0).max().item<double>() + pad;
+    const double lo1 = X.select(1, 1).min().item<double>() - pad, hi1 = X.select(1, 1).max().item<double>() + pad;
+    const torch::Tensor ax = torch::linspace(lo0, hi0, G, torch::kFloat64);
+    const torch::Tensor ay = torch::linspace(lo1, hi1, G, torch::kFloat64);
+    const std::vector<torch::Tensor> mesh = torch::meshgrid({ax, ay}, "xy");
+    const torch::Tensor grid = torch::stack({mesh[0].reshape(-1), mesh[1].reshape(-1)}, 1);  // [G², 2]
+    const torch::Tensor sub = balanced_subset(data.y_train, std::min<int64_t>(options.gp_train, m.num_train), 0);
+    const torch::Tensor xs = data.x_train.index_select(0, sub);
+    GramOptions go;
+    go.kernel = GramSpec::parse("epk");
+    go.quadrature = options.quadrature;
+    go.progress = options.progress;
+    const KernelMatrices km = kernel_matrices(reader, xs, grid, true, go, true);
+    GpOptions gpo;
+    gpo.samples = 200;
+    const GpPosterior gp = gp_posterior(km.train, km.cross, km.self, reader.outputs(N, xs), gpo);
+    out["maps"] = {{"x", to_json(ax)},
+                   {"y", to_json(ay)},
+                   {"kernel_value", to_json(km.cross.mean(1).reshape({G, G}))},
+                   {"prob_std", to_json(gp.prob_std.mean(1).reshape({G, G}))},
+                   {"gp_jitter", gp.jitter},
+                   {"train_x", to_json(X.select(1, 0))},
+                   {"train_y", to_json(X.select(1, 1))},
+                   {"train_label", to_json(data.y_train)}};
+  }
+  return out;
+}
+
+}  // namespace pathkernel

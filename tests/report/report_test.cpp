@@ -1,0 +1,186 @@
+// Tests of the report's computations: the per-step terms against the
+// decomposition and a slow autograd reference, the DPK angle, the HTML page,
+// and the errors of a bad explain output.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+
+#include "../test_util.h"
+#include "pathkernel/files.h"
+#include "pathkernel/model.h"
+#include "pathkernel/npy.h"
+#include "pathkernel/report.h"
+#include "pathkernel/trainer.h"
+
+namespace pathkernel {
+namespace {
+
+DecompositionOptions quiet(const std::string& rule = "gauss") {
+  DecompositionOptions o;
+  o.quadrature.spec = QuadratureSpec::parse(rule);
+  o.progress = false;
+  return o;
+}
+
+TEST(Report, PerStepTermsSumToTheContributions) {
+  for (const std::string optimizer : {"gd", "sgd", "momentum"}) {
+    testing::TempDir dir(optimizer);
+    train_run(testing::small_run(dir / "R", optimizer, 9, 4));
+    PathReader reader(dir / "R");
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
+    const int64_t M = reader.dataset().x_train.size(0);
+    const StepTrace t = trace_steps(reader, x, torch::arange(M), quiet());
+    const Decomposition& d = t.decomposition;
+    ASSERT_EQ(t.per_step.sizes().vec(), (std::vector<int64_t>{4, 9, M, d.fN.size(1)})) << optimizer;
+    const double scale = d.contributions.abs().max().item<double>() + 1e-300;
+    EXPECT_LT((t.per_step.sum(1) - d.contributions).abs().max().item<double>(), 1e-12 * std::max(1.0, scale))
+        << optimizer;
+    EXPECT_LT((t.step_sum.sum(1) - d.contributions.sum(1)).abs().max().item<double>(), 1e-12) << optimizer;
+    EXPECT_TRUE((t.step_abs + 1e-15 >= t.step_sum.abs()).all().item<bool>()) << optimizer;
+    EXPECT_DOUBLE_EQ(t.certificate_gap.max().item<double>(), d.certificate_max_gap) << optimizer;
+    EXPECT_NEAR(t.evaluations.sum().item<double>() * 4, static_cast<double>(d.evaluations), 1e-6) << optimizer;
+    // The same decomposition without observing the steps gives the same numbers.
+    const Decomposition plain = decompose(reader, x, quiet());
+    EXPECT_LT((plain.contributions - d.contributions).abs().max().item<double>(), 1e-15 * std::max(1.0, scale))
+        << optimizer;
+  }
+}
+
+TEST(Report, TrackedSubsetKeepsOnlyItsColumns) {
+  testing::TempDir dir;
+  train_run(testing::small_run(dir / "R", "sgd", 8, 4));
+  PathReader reader(dir / "R");
+  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+  const torch::Tensor tracked = torch::tensor({7, 0, 33}, torch::kInt64);
+  const StepTrace t = trace_steps(reader, x, tracked, quiet());
+  const torch::Tensor want = t.decomposition.contributions.index_select(1, tracked);
+  EXPECT_LT((t.per_step.sum(1) - want).abs().max().item<double>(), 1e-13);
+  EXPECT_CONTAINS(testing::error_message([&] { trace_steps(reader, x, torch::tensor({60}), quiet()); }),
+                  "tracked training indices must be in [0, 60)");
+}
+
+// The slow reference: with the one-node rule J̄_s(x) = J(w_s, x), so for sgd
+// C_{i,s}(x)_k = −(η_s / |B_s|) ∇f_k(w_s, x) · ∇ℓ_i(w_s), by autograd.
+TEST(Report, PerStepTermsMatchAutogradOnTheDpkRule) {
+  testing::TempDir dir;
+  train_run(testing::small_run(dir / "R", "sgd", 6, 3));
+  PathReader reader(dir / "R");
+  const Manifest& m = reader.manifest();
+  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+  const int64_t M = reader.dataset().x_train.size(0), K = m.num_classes;
+  const StepTrace t = trace_steps(reader, x, torch::arange(M), quiet("dpk"));
+  Network net = build_network(m.network_options());
+  const OutputMap map = net->options().output;
+  double worst = 0;
+  reader.forward([&](const PathStep& st) {
+    const int64_t b = st.batch.size(0);
+    torch::Tensor want = torch::zeros({2, M, K}, torch::kFloat64);
+    for (int64_t j = 0; j < b; ++j) {
+      const int64_t i = st.batch[j].item<int64_t>();
+      const torch::Tensor g = testing::flat_grad(net, st.w, reader.dataset().x_train.narrow(0, i, 1), [&](auto out) {
+        return training_loss(out, reader.dataset().y_train.narrow(0, i, 1), map);
+      });
+      for (int64_t n = 0; n < 2; ++n) {
+        for (int64_t k = 0; k < K; ++k) {
+          const torch::Tensor jk =
+              testing::flat_grad(net, st.w, x.narrow(0, n, 1), [&](auto out) { return out.select(1, k).sum(); });
+          want[n][i][k].add_(-st.lr / static_cast<double>(b) * jk.dot(g).item<double>());
+        }
+      }
+    }
+    worst = std::max(worst, (t.per_step.select(1, st.step) - want).abs().max().item<double>());
+  });
+  EXPECT_LT(worst, 1e-13);
+  // The DPK against itself: no angle.
+  EXPECT_LT(t.dpk_angle.abs().max().item<double>(), 1e-4);
+}
+
+TEST(Report, DpkAngleIsAnAngle) {
+  testing::TempDir dir;
+  train_run(testing::small_run(dir / "R", "gd", 6, 3));
+  PathReader reader(dir / "R");
+  const StepTrace t = trace_steps(reader, reader.dataset().x_test.narrow(0, 0, 5), torch::arange(0), quiet());
+  EXPECT_TRUE((t.dpk_angle >= 0).all().item<bool>());
+  EXPECT_TRUE((t.dpk_angle <= 180).all().item<bool>());
+  EXPECT_GT(t.dpk_angle.max().item<double>(), 1e-6);  // the EPK integrates along the step; the DPK does not
+}
+
+TEST(Report, PngDataUriIsAPng) {
+  const std::string uri = png_data_uri(torch::rand({1, 4, 5}, torch::kFloat64));
+  EXPECT_EQ(uri.rfind("data:image/png;base64,iVBORw0KGgo", 0), 0u) << uri;
+  EXPECT_CONTAINS(testing::error_message([] { png_data_uri(torch::rand({2, 4, 5})); }), "C = 1 or 3");
+}
+
+TEST(Report, HtmlIsSelfContained) {
+  testing::TempDir dir;
+  train_run(testing::small_run(dir / "R", "sgd", 6, 3));
+  PathReader reader(dir / "R");
+  ReportOptions o;
+  o.test_points = 3;
+  o.gram_points = 6;
+  o.progress = false;
+  const nlohmann::ordered_json data = report_data(reader, o);
+  EXPECT_EQ(data["kernel_machine"]["test_index"].size(), 3u);
+  EXPECT_LT(data["kernel_machine"]["max_rel_error"].get<double>(), 1e-10);
+  EXPECT_EQ(data["gram"]["values"].size(), 6u);
+  EXPECT_FALSE(data.contains("maps"));  // gaussians3 is 100-D
+  std::string html = report_html(data);
+  EXPECT_CONTAINS(html, "<script type=\"application/json\" id=\"pk-data\">");
+  EXPECT_CONTAINS(html, report_plotting_library());
+  EXPECT_CONTAINS(html, "Plotly");
+  // Nothing is fetched: no external scripts, styles or images outside the
+  // inlined library (whose code holds links it never fetches, e.g. its logo's).
+  EXPECT_GT(html.size(), 1000000u);  // the plotting library is inline
+  const size_t lib = html.find("<script>/* " + report_plotting_library());
+  ASSERT_NE(lib, std::string::npos);
+  html.erase(lib, html.find("</script>", lib) - lib);
+  for (const char* fetch : {"<script src", "<link", "src=\"http", "href=\"http", "url(http"}) {
+    EXPECT_EQ(html.find(fetch), std::string::npos) << fetch;
+  }
+}
+
+TEST(Report, TwoDimensionalDataGetsTheMaps) {
+  testing::TempDir dir;
+  RunOptions r = testing::small_run(dir / "R", "gd", 5, 5);
+  r.data.spec = "toy2d";
+  train_run(r);
+  PathReader reader(dir / "R");
+  ReportOptions o;
+  o.test_points = 2;
+  o.gram_points = 0;
+  o.grid = 4;
+  o.gp_train = 12;
+  o.progress = false;
+  const nlohmann::ordered_json data = report_data(reader, o);
+  ASSERT_TRUE(data.contains("maps"));
+  EXPECT_EQ(data["maps"]["kernel_value"].size(), 4u);
+  EXPECT_EQ(data["maps"]["prob_std"][0].size(), 4u);
+}
+
+TEST(Report, BadExplainOutputGetsAClearError) {
+  testing::TempDir dir;
+  train_run(testing::small_run(dir / "R", "sgd", 4, 2));
+  PathReader reader(dir / "R");
+  ReportOptions o;
+  o.progress = false;
+  o.explain_dir = dir / "nowhere";
+  EXPECT_CONTAINS(testing::error_message([&] { report_data(reader, o); }), "explain directory '" + o.explain_dir +
+                                                                               "' does not exist");
+  std::filesystem::create_directories(dir / "E");
+  o.explain_dir = dir / "E";
+  EXPECT_CONTAINS(testing::error_message([&] { report_data(reader, o); }), "has no explain.json");
+  dir.write("E/explain.json", "{ not json");
+  EXPECT_CONTAINS(testing::error_message([&] { report_data(reader, o); }), "is not valid JSON");
+  dir.write("E/explain.json", R"({"points": [{"test_index": 0, "predicted": 1, "proponents": [], "opponents": []}]})");
+  EXPECT_CONTAINS(testing::error_message([&] { report_data(reader, o); }), "has no contributions.npy");
+  write_npy(dir / "E/contributions.npy", torch::zeros({1, 5, 3}, torch::kFloat64));
+  EXPECT_CONTAINS(testing::error_message([&] { report_data(reader, o); }), "expected [1, 60, 3]");
+  write_npy(dir / "E/contributions.npy", torch::zeros({1, 60, 3}, torch::kFloat64));
+  dir.write("E/explain.json",
+            R"({"points": [{"test_index": 99, "predicted": 1, "proponents": [], "opponents": []}]})");
+  EXPECT_CONTAINS(testing::error_message([&] { report_data(reader, o); }), "explains test point 99, but the run has 30");
+}
+
+}  // namespace
+}  // namespace pathkernel
