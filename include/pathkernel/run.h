@@ -44,7 +44,8 @@ RunOptions run_options_from_manifest(const Manifest& manifest, const std::string
 /// finished run is byte for byte the run an uninterrupted train_run would have
 /// written, except timing.json. Throws Error when run_dir is not a run, is
 /// complete or diverged, fails validation, or was written by another
-/// pathkernel or LibTorch version. `progress`: progress bar on stderr.
-RunResult resume_run(const std::string& run_dir, bool progress);
+/// pathkernel or LibTorch version, or when `threads` (0: unspecified) is not
+/// the run's thread count. `progress`: progress bar on stderr.
+RunResult resume_run(const std::string& run_dir, bool progress, int threads = 0);
 
 }  // namespace pathkernel

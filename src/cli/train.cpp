@@ -115,14 +115,8 @@ void add_train_command(CLI::App& app, Globals& globals) {
     RunOptions& r = args->run;
     RunResult res;
     if (!args->resume.empty()) {
-      // The run's own thread count: GEMM rounding can depend on it.
-      const Manifest recorded = Manifest::load(args->resume);
-      PK_CHECK(globals.threads == 0 || globals.threads == recorded.threads,
-               "--threads " << globals.threads << " conflicts with --resume: run '" << args->resume
-                            << "' was trained with " << recorded.threads
-                            << " threads, and a resumed run uses the same count (drop --threads)");
       r.out = args->resume;
-      res = resume_run(args->resume, !args->quiet);
+      res = resume_run(args->resume, !args->quiet, globals.threads);
     } else {
       globals.apply();
       const std::string& opt = r.train.optimizer.name;

@@ -83,6 +83,14 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     ::unlink(tmp.c_str());
     PK_THROW("cannot rename '" << tmp << "' to '" << path << "': " << std::strerror(err));
   }
+  // Make the rename itself durable, so that a reboot keeps the new file.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
 }
 
 std::string read_file(const std::string& path) {

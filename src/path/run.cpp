@@ -111,12 +111,16 @@ RunOptions run_options_from_manifest(const Manifest& m, const std::string& run_d
   return r;
 }
 
-RunResult resume_run(const std::string& run_dir, bool progress) {
+RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
   PK_CHECK(fs::is_directory(run_dir), "cannot resume '" << run_dir << "': it is not a directory");
   PK_CHECK(fs::exists(fs::path(run_dir) / "manifest.json"),
            "cannot resume '" << run_dir << "': it has no manifest.json, so it is not a run written by "
-                             << "'pathkernel train' (or was interrupted before its first checkpoint: train it again)");
+                             << "'pathkernel train' (if it was interrupted before its first checkpoint, delete it and train again)");
   Manifest m = Manifest::load(run_dir);
+  // The run's own thread count: GEMM rounding can depend on it.
+  PK_CHECK(threads == 0 || threads == m.threads,
+           "--threads " << threads << " conflicts with --resume: run '" << run_dir << "' was trained with "
+                        << m.threads << " threads, and a resumed run uses the same count (drop --threads)");
   PK_CHECK(m.status != "complete",
            "cannot resume '" << run_dir << "': the run is complete (" << m.steps << " steps); nothing to do");
   PK_CHECK(m.status == "running", "cannot resume '" << run_dir << "': its status is '" << m.status << "' ("
@@ -130,7 +134,7 @@ RunResult resume_run(const std::string& run_dir, bool progress) {
 
   RunOptions options = run_options_from_manifest(m, run_dir);
   options.train.progress = progress;
-  ThreadScope threads(static_cast<int>(m.threads));
+  ThreadScope thread_scope(static_cast<int>(m.threads));
   Dataset data = load_dataset(options.data);
   PK_CHECK(data.x_train.size(0) == m.num_train && training_data_crc32(data.x_train, data.y_train) == m.train_crc32,
            "cannot resume '" << run_dir << "': the training data of '" << m.data.spec
