@@ -9,8 +9,15 @@
 
 namespace pathkernel {
 
-/// Writes `bytes` to `path` atomically: a sibling temporary file is written,
-/// flushed and renamed over `path`. Throws Error on any I/O failure.
+/// Writes `bytes` to `path` atomically: a sibling temporary file
+/// `path.tmp.PID` is written, flushed and renamed over `path`. Throws Error
+/// naming `path` and the reason on any I/O failure (disk full, permissions),
+/// after removing the temporary file; the previous `path` is then unchanged.
+///
+/// Test hook: with PATHKERNEL_TEST_PAUSE_IN_WRITE=SUBSTRING[@N] in the
+/// environment, the N-th (default first) write whose path contains SUBSTRING
+/// stops the process (SIGSTOP) halfway through its temporary file, so a test
+/// can kill it in the middle of a write.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 
 /// Reads a whole file. Throws Error naming the path if it cannot be read.

@@ -26,11 +26,26 @@ struct RunOptions {
 struct RunResult {
   Manifest manifest;
   TrainSummary summary;
+  int64_t resumed_from = -1;  ///< the checkpoint step a resumed run continued from; -1 for a new run
 };
 
 /// Trains and records. Throws Error on bad options, bad data, an existing run
 /// directory without `force`, or divergence (the run is then kept, valid up to
-/// the last good step).
+/// the last good step). Writes RUN/timing.json (wall-clock seconds) last.
 RunResult train_run(const RunOptions& options);
+
+/// The options a run directory's manifest records, as train_run would take
+/// them (steps = the recorded N, whether N came from --steps or --epochs).
+RunOptions run_options_from_manifest(const Manifest& manifest, const std::string& run_dir);
+
+/// Continues the interrupted run in run_dir from its last complete checkpoint
+/// (the last one the manifest lists; files written after it are discarded),
+/// with every option taken from the manifest and the run's thread count. The
+/// finished run is byte for byte the run an uninterrupted train_run would have
+/// written, except timing.json. Throws Error when run_dir is not a run, is
+/// complete or diverged, fails validation, or was written by another
+/// pathkernel or LibTorch version, or when `threads` (0: unspecified) is not
+/// the run's thread count. `progress`: progress bar on stderr.
+RunResult resume_run(const std::string& run_dir, bool progress, int threads = 0);
 
 }  // namespace pathkernel

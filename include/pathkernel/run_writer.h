@@ -7,7 +7,8 @@
 //   batches/b_SSSSSSSS.npy        int32 [steps, max batch] indices of each segment's steps
 //   metrics.csv                   step,lr,loss,batch_accuracy
 // Every file is written atomically, and the manifest last, so a run
-// interrupted at any moment reads as valid up to its last checkpoint.
+// interrupted at any moment reads as valid up to its last checkpoint, and
+// reopen() continues it from there (see run.h, resume_run).
 #pragma once
 
 #include <string>
@@ -28,19 +29,29 @@ class RunWriter : public TrainingObserver {
   /// deletes a non-empty directory that is not a pathkernel run.
   RunWriter(std::string run_dir, Manifest base, bool force);
 
+  /// Reopens the interrupted run in run_dir at its last checkpoint, step
+  /// `m.steps` (`m` loaded from run_dir and validated): keeps the metrics rows
+  /// of steps before it and removes what an interruption left behind (the
+  /// temporary files of unfinished writes, and path files written after the
+  /// last checkpoint but not yet in the manifest). Training then continues
+  /// with on_step(m.steps, ..), without on_start.
+  static RunWriter reopen(std::string run_dir, Manifest m);
+
   void on_start(Network& net, torch::optim::Optimizer& optimizer,
                 const std::vector<double>& learning_rates) override;
   void on_step(int64_t step, const torch::Tensor& batch, const StepResult& result, Network& net,
                torch::optim::Optimizer& optimizer) override;
+  /// Keeps the final loss and accuracies for the manifest's `summary` (not
+  /// the seconds: the manifest holds no wall-clock times, so a resumed run's
+  /// manifest is byte for byte an uninterrupted one's).
+  void on_summary(const TrainSummary& summary) override;
   void on_stop(int64_t steps, const std::string& status, const std::string& message, Network& net,
                torch::optim::Optimizer& optimizer) override;
-
-  /// Records the training summary in the manifest and saves it.
-  void set_summary(const nlohmann::ordered_json& summary);
 
   const Manifest& manifest() const { return manifest_; }
 
  private:
+  RunWriter() = default;
   void write_checkpoint(int64_t step, Network& net, torch::optim::Optimizer& optimizer);
   void flush(int64_t step);  // batch segment + metrics + manifest, for a checkpoint at `step`
   FileRecord write_record(const std::string& relative, const torch::Tensor& tensor);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,15 @@ StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const tor
                      const torch::Tensor& y, double lr,
                      const std::function<bool(double)>& accept = nullptr);
 
+/// Summary of a finished training run.
+struct TrainSummary {
+  int64_t steps = 0;
+  double final_loss = 0;       ///< mean loss of the last step's batch
+  double train_accuracy = 0;   ///< on the whole training set at w_N
+  double test_accuracy = 0;    ///< on the test set at w_N
+  double seconds = 0;          ///< wall-clock time of this call (of the resumed part only, when resuming)
+};
+
 /// Receives the training run as it happens.
 class TrainingObserver {
  public:
@@ -91,25 +101,32 @@ class TrainingObserver {
   /// After step s was taken; net holds w_{s+1}. batch undefined = full batch.
   virtual void on_step(int64_t step, const torch::Tensor& batch, const StepResult& result,
                        Network& net, torch::optim::Optimizer& optimizer) = 0;
+  /// When training completes, just before on_stop(.., "complete", ..).
+  virtual void on_summary(const TrainSummary& /*summary*/) {}
   /// At the end; net holds w_{steps}. status: "complete" or "diverged".
   virtual void on_stop(int64_t steps, const std::string& status, const std::string& message,
                        Network& net, torch::optim::Optimizer& optimizer) = 0;
 };
 
-/// Summary of a finished training run.
-struct TrainSummary {
-  int64_t steps = 0;
-  double final_loss = 0;       ///< mean loss of the last step's batch
-  double train_accuracy = 0;   ///< on the whole training set at w_N
-  double test_accuracy = 0;    ///< on the test set at w_N
-  double seconds = 0;
+/// Where an interrupted run continues: the state after `step` steps, read
+/// back from a checkpoint. Everything else training needs (batches, learning
+/// rates) is a function of the options, so continuing from here takes the
+/// same steps as the uninterrupted run.
+struct ResumePoint {
+  int64_t step = 0;            ///< steps already taken; net holds w_step
+  OptimizerState state;        ///< optimizer state at w_step, in the training dtype
+  double first_loss = std::numeric_limits<double>::quiet_NaN();  ///< step 0's loss (the divergence reference)
+  double last_loss = 0;        ///< step `step - 1`'s loss
 };
 
 /// Trains net on (x_train, y_train), reporting to observer. Throws Error when
-/// the loss diverges (after observer->on_stop(.., "diverged", ..)).
+/// the loss diverges (after observer->on_stop(.., "diverged", ..)). With
+/// `resume`, net must hold w_{resume->step}; training continues from there
+/// and observer.on_start is not called (the observer already holds the run).
 TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tensor& y_train,
                    const torch::Tensor& x_test, const torch::Tensor& y_test,
-                   const TrainOptions& options, TrainingObserver& observer);
+                   const TrainOptions& options, TrainingObserver& observer,
+                   const ResumePoint* resume = nullptr);
 
 /// Accuracy of net on (x, y), evaluated in chunks without gradients.
 double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y);

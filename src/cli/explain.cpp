@@ -7,7 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "pathkernel/context.h"
 #include "pathkernel/decomposition.h"
+#include "pathkernel/decomposition_checkpoint.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 #include "pathkernel/image.h"
@@ -33,6 +35,7 @@ void add_explain_command(CLI::App& app, Globals& globals) {
     std::string run, test_index = "0", out;
     std::string kernel = "auto";
     int64_t top = 10;
+    double checkpoint_seconds = 60;
     QuadratureArgs q;
   };
   auto args = std::make_shared<Args>();
@@ -47,6 +50,11 @@ void add_explain_command(CLI::App& app, Globals& globals) {
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_option("--out", args->out, "Directory for contributions.npy and explain.json (default: RUN/explain)");
+  cmd->add_option("--checkpoint-seconds", args->checkpoint_seconds,
+                  "Save the accumulators to OUT/.progress this often; a rerun with the same arguments continues "
+                  "from there")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->callback([args, &globals] {
     globals.apply();
     DecompositionOptions options = args->q.options();
@@ -63,8 +71,21 @@ void add_explain_command(CLI::App& app, Globals& globals) {
       std::fprintf(stderr, "pathkernel: kernel.npy would take %.1f GiB; not written (use --kernel on to force)\n",
                    kernel_bytes / (1 << 30));
     }
-    Decomposition d = decompose(reader, x_test.index_select(0, idx), options);
     const std::string out = args->out.empty() ? (std::filesystem::path(args->run) / "explain").string() : args->out;
+    // Everything the accumulators depend on: a saved state made otherwise is not reused.
+    nlohmann::ordered_json arguments{
+        {"manifest_crc32", crc32_of(read_file((std::filesystem::path(args->run) / "manifest.json").string()))},
+        {"test_indices", std::vector<int64_t>(idx.data_ptr<int64_t>(), idx.data_ptr<int64_t>() + idx.numel())},
+        {"quadrature", options.quadrature.spec.str()},
+        {"tol", options.quadrature.tol},
+        {"gauss_nodes", options.quadrature.gauss_nodes},
+        {"kernel", options.kernel},
+        {"threads", current_threads()}};
+    DirectoryCheckpoint progress((std::filesystem::path(out) / ".progress").string(), arguments,
+                                 args->checkpoint_seconds);
+    progress.resume_point();
+    if (!progress.message().empty()) std::fprintf(stderr, "pathkernel: %s\n", progress.message().c_str());
+    Decomposition d = decompose(reader, x_test.index_select(0, idx), options, &progress);
     std::filesystem::create_directories(out);
     write_npy((std::filesystem::path(out) / "contributions.npy").string(), d.contributions);
     if (options.kernel) write_npy((std::filesystem::path(out) / "kernel.npy").string(), d.kernel);
@@ -111,6 +132,7 @@ void add_explain_command(CLI::App& app, Globals& globals) {
                                                        : nlohmann::ordered_json(nullptr)},
                              {"points", points}};
     write_file_atomic((std::filesystem::path(out) / "explain.json").string(), j.dump(2) + "\n");
+    progress.finish();
     // Image data: the test image (blue) beside its top proponents (green, top
     // row) and opponents (red, bottom row).
     std::vector<std::string> pngs;

@@ -27,10 +27,27 @@ struct TrainArgs {
   double lr = 0;
   bool json = false;
   bool quiet = false;
+  std::string resume;  ///< run directory to continue; every other option comes from its manifest
 };
+
+/// The options --resume may be combined with: the rest are the manifest's.
+bool allowed_with_resume(const std::string& name) {
+  return name == "--resume" || name == "--json" || name == "--quiet" || name == "--help";
+}
 
 /// Checks options that only make sense together, in one place.
 void check_conflicts(CLI::App& cmd, const TrainArgs& a) {
+  if (!a.resume.empty()) {
+    for (const CLI::Option* o : cmd.get_options()) {
+      const std::string name = o->get_name();
+      PK_CHECK(o->count() == 0 || allowed_with_resume(name),
+               name << " cannot be combined with --resume: a resumed run takes every option from its "
+                    << "manifest.json (give only --resume RUN, and --json or --quiet)");
+    }
+    return;
+  }
+  PK_CHECK(cmd.count("--data") == 1, "--data is required (or --resume RUN to continue an interrupted run)");
+  PK_CHECK(cmd.count("--out") == 1, "--out is required (or --resume RUN to continue an interrupted run)");
   const std::string& opt = a.run.train.optimizer.name;
   bool momentum_family = opt == "momentum" || opt == "nesterov";
   bool adam_family = opt == "adam" || opt == "adamw";
@@ -50,7 +67,7 @@ void add_train_command(CLI::App& app, Globals& globals) {
   auto args = std::make_shared<TrainArgs>();
   RunOptions& r = args->run;
   CLI::App* cmd = app.add_subcommand("train", "Train a model and record its path in a run directory");
-  cmd->add_option("--data", r.data.spec, "Dataset: " + joined(dataset_names()))->required();
+  cmd->add_option("--data", r.data.spec, "Dataset: " + joined(dataset_names()) + " (required unless --resume)");
   cmd->add_option("--train-size", r.data.train_size, "Class-balanced training subset size (default: all)");
   cmd->add_option("--test-size", r.data.test_size, "Class-balanced test subset size (default: all)");
   cmd->add_option("--data-seed", r.data.seed, "Seed of synthetic data and subsets")->capture_default_str();
@@ -85,24 +102,34 @@ void add_train_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--seed", r.seed, "Seed of initialisation and batch order")->capture_default_str();
   cmd->add_option("--checkpoint-every", r.checkpoint_every,
                   "Store a full checkpoint every k steps (default: about sqrt(steps))");
-  cmd->add_option("--out", r.out, "Run directory to create")->required();
+  cmd->add_option("--out", r.out, "Run directory to create (required unless --resume)");
+  cmd->add_option("--resume", args->resume,
+                  "Continue the interrupted run RUN from its last complete checkpoint, with the options "
+                  "its manifest records; the finished run equals an uninterrupted one byte for byte");
   cmd->add_flag("--force", r.force, "Overwrite an existing run directory");
   cmd->add_flag("--json", args->json, "Print the summary as one JSON object");
   cmd->add_flag("--quiet", args->quiet, "No progress bar");
 
   cmd->callback([cmd, args, &globals] {
     check_conflicts(*cmd, *args);
-    globals.apply();
     RunOptions& r = args->run;
-    const std::string& opt = r.train.optimizer.name;
-    r.data.dtype = parse_dtype(args->dtype);
-    r.output = parse_output_map(args->output);
-    r.train.optimizer.lr = cmd->count("--lr") ? args->lr : (opt == "adam" || opt == "adamw" ? 1e-3 : 0.1);
-    if (!cmd->count("--batch")) r.train.batch = opt == "gd" ? 0 : 100;
-    if (r.train.steps == -1 && r.train.epochs == -1) r.train.epochs = 1;
-    r.train.seed = r.seed;
-    r.train.progress = !args->quiet;
-    RunResult res = train_run(r);
+    RunResult res;
+    if (!args->resume.empty()) {
+      r.out = args->resume;
+      res = resume_run(args->resume, !args->quiet, globals.threads);
+    } else {
+      globals.apply();
+      const std::string& opt = r.train.optimizer.name;
+      r.data.dtype = parse_dtype(args->dtype);
+      r.output = parse_output_map(args->output);
+      r.train.optimizer.lr = cmd->count("--lr") ? args->lr : (opt == "adam" || opt == "adamw" ? 1e-3 : 0.1);
+      if (!cmd->count("--batch")) r.train.batch = opt == "gd" ? 0 : 100;
+      if (r.train.steps == -1 && r.train.epochs == -1) r.train.epochs = 1;
+      r.train.seed = r.seed;
+      r.train.progress = !args->quiet;
+      res = train_run(r);
+    }
+    const std::string& opt = res.manifest.optimizer.name;
     const Manifest& m = res.manifest;
     if (args->json) {
       nlohmann::ordered_json j{{"run", r.out},
@@ -112,8 +139,13 @@ void add_train_command(CLI::App& app, Globals& globals) {
                                {"train_accuracy", res.summary.train_accuracy},
                                {"test_accuracy", res.summary.test_accuracy},
                                {"seconds", res.summary.seconds}};
+      if (res.resumed_from >= 0) j["resumed_from_step"] = res.resumed_from;
       std::printf("%s\n", j.dump().c_str());
     } else {
+      if (res.resumed_from >= 0) {
+        std::printf("resumed %s from its checkpoint at step %lld\n", r.out.c_str(),
+                    static_cast<long long>(res.resumed_from));
+      }
       std::printf("trained %s on %s (%lld train / %lld test points) with %s, %lld steps in %.1f s\n",
                   m.model_spec.c_str(), m.data.spec.c_str(), static_cast<long long>(m.num_train),
                   static_cast<long long>(m.num_test), opt.c_str(), static_cast<long long>(m.steps),

@@ -5,8 +5,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <csignal>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -15,31 +17,79 @@
 
 namespace pathkernel {
 
+namespace {
+
+/// Test hook: PATHKERNEL_TEST_PAUSE_IN_WRITE=SUBSTRING[@N] stops the process
+/// (SIGSTOP) in the N-th (default first) atomic write whose target path
+/// contains SUBSTRING, when half of the temporary file is written and before
+/// the rename. A test then kills it there with SIGKILL: the one moment an
+/// interrupted write can leave a partial file on disk.
+bool pause_here(const std::string& path) {
+  static const char* spec = std::getenv("PATHKERNEL_TEST_PAUSE_IN_WRITE");
+  static long matches = 0;
+  if (spec == nullptr || *spec == '\0') return false;
+  std::string pattern = spec;
+  long wanted = 1;
+  size_t at = pattern.rfind('@');
+  if (at != std::string::npos) {
+    wanted = std::strtol(pattern.c_str() + at + 1, nullptr, 10);
+    pattern.resize(at);
+  }
+  if (path.find(pattern) == std::string::npos) return false;
+  return ++matches == wanted;
+}
+
+/// Writes all of [data, data + size) to fd; returns 0 or the errno.
+int write_all(int fd, const char* data, size_t size) {
+  size_t written = 0;
+  while (written < size) {
+    ssize_t n = ::write(fd, data + written, size - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : EIO;
+    written += static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  PK_CHECK(fd >= 0, "cannot create '" << tmp << "': " << std::strerror(errno));
-  size_t written = 0;
-  while (written < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      PK_THROW("cannot write '" << tmp << "': " << std::strerror(err));
-    }
-    written += static_cast<size_t>(n);
+  PK_CHECK(fd >= 0, "cannot write '" << path << "': cannot create its temporary file '" << tmp
+                                     << "': " << std::strerror(errno));
+  size_t half = pause_here(path) ? bytes.size() / 2 : bytes.size();
+  int err = write_all(fd, bytes.data(), half);
+  if (err == 0 && half < bytes.size()) {
+    ::fsync(fd);
+    std::raise(SIGSTOP);
+    err = write_all(fd, bytes.data() + half, bytes.size() - half);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
+  if (err != 0) {
+    ::close(fd);
     ::unlink(tmp.c_str());
-    PK_THROW("cannot flush '" << tmp << "': " << std::strerror(err));
+    PK_THROW("cannot write '" << path << "' (" << bytes.size() << " bytes): " << std::strerror(err)
+                              << "; the previous '" << path << "', if any, is unchanged");
+  }
+  if (::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    PK_THROW("cannot write '" << path << "': flushing its temporary file failed: " << std::strerror(err)
+                              << "; the previous '" << path << "', if any, is unchanged");
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
+    err = errno;
     ::unlink(tmp.c_str());
     PK_THROW("cannot rename '" << tmp << "' to '" << path << "': " << std::strerror(err));
+  }
+  // Make the rename itself durable, so that a reboot keeps the new file.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
   }
 }
 

@@ -1,5 +1,6 @@
 // Streaming the path to decompose the final outputs per training point.
 #include "pathkernel/decomposition.h"
+#include "pathkernel/decomposition_checkpoint.h"
 
 #include <algorithm>
 #include <chrono>
@@ -77,6 +78,28 @@ Decomposition start(PathReader& reader, Network& net, const torch::Tensor& x) {
   return d;
 }
 
+/// Continues from saved progress: its accumulators replace d's. Returns the
+/// progress, or null when there is none.
+const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomposition& d, int64_t chunk,
+                                     bool kernel) {
+  const DecompositionProgress* p = checkpoint ? checkpoint->resume_point() : nullptr;
+  if (p == nullptr) return nullptr;
+  PK_CHECK(p->chunk == chunk && p->partial.contributions.sizes() == d.contributions.sizes() &&
+               p->partial.regularization.sizes() == d.regularization.sizes() &&
+               p->partial.rounding.sizes() == d.rounding.sizes() && p->partial.kernel.defined() == kernel,
+           "the saved progress does not fit this decomposition (chunk " << p->chunk << ", expected " << chunk
+                                                                       << "); delete it to start over");
+  d.contributions = p->partial.contributions.clone();
+  d.regularization = p->partial.regularization.clone();
+  d.rounding = p->partial.rounding.clone();
+  if (kernel) d.kernel = p->partial.kernel.clone();
+  d.certificate_max_gap = p->partial.certificate_max_gap;
+  d.evaluations = p->partial.evaluations;
+  d.forward_evaluations = p->partial.forward_evaluations;
+  d.kinks = p->partial.kinks;
+  return p;
+}
+
 /// Doubles of test features one test point needs (a guess at its rows).
 int64_t feature_doubles_per_point(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,
                                   const QuadratureOptions& q) {
@@ -101,7 +124,7 @@ int64_t chunk_size(const DecompositionOptions& options, int64_t per_point, int64
 ///   E = Σ_s J̄_s e_s + Σ_s Ã_s (b_s − β b_{s−1} − γ_s d_s),
 /// so that completeness holds exactly up to quadrature.
 Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
-                                const UpdateRule& rule) {
+                                const UpdateRule& rule, DecompositionCheckpoint* checkpoint) {
   auto t0 = std::chrono::steady_clock::now();
   const Manifest& m = reader.manifest();
   const torch::Tensor x = x_in.to(torch::kFloat64);
@@ -124,13 +147,28 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   const bool captured = use_capture(m, options);
   CaptureScope capture(reader, captured);
 
+  const DecompositionProgress* resumed = restore(checkpoint, d, chunk, false);
   ProgressBar bar(m.steps * chunks, "decompose", options.progress);
   int64_t done = 0;
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t nc = std::min(chunk, n - c0);
+    if (resumed && c0 < resumed->chunk_start) {  // finished before the interruption
+      done += m.steps;
+      continue;
+    }
     const torch::Tensor xc = x.narrow(0, c0, nc);
     torch::Tensor acc = torch::zeros({nc, K, P}, torch::kFloat64);  // Ã_{s+1}, 0 after the last step
+    int64_t steps_done = 0;
+    if (resumed && c0 == resumed->chunk_start) {
+      PK_CHECK(resumed->acc.defined() && resumed->acc.sizes() == acc.sizes(),
+               "the saved progress has no accumulator of shape " << acc.sizes() << "; delete it to start over");
+      acc = resumed->acc.clone();
+      steps_done = resumed->steps_done;
+      done += steps_done;
+    }
+    const int64_t skip_from = m.steps - steps_done;  // steps s >= skip_from are done
     reader.reverse([&](const PathStep& st) {
+      if (st.step >= skip_from) return;
       ev.set_segment(st.w, st.delta);
       const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
       const int64_t b = idx.size(0);
@@ -177,6 +215,16 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
                     static_cast<double>(d.evaluations) / static_cast<double>(c0 * m.steps + nc * (m.steps - st.step)));
       bar.update(++done, status);
+      ++steps_done;
+      if (checkpoint && st.step > 0 && checkpoint->due()) {
+        DecompositionProgress p;
+        p.chunk = chunk;
+        p.chunk_start = c0;
+        p.steps_done = steps_done;
+        p.partial = d;
+        p.acc = acc;
+        checkpoint->save(p);
+      }
     });
   }
   bar.finish();
@@ -187,9 +235,14 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
 }  // namespace
 
 Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options) {
+  return decompose(reader, x_in, options, nullptr);
+}
+
+Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
+                        DecompositionCheckpoint* checkpoint) {
   const Manifest& m = reader.manifest();
   const UpdateRule rule(m.optimizer);  // checks the optimizer is supported
-  if (rule.has_buffer() || options.reverse) return decompose_reverse(reader, x_in, options, rule);
+  if (rule.has_buffer() || options.reverse) return decompose_reverse(reader, x_in, options, rule, checkpoint);
   auto t0 = std::chrono::steady_clock::now();
   const torch::Tensor x = x_in.to(torch::kFloat64);
   const torch::Tensor& x_train = reader.dataset().x_train;
@@ -208,8 +261,11 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   const bool captured = use_capture(m, options);
   CaptureScope capture(reader, captured);
 
+  const DecompositionProgress* resumed = restore(checkpoint, d, n, options.kernel);
+  const int64_t first = resumed ? resumed->steps_done : 0;  // steps s < first are done
   ProgressBar bar(m.steps, "decompose", options.progress);
   reader.forward([&](const PathStep& st) {
+    if (st.step < first) return;
     ev.set_segment(st.w, st.delta);
     const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
     const int64_t b = idx.size(0);
@@ -250,6 +306,14 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
                   static_cast<double>(d.evaluations) / static_cast<double>(n * (st.step + 1)));
     bar.update(st.step + 1, status);
+    if (checkpoint && st.step + 1 < m.steps && checkpoint->due()) {
+      DecompositionProgress p;
+      p.chunk = n;  // forward: one position for all chunks
+      p.chunk_start = 0;
+      p.steps_done = st.step + 1;
+      p.partial = d;
+      checkpoint->save(p);
+    }
   });
   bar.finish();
   d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

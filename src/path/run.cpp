@@ -1,12 +1,43 @@
 // Training a model and recording its path in a run directory.
 #include "pathkernel/run.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/npy.h"
 #include "pathkernel/run_writer.h"
+#include "pathkernel/text.h"
 #include "pathkernel/version.h"
 
 namespace pathkernel {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+/// RUN/timing.json: wall-clock time, kept out of the manifest so that the
+/// manifest of a resumed run equals an uninterrupted run's byte for byte.
+void write_timing(const std::string& run_dir, const TrainSummary& summary, int64_t resumed_from) {
+  nlohmann::ordered_json j{{"seconds", summary.seconds}};
+  if (resumed_from >= 0) j["resumed_from_step"] = resumed_from;
+  write_file_atomic((fs::path(run_dir) / "timing.json").string(), j.dump(2) + "\n");
+}
+
+/// Column `column` (0-based) of metrics.csv's row for `step`, or NaN.
+double metrics_value(const std::string& run_dir, const Manifest& m, int64_t step, int column) {
+  const std::string text = read_file((fs::path(run_dir) / m.metrics).string());
+  for (const std::string& line : split(text, '\n')) {
+    std::vector<std::string> f = split(line, ',');
+    if (f.size() == 4 && f[0] == std::to_string(step)) return std::strtod(f[column].c_str(), nullptr);
+  }
+  PK_THROW("run '" << run_dir << "': metrics.csv has no row for step " << step);
+}
+
+}  // namespace
 
 RunResult train_run(const RunOptions& options) {
   PK_CHECK(!options.out.empty(), "no run directory given (--out)");
@@ -56,10 +87,88 @@ RunResult train_run(const RunOptions& options) {
   RunWriter writer(options.out, base, options.force);
   RunResult result;
   result.summary = train(net, data.x_train, data.y_train, data.x_test, data.y_test, options.train, writer);
-  writer.set_summary(nlohmann::ordered_json{{"final_batch_loss", result.summary.final_loss},
-                                            {"train_accuracy", result.summary.train_accuracy},
-                                            {"test_accuracy", result.summary.test_accuracy},
-                                            {"seconds", result.summary.seconds}});
+  write_timing(options.out, result.summary, -1);
+  result.manifest = writer.manifest();
+  return result;
+}
+
+RunOptions run_options_from_manifest(const Manifest& m, const std::string& run_dir) {
+  RunOptions r;
+  r.data = m.data;
+  r.data.dtype = parse_dtype(m.dtype);
+  r.model = m.model_spec;
+  r.output = parse_output_map(m.output);
+  r.zero_last_layer = m.zero_last_layer;
+  r.seed = m.init_seed;
+  r.train.optimizer = m.optimizer;
+  r.train.steps = static_cast<int64_t>(m.learning_rates.size());
+  r.train.epochs = -1;
+  r.train.batch = m.batch_size;
+  r.train.seed = m.batch_seed;
+  r.train.schedule = m.schedule;
+  r.checkpoint_every = m.checkpoint_every;
+  r.out = run_dir;
+  return r;
+}
+
+RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
+  PK_CHECK(fs::is_directory(run_dir), "cannot resume '" << run_dir << "': it is not a directory");
+  PK_CHECK(fs::exists(fs::path(run_dir) / "manifest.json"),
+           "cannot resume '" << run_dir << "': it has no manifest.json, so it is not a run written by "
+                             << "'pathkernel train' (if it was interrupted before its first checkpoint, delete it and train again)");
+  Manifest m = Manifest::load(run_dir);
+  // The run's own thread count: GEMM rounding can depend on it.
+  PK_CHECK(threads == 0 || threads == m.threads,
+           "--threads " << threads << " conflicts with --resume: run '" << run_dir << "' was trained with "
+                        << m.threads << " threads, and a resumed run uses the same count (drop --threads)");
+  PK_CHECK(m.status != "complete",
+           "cannot resume '" << run_dir << "': the run is complete (" << m.steps << " steps); nothing to do");
+  PK_CHECK(m.status == "running", "cannot resume '" << run_dir << "': its status is '" << m.status << "' ("
+                                                    << m.message << "); only an interrupted ('running') run resumes");
+  PK_CHECK(m.pathkernel_version == pathkernel_version() && m.libtorch_version == libtorch_version(),
+           "cannot resume '" << run_dir << "': it was trained by pathkernel " << m.pathkernel_version
+                             << " with LibTorch " << m.libtorch_version << ", this is pathkernel "
+                             << pathkernel_version() << " with LibTorch " << libtorch_version()
+                             << "; the continued path would not be the same");
+  validate_run(run_dir, m);
+
+  RunOptions options = run_options_from_manifest(m, run_dir);
+  options.train.progress = progress;
+  ThreadScope thread_scope(static_cast<int>(m.threads));
+  Dataset data = load_dataset(options.data);
+  PK_CHECK(data.x_train.size(0) == m.num_train && training_data_crc32(data.x_train, data.y_train) == m.train_crc32,
+           "cannot resume '" << run_dir << "': the training data of '" << m.data.spec
+                             << "' has changed since the run was started");
+  const std::vector<double> rates =
+      learning_rate_schedule(options.train.schedule, options.train.optimizer.lr, options.train.steps);
+  PK_CHECK(rates == m.learning_rates, "cannot resume '" << run_dir << "': schedule '" << m.schedule
+                                                        << "' no longer gives the recorded learning rates");
+
+  NetworkOptions net_options = m.network_options();
+  Network net = build_network(net_options);
+  PK_CHECK(parameter_count(net) == m.parameter_count,
+           "cannot resume '" << run_dir << "': model '" << m.model_spec << "' has " << parameter_count(net)
+                             << " parameters, the manifest says " << m.parameter_count);
+
+  const CheckpointRecord& last = m.checkpoints.back();
+  ResumePoint at;
+  at.step = last.step;
+  set_flat_parameters(net, read_npy((fs::path(run_dir) / last.weights.file).string()).to(options.data.dtype));
+  at.state.step = last.optimizer_step;
+  for (const auto& [name, f] : last.optimizer_buffers) {
+    at.state.buffers[name] = read_npy((fs::path(run_dir) / f.file).string()).to(options.data.dtype);
+  }
+  if (at.step > 0) {
+    at.first_loss = metrics_value(run_dir, m, 0, 2);
+    at.last_loss = metrics_value(run_dir, m, at.step - 1, 2);
+  }
+
+  RunWriter writer = RunWriter::reopen(run_dir, m);
+  RunResult result;
+  result.summary =
+      train(net, data.x_train, data.y_train, data.x_test, data.y_test, options.train, writer, &at);
+  write_timing(run_dir, result.summary, at.step);
+  result.resumed_from = at.step;
   result.manifest = writer.manifest();
   return result;
 }

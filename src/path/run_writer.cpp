@@ -3,7 +3,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <set>
 
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
@@ -46,6 +48,59 @@ RunWriter::RunWriter(std::string run_dir, Manifest base, bool force)
     PK_CHECK(!ec, "cannot create run directory '" << (fs::path(dir_) / sub).string() << "': " << ec.message());
   }
   metrics_ = "step,lr,loss,batch_accuracy\n";
+}
+
+RunWriter RunWriter::reopen(std::string run_dir, Manifest m) {
+  PK_CHECK(!m.checkpoints.empty() && m.checkpoints.back().step == m.steps,
+           "run '" << run_dir << "' does not end at a checkpoint (steps " << m.steps << ")");
+  RunWriter w;
+  w.dir_ = std::move(run_dir);
+  w.manifest_ = std::move(m);
+  w.segment_start_ = w.manifest_.steps;
+  // metrics.csv is written just before the manifest, so it may hold rows past
+  // the last checkpoint: keep the header and the rows of steps < N.
+  const fs::path metrics = fs::path(w.dir_) / w.manifest_.metrics;
+  std::string text = fs::exists(metrics) ? read_file(metrics.string()) : "";
+  w.metrics_ = "step,lr,loss,batch_accuracy\n";
+  size_t pos = text.find('\n');
+  int64_t expected = 0;
+  while (pos != std::string::npos && expected < w.manifest_.steps) {
+    size_t end = text.find('\n', pos + 1);
+    if (end == std::string::npos) break;
+    std::string row = text.substr(pos + 1, end - pos);
+    PK_CHECK(std::strtoll(row.c_str(), nullptr, 10) == expected && row.find(',') != std::string::npos,
+             "run '" << w.dir_ << "': metrics.csv row " << expected + 1 << " is '" << row.substr(0, row.size() - 1)
+                     << "', expected step " << expected);
+    w.metrics_ += row;
+    ++expected;
+    pos = end;
+  }
+  PK_CHECK(expected == w.manifest_.steps,
+           "run '" << w.dir_ << "': metrics.csv has " << expected << " step rows, the last checkpoint is at step "
+                   << w.manifest_.steps);
+  // Remove leftovers: temporary files, and path files the manifest does not list.
+  std::set<std::string> listed;
+  for (const CheckpointRecord& ck : w.manifest_.checkpoints) {
+    listed.insert(ck.weights.file);
+    for (const auto& [_, f] : ck.optimizer_buffers) listed.insert(f.file);
+  }
+  for (const BatchRecord& b : w.manifest_.batches) listed.insert(b.indices.file);
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::recursive_directory_iterator(w.dir_)) {
+    if (!e.is_regular_file()) continue;
+    const std::string rel = fs::relative(e.path(), w.dir_).string();
+    const std::string top = rel.substr(0, rel.find('/'));
+    bool in_path_dir = top == "checkpoints" || top == "optimizer" || top == "batches";
+    if (rel.find(".tmp.") != std::string::npos || (in_path_dir && listed.count(rel) == 0)) {
+      stale.push_back(e.path());
+    }
+  }
+  for (const fs::path& p : stale) {
+    std::error_code ec;
+    fs::remove(p, ec);
+    PK_CHECK(!ec, "cannot remove the leftover '" << p.string() << "' of the interrupted run: " << ec.message());
+  }
+  return w;
 }
 
 FileRecord RunWriter::write_record(const std::string& relative, const torch::Tensor& tensor) {
@@ -131,9 +186,10 @@ void RunWriter::on_stop(int64_t steps, const std::string& status, const std::str
   manifest_.save(dir_);
 }
 
-void RunWriter::set_summary(const nlohmann::ordered_json& summary) {
-  manifest_.summary = summary;
-  manifest_.save(dir_);
+void RunWriter::on_summary(const TrainSummary& summary) {
+  manifest_.summary = nlohmann::ordered_json{{"final_batch_loss", summary.final_loss},
+                                             {"train_accuracy", summary.train_accuracy},
+                                             {"test_accuracy", summary.test_accuracy}};
 }
 
 }  // namespace pathkernel

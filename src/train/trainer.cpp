@@ -141,7 +141,7 @@ double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y) {
 
 TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tensor& y_train,
                    const torch::Tensor& x_test, const torch::Tensor& y_test,
-                   const TrainOptions& options, TrainingObserver& observer) {
+                   const TrainOptions& options, TrainingObserver& observer, const ResumePoint* resume) {
   const int64_t m = x_train.size(0);
   options.validate(m);
   const int64_t steps = options.total_steps(m);
@@ -151,10 +151,21 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
   BatchSampler sampler(m, options.batch, options.seed);
 
   auto t0 = std::chrono::steady_clock::now();
-  observer.on_start(net, *optimizer, rates);
-  ProgressBar bar(steps, "train", options.progress);
   double first_loss = std::nan(""), running_acc = 0, last_loss = 0;
-  for (int64_t s = 0; s < steps; ++s) {
+  int64_t start = 0;
+  if (resume != nullptr) {
+    PK_CHECK(resume->step >= 0 && resume->step <= steps,
+             "cannot resume at step " << resume->step << ": the run has " << steps << " steps");
+    import_state(*optimizer, options.optimizer.name, params, resume->state);
+    start = resume->step;
+    first_loss = resume->first_loss;
+    last_loss = resume->last_loss;
+  } else {
+    observer.on_start(net, *optimizer, rates);
+  }
+  ProgressBar bar(steps, "train", options.progress);
+  if (start > 0) bar.update(start, "resumed");
+  for (int64_t s = start; s < steps; ++s) {
     torch::Tensor idx = sampler.batch(s);
     torch::Tensor xb = idx.defined() ? x_train.index_select(0, idx) : x_train;
     torch::Tensor yb = idx.defined() ? y_train.index_select(0, idx) : y_train;
@@ -174,7 +185,7 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
     }
     last_loss = r.loss;
     double batch_acc = static_cast<double>(r.correct) / static_cast<double>(r.count);
-    running_acc = s == 0 ? batch_acc : 0.9 * running_acc + 0.1 * batch_acc;
+    running_acc = s == start ? batch_acc : 0.9 * running_acc + 0.1 * batch_acc;
     observer.on_step(s, idx, r, net, *optimizer);
     char status[96];
     std::snprintf(status, sizeof status, "loss %.4f acc %.3f", r.loss, running_acc);
@@ -190,6 +201,7 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
                 summary.train_accuracy, summary.test_accuracy);
   bar.finish(status);
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  observer.on_summary(summary);
   observer.on_stop(steps, "complete", "", net, *optimizer);
   return summary;
 }

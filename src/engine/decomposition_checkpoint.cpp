@@ -1,0 +1,133 @@
+// A decomposition's progress kept in a directory (decomposition_checkpoint.h).
+#include "pathkernel/decomposition_checkpoint.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/npy.h"
+
+namespace pathkernel {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "pathkernel-decomposition-state";
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// The tensors of a progress by file stem.
+std::vector<std::pair<std::string, torch::Tensor>> tensors_of(const DecompositionProgress& p) {
+  std::vector<std::pair<std::string, torch::Tensor>> t = {{"contributions", p.partial.contributions},
+                                                          {"regularization", p.partial.regularization},
+                                                          {"rounding", p.partial.rounding}};
+  if (p.partial.kernel.defined()) t.emplace_back("kernel", p.partial.kernel);
+  if (p.acc.defined()) t.emplace_back("acc", p.acc);
+  return t;
+}
+
+}  // namespace
+
+DirectoryCheckpoint::DirectoryCheckpoint(std::string dir, nlohmann::ordered_json arguments, double every_seconds)
+    : dir_(std::move(dir)), arguments_(std::move(arguments)), every_seconds_(every_seconds), last_save_(now_seconds()) {
+  PK_CHECK(every_seconds >= 0, "checkpoint spacing must be >= 0 seconds (got " << every_seconds << ")");
+}
+
+const DecompositionProgress* DirectoryCheckpoint::resume_point() {
+  if (loaded_) return saved_.get();
+  loaded_ = true;
+  const fs::path state_file = fs::path(dir_) / "state.json";
+  if (!fs::exists(state_file)) return nullptr;
+  try {
+    nlohmann::ordered_json s = nlohmann::ordered_json::parse(read_file(state_file.string()));
+    PK_CHECK(s.value("format", "") == kFormat, "it is not a " << kFormat);
+    if (s.at("arguments") != arguments_) {
+      message_ = "the saved progress in '" + dir_ + "' was made with other arguments; starting over";
+      return nullptr;
+    }
+    auto p = std::make_unique<DecompositionProgress>();
+    p->chunk = s.at("chunk").get<int64_t>();
+    p->chunk_start = s.at("chunk_start").get<int64_t>();
+    p->steps_done = s.at("steps_done").get<int64_t>();
+    p->partial.certificate_max_gap = s.at("certificate_max_gap").get<double>();
+    p->partial.evaluations = s.at("evaluations").get<int64_t>();
+    p->partial.forward_evaluations = s.at("forward_evaluations").get<int64_t>();
+    p->partial.kinks = s.at("kinks").get<int64_t>();
+    sequence_ = s.at("sequence").get<int64_t>();
+    for (const auto& [name, f] : s.at("files").items()) {
+      const std::string path = (fs::path(dir_) / f.at("file").get<std::string>()).string();
+      const std::string bytes = read_file(path);
+      PK_CHECK(static_cast<int64_t>(bytes.size()) == f.at("bytes").get<int64_t>() &&
+                   crc32_of(bytes) == f.at("crc32").get<uint32_t>(),
+               "'" << path << "' does not match its recorded size and CRC-32");
+      torch::Tensor t = parse_npy(bytes, path);
+      if (name == "contributions") p->partial.contributions = t;
+      else if (name == "regularization") p->partial.regularization = t;
+      else if (name == "rounding") p->partial.rounding = t;
+      else if (name == "kernel") p->partial.kernel = t;
+      else if (name == "acc") p->acc = t;
+      else PK_THROW("unknown tensor '" << name << "'");
+    }
+    PK_CHECK(p->partial.contributions.defined() && p->partial.regularization.defined() &&
+                 p->partial.rounding.defined(),
+             "a tensor is missing");
+    message_ = "resuming from the saved progress in '" + dir_ + "': test points from " +
+               std::to_string(p->chunk_start) + ", " + std::to_string(p->steps_done) + " steps of that chunk done";
+    saved_ = std::move(p);
+  } catch (const std::exception& e) {
+    message_ = "the saved progress in '" + dir_ + "' is unusable (" + e.what() + "); starting over";
+    saved_.reset();
+  }
+  return saved_.get();
+}
+
+bool DirectoryCheckpoint::due() { return now_seconds() - last_save_ >= every_seconds_; }
+
+void DirectoryCheckpoint::save(const DecompositionProgress& p) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  PK_CHECK(!ec, "cannot create '" << dir_ << "': " << ec.message());
+  ++sequence_;
+  char seq[32];
+  std::snprintf(seq, sizeof seq, "%08lld", static_cast<long long>(sequence_));
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  std::vector<std::string> keep = {"state.json"};
+  for (const auto& [name, tensor] : tensors_of(p)) {
+    const std::string file = name + "_" + seq + ".npy";
+    const std::string bytes = npy_bytes(tensor.contiguous());
+    write_file_atomic((fs::path(dir_) / file).string(), bytes);
+    files[name] = {{"file", file}, {"bytes", static_cast<int64_t>(bytes.size())}, {"crc32", crc32_of(bytes)}};
+    keep.push_back(file);
+  }
+  nlohmann::ordered_json s{{"format", kFormat},
+                           {"arguments", arguments_},
+                           {"sequence", sequence_},
+                           {"chunk", p.chunk},
+                           {"chunk_start", p.chunk_start},
+                           {"steps_done", p.steps_done},
+                           {"certificate_max_gap", p.partial.certificate_max_gap},
+                           {"evaluations", p.partial.evaluations},
+                           {"forward_evaluations", p.partial.forward_evaluations},
+                           {"kinks", p.partial.kinks},
+                           {"files", files}};
+  write_file_atomic((fs::path(dir_) / "state.json").string(), s.dump(2) + "\n");
+  // The previous state's files (and temporaries of an interrupted save).
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    if (std::find(keep.begin(), keep.end(), name) == keep.end()) fs::remove(e.path(), ec);
+  }
+  last_save_ = now_seconds();
+}
+
+void DirectoryCheckpoint::finish() {
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+}  // namespace pathkernel
