@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 DEMO_RUN ?= runs/demo-mnist
 
-.PHONY: all deps build test demo clean
+.PHONY: all deps build test demo clean test-sanitize fuzz
 
 all: build
 
@@ -22,5 +22,14 @@ test: build
 demo: build
 	@bash scripts/demo.sh $(BUILD)/pathkernel $(DEMO_RUN)
 
+# The suite under AddressSanitizer + UndefinedBehaviorSanitizer (docs/fuzzing.md).
+test-sanitize: deps
+	@bash scripts/test-sanitize.sh
+
+# Every reader's libFuzzer harness for FUZZ_SECONDS (default 60) each (docs/fuzzing.md).
+fuzz:
+	@bash scripts/deps.sh --fuzz
+	@bash scripts/fuzz.sh
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-sanitize build-fuzz

@@ -14,6 +14,11 @@ PACKAGES=(
 )
 # npm may come from outside Debian; install Debian's only when there is none.
 command -v npm > /dev/null || PACKAGES+=(nodejs npm)
+# `deps.sh --fuzz` (make fuzz) also installs clang and its libFuzzer runtime;
+# make test and make demo do not need them.
+if [[ "${1:-}" == "--fuzz" ]]; then
+  PACKAGES+=(clang-14 libclang-rt-14-dev)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
