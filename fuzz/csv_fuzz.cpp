@@ -18,7 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (y.min().item<int64_t>() < 0) pathkernel::fuzz::fail("read_csv kept a negative label");
     const pathkernel::Dataset d = pathkernel::detail::load_csv(path, 0);
     if (d.x_train.size(0) + d.x_test.size(0) != x.size(0)) pathkernel::fuzz::fail("the split lost rows");
-  } catch (const pathkernel::Error&) {
+  } catch (const pathkernel::Error& e) {
+    pathkernel::fuzz::refused(e);
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 
 namespace pathkernel::fuzz {
@@ -31,6 +32,13 @@ inline void write_bytes(const std::string& path, const uint8_t* data, size_t siz
 [[noreturn]] inline void fail(const char* what) {
   std::fprintf(stderr, "pathkernel fuzz: %s\n", what);
   std::abort();
+}
+
+/// With PATHKERNEL_FUZZ_VERBOSE set, prints why an input was refused (to
+/// check what a seed exercises: `PATHKERNEL_FUZZ_VERBOSE=1 build-fuzz/fuzz_npy FILE`).
+inline void refused(const std::exception& e) {
+  static const bool verbose = std::getenv("PATHKERNEL_FUZZ_VERBOSE") != nullptr;
+  if (verbose) std::fprintf(stderr, "refused: %s\n", e.what());
 }
 
 }  // namespace pathkernel::fuzz

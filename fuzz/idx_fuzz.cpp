@@ -17,7 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!gzip && static_cast<size_t>(t.numel()) + 4 + 4 * t.dim() != size) {
       pathkernel::fuzz::fail("read_idx accepted a plain file whose size does not match its header");
     }
-  } catch (const pathkernel::Error&) {
+  } catch (const pathkernel::Error& e) {
+    pathkernel::fuzz::refused(e);
   }
   return 0;
 }

@@ -22,7 +22,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (n > 0 && std::memcmp(u.data_ptr(), t.data_ptr(), n) != 0)) {
       pathkernel::fuzz::fail("write -> read round trip changed the tensor");
     }
-  } catch (const pathkernel::Error&) {
+  } catch (const pathkernel::Error& e) {
+    pathkernel::fuzz::refused(e);
   }
   return 0;
 }

@@ -19,7 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (idx.min().item<int64_t>() < 0 || idx.max().item<int64_t>() >= n_test) {
       pathkernel::fuzz::fail("parse_test_indices returned an index out of range");
     }
-  } catch (const pathkernel::Error&) {
+  } catch (const pathkernel::Error& e) {
+    pathkernel::fuzz::refused(e);
   }
   return 0;
 }

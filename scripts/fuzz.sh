@@ -26,6 +26,9 @@ cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"
 # refused, not allocated.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_container_overflow=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# The harnesses' scratch files (the manifest harness's run directory) go here.
+export TMPDIR=$PWD/$BUILD/tmp
+rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
 results="$BUILD/results.md"
 {
   echo "| harness | seconds | execs | execs/s | cov | ft | corpus | peak RSS (MB) | crashes |"
@@ -55,5 +58,6 @@ for h in $HARNESSES; do
   rate=$(( ${execs:-0} / (SECONDS_EACH > 0 ? SECONDS_EACH : 1) ))
   echo "| $h | $SECONDS_EACH | ${execs:-?} | $rate | ${cov:-?} | ${ft:-?} | ${corp:-?} | ${rss:-?} | $crashes |" >> "$results"
 done
+rm -rf "$TMPDIR"
 cat "$results"
 exit $failed

@@ -141,13 +141,13 @@ torch::Tensor read_idx(const std::string& path) {
 
   // Read into a buffer that grows with the data actually read rather than
   // allocating `total` up front, so a corrupt header claiming a huge size
-  // (10^12 elements) fails as truncation after at most one chunk, not as a
-  // huge allocation.
-  constexpr int64_t kChunk = int64_t{1} << 22;
+  // (10^12 elements) fails as truncation, not as a huge allocation. Chunks
+  // start at 64 KiB and double up to 4 MiB, so a short file costs little.
   std::vector<uint8_t> data;
-  data.reserve(static_cast<size_t>(std::min<int64_t>(total, kChunk)));
+  int64_t chunk = int64_t{1} << 16;
   while (static_cast<int64_t>(data.size()) < total) {
-    const int64_t want = std::min<int64_t>(kChunk, total - static_cast<int64_t>(data.size()));
+    const int64_t want = std::min<int64_t>(chunk, total - static_cast<int64_t>(data.size()));
+    chunk = std::min<int64_t>(chunk * 2, int64_t{1} << 22);
     const size_t old_size = data.size();
     data.resize(old_size + static_cast<size_t>(want));
     const int64_t got = file.read(data.data() + old_size, want, path);
