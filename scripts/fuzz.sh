@@ -13,11 +13,20 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH=${FUZZ_SECONDS:-60}
 HARNESSES=${FUZZ_HARNESSES:-idx csv manifest npy points}
 BUILD=${FUZZ_BUILD:-build-fuzz}
+case $BUILD in /*) ;; *) BUILD=$PWD/$BUILD ;; esac
 CXX_FUZZ=${FUZZ_CXX:-clang++-14}
 JOBS=${JOBS:-$(nproc)}
 
+# A cache made with another compiler or without PATHKERNEL_FUZZ is started
+# afresh (CMake would otherwise drop the options on a compiler change).
+cxx_path=$(command -v "$CXX_FUZZ") || { echo "fuzz: $CXX_FUZZ not found (run scripts/deps.sh --fuzz)" >&2; exit 1; }
+if [[ -f "$BUILD/CMakeCache.txt" ]] &&
+   ! { grep -qx "CMAKE_CXX_COMPILER:[A-Z]*=$cxx_path" "$BUILD/CMakeCache.txt" &&
+       grep -qx "PATHKERNEL_FUZZ:BOOL=ON" "$BUILD/CMakeCache.txt"; }; then
+  rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
+fi
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPATHKERNEL_FUZZ=ON -DPATHKERNEL_BUILD_TESTS=OFF \
-  -DCMAKE_CXX_COMPILER="$CXX_FUZZ" > /dev/null
+  -DCMAKE_CXX_COMPILER="$cxx_path" > /dev/null
 targets=()
 for h in $HARNESSES; do targets+=("fuzz_$h"); done
 cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"
@@ -27,7 +36,7 @@ cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_container_overflow=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # The harnesses' scratch files (the manifest harness's run directory) go here.
-export TMPDIR=$PWD/$BUILD/tmp
+export TMPDIR=$BUILD/tmp
 rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
 results="$BUILD/results.md"
 {
