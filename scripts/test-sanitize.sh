@@ -23,7 +23,9 @@ start=$(date +%s)
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPATHKERNEL_SANITIZE=ON > /dev/null
 cmake --build "$BUILD" -j "$JOBS"
 built=$(date +%s)
-# SANITIZE_EXCLUDE: a ctest -E regex of tests to skip (none by default).
-(cd "$BUILD" && ctest --output-on-failure -j "$JOBS" ${SANITIZE_EXCLUDE:+-E "$SANITIZE_EXCLUDE"})
+# SANITIZE_ONLY / SANITIZE_EXCLUDE: ctest -R / -E regexes selecting tests
+# (all by default).
+(cd "$BUILD" && ctest --output-on-failure -j "$JOBS" ${SANITIZE_ONLY:+-R "$SANITIZE_ONLY"} \
+  ${SANITIZE_EXCLUDE:+-E "$SANITIZE_EXCLUDE"})
 end=$(date +%s)
 echo "test-sanitize: build $((built - start)) s, tests $((end - built)) s"
