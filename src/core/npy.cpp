@@ -240,11 +240,13 @@ torch::Tensor parse_npy(const std::string& bytes, const std::string& what) {
   PK_CHECK(!header.fortran_order, what << ": .npy file must be C order (fortran_order False)");
   // Sizes are checked against the bytes present, with overflow-checked
   // arithmetic, before anything is allocated.
+  const std::string count_what = what + ": .npy element count";
   int64_t numel = 1;
-  for (int64_t d : header.shape) numel = mul_no_overflow(numel, d, ".npy element count");
+  for (int64_t d : header.shape) numel = mul_no_overflow(numel, d, count_what.c_str());
   size_t esize = torch::elementSize(dtype);
   size_t data_offset = offset + header_len;
-  size_t need = static_cast<size_t>(mul_no_overflow(numel, static_cast<int64_t>(esize), ".npy byte count"));
+  size_t need = static_cast<size_t>(
+      mul_no_overflow(numel, static_cast<int64_t>(esize), (what + ": .npy byte count").c_str()));
   PK_CHECK(bytes.size() - data_offset == need,
            what << ": .npy data has " << bytes.size() - data_offset << " bytes, expected " << need
                 << " for shape " << header.shape_text);
