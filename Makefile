@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 DEMO_RUN ?= runs/demo-mnist
 
-.PHONY: all deps build test demo bench clean
+.PHONY: all deps build test demo bench clean test-sanitize fuzz
 
 all: build
 
@@ -29,5 +29,14 @@ bench:
 	@cmake --build $(BUILD) -j $(JOBS) --target pathkernel pathkernel_bench
 	@$(BUILD)/pathkernel_bench $(BENCH_ARGS)
 
+# The suite under AddressSanitizer + UndefinedBehaviorSanitizer (docs/fuzzing.md).
+test-sanitize: deps
+	@bash scripts/test-sanitize.sh
+
+# Every reader's libFuzzer harness for FUZZ_SECONDS (default 60) each (docs/fuzzing.md).
+fuzz:
+	@bash scripts/deps.sh --fuzz
+	@bash scripts/fuzz.sh
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-sanitize build-fuzz

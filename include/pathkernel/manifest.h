@@ -102,10 +102,18 @@ struct Manifest {
 };
 
 /// Checks the manifest against the files in run_dir: every listed file exists
-/// with the recorded size and CRC-32, checkpoints are in order and start at 0
-/// and end at N, batch logs cover every step of minibatch training, and there
-/// is one learning rate per step. Throws Error naming the first inconsistency.
+/// inside run_dir (run_file_path) with the recorded size and CRC-32, weights
+/// and optimizer buffers are finite float64 [P], checkpoints are in order and
+/// start at 0 and end at N, batch logs are int32 [steps, B] indices into the
+/// training set covering every step of minibatch training, and there is one
+/// learning rate per step. Throws Error naming the first inconsistency.
 void validate_run(const std::string& run_dir, const Manifest& manifest);
+
+/// The path of `file`, a file named by the manifest, inside run_dir. Throws
+/// Error naming the file unless it is a relative path that, with every
+/// symlink resolved, stays inside run_dir and is a regular file (a manifest
+/// must not make pathkernel read /etc/passwd, /dev/zero or another run).
+std::string run_file_path(const std::string& run_dir, const std::string& file);
 
 /// CRC-32 of a training set (inputs then labels, raw bytes).
 uint32_t training_data_crc32(const torch::Tensor& x, const torch::Tensor& y);

