@@ -3,8 +3,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +17,30 @@
 
 #include "pathkernel/error.h"
 #include "pathkernel/run.h"
+
+namespace pathkernel::testing {
+
+/// A shell command's exit status (-1 if it did not exit) and its standard
+/// output and error, together.
+struct CommandOutput {
+  int status;
+  std::string out;
+};
+
+/// Runs `cmd` in the shell with its standard error joined to its output.
+inline CommandOutput run_shell(const std::string& cmd) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << cmd;
+  if (pipe == nullptr) return {-1, ""};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace pathkernel::testing
 
 /// Expects `part` to occur in `text`, showing both on failure.
 #define EXPECT_CONTAINS(text, part)                          \

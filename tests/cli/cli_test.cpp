@@ -20,21 +20,10 @@
 namespace pathkernel {
 namespace {
 
-struct Output {
-  int status;
-  std::string out;  // stdout and stderr
-};
+using Output = testing::CommandOutput;
 
 Output run(const std::string& args) {
-  std::string cmd = std::string(PATHKERNEL_BINARY) + " --threads 1 " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return testing::run_shell(std::string(PATHKERNEL_BINARY) + " --threads 1 " + args);
 }
 
 /// The last line of the output parsed as JSON.

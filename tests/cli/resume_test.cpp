@@ -221,20 +221,10 @@ TEST(Resume, KilledRunsResumeByteForByte) {
   std::printf("kill-and-resume test: %.1f s\n", seconds);
 }
 
-struct Output {
-  int status;
-  std::string out;
-};
+using Output = testing::CommandOutput;
 
 Output run_cli(const std::string& args, const std::string& globals = "--threads 1") {
-  std::string cmd = std::string(PATHKERNEL_BINARY) + " " + globals + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return testing::run_shell(std::string(PATHKERNEL_BINARY) + " " + globals + " " + args);
 }
 
 TEST(Resume, RefusesWhatItCannotResume) {

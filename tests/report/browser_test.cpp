@@ -20,21 +20,9 @@
 namespace pathkernel {
 namespace {
 
-struct Output {
-  int status;
-  std::string out;
-};
+using Output = testing::CommandOutput;
 
-Output shell(const std::string& cmd) {
-  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Output shell(const std::string& cmd) { return testing::run_shell(cmd); }
 
 Output pathkernel(const std::string& args) { return shell(std::string(PATHKERNEL_BINARY) + " --threads 1 " + args); }
 
