@@ -172,7 +172,9 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       ev.set_segment(st.w, st.delta);
       const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
       const int64_t b = idx.size(0);
-      const torch::Tensor xb = x_train64.index_select(0, idx), yb = y_train.index_select(0, idx);
+      // The batch itself is needed only when its signals are recomputed.
+      const torch::Tensor xb = captured ? torch::Tensor() : x_train64.index_select(0, idx);
+      const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
       const torch::Tensor dvec =
           (captured ? st.gradient : mean_gradient(net, st.w, x_train.index_select(0, idx), yb)) + lambda * st.w;
       const StepCoefficients c = rule.step(st.step, st.lr, st.w, st.state);
@@ -269,7 +271,9 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     ev.set_segment(st.w, st.delta);
     const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
     const int64_t b = idx.size(0);
-    const torch::Tensor xb = x_train64.index_select(0, idx), yb = y_train.index_select(0, idx);
+    // The batch itself is needed only when its signals are recomputed or for the kernel.
+    const torch::Tensor xb = captured && !options.kernel ? torch::Tensor() : x_train64.index_select(0, idx);
+    const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
     // Regularisation and rounding directions of this step.
     torch::Tensor g = captured ? st.gradient : mean_gradient(net, st.w, x_train.index_select(0, idx), yb);
     torch::Tensor rho = -st.lr * lambda * st.w;
