@@ -1,4 +1,4 @@
-// The exact decomposition of a trained network's outputs (MATH.md §4):
+// The exact decomposition of a trained network's outputs (docs/math.md §4):
 //
 //   f(w_N, x) = f(w_0, x) + Σ_i C_i(x) + R(x) + E(x)
 //
@@ -53,7 +53,7 @@ struct DecompositionOptions {
   /// Also accumulate the kernel Σ_{s: i∈B_s} K_s(x, x_i) (K extra
   /// backprops per training point and step; n·M·K·K doubles).
   bool kernel = false;
-  /// Walk the path backwards with dense test-side accumulators (MATH.md §4).
+  /// Walk the path backwards with dense test-side accumulators (docs/math.md §4).
   /// Always so for optimizers with a buffer (momentum, nesterov, adam,
   /// adamw); for gd and sgd it is an independent second route to the same
   /// decomposition.

@@ -1,4 +1,4 @@
-// The paper's experiments (Bell et al. 2023, §4; MATH.md §9), each a named
+// The paper's experiments (Bell et al. 2023, §4; docs/math.md §11), each a named
 // recipe that trains its run, measures, and writes into one directory:
 //
 //   run/           the recorded training run it measured

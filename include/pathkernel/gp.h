@@ -1,4 +1,4 @@
-// Gaussian-process regression on a precomputed kernel (MATH.md §8, paper
+// Gaussian-process regression on a precomputed kernel (docs/math.md §9, paper
 // §4.2): each of the K outputs is an independent GP with the same prior
 // covariance, the train x train kernel. The posterior at test points comes
 // from a Cholesky factorisation; when the kernel is singular to rounding, the

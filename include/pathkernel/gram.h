@@ -1,4 +1,4 @@
-// Gram matrices of the kernels pathkernel compares (MATH.md §5), between two
+// Gram matrices of the kernels pathkernel compares (docs/math.md §6), between two
 // sets of inputs, each either test points or training points:
 //
 //   epk     Σ_s J̄_s(x) J(w_s, x')ᵀ    for a test row x and a training column x'

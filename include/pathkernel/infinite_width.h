@@ -1,5 +1,5 @@
 // The infinite-width NTK and NNGP of a fully-connected ReLU network
-// (MATH.md §5; Jacot et al. 2018, Lee et al. 2019), in the NTK
+// (docs/math.md §6; Jacot et al. 2018, Lee et al. 2019), in the NTK
 // parametrisation with bias scale β:
 //
 //   h¹ = W¹ x / √n0 + β b¹,   h^{l+1} = √(c_σ / n_l) W^{l+1} σ(h^l) + β b^{l+1},

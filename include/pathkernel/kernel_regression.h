@@ -1,5 +1,5 @@
 // Kernel regression on a precomputed kernel, and the linearised ("lazy")
-// training dynamics it is the limit of (MATH.md §5, seed 004):
+// training dynamics it is the limit of (docs/math.md §9; Jacot et al. 2018):
 //
 //   regression   f(x) = k(x, X) (k(X, X) + λ I)⁻¹ Y
 //   lazy, time τ f_τ(x) = f_0(x) + k(x, X) k(X, X)⁻¹ (I − e^{−τ k(X, X)/M}) (Y − f_0(X))

@@ -1,4 +1,4 @@
-// Locating the kinks of the integrand along a path segment (MATH.md §6).
+// Locating the kinks of the integrand along a path segment (docs/math.md §7).
 //
 // Along w(t) = w_s + t dw_s the test feature's integrand J(w(t), x) is smooth
 // except where a ReLU unit's pre-activation crosses 0 or a max-pool window's

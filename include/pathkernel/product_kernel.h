@@ -1,4 +1,4 @@
-// The EPK between two test points along one path segment (MATH.md §5):
+// The EPK between two test points along one path segment (docs/math.md §6):
 //
 //   ∫_0^1 J(w_s + t dw_s, x) J(w_s + t dw_s, x')ᵀ dt
 //

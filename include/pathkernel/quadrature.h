@@ -1,5 +1,5 @@
 // Quadrature in t along one segment: rules on [0,1], the --quadrature spec,
-// and the root finding that locates kinks (MATH.md §6).
+// and the root finding that locates kinks (docs/math.md §7).
 //
 // The test feature J̄_s(x) = ∫_0^1 J(w_s + tΔw_s, x) dt has kinks where a
 // pre-activation crosses 0; between kinks it is smooth, so it is integrated

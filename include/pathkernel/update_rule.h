@@ -1,4 +1,4 @@
-// Updates as linear maps of per-sample gradients (MATH.md §3).
+// Updates as linear maps of per-sample gradients (docs/math.md §3).
 //
 // Every supported optimizer's step is written, in PyTorch's conventions, as
 //

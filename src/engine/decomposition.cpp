@@ -116,7 +116,7 @@ int64_t chunk_size(const DecompositionOptions& options, int64_t per_point, int64
   return std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, per_point), 1, std::max<int64_t>(1, n));
 }
 
-/// Reverse accumulation (MATH.md §4) for optimizers with a buffer. For each
+/// Reverse accumulation (docs/math.md §4) for optimizers with a buffer. For each
 /// chunk of test points, walking s = N−1 .. 0 with one [n, K, P]
 /// accumulator Ã_s = κ_s J̄_s P_s + β Ã_{s+1}:
 ///   A_s = α_s J̄_s P_s + γ_s Ã_s,  C_i += A_s g_{i,s} / |B_s|,  R += λ_c A_s w_s + J̄_s ρ_s,

@@ -466,7 +466,7 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
       const int64_t K = s.size(0), R = s.size(1), out = s.size(2), in = f.inputs[l].size(1);
       const int64_t n = f.num_points, B = t.inputs[l].size(0);
       if (R * (in + out) > n * in * out) {
-        // Few weights, many rows (MATH.md §7): the dense block
+        // Few weights, many rows (docs/math.md §8): the dense block
         // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, n, out, in+1], then
         // δ_iᵀ J̄ [a_i, 1] for every training row: one GEMM against the
         // training inputs, which are read once (per-sample gradients are
