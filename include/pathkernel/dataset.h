@@ -46,6 +46,9 @@ struct Dataset {
   nlohmann::json normalization;
   /// Where the raw data came from (file paths, generator and seed).
   nlohmann::json source;
+  /// What a user should know about the data that is not an error, e.g.
+  /// class numbers with no training points (they still get an output).
+  std::vector<std::string> warnings;
 };
 
 /// Names accepted by load_dataset ("csv:PATH" is listed as "csv:PATH").

@@ -69,8 +69,16 @@ struct DecompositionOptions {
 
 /// Shapes: n test points, M training points, K outputs.
 struct Decomposition {
+    /// The network's outputs, evaluated in float64 at the recorded weights
+  /// (a float32 run's weights and inputs are exactly representable in
+  /// float64, so for such a run these are the float64 network at the float32
+  /// path, the function the decomposition is exact for).
   torch::Tensor f0;              ///< [n, K] f(w_0, x)
   torch::Tensor fN;              ///< [n, K] f(w_N, x)
+  /// [n, K] f(w_N, x) as the run's own network computes it, in the run's
+  /// dtype (equal to fN for a float64 run; a float32 run's differs from fN
+  /// by float32 rounding).
+  torch::Tensor fN_run;
   torch::Tensor contributions;   ///< [n, M, K] C_i(x)
   torch::Tensor regularization;  ///< [n, K] R(x)
   torch::Tensor rounding;        ///< [n, K] E(x)

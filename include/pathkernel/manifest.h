@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pathkernel/dataset.h"
+#include "pathkernel/environment.h"
 #include "pathkernel/model.h"
 #include "pathkernel/optimizer.h"
 
@@ -78,6 +79,9 @@ struct Manifest {
   uint64_t batch_seed = 0;
   std::string schedule = "constant";
   int64_t threads = 1;  ///< intra-op threads used; replay uses the same
+  /// The machine training ran on, as far as bit-for-bit replay depends on it
+  /// (empty in runs written before it was recorded).
+  ReplayEnvironment environment;
   int64_t checkpoint_every = 1;
   std::vector<double> learning_rates;  ///< [N]: eta_s of every step
   std::vector<CheckpointRecord> checkpoints;

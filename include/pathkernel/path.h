@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -46,7 +47,16 @@ struct ReplayReport {
   int64_t first_mismatch_step = -1;
   double max_abs_diff = 0;
   bool bitwise_equal = true;
+  /// Where this machine differs from the one the run was trained on
+  /// (ReplayEnvironment::differences); filled in when a checkpoint differs.
+  std::vector<std::string> environment_differences;
 };
+
+/// Why a replay may not reproduce a run's checkpoints on this machine: the
+/// differences between the recorded and the current environment, as one
+/// sentence ("this machine differs from the one that trained the run: ...",
+/// or that the environments agree, so the run's files changed).
+std::string replay_mismatch_reason(const Manifest& manifest);
 
 class PathReader {
  public:

@@ -27,6 +27,7 @@ struct RunResult {
   Manifest manifest;
   TrainSummary summary;
   int64_t resumed_from = -1;  ///< the checkpoint step a resumed run continued from; -1 for a new run
+  std::vector<std::string> warnings;  ///< the data's warnings (Dataset::warnings)
 };
 
 /// Trains and records. Throws Error on bad options, bad data, an existing run

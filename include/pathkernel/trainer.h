@@ -87,7 +87,7 @@ struct TrainSummary {
   int64_t steps = 0;
   double final_loss = 0;       ///< mean loss of the last step's batch
   double train_accuracy = 0;   ///< on the whole training set at w_N
-  double test_accuracy = 0;    ///< on the test set at w_N
+  double test_accuracy = 0;    ///< on the test set at w_N; NaN when there are no test points
   double seconds = 0;          ///< wall-clock time of this call (of the resumed part only, when resuming)
 };
 

@@ -37,6 +37,7 @@ void add_check_path_command(CLI::App& app, Globals& globals) {
                                {"first_mismatch_step", r.first_mismatch_step},
                                {"max_abs_diff", r.max_abs_diff},
                                {"bitwise_equal", r.bitwise_equal},
+                               {"environment_differences", r.environment_differences},
                                {"seconds", seconds}};
       std::printf("%s\n", j.dump().c_str());
     } else if (r.bitwise_equal) {
@@ -49,6 +50,7 @@ void add_check_path_command(CLI::App& app, Globals& globals) {
                   static_cast<long long>(r.steps_replayed), static_cast<long long>(r.mismatches),
                   static_cast<long long>(r.checkpoints_compared),
                   static_cast<long long>(r.first_mismatch_step), r.max_abs_diff);
+      std::printf("%s\n", replay_mismatch_reason(reader.manifest()).c_str());
     }
     if (!r.bitwise_equal) globals.exit_status = 1;
   });

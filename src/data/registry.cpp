@@ -119,6 +119,32 @@ std::vector<std::string> dataset_names() {
   return names;
 }
 
+namespace {
+
+/// Class numbers in [0, num_classes) with no training point: the model still
+/// has an output for each (labels {0, 1, 5} give 6 outputs), so say which.
+void warn_about_empty_classes(Dataset& data) {
+  if (data.num_classes <= 0 || data.y_train.numel() == 0) return;
+  torch::Tensor counts = torch::bincount(data.y_train, {}, data.num_classes);
+  std::vector<int64_t> empty, present;
+  for (int64_t c = 0; c < data.num_classes; ++c) (counts[c].item<int64_t>() == 0 ? empty : present).push_back(c);
+  if (empty.empty()) return;
+  auto list = [](const std::vector<int64_t>& v) {
+    std::string out;
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+    return out;
+  };
+  data.warnings.push_back("dataset '" + data.spec + "': " + std::to_string(empty.size()) + " of " +
+                          std::to_string(data.num_classes) + " classes have no training points (class " +
+                          list(empty) + "; classes present: " + list(present) +
+                          "); the model gets one output per class number up to the largest label, " +
+                          std::to_string(data.num_classes) + " in all; number the classes 0.." +
+                          std::to_string(present.size() - 1) + " for " + std::to_string(present.size()) +
+                          " outputs");
+}
+
+}  // namespace
+
 Dataset load_dataset(const DataOptions& options) {
   PK_CHECK(options.dtype == torch::kFloat64 || options.dtype == torch::kFloat32,
            "dataset dtype must be float64 or float32 (got " << c10::toString(options.dtype)
@@ -168,6 +194,7 @@ Dataset load_dataset(const DataOptions& options) {
   data.x_test = to_inputs(data.x_test, options.dtype, data.normalization);
   data.y_train = data.y_train.contiguous();
   data.y_test = data.y_test.contiguous();
+  warn_about_empty_classes(data);
   return data;
 }
 

@@ -22,13 +22,17 @@ torch::Tensor Decomposition::completeness_gap() const {
 
 namespace {
 
-/// The full-batch mean-loss gradient G_s at w as training computed it: [P].
-torch::Tensor mean_gradient(Network& net, const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& y) {
-  set_flat_parameters(net, w.to(net->parameters()[0].scalar_type()));
-  for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
-  training_loss(net->forward(x), y, net->options().output).backward();
+/// The batch's mean-loss gradient G_s at w, computed in float64 by a float64
+/// network (engine_network), the same arithmetic the contributions' per-sample
+/// gradients use: [P]. For a float64 run it is the gradient training computed;
+/// for a float32 run it differs from training's by float32 rounding, which
+/// the rounding term E then holds.
+torch::Tensor mean_gradient(Network& net64, const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& y) {
+  set_flat_parameters(net64, w);
+  for (auto& p : net64->parameters()) p.mutable_grad() = torch::Tensor();
+  training_loss(net64->forward(x.to(torch::kFloat64)), y, net64->options().output).backward();
   std::vector<torch::Tensor> grads;
-  for (auto& p : net->parameters()) grads.push_back(p.grad().reshape({-1}).to(torch::kFloat64));
+  for (auto& p : net64->parameters()) grads.push_back(p.grad().reshape({-1}));
   return torch::cat(grads);
 }
 
@@ -64,14 +68,19 @@ class CaptureScope {
   PathReader& reader_;
 };
 
-/// The decomposition's outputs before any step: f(w_0), f(w_N) and zeros.
-Decomposition start(PathReader& reader, Network& net, const torch::Tensor& x) {
+/// The decomposition's outputs before any step: f(w_0), f(w_N) (in float64,
+/// and f(w_N) as the run's network computes it) and zeros.
+Decomposition start(PathReader& reader, const torch::Tensor& x) {
   const Manifest& m = reader.manifest();
   const int64_t n = x.size(0), M = reader.dataset().x_train.size(0), K = m.num_classes;
+  Network net = build_network(m.network_options());
+  Network net64 = engine_network(m.network_options());
   Decomposition d;
   d.steps = m.steps;
-  d.f0 = outputs_at(net, reader.checkpoint(0), x);
-  d.fN = outputs_at(net, reader.checkpoint(m.checkpoints.size() - 1), x);
+  const torch::Tensor wN = reader.checkpoint(m.checkpoints.size() - 1);
+  d.f0 = outputs_at(net64, reader.checkpoint(0), x);
+  d.fN = outputs_at(net64, wN, x);
+  d.fN_run = m.dtype == "float64" ? d.fN : outputs_at(net, wN, x);
   d.contributions = torch::zeros({n, M, K}, torch::kFloat64);
   d.regularization = torch::zeros({n, K}, torch::kFloat64);
   d.rounding = torch::zeros({n, K}, torch::kFloat64);
@@ -134,12 +143,13 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   const int64_t n = x.size(0), M = x_train.size(0), K = m.num_classes, P = m.parameter_count;
   PK_CHECK(!options.kernel, "the kernel output is built for gd and sgd runs; run '"
                                 << reader.dir() << "' used '" << m.optimizer.name << "' (turn the kernel off)");
-  Network net = build_network(m.network_options());
-  const OutputMap map = net->options().output;
+  // A float64 network for the batch gradient, apart from the evaluator's.
+  Network grad64 = engine_network(m.network_options());
+  const OutputMap map = grad64->options().output;
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
   const double beta = rule.beta(), lambda = rule.coupled_decay();
-  Decomposition d = start(reader, net, x);
+  Decomposition d = start(reader, x);
   // Ã, A and the dense J̄ P: three K x P matrices per test point.
   const int64_t chunk =
       chunk_size(options, 3 * K * P + feature_doubles_per_point(ev, reader, x, options.quadrature), n);
@@ -176,7 +186,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       const torch::Tensor xb = captured ? torch::Tensor() : x_train64.index_select(0, idx);
       const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
       const torch::Tensor dvec =
-          (captured ? st.gradient : mean_gradient(net, st.w, x_train.index_select(0, idx), yb)) + lambda * st.w;
+          (captured ? st.gradient : mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb)) + lambda * st.w;
       const StepCoefficients c = rule.step(st.step, st.lr, st.w, st.state);
       const torch::Tensor buf = rule.buffer(st.state);
       torch::Tensor erow = torch::zeros({nc, K}, torch::kFloat64);
@@ -252,12 +262,13 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   const torch::Tensor x_train64 = x_train.to(torch::kFloat64);
   const int64_t n = x.size(0), M = x_train.size(0), K = m.num_classes;
   const double lambda = m.optimizer.weight_decay;
-  // A network of our own: the reader's is busy replaying the path.
-  Network net = build_network(m.network_options());
-  const OutputMap map = net->options().output;
+  // Networks of our own: the reader's is busy replaying the path.
+  // A float64 network for the batch gradient, apart from the evaluator's.
+  Network grad64 = engine_network(m.network_options());
+  const OutputMap map = grad64->options().output;
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
-  Decomposition d = start(reader, net, x);
+  Decomposition d = start(reader, x);
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
   const int64_t chunk = chunk_size(options, feature_doubles_per_point(ev, reader, x, options.quadrature), n);
   const bool captured = use_capture(m, options);
@@ -275,7 +286,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     const torch::Tensor xb = captured && !options.kernel ? torch::Tensor() : x_train64.index_select(0, idx);
     const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
     // Regularisation and rounding directions of this step.
-    torch::Tensor g = captured ? st.gradient : mean_gradient(net, st.w, x_train.index_select(0, idx), yb);
+    torch::Tensor g = captured ? st.gradient : mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb);
     torch::Tensor rho = -st.lr * lambda * st.w;
     torch::Tensor e = st.delta + st.lr * (g + lambda * st.w);
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {

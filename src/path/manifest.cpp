@@ -79,6 +79,7 @@ ojson Manifest::to_json() const {
                         {"schedule", schedule},
                         {"threads", threads},
                         {"checkpoint_every", checkpoint_every}};
+  if (!environment.empty()) j["environment"] = environment.to_json();
   j["learning_rates"] = learning_rates;
   ojson cks = ojson::array();
   for (const CheckpointRecord& c : checkpoints) {
@@ -155,6 +156,7 @@ Manifest Manifest::from_json(const ojson& j) {
   m.schedule = field<std::string>(t, "schedule", "training");
   m.threads = field<int64_t>(t, "threads", "training");
   m.checkpoint_every = field<int64_t>(t, "checkpoint_every", "training");
+  if (j.contains("environment")) m.environment = ReplayEnvironment::from_json(j["environment"]);
   m.learning_rates = field<std::vector<double>>(j, "learning_rates", "the manifest");
 
   for (const ojson& c : field<ojson>(j, "checkpoints", "the manifest")) {

@@ -136,12 +136,28 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
   return diff > 0 ? diff : std::numeric_limits<double>::infinity();
 }
 
+std::string replay_mismatch_reason(const Manifest& manifest) {
+  if (manifest.environment.empty()) {
+    return "the run was trained with LibTorch " + manifest.libtorch_version + " on " +
+           std::to_string(manifest.threads) +
+           " threads and records no more of its machine; replay needs the same CPU kernels, BLAS, LibTorch "
+           "and thread count";
+  }
+  std::vector<std::string> diffs = manifest.environment.differences(ReplayEnvironment::current(manifest.threads));
+  if (diffs.empty()) {
+    return "this machine matches the one that trained the run (CPU, LibTorch kernels, BLAS, LibTorch, "
+           "threads), so the run's files are not what its training wrote";
+  }
+  std::string out = "this machine differs from the one that trained the run, and replay is bit for bit only "
+                    "where the floating-point kernels are the same: ";
+  for (size_t i = 0; i < diffs.size(); ++i) out += (i ? "; " : "") + diffs[i];
+  return out;
+}
+
 void PathReader::require_equal(size_t k, double diff) const {
   PK_CHECK(diff == 0, "run '" << dir_ << "': replay does not reproduce checkpoint step "
-                              << manifest_.checkpoints[k + 1].step << " bit for bit (max |diff| "
-                              << diff << "); the run was trained with LibTorch "
-                              << manifest_.libtorch_version << " on " << manifest_.threads
-                              << " threads; replay needs the same LibTorch, BLAS and thread count");
+                              << manifest_.checkpoints[k + 1].step << " bit for bit (max |diff| " << diff
+                              << "); " << replay_mismatch_reason(manifest_));
 }
 
 torch::Tensor PathReader::weights(int64_t s) {
@@ -197,6 +213,9 @@ ReplayReport PathReader::check(bool progress) {
   }
   bar.finish();
   report.bitwise_equal = report.mismatches == 0;
+  if (!report.bitwise_equal) {
+    report.environment_differences = manifest_.environment.differences(ReplayEnvironment::current(manifest_.threads));
+  }
   return report;
 }
 

@@ -80,12 +80,14 @@ RunResult train_run(const RunOptions& options) {
   base.batch_seed = options.train.seed;
   base.schedule = options.train.schedule;
   base.threads = current_threads();
+  base.environment = ReplayEnvironment::current(base.threads);
   const int64_t steps = options.train.total_steps(m);
   base.checkpoint_every =
       options.checkpoint_every == 0 ? default_checkpoint_every(steps) : options.checkpoint_every;
 
   RunWriter writer(options.out, base, options.force);
   RunResult result;
+  result.warnings = data.warnings;
   result.summary = train(net, data.x_train, data.y_train, data.x_test, data.y_test, options.train, writer);
   write_timing(options.out, result.summary, -1);
   result.manifest = writer.manifest();
@@ -165,6 +167,7 @@ RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
 
   RunWriter writer = RunWriter::reopen(run_dir, m);
   RunResult result;
+  result.warnings = data.warnings;
   result.summary =
       train(net, data.x_train, data.y_train, data.x_test, data.y_test, options.train, writer, &at);
   write_timing(run_dir, result.summary, at.step);

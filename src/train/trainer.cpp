@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <cmath>
 #include <cstdio>
 
@@ -195,10 +196,16 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
   summary.steps = steps;
   summary.final_loss = last_loss;
   summary.train_accuracy = accuracy(net, x_train, y_train);
-  summary.test_accuracy = accuracy(net, x_test, y_test);
   char status[96];
-  std::snprintf(status, sizeof status, "loss %.4f train acc %.3f test acc %.3f", last_loss,
-                summary.train_accuracy, summary.test_accuracy);
+  if (x_test.size(0) > 0) {
+    summary.test_accuracy = accuracy(net, x_test, y_test);
+    std::snprintf(status, sizeof status, "loss %.4f train acc %.3f test acc %.3f", last_loss,
+                  summary.train_accuracy, summary.test_accuracy);
+  } else {
+    summary.test_accuracy = std::numeric_limits<double>::quiet_NaN();
+    std::snprintf(status, sizeof status, "loss %.4f train acc %.3f, no test points", last_loss,
+                  summary.train_accuracy);
+  }
   bar.finish(status);
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   observer.on_summary(summary);

@@ -148,6 +148,46 @@ TEST(Cli, VerifyReportsTheKernelMachineAgainstTheNetwork) {
   EXPECT_NE(badq.out.find("unknown quadrature 'simpson'"), std::string::npos) << badq.out;
 }
 
+// A float32 run (mlp:16:tanh, momentum, 40 steps) decomposes to float64
+// precision against the float64 network at its weights; the float32
+// network's own difference is reported beside it.
+TEST(Cli, VerifyOfAFloat32RunIsExactToFloat64Precision) {
+  testing::TempDir dir("verify32");
+  std::string r = dir / "R";
+  Output t = run("train --data gaussians3 --train-size 90 --model mlp:16:tanh --optimizer momentum --batch 30 "
+                 "--lr 0.1 --steps 40 --dtype float32 --quiet --out " + r);
+  ASSERT_EQ(t.status, 0) << t.out;
+  Output v = run("verify " + r + " --test 10 --json --quiet");
+  ASSERT_EQ(v.status, 0) << v.out;
+  nlohmann::json j = last_json(v.out);
+  EXPECT_EQ(j["dtype"], "float32");
+  EXPECT_LE(j["max_rel_error"].get<double>(), 1e-12) << v.out;
+  EXPECT_GT(j["max_abs_run_dtype_difference"].get<double>(), 0) << v.out;
+  EXPECT_LT(j["max_abs_run_dtype_difference"].get<double>(), 1e-4) << v.out;
+  EXPECT_GT(j["max_abs_rounding"].get<double>(), 1e-12) << "E holds the float32 rounding: " << v.out;
+}
+
+// Labels {0, 1, 5}: a warning names the classes with no data. Four rows per
+// class leave the test split empty: train says so instead of an accuracy.
+TEST(Cli, TrainWarnsAboutEmptyClassesAndAnEmptyTestSplit) {
+  testing::TempDir dir("gaps");
+  std::string csv;
+  for (int i = 0; i < 4; ++i) {
+    for (int label : {0, 1, 5}) csv += std::to_string(label) + "," + std::to_string(label + 0.1 * i) + ",1\n";
+  }
+  const std::string path = dir.write("gaps.csv", csv);
+  Output t = run("train --data csv:" + path + " --model mlp:4 --optimizer gd --steps 3 --quiet --out " + (dir / "R"));
+  ASSERT_EQ(t.status, 0) << t.out;
+  EXPECT_NE(t.out.find("warning: dataset 'csv:" + path + "': 3 of 6 classes have no training points (class 2, 3, 4"),
+            std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("no test points"), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find("test accuracy"), std::string::npos) << t.out;
+  Output tj = run("train --data csv:" + path + " --model mlp:4 --optimizer gd --steps 3 --quiet --json --out " +
+                  (dir / "J"));
+  ASSERT_EQ(tj.status, 0) << tj.out;
+  EXPECT_TRUE(last_json(tj.out)["test_accuracy"].is_null()) << tj.out;
+}
+
 TEST(Cli, ExplainWritesExactPerTrainingPointContributions) {
   testing::TempDir dir("explain");
   std::string r = dir / "R";

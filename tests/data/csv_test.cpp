@@ -140,6 +140,21 @@ TEST(Csv, NumClassesIsMaxLabelPlusOne) {
   EXPECT_EQ(data.input_shape, std::vector<int64_t>({2}));
   EXPECT_EQ(data.x_train.sizes(), torch::IntArrayRef({3, 2}));
   EXPECT_EQ(data.x_test.sizes(), torch::IntArrayRef({0, 2}));
+  ASSERT_EQ(data.warnings.size(), 1u);
+  EXPECT_NE(data.warnings[0].find("3 of 5 classes have no training points (class 1, 2, 3; classes present: 0, 4)"),
+            std::string::npos) << data.warnings[0];
+}
+
+TEST(Csv, WarnsAboutClassNumbersWithNoTrainingPoints) {
+  TempDir dir;
+  const Dataset gaps = load_csv_dataset(dir.write("gaps.csv", "0,1\n1,2\n5,3\n0,4\n1,5\n5,6\n"));
+  EXPECT_EQ(gaps.num_classes, 6);
+  ASSERT_EQ(gaps.warnings.size(), 1u);
+  const std::string& w = gaps.warnings[0];
+  EXPECT_NE(w.find("class 2, 3, 4; classes present: 0, 1, 5"), std::string::npos) << w;
+  EXPECT_NE(w.find("number the classes 0..2 for 3 outputs"), std::string::npos) << w;
+  const Dataset dense = load_csv_dataset(dir.write("dense.csv", "0,1\n1,2\n2,3\n"));
+  EXPECT_TRUE(dense.warnings.empty()) << dense.warnings[0];
 }
 
 TEST(Csv, Float32Option) {

@@ -155,6 +155,54 @@ TEST(ReplaySignals, AgreeWithRecomputedSignals) {
   }
 }
 
+// A float32 run is decomposed against the float64 network at its float32
+// weights and inputs (exactly representable in float64): f(w_0), f(w_N) and
+// the rounding term are float64, so the kernel machine matches that network
+// to float64 precision, for a forward walk (sgd) and a reverse one
+// (momentum). f(w_N) is checked against a float64 network built here, and
+// the float32 network's own output is reported beside it.
+TEST(Float32Runs, DecomposeToFloat64Precision) {
+  for (const std::string opt : {"sgd", "momentum"}) {
+    testing::TempDir dir(opt);
+    RunOptions r = testing::small_run(dir / "run", opt, 40, 10);
+    r.model = "mlp:16:tanh";
+    r.data.dtype = torch::kFloat32;
+    train_run(r);
+    PathReader reader(r.out);
+    ASSERT_EQ(reader.manifest().dtype, "float32");
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 5);
+    ASSERT_EQ(x.scalar_type(), torch::kFloat32);
+    DecompositionOptions options;
+    options.progress = false;
+    Decomposition d = decompose(reader, x, options);
+
+    NetworkOptions o64 = reader.manifest().network_options();
+    o64.dtype = torch::kFloat64;
+    Network net64 = build_network(o64);
+    const torch::Tensor wN = reader.checkpoint(reader.manifest().checkpoints.size() - 1);
+    torch::Tensor f64, f32;
+    {
+      torch::NoGradGuard guard;
+      set_flat_parameters(net64, wN);
+      f64 = net64->forward(x.to(torch::kFloat64));
+      Network net32 = build_network(reader.manifest().network_options());
+      set_flat_parameters(net32, wN.to(torch::kFloat32));
+      f32 = net32->forward(x).to(torch::kFloat64);
+    }
+    SCOPED_TRACE(opt);
+    EXPECT_TRUE(torch::equal(d.fN, f64)) << "f(w_N) is the float64 network at the float32 weights";
+    EXPECT_TRUE(torch::equal(d.fN_run, f32)) << "fN_run is the float32 network's own output";
+    const double dtype_diff = (d.fN_run - d.fN).abs().max().item<double>();
+    EXPECT_GT(dtype_diff, 0) << "float32 rounding shows in the float32 network's output";
+    EXPECT_LT(dtype_diff, 1e-4);
+    const double rel = ((d.prediction() - d.fN).abs() / d.fN.abs().clamp_min(1)).max().item<double>();
+    EXPECT_LE(rel, 1e-12);
+    EXPECT_LE(d.completeness_gap().sub(d.rounding).abs().max().item<double>(), 1e-12);
+    // E holds the float32 rounding of the recorded updates: far above float64's.
+    EXPECT_GT(d.rounding.abs().max().item<double>(), 1e-12);
+  }
+}
+
 TEST(ReverseAccumulation, RefusesTheKernelOutput) {
   testing::TempDir dir;
   RunOptions r = buffered_run(dir / "run", "momentum", 3);

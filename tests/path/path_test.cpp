@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "../test_util.h"
 #include "pathkernel/error.h"
@@ -96,31 +97,83 @@ TEST(Replay, ReverseYieldsTheForwardSequenceReversed) {
   }
 }
 
-TEST(Replay, DetectsACheckpointThatReplayDoesNotReproduce) {
-  TempDir dir("tamper");
+/// Trains a 9-step sgd run with checkpoints every 3 steps into dir/run, then
+/// moves weight 5 of checkpoint 6 to `nudge(value)` and keeps the manifest's
+/// size and CRC consistent, so that only replay can notice.
+std::string tampered_run(const TempDir& dir, const std::function<double(double)>& nudge) {
   RunOptions r = small_run(dir / "run", "sgd", 9, 3);
   train_run(r);
-  // Nudge checkpoint 6 by one ulp in one value and keep the manifest consistent,
-  // so only replay can notice.
   Manifest m = Manifest::load(r.out);
   CheckpointRecord& ck = m.checkpoints[2];
-  ASSERT_EQ(ck.step, 6);
+  EXPECT_EQ(ck.step, 6);
   torch::Tensor w = read_npy(dir / ("run/" + ck.weights.file));
   double* data = w.data_ptr<double>();
-  data[5] = std::nextafter(data[5], 1e300);
+  data[5] = nudge(data[5]);
   std::string bytes = npy_bytes(w);
   write_file_atomic(dir / ("run/" + ck.weights.file), bytes);
   ck.weights.crc32 = crc32_of(bytes);
   m.save(r.out);
+  return r.out;
+}
 
-  PathReader reader(r.out);
+// One ulp on one weight of checkpoint 6. Replay into 6 reproduces the
+// original value, so 6 is always found. Whether the nudge still shows after
+// three more steps from the nudged 6 depends on how this CPU's kernels round
+// (a one-ulp change can be rounded away), so the count is 1 or 2.
+TEST(Replay, DetectsAOneUlpChangeAtTheCheckpointItTouches) {
+  TempDir dir("tamper_ulp");
+  std::string run = tampered_run(dir, [](double v) { return std::nextafter(v, 1e300); });
+  PathReader reader(run);
   ReplayReport report = reader.check();
   EXPECT_FALSE(report.bitwise_equal);
-  EXPECT_EQ(report.mismatches, 2);  // replay into 6 differs, and replay from the nudged 6 into 9
   EXPECT_EQ(report.first_mismatch_step, 6);
+  EXPECT_GE(report.mismatches, 1);
+  EXPECT_LE(report.mismatches, 2);
+  EXPECT_EQ(report.checkpoints_compared, 3);
   EXPECT_GT(report.max_abs_diff, 0);
+  EXPECT_TRUE(report.environment_differences.empty());  // same machine, same process
   std::string msg = error_message([&] { reader.forward([](const PathStep&) {}); });
   EXPECT_NE(msg.find("does not reproduce checkpoint step 6 bit for bit"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("this machine matches the one that trained the run"), std::string::npos) << msg;
+}
+
+// A change of 0.5 in one weight moves every later step's gradient far above
+// any rounding, so replay from the changed 6 cannot reach the recorded 9:
+// both checkpoints after the change differ on every machine.
+TEST(Replay, DetectsALargeChangeAtItsCheckpointAndTheNext) {
+  TempDir dir("tamper_large");
+  std::string run = tampered_run(dir, [](double v) { return v + 0.5; });
+  PathReader reader(run);
+  ReplayReport report = reader.check();
+  EXPECT_FALSE(report.bitwise_equal);
+  EXPECT_EQ(report.first_mismatch_step, 6);
+  EXPECT_EQ(report.mismatches, 2);
+  EXPECT_GE(report.max_abs_diff, 0.5);
+}
+
+// A run copied to a machine that differs: the error names what differs.
+TEST(Replay, AMismatchOnAnotherMachineNamesTheDifference) {
+  TempDir dir("tamper_machine");
+  std::string run = tampered_run(dir, [](double v) { return std::nextafter(v, 1e300); });
+  Manifest m = Manifest::load(run);
+  ASSERT_FALSE(m.environment.empty()) << "train records the machine's environment";
+  const ReplayEnvironment here = ReplayEnvironment::current(m.threads);
+  EXPECT_EQ(m.environment.cpu, here.cpu);
+  EXPECT_EQ(m.environment.blas_kernels, here.blas_kernels);
+  EXPECT_EQ(m.environment.libtorch, here.libtorch);
+  m.environment.cpu = "Another CPU 9000";
+  m.environment.blas_kernels = "Elsewhere";
+  m.save(run);
+  PathReader reader(run);
+  ReplayReport report = reader.check();
+  ASSERT_EQ(report.environment_differences.size(), 2u);
+  EXPECT_EQ(report.environment_differences[0], "CPU '" + here.cpu + "' (the run recorded 'Another CPU 9000')");
+  EXPECT_EQ(report.environment_differences[1],
+            "BLAS kernels '" + here.blas_kernels + "' (the run recorded 'Elsewhere')");
+  std::string msg = error_message([&] { reader.weights(5); });  // replays 3 -> 6
+  EXPECT_NE(msg.find("does not reproduce checkpoint step 6"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("this machine differs from the one that trained the run"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the run recorded 'Another CPU 9000'"), std::string::npos) << msg;
 }
 
 TEST(Manifest, SaveLoadSaveGivesIdenticalBytes) {

@@ -1,0 +1,123 @@
+// Reading the machine's replay environment: CPU, LibTorch's kernels, the BLAS.
+#include "pathkernel/environment.h"
+
+#include <dlfcn.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <ATen/Version.h>
+
+#include "pathkernel/error.h"
+#include "pathkernel/version.h"
+
+namespace pathkernel {
+
+namespace {
+
+std::string trim(std::string s) {
+  const char* space = " \t\r\n";
+  s.erase(0, s.find_first_not_of(space));
+  s.erase(s.find_last_not_of(space) + 1);
+  return s;
+}
+
+/// The first "model name" of /proc/cpuinfo, or "unknown".
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      size_t colon = line.find(':');
+      if (colon != std::string::npos) return trim(line.substr(colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+/// The value after "CPU capability usage:" in LibTorch's configuration text.
+std::string torch_cpu_capability() {
+  std::istringstream in(at::show_config());
+  std::string line;
+  const std::string key = "CPU capability usage:";
+  while (std::getline(in, line)) {
+    size_t at = line.find(key);
+    if (at != std::string::npos) return trim(line.substr(at + key.size()));
+  }
+  return "unknown";
+}
+
+/// The BLAS that provides dgemm_ in this process: OpenBLAS names itself and
+/// the kernels it picked for this CPU; any other names its file.
+void blas_of_process(std::string& blas, std::string& kernels) {
+  using NameFn = char* (*)();
+  auto config = reinterpret_cast<NameFn>(::dlsym(RTLD_DEFAULT, "openblas_get_config"));
+  auto core = reinterpret_cast<NameFn>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (config != nullptr) blas = trim(config());
+  if (core != nullptr) kernels = trim(core());
+  if (blas.empty()) {
+    Dl_info info{};
+    void* gemm = ::dlsym(RTLD_DEFAULT, "dgemm_");
+    if (gemm != nullptr && ::dladdr(gemm, &info) != 0 && info.dli_fname != nullptr) blas = info.dli_fname;
+  }
+  if (blas.empty()) blas = "unknown";
+  if (kernels.empty()) kernels = "unknown";
+}
+
+}  // namespace
+
+ReplayEnvironment ReplayEnvironment::current(int64_t threads) {
+  ReplayEnvironment e;
+  e.cpu = cpu_model();
+  e.cpu_capability = torch_cpu_capability();
+  blas_of_process(e.blas, e.blas_kernels);
+  e.libtorch = libtorch_version();
+  e.threads = threads;
+  return e;
+}
+
+nlohmann::ordered_json ReplayEnvironment::to_json() const {
+  return nlohmann::ordered_json{{"cpu", cpu},   {"cpu_capability", cpu_capability}, {"blas", blas},
+                                {"blas_kernels", blas_kernels}, {"libtorch", libtorch}, {"threads", threads}};
+}
+
+ReplayEnvironment ReplayEnvironment::from_json(const nlohmann::ordered_json& j) {
+  PK_CHECK(j.is_object(), "manifest: environment is not an object (" << j.dump() << ")");
+  ReplayEnvironment e;
+  auto text = [&](const char* key, std::string& out) {
+    auto it = j.find(key);
+    PK_CHECK(it != j.end() && it->is_string(),
+             "manifest: environment." << key << " is missing or not a string"
+                                      << (it != j.end() ? " (" + it->dump() + ")" : std::string()));
+    out = it->get<std::string>();
+  };
+  text("cpu", e.cpu);
+  text("cpu_capability", e.cpu_capability);
+  text("blas", e.blas);
+  text("blas_kernels", e.blas_kernels);
+  text("libtorch", e.libtorch);
+  auto it = j.find("threads");
+  PK_CHECK(it != j.end() && it->is_number_integer(),
+           "manifest: environment.threads is missing or not an integer");
+  e.threads = it->get<int64_t>();
+  return e;
+}
+
+std::vector<std::string> ReplayEnvironment::differences(const ReplayEnvironment& here) const {
+  std::vector<std::string> out;
+  if (empty()) return out;
+  auto differ = [&](const char* what, const std::string& recorded, const std::string& now) {
+    if (recorded != now) out.push_back(std::string(what) + " '" + now + "' (the run recorded '" + recorded + "')");
+  };
+  differ("CPU", cpu, here.cpu);
+  differ("LibTorch CPU kernels", cpu_capability, here.cpu_capability);
+  differ("BLAS", blas, here.blas);
+  differ("BLAS kernels", blas_kernels, here.blas_kernels);
+  differ("LibTorch", libtorch, here.libtorch);
+  if (threads != here.threads) {
+    out.push_back("threads " + std::to_string(here.threads) + " (the run recorded " + std::to_string(threads) + ")");
+  }
+  return out;
+}
+
+}  // namespace pathkernel
