@@ -66,7 +66,7 @@ DecompositionOptions quiet_decomposition(const std::string& quadrature) {
 }
 
 double max_rel_error(const torch::Tensor& pred, const torch::Tensor& f) {
-  return ((pred - f).abs() / f.abs().clamp_min(1.0)).max().item<double>();
+  return relative_error(pred, f).max().item<double>();
 }
 
 namespace {

@@ -100,6 +100,31 @@ struct Decomposition {
   torch::Tensor completeness_gap() const;
 };
 
+/// The kernel machine's error against the network, the headline figure of
+/// every comparison: |kernel − network| / max(1, |network|), elementwise,
+/// for outputs of the same shape (e.g. [n, K]).
+torch::Tensor relative_error(const torch::Tensor& kernel, const torch::Tensor& network);
+
+/// What `verify` reports of a decomposition, each computed once here.
+struct DecompositionSummary {
+  int64_t test_points = 0;
+  int64_t steps = 0;
+  double max_abs_error = 0;          ///< max |prediction − f(w_N)|
+  double max_rel_error = 0;          ///< max of relative_error(prediction, f(w_N))
+  double completeness_error = 0;     ///< max |completeness_gap()|: includes E and the quadrature error
+  double max_abs_rounding = 0;       ///< max |E|
+  double max_abs_regularization = 0; ///< max |R|
+  double certificate_max_gap = 0;
+  double mean_evaluations_per_step = 0;          ///< integrand evaluations per test point and step
+  double mean_forward_evaluations_per_step = 0;  ///< forward-only evaluations per test point and step
+  double mean_kinks_per_step = 0;                ///< kinks located per test point and step
+  double max_abs_run_dtype_difference = 0;       ///< max |fN_run − fN|: 0 for float64 runs
+  double seconds = 0;
+};
+
+/// Summarises d (any number of test points, at least one).
+DecompositionSummary summarize(const Decomposition& d);
+
 /// Decomposes the run's final outputs on test inputs x [n, *input_shape].
 /// Every optimizer of optimizer.h is supported (update_rule.h); the kernel
 /// output only for gd and sgd.

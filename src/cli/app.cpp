@@ -21,6 +21,10 @@ int run(int argc, char** argv) {
   Globals globals;
   app.add_option("--threads", globals.threads, "Threads for LibTorch and BLAS (default: all cores)")
       ->check(CLI::Range(1, 1024));
+  app.add_flag("--json", globals.json, "Print the result as one JSON object");
+  app.add_flag("--quiet", globals.quiet, "No progress bars");
+  // The global options may also follow the subcommand: `pathkernel verify R --json`.
+  app.fallthrough();
   app.require_subcommand(1);
   add_train_command(app, globals);
   add_info_command(app, globals);

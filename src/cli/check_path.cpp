@@ -13,22 +13,18 @@ namespace pathkernel::cli {
 void add_check_path_command(CLI::App& app, Globals& globals) {
   struct Args {
     std::string run;
-    bool json = false;
-    bool quiet = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "check-path", "Replay every step from the checkpoints and compare them bit for bit");
   cmd->add_option("RUN", args->run, "Run directory")->required();
-  cmd->add_flag("--json", args->json, "Print one JSON object");
-  cmd->add_flag("--quiet", args->quiet, "No progress bar");
   cmd->callback([args, &globals] {
     globals.apply();
     auto t0 = std::chrono::steady_clock::now();
     PathReader reader(args->run);
-    ReplayReport r = reader.check(!args->quiet);
+    ReplayReport r = reader.check(!globals.quiet);
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (args->json) {
+    if (globals.json) {
       nlohmann::ordered_json j{{"run", args->run},
                                {"steps", reader.steps()},
                                {"steps_replayed", r.steps_replayed},

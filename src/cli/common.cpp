@@ -1,5 +1,6 @@
 // Options shared by the commands that decompose a run.
 #include <algorithm>
+#include <cstdio>
 
 #include "commands.h"
 #include "pathkernel/dataset.h"
@@ -7,13 +8,21 @@
 
 namespace pathkernel::cli {
 
-void QuadratureArgs::add_to(CLI::App* cmd) {
+void Globals::print(const nlohmann::ordered_json& j, const std::string& text) const {
+  if (json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else if (!text.empty()) {
+    std::printf("%s\n", text.c_str());
+  }
+}
+
+void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
+  globals = &g;
   cmd->add_option("--quadrature", quadrature, "gauss (certified), riemann:T, or dpk")->capture_default_str();
   cmd->add_option("--tol", tol, "Certificate tolerance per step, relative to max(1,|f|)")->capture_default_str();
   cmd->add_option("--gauss-nodes", gauss_nodes, "Gauss-Legendre nodes per piece (gauss)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  cmd->add_flag("--quiet", quiet, "No progress bar");
 }
 
 DecompositionOptions QuadratureArgs::options() const {
@@ -22,21 +31,30 @@ DecompositionOptions QuadratureArgs::options() const {
   PK_CHECK(tol > 0 && tol < 1, "--tol must be in (0, 1) (got " << tol << ")");
   options.quadrature.tol = tol;
   options.quadrature.gauss_nodes = gauss_nodes;
-  options.progress = !quiet;
+  options.progress = globals == nullptr || !globals->quiet;
   return options;
 }
 
-void KernelArgs::add_to(CLI::App* cmd) {
+void TestPointArgs::add_to(CLI::App* cmd, const std::string& what) {
+  auto* n = cmd->add_option("--test", selection.count, "The first N test points " + what)->check(CLI::PositiveNumber);
+  auto* list = cmd->add_option("--test-index", selection.indices, "Comma-separated test indices " + what + ", e.g. 0,5,17");
+  auto* file = cmd->add_option("--test-file", selection.file,
+                               "A file of test indices " + what + " (separated by commas, spaces or newlines)");
+  n->excludes(list)->excludes(file);
+  list->excludes(file);
+}
+
+void KernelArgs::add_to(CLI::App* cmd, const Globals& g) {
   cmd->add_option("--kernel", kernel, "epk, dpk, ntk (at the end), ntk:STEP or ntk-inf")->capture_default_str();
   cmd->add_option("--bias-scale", bias_scale, "ntk-inf: the bias scale beta")->capture_default_str();
-  q.add_to(cmd);
+  q.add_to(cmd, g);
 }
 
 GramOptions KernelArgs::options() const {
   GramOptions options;
   options.kernel = GramSpec::parse(kernel);
   options.quadrature = q.options().quadrature;
-  options.progress = !q.quiet;
+  options.progress = q.options().progress;
   options.bias_scale = bias_scale;
   return options;
 }

@@ -44,7 +44,7 @@ void add_compare_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--c", args->c, "C-SVC's cost C")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--bias-scale", args->bias_scale, "ntk-inf and nngp: the bias scale beta")->capture_default_str();
   args->points.add_to(cmd);
-  args->q.add_to(cmd);
+  args->q.add_to(cmd, globals);
   cmd->add_option("--out", args->out, "Output directory (default: RUN/compare)");
   cmd->callback([args, &globals] {
     globals.apply();
@@ -74,7 +74,7 @@ void add_compare_command(CLI::App& app, Globals& globals) {
 
     // The exact kernel machine: all training points, every step.
     Decomposition d = decompose(reader, x_test, dopts);
-    const double rel = ((d.prediction() - d.fN).abs() / d.fN.abs().clamp_min(1)).max().item<double>();
+    const double rel = summarize(d).max_rel_error;
     std::ostringstream note;
     note << "all " << data.x_train.size(0) << " training points; max relative error " << rel;
     add("kernel machine (exact)", "epk", d.prediction().argmax(1), note.str());
@@ -136,7 +136,13 @@ void add_compare_command(CLI::App& app, Globals& globals) {
     std::filesystem::create_directories(dir);
     write_file_atomic((dir / "compare.md").string(), md.str());
     write_file_atomic((dir / "compare.csv").string(), csv.str());
-    std::printf("%s\n%s\n", md.str().c_str(), (dir / "compare.md").string().c_str());
+    nlohmann::ordered_json table = nlohmann::ordered_json::array();
+    for (const Row& r : rows) {
+      table.push_back({{"method", r.method}, {"kernel", r.kernel}, {"accuracy", r.accuracy},
+                       {"agreement", r.agreement}, {"notes", r.note}});
+    }
+    globals.print({{"run", args->run}, {"test_points", si.size(0)}, {"rows", table}, {"out", dir.string()}},
+                  md.str() + "\n" + (dir / "compare.md").string());
   });
 }
 

@@ -11,7 +11,7 @@ namespace pathkernel::cli {
 void add_experiment_command(CLI::App& app, Globals& globals) {
   struct Args {
     std::string name, out;
-    bool quick = false, quiet = false;
+    bool quick = false;
   };
   auto args = std::make_shared<Args>();
   std::string names;
@@ -20,16 +20,16 @@ void add_experiment_command(CLI::App& app, Globals& globals) {
   cmd->add_option("NAME", args->name, "Experiment:" + names)->required();
   cmd->add_option("--out", args->out, "Output directory (default: experiments/NAME)");
   cmd->add_flag("--quick", args->quick, "Tiny sizes: a smoke test of the pipeline in seconds");
-  cmd->add_flag("--quiet", args->quiet, "No progress bars");
   cmd->callback([args, &globals] {
     globals.apply();
     ExperimentOptions options;
     options.out = args->out.empty() ? (std::filesystem::path("experiments") / args->name).string() : args->out;
     options.quick = args->quick;
-    options.progress = !args->quiet;
+    options.progress = !globals.quiet;
     experiment_description(args->name);  // an unknown name fails before anything is written
     ExperimentResult r = run_experiment(args->name, options);
-    std::printf("%s: %s/summary.md (%.1f s)\n", r.name.c_str(), r.out.c_str(), r.seconds);
+    globals.print({{"experiment", r.name}, {"out", r.out}, {"summary", r.out + "/summary.md"}, {"seconds", r.seconds}},
+                  r.name + ": " + r.out + "/summary.md (" + std::to_string(r.seconds) + " s)");
   });
 }
 

@@ -32,7 +32,8 @@ nlohmann::ordered_json extremes(const torch::Tensor& c, const torch::Tensor& lab
 
 void add_explain_command(CLI::App& app, Globals& globals) {
   struct Args {
-    std::string run, test_index = "0", out;
+    std::string run, out;
+    TestPointArgs points;
     std::string kernel = "auto";
     int64_t top = 10;
     double checkpoint_seconds = 60;
@@ -42,9 +43,9 @@ void add_explain_command(CLI::App& app, Globals& globals) {
   CLI::App* cmd = app.add_subcommand(
       "explain", "Split test predictions exactly into per-training-point contributions");
   cmd->add_option("RUN", args->run, "Run directory")->required();
-  cmd->add_option("--test-index", args->test_index, "Comma-separated test indices")->capture_default_str();
+  args->points.add_to(cmd, "to explain (default: test point 0)");
   cmd->add_option("--top", args->top, "Proponents and opponents to list")->check(CLI::Range(1, 100000))->capture_default_str();
-  args->q.add_to(cmd);
+  args->q.add_to(cmd, globals);
   cmd->add_option("--kernel", args->kernel,
                   "Write kernel.npy, the summed kernel [n, M, K, K] of a gd or sgd run: auto (when it takes at most 2 GiB), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
@@ -60,7 +61,7 @@ void add_explain_command(CLI::App& app, Globals& globals) {
     DecompositionOptions options = args->q.options();
     PathReader reader(args->run);
     const torch::Tensor& x_test = reader.dataset().x_test;
-    torch::Tensor idx = parse_test_indices(0, args->test_index, x_test.size(0));
+    torch::Tensor idx = args->points.indices(x_test.size(0), 1);
     const Manifest& m = reader.manifest();
     const double kernel_bytes = 8.0 * static_cast<double>(idx.size(0)) * static_cast<double>(m.num_train) *
                                 static_cast<double>(m.num_classes * m.num_classes);
@@ -155,6 +156,13 @@ void add_explain_command(CLI::App& app, Globals& globals) {
         write_png_grid((std::filesystem::path(out) / name).string(), rows);
         pngs.push_back(name);
       }
+    }
+    if (globals.json) {
+      nlohmann::ordered_json summary = j;
+      summary["out"] = out;
+      summary["images"] = pngs;
+      globals.print(summary, "");
+      return;
     }
     for (const auto& p : points) {
       std::printf("test %lld (label %lld) predicted %lld; completeness error %.2e\n",

@@ -63,7 +63,7 @@ void add_gp_command(CLI::App& app, Globals& globals) {
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Seed of the Monte-Carlo samples")->capture_default_str();
   args->points.add_to(cmd);
-  args->k.add_to(cmd);
+  args->k.add_to(cmd, globals);
   cmd->add_option("--out", args->out, "Output directory (default: RUN/gp/<kernel>[_grid])");
   cmd->callback([args, &globals] {
     globals.apply();
@@ -142,9 +142,13 @@ void add_gp_command(CLI::App& app, Globals& globals) {
                   {"points.npy", "[n, d] the query inputs, flattened"},
                   {"train_indices.npy", "indices of the training points used"}};
     write_file_atomic((dir / "gp.json").string(), j.dump(2) + "\n");
-    std::printf("%s  gp on %s, %lld training points, %lld %s points, jitter %.3g%s\n", dir.string().c_str(),
+    char text[1024];
+    std::snprintf(text, sizeof text, "%s  gp on %s, %lld training points, %lld %s points, jitter %.3g%s", dir.string().c_str(),
                 options.kernel.str().c_str(), static_cast<long long>(ti.size(0)),
                 static_cast<long long>(x_query.size(0)), on_grid ? "grid" : "test", post.jitter, line.c_str());
+    nlohmann::ordered_json printed = j;
+    printed["out"] = dir.string();
+    globals.print(printed, text);
   });
 }
 

@@ -44,7 +44,7 @@ void add_gram_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--outputs", args->outputs, "full: K x K blocks [R, C, K, K]; trace: their trace [R, C]")
       ->check(CLI::IsMember({"full", "trace"}))
       ->capture_default_str();
-  args->k.add_to(cmd);
+  args->k.add_to(cmd, globals);
   cmd->add_option("--out", args->out, "Output .npy (default: RUN/gram/<kernel>_<rows>_<cols>.npy); a .json sidecar goes beside it");
   cmd->callback([args, &globals] {
     globals.apply();
@@ -84,7 +84,9 @@ void add_gram_command(CLI::App& app, Globals& globals) {
     std::filesystem::path sidecar = out;
     sidecar.replace_extension(".json");
     write_file_atomic(sidecar.string(), j.dump(2) + "\n");
-    std::printf("%s  %s\n", out.string().c_str(), j["shape"].dump().c_str());
+    nlohmann::ordered_json printed = j;
+    printed["out"] = out.string();
+    globals.print(printed, out.string() + "  " + j["shape"].dump());
   });
 }
 

@@ -13,14 +13,11 @@ namespace pathkernel::cli {
 void add_info_command(CLI::App& app, Globals& globals) {
   struct Args {
     std::string run;
-    bool json = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("info", "Describe a run directory (checks it against its manifest)");
   cmd->add_option("RUN", args->run, "Run directory")->required();
-  cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args, &globals] {
-    (void)globals;
     Manifest m = Manifest::load(args->run);
     validate_run(args->run, m);
     const int64_t every_step = mul_no_overflow(
@@ -47,7 +44,7 @@ void add_info_command(CLI::App& app, Globals& globals) {
                              {"libtorch_version", m.libtorch_version},
                              {"pathkernel_version", m.pathkernel_version},
                              {"summary", m.summary}};
-    if (args->json) {
+    if (globals.json) {
       std::printf("%s\n", j.dump().c_str());
       return;
     }

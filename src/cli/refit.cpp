@@ -26,7 +26,7 @@ void add_refit_command(CLI::App& app, Globals& globals) {
   cmd->add_option("RUN", args->run, "Run directory")->required();
   cmd->add_option("--c", args->c, "C-SVC's cost C")->check(CLI::PositiveNumber)->capture_default_str();
   args->points.add_to(cmd);
-  args->k.add_to(cmd);
+  args->k.add_to(cmd, globals);
   cmd->add_option("--out", args->out, "Output JSON (default: RUN/refit/<kernel>.json)");
   cmd->callback([args, &globals] {
     globals.apply();
@@ -61,11 +61,15 @@ void add_refit_command(CLI::App& app, Globals& globals) {
                              {"support_vectors", fit.support_vectors},
                              {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
     write_file_atomic(out.string(), j.dump(2) + "\n");
-    std::printf("svm on %s (%lld training points, C = %g): accuracy %.4f, network %.4f on the same %lld test points; "
-                "agreement with the network %.4f; %lld support vectors\n%s\n",
+    char text[1024];
+    std::snprintf(text, sizeof text, "svm on %s (%lld training points, C = %g): accuracy %.4f, network %.4f on the same %lld test points; "
+                "agreement with the network %.4f; %lld support vectors\n%s",
                 options.kernel.str().c_str(), static_cast<long long>(ti.size(0)), args->c, acc, net_acc,
                 static_cast<long long>(si.size(0)), agree, static_cast<long long>(fit.support_vectors),
                 out.string().c_str());
+    nlohmann::ordered_json printed = j;
+    printed["out"] = out.string();
+    globals.print(printed, text);
   });
 }
 

@@ -36,7 +36,7 @@ void add_report_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--grid", args->report.grid, "2-D data: points per axis of the kernel and GP maps (0: none)")
       ->check(CLI::Range(0, 200))
       ->capture_default_str();
-  args->q.add_to(cmd);
+  args->q.add_to(cmd, globals);
   cmd->callback([args, &globals] {
     globals.apply();
     const auto t0 = std::chrono::steady_clock::now();
@@ -63,8 +63,10 @@ void add_report_command(CLI::App& app, Globals& globals) {
     PathReader reader(args->run);
     const size_t bytes = write_report(reader, options, out);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("wrote %s (%.1f MB, %.0f s; self-contained, open it in a browser)\n", out.c_str(),
-                static_cast<double>(bytes) / 1e6, seconds);
+    char text[512];
+    std::snprintf(text, sizeof text, "wrote %s (%.1f MB, %.0f s; self-contained, open it in a browser)", out.c_str(),
+                  static_cast<double>(bytes) / 1e6, seconds);
+    globals.print({{"run", args->run}, {"out", out}, {"bytes", bytes}, {"seconds", seconds}}, text);
   });
 }
 

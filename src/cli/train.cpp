@@ -25,8 +25,6 @@ struct TrainArgs {
   std::string dtype = "float64";
   std::string output = "logsoftmax";
   double lr = 0;
-  bool json = false;
-  bool quiet = false;
   std::string resume;  ///< run directory to continue; every other option comes from its manifest
 };
 
@@ -107,8 +105,6 @@ void add_train_command(CLI::App& app, Globals& globals) {
                   "Continue the interrupted run RUN from its last complete checkpoint, with the options "
                   "its manifest records; the finished run equals an uninterrupted one byte for byte");
   cmd->add_flag("--force", r.force, "Overwrite an existing run directory");
-  cmd->add_flag("--json", args->json, "Print the summary as one JSON object");
-  cmd->add_flag("--quiet", args->quiet, "No progress bar");
 
   cmd->callback([cmd, args, &globals] {
     check_conflicts(*cmd, *args);
@@ -116,7 +112,7 @@ void add_train_command(CLI::App& app, Globals& globals) {
     RunResult res;
     if (!args->resume.empty()) {
       r.out = args->resume;
-      res = resume_run(args->resume, !args->quiet, globals.threads);
+      res = resume_run(args->resume, !globals.quiet, globals.threads);
     } else {
       globals.apply();
       const std::string& opt = r.train.optimizer.name;
@@ -126,14 +122,14 @@ void add_train_command(CLI::App& app, Globals& globals) {
       if (!cmd->count("--batch")) r.train.batch = opt == "gd" ? 0 : 100;
       if (r.train.steps == -1 && r.train.epochs == -1) r.train.epochs = 1;
       r.train.seed = r.seed;
-      r.train.progress = !args->quiet;
+      r.train.progress = !globals.quiet;
       res = train_run(r);
     }
     const std::string& opt = res.manifest.optimizer.name;
     const Manifest& m = res.manifest;
     for (const std::string& w : res.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
     const bool has_test = m.num_test > 0;
-    if (args->json) {
+    if (globals.json) {
       nlohmann::ordered_json j{{"run", r.out},
                                {"steps", m.steps},
                                {"parameters", m.parameter_count},

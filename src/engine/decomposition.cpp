@@ -20,6 +20,34 @@ torch::Tensor Decomposition::completeness_gap() const {
   return fN - f0 - contributions.sum(1) - regularization;
 }
 
+torch::Tensor relative_error(const torch::Tensor& kernel, const torch::Tensor& network) {
+  PK_CHECK(kernel.sizes() == network.sizes(),
+           "relative_error: kernel outputs " << kernel.sizes() << " and network outputs " << network.sizes()
+                                             << " differ in shape");
+  return (kernel - network).abs() / network.abs().clamp_min(1.0);
+}
+
+DecompositionSummary summarize(const Decomposition& d) {
+  PK_CHECK(d.fN.defined() && d.fN.size(0) > 0, "summarize: the decomposition has no test points");
+  DecompositionSummary s;
+  const torch::Tensor prediction = d.prediction();
+  s.test_points = d.fN.size(0);
+  s.steps = d.steps;
+  s.max_abs_error = (prediction - d.fN).abs().max().item<double>();
+  s.max_rel_error = relative_error(prediction, d.fN).max().item<double>();
+  s.completeness_error = d.completeness_gap().abs().max().item<double>();
+  s.max_abs_rounding = d.rounding.abs().max().item<double>();
+  s.max_abs_regularization = d.regularization.abs().max().item<double>();
+  s.certificate_max_gap = d.certificate_max_gap;
+  const double point_steps = static_cast<double>(std::max<int64_t>(1, s.test_points * d.steps));
+  s.mean_evaluations_per_step = static_cast<double>(d.evaluations) / point_steps;
+  s.mean_forward_evaluations_per_step = static_cast<double>(d.forward_evaluations) / point_steps;
+  s.mean_kinks_per_step = static_cast<double>(d.kinks) / point_steps;
+  s.max_abs_run_dtype_difference = d.fN_run.defined() ? (d.fN_run - d.fN).abs().max().item<double>() : 0.0;
+  s.seconds = d.seconds;
+  return s;
+}
+
 namespace {
 
 /// The batch's mean-loss gradient G_s at w, computed in float64 by a float64

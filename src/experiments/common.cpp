@@ -87,10 +87,9 @@ ExperimentResult Session::finish() {
 OutputError output_error(const torch::Tensor& kernel, const torch::Tensor& network) {
   PK_CHECK(kernel.sizes() == network.sizes(), "output_error: kernel outputs " << kernel.sizes()
                                                   << " and network outputs " << network.sizes() << " differ in shape");
-  torch::Tensor err = (kernel - network).abs();
   OutputError e;
-  e.max_abs = err.max().item<double>();
-  e.max_rel = (err / network.abs().clamp_min(1.0)).max().item<double>();
+  e.max_abs = (kernel - network).abs().max().item<double>();
+  e.max_rel = relative_error(kernel, network).max().item<double>();
   return e;
 }
 

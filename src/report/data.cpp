@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "pathkernel/dataset.h"
+#include "pathkernel/decomposition.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 #include "pathkernel/gp.h"
@@ -190,7 +191,7 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
   const Decomposition& d = tr.decomposition;
   const torch::Tensor pred = d.prediction();
   const torch::Tensor diff = (pred - d.fN).abs();
-  const torch::Tensor rel = diff / d.fN.abs().clamp_min(1.0);
+  const torch::Tensor rel = relative_error(pred, d.fN);
   out["kernel_machine"] = {{"test_index", test_idx},
                            {"label", to_json(data.y_test.index_select(0, tidx))},
                            {"network", to_json(d.fN)},

@@ -142,7 +142,15 @@ TEST(Cli, VerifyReportsTheKernelMachineAgainstTheNetwork) {
   EXPECT_EQ(dj["mean_evaluations_per_step"], 1.0);
   Output bad = run("verify " + r + " --test-index 0,9999 --quiet");
   EXPECT_NE(bad.status, 0);
-  EXPECT_NE(bad.out.find("--test-index 9999 is out of range [0, 900)"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("test index list: test index 9999 is out of range [0, 900)"), std::string::npos) << bad.out;
+  // The same points from a file of indices, and the three ways are exclusive.
+  const std::string file = dir.write("points.txt", "0\n3\n");
+  Output fromfile = run("verify " + r + " --test-file " + file + " --quadrature dpk --json --quiet");
+  ASSERT_EQ(fromfile.status, 0) << fromfile.out;
+  EXPECT_EQ(last_json(fromfile.out)["max_rel_error"], dj["max_rel_error"]);
+  Output both = run("verify " + r + " --test 3 --test-index 0,3 --quiet");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.out.find("excludes"), std::string::npos) << both.out;
   Output badq = run("verify " + r + " --quadrature simpson --quiet");
   EXPECT_NE(badq.status, 0);
   EXPECT_NE(badq.out.find("unknown quadrature 'simpson'"), std::string::npos) << badq.out;
@@ -307,6 +315,45 @@ TEST(Cli, GpRefitAndCompare) {
   Output bad = run("gp " + r + " --kernel rbf --quiet");
   EXPECT_NE(bad.status, 0);
   EXPECT_CONTAINS(bad.out, "unknown kernel 'rbf'");
+}
+
+// Every command that reports takes --json, before or after its name, and
+// prints one JSON object that agrees with what it wrote.
+TEST(Cli, EveryReportingCommandPrintsJson) {
+  testing::TempDir dir("json");
+  std::string r = dir / "R";
+  ASSERT_EQ(run("--quiet train --data toy2d --train-size 60 --test-size 30 --model mlp:6 --optimizer gd --lr 0.5 "
+                "--steps 5 --out " + r).status, 0);
+  struct Case {
+    std::string args, key;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--json info " + r, "parameters"},
+           {"check-path " + r + " --json", "bitwise_equal"},
+           {"verify " + r + " --test 3 --json", "max_rel_error"},
+           {"explain " + r + " --test 2 --json --out " + (dir / "ex"), "points"},
+           {"gram " + r + " --kernel dpk --row-count 4 --col-count 4 --outputs trace --json --out " + (dir / "g.npy"),
+            "shape"},
+           {"gp " + r + " --train-count 20 --test-count 10 --samples 0 --json --out " + (dir / "gp"), "jitter"},
+           {"refit " + r + " --train-count 20 --test-count 10 --json --out " + (dir / "refit.json"), "svm_accuracy"},
+           {"compare " + r + " --train-count 20 --test-count 10 --kernels epk --json --out " + (dir / "cmp"), "rows"},
+           {"report " + r + " --test 3 --gram-points 0 --grid 0 --json --out " + (dir / "r.html"), "bytes"},
+       }) {
+    Output o = run("--quiet " + c.args);
+    ASSERT_EQ(o.status, 0) << c.args << "\n" << o.out;
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = last_json(o.out)) << c.args << "\n" << o.out;
+    EXPECT_TRUE(j.contains(c.key)) << c.args << "\n" << o.out;
+  }
+  // What explain and gram print is what they wrote.
+  nlohmann::json ex = last_json(run("--quiet explain " + r + " --test-index 1 --json --out " + (dir / "ex1")).out);
+  nlohmann::json written = nlohmann::json::parse(read_file(dir / "ex1/explain.json"));
+  EXPECT_EQ(ex["points"], written["points"]);
+  EXPECT_EQ(ex["out"], dir / "ex1");
+  EXPECT_EQ(written["points"].size(), 1u);
+  EXPECT_EQ(written["points"][0]["test_index"], 1);
+  nlohmann::json gram = nlohmann::json::parse(read_file(dir / "g.json"));
+  EXPECT_EQ(gram["shape"], nlohmann::json({4, 4}));
 }
 
 TEST(Cli, BadInputGetsAClearErrorAndANonZeroExit) {

@@ -203,6 +203,53 @@ TEST(Float32Runs, DecomposeToFloat64Precision) {
   }
 }
 
+// summarize() against explicit loops over a hand-made decomposition.
+TEST(Summarize, MatchesExplicitLoops) {
+  Decomposition d;
+  d.f0 = torch::tensor({{0.5, -2.0}, {0.0, 3.0}}, torch::kFloat64);
+  d.fN = torch::tensor({{0.25, -4.0}, {0.5, 2.0}}, torch::kFloat64);
+  // Offsets that are powers of two, so that fN_run − fN is exact.
+  d.fN_run = d.fN + torch::tensor({{std::ldexp(1.0, -22), 0.0}, {0.0, -std::ldexp(1.0, -21)}}, torch::kFloat64);
+  d.contributions = torch::zeros({2, 3, 2}, torch::kFloat64);
+  d.contributions[0][1][1] = -1.5;
+  d.contributions[1][2][0] = 0.5;
+  d.contributions[1][0][1] = -1.0;
+  d.regularization = torch::tensor({{-0.25, 0.0}, {0.0, 0.0}}, torch::kFloat64);
+  d.rounding = torch::tensor({{0.0, -0.5}, {0.0, 1e-3}}, torch::kFloat64);
+  d.steps = 4;
+  d.evaluations = 24;
+  d.forward_evaluations = 8;
+  d.kinks = 2;
+  d.certificate_max_gap = 1e-15;
+  double max_abs = 0, max_rel = 0, completeness = 0;
+  for (int n = 0; n < 2; ++n) {
+    for (int k = 0; k < 2; ++k) {
+      double c = 0;
+      for (int i = 0; i < 3; ++i) c += d.contributions[n][i][k].item<double>();
+      const double f0 = d.f0[n][k].item<double>(), fN = d.fN[n][k].item<double>();
+      const double r = d.regularization[n][k].item<double>(), e = d.rounding[n][k].item<double>();
+      const double err = std::abs(f0 + c + r + e - fN);
+      max_abs = std::max(max_abs, err);
+      max_rel = std::max(max_rel, err / std::max(1.0, std::abs(fN)));
+      completeness = std::max(completeness, std::abs(fN - f0 - c - r));
+    }
+  }
+  const DecompositionSummary s = summarize(d);
+  EXPECT_EQ(s.test_points, 2);
+  EXPECT_EQ(s.steps, 4);
+  EXPECT_DOUBLE_EQ(s.max_abs_error, max_abs);
+  EXPECT_DOUBLE_EQ(s.max_rel_error, max_rel);
+  EXPECT_DOUBLE_EQ(s.completeness_error, completeness);
+  EXPECT_DOUBLE_EQ(s.max_abs_rounding, 0.5);
+  EXPECT_DOUBLE_EQ(s.max_abs_regularization, 0.25);
+  EXPECT_DOUBLE_EQ(s.mean_evaluations_per_step, 3.0);
+  EXPECT_DOUBLE_EQ(s.mean_forward_evaluations_per_step, 1.0);
+  EXPECT_DOUBLE_EQ(s.mean_kinks_per_step, 0.25);
+  EXPECT_EQ(s.max_abs_run_dtype_difference, std::ldexp(1.0, -21));
+  EXPECT_EQ(s.certificate_max_gap, 1e-15);
+  EXPECT_CONTAINS(testing::error_message([&] { relative_error(d.f0, d.contributions); }), "differ in shape");
+}
+
 TEST(ReverseAccumulation, RefusesTheKernelOutput) {
   testing::TempDir dir;
   RunOptions r = buffered_run(dir / "run", "momentum", 3);

@@ -1,0 +1,34 @@
+// Choosing the test points a decomposition, explanation or report works on:
+// the first N, a list of indices, or a file of indices. One definition for
+// every command that takes test points.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <torch/torch.h>
+
+namespace pathkernel {
+
+/// At most one of count, indices and file is set; none set means the first
+/// `default_count` test points (see resolve()).
+struct TestPointSelection {
+  int64_t count = 0;    ///< the first N test points (0: unset)
+  std::string indices;  ///< comma-separated indices, e.g. "0,5,17" (empty: unset)
+  std::string file;     ///< a text file of indices separated by commas, spaces or newlines (empty: unset)
+
+  /// The chosen indices into a test set of n_test points, int64 [n], in the
+  /// order given (duplicates kept). The first min(count, n_test) when count is
+  /// set, or with nothing set the first min(default_count, n_test). Throws
+  /// Error naming the bad item and the valid range, or an empty selection.
+  torch::Tensor resolve(int64_t n_test, int64_t default_count) const;
+};
+
+/// Parses a list of test indices separated by commas (and, with
+/// `whitespace`, spaces, tabs and newlines), each in [0, n_test). `where`
+/// names the list's source in errors. Returns int64 [n]; throws Error naming
+/// the first bad item.
+torch::Tensor parse_test_index_list(const std::string& list, int64_t n_test, const std::string& where,
+                                    bool whitespace = false);
+
+}  // namespace pathkernel
