@@ -11,6 +11,7 @@
 #include "pathkernel/dataset.h"
 #include "pathkernel/decomposition.h"
 #include "pathkernel/error.h"
+#include "pathkernel/explanation.h"
 #include "pathkernel/files.h"
 #include "pathkernel/gp.h"
 #include "pathkernel/gram.h"
@@ -68,60 +69,6 @@ json training_curves(const std::string& run_dir, const std::string& file) {
   return {{"step", step}, {"lr", lr}, {"loss", loss}, {"batch_accuracy", acc}};
 }
 
-/// The explain output: explain.json and contributions.npy, checked against the run.
-struct Explained {
-  json points = json::array();  ///< explain.json's points
-  torch::Tensor test_index;     ///< int64 [e]
-  torch::Tensor contributions;  ///< [e, M, K]
-};
-
-Explained read_explain(const std::string& dir, const Manifest& m) {
-  Explained e;
-  PK_CHECK(std::filesystem::is_directory(dir), "explain directory '" << dir
-                                                   << "' does not exist: run 'pathkernel explain RUN --out " << dir
-                                                   << "' first, or leave out --explain");
-  const std::string jpath = (std::filesystem::path(dir) / "explain.json").string();
-  PK_CHECK(std::filesystem::exists(jpath),
-           "explain directory '" << dir << "' has no explain.json: was it written by 'pathkernel explain'?");
-  json j;
-  try {
-    j = json::parse(read_file(jpath));
-  } catch (const json::exception& ex) {
-    PK_THROW("'" << jpath << "' is not valid JSON (" << ex.what() << "): was it written by 'pathkernel explain'?");
-  }
-  PK_CHECK(j.is_object() && j.contains("points") && j["points"].is_array() && !j["points"].empty(),
-           "'" << jpath << "' has no \"points\" list: expected the output of 'pathkernel explain'");
-  const std::string cpath = (std::filesystem::path(dir) / "contributions.npy").string();
-  PK_CHECK(std::filesystem::exists(cpath), "explain directory '" << dir << "' has no contributions.npy");
-  e.contributions = read_npy(cpath).to(torch::kFloat64);
-  const int64_t count = static_cast<int64_t>(j["points"].size());
-  PK_CHECK(e.contributions.dim() == 3 && e.contributions.size(0) == count && e.contributions.size(1) == m.num_train &&
-               e.contributions.size(2) == m.num_classes,
-           "'" << cpath << "' has shape " << e.contributions.sizes() << "; expected [" << count << ", " << m.num_train
-               << ", " << m.num_classes << "] (explained points, training points, classes): was it explained from "
-               << "this run?");
-  std::vector<int64_t> idx;
-  for (const auto& p : j["points"]) {
-    PK_CHECK(p.contains("test_index") && p["test_index"].is_number_integer() && p.contains("proponents") &&
-                 p.contains("opponents") && p.contains("predicted"),
-             "'" << jpath << "' has a point without test_index, predicted, proponents or opponents: " << p.dump());
-    const int64_t i = p["test_index"].get<int64_t>();
-    PK_CHECK(i >= 0 && i < m.num_test, "'" << jpath << "' explains test point " << i << ", but the run has "
-                                            << m.num_test << " test points");
-    for (const char* side : {"proponents", "opponents"}) {
-      for (const auto& t : p[side]) {
-        const int64_t ti = t.value("index", int64_t(-1));
-        PK_CHECK(ti >= 0 && ti < m.num_train, "'" << jpath << "' lists training point " << ti << " among the "
-                                                  << side << "; the run has " << m.num_train << " training points");
-      }
-    }
-    idx.push_back(i);
-  }
-  e.points = j["points"];
-  e.test_index = torch::tensor(idx, torch::kInt64);
-  return e;
-}
-
 bool is_image(const Manifest& m) { return m.input_shape.size() == 3; }
 
 /// A training or test input for the page: a PNG data URI for images, else
@@ -153,9 +100,9 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
   out["training"] = training_curves(reader.dir(), m.metrics);
 
   // The explained points, then more test points (class-balanced) up to test_points.
-  Explained ex;
+  ExplainOutput ex;
   const bool explained = !options.explain_dir.empty();
-  if (explained) ex = read_explain(options.explain_dir, m);
+  if (explained) ex = read_explain_output(options.explain_dir, m);
   std::vector<int64_t> test_idx;
   std::set<int64_t> seen;
   if (explained) {

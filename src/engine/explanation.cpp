@@ -1,0 +1,212 @@
+// Explaining test predictions: the explain directory, written and read back.
+#include "pathkernel/explanation.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "pathkernel/context.h"
+#include "pathkernel/decomposition_checkpoint.h"
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/image.h"
+#include "pathkernel/npy.h"
+
+namespace pathkernel {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+/// The k training points with the largest (or smallest) contributions c [M].
+ojson extremes(const torch::Tensor& c, const torch::Tensor& labels, int64_t k, bool largest) {
+  auto [values, index] = c.topk(std::min<int64_t>(k, c.size(0)), 0, largest);
+  ojson out = ojson::array();
+  for (int64_t j = 0; j < index.size(0); ++j) {
+    int64_t i = index[j].item<int64_t>();
+    out.push_back({{"index", i}, {"label", labels[i].item<int64_t>()}, {"value", values[j].item<double>()}});
+  }
+  return out;
+}
+
+std::vector<double> values_of(const torch::Tensor& t) {
+  const torch::Tensor c = t.contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+/// Image data: each test image (blue) beside its top eight proponents (green,
+/// top row) and opponents (red, bottom row). Returns the files written.
+std::vector<std::string> write_images(PathReader& reader, const torch::Tensor& test_index, const ojson& points,
+                                      const std::string& out) {
+  std::vector<std::string> pngs;
+  const torch::Tensor& x_train = reader.dataset().x_train;
+  const torch::Tensor& x_test = reader.dataset().x_test;
+  for (int64_t n = 0; n < test_index.size(0); ++n) {
+    std::vector<std::vector<GridTile>> rows(2);
+    rows[0].push_back({x_test[test_index[n].item<int64_t>()], Rgb{40, 90, 220}});
+    rows[1].push_back({torch::Tensor(), std::nullopt});
+    const char* sides[] = {"proponents", "opponents"};
+    const Rgb colours[] = {Rgb{30, 160, 60}, Rgb{210, 40, 40}};
+    for (int side = 0; side < 2; ++side) {
+      int shown = 0;
+      for (const auto& e : points[n][sides[side]]) {
+        if (shown++ == 8) break;
+        rows[side].push_back({x_train[e["index"].get<int64_t>()], colours[side]});
+      }
+    }
+    const std::string name = "explain_" + std::to_string(test_index[n].item<int64_t>()) + ".png";
+    write_png_grid((fs::path(out) / name).string(), rows);
+    pngs.push_back(name);
+  }
+  return pngs;
+}
+
+}  // namespace
+
+KernelOutput parse_kernel_output(const std::string& name) {
+  if (name == "auto") return KernelOutput::Auto;
+  if (name == "on") return KernelOutput::On;
+  if (name == "off") return KernelOutput::Off;
+  PK_THROW("kernel output '" << name << "' is not one of auto, on, off");
+}
+
+bool is_single_kernel_machine(const Manifest& m) {
+  const bool even_batches = m.batch_size == 0 || m.num_train % m.batch_size == 0;
+  return m.output == "logsoftmax" && m.schedule == "constant" && even_batches;
+}
+
+Explanation explain(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+                    const ExplainOptions& options) {
+  const Manifest& m = reader.manifest();
+  const torch::Tensor& x_test = reader.dataset().x_test;
+  PK_CHECK(test_index.dim() == 1 && test_index.numel() > 0 && test_index.scalar_type() == torch::kLong,
+           "explain: test indices must be a non-empty int64 list (got " << test_index.sizes() << " "
+                                                                        << test_index.scalar_type() << ")");
+  PK_CHECK(test_index.min().item<int64_t>() >= 0 && test_index.max().item<int64_t>() < x_test.size(0),
+           "explain: test indices must lie in [0, " << x_test.size(0) << ")");
+  PK_CHECK(options.top >= 1, "explain: the number of proponents and opponents listed must be >= 1 (got "
+                                 << options.top << ")");
+  Explanation e;
+  e.dir = out;
+  e.test_index = test_index;
+  DecompositionOptions dopt = options.decomposition;
+  // The summed kernel is the ensemble form of gd and sgd runs.
+  const bool kernel_form = m.optimizer.name == "gd" || m.optimizer.name == "sgd";
+  const double kernel_bytes = 8.0 * static_cast<double>(test_index.size(0)) * static_cast<double>(m.num_train) *
+                              static_cast<double>(m.num_classes * m.num_classes);
+  dopt.kernel = options.kernel == KernelOutput::On ||
+                (options.kernel == KernelOutput::Auto && kernel_form && kernel_bytes <= options.kernel_max_bytes);
+  if (options.kernel == KernelOutput::Auto && kernel_form && !dopt.kernel) {
+    char note[160];
+    std::snprintf(note, sizeof note, "kernel.npy would take %.1f GiB, more than the automatic limit of %.1f GiB; not written",
+                  kernel_bytes / (1 << 30), options.kernel_max_bytes / (1 << 30));
+    e.kernel_note = note;
+    if (options.on_note) options.on_note(e.kernel_note);
+  }
+  // Everything the accumulators depend on: a saved state made otherwise is not reused.
+  ojson arguments{{"manifest_crc32", crc32_of(read_file((fs::path(reader.dir()) / "manifest.json").string()))},
+                  {"test_indices", std::vector<int64_t>(test_index.data_ptr<int64_t>(),
+                                                        test_index.data_ptr<int64_t>() + test_index.numel())},
+                  {"quadrature", dopt.quadrature.spec.str()},
+                  {"tol", dopt.quadrature.tol},
+                  {"gauss_nodes", dopt.quadrature.gauss_nodes},
+                  {"kernel", dopt.kernel},
+                  {"threads", current_threads()}};
+  DirectoryCheckpoint progress((fs::path(out) / ".progress").string(), arguments, options.checkpoint_seconds);
+  progress.resume_point();
+  e.progress_note = progress.message();
+  if (options.on_note && !e.progress_note.empty()) options.on_note(e.progress_note);
+  e.decomposition = decompose(reader, x_test.index_select(0, test_index), dopt, &progress);
+  const Decomposition& d = e.decomposition;
+  e.kernel = dopt.kernel;
+
+  fs::create_directories(out);
+  write_npy((fs::path(out) / "contributions.npy").string(), d.contributions);
+  if (e.kernel) write_npy((fs::path(out) / "kernel.npy").string(), d.kernel);
+  const bool single = is_single_kernel_machine(m);
+  const double batch = static_cast<double>(m.batch_size == 0 ? m.num_train : m.batch_size);
+  const torch::Tensor& y_train = reader.dataset().y_train;
+  const torch::Tensor gap = d.completeness_gap();
+  ojson points = ojson::array();
+  for (int64_t n = 0; n < test_index.size(0); ++n) {
+    const int64_t predicted = d.fN[n].argmax().item<int64_t>();
+    const torch::Tensor c = d.contributions[n].select(1, predicted);  // [M]
+    points.push_back({{"test_index", test_index[n].item<int64_t>()},
+                      {"label", reader.dataset().y_test[test_index[n]].item<int64_t>()},
+                      {"predicted", predicted},
+                      {"f_final", values_of(d.fN[n])},
+                      {"f_initial", values_of(d.f0[n])},
+                      {"contributions_sum", values_of(d.contributions[n].sum(0))},
+                      {"regularization", values_of(d.regularization[n])},
+                      {"rounding", values_of(d.rounding[n])},
+                      {"completeness_error", gap[n].abs().max().item<double>()},
+                      {"proponents", extremes(c, y_train, options.top, true)},
+                      {"opponents", extremes(c, y_train, options.top, false)}});
+  }
+  const int64_t n = test_index.size(0), M = d.contributions.size(1), K = d.contributions.size(2);
+  e.json = ojson{{"run", reader.dir()},
+                 {"quadrature", dopt.quadrature.spec.str()},
+                 {"steps", d.steps},
+                 {"certificate_max_gap", d.certificate_max_gap},
+                 {"contributions", {{"file", "contributions.npy"}, {"shape", {n, M, K}}}},
+                 {"kernel", e.kernel ? ojson{{"file", "kernel.npy"},
+                                             {"shape", {n, M, m.num_classes, m.num_classes}},
+                                             {"single_kernel", single},
+                                             {"weight", single ? ojson(m.optimizer.lr / batch) : ojson(nullptr)}}
+                                     : ojson(nullptr)},
+                 {"points", points}};
+  write_file_atomic((fs::path(out) / "explain.json").string(), e.json.dump(2) + "\n");
+  progress.finish();
+  if (options.images && m.input_shape.size() == 3) e.images = write_images(reader, test_index, points, out);
+  return e;
+}
+
+ExplainOutput read_explain_output(const std::string& dir, const Manifest& m) {
+  using json = nlohmann::json;
+  ExplainOutput e;
+  PK_CHECK(fs::is_directory(dir), "explain directory '" << dir
+                                                        << "' does not exist: run 'pathkernel explain RUN --out " << dir
+                                                        << "' first, or leave out --explain");
+  const std::string jpath = (fs::path(dir) / "explain.json").string();
+  PK_CHECK(fs::exists(jpath),
+           "explain directory '" << dir << "' has no explain.json: was it written by 'pathkernel explain'?");
+  json j;
+  try {
+    j = json::parse(read_file(jpath));
+  } catch (const json::exception& ex) {
+    PK_THROW("'" << jpath << "' is not valid JSON (" << ex.what() << "): was it written by 'pathkernel explain'?");
+  }
+  PK_CHECK(j.is_object() && j.contains("points") && j["points"].is_array() && !j["points"].empty(),
+           "'" << jpath << "' has no \"points\" list: expected the output of 'pathkernel explain'");
+  const std::string cpath = (fs::path(dir) / "contributions.npy").string();
+  PK_CHECK(fs::exists(cpath), "explain directory '" << dir << "' has no contributions.npy");
+  e.contributions = read_npy(cpath).to(torch::kFloat64);
+  const int64_t count = static_cast<int64_t>(j["points"].size());
+  PK_CHECK(e.contributions.dim() == 3 && e.contributions.size(0) == count && e.contributions.size(1) == m.num_train &&
+               e.contributions.size(2) == m.num_classes,
+           "'" << cpath << "' has shape " << e.contributions.sizes() << "; expected [" << count << ", " << m.num_train
+               << ", " << m.num_classes << "] (explained points, training points, classes): was it explained from "
+               << "this run?");
+  std::vector<int64_t> idx;
+  for (const auto& p : j["points"]) {
+    PK_CHECK(p.contains("test_index") && p["test_index"].is_number_integer() && p.contains("proponents") &&
+                 p.contains("opponents") && p.contains("predicted"),
+             "'" << jpath << "' has a point without test_index, predicted, proponents or opponents: " << p.dump());
+    const int64_t i = p["test_index"].get<int64_t>();
+    PK_CHECK(i >= 0 && i < m.num_test, "'" << jpath << "' explains test point " << i << ", but the run has "
+                                            << m.num_test << " test points");
+    for (const char* side : {"proponents", "opponents"}) {
+      for (const auto& t : p[side]) {
+        const int64_t ti = t.value("index", int64_t(-1));
+        PK_CHECK(ti >= 0 && ti < m.num_train, "'" << jpath << "' lists training point " << ti << " among the "
+                                                  << side << "; the run has " << m.num_train << " training points");
+      }
+    }
+    idx.push_back(i);
+  }
+  e.points = j["points"];
+  e.test_index = torch::tensor(idx, torch::kInt64);
+  return e;
+}
+
+}  // namespace pathkernel

@@ -1,0 +1,99 @@
+// Tests of explain() and the explain directory's reader: a round trip, the
+// single-kernel condition, and bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "../test_util.h"
+#include "pathkernel/explanation.h"
+#include "pathkernel/files.h"
+#include "pathkernel/npy.h"
+
+namespace pathkernel {
+namespace {
+
+// What explain() writes, read_explain_output() reads back; the contributions
+// are the decomposition's and sum, with f(w_0), R and E, to f(w_N).
+TEST(Explanation, WritesWhatTheReaderReadsBack) {
+  testing::TempDir dir("explain");
+  RunOptions r = testing::small_run(dir / "run", "sgd", 6, 3);
+  train_run(r);
+  PathReader reader(r.out);
+  ExplainOptions options;
+  options.decomposition.progress = false;
+  options.top = 4;
+  std::vector<std::string> notes;
+  options.on_note = [&](const std::string& n) { notes.push_back(n); };
+  const torch::Tensor idx = torch::tensor({5, 2}, torch::kLong);
+  const Explanation e = explain(reader, idx, dir / "ex", options);
+  EXPECT_TRUE(e.kernel);  // sgd, small: the automatic choice writes it
+  EXPECT_TRUE(notes.empty());
+  EXPECT_FALSE(std::filesystem::exists(dir / "ex/.progress"));
+
+  const ExplainOutput back = read_explain_output(dir / "ex", reader.manifest());
+  EXPECT_TRUE(torch::equal(back.test_index, idx));
+  EXPECT_TRUE(torch::equal(back.contributions, e.decomposition.contributions));
+  ASSERT_EQ(back.points.size(), 2u);
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "ex/explain.json")), nlohmann::json::parse(e.json.dump()));
+  EXPECT_EQ(read_npy(dir / "ex/kernel.npy").sizes(), (std::vector<int64_t>{2, 60, 3, 3}));
+  for (size_t n = 0; n < 2; ++n) {
+    const auto& p = back.points[n];
+    ASSERT_EQ(p["proponents"].size(), 4u);
+    // The listed proponents are the largest contributions to the predicted class, in order.
+    const torch::Tensor c = back.contributions[n].select(1, p["predicted"].get<int64_t>());
+    const torch::Tensor best = std::get<0>(c.topk(4));
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(p["proponents"][j]["value"].get<double>(), best[j].item<double>());
+    for (int k = 0; k < 3; ++k) {
+      const double total = p["f_initial"][k].get<double>() + p["contributions_sum"][k].get<double>() +
+                           p["regularization"][k].get<double>() + p["rounding"][k].get<double>();
+      EXPECT_NEAR(total, p["f_final"][k].get<double>(), 1e-12 * std::max(1.0, std::abs(total)));
+    }
+  }
+  // An automatic kernel over the limit is not written, and the note says so.
+  options.kernel_max_bytes = 1;
+  const Explanation small = explain(reader, idx, dir / "ex2", options);
+  EXPECT_FALSE(small.kernel);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_CONTAINS(notes[0], "kernel.npy would take");
+  EXPECT_FALSE(std::filesystem::exists(dir / "ex2/kernel.npy"));
+}
+
+TEST(Explanation, SingleKernelMachineNeedsLogSoftmaxAConstantRateAndEqualBatches) {
+  struct Case {
+    std::string output, schedule;
+    int64_t batch, train;
+    bool single;
+  };
+  for (const Case& c : std::vector<Case>{{"logsoftmax", "constant", 0, 60, true},
+                                         {"logsoftmax", "constant", 20, 60, true},
+                                         {"logsoftmax", "constant", 16, 60, false},
+                                         {"logsoftmax", "cosine", 20, 60, false},
+                                         {"logits", "constant", 20, 60, false}}) {
+    Manifest m;
+    m.output = c.output;
+    m.schedule = c.schedule;
+    m.batch_size = c.batch;
+    m.num_train = c.train;
+    EXPECT_EQ(is_single_kernel_machine(m), c.single) << c.output << " " << c.schedule << " batch " << c.batch;
+  }
+}
+
+TEST(Explanation, BadInputGetsAClearError) {
+  testing::TempDir dir("explain_bad");
+  RunOptions r = testing::small_run(dir / "run", "sgd", 3, 3);
+  train_run(r);
+  PathReader reader(r.out);
+  ExplainOptions options;
+  options.decomposition.progress = false;
+  EXPECT_CONTAINS(testing::error_message([&] { explain(reader, torch::tensor({30}, torch::kLong), dir / "x", options); }),
+                  "test indices must lie in [0, 30)");
+  EXPECT_CONTAINS(testing::error_message([&] { parse_kernel_output("maybe"); }), "not one of auto, on, off");
+  EXPECT_CONTAINS(testing::error_message([&] { read_explain_output(dir / "none", reader.manifest()); }),
+                  "does not exist");
+  std::filesystem::create_directories(dir / "empty");
+  EXPECT_CONTAINS(testing::error_message([&] { read_explain_output(dir / "empty", reader.manifest()); }),
+                  "has no explain.json");
+}
+
+}  // namespace
+}  // namespace pathkernel
