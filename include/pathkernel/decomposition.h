@@ -69,7 +69,7 @@ struct DecompositionOptions {
 
 /// Shapes: n test points, M training points, K outputs.
 struct Decomposition {
-    /// The network's outputs, evaluated in float64 at the recorded weights
+  /// The network's outputs, evaluated in float64 at the recorded weights
   /// (a float32 run's weights and inputs are exactly representable in
   /// float64, so for such a run these are the float64 network at the float32
   /// path, the function the decomposition is exact for).

@@ -52,11 +52,11 @@ struct ReplayReport {
   std::vector<std::string> environment_differences;
 };
 
-/// Why a replay may not reproduce a run's checkpoints on this machine: the
-/// differences between the recorded and the current environment, as one
-/// sentence ("this machine differs from the one that trained the run: ...",
-/// or that the environments agree, so the run's files changed).
-std::string replay_mismatch_reason(const Manifest& manifest);
+/// Why a replay may not reproduce a run's checkpoints on this machine, as one
+/// sentence: `differences` (ReplayReport::environment_differences, the
+/// recorded environment's differences from this machine's) listed, or, when
+/// there are none, that the environments agree, so the run's files changed.
+std::string replay_mismatch_reason(const Manifest& manifest, const std::vector<std::string>& differences);
 
 class PathReader {
  public:

@@ -46,7 +46,7 @@ void add_check_path_command(CLI::App& app, Globals& globals) {
                   static_cast<long long>(r.steps_replayed), static_cast<long long>(r.mismatches),
                   static_cast<long long>(r.checkpoints_compared),
                   static_cast<long long>(r.first_mismatch_step), r.max_abs_diff);
-      std::printf("%s\n", replay_mismatch_reason(reader.manifest()).c_str());
+      std::printf("%s\n", replay_mismatch_reason(reader.manifest(), r.environment_differences).c_str());
     }
     if (!r.bitwise_equal) globals.exit_status = 1;
   });

@@ -53,8 +53,9 @@ void KernelArgs::add_to(CLI::App* cmd, const Globals& g) {
 GramOptions KernelArgs::options() const {
   GramOptions options;
   options.kernel = GramSpec::parse(kernel);
-  options.quadrature = q.options().quadrature;
-  options.progress = q.options().progress;
+  const DecompositionOptions d = q.options();
+  options.quadrature = d.quadrature;
+  options.progress = d.progress;
   options.bias_scale = bias_scale;
   return options;
 }

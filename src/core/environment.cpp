@@ -9,18 +9,14 @@
 #include <ATen/Version.h>
 
 #include "pathkernel/error.h"
+#include "pathkernel/text.h"
 #include "pathkernel/version.h"
 
 namespace pathkernel {
 
 namespace {
 
-std::string trim(std::string s) {
-  const char* space = " \t\r\n";
-  s.erase(0, s.find_first_not_of(space));
-  s.erase(s.find_last_not_of(space) + 1);
-  return s;
-}
+constexpr const char* kSpace = " \t\r\n";
 
 /// The first "model name" of /proc/cpuinfo, or "unknown".
 std::string cpu_model() {
@@ -29,7 +25,7 @@ std::string cpu_model() {
   while (std::getline(in, line)) {
     if (line.rfind("model name", 0) == 0) {
       size_t colon = line.find(':');
-      if (colon != std::string::npos) return trim(line.substr(colon + 1));
+      if (colon != std::string::npos) return trim(line.substr(colon + 1), kSpace);
     }
   }
   return "unknown";
@@ -42,7 +38,7 @@ std::string torch_cpu_capability() {
   const std::string key = "CPU capability usage:";
   while (std::getline(in, line)) {
     size_t at = line.find(key);
-    if (at != std::string::npos) return trim(line.substr(at + key.size()));
+    if (at != std::string::npos) return trim(line.substr(at + key.size()), kSpace);
   }
   return "unknown";
 }
@@ -53,8 +49,8 @@ void blas_of_process(std::string& blas, std::string& kernels) {
   using NameFn = char* (*)();
   auto config = reinterpret_cast<NameFn>(::dlsym(RTLD_DEFAULT, "openblas_get_config"));
   auto core = reinterpret_cast<NameFn>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-  if (config != nullptr) blas = trim(config());
-  if (core != nullptr) kernels = trim(core());
+  if (config != nullptr) blas = trim(config(), kSpace);
+  if (core != nullptr) kernels = trim(core(), kSpace);
   if (blas.empty()) {
     Dl_info info{};
     void* gemm = ::dlsym(RTLD_DEFAULT, "dgemm_");

@@ -15,6 +15,13 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return parts;
 }
 
+std::string trim(const std::string& s, const char* space) {
+  const size_t begin = s.find_first_not_of(space);
+  if (begin == std::string::npos) return "";
+  const size_t end = s.find_last_not_of(space);
+  return s.substr(begin, end - begin + 1);
+}
+
 bool parse_number(const std::string& text, double& value) {
   const char* begin = text.data();
   const char* end = text.data() + text.size();

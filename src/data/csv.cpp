@@ -27,14 +27,6 @@ namespace {
 /// At most this many classes (labels 0 .. kMaxClasses-1).
 constexpr int64_t kMaxClasses = 65536;
 
-std::string trim(const std::string& s) {
-  const char* space = " \t";
-  const size_t begin = s.find_first_not_of(space);
-  if (begin == std::string::npos) return "";
-  const size_t end = s.find_last_not_of(space);
-  return s.substr(begin, end - begin + 1);
-}
-
 std::vector<std::string> split_fields(const std::string& line) {
   std::vector<std::string> fields;
   size_t start = 0;

@@ -2,25 +2,23 @@
 #include "pathkernel/test_points.h"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
+#include "pathkernel/text.h"
 
 namespace pathkernel {
 
 torch::Tensor parse_test_index_list(const std::string& list, int64_t n_test, const std::string& where,
                                     bool whitespace) {
-  auto separator = [&](char c) {
-    return c == ',' || (whitespace && (c == ' ' || c == '\t' || c == '\n' || c == '\r'));
-  };
+  std::string text = list;
+  if (whitespace) {
+    for (char& c : text) c = (c == ' ' || c == '\t' || c == '\n' || c == '\r') ? ',' : c;
+  }
   std::vector<int64_t> idx;
-  size_t pos = 0;
-  while (pos <= list.size()) {
-    size_t end = pos;
-    while (end < list.size() && !separator(list[end])) ++end;
-    const std::string item = list.substr(pos, end - pos);
-    pos = end + 1;
+  for (const std::string& item : split(text, ',')) {
     if (item.empty() && whitespace) continue;  // runs of separators in a file
     int64_t i = -1;
     size_t used = 0;

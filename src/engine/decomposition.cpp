@@ -96,19 +96,23 @@ class CaptureScope {
   PathReader& reader_;
 };
 
-/// The decomposition's outputs before any step: f(w_0), f(w_N) (in float64,
-/// and f(w_N) as the run's network computes it) and zeros.
-Decomposition start(PathReader& reader, const torch::Tensor& x) {
+/// The decomposition's outputs before any step: f(w_0), f(w_N) in float64
+/// (by net64, an engine_network of the run), f(w_N) as the run's own network
+/// computes it, and zeros.
+Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x) {
   const Manifest& m = reader.manifest();
   const int64_t n = x.size(0), M = reader.dataset().x_train.size(0), K = m.num_classes;
-  Network net = build_network(m.network_options());
-  Network net64 = engine_network(m.network_options());
   Decomposition d;
   d.steps = m.steps;
   const torch::Tensor wN = reader.checkpoint(m.checkpoints.size() - 1);
   d.f0 = outputs_at(net64, reader.checkpoint(0), x);
   d.fN = outputs_at(net64, wN, x);
-  d.fN_run = m.dtype == "float64" ? d.fN : outputs_at(net, wN, x);
+  if (m.dtype == "float64") {
+    d.fN_run = d.fN;  // the run's network is net64's twin
+  } else {
+    Network net = build_network(m.network_options());
+    d.fN_run = outputs_at(net, wN, x);
+  }
   d.contributions = torch::zeros({n, M, K}, torch::kFloat64);
   d.regularization = torch::zeros({n, K}, torch::kFloat64);
   d.rounding = torch::zeros({n, K}, torch::kFloat64);
@@ -177,7 +181,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
   const double beta = rule.beta(), lambda = rule.coupled_decay();
-  Decomposition d = start(reader, x);
+  Decomposition d = start(reader, grad64, x);
   // Ã, A and the dense J̄ P: three K x P matrices per test point.
   const int64_t chunk =
       chunk_size(options, 3 * K * P + feature_doubles_per_point(ev, reader, x, options.quadrature), n);
@@ -296,7 +300,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   const OutputMap map = grad64->options().output;
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
-  Decomposition d = start(reader, x);
+  Decomposition d = start(reader, grad64, x);
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
   const int64_t chunk = chunk_size(options, feature_doubles_per_point(ev, reader, x, options.quadrature), n);
   const bool captured = use_capture(m, options);

@@ -20,6 +20,11 @@ bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
   return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
          std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0;
 }
+
+/// Where this machine differs from the one that trained the run.
+std::vector<std::string> machine_differences(const Manifest& m) {
+  return m.environment.differences(ReplayEnvironment::current(m.threads));
+}
 }  // namespace
 
 PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
@@ -136,14 +141,13 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
   return diff > 0 ? diff : std::numeric_limits<double>::infinity();
 }
 
-std::string replay_mismatch_reason(const Manifest& manifest) {
+std::string replay_mismatch_reason(const Manifest& manifest, const std::vector<std::string>& diffs) {
   if (manifest.environment.empty()) {
     return "the run was trained with LibTorch " + manifest.libtorch_version + " on " +
            std::to_string(manifest.threads) +
            " threads and records no more of its machine; replay needs the same CPU kernels, BLAS, LibTorch "
            "and thread count";
   }
-  std::vector<std::string> diffs = manifest.environment.differences(ReplayEnvironment::current(manifest.threads));
   if (diffs.empty()) {
     return "this machine matches the one that trained the run (CPU, LibTorch kernels, BLAS, LibTorch, "
            "threads), so the run's files are not what its training wrote";
@@ -157,7 +161,7 @@ std::string replay_mismatch_reason(const Manifest& manifest) {
 void PathReader::require_equal(size_t k, double diff) const {
   PK_CHECK(diff == 0, "run '" << dir_ << "': replay does not reproduce checkpoint step "
                               << manifest_.checkpoints[k + 1].step << " bit for bit (max |diff| " << diff
-                              << "); " << replay_mismatch_reason(manifest_));
+                              << "); " << replay_mismatch_reason(manifest_, machine_differences(manifest_)));
 }
 
 torch::Tensor PathReader::weights(int64_t s) {
@@ -214,7 +218,7 @@ ReplayReport PathReader::check(bool progress) {
   bar.finish();
   report.bitwise_equal = report.mismatches == 0;
   if (!report.bitwise_equal) {
-    report.environment_differences = manifest_.environment.differences(ReplayEnvironment::current(manifest_.threads));
+    report.environment_differences = machine_differences(manifest_);
   }
   return report;
 }
