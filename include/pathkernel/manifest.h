@@ -63,9 +63,13 @@ struct Manifest {
   nlohmann::ordered_json normalization;
   nlohmann::ordered_json source;
   uint32_t train_crc32 = 0;  ///< CRC-32 of the training inputs and labels as used
+  bool integer_inputs = false;  ///< inputs are integer codes (recorded only when true)
 
   // Model.
-  std::string model_spec;
+  std::string model_spec;  ///< a TorchScript model's is "torchscript:model.pt", the copy in the run
+  /// A TorchScript model's module file, copied into the run directory so
+  /// the run is self-contained (file empty for pathkernel's own models).
+  FileRecord module;
   std::string output = "logsoftmax";
   bool zero_last_layer = false;
   uint64_t init_seed = 0;
@@ -88,6 +92,9 @@ struct Manifest {
   std::vector<BatchRecord> batches;  ///< empty for full-batch training
   std::string metrics = "metrics.csv";
   nlohmann::ordered_json summary;  ///< final loss and accuracies, when complete
+  /// The run directory load() read this manifest from (not serialised): a
+  /// TorchScript model's module file is resolved inside it.
+  std::string directory;
 
   nlohmann::ordered_json to_json() const;
   /// Parses a manifest; throws Error naming the missing or mistyped field.
@@ -99,7 +106,8 @@ struct Manifest {
   /// Writes RUN/manifest.json atomically.
   void save(const std::string& run_dir) const;
 
-  /// The options to rebuild the network of this run.
+  /// The options to rebuild the network of this run. A TorchScript model's
+  /// path is the module file inside `directory` (checked by run_file_path).
   NetworkOptions network_options() const;
   /// Bytes of the path data: checkpoints, optimizer state and batch logs.
   int64_t path_bytes() const;

@@ -5,6 +5,10 @@
 //   mlp:H1[,H2...][:relu|tanh|gelu]   fully connected, e.g. "mlp:128", "mlp:256,128:tanh"
 //   cnn:C1[,C2...]                     conv3x3(pad 1) -> ReLU -> 2x2 max-pool blocks,
 //                                      then one linear layer, e.g. "cnn:8,16"
+//   torchscript:PATH                   a user's PyTorch module, saved from Python with
+//                                      torch.jit.script(model).save(PATH) or
+//                                      torch.jit.trace(model, example).save(PATH); it maps
+//                                      [n, *input_shape] to logits [n, K]
 // The output map is log-softmax (default; the loss is NLL on it, i.e. cross
 // entropy) or the raw logits (the loss is cross entropy on them).
 //
@@ -22,9 +26,14 @@ namespace pathkernel {
 
 /// A parsed model spec string.
 struct ModelSpec {
-  std::string kind;             ///< "mlp" or "cnn"
+  std::string kind;             ///< "mlp", "cnn" or "torchscript"
   std::vector<int64_t> widths;  ///< hidden widths (mlp) or channels (cnn)
   std::string activation;       ///< "relu", "tanh" or "gelu" (cnn: "relu")
+  std::string path;             ///< torchscript: the module file
+
+  /// Whether the model is a user's TorchScript module (decomposed by the
+  /// generic route: autograd instead of the structured layer rules).
+  bool is_torchscript() const { return kind == "torchscript"; }
 
   /// Parses a spec string; throws Error naming the bad part and the grammar.
   static ModelSpec parse(const std::string& spec);
@@ -38,7 +47,9 @@ std::string output_map_name(OutputMap map);
 
 /// One layer as the engine sees it. Parameterised layers name their module.
 struct LayerDesc {
-  enum class Kind { Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax };
+  /// Module: a whole TorchScript module the engine does not look inside;
+  /// its parameters are one block, taken by autograd (the generic route).
+  enum class Kind { Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax, Module };
   Kind kind;
   std::string module;    ///< for Linear / Conv2d: the module name, e.g. "fc1"
   int64_t in = 0;        ///< Linear: in_features;  Conv2d: in_channels
@@ -60,7 +71,11 @@ struct NetworkOptions {
   OutputMap output = OutputMap::LogSoftmax;
   bool zero_last_layer = false;  ///< paper Remark 1: last layer starts at 0
   torch::Dtype dtype = torch::kFloat64;
-  uint64_t seed = 0;  ///< initialisation seed
+  uint64_t seed = 0;  ///< initialisation seed (a TorchScript module brings its own weights)
+  /// Inputs are integer codes (e.g. token ids for an embedding): a
+  /// TorchScript module receives them as int64. They travel through
+  /// pathkernel as floats, which hold integers below 2^53 exactly.
+  bool integer_inputs = false;
 };
 
 /// What a forward pass leaves behind when traced: per parameterised layer
@@ -73,7 +88,14 @@ struct LayerTrace {
   std::vector<torch::Tensor> preacts;  ///< y_l: Linear [n, out], Conv2d [n, C_out, H', W']
 };
 
-/// The network: a fixed sequence of layers described by layers().
+struct ScriptModule;
+
+/// The network: a fixed sequence of layers described by layers(), or a
+/// user's TorchScript module (layers() is then {Module[, LogSoftmax]}). A
+/// TorchScript module's parameters are registered here under their own
+/// names with '.' written as '/' (parameter_layout() shows the dots), and
+/// share storage with the module, so the optimizers and the flat vector
+/// reach them like any other parameter.
 class NetworkImpl : public torch::nn::Module {
  public:
   explicit NetworkImpl(const NetworkOptions& options);
@@ -87,9 +109,14 @@ class NetworkImpl : public torch::nn::Module {
 
   const std::vector<LayerDesc>& layers() const { return layers_; }
   const NetworkOptions& options() const { return options_; }
+  /// Whether this is a TorchScript module (the generic route).
+  bool is_script() const { return script_ != nullptr; }
 
  private:
+  void load_script();
+
   NetworkOptions options_;
+  std::shared_ptr<ScriptModule> script_;
   std::vector<LayerDesc> layers_;
   std::vector<torch::nn::Linear> linears_;
   std::vector<torch::nn::Conv2d> convs_;

@@ -6,6 +6,7 @@
 //   optimizer/NAME_SSSSSSSS.npy   optimizer buffers at those steps, float64 [P]
 //   batches/b_SSSSSSSS.npy        int32 [steps, max batch] indices of each segment's steps
 //   metrics.csv                   step,lr,loss,batch_accuracy
+//   model.pt                      a TorchScript model's module, copied (see add_module)
 // Every file is written atomically, and the manifest last, so a run
 // interrupted at any moment reads as valid up to its last checkpoint, and
 // reopen() continues it from there (see run.h, resume_run).
@@ -36,6 +37,11 @@ class RunWriter : public TrainingObserver {
   /// last checkpoint but not yet in the manifest). Training then continues
   /// with on_step(m.steps, ..), without on_start.
   static RunWriter reopen(std::string run_dir, Manifest m);
+
+  /// Copies a TorchScript model's module file into the run as model.pt and
+  /// records it (size, CRC-32) with the model spec "torchscript:model.pt",
+  /// so the run needs nothing outside its directory. Before training starts.
+  void add_module(const std::string& source);
 
   void on_start(Network& net, torch::optim::Optimizer& optimizer,
                 const std::vector<double>& learning_rates) override;

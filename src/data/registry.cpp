@@ -25,6 +25,8 @@ struct Entry {
   const char* name;
   bool takes_path;  ///< spelled "name:PATH"; the loader gets PATH as argument
   Loader load;
+  const char* example = "";     ///< an example PATH, for error messages
+  const char* argument = "PATH";  ///< what PATH names, in the listed name
 };
 
 // The registry. Order is the order dataset_names() lists them in.
@@ -33,11 +35,12 @@ const Entry kRegistry[] = {
     {"toy2d", false, detail::load_toy2d},
     {"mnist", false, detail::load_mnist},
     {"fashion-mnist", false, detail::load_fashion_mnist},
-    {"csv", true, detail::load_csv},
+    {"csv", true, detail::load_csv, "points.csv"},
+    {"npy", true, detail::load_npy_dir, "my_data_dir", "DIR"},
 };
 
 std::string display_name(const Entry& entry) {
-  return entry.takes_path ? std::string(entry.name) + ":PATH" : std::string(entry.name);
+  return entry.takes_path ? std::string(entry.name) + ":" + entry.argument : std::string(entry.name);
 }
 
 std::string joined_names() {
@@ -159,11 +162,11 @@ Dataset load_dataset(const DataOptions& options) {
     } else if (entry.takes_path && spec.compare(0, name.size() + 1, name + ":") == 0) {
       found = &entry;
       argument = spec.substr(name.size() + 1);
-      PK_CHECK(!argument.empty(), "dataset '" << spec << "' names no file: expected " << name
-                                              << ":PATH, e.g. " << name << ":points." << name);
+      PK_CHECK(!argument.empty(), "dataset '" << spec << "' names no path: expected " << name
+                                              << ":" << entry.argument << ", e.g. " << name << ":" << entry.example);
     } else if (entry.takes_path && spec == name) {
-      PK_THROW("dataset '" << spec << "' needs a file: expected " << name << ":PATH, e.g. "
-                           << name << ":points." << name);
+      PK_THROW("dataset '" << spec << "' needs a path: expected " << name << ":" << entry.argument << ", e.g. "
+                           << name << ":" << entry.example);
     }
     if (found != nullptr) break;
   }
@@ -187,6 +190,13 @@ Dataset load_dataset(const DataOptions& options) {
     data.normalization["std"] = sd;
   }
 
+  if (data.integer_inputs && options.dtype == torch::kFloat32 && data.x_train.numel() > 0) {
+    const double largest = std::max(data.x_train.abs().max().item<double>(),
+                                    data.x_test.numel() ? data.x_test.abs().max().item<double>() : 0.0);
+    PK_CHECK(largest <= 16777216.0, "dataset '" << spec << "' holds the integer input " << largest
+                                                << ", which float32 does not hold exactly (|x| <= 2^24); "
+                                                << "use float64");
+  }
   take_subset(data.x_train, data.y_train, options.train_size, options.seed, "train", spec);
   take_subset(data.x_test, data.y_test, options.test_size, options.seed + 1, "test", spec);
 

@@ -71,8 +71,11 @@ torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tens
 }
 
 /// Whether the replay's own captured signals serve the contractions: the
-/// engine works in float64, so only a float64 run's signals are exact enough.
-bool use_capture(const Manifest& m, const DecompositionOptions& o) { return o.replay_signals && m.dtype == "float64"; }
+/// engine works in float64, so only a float64 run's signals are exact enough,
+/// and a TorchScript module's per-sample gradients are not captured.
+bool use_capture(const Manifest& m, const DecompositionOptions& o) {
+  return o.replay_signals && m.dtype == "float64" && !ModelSpec::parse(m.model_spec).is_torchscript();
+}
 
 /// Training rows r0 .. r0+nr of the step's batch as the replay computed them
 /// (PathReader::set_capture): layer inputs and the mean loss's signals, that

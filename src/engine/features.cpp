@@ -21,8 +21,10 @@ torch::Tensor unfold(const torch::Tensor& a, const LayerDesc& d) {
 }
 
 /// Per-sample gradients of Conv2d layer l (weight, then bias) from training
-/// signals: [B, Cout·Cin·k·k + Cout]. They are small, so they are formed.
+/// signals: [B, Cout·Cin·k·k + Cout]. They are small, so they are formed. A
+/// Module's signals are its per-sample gradients [B, P] already.
 torch::Tensor conv_sample_gradients(const LayerDesc& d, const TrainSignals& t, size_t l) {
+  if (d.kind == Kind::Module) return t.signals[l];
   torch::Tensor u = unfold(t.inputs[l], d);     // [B, Cin·k·k, L]
   torch::Tensor sig = t.signals[l].flatten(2);  // [B, Cout, L]
   return torch::cat({torch::bmm(sig, u.transpose(1, 2)).flatten(1), sig.sum(2)}, 1);
@@ -133,9 +135,126 @@ void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& dw
   f.certificate_gap = ((jdw - (f.f1 - f.f0)).abs() / scale).max().item<double>();
 }
 
+/// Test features of a Module (the generic route): the Jacobian rows come
+/// from autograd and are summed into one dense block J̄ [K, n, P]. gauss
+/// needs no knowledge of kinks: each piece is refined at its midpoint until
+/// its certificate holds, which converges fast where the module is smooth
+/// and more slowly across kinks.
+TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q) {
+  const int64_t n = x.size(0), K = ev.num_outputs(), P = ev.parameter_count();
+  const auto opts = x.options();
+  TestFeatures f;
+  f.num_points = n;
+  f.f0 = ev.forward(x, torch::zeros({n}, opts), false).out;
+  f.f1 = ev.forward(x, torch::ones({n}, opts), false).out;
+  f.breaks.assign(n, std::vector<double>{0.0, 1.0});
+  f.dense = {torch::zeros({K, n, P}, opts)};
+  f.inputs = {torch::Tensor()};
+  f.signals = {torch::Tensor()};
+  std::vector<torch::Tensor> kept_point, kept_weight;
+  // Adds rows' weighted Jacobians J [r, K, P] to their test points' blocks.
+  auto keep = [&](const torch::Tensor& jac, const torch::Tensor& rows, const torch::Tensor& point,
+                  const torch::Tensor& weight) {
+    torch::Tensor pr = point.index_select(0, rows), wr = weight.index_select(0, rows);
+    f.dense[0].index_add_(1, pr, (jac.index_select(0, rows) * wr.view({-1, 1, 1})).transpose(0, 1));
+    kept_point.push_back(pr);
+    kept_weight.push_back(wr);
+  };
+  // Jacobian rows per round: at most max_rows, and at most 2^24 doubles.
+  const int64_t max_rows = std::clamp<int64_t>((int64_t(1) << 24) / std::max<int64_t>(1, K * P), 1, q.max_rows);
+
+  if (q.spec.kind != QuadratureSpec::Kind::Gauss) {
+    const QuadratureRule rule = q.spec.kind == QuadratureSpec::Kind::Dpk ? left_point() : riemann(q.spec.nodes);
+    const int64_t nodes = static_cast<int64_t>(rule.nodes.size());
+    const torch::Tensor t_all = torch::tensor(rule.nodes, opts), w_all = torch::tensor(rule.weights, opts);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j0 = 0; j0 < nodes; j0 += max_rows) {
+        const int64_t nj = std::min(max_rows, nodes - j0);
+        torch::Tensor point = torch::full({nj}, i, torch::kLong);
+        torch::Tensor jac = ev.module_jacobians(x.index_select(0, point), t_all.narrow(0, j0, nj));
+        keep(jac, torch::arange(nj), point, w_all.narrow(0, j0, nj));
+        f.evaluations += nj;
+      }
+    }
+  } else {
+    std::vector<Piece> pending;
+    for (int64_t i = 0; i < n; ++i) pending.push_back({i, 0.0, 1.0, 0});
+    const torch::Tensor scale = f.f0.abs().amax(1).clamp_min(1.0);  // [n]
+    auto scale_a = scale.accessor<double, 1>();
+    auto nodes_for = [&](const Piece& pc) {
+      const double n_h = std::ceil(q.gauss_nodes * std::sqrt(pc.b - pc.a));
+      return static_cast<int64_t>(std::clamp<double>(n_h, std::min(q.min_nodes, q.gauss_nodes), q.gauss_nodes));
+    };
+    while (!pending.empty()) {
+      std::vector<int64_t> first{0};
+      for (const Piece& pc : pending) {
+        const int64_t nodes = nodes_for(pc);
+        if (first.size() > 1 && first.back() + nodes > max_rows) break;
+        first.push_back(first.back() + nodes);
+      }
+      const int64_t np = static_cast<int64_t>(first.size()) - 1;
+      std::vector<Piece> next(pending.begin() + np, pending.end());
+      pending.resize(np);
+      const int64_t rows = first[np];
+      std::vector<int64_t> point(rows), piece_of(rows), end_point(2 * np);
+      std::vector<double> t(rows), w(rows), ends(2 * np);
+      for (int64_t p = 0; p < np; ++p) {
+        const Piece& pc = pending[p];
+        const QuadratureRule& rule = gauss_legendre(static_cast<int>(first[p + 1] - first[p]), 0.0, 1.0);
+        for (int64_t j = 0, r = first[p]; r < first[p + 1]; ++j, ++r) {
+          point[r] = pc.point;
+          piece_of[r] = p;
+          t[r] = pc.a + (pc.b - pc.a) * rule.nodes[j];
+          w[r] = (pc.b - pc.a) * rule.weights[j];
+        }
+        end_point[2 * p] = end_point[2 * p + 1] = pc.point;
+        ends[2 * p] = pc.a;
+        ends[2 * p + 1] = pc.b;
+      }
+      const torch::Tensor point_t = torch::tensor(point, torch::kLong), w_t = torch::tensor(w, opts);
+      const torch::Tensor jac = ev.module_jacobians(x.index_select(0, point_t), torch::tensor(t, opts));
+      f.evaluations += rows;
+      // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
+      const torch::Tensor rd = torch::matmul(jac, ev.direction());  // [R, K]
+      const torch::Tensor integral = torch::zeros({np, K}, opts).index_add_(
+          0, torch::tensor(piece_of, torch::kLong), rd * w_t.unsqueeze(1));  // [np, K]
+      const torch::Tensor fe =
+          ev.forward(x.index_select(0, torch::tensor(end_point, torch::kLong)), torch::tensor(ends, opts), false)
+              .out.view({np, 2, K});
+      f.forward_evaluations += 2 * np;
+      const torch::Tensor gap = (integral - (fe.select(1, 1) - fe.select(1, 0))).abs().amax(1);  // [np]
+      auto gap_a = gap.accessor<double, 1>();
+      std::vector<int64_t> accepted;
+      for (int64_t p = 0; p < np; ++p) {
+        const Piece& pc = pending[p];
+        const double limit = std::max(q.tol * (pc.b - pc.a), 8 * kEps) * scale_a[pc.point];
+        const bool rounding = gap_a[p] <= 64 * kEps * scale_a[pc.point] && gap_a[p] > 0.5 * pc.parent_gap;
+        if (gap_a[p] <= limit || rounding || pc.depth >= q.max_depth) {
+          for (int64_t r = first[p]; r < first[p + 1]; ++r) accepted.push_back(r);
+          f.breaks[pc.point].push_back(pc.a);
+          f.breaks[pc.point].push_back(pc.b);
+        } else {
+          split(pc, gap_a[p], {}, next);
+        }
+      }
+      if (!accepted.empty()) keep(jac, torch::tensor(accepted, torch::kLong), point_t, w_t);
+      pending = std::move(next);
+    }
+    for (std::vector<double>& b : f.breaks) {
+      std::sort(b.begin(), b.end());
+      b.erase(std::unique(b.begin(), b.end()), b.end());
+    }
+  }
+  f.point = torch::cat(kept_point);
+  f.weight = torch::cat(kept_weight);
+  finish(ev, f, ev.direction());
+  return f;
+}
+
 }  // namespace
 
 TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q) {
+  if (ev.generic()) return module_test_features(ev, x, q);
   const int64_t n = x.size(0);
   const auto opts = x.options();
   TestFeatures f;
@@ -353,12 +472,17 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
 
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
                            OutputMap map) {
-  SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), true);
+  SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), !ev.generic());
   torch::Tensor out = pass.out.detach();
   torch::Tensor onehot = torch::zeros_like(out).scatter_(1, y.view({-1, 1}), 1.0);
   // u_i = ∂ℓ_i/∂f: NLL on log-probabilities, or cross entropy on logits.
   torch::Tensor u = map == OutputMap::LogSoftmax ? -onehot : torch::softmax(out, 1) - onehot;
   TrainSignals t;
+  if (ev.generic()) {
+    t.inputs = {torch::Tensor()};
+    t.signals = {ev.module_gradients(x, u)};  // the per-sample gradients g_i [B, P]
+    return t;
+  }
   t.signals = ev.signals(pass, u);
   for (auto& a : pass.inputs) t.inputs.push_back(a.detach());
   return t;
@@ -366,6 +490,12 @@ TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, c
 
 std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const torch::Tensor& x,
                                                const torch::Tensor& t) {
+  if (ev.generic()) {
+    const torch::Tensor jac = ev.module_jacobians(x, t.defined() ? t : torch::zeros({x.size(0)}, x.options()));
+    std::vector<TrainSignals> out;
+    for (int64_t k = 0; k < ev.num_outputs(); ++k) out.push_back({{torch::Tensor()}, {jac.select(1, k)}});
+    return out;
+  }
   SegmentPass pass = ev.forward(x, t.defined() ? t : torch::zeros({x.size(0)}, x.options()), true);
   std::vector<torch::Tensor> inputs;
   for (auto& a : pass.inputs) inputs.push_back(a.detach());
@@ -539,6 +669,8 @@ torch::Tensor contract_dense(const SegmentEvaluator& ev, const torch::Tensor& a,
 }
 
 int64_t feature_doubles_per_row(const SegmentEvaluator& ev, const torch::Tensor& example) {
+  // A Module's rows are summed into a dense block as they are evaluated.
+  if (ev.generic()) return (ev.num_outputs() + 2) * ev.parameter_count();
   SegmentPass pass = ev.forward(example, torch::zeros({example.size(0)}, example.options()), false);
   int64_t total = 0;
   for (size_t l = 0; l < pass.inputs.size(); ++l) {

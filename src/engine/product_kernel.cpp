@@ -39,7 +39,8 @@ QuadratureRule fixed_rule(const QuadratureSpec& spec) {
 std::vector<TrainSignals> narrow_rows(const std::vector<TrainSignals>& s, int64_t start, int64_t count) {
   std::vector<TrainSignals> out(s.size());
   for (size_t k = 0; k < s.size(); ++k) {
-    for (const torch::Tensor& a : s[k].inputs) out[k].inputs.push_back(a.narrow(0, start, count));
+    // A Module's inputs are undefined (its signals are whole gradients).
+    for (const torch::Tensor& a : s[k].inputs) out[k].inputs.push_back(a.defined() ? a.narrow(0, start, count) : a);
     for (const torch::Tensor& d : s[k].signals) out[k].signals.push_back(d.narrow(0, start, count));
   }
   return out;

@@ -10,10 +10,23 @@ Network engine_network(NetworkOptions options) {
   return build_network(options);
 }
 
-SegmentEvaluator::SegmentEvaluator(Network& net) : layers_(net->layers()) {
+SegmentEvaluator::SegmentEvaluator(Network& net) : layers_(net->layers()), net_(nullptr) {
   std::vector<ParamInfo> layout = parameter_layout(net);
   parameter_count_ = pathkernel::parameter_count(net);
   num_outputs_ = net->options().num_classes;
+  if (net->is_script()) {
+    generic_ = true;
+    net_ = net;
+    ParamLayer p;
+    p.desc = layers_[0];
+    p.weight_numel = parameter_count_;
+    p.weight_shape = {parameter_count_};
+    p.bias_offset = parameter_count_;
+    params_.push_back(p);
+    relu_after_.push_back(false);
+    pool_after_.push_back(0);
+    return;
+  }
   for (const LayerDesc& d : layers_) {
     if (d.kind != LayerDesc::Kind::Linear && d.kind != LayerDesc::Kind::Conv2d) continue;
     ParamLayer p;
@@ -47,6 +60,57 @@ void SegmentEvaluator::set_segment(const torch::Tensor& w, const torch::Tensor& 
                                           << parameter_count_ << "]");
   w_ = w;
   dw_ = dw;
+  placed_t_ = -1;
+}
+
+void SegmentEvaluator::place_module(double t) const {
+  PK_ASSERT(generic_ && w_.defined());
+  if (t == placed_t_) return;
+  set_flat_parameters(const_cast<Network&>(net_), t == 0 ? w_ : w_ + t * dw_);
+  placed_t_ = t;
+}
+
+torch::Tensor SegmentEvaluator::module_jacobians(const torch::Tensor& x, const torch::Tensor& t) const {
+  PK_ASSERT(generic_);
+  const int64_t rows = x.size(0), K = num_outputs_;
+  torch::Tensor out = torch::empty({rows, K, parameter_count_}, w_.options());
+  Network& net = const_cast<Network&>(net_);
+  const std::vector<torch::Tensor> params = net->parameters();
+  auto t_a = t.accessor<double, 1>();
+  for (int64_t r = 0; r < rows; ++r) {
+    place_module(t_a[r]);
+    torch::AutoGradMode grad_mode(true);
+    torch::Tensor f = net->forward(x.narrow(0, r, 1));
+    for (int64_t k = 0; k < K; ++k) {
+      std::vector<torch::Tensor> g = torch::autograd::grad({f[0][k]}, params, {}, /*retain_graph=*/k + 1 < K);
+      int64_t offset = 0;
+      for (const torch::Tensor& gi : g) {
+        out[r][k].narrow(0, offset, gi.numel()).copy_(gi.reshape({-1}));
+        offset += gi.numel();
+      }
+    }
+  }
+  return out;
+}
+
+torch::Tensor SegmentEvaluator::module_gradients(const torch::Tensor& x, const torch::Tensor& c) const {
+  PK_ASSERT(generic_);
+  const int64_t rows = x.size(0);
+  torch::Tensor out = torch::empty({rows, parameter_count_}, w_.options());
+  Network& net = const_cast<Network&>(net_);
+  const std::vector<torch::Tensor> params = net->parameters();
+  place_module(0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    torch::AutoGradMode grad_mode(true);
+    torch::Tensor f = net->forward(x.narrow(0, r, 1));
+    std::vector<torch::Tensor> g = torch::autograd::grad({(f[0] * c[r]).sum()}, params);
+    int64_t offset = 0;
+    for (const torch::Tensor& gi : g) {
+      out[r].narrow(0, offset, gi.numel()).copy_(gi.reshape({-1}));
+      offset += gi.numel();
+    }
+  }
+  return out;
 }
 
 torch::Tensor SegmentEvaluator::weight_of(const torch::Tensor& v, size_t l) const {
@@ -64,8 +128,24 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
   PK_ASSERT(w_.defined());
   PK_CHECK(t.dim() == 1 && t.size(0) == x.size(0),
            "segment rows: " << x.size(0) << " inputs but t has shape " << t.sizes());
-  torch::AutoGradMode grad_mode(track);
   SegmentPass pass;
+  if (generic_) {
+    PK_ASSERT(!track && "a Module's rows are differentiated by module_jacobians()");
+    torch::NoGradGuard guard;
+    Network& net = const_cast<Network&>(net_);
+    const int64_t rows = x.size(0);
+    pass.out = torch::empty({rows, num_outputs_}, w_.options());
+    // One pass per distinct t, over the rows that share it.
+    auto [values, inverse] = torch::_unique(t, /*sorted=*/true, /*return_inverse=*/true);
+    auto v = values.accessor<double, 1>();
+    for (int64_t u = 0; u < values.size(0); ++u) {
+      place_module(v[u]);
+      torch::Tensor rows_u = torch::nonzero(inverse == u).flatten();
+      pass.out.index_copy_(0, rows_u, net->forward(x.index_select(0, rows_u)));
+    }
+    return pass;
+  }
+  torch::AutoGradMode grad_mode(track);
   torch::Tensor h = track ? x.detach().clone().requires_grad_(true) : x;
   size_t l = 0;
   for (const LayerDesc& layer : layers_) {

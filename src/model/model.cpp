@@ -1,6 +1,12 @@
 // Spec parsing, network construction and the flat parameter vector.
 #include "pathkernel/model.h"
 
+#include <algorithm>
+#include <filesystem>
+
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/script.h>
+
 #include "pathkernel/error.h"
 #include "pathkernel/text.h"
 
@@ -8,7 +14,8 @@ namespace pathkernel {
 
 namespace {
 const char kGrammar[] =
-    "expected mlp:H1[,H2...][:relu|tanh|gelu] or cnn:C1[,C2...], e.g. mlp:128 or cnn:8,16";
+    "expected mlp:H1[,H2...][:relu|tanh|gelu], cnn:C1[,C2...] or torchscript:PATH, e.g. mlp:128, cnn:8,16 "
+    "or torchscript:model.pt";
 
 
 int64_t parse_width(const std::string& text, const std::string& spec) {
@@ -28,13 +35,21 @@ int64_t parse_width(const std::string& text, const std::string& spec) {
 }  // namespace
 
 ModelSpec ModelSpec::parse(const std::string& spec) {
+  const std::string script_prefix = "torchscript:";
+  if (spec.rfind(script_prefix, 0) == 0) {
+    ModelSpec m;
+    m.kind = "torchscript";
+    m.path = spec.substr(script_prefix.size());
+    PK_CHECK(!m.path.empty(), "bad model spec '" << spec << "': no module file after 'torchscript:'; " << kGrammar);
+    return m;
+  }
   std::vector<std::string> parts = split(spec, ':');
   PK_CHECK(parts.size() == 2 || parts.size() == 3, "bad model spec '" << spec << "': " << kGrammar);
   ModelSpec m;
   m.kind = parts[0];
   PK_CHECK(m.kind == "mlp" || m.kind == "cnn",
            "bad model spec '" << spec << "': unknown model kind '" << m.kind
-                              << "': expected one of mlp, cnn");
+                              << "': expected one of mlp, cnn, torchscript");
   if (parts[1].empty()) parse_width("", spec);  // throws: no widths
   for (const std::string& w : split(parts[1], ',')) m.widths.push_back(parse_width(w, spec));
   m.activation = parts.size() == 3 ? parts[2] : "relu";
@@ -50,6 +65,7 @@ ModelSpec ModelSpec::parse(const std::string& spec) {
 }
 
 std::string ModelSpec::str() const {
+  if (is_torchscript()) return kind + ":" + path;
   std::string s = kind + ":";
   for (size_t i = 0; i < widths.size(); ++i) s += (i ? "," : "") + std::to_string(widths[i]);
   if (kind == "mlp" && activation != "relu") s += ":" + activation;
@@ -66,11 +82,81 @@ std::string output_map_name(OutputMap map) {
   return map == OutputMap::LogSoftmax ? "logsoftmax" : "logits";
 }
 
+/// A loaded TorchScript module.
+struct ScriptModule {
+  torch::jit::Module module;
+};
+
+namespace {
+
+/// The class name of a TorchScript submodule, e.g. "BatchNorm2d".
+std::string module_type(const torch::jit::Module& m) {
+  const auto name = m.type()->name();
+  return name ? name->name() : "?";
+}
+
+}  // namespace
+
+void NetworkImpl::load_script() {
+  const std::string& path = options_.spec.path;
+  // The plain interpreter: no graph optimisation or fusion, so every call
+  // runs the same ATen operations (training, replay and the engine agree
+  // bit for bit).
+  torch::jit::setGraphExecutorOptimize(false);
+  PK_CHECK(std::filesystem::is_regular_file(path), "model file '" << path << "' does not exist or is not a file");
+  script_ = std::make_shared<ScriptModule>();
+  try {
+    script_->module = torch::jit::load(path);
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    PK_THROW("cannot load model '" << path << "': it is not a TorchScript module (save one from Python with "
+                                   << "torch.jit.script(model).save(PATH) or torch.jit.trace(model, example).save(PATH)"
+                                   << "; examples/export_model.py shows how): " << what.substr(0, what.find('\n')));
+  }
+  torch::jit::Module& m = script_->module;
+  for (const auto& sub : m.named_modules()) {
+    const std::string type = module_type(sub.value), name = sub.name.empty() ? "<top>" : sub.name;
+    PK_CHECK(!(type.find("BatchNorm") != std::string::npos && sub.value.is_training()),
+             "model '" << path << "': module '" << name << "' (" << type << ") is in training mode: its batch "
+                       << "statistics couple the examples of a batch, so a training point has no gradient of its "
+                       << "own and the decomposition is not defined. Use LayerNorm or GroupNorm instead, or call "
+                       << ".eval() on it before exporting to use it as a fixed affine layer");
+    PK_CHECK(!(type.find("Dropout") != std::string::npos && sub.value.is_training()),
+             "model '" << path << "': module '" << name << "' (" << type << ") is in training mode: random "
+                       << "dropout masks are not supported for TorchScript modules yet; call .eval() on it "
+                       << "before exporting (dropout then passes its input through)");
+  }
+  // Floating-point parameters and buffers in the network's dtype; integer
+  // buffers (positions, counters) stay as they are.
+  for (const auto& b : m.named_buffers()) {
+    if (b.value.is_floating_point()) b.value.set_data(b.value.to(options_.dtype));
+  }
+  for (const auto& p : m.named_parameters()) {
+    PK_CHECK(p.value.is_floating_point(), "model '" << path << "': parameter '" << p.name << "' has dtype "
+                                                    << p.value.scalar_type() << ", expected floating point");
+    PK_CHECK(p.value.requires_grad(), "model '" << path << "': parameter '" << p.name
+                                                << "' does not require gradients (frozen); pathkernel trains "
+                                                << "every parameter: register it as a buffer instead");
+    torch::Tensor t = p.value;
+    t.set_data(t.to(options_.dtype));
+    std::string name = p.name;
+    std::replace(name.begin(), name.end(), '.', '/');
+    register_parameter(name, t);
+  }
+  PK_CHECK(!parameters().empty(), "model '" << path << "' has no parameters to train");
+  layers_.push_back({LayerDesc::Kind::Module, path, 0, 0, 0, 0});
+  if (options_.output == OutputMap::LogSoftmax) layers_.push_back({LayerDesc::Kind::LogSoftmax, "", 0, 0, 0, 0});
+}
+
 NetworkImpl::NetworkImpl(const NetworkOptions& options) : options_(options) {
   using Kind = LayerDesc::Kind;
   const ModelSpec& spec = options.spec;
   PK_CHECK(options.num_classes >= 2, "a classifier needs >= 2 classes (got " << options.num_classes << ")");
   PK_CHECK(!options.input_shape.empty(), "input shape is empty");
+  if (spec.is_torchscript()) {
+    load_script();
+    return;
+  }
   Kind act = spec.activation == "tanh" ? Kind::Tanh : spec.activation == "gelu" ? Kind::GELU : Kind::ReLU;
 
   auto add_linear = [&](const std::string& name, int64_t in, int64_t out) {
@@ -116,6 +202,23 @@ NetworkImpl::NetworkImpl(const NetworkOptions& options) : options_(options) {
 
 torch::Tensor NetworkImpl::forward(torch::Tensor x) {
   using Kind = LayerDesc::Kind;
+  if (script_) {
+    const int64_t n = x.size(0);
+    c10::IValue out = script_->module.forward({options_.integer_inputs ? x.to(torch::kLong) : x});
+    PK_CHECK(out.isTensor(), "model '" << options_.spec.path << "' returned a " << out.tagKind()
+                                       << ", expected one tensor of logits [n, K]");
+    torch::Tensor y = out.toTensor();
+    PK_CHECK(y.dim() == 2 && y.size(0) == n && y.size(1) == options_.num_classes,
+             "model '" << options_.spec.path << "' returned shape " << y.sizes() << " for " << n
+                       << " inputs, expected [" << n << ", " << options_.num_classes
+                       << "] (one logit per class of the data)");
+    PK_CHECK(y.scalar_type() == options_.dtype, "model '" << options_.spec.path << "' returned "
+                                                          << y.scalar_type() << " outputs, expected "
+                                                          << options_.dtype
+                                                          << ": its forward creates tensors of a fixed dtype; "
+                                                          << "create them like its inputs or weights");
+    return options_.output == OutputMap::LogSoftmax ? torch::log_softmax(y, 1) : y;
+  }
   size_t next_linear = 0, next_conv = 0;
   for (const LayerDesc& layer : layers_) {
     switch (layer.kind) {
@@ -145,13 +248,17 @@ torch::Tensor apply_parameter_free(const LayerDesc& layer, const torch::Tensor& 
     case Kind::Flatten: return x.flatten(1);
     case Kind::LogSoftmax: return torch::log_softmax(x, 1);
     case Kind::Linear:
-    case Kind::Conv2d: break;
+    case Kind::Conv2d:
+    case Kind::Module: break;
   }
   PK_ASSERT(false && "apply_parameter_free called on a parameterised layer");
   return x;
 }
 
 Network build_network(const NetworkOptions& options) {
+  PK_CHECK(!(options.zero_last_layer && options.spec.is_torchscript()),
+           "zero_last_layer applies to pathkernel's own models; for the TorchScript module '"
+               << options.spec.path << "', zero its last layer in Python before exporting");
   torch::manual_seed(options.seed);
   Network net(options);
   net->to(options.dtype);
@@ -168,7 +275,9 @@ std::vector<ParamInfo> parameter_layout(Network& net) {
   std::vector<ParamInfo> layout;
   int64_t offset = 0;
   for (auto& p : net->named_parameters()) {
-    ParamInfo info{p.key(), p.value().sizes().vec(), offset, p.value().numel()};
+    std::string name = p.key();
+    std::replace(name.begin(), name.end(), '/', '.');  // a TorchScript module's own names
+    ParamInfo info{name, p.value().sizes().vec(), offset, p.value().numel()};
     offset += info.numel;
     layout.push_back(std::move(info));
   }

@@ -63,10 +63,14 @@ ojson Manifest::to_json() const {
                     {"normalization", normalization},
                     {"source", source},
                     {"train_crc32", train_crc32}};
+  if (integer_inputs) j["data"]["integer_inputs"] = true;
   j["model"] = ojson{{"spec", model_spec},
                      {"output", output},
                      {"zero_last_layer", zero_last_layer},
                      {"init_seed", init_seed}};
+  if (!module.file.empty()) {
+    j["model"]["module"] = ojson{{"file", module.file}, {"bytes", module.bytes}, {"crc32", module.crc32}};
+  }
   j["dtype"] = dtype;
   ojson params = ojson::array();
   for (const ParamInfo& p : parameters) {
@@ -128,12 +132,17 @@ Manifest Manifest::from_json(const ojson& j) {
   m.normalization = field<ojson>(d, "normalization", "data");
   m.source = field<ojson>(d, "source", "data");
   m.train_crc32 = field<uint32_t>(d, "train_crc32", "data");
+  if (d.contains("integer_inputs")) m.integer_inputs = field<bool>(d, "integer_inputs", "data");
 
   const ojson mo = field<ojson>(j, "model", "the manifest");
   m.model_spec = field<std::string>(mo, "spec", "model");
   m.output = field<std::string>(mo, "output", "model");
   m.zero_last_layer = field<bool>(mo, "zero_last_layer", "model");
   m.init_seed = field<uint64_t>(mo, "init_seed", "model");
+  if (mo.contains("module")) m.module = file_from(field<ojson>(mo, "module", "model"), "model module");
+  PK_CHECK(m.module.file.empty() == !ModelSpec::parse(m.model_spec).is_torchscript(),
+           "manifest: model '" << m.model_spec << "' "
+                               << (m.module.file.empty() ? "names no module file" : "is not a TorchScript model but names a module file"));
   m.dtype = field<std::string>(j, "dtype", "the manifest");
   m.data.dtype = parse_dtype(m.dtype);
 
@@ -200,7 +209,9 @@ Manifest Manifest::load(const std::string& run_dir) {
     PK_THROW("manifest '" << path.string() << "' is not valid JSON: " << e.what());
   }
   try {
-    return from_json(j);
+    Manifest m = from_json(j);
+    m.directory = run_dir;
+    return m;
   } catch (const nlohmann::json::exception& e) {
     PK_THROW("manifest '" << path.string() << "' is malformed: " << e.what());
   }
@@ -213,6 +224,8 @@ void Manifest::save(const std::string& run_dir) const {
 NetworkOptions Manifest::network_options() const {
   NetworkOptions o;
   o.spec = ModelSpec::parse(model_spec);
+  if (o.spec.is_torchscript()) o.spec.path = directory.empty() ? module.file : run_file_path(directory, module.file);
+  o.integer_inputs = integer_inputs;
   o.input_shape = input_shape;
   o.num_classes = num_classes;
   o.output = parse_output_map(output);
@@ -359,6 +372,13 @@ void validate_run(const std::string& run_dir, const Manifest& m) {
   }
   PK_CHECK(offset == m.parameter_count,
            where << ": parameter tensors hold " << offset << " values, count says " << m.parameter_count);
+  if (!m.module.file.empty()) {
+    const std::string bytes = read_file(run_file_path(run_dir, m.module.file));
+    PK_CHECK(static_cast<int64_t>(bytes.size()) == m.module.bytes && crc32_of(bytes) == m.module.crc32,
+             where << ": the model's module file '" << m.module.file << "' has " << bytes.size()
+                   << " bytes and CRC-32 " << crc32_of(bytes) << ", the manifest says " << m.module.bytes
+                   << " bytes and CRC-32 " << m.module.crc32 << ": it was changed after training");
+  }
   PK_CHECK(!m.checkpoints.empty() && m.checkpoints.front().step == 0,
            where << ": the first checkpoint must be step 0");
   PK_CHECK(m.checkpoints.back().step == m.steps,

@@ -55,6 +55,7 @@ RunResult train_run(const RunOptions& options) {
   net_options.zero_last_layer = options.zero_last_layer;
   net_options.dtype = options.data.dtype;
   net_options.seed = options.seed;
+  net_options.integer_inputs = data.integer_inputs;
   Network net = build_network(net_options);
 
   Manifest base;
@@ -68,6 +69,7 @@ RunResult train_run(const RunOptions& options) {
   base.normalization = data.normalization;
   base.source = data.source;
   base.train_crc32 = training_data_crc32(data.x_train, data.y_train);
+  base.integer_inputs = data.integer_inputs;
   base.model_spec = net_options.spec.str();
   base.output = output_map_name(options.output);
   base.zero_last_layer = options.zero_last_layer;
@@ -86,6 +88,7 @@ RunResult train_run(const RunOptions& options) {
       options.checkpoint_every == 0 ? default_checkpoint_every(steps) : options.checkpoint_every;
 
   RunWriter writer(options.out, base, options.force);
+  if (net_options.spec.is_torchscript()) writer.add_module(net_options.spec.path);
   RunResult result;
   result.warnings = data.warnings;
   result.summary = train(net, data.x_train, data.y_train, data.x_test, data.y_test, options.train, writer);

@@ -103,6 +103,14 @@ RunWriter RunWriter::reopen(std::string run_dir, Manifest m) {
   return w;
 }
 
+void RunWriter::add_module(const std::string& source) {
+  const std::string bytes = read_file(source);
+  const std::string file = "model.pt";
+  write_file_atomic((fs::path(dir_) / file).string(), bytes);
+  manifest_.module = {file, static_cast<int64_t>(bytes.size()), crc32_of(bytes)};
+  manifest_.model_spec = "torchscript:" + file;
+}
+
 FileRecord RunWriter::write_record(const std::string& relative, const torch::Tensor& tensor) {
   std::string bytes = npy_bytes(tensor);
   write_file_atomic((fs::path(dir_) / relative).string(), bytes);

@@ -31,7 +31,7 @@ int64_t count_label(const torch::Tensor& y, int64_t label) {
 
 TEST(DatasetRegistry, ListsTheNames) {
   const std::vector<std::string> expected = {"gaussians3", "toy2d", "mnist", "fashion-mnist",
-                                             "csv:PATH"};
+                                             "csv:PATH", "npy:DIR"};
   EXPECT_EQ(pathkernel::dataset_names(), expected);
 }
 
@@ -39,7 +39,7 @@ TEST(DatasetRegistry, UnknownNameListsValidNames) {
   const std::string message = error_message([] { load_dataset(options_for("foo")); });
   EXPECT_EQ(message,
             "unknown dataset 'foo': expected one of gaussians3, toy2d, mnist, fashion-mnist, "
-            "csv:PATH");
+            "csv:PATH, npy:DIR");
   // Near misses are unknown too: names match exactly.
   EXPECT_CONTAINS(error_message([] { load_dataset(options_for("Gaussians3")); }),
                   "unknown dataset 'Gaussians3'");

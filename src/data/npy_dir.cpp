@@ -1,0 +1,105 @@
+// The "npy:DIR" dataset: a user's arrays saved with numpy.save, the data that
+// goes with a user's own model.
+//
+// DIR holds train_x.npy, train_y.npy, test_x.npy and test_y.npy. Inputs have
+// shape [n, *input_shape] (any per-example shape, the same in both splits) and
+// are float64/float32, or int64/int32 integer codes such as token ids (then
+// |x| < 2^53, so float64 holds them exactly). Labels are int64/int32 of shape
+// [n], class numbers in [0, 65536). The test split may be empty ([0, ...]).
+// No normalisation: the arrays are used as given.
+#include <cmath>
+#include <filesystem>
+
+#include "pathkernel/dataset.h"
+#include "pathkernel/error.h"
+#include "pathkernel/npy.h"
+#include "loaders.h"
+
+namespace pathkernel {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kMaxClasses = 65536;
+/// Integers up to this magnitude are exact in float64.
+constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
+
+bool is_integer(const torch::Tensor& t) { return t.scalar_type() == torch::kLong || t.scalar_type() == torch::kInt; }
+
+torch::Tensor read_array(const fs::path& dir, const std::string& name) {
+  const fs::path path = dir / name;
+  PK_CHECK(fs::is_regular_file(path), "dataset 'npy:" << dir.string() << "': missing " << name
+                                                      << " (expected train_x.npy, train_y.npy, test_x.npy and "
+                                                         "test_y.npy, saved with numpy.save)");
+  return read_npy(path.string());
+}
+
+void check_labels(const torch::Tensor& y, const torch::Tensor& x, const std::string& what, const std::string& where) {
+  PK_CHECK(is_integer(y), where << ": " << what << "_y.npy has dtype " << y.scalar_type()
+                                << ", expected integer class labels (int64 or int32)");
+  PK_CHECK(y.dim() == 1, where << ": " << what << "_y.npy has shape " << y.sizes() << ", expected [n]");
+  PK_CHECK(y.size(0) == x.size(0), where << ": " << what << "_y.npy has " << y.size(0) << " labels but "
+                                         << what << "_x.npy has " << x.size(0) << " rows");
+  if (y.numel() == 0) return;
+  const int64_t lo = y.min().item<int64_t>(), hi = y.max().item<int64_t>();
+  PK_CHECK(lo >= 0 && hi < kMaxClasses, where << ": " << what << "_y.npy has labels in [" << lo << ", " << hi
+                                              << "], expected class numbers in [0, " << kMaxClasses << ")");
+}
+
+void check_inputs(const torch::Tensor& x, const std::string& what, const std::string& where) {
+  PK_CHECK(x.dim() >= 2, where << ": " << what << "_x.npy has shape " << x.sizes()
+                               << ", expected [n, *input_shape] with at least one input dimension");
+  if (x.numel() == 0) return;
+  if (is_integer(x)) {
+    const double largest = x.abs().max().item<double>();
+    PK_CHECK(largest < kMaxExactInteger, where << ": " << what << "_x.npy holds the integer " << largest
+                                               << ", expected |x| < 2^53 (exact in float64)");
+  } else {
+    PK_CHECK(torch::isfinite(x).all().item<bool>(),
+             where << ": " << what << "_x.npy holds a value that is not finite (NaN or infinite)");
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+Dataset load_npy_dir(const std::string& argument, uint64_t /*seed*/) {
+  const fs::path dir(argument);
+  const std::string where = "dataset 'npy:" + argument + "'";
+  PK_CHECK(fs::is_directory(dir), where << ": '" << argument << "' is not a directory");
+  Dataset data;
+  data.x_train = read_array(dir, "train_x.npy");
+  data.y_train = read_array(dir, "train_y.npy");
+  data.x_test = read_array(dir, "test_x.npy");
+  data.y_test = read_array(dir, "test_y.npy");
+  check_inputs(data.x_train, "train", where);
+  check_inputs(data.x_test, "test", where);
+  PK_CHECK(data.x_train.size(0) >= 1, where << ": train_x.npy has no rows");
+  PK_CHECK(data.x_test.sizes().slice(1) == data.x_train.sizes().slice(1),
+           where << ": test_x.npy has examples of shape " << data.x_test.sizes().slice(1) << ", train_x.npy "
+                 << data.x_train.sizes().slice(1) << "; expected the same");
+  PK_CHECK(is_integer(data.x_train) == is_integer(data.x_test),
+           where << ": train_x.npy has dtype " << data.x_train.scalar_type() << " and test_x.npy "
+                 << data.x_test.scalar_type() << "; expected both floating point or both integer");
+  check_labels(data.y_train, data.x_train, "train", where);
+  check_labels(data.y_test, data.x_test, "test", where);
+  data.y_train = data.y_train.to(torch::kLong);
+  data.y_test = data.y_test.to(torch::kLong);
+  data.integer_inputs = is_integer(data.x_train);
+  data.input_shape = data.x_train.sizes().slice(1).vec();
+  int64_t hi = data.y_train.max().item<int64_t>();
+  if (data.y_test.numel() > 0) hi = std::max(hi, data.y_test.max().item<int64_t>());
+  data.num_classes = std::max<int64_t>(2, hi + 1);
+  data.normalization = {{"kind", "none"}};
+  data.source = {{"kind", "npy"},
+                 {"directory", argument},
+                 {"files", {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}},
+                 {"inputs", data.integer_inputs ? "integer" : "float"}};
+  return data;
+}
+
+}  // namespace detail
+
+}  // namespace pathkernel

@@ -1,0 +1,254 @@
+// Tests of users' own models: TorchScript modules exported by Python at test
+// time, the generic route (autograd) against the structured route and
+// against per-example autograd, training, bit-for-bit replay, exact
+// decomposition, and the errors for what cannot be decomposed.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "pathkernel/decomposition.h"
+#include "pathkernel/features.h"
+#include "pathkernel/npy.h"
+#include "pathkernel/path.h"
+#include "pathkernel/run.h"
+#include "../test_util.h"
+
+namespace {
+
+using namespace pathkernel;
+using pathkernel::testing::error_message;
+using pathkernel::testing::run_shell;
+using pathkernel::testing::TempDir;
+
+const std::string kPython = "/usr/bin/python3";
+
+bool have_python_torch() {
+  return std::system((kPython + " -c 'import torch, numpy' > /dev/null 2>&1").c_str()) == 0;
+}
+
+#define REQUIRE_PYTHON_TORCH()                                                            \
+  if (!have_python_torch()) GTEST_SKIP() << "Debian's python3-torch is not installed " \
+                                            "(make deps installs it)"
+
+/// Runs a Python snippet (torch, nn and F imported), written into `dir`;
+/// fails the test on error.
+void python(const TempDir& dir, const std::string& code) {
+  const std::string script = dir.write("snippet.py", "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n" + code);
+  const auto r = run_shell(kPython + " " + script);
+  ASSERT_EQ(r.status, 0) << r.out;
+}
+
+/// Saves, as TorchScript at `path`, an MLP laid out like pathkernel's own
+/// "mlp:H[:act]" (fc1, out; same parameter order), with `in` inputs and `k` classes.
+void export_mlp(const TempDir& dir, const std::string& path, int in, int hidden, int k, const std::string& act) {
+  python(dir, "class M(nn.Module):\n"
+         "    def __init__(self):\n"
+         "        super().__init__()\n"
+         "        self.fc1 = nn.Linear(" + std::to_string(in) + ", " + std::to_string(hidden) + ")\n"
+         "        self.out = nn.Linear(" + std::to_string(hidden) + ", " + std::to_string(k) + ")\n"
+         "    def forward(self, x):\n"
+         "        return self.out(torch." + act + "(self.fc1(x.flatten(1))))\n"
+         "torch.manual_seed(3)\n"
+         "torch.jit.script(M()).save('" + path + "')\n");
+}
+
+NetworkOptions options_for(const ModelSpec& spec, int64_t in, int64_t k, OutputMap map) {
+  NetworkOptions o;
+  o.spec = spec;
+  o.input_shape = {in};
+  o.num_classes = k;
+  o.output = map;
+  return o;
+}
+
+/// The Jacobian J(w, x) [n, K, P] by per-example autograd on net.
+torch::Tensor reference_jacobian(Network& net, const torch::Tensor& w, const torch::Tensor& x) {
+  set_flat_parameters(net, w);
+  const int64_t n = x.size(0), K = net->options().num_classes, P = parameter_count(net);
+  torch::Tensor jac = torch::zeros({n, K, P}, torch::kFloat64);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t k = 0; k < K; ++k) {
+      for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+      net->forward(x.narrow(0, i, 1))[0][k].backward();
+      std::vector<torch::Tensor> g;
+      for (auto& p : net->parameters()) g.push_back(p.grad().reshape({-1}));
+      jac[i][k] = torch::cat(g);
+    }
+  }
+  return jac;
+}
+
+double max_rel(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item<double>();
+}
+
+/// The generic route (a TorchScript MLP) against the structured route (the
+/// same MLP as pathkernel's own) and against per-example autograd: test
+/// features, contractions with per-sample gradients, and the output kernel,
+/// for both output maps and smooth and piecewise-linear activations.
+TEST(TorchScript, GenericRouteAgreesWithStructuredRouteAndAutograd) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  const int64_t in = 5, hidden = 7, K = 3, n = 4, B = 6;
+  for (const std::string act : {"tanh", "relu"}) {
+    const std::string path = dir.path() + "/mlp_" + act + ".pt";
+    export_mlp(dir, path, in, hidden, K, act);
+    for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
+      ModelSpec script_spec = ModelSpec::parse("torchscript:" + path);
+      ModelSpec own_spec = ModelSpec::parse(act == "tanh" ? "mlp:7:tanh" : "mlp:7");
+      Network script = engine_network(options_for(script_spec, in, K, map));
+      Network own = engine_network(options_for(own_spec, in, K, map));
+      ASSERT_EQ(parameter_count(script), parameter_count(own));
+      const std::string where = act + " " + output_map_name(map);
+      torch::manual_seed(11);
+      const int64_t P = parameter_count(own);
+      const torch::Tensor w = flatten_parameters(script);  // the module's own weights
+      const torch::Tensor dw = 0.3 * torch::randn({P}, torch::kFloat64);
+      const torch::Tensor x = torch::randn({n, in}, torch::kFloat64);
+      const torch::Tensor xb = torch::randn({B, in}, torch::kFloat64);
+      const torch::Tensor yb = torch::randint(0, K, {B}, torch::kLong);
+
+      SegmentEvaluator gev(script), sev(own);
+      gev.set_segment(w, dw);
+      sev.set_segment(w, dw);
+      EXPECT_TRUE(gev.generic());
+      // A fixed rule: the same nodes on both routes; and the reference:
+      // per-example autograd at those nodes.
+      QuadratureOptions q;
+      q.spec = QuadratureSpec::parse("riemann:3");
+      TestFeatures gf = test_features(gev, x, q), sf = test_features(sev, x, q);
+      const torch::Tensor gd = dense_features(gev, gf), sd = dense_features(sev, sf);
+      Network ref = engine_network(options_for(own_spec, in, K, map));
+      torch::Tensor expected = torch::zeros({n, K, P}, torch::kFloat64);
+      const QuadratureRule rule = riemann(3);
+      for (size_t j = 0; j < rule.nodes.size(); ++j) {
+        expected += rule.weights[j] * reference_jacobian(ref, w + rule.nodes[j] * dw, x);
+      }
+      EXPECT_LE(max_rel(gd, expected), 1e-12) << where;
+      EXPECT_LE(max_rel(sd, expected), 1e-12) << where;
+      // Contractions with per-sample loss gradients, against explicit loops.
+      const torch::Tensor gc = contract(gev, gf, train_signals(gev, xb, yb, map));
+      const torch::Tensor sc = contract(sev, sf, train_signals(sev, xb, yb, map));
+      torch::Tensor ec = torch::zeros({n, B, K}, torch::kFloat64);
+      for (int64_t i = 0; i < B; ++i) {
+        const torch::Tensor yi = yb.narrow(0, i, 1);
+        const torch::Tensor g = pathkernel::testing::flat_grad(ref, w, xb.narrow(0, i, 1),
+                                                   [&](const torch::Tensor& out) { return training_loss(out, yi, map); });
+        ec.select(1, i).copy_(torch::matmul(expected, g));
+      }
+      EXPECT_LE(max_rel(gc, ec), 1e-12) << where;
+      EXPECT_LE(max_rel(sc, ec), 1e-12) << where;
+      EXPECT_LE(max_rel(output_kernel(gev, gf, xb), output_kernel(sev, sf, xb)), 1e-12) << where;
+      EXPECT_LE(max_rel(apply_features(gev, gf, dw), apply_features(sev, sf, dw)), 1e-12) << where;
+      if (act == "tanh") {
+        // Certified adaptive Gauss on a smooth module: the two routes agree
+        // and the certificate holds.
+        QuadratureOptions gauss;
+        TestFeatures ga = test_features(gev, x, gauss), sa = test_features(sev, x, gauss);
+        EXPECT_LE(max_rel(dense_features(gev, ga), dense_features(sev, sa)), 1e-12) << where;
+        EXPECT_LE(ga.certificate_gap, 1e-13) << where;
+      }
+    }
+  }
+}
+
+/// A transformer (embedding, attention, layer norm, GELU MLP) exported by
+/// examples/export_model.py, on integer token data given as npy:DIR: trains
+/// with AdamW, replays bit for bit, and decomposes exactly.
+TEST(TorchScript, TransformerTrainsReplaysAndDecomposesExactly) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  const std::string model = dir.path() + "/tf.pt", data = dir.path() + "/modadd";
+  const auto r = run_shell(kPython + " " PATHKERNEL_SOURCE_DIR "/examples/export_model.py transformer " + model +
+                           " --p 5 --dim 8 --data-dir " + data);
+  ASSERT_EQ(r.status, 0) << r.out;
+  RunOptions o;
+  o.data.spec = "npy:" + data;
+  o.model = "torchscript:" + model;
+  o.train.optimizer.name = "adamw";
+  o.train.optimizer.lr = 0.01;
+  o.train.optimizer.weight_decay = 0.1;
+  o.train.batch = 4;
+  o.train.steps = 9;
+  o.train.progress = false;
+  o.checkpoint_every = 3;
+  o.out = dir.path() + "/run";
+  const RunResult result = train_run(o);
+  EXPECT_EQ(result.manifest.model_spec, "torchscript:model.pt");
+  EXPECT_TRUE(result.manifest.integer_inputs);
+  PathReader reader(o.out);
+  const ReplayReport report = reader.check();
+  EXPECT_EQ(report.mismatches, 0);
+  DecompositionOptions d;
+  d.progress = false;
+  const Decomposition dec = decompose(reader, reader.dataset().x_test.narrow(0, 0, 3), d);
+  const DecompositionSummary s = summarize(dec);
+  EXPECT_LE(s.max_rel_error, 1e-12);
+  EXPECT_GT(s.max_abs_regularization, 0.0);  // AdamW's decay is attributed, not lost
+}
+
+TEST(TorchScript, RefusesWhatItCannotDecompose) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  // Not TorchScript at all.
+  const std::string junk = dir.write("junk.pt", "this is not a module");
+  NetworkOptions o = options_for(ModelSpec::parse("torchscript:" + junk), 4, 3, OutputMap::LogSoftmax);
+  EXPECT_CONTAINS(error_message([&] { build_network(o); }), "is not a TorchScript module");
+  // Training-mode BatchNorm: the batch couples the examples.
+  const std::string bn = dir.path() + "/bn.pt";
+  python(dir, "class M(nn.Module):\n"
+         "    def __init__(self):\n"
+         "        super().__init__()\n"
+         "        self.fc = nn.Linear(4, 3)\n"
+         "        self.norm = nn.BatchNorm1d(3)\n"
+         "    def forward(self, x):\n"
+         "        return self.norm(self.fc(x))\n"
+         "torch.jit.script(M()).save('" + bn + "')\n");
+  o.spec = ModelSpec::parse("torchscript:" + bn);
+  const std::string message = error_message([&] { build_network(o); });
+  EXPECT_CONTAINS(message, "'norm' (BatchNorm1d) is in training mode");
+  EXPECT_CONTAINS(message, "LayerNorm");
+  // Outputs that are not [n, K].
+  const std::string wide = dir.path() + "/wide.pt";
+  export_mlp(dir, wide, 4, 5, 2, "tanh");
+  o.spec = ModelSpec::parse("torchscript:" + wide);
+  Network net = build_network(o);  // 3 classes expected, the module gives 2
+  EXPECT_CONTAINS(error_message([&] { net->forward(torch::zeros({2, 4}, torch::kFloat64)); }),
+                  "returned shape [2, 2] for 2 inputs, expected [2, 3]");
+}
+
+TEST(NpyDataset, ReadsArraysOfAnyShapeAndChecksThem) {
+  TempDir dir;
+  auto save = [&](const std::string& name, const torch::Tensor& t) { write_npy(dir.path() + "/" + name, t); };
+  save("train_x.npy", torch::arange(24, torch::kLong).view({4, 2, 3}));
+  save("train_y.npy", torch::tensor({0, 2, 1, 2}, torch::kLong));
+  save("test_x.npy", torch::arange(6, torch::kLong).view({1, 2, 3}));
+  save("test_y.npy", torch::tensor({1}, torch::kLong));
+  DataOptions o;
+  o.spec = "npy:" + dir.path();
+  Dataset d = load_dataset(o);
+  EXPECT_TRUE(d.integer_inputs);
+  EXPECT_EQ(d.input_shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(d.num_classes, 3);
+  EXPECT_EQ(d.x_train.scalar_type(), torch::kFloat64);
+  EXPECT_TRUE(torch::equal(d.x_train, torch::arange(24, torch::kFloat64).view({4, 2, 3})));
+
+  save("test_x.npy", torch::zeros({1, 3, 2}, torch::kLong));
+  EXPECT_CONTAINS(error_message([&] { load_dataset(o); }), "test_x.npy has examples of shape [3, 2]");
+  save("test_x.npy", torch::zeros({1, 2, 3}, torch::kFloat64));
+  EXPECT_CONTAINS(error_message([&] { load_dataset(o); }), "expected both floating point or both integer");
+  save("test_x.npy", torch::zeros({1, 2, 3}, torch::kLong));
+  save("train_y.npy", torch::tensor({0, -1, 1, 2}, torch::kLong));
+  EXPECT_CONTAINS(error_message([&] { load_dataset(o); }), "labels in [-1, 2]");
+  save("train_y.npy", torch::tensor({0, 1, 1}, torch::kLong));
+  EXPECT_CONTAINS(error_message([&] { load_dataset(o); }), "has 3 labels but train_x.npy has 4 rows");
+  save("train_y.npy", torch::tensor({0, 1, 1, 0}, torch::kLong));
+  save("train_x.npy", torch::full({4, 2, 3}, std::nan(""), torch::kFloat64));
+  save("test_x.npy", torch::zeros({1, 2, 3}, torch::kFloat64));
+  EXPECT_CONTAINS(error_message([&] { load_dataset(o); }), "not finite");
+  std::filesystem::remove(dir.path() + "/test_y.npy");
+  EXPECT_CONTAINS(error_message([&] { load_dataset(o); }), "missing test_y.npy");
+}
+
+}  // namespace
