@@ -112,6 +112,14 @@ class NetworkImpl : public torch::nn::Module {
   /// Whether this is a TorchScript module (the generic route).
   bool is_script() const { return script_ != nullptr; }
 
+  /// TorchScript only: the outputs [n, K] (after the output map) and the
+  /// inputs of every ReLU the module applies at its top level, each
+  /// flattened per row [n, U_j]: the units whose sign changes are the
+  /// integrand's kinks (its "kink sites"). No autograd graph is kept.
+  std::pair<torch::Tensor, std::vector<torch::Tensor>> forward_with_sites(const torch::Tensor& x);
+  /// TorchScript only: the number of kink sites forward_with_sites() returns.
+  int64_t kink_sites() const;
+
  private:
   void load_script();
 

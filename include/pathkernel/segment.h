@@ -68,6 +68,12 @@ class SegmentEvaluator {
   /// Module only: per-row gradients of c_r · f(w_s, x_r) for cotangents
   /// c [R, K], [R, P], by one forward and one backward pass per row.
   torch::Tensor module_gradients(const torch::Tensor& x, const torch::Tensor& c) const;
+  /// Module only: the values of its kink sites (the inputs of its ReLUs, all
+  /// units concatenated) for one input x [1, *input_shape] at t: [U], empty
+  /// when the module has none. One forward pass.
+  torch::Tensor module_sites(const torch::Tensor& x, double t) const;
+  /// Module only: whether the module has kink sites.
+  bool module_has_sites() const { return generic_ && net_->kink_sites() > 0; }
 
   /// Backprop signals of a tracked pass for cotangent c [R, K]: one tensor
   /// per param layer, shaped like preacts. Keeps the graph for more calls.

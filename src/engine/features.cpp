@@ -135,6 +135,58 @@ void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& dw
   f.certificate_gap = ((jdw - (f.f1 - f.f0)).abs() / scale).max().item<double>();
 }
 
+/// The kinks of a Module for one test point x [1, ...] inside [a, b]: the
+/// points where one of its ReLU inputs (kink sites) crosses 0. Sign changes
+/// between `intervals` + 1 evenly spaced samples are located by Illinois
+/// false position on that unit, each evaluation one forward pass. An even
+/// number of crossings inside one interval is not seen (the certificate
+/// catches it). Sorted, in (a, b).
+std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, double a, double b,
+                                 int intervals, int64_t& forward_evaluations) {
+  std::vector<double> ts(intervals + 1);
+  std::vector<torch::Tensor> values(intervals + 1);
+  for (int j = 0; j <= intervals; ++j) {
+    ts[j] = j == intervals ? b : a + (b - a) * j / intervals;
+    values[j] = ev.module_sites(x, ts[j]);
+  }
+  forward_evaluations += intervals + 1;
+  std::vector<double> kinks;
+  for (int j = 0; j < intervals; ++j) {
+    const torch::Tensor flipped = torch::nonzero((values[j] > 0) != (values[j + 1] > 0)).flatten();
+    auto units = flipped.accessor<int64_t, 1>();
+    for (int64_t i = 0; i < flipped.size(0); ++i) {
+      const int64_t u = units[i];
+      double lo = ts[j], hi = ts[j + 1];
+      double g_lo = values[j][u].item<double>(), g_hi = values[j + 1][u].item<double>();
+      int side = 0;  // Illinois: halve the stale end's value when one end stays
+      for (int it = 0; it < 80 && hi - lo > 4 * kEps * std::max(1.0, std::abs(hi)); ++it) {
+        double m = (lo * g_hi - hi * g_lo) / (g_hi - g_lo);
+        if (!(m > lo && m < hi)) m = 0.5 * (lo + hi);
+        const double g = ev.module_sites(x, m)[u].item<double>();
+        ++forward_evaluations;
+        if (g == 0) {
+          lo = hi = m;
+          break;
+        }
+        if ((g > 0) == (g_lo > 0)) {
+          lo = m;
+          g_lo = g;
+          if (side == -1) g_hi *= 0.5;
+          side = -1;
+        } else {
+          hi = m;
+          g_hi = g;
+          if (side == 1) g_lo *= 0.5;
+          side = 1;
+        }
+      }
+      kinks.push_back(0.5 * (lo + hi));
+    }
+  }
+  std::sort(kinks.begin(), kinks.end());
+  return kinks;
+}
+
 /// Test features of a Module (the generic route): the Jacobian rows come
 /// from autograd and are summed into one dense block J̄ [K, n, P]. gauss
 /// needs no knowledge of kinks: each piece is refined at its midpoint until
@@ -177,8 +229,16 @@ TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tenso
       }
     }
   } else {
+    // Initial pieces: [0, 1] split at the kinks of the module's ReLUs.
+    const bool sites = ev.module_has_sites();
     std::vector<Piece> pending;
-    for (int64_t i = 0; i < n; ++i) pending.push_back({i, 0.0, 1.0, 0});
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<double> cuts;
+      if (sites) cuts = module_kinks(ev, x.narrow(0, i, 1), 0.0, 1.0, q.scan_intervals, f.forward_evaluations);
+      f.kinks += static_cast<int64_t>(cuts.size());
+      const std::vector<double> br = breakpoints(cuts, kMinPiece);
+      for (size_t j = 0; j + 1 < br.size(); ++j) pending.push_back({i, br[j], br[j + 1], 0});
+    }
     const torch::Tensor scale = f.f0.abs().amax(1).clamp_min(1.0);  // [n]
     auto scale_a = scale.accessor<double, 1>();
     auto nodes_for = [&](const Piece& pc) {
@@ -234,7 +294,14 @@ TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tenso
           f.breaks[pc.point].push_back(pc.a);
           f.breaks[pc.point].push_back(pc.b);
         } else {
-          split(pc, gap_a[p], {}, next);
+          // Kinks the first scan missed (two crossings of one unit between
+          // samples): search the piece more finely, else halve it.
+          std::vector<double> cuts;
+          if (sites) {
+            cuts = module_kinks(ev, x.narrow(0, pc.point, 1), pc.a, pc.b, 4, f.forward_evaluations);
+            f.kinks += static_cast<int64_t>(cuts.size());
+          }
+          split(pc, gap_a[p], cuts, next);
         }
       }
       if (!accepted.empty()) keep(jac, torch::tensor(accepted, torch::kLong), point_t, w_t);

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <torch/csrc/jit/passes/constant_propagation.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
@@ -82,9 +84,12 @@ std::string output_map_name(OutputMap map) {
   return map == OutputMap::LogSoftmax ? "logsoftmax" : "logits";
 }
 
-/// A loaded TorchScript module.
+/// A loaded TorchScript module, and a copy of its forward graph that also
+/// returns the inputs of its ReLUs (the kink sites).
 struct ScriptModule {
   torch::jit::Module module;
+  std::unique_ptr<torch::jit::GraphExecutor> with_sites;
+  int64_t sites = 0;
 };
 
 namespace {
@@ -144,6 +149,28 @@ void NetworkImpl::load_script() {
     register_parameter(name, t);
   }
   PK_CHECK(!parameters().empty(), "model '" << path << "' has no parameters to train");
+  // The kink sites: the forward graph with submodule calls inlined and
+  // constant branches folded, returning (output, the input of every ReLU at
+  // its top level). ReLUs inside remaining branches or loops are not sites;
+  // the certificate still catches their kinks.
+  std::shared_ptr<torch::jit::Graph> g = m.get_method("forward").graph()->copy();
+  torch::jit::Inline(*g);
+  torch::jit::ConstantPropagation(g);
+  std::vector<torch::jit::Value*> values{g->outputs()[0]};
+  for (torch::jit::Node* node : g->nodes()) {
+    if (node->kind() == c10::Symbol::fromQualString("aten::relu")) {
+      values.push_back(node->input(0));
+    } else if (node->kind() == c10::Symbol::fromQualString("aten::relu_")) {
+      torch::jit::WithInsertPoint guard(node);  // the in-place ReLU overwrites its input: keep a copy
+      values.push_back(g->insert(c10::Symbol::fromQualString("aten::clone"), {node->input(0)}));
+    }
+  }
+  torch::jit::Node* tuple = g->createTuple(values);
+  g->insertNode(tuple);
+  g->eraseOutput(0);
+  g->registerOutput(tuple->output());
+  script_->sites = static_cast<int64_t>(values.size()) - 1;
+  script_->with_sites = std::make_unique<torch::jit::GraphExecutor>(g, "pathkernel_kink_sites");
   layers_.push_back({LayerDesc::Kind::Module, path, 0, 0, 0, 0});
   if (options_.output == OutputMap::LogSoftmax) layers_.push_back({LayerDesc::Kind::LogSoftmax, "", 0, 0, 0, 0});
 }
@@ -236,6 +263,24 @@ torch::Tensor NetworkImpl::forward(torch::Tensor x) {
     }
   }
   return x;
+}
+
+int64_t NetworkImpl::kink_sites() const {
+  PK_ASSERT(script_);
+  return script_->sites;
+}
+
+std::pair<torch::Tensor, std::vector<torch::Tensor>> NetworkImpl::forward_with_sites(const torch::Tensor& x) {
+  PK_ASSERT(script_);
+  torch::NoGradGuard guard;
+  torch::jit::Stack stack{script_->module._ivalue(), options_.integer_inputs ? x.to(torch::kLong) : x};
+  script_->with_sites->run(stack);
+  const auto tuple = stack.back().toTuple();
+  const auto& elements = tuple->elements();
+  torch::Tensor y = elements[0].toTensor();
+  std::vector<torch::Tensor> sites;
+  for (size_t i = 1; i < elements.size(); ++i) sites.push_back(elements[i].toTensor().reshape({x.size(0), -1}));
+  return {options_.output == OutputMap::LogSoftmax ? torch::log_softmax(y, 1) : y, sites};
 }
 
 torch::Tensor apply_parameter_free(const LayerDesc& layer, const torch::Tensor& x) {
