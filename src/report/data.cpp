@@ -15,6 +15,7 @@
 #include "pathkernel/files.h"
 #include "pathkernel/gp.h"
 #include "pathkernel/gram.h"
+#include "pathkernel/grid.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/report.h"
 
@@ -219,25 +220,20 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
   if (two_d && options.grid > 0) {
     const int64_t G = options.grid;
     const torch::Tensor X = data.x_train.to(torch::kFloat64);
-    const double pad = 0.5;
-    const double lo0 = X.select(1, 0).min().item<double>() - pad, hi0 = X.select(1, 0).max().item<double>() + pad;
-    const double lo1 = X.select(1, 1).min().item<double>() - pad, hi1 = X.select(1, 1).max().item<double>() + pad;
-    const torch::Tensor ax = torch::linspace(lo0, hi0, G, torch::kFloat64);
-    const torch::Tensor ay = torch::linspace(lo1, hi1, G, torch::kFloat64);
-    const std::vector<torch::Tensor> mesh = torch::meshgrid({ax, ay}, "xy");
-    const torch::Tensor grid = torch::stack({mesh[0].reshape(-1), mesh[1].reshape(-1)}, 1);  // [G², 2]
+    // The training inputs' bounding box, widened by 0.5 on each side.
+    const Grid2D grid = grid_2d(GridBounds::around(X, 0.0, 0.5), G);
     const torch::Tensor sub = balanced_subset(data.y_train, std::min<int64_t>(options.gp_train, m.num_train), 0);
     const torch::Tensor xs = data.x_train.index_select(0, sub);
     GramOptions go;
     go.kernel = GramSpec::parse("epk");
     go.quadrature = options.quadrature;
     go.progress = options.progress;
-    const KernelMatrices km = kernel_matrices(reader, xs, grid, true, go, true);
+    const KernelMatrices km = kernel_matrices(reader, xs, grid.points, true, go, true);
     GpOptions gpo;
     gpo.samples = 200;
     const GpPosterior gp = gp_posterior(km.train, km.cross, km.self, reader.outputs(N, xs), gpo);
-    out["maps"] = {{"x", to_json(ax)},
-                   {"y", to_json(ay)},
+    out["maps"] = {{"x", to_json(grid.x)},
+                   {"y", to_json(grid.y)},
                    {"kernel_value", to_json(km.cross.mean(1).reshape({G, G}))},
                    {"prob_std", to_json(gp.prob_std.mean(1).reshape({G, G}))},
                    {"gp_jitter", gp.jitter},
