@@ -8,9 +8,9 @@
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
+#include "pathkernel/metrics_csv.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/run_writer.h"
-#include "pathkernel/text.h"
 #include "pathkernel/version.h"
 
 namespace pathkernel {
@@ -27,12 +27,10 @@ void write_timing(const std::string& run_dir, const TrainSummary& summary, int64
   write_file_atomic((fs::path(run_dir) / "timing.json").string(), j.dump(2) + "\n");
 }
 
-/// Column `column` (0-based) of metrics.csv's row for `step`, or NaN.
-double metrics_value(const std::string& run_dir, const Manifest& m, int64_t step, int column) {
-  const std::string text = read_file((fs::path(run_dir) / m.metrics).string());
-  for (const std::string& line : split(text, '\n')) {
-    std::vector<std::string> f = split(line, ',');
-    if (f.size() == 4 && f[0] == std::to_string(step)) return std::strtod(f[column].c_str(), nullptr);
+/// The loss metrics.csv records for `step`.
+double recorded_loss(const std::string& run_dir, const Manifest& m, int64_t step) {
+  for (const MetricsRow& row : read_metrics_csv((fs::path(run_dir) / m.metrics).string())) {
+    if (row.step == step) return row.loss;
   }
   PK_THROW("run '" << run_dir << "': metrics.csv has no row for step " << step);
 }
@@ -164,8 +162,8 @@ RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
     at.state.buffers[name] = read_npy((fs::path(run_dir) / f.file).string()).to(options.data.dtype);
   }
   if (at.step > 0) {
-    at.first_loss = metrics_value(run_dir, m, 0, 2);
-    at.last_loss = metrics_value(run_dir, m, at.step - 1, 2);
+    at.first_loss = recorded_loss(run_dir, m, 0);
+    at.last_loss = recorded_loss(run_dir, m, at.step - 1);
   }
 
   RunWriter writer = RunWriter::reopen(run_dir, m);

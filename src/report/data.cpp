@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/decomposition.h"
@@ -16,6 +15,7 @@
 #include "pathkernel/gp.h"
 #include "pathkernel/gram.h"
 #include "pathkernel/grid.h"
+#include "pathkernel/metrics_csv.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/report.h"
 
@@ -47,25 +47,14 @@ json to_json(const torch::Tensor& t) {
 /// Finite values for JSON (NaN and ±inf have no JSON spelling): null.
 json finite(double v) { return std::isfinite(v) ? json(short_double(v)) : json(nullptr); }
 
-/// metrics.csv: step,lr,loss,batch_accuracy per step, as columns.
+/// metrics.csv's rows, as columns.
 json training_curves(const std::string& run_dir, const std::string& file) {
-  const std::string path = (std::filesystem::path(run_dir) / file).string();
-  std::istringstream in(read_file(path));
-  std::string line;
-  std::getline(in, line);  // header
   json step = json::array(), lr = json::array(), loss = json::array(), acc = json::array();
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    std::istringstream row(line);
-    std::string cell;
-    std::vector<double> v;
-    while (std::getline(row, cell, ',')) v.push_back(std::strtod(cell.c_str(), nullptr));
-    PK_CHECK(v.size() >= 4, "'" << path << "' has a row with " << v.size()
-                                << " columns (expected step,lr,loss,batch_accuracy): '" << line << "'");
-    step.push_back(static_cast<int64_t>(v[0]));
-    lr.push_back(finite(v[1]));
-    loss.push_back(finite(v[2]));
-    acc.push_back(finite(v[3]));
+  for (const MetricsRow& row : read_metrics_csv((std::filesystem::path(run_dir) / file).string())) {
+    step.push_back(row.step);
+    lr.push_back(finite(row.lr));
+    loss.push_back(finite(row.loss));
+    acc.push_back(finite(row.batch_accuracy));
   }
   return {{"step", step}, {"lr", lr}, {"loss", loss}, {"batch_accuracy", acc}};
 }
