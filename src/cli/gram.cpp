@@ -1,6 +1,6 @@
-// `pathkernel gram`: Gram matrices of the EPK, DPK and NTKs as .npy with a JSON sidecar.
-#include <chrono>
-#include <cstdio>
+// `pathkernel gram`: Gram matrices of the EPK, DPK and NTKs as .npy with a JSON
+// sidecar (gram_file.h owns the format).
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 
@@ -8,9 +8,7 @@
 
 #include "commands.h"
 #include "pathkernel/error.h"
-#include "pathkernel/files.h"
-#include "pathkernel/gram.h"
-#include "pathkernel/npy.h"
+#include "pathkernel/gram_file.h"
 
 namespace pathkernel::cli {
 
@@ -48,45 +46,21 @@ void add_gram_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--out", args->out, "Output .npy (default: RUN/gram/<kernel>_<rows>_<cols>.npy); a .json sidecar goes beside it");
   cmd->callback([args, &globals] {
     globals.apply();
-    const auto t0 = std::chrono::steady_clock::now();
     GramOptions options = args->k.options();
     options.trace = args->outputs == "trace";
     PathReader reader(args->run);
     const Dataset& data = reader.dataset();
-    const bool rows_test = args->rows == "test", cols_test = args->cols == "test";
-    const torch::Tensor& row_set = rows_test ? data.x_test : data.x_train;
-    const torch::Tensor& col_set = cols_test ? data.x_test : data.x_train;
-    const torch::Tensor ri = first_points(args->row_count, row_set.size(0), "--row-count");
-    const torch::Tensor ci = first_points(args->col_count, col_set.size(0), "--col-count");
-    torch::Tensor g = gram(reader, row_set.index_select(0, ri), rows_test, col_set.index_select(0, ci), cols_test, options);
-
+    const int64_t n_rows = args->rows == "test" ? data.x_test.size(0) : data.x_train.size(0);
+    const int64_t n_cols = args->cols == "test" ? data.x_test.size(0) : data.x_train.size(0);
+    const GramFile g = gram_between(reader, args->rows, first_points(args->row_count, n_rows, "--row-count"), args->cols,
+                                    first_points(args->col_count, n_cols, "--col-count"), options);
     const std::string name = KernelArgs::file_stem(options.kernel);
-    const std::filesystem::path out = args->out.empty()
-        ? std::filesystem::path(args->run) / "gram" / (name + "_" + args->rows + "_" + args->cols + ".npy")
-        : std::filesystem::path(args->out);
-    if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
-    write_npy(out.string(), g);
-    nlohmann::ordered_json axes = options.trace ? nlohmann::ordered_json{"row", "col"}
-                                                : nlohmann::ordered_json{"row", "col", "row_output", "col_output"};
-    nlohmann::ordered_json j{
-        {"file", out.filename().string()},
-        {"run", args->run},
-        {"kernel", options.kernel.str()},
-        {"rows", {{"set", args->rows}, {"indices", "0.." + std::to_string(ri.size(0) - 1)}}},
-        {"cols", {{"set", args->cols}, {"indices", "0.." + std::to_string(ci.size(0) - 1)}}},
-        {"outputs", args->outputs},
-        {"shape", g.sizes().vec()},
-        {"axes", axes},
-        {"dtype", "float64"},
-        {"steps", reader.manifest().steps},
-        {"quadrature", options.kernel.kind == GramSpec::Kind::Epk ? options.quadrature.spec.str() : "none"},
-        {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
-    std::filesystem::path sidecar = out;
-    sidecar.replace_extension(".json");
-    write_file_atomic(sidecar.string(), j.dump(2) + "\n");
-    nlohmann::ordered_json printed = j;
-    printed["out"] = out.string();
-    globals.print(printed, out.string() + "  " + j["shape"].dump());
+    const std::string out = args->out.empty()
+        ? (std::filesystem::path(args->run) / "gram" / (name + "_" + args->rows + "_" + args->cols + ".npy")).string()
+        : args->out;
+    nlohmann::ordered_json printed = write_gram_file(out, g.matrix, g.record);
+    printed["out"] = out;
+    globals.print(printed, out + "  " + printed["shape"].dump());
   });
 }
 
