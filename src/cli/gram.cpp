@@ -7,25 +7,16 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "pathkernel/error.h"
 #include "pathkernel/gram_file.h"
 
 namespace pathkernel::cli {
 
-namespace {
-
-/// The first `count` points of a set (all when count exceeds it).
-torch::Tensor first_points(int64_t count, int64_t available, const std::string& option) {
-  PK_CHECK(count >= 1, option << " must be >= 1 (got " << count << ")");
-  return torch::arange(std::min(count, available));
-}
-
-}  // namespace
-
 void add_gram_command(CLI::App& app, Globals& globals) {
   struct Args {
     std::string run, rows = "test", cols = "train", outputs = "full", out;
-    int64_t row_count = 100, col_count = 100;
+    TestPointArgs test;
+    int64_t train = 100;
+    int64_t row_count = 0, col_count = 0;  ///< deprecated: the first N of the row or column set (0: unset)
     KernelArgs k;
   };
   auto args = std::make_shared<Args>();
@@ -37,8 +28,12 @@ void add_gram_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--cols", args->cols, "Column points: train or test")
       ->check(CLI::IsMember({"train", "test"}))
       ->capture_default_str();
-  cmd->add_option("--row-count", args->row_count, "Use the first N row points")->capture_default_str();
-  cmd->add_option("--col-count", args->col_count, "Use the first N column points")->capture_default_str();
+  args->test.add_to(cmd, "of the test rows or columns (default: the first 100)");
+  cmd->add_option("--train", args->train, "The first N training points, for training rows or columns")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  add_deprecated_option(cmd, "--row-count", args->row_count, "--test N or --train N")->check(CLI::PositiveNumber);
+  add_deprecated_option(cmd, "--col-count", args->col_count, "--test N or --train N")->check(CLI::PositiveNumber);
   cmd->add_option("--outputs", args->outputs, "full: K x K blocks [R, C, K, K]; trace: their trace [R, C]")
       ->check(CLI::IsMember({"full", "trace"}))
       ->capture_default_str();
@@ -50,10 +45,15 @@ void add_gram_command(CLI::App& app, Globals& globals) {
     options.trace = args->outputs == "trace";
     PathReader reader(args->run);
     const Dataset& data = reader.dataset();
-    const int64_t n_rows = args->rows == "test" ? data.x_test.size(0) : data.x_train.size(0);
-    const int64_t n_cols = args->cols == "test" ? data.x_test.size(0) : data.x_train.size(0);
-    const GramFile g = gram_between(reader, args->rows, first_points(args->row_count, n_rows, "--row-count"), args->cols,
-                                    first_points(args->col_count, n_cols, "--col-count"), options);
+    // Each side: its set's chosen points, or (deprecated) the first N of it.
+    auto side = [&](const std::string& set, int64_t count) -> torch::Tensor {
+      const int64_t available = set == "test" ? data.x_test.size(0) : data.x_train.size(0);
+      if (count > 0) return torch::arange(std::min(count, available), torch::kLong);
+      if (set == "test") return args->test.indices(data.y_test, 100);
+      return torch::arange(std::min(args->train, available), torch::kLong);
+    };
+    const GramFile g = gram_between(reader, args->rows, side(args->rows, args->row_count), args->cols,
+                                    side(args->cols, args->col_count), options);
     const std::string name = KernelArgs::file_stem(options.kernel);
     const std::string out = args->out.empty()
         ? (std::filesystem::path(args->run) / "gram" / (name + "_" + args->rows + "_" + args->cols + ".npy")).string()

@@ -129,37 +129,33 @@ void add_train_command(CLI::App& app, Globals& globals) {
     const Manifest& m = res.manifest;
     for (const std::string& w : res.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
     const bool has_test = m.num_test > 0;
-    if (globals.json) {
-      nlohmann::ordered_json j{{"run", r.out},
-                               {"steps", m.steps},
-                               {"parameters", m.parameter_count},
-                               {"final_batch_loss", res.summary.final_loss},
-                               {"train_accuracy", res.summary.train_accuracy},
-                               {"test_accuracy", has_test ? nlohmann::ordered_json(res.summary.test_accuracy)
-                                                          : nlohmann::ordered_json(nullptr)},
-                               {"seconds", res.summary.seconds}};
-      if (res.resumed_from >= 0) j["resumed_from_step"] = res.resumed_from;
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      if (res.resumed_from >= 0) {
-        std::printf("resumed %s from its checkpoint at step %lld\n", r.out.c_str(),
-                    static_cast<long long>(res.resumed_from));
-      }
-      std::printf("trained %s on %s (%lld train / %lld test points) with %s, %lld steps in %.1f s\n",
-                  m.model_spec.c_str(), m.data.spec.c_str(), static_cast<long long>(m.num_train),
-                  static_cast<long long>(m.num_test), opt.c_str(), static_cast<long long>(m.steps),
-                  res.summary.seconds);
-      if (has_test) {
-        std::printf("  final batch loss %.4f, train accuracy %.4f, test accuracy %.4f\n",
-                    res.summary.final_loss, res.summary.train_accuracy, res.summary.test_accuracy);
-      } else {
-        std::printf("  final batch loss %.4f, train accuracy %.4f; no test points (the data's test split is empty)\n",
-                    res.summary.final_loss, res.summary.train_accuracy);
-      }
-      std::printf("  %lld parameters, %zu checkpoints, path data %.2f MB\n",
-                  static_cast<long long>(m.parameter_count), m.checkpoints.size(), m.path_bytes() / 1e6);
-      std::printf("  run directory: %s\n", r.out.c_str());
+    nlohmann::ordered_json j{{"run", r.out},
+                             {"steps", m.steps},
+                             {"parameters", m.parameter_count},
+                             {"final_batch_loss", res.summary.final_loss},
+                             {"train_accuracy", res.summary.train_accuracy},
+                             {"test_accuracy", has_test ? nlohmann::ordered_json(res.summary.test_accuracy)
+                                                        : nlohmann::ordered_json(nullptr)},
+                             {"seconds", res.summary.seconds}};
+    if (res.resumed_from >= 0) j["resumed_from_step"] = res.resumed_from;
+    std::string text;
+    if (res.resumed_from >= 0) {
+      text += format_text("resumed %s from its checkpoint at step %lld\n", r.out.c_str(), static_cast<long long>(res.resumed_from));
     }
+    text += format_text("trained %s on %s (%lld train / %lld test points) with %s, %lld steps in %.1f s\n", m.model_spec.c_str(),
+        m.data.spec.c_str(), static_cast<long long>(m.num_train), static_cast<long long>(m.num_test), opt.c_str(),
+        static_cast<long long>(m.steps), res.summary.seconds);
+    if (has_test) {
+      text += format_text("  final batch loss %.4f, train accuracy %.4f, test accuracy %.4f\n", res.summary.final_loss,
+          res.summary.train_accuracy, res.summary.test_accuracy);
+    } else {
+      text += format_text("  final batch loss %.4f, train accuracy %.4f; no test points (the data's test split is empty)\n",
+          res.summary.final_loss, res.summary.train_accuracy);
+    }
+    text += format_text("  %lld parameters, %zu checkpoints, path data %.2f MB\n", static_cast<long long>(m.parameter_count),
+        m.checkpoints.size(), m.path_bytes() / 1e6);
+    text += format_text("  run directory: %s", r.out.c_str());
+    globals.print(j, text);
   });
 }
 
