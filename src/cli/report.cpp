@@ -58,6 +58,9 @@ void add_report_command(CLI::App& app, Globals& globals) {
                      def.string().c_str(), args->run.c_str());
       }
     } else {
+      PK_CHECK(std::filesystem::is_directory(args->explain),
+               "--explain '" << args->explain << "' does not exist: run 'pathkernel explain " << args->run << " --out "
+                             << args->explain << "' first, or leave out --explain");
       options.explain_dir = args->explain;
     }
     const std::string out =

@@ -1,5 +1,6 @@
 // `pathkernel train`: train a model and record its path in a run directory.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -8,6 +9,7 @@
 #include "pathkernel/context.h"
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "pathkernel/manifest.h"
 #include "pathkernel/optimizer.h"
 #include "pathkernel/run.h"
 
@@ -58,6 +60,17 @@ void check_conflicts(CLI::App& cmd, const TrainArgs& a) {
              flag << " applies to --optimizer adam or adamw (got --optimizer " << opt << ")");
   }
   PK_CHECK(!(cmd.count("--steps") && cmd.count("--epochs")), "give --steps or --epochs, not both");
+  PK_CHECK(a.run.force || !std::filesystem::is_directory(a.run.out) || std::filesystem::is_empty(a.run.out),
+           "run directory '" << a.run.out << "' already exists; use --force to overwrite it");
+}
+
+/// A resumed run keeps its thread count; --threads may only repeat it.
+void check_resume_threads(const std::string& run_dir, int threads) {
+  if (threads == 0 || !std::filesystem::exists(std::filesystem::path(run_dir) / "manifest.json")) return;
+  const int trained = Manifest::load(run_dir).threads;
+  PK_CHECK(threads == trained, "--threads " << threads << " conflicts with --resume: run '" << run_dir
+                                            << "' was trained with " << trained
+                                            << " threads, and a resumed run uses the same count (drop --threads)");
 }
 }  // namespace
 
@@ -84,10 +97,12 @@ void add_train_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--lr", args->lr, "Learning rate (default: 0.1; 0.001 for adam and adamw)");
   cmd->add_option("--schedule", r.train.schedule, "Learning-rate schedule: constant, step[:EVERY[:GAMMA]], cosine, linear, warmup[:STEPS]")
       ->capture_default_str();
-  auto* steps = cmd->add_option("--steps", r.train.steps, "Number of optimisation steps");
+  auto* steps = cmd->add_option("--steps", r.train.steps, "Number of optimisation steps")->check(CLI::PositiveNumber);
   cmd->add_option("--epochs", r.train.epochs, "Number of epochs (default: 1 when --steps is not given)")
+      ->check(CLI::PositiveNumber)
       ->excludes(steps);
-  cmd->add_option("--batch", r.train.batch, "Minibatch size; 0 = full batch (default: 100; full for gd)");
+  cmd->add_option("--batch", r.train.batch, "Minibatch size; 0 = full batch (default: 100; full for gd)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--momentum", r.train.optimizer.momentum, "Momentum (momentum, nesterov)")
       ->capture_default_str();
   cmd->add_option("--dampening", r.train.optimizer.dampening, "Dampening (momentum)")->capture_default_str();
@@ -99,7 +114,8 @@ void add_train_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--eps", r.train.optimizer.eps, "Adam epsilon")->capture_default_str();
   cmd->add_option("--seed", r.seed, "Seed of initialisation and batch order")->capture_default_str();
   cmd->add_option("--checkpoint-every", r.checkpoint_every,
-                  "Store a full checkpoint every k steps (default: about sqrt(steps))");
+                  "Store a full checkpoint every k steps (default: about sqrt(steps))")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--out", r.out, "Run directory to create (required unless --resume)");
   cmd->add_option("--resume", args->resume,
                   "Continue the interrupted run RUN from its last complete checkpoint, with the options "
@@ -112,6 +128,7 @@ void add_train_command(CLI::App& app, Globals& globals) {
     RunResult res;
     if (!args->resume.empty()) {
       r.out = args->resume;
+      check_resume_threads(args->resume, globals.threads);
       res = resume_run(args->resume, !globals.quiet, globals.threads);
     } else {
       globals.apply();

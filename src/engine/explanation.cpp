@@ -165,8 +165,8 @@ ExplainOutput read_explain_output(const std::string& dir, const Manifest& m) {
   using json = nlohmann::json;
   ExplainOutput e;
   PK_CHECK(fs::is_directory(dir), "explain directory '" << dir
-                                                        << "' does not exist: run 'pathkernel explain RUN --out " << dir
-                                                        << "' first, or leave out --explain");
+                                                        << "' does not exist: expected the directory explain() writes "
+                                                        << "('pathkernel explain')");
   const std::string jpath = (fs::path(dir) / "explain.json").string();
   PK_CHECK(fs::exists(jpath),
            "explain directory '" << dir << "' has no explain.json: was it written by 'pathkernel explain'?");

@@ -38,9 +38,9 @@ double recorded_loss(const std::string& run_dir, const Manifest& m, int64_t step
 }  // namespace
 
 RunResult train_run(const RunOptions& options) {
-  PK_CHECK(!options.out.empty(), "no run directory given (--out)");
+  PK_CHECK(!options.out.empty(), "no run directory given (RunOptions::out is empty)");
   PK_CHECK(options.checkpoint_every >= 0,
-           "--checkpoint-every must be >= 1 (got " << options.checkpoint_every << ")");
+           "checkpoint spacing must be >= 1, or 0 for about sqrt(steps) (got " << options.checkpoint_every << ")");
   Dataset data = load_dataset(options.data);
   const int64_t m = data.x_train.size(0);
   options.train.validate(m);
@@ -122,8 +122,8 @@ RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
   Manifest m = Manifest::load(run_dir);
   // The run's own thread count: GEMM rounding can depend on it.
   PK_CHECK(threads == 0 || threads == m.threads,
-           "--threads " << threads << " conflicts with --resume: run '" << run_dir << "' was trained with "
-                        << m.threads << " threads, and a resumed run uses the same count (drop --threads)");
+           "cannot resume '" << run_dir << "' with " << threads << " threads: it was trained with " << m.threads
+                             << " threads, and a resumed run uses the same count");
   PK_CHECK(m.status != "complete",
            "cannot resume '" << run_dir << "': the run is complete (" << m.steps << " steps); nothing to do");
   PK_CHECK(m.status == "running", "cannot resume '" << run_dir << "': its status is '" << m.status << "' ("

@@ -29,15 +29,15 @@ int64_t default_checkpoint_every(int64_t steps) {
 RunWriter::RunWriter(std::string run_dir, Manifest base, bool force)
     : dir_(std::move(run_dir)), manifest_(std::move(base)) {
   PK_CHECK(manifest_.checkpoint_every >= 1,
-           "--checkpoint-every must be >= 1 (got " << manifest_.checkpoint_every << ")");
+           "checkpoint spacing must be >= 1 (got " << manifest_.checkpoint_every << ")");
   if (fs::exists(dir_)) {
     PK_CHECK(fs::is_directory(dir_), "run path '" << dir_ << "' exists and is not a directory");
     bool empty = fs::is_empty(dir_);
     if (!empty) {
-      PK_CHECK(force, "run directory '" << dir_ << "' already exists; use --force to overwrite it");
+      PK_CHECK(force, "run directory '" << dir_ << "' already exists; overwrite it only when forced");
       PK_CHECK(fs::exists(fs::path(dir_) / "manifest.json"),
                "run directory '" << dir_ << "' is not empty and holds no manifest.json, so it is not "
-                                 << "a pathkernel run; refusing to delete it even with --force");
+                                 << "a pathkernel run; refusing to delete it even when forced");
       fs::remove_all(dir_);
     }
   }

@@ -74,7 +74,8 @@ json input_view(const Manifest& m, const torch::Tensor& x) {
 
 nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& options) {
   PK_CHECK(options.test_points >= 1, "the report needs at least one test point (got " << options.test_points << ")");
-  PK_CHECK(options.tracked >= 1, "--top must be >= 1 (got " << options.tracked << ")");
+  PK_CHECK(options.tracked >= 1, "the report needs at least one tracked proponent or opponent per side (got "
+                                      << options.tracked << ")");
   const Manifest& m = reader.manifest();
   const Dataset& data = reader.dataset();
   const int64_t K = m.num_classes, N = m.steps;

@@ -77,10 +77,12 @@ void TrainOptions::validate(int64_t num_train) const {
   PK_CHECK(num_train >= 1, "training set is empty");
   PK_CHECK(batch >= 0, "batch size must be >= 1, or 0 for the full batch (got " << batch << ")");
   PK_CHECK(!(is_full_batch(optimizer.name) && batch != 0 && batch < num_train),
-           "optimizer 'gd' uses the full batch; got --batch " << batch << " (use --optimizer sgd)");
-  PK_CHECK((steps == -1) != (epochs == -1), "give exactly one of --steps and --epochs");
-  if (steps != -1) PK_CHECK(steps >= 1, "--steps must be >= 1 (got " << steps << ")");
-  if (epochs != -1) PK_CHECK(epochs >= 1, "--epochs must be >= 1 (got " << epochs << ")");
+           "optimizer 'gd' uses the full batch; got batch size " << batch << " of " << num_train
+                 << " training points (use optimizer 'sgd' for minibatches)");
+  PK_CHECK((steps == -1) != (epochs == -1), "give exactly one of a step count and an epoch count (got steps "
+                                                    << steps << ", epochs " << epochs << "; -1 is unset)");
+  if (steps != -1) PK_CHECK(steps >= 1, "the number of steps must be >= 1 (got " << steps << ")");
+  if (epochs != -1) PK_CHECK(epochs >= 1, "the number of epochs must be >= 1 (got " << epochs << ")");
   PK_CHECK(divergence_factor > 1, "divergence factor must be > 1 (got " << divergence_factor << ")");
   learning_rate_schedule(schedule, optimizer.lr, 1);  // checks the name
 }
@@ -179,7 +181,7 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
       std::ostringstream msg;
       msg << "training diverged at step " << s << ": loss " << r.loss << " (first loss "
           << first_loss << ", limit " << options.divergence_factor << " x max(1, first loss))"
-          << "; try a smaller --lr (got " << options.optimizer.lr << ")";
+          << "; try a smaller learning rate (got " << options.optimizer.lr << ")";
       bar.finish("diverged");
       observer.on_stop(s, "diverged", msg.str(), net, *optimizer);
       throw Error(msg.str() + "; the run is kept, valid up to step " + std::to_string(s));

@@ -132,7 +132,7 @@ TEST(Train, DivergenceStopsWithAClearErrorAndReportsTheLastGoodStep) {
     FAIL() << "no divergence error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("diverged at step"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("smaller --lr"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("smaller learning rate"), std::string::npos) << e.what();
   }
   EXPECT_EQ(rec.status, "diverged");
   EXPECT_GE(rec.stopped_at, 1);
@@ -207,8 +207,8 @@ TEST(TrainOptions, RejectsBadOptions) {
       {[](TrainOptions& t) { t.optimizer.lr = -0.1; }, "learning rate must be > 0 (got -0.1)"},
       {[](TrainOptions& t) { t.optimizer.name = "lbfgs"; }, "unknown optimizer 'lbfgs'"},
       {[](TrainOptions& t) { t.optimizer.name = "gd"; t.batch = 10; }, "uses the full batch"},
-      {[](TrainOptions& t) { t.steps = 0; }, "--steps must be >= 1"},
-      {[](TrainOptions& t) { t.epochs = 2; }, "exactly one of --steps and --epochs"},
+      {[](TrainOptions& t) { t.steps = 0; }, "the number of steps must be >= 1"},
+      {[](TrainOptions& t) { t.epochs = 2; }, "exactly one of a step count and an epoch count"},
       {[](TrainOptions& t) { t.batch = -2; }, "batch size must be >= 1"},
       {[](TrainOptions& t) { t.optimizer.name = "momentum"; t.optimizer.momentum = 1.5; }, "momentum must be in (0, 1)"},
       {[](TrainOptions& t) { t.optimizer.name = "adam"; t.optimizer.beta2 = 1; }, "beta2 must be in [0, 1)"},
