@@ -26,7 +26,6 @@ struct TrainArgs {
   RunOptions run;
   std::string dtype = "float64";
   std::string output = "logsoftmax";
-  double lr = 0;
   std::string resume;  ///< run directory to continue; every other option comes from its manifest
 };
 
@@ -49,14 +48,14 @@ void check_conflicts(CLI::App& cmd, const TrainArgs& a) {
   PK_CHECK(cmd.count("--data") == 1, "--data is required (or --resume RUN to continue an interrupted run)");
   PK_CHECK(cmd.count("--out") == 1, "--out is required (or --resume RUN to continue an interrupted run)");
   const std::string& opt = a.run.train.optimizer.name;
-  bool momentum_family = opt == "momentum" || opt == "nesterov";
-  bool adam_family = opt == "adam" || opt == "adamw";
+  const OptimizerTraits& kind = a.run.train.optimizer.traits();
+  PK_CHECK(cmd.count("--lr") == 0 || a.run.train.optimizer.lr != 0, "--lr must be > 0 (got 0)");
   for (const char* flag : {"--momentum", "--dampening"}) {
-    PK_CHECK(cmd.count(flag) == 0 || momentum_family,
+    PK_CHECK(cmd.count(flag) == 0 || kind.momentum_family,
              flag << " applies to --optimizer momentum or nesterov (got --optimizer " << opt << ")");
   }
   for (const char* flag : {"--beta1", "--beta2", "--eps"}) {
-    PK_CHECK(cmd.count(flag) == 0 || adam_family,
+    PK_CHECK(cmd.count(flag) == 0 || kind.adam_family,
              flag << " applies to --optimizer adam or adamw (got --optimizer " << opt << ")");
   }
   PK_CHECK(!(cmd.count("--steps") && cmd.count("--epochs")), "give --steps or --epochs, not both");
@@ -94,7 +93,7 @@ void add_train_command(CLI::App& app, Globals& globals) {
       ->capture_default_str();
   cmd->add_option("--optimizer", r.train.optimizer.name, "Optimizer: " + joined(optimizer_names()))
       ->capture_default_str();
-  cmd->add_option("--lr", args->lr, "Learning rate (default: 0.1; 0.001 for adam and adamw)");
+  cmd->add_option("--lr", r.train.optimizer.lr, "Learning rate (default: 0.1; 0.001 for adam and adamw)");
   cmd->add_option("--schedule", r.train.schedule, "Learning-rate schedule: constant, step[:EVERY[:GAMMA]], cosine, linear, warmup[:STEPS]")
       ->capture_default_str();
   auto* steps = cmd->add_option("--steps", r.train.steps, "Number of optimisation steps")->check(CLI::PositiveNumber);
@@ -132,12 +131,8 @@ void add_train_command(CLI::App& app, Globals& globals) {
       res = resume_run(args->resume, !globals.quiet, globals.threads);
     } else {
       globals.apply();
-      const std::string& opt = r.train.optimizer.name;
       r.data.dtype = parse_dtype(args->dtype);
       r.output = parse_output_map(args->output);
-      r.train.optimizer.lr = cmd->count("--lr") ? args->lr : (opt == "adam" || opt == "adamw" ? 1e-3 : 0.1);
-      if (!cmd->count("--batch")) r.train.batch = opt == "gd" ? 0 : 100;
-      if (r.train.steps == -1 && r.train.epochs == -1) r.train.epochs = 1;
       r.train.seed = r.seed;
       r.train.progress = !globals.quiet;
       res = train_run(r);

@@ -91,7 +91,7 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
   e.test_index = test_index;
   DecompositionOptions dopt = options.decomposition;
   // The summed kernel is the ensemble form of gd and sgd runs.
-  const bool kernel_form = m.optimizer.name == "gd" || m.optimizer.name == "sgd";
+  const bool kernel_form = !m.optimizer.traits().has_buffer;
   const double kernel_bytes = 8.0 * static_cast<double>(test_index.size(0)) * static_cast<double>(m.num_train) *
                               static_cast<double>(m.num_classes * m.num_classes);
   dopt.kernel = options.kernel == KernelOutput::On ||

@@ -37,7 +37,9 @@ double recorded_loss(const std::string& run_dir, const Manifest& m, int64_t step
 
 }  // namespace
 
-RunResult train_run(const RunOptions& options) {
+RunResult train_run(const RunOptions& given) {
+  RunOptions options = given;
+  options.train = given.train.resolved();
   PK_CHECK(!options.out.empty(), "no run directory given (RunOptions::out is empty)");
   PK_CHECK(options.checkpoint_every >= 0,
            "checkpoint spacing must be >= 1, or 0 for about sqrt(steps) (got " << options.checkpoint_every << ")");
