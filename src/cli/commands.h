@@ -108,6 +108,10 @@ struct KernelPointArgs {
   torch::Tensor test_indices(const torch::Tensor& y_test) const { return test.indices(y_test, 100, true); }
 };
 
+/// The resume tests' fault injection: installs a WriteHook that stops the
+/// process inside the write PATHKERNEL_TEST_PAUSE_IN_WRITE names (test_hook.cpp).
+void install_test_write_hook();
+
 /// Parses argv and runs the chosen subcommand. Returns the exit status.
 /// User errors propagate as pathkernel::Error.
 int run(int argc, char** argv);
