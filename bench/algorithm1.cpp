@@ -30,7 +30,7 @@ torch::Tensor jacobian(Network& net, const torch::Tensor& x) {
 
 Algorithm1Result algorithm1(PathReader& reader, const torch::Tensor& x_in, int T) {
   const Manifest& m = reader.manifest();
-  PK_CHECK(m.optimizer.name == "gd" || m.optimizer.name == "sgd",
+  PK_CHECK(!m.optimizer.traits().has_buffer,
            "Algorithm 1 covers gd and sgd runs (got '" << m.optimizer.name << "')");
   PK_CHECK(T >= 1, "Algorithm 1 needs T >= 1 Riemann nodes (got " << T << ")");
   auto t0 = std::chrono::steady_clock::now();

@@ -4,7 +4,9 @@
 // interrupted run never leaves a half-written file under its final name.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace pathkernel {
@@ -13,12 +15,26 @@ namespace pathkernel {
 /// `path.tmp.PID` is written, flushed and renamed over `path`. Throws Error
 /// naming `path` and the reason on any I/O failure (disk full, permissions),
 /// after removing the temporary file; the previous `path` is then unchanged.
-///
-/// Test hook: with PATHKERNEL_TEST_PAUSE_IN_WRITE=SUBSTRING[@N] in the
-/// environment, the N-th (default first) write whose path contains SUBSTRING
-/// stops the process (SIGSTOP) halfway through its temporary file, so a test
-/// can kill it in the middle of a write.
+/// With a WriteHook installed, the write reports to it.
 void write_file_atomic(const std::string& path, const std::string& bytes);
+
+/// Observes atomic writes, for fault-injection tests (a test stops the
+/// process inside a write and kills it there). Not installed by default.
+class WriteHook {
+ public:
+  virtual ~WriteHook() = default;
+  /// How many of the `size` bytes of the write to `path` go into its
+  /// temporary file before at_split() is called (size: no split).
+  virtual size_t split(const std::string& /*path*/, size_t size) { return size; }
+  /// The temporary file holds split() bytes, flushed; the rest follows.
+  virtual void at_split(const std::string& /*path*/) {}
+  /// The write to `path` is complete: renamed into place and made durable.
+  virtual void after_rename(const std::string& /*path*/) {}
+};
+
+/// Installs `hook` for every later write_file_atomic in the process
+/// (nullptr: none). Not thread-safe against concurrent writes.
+void set_write_hook(std::shared_ptr<WriteHook> hook);
 
 /// Reads a whole file. Throws Error naming the path if it cannot be read.
 std::string read_file(const std::string& path);

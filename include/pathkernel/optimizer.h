@@ -15,11 +15,32 @@
 
 namespace pathkernel {
 
+/// The optimizers users pick by name, parsed once at the edge
+/// (parse_optimizer_kind) and described by one traits table.
+enum class OptimizerKind { Gd, Sgd, Momentum, Nesterov, Adam, AdamW };
+
+struct OptimizerTraits {
+  OptimizerKind kind;
+  const char* name;      ///< as in manifests and on the command line, e.g. "adamw"
+  bool full_batch;       ///< uses the whole training set at every step (gd)
+  bool has_buffer;       ///< carries a buffer across steps (momentum's, or Adam's moments)
+  bool momentum_family;  ///< momentum, nesterov: `momentum` and `dampening` apply
+  bool adam_family;      ///< adam, adamw: `beta1`, `beta2` and `eps` apply
+  double default_lr;     ///< the learning rate when none is given
+};
+
+/// Every kind's traits, in the order of optimizer_names().
+const std::vector<OptimizerTraits>& optimizer_kinds();
+/// The traits of `kind`.
+const OptimizerTraits& optimizer_traits(OptimizerKind kind);
+/// Parses a name; throws Error listing the valid names.
+OptimizerKind parse_optimizer_kind(const std::string& name);
+
 /// Optimizer hyper-parameters (PyTorch conventions). Fields that do not apply
 /// to the chosen optimizer are ignored and not recorded.
 struct OptimizerOptions {
-  std::string name = "sgd";
-  double lr = 0.1;
+  std::string name = "sgd";  ///< the kind's name, kept as written for the manifest
+  double lr = 0;             ///< 0: the kind's default_lr (0.1; 1e-3 for adam and adamw)
   double momentum = 0.9;     ///< momentum, nesterov
   double dampening = 0.0;    ///< momentum
   double weight_decay = 0.0; ///< L2 (coupled) for gd/sgd/momentum/nesterov/adam; decoupled for adamw
@@ -27,7 +48,12 @@ struct OptimizerOptions {
   double beta2 = 0.999;      ///< adam, adamw
   double eps = 1e-8;         ///< adam, adamw
 
-  /// Checks ranges and the name; throws Error naming the bad value.
+  /// The kind `name` names; throws Error listing the valid names.
+  OptimizerKind kind() const { return parse_optimizer_kind(name); }
+  const OptimizerTraits& traits() const { return optimizer_traits(kind()); }
+  /// These options with the defaults filled in (lr).
+  OptimizerOptions resolved() const;
+  /// Checks ranges and the name of resolved(); throws Error naming the bad value.
   void validate() const;
   /// The fields that apply to `name`, for the manifest.
   nlohmann::ordered_json to_json() const;
@@ -36,10 +62,7 @@ struct OptimizerOptions {
 
 std::vector<std::string> optimizer_names();
 
-/// Whether the optimizer uses the whole training set at every step.
-bool is_full_batch(const std::string& name);
-
-/// Creates the LibTorch optimizer over `params`.
+/// Creates the LibTorch optimizer over `params` (with the defaults filled in).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& options,
                                                         const std::vector<torch::Tensor>& params);
 

@@ -5,7 +5,7 @@
 //   checkpoints/w_SSSSSSSS.npy    w_s, float64 [P], every `checkpoint_every` steps and at N
 //   optimizer/NAME_SSSSSSSS.npy   optimizer buffers at those steps, float64 [P]
 //   batches/b_SSSSSSSS.npy        int32 [steps, max batch] indices of each segment's steps
-//   metrics.csv                   step,lr,loss,batch_accuracy
+//   metrics.csv                   step,lr,loss,batch_accuracy (metrics_csv.h)
 //   model.pt                      a TorchScript model's module, copied (see add_module)
 // Every file is written atomically, and the manifest last, so a run
 // interrupted at any moment reads as valid up to its last checkpoint, and
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pathkernel/manifest.h"
+#include "pathkernel/metrics_csv.h"
 #include "pathkernel/trainer.h"
 
 namespace pathkernel {
@@ -66,7 +67,7 @@ class RunWriter : public TrainingObserver {
   Manifest manifest_;
   int64_t segment_start_ = 0;
   std::vector<torch::Tensor> pending_batches_;
-  std::string metrics_;
+  std::vector<MetricsRow> metrics_;
 };
 
 }  // namespace pathkernel

@@ -34,8 +34,8 @@ std::vector<double> learning_rate_schedule(const std::string& schedule, double l
 struct TrainOptions {
   OptimizerOptions optimizer;
   int64_t steps = -1;      ///< number of steps; -1: derive from epochs
-  int64_t epochs = -1;     ///< used when steps == -1
-  int64_t batch = 0;       ///< minibatch size; 0: the whole training set
+  int64_t epochs = -1;     ///< used when steps == -1; both -1: one epoch
+  int64_t batch = -1;      ///< minibatch size; 0: the whole training set; -1: 100, or the whole set for gd
   uint64_t seed = 0;       ///< batch sampling seed
   std::string schedule = "constant";
   /// Training stops with an error when the loss is not finite or exceeds
@@ -43,9 +43,12 @@ struct TrainOptions {
   double divergence_factor = 1e3;
   bool progress = true;    ///< progress bar on stderr
 
-  /// Checks ranges and conflicts; `num_train` is M. Throws Error.
+  /// These options with the defaults filled in: the optimizer's learning
+  /// rate, the batch size and one epoch when neither steps nor epochs is set.
+  TrainOptions resolved() const;
+  /// Checks ranges and conflicts of resolved(); `num_train` is M. Throws Error.
   void validate(int64_t num_train) const;
-  /// The number of steps these options mean for M training points.
+  /// The number of steps resolved() means for M training points.
   int64_t total_steps(int64_t num_train) const;
 };
 

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -24,30 +25,27 @@ void add_check_path_command(CLI::App& app, Globals& globals) {
     PathReader reader(args->run);
     ReplayReport r = reader.check(!globals.quiet);
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (globals.json) {
-      nlohmann::ordered_json j{{"run", args->run},
-                               {"steps", reader.steps()},
-                               {"steps_replayed", r.steps_replayed},
-                               {"checkpoints_compared", r.checkpoints_compared},
-                               {"mismatches", r.mismatches},
-                               {"first_mismatch_step", r.first_mismatch_step},
-                               {"max_abs_diff", r.max_abs_diff},
-                               {"bitwise_equal", r.bitwise_equal},
-                               {"environment_differences", r.environment_differences},
-                               {"seconds", seconds}};
-      std::printf("%s\n", j.dump().c_str());
-    } else if (r.bitwise_equal) {
-      std::printf("replayed %lld steps; all %lld checkpoints reproduced bit for bit (%.1f s)\n",
-                  static_cast<long long>(r.steps_replayed), static_cast<long long>(r.checkpoints_compared),
-                  seconds);
-    } else {
-      std::printf("replayed %lld steps; %lld of %lld checkpoints differ, first at step %lld, "
-                  "max |diff| %.3g\n",
-                  static_cast<long long>(r.steps_replayed), static_cast<long long>(r.mismatches),
-                  static_cast<long long>(r.checkpoints_compared),
-                  static_cast<long long>(r.first_mismatch_step), r.max_abs_diff);
-      std::printf("%s\n", replay_mismatch_reason(reader.manifest(), r.environment_differences).c_str());
-    }
+    const nlohmann::ordered_json j{{"run", args->run},
+                                   {"steps", reader.steps()},
+                                   {"steps_replayed", r.steps_replayed},
+                                   {"checkpoints_compared", r.checkpoints_compared},
+                                   {"mismatches", r.mismatches},
+                                   {"first_mismatch_step", r.first_mismatch_step},
+                                   {"max_abs_diff", r.max_abs_diff},
+                                   {"bitwise_equal", r.bitwise_equal},
+                                   {"environment_differences", r.environment_differences},
+                                   {"seconds", seconds}};
+    const std::string text =
+        r.bitwise_equal
+            ? format_text("replayed %lld steps; all %lld checkpoints reproduced bit for bit (%.1f s)",
+                          static_cast<long long>(r.steps_replayed), static_cast<long long>(r.checkpoints_compared),
+                          seconds)
+            : format_text("replayed %lld steps; %lld of %lld checkpoints differ, first at step %lld, max |diff| %.3g\n",
+                          static_cast<long long>(r.steps_replayed), static_cast<long long>(r.mismatches),
+                          static_cast<long long>(r.checkpoints_compared),
+                          static_cast<long long>(r.first_mismatch_step), r.max_abs_diff) +
+                  replay_mismatch_reason(reader.manifest(), r.environment_differences);
+    globals.print(j, text);
     if (!r.bitwise_equal) globals.exit_status = 1;
   });
 }

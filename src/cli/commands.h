@@ -2,6 +2,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -36,15 +38,34 @@ void add_compare_command(CLI::App& app, Globals& globals);
 void add_experiment_command(CLI::App& app, Globals& globals);
 void add_report_command(CLI::App& app, Globals& globals);
 
+/// printf into a string.
+std::string format_text(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
+/// Declares `old_name` on cmd as a deprecated spelling of `replacement`,
+/// storing into `target`: using it prints a one-line note on stderr.
+CLI::Option* add_deprecated_option(CLI::App* cmd, const std::string& old_name, int64_t& target,
+                                   const std::string& replacement);
+
 /// The test points of every command that takes them, declared once:
-/// --test N (the first N), --test-index LIST or --test-file PATH.
+/// --test N (the first N), --test-balanced N (a class-balanced subset),
+/// --test-index LIST or --test-file PATH, and --subset-seed.
 struct TestPointArgs {
   TestPointSelection selection;
-  /// Declares the three options on cmd, mutually exclusive; `what` says
-  /// what the points are for in the help text.
+  /// Declares the four options on cmd, mutually exclusive, and --subset-seed;
+  /// `what` says what the points are for in the help text.
   void add_to(CLI::App* cmd, const std::string& what);
-  /// The chosen indices, int64 [n]; none given: the first `default_count`.
-  torch::Tensor indices(int64_t n_test, int64_t default_count) const { return selection.resolve(n_test, default_count); }
+  /// Declares `old_name` as a deprecated spelling of --test-balanced N
+  /// (after add_to).
+  void add_deprecated_balanced(CLI::App* cmd, const std::string& old_name);
+  /// The chosen indices, int64 [n], of a test set with labels int64 [n_test];
+  /// none given: the first `default_count`, or a class-balanced subset of
+  /// that many with `default_balanced`.
+  torch::Tensor indices(const torch::Tensor& labels, int64_t default_count, bool default_balanced = false) const {
+    return selection.resolve(labels, default_count, default_balanced);
+  }
+
+ private:
+  std::vector<CLI::Option*> options_;
 };
 
 /// The quadrature options of the commands that decompose a run (verify,
@@ -75,16 +96,21 @@ struct KernelArgs {
 };
 
 /// The point sets of the kernel-method commands (gp, refit, compare): a
-/// class-balanced subset of the training points and of the test points.
+/// class-balanced subset of the training points, and the test points
+/// (default: a class-balanced subset of 100).
 struct KernelPointArgs {
-  int64_t train_count = 200, test_count = 100;
-  uint64_t seed = 0;
-  /// Declares --train-count, --test-count and --subset-seed on cmd.
+  int64_t train_count = 200;
+  TestPointArgs test;
+  /// Declares --train-count, the test points and the deprecated --test-count on cmd.
   void add_to(CLI::App* cmd);
-  /// The chosen indices into the training and test sets (sorted, int64).
+  /// The chosen indices into the training and test sets (int64).
   torch::Tensor train_indices(const torch::Tensor& y_train) const;
-  torch::Tensor test_indices(const torch::Tensor& y_test) const;
+  torch::Tensor test_indices(const torch::Tensor& y_test) const { return test.indices(y_test, 100, true); }
 };
+
+/// The resume tests' fault injection: installs a WriteHook that stops the
+/// process inside the write PATHKERNEL_TEST_PAUSE_IN_WRITE names (test_hook.cpp).
+void install_test_write_hook();
 
 /// Parses argv and runs the chosen subcommand. Returns the exit status.
 /// User errors propagate as pathkernel::Error.

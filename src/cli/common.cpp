@@ -1,5 +1,6 @@
 // Options shared by the commands that decompose a run.
 #include <algorithm>
+#include <cstdarg>
 #include <cstdio>
 
 #include "commands.h"
@@ -35,13 +36,46 @@ DecompositionOptions QuadratureArgs::options() const {
   return options;
 }
 
+std::string format_text(const char* format, ...) {
+  va_list args, copy;
+  va_start(args, format);
+  va_copy(copy, args);
+  const int n = std::vsnprintf(nullptr, 0, format, copy);
+  va_end(copy);
+  std::string text(static_cast<size_t>(std::max(n, 0)) + 1, '\0');
+  std::vsnprintf(text.data(), text.size(), format, args);
+  va_end(args);
+  text.pop_back();
+  return text;
+}
+
+CLI::Option* add_deprecated_option(CLI::App* cmd, const std::string& old_name, int64_t& target,
+                                   const std::string& replacement) {
+  return cmd->add_option(old_name, target, "Deprecated: use " + replacement)
+      ->group("Deprecated")
+      ->each([old_name, replacement](const std::string&) {
+        std::fprintf(stderr, "pathkernel: %s is deprecated; use %s\n", old_name.c_str(), replacement.c_str());
+      });
+}
+
 void TestPointArgs::add_to(CLI::App* cmd, const std::string& what) {
-  auto* n = cmd->add_option("--test", selection.count, "The first N test points " + what)->check(CLI::PositiveNumber);
-  auto* list = cmd->add_option("--test-index", selection.indices, "Comma-separated test indices " + what + ", e.g. 0,5,17");
-  auto* file = cmd->add_option("--test-file", selection.file,
-                               "A file of test indices " + what + " (separated by commas, spaces or newlines)");
-  n->excludes(list)->excludes(file);
-  list->excludes(file);
+  options_ = {
+      cmd->add_option("--test", selection.count, "The first N test points " + what)->check(CLI::PositiveNumber),
+      cmd->add_option("--test-balanced", selection.balanced, "A class-balanced subset of N test points " + what)
+          ->check(CLI::PositiveNumber),
+      cmd->add_option("--test-index", selection.indices, "Comma-separated test indices " + what + ", e.g. 0,5,17"),
+      cmd->add_option("--test-file", selection.file,
+                      "A file of test indices " + what + " (separated by commas, spaces or newlines)")};
+  for (size_t i = 0; i < options_.size(); ++i) {
+    for (size_t j = i + 1; j < options_.size(); ++j) options_[i]->excludes(options_[j]);
+  }
+  cmd->add_option("--subset-seed", selection.seed, "Seed of the class-balanced subsets")->capture_default_str();
+}
+
+void TestPointArgs::add_deprecated_balanced(CLI::App* cmd, const std::string& old_name) {
+  CLI::Option* old = add_deprecated_option(cmd, old_name, selection.balanced, "--test-balanced N");
+  old->check(CLI::PositiveNumber);
+  for (CLI::Option* o : options_) old->excludes(o);
 }
 
 void KernelArgs::add_to(CLI::App* cmd, const Globals& g) {
@@ -70,18 +104,12 @@ void KernelPointArgs::add_to(CLI::App* cmd) {
   cmd->add_option("--train-count", train_count, "Training points the kernel methods use (class-balanced subset)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--test-count", test_count, "Test points to predict (class-balanced subset)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--subset-seed", seed, "Seed of the class-balanced subsets")->capture_default_str();
+  test.add_to(cmd, "to predict (default: a class-balanced subset of 100)");
+  test.add_deprecated_balanced(cmd, "--test-count");
 }
 
 torch::Tensor KernelPointArgs::train_indices(const torch::Tensor& y_train) const {
-  return balanced_subset(y_train, std::min(train_count, y_train.size(0)), seed);
-}
-
-torch::Tensor KernelPointArgs::test_indices(const torch::Tensor& y_test) const {
-  return balanced_subset(y_test, std::min(test_count, y_test.size(0)), seed);
+  return balanced_subset(y_train, std::min(train_count, y_train.size(0)), test.selection.seed);
 }
 
 }  // namespace pathkernel::cli

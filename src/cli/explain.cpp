@@ -73,7 +73,7 @@ void add_explain_command(CLI::App& app, Globals& globals) {
       std::fprintf(stderr, "pathkernel: %s%s\n", note.c_str(), kernel ? " (use --kernel on to force)" : "");
     };
     PathReader reader(args->run);
-    const torch::Tensor idx = args->points.indices(reader.dataset().x_test.size(0), 1);
+    const torch::Tensor idx = args->points.indices(reader.dataset().y_test, 1);
     const std::string out = args->out.empty() ? (std::filesystem::path(args->run) / "explain").string() : args->out;
     const Explanation e = explain(reader, idx, out, options);
     if (globals.json) {

@@ -1,5 +1,6 @@
 // `pathkernel gp`: Gaussian-process regression of the network's outputs on a
 // path kernel, at test points or on a 2-D grid.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -11,23 +12,12 @@
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 #include "pathkernel/gp.h"
+#include "pathkernel/grid.h"
 #include "pathkernel/npy.h"
 
 namespace pathkernel::cli {
 
 namespace {
-
-/// An N x N grid over the training inputs' bounding box, widened by 10% on
-/// each side: [N·N, 2], the first coordinate varying fastest.
-torch::Tensor grid_over(const torch::Tensor& x_train, int64_t n) {
-  const torch::Tensor x = x_train.flatten(1).to(torch::kFloat64);
-  PK_CHECK(x.size(1) == 2, "--grid needs 2-D inputs; this run's inputs have " << x.size(1) << " features");
-  torch::Tensor lo = std::get<0>(x.min(0)), hi = std::get<0>(x.max(0)), pad = 0.1 * (hi - lo);
-  torch::Tensor a = torch::linspace(lo[0].item<double>() - pad[0].item<double>(), hi[0].item<double>() + pad[0].item<double>(), n, torch::kFloat64);
-  torch::Tensor b = torch::linspace(lo[1].item<double>() - pad[1].item<double>(), hi[1].item<double>() + pad[1].item<double>(), n, torch::kFloat64);
-  auto mesh = torch::meshgrid({b, a}, "ij");
-  return torch::stack({mesh[1].flatten(), mesh[0].flatten()}, 1).view({n * n, 2});
-}
 
 /// The fraction of rows whose argmax agrees.
 double agreement(const torch::Tensor& a, const torch::Tensor& b) {
@@ -76,7 +66,10 @@ void add_gp_command(CLI::App& app, Globals& globals) {
     const bool on_grid = args->grid > 0;
     torch::Tensor test_idx, x_query;
     if (on_grid) {
-      x_query = grid_over(data.x_train, args->grid).view([&] {
+      const int64_t features = data.x_train.numel() / std::max<int64_t>(1, data.x_train.size(0));
+      PK_CHECK(features == 2, "--grid needs 2-D inputs; this run's inputs have " << features << " features");
+      // The training inputs' bounding box, widened by 10% on each side.
+      x_query = grid_2d(GridBounds::around(data.x_train, 0.1, 0.0), args->grid).points.view([&] {
         std::vector<int64_t> s = data.x_train.sizes().vec();
         s[0] = args->grid * args->grid;
         return s;

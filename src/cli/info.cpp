@@ -44,24 +44,23 @@ void add_info_command(CLI::App& app, Globals& globals) {
                              {"libtorch_version", m.libtorch_version},
                              {"pathkernel_version", m.pathkernel_version},
                              {"summary", m.summary}};
-    if (globals.json) {
-      std::printf("%s\n", j.dump().c_str());
-      return;
-    }
-    std::printf("run %s (%s)\n", args->run.c_str(), m.status.c_str());
-    if (!m.message.empty()) std::printf("  %s\n", m.message.c_str());
-    std::printf("  data      %s: %lld train / %lld test, %lld classes\n", m.data.spec.c_str(),
+    std::string text;
+    text += format_text("run %s (%s)\n", args->run.c_str(), m.status.c_str());
+    if (!m.message.empty()) text += format_text("  %s\n", m.message.c_str());
+    text += format_text("  data      %s: %lld train / %lld test, %lld classes\n", m.data.spec.c_str(),
                 static_cast<long long>(m.num_train), static_cast<long long>(m.num_test),
                 static_cast<long long>(m.num_classes));
-    std::printf("  model     %s, output %s, %s, %lld parameters\n", m.model_spec.c_str(),
+    text += format_text("  model     %s, output %s, %s, %lld parameters\n", m.model_spec.c_str(),
                 m.output.c_str(), m.dtype.c_str(), static_cast<long long>(m.parameter_count));
-    std::printf("  training  %s, batch %s, %lld steps\n", m.optimizer.to_json().dump().c_str(),
+    text += format_text("  training  %s, batch %s, %lld steps\n", m.optimizer.to_json().dump().c_str(),
                 m.batch_size == 0 ? "full" : std::to_string(m.batch_size).c_str(),
                 static_cast<long long>(m.steps));
-    std::printf("  path      %zu checkpoints (every %lld steps), %.2f MB; every step would be %.2f MB (%.1fx)\n",
+    text += format_text("  path      %zu checkpoints (every %lld steps), %.2f MB; every step would be %.2f MB (%.1fx)\n",
                 m.checkpoints.size(), static_cast<long long>(m.checkpoint_every), path / 1e6,
                 every_step / 1e6, path > 0 ? static_cast<double>(every_step) / path : 0.0);
-    if (!m.summary.empty()) std::printf("  summary   %s\n", m.summary.dump().c_str());
+    if (!m.summary.empty()) text += format_text("  summary   %s\n", m.summary.dump().c_str());
+    text.pop_back();  // print() ends the line
+    globals.print(j, text);
   });
 }
 

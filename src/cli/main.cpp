@@ -7,6 +7,9 @@
 
 int main(int argc, char** argv) {
   pathkernel::reexec_with_passive_openmp(argv);
+#ifdef PATHKERNEL_TEST_HOOKS
+  pathkernel::cli::install_test_write_hook();
+#endif
   try {
     return pathkernel::cli::run(argc, argv);
   } catch (const std::exception& e) {

@@ -27,9 +27,11 @@ void add_report_command(CLI::App& app, Globals& globals) {
                   "Test points of the kernel-vs-network plots (the explained ones first)")
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();
-  cmd->add_option("--top", args->report.tracked, "Proponents and opponents shown per side")
-      ->check(CLI::Range(1, 100))
-      ->capture_default_str();
+  auto* tracked = cmd->add_option("--tracked", args->report.tracked,
+                                  "Proponents and opponents shown per side, with their per-step curves")
+                      ->check(CLI::Range(1, 100))
+                      ->capture_default_str();
+  add_deprecated_option(cmd, "--top", args->report.tracked, "--tracked N")->check(CLI::Range(1, 100))->excludes(tracked);
   cmd->add_option("--gram-points", args->report.gram_points, "Training points in the Gram heatmap (0: none)")
       ->check(CLI::Range(0, 2000))
       ->capture_default_str();
@@ -56,6 +58,9 @@ void add_report_command(CLI::App& app, Globals& globals) {
                      def.string().c_str(), args->run.c_str());
       }
     } else {
+      PK_CHECK(std::filesystem::is_directory(args->explain),
+               "--explain '" << args->explain << "' does not exist: run 'pathkernel explain " << args->run << " --out "
+                             << args->explain << "' first, or leave out --explain");
       options.explain_dir = args->explain;
     }
     const std::string out =

@@ -1,5 +1,6 @@
 // `pathkernel train`: train a model and record its path in a run directory.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -8,6 +9,7 @@
 #include "pathkernel/context.h"
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "pathkernel/manifest.h"
 #include "pathkernel/optimizer.h"
 #include "pathkernel/run.h"
 
@@ -24,7 +26,6 @@ struct TrainArgs {
   RunOptions run;
   std::string dtype = "float64";
   std::string output = "logsoftmax";
-  double lr = 0;
   std::string resume;  ///< run directory to continue; every other option comes from its manifest
 };
 
@@ -47,17 +48,28 @@ void check_conflicts(CLI::App& cmd, const TrainArgs& a) {
   PK_CHECK(cmd.count("--data") == 1, "--data is required (or --resume RUN to continue an interrupted run)");
   PK_CHECK(cmd.count("--out") == 1, "--out is required (or --resume RUN to continue an interrupted run)");
   const std::string& opt = a.run.train.optimizer.name;
-  bool momentum_family = opt == "momentum" || opt == "nesterov";
-  bool adam_family = opt == "adam" || opt == "adamw";
+  const OptimizerTraits& kind = a.run.train.optimizer.traits();
+  PK_CHECK(cmd.count("--lr") == 0 || a.run.train.optimizer.lr != 0, "--lr must be > 0 (got 0)");
   for (const char* flag : {"--momentum", "--dampening"}) {
-    PK_CHECK(cmd.count(flag) == 0 || momentum_family,
+    PK_CHECK(cmd.count(flag) == 0 || kind.momentum_family,
              flag << " applies to --optimizer momentum or nesterov (got --optimizer " << opt << ")");
   }
   for (const char* flag : {"--beta1", "--beta2", "--eps"}) {
-    PK_CHECK(cmd.count(flag) == 0 || adam_family,
+    PK_CHECK(cmd.count(flag) == 0 || kind.adam_family,
              flag << " applies to --optimizer adam or adamw (got --optimizer " << opt << ")");
   }
   PK_CHECK(!(cmd.count("--steps") && cmd.count("--epochs")), "give --steps or --epochs, not both");
+  PK_CHECK(a.run.force || !std::filesystem::is_directory(a.run.out) || std::filesystem::is_empty(a.run.out),
+           "run directory '" << a.run.out << "' already exists; use --force to overwrite it");
+}
+
+/// A resumed run keeps its thread count; --threads may only repeat it.
+void check_resume_threads(const std::string& run_dir, int threads) {
+  if (threads == 0 || !std::filesystem::exists(std::filesystem::path(run_dir) / "manifest.json")) return;
+  const int trained = Manifest::load(run_dir).threads;
+  PK_CHECK(threads == trained, "--threads " << threads << " conflicts with --resume: run '" << run_dir
+                                            << "' was trained with " << trained
+                                            << " threads, and a resumed run uses the same count (drop --threads)");
 }
 }  // namespace
 
@@ -81,13 +93,15 @@ void add_train_command(CLI::App& app, Globals& globals) {
       ->capture_default_str();
   cmd->add_option("--optimizer", r.train.optimizer.name, "Optimizer: " + joined(optimizer_names()))
       ->capture_default_str();
-  cmd->add_option("--lr", args->lr, "Learning rate (default: 0.1; 0.001 for adam and adamw)");
+  cmd->add_option("--lr", r.train.optimizer.lr, "Learning rate (default: 0.1; 0.001 for adam and adamw)");
   cmd->add_option("--schedule", r.train.schedule, "Learning-rate schedule: constant, step[:EVERY[:GAMMA]], cosine, linear, warmup[:STEPS]")
       ->capture_default_str();
-  auto* steps = cmd->add_option("--steps", r.train.steps, "Number of optimisation steps");
+  auto* steps = cmd->add_option("--steps", r.train.steps, "Number of optimisation steps")->check(CLI::PositiveNumber);
   cmd->add_option("--epochs", r.train.epochs, "Number of epochs (default: 1 when --steps is not given)")
+      ->check(CLI::PositiveNumber)
       ->excludes(steps);
-  cmd->add_option("--batch", r.train.batch, "Minibatch size; 0 = full batch (default: 100; full for gd)");
+  cmd->add_option("--batch", r.train.batch, "Minibatch size; 0 = full batch (default: 100; full for gd)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--momentum", r.train.optimizer.momentum, "Momentum (momentum, nesterov)")
       ->capture_default_str();
   cmd->add_option("--dampening", r.train.optimizer.dampening, "Dampening (momentum)")->capture_default_str();
@@ -99,7 +113,8 @@ void add_train_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--eps", r.train.optimizer.eps, "Adam epsilon")->capture_default_str();
   cmd->add_option("--seed", r.seed, "Seed of initialisation and batch order")->capture_default_str();
   cmd->add_option("--checkpoint-every", r.checkpoint_every,
-                  "Store a full checkpoint every k steps (default: about sqrt(steps))");
+                  "Store a full checkpoint every k steps (default: about sqrt(steps))")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--out", r.out, "Run directory to create (required unless --resume)");
   cmd->add_option("--resume", args->resume,
                   "Continue the interrupted run RUN from its last complete checkpoint, with the options "
@@ -112,15 +127,12 @@ void add_train_command(CLI::App& app, Globals& globals) {
     RunResult res;
     if (!args->resume.empty()) {
       r.out = args->resume;
+      check_resume_threads(args->resume, globals.threads);
       res = resume_run(args->resume, !globals.quiet, globals.threads);
     } else {
       globals.apply();
-      const std::string& opt = r.train.optimizer.name;
       r.data.dtype = parse_dtype(args->dtype);
       r.output = parse_output_map(args->output);
-      r.train.optimizer.lr = cmd->count("--lr") ? args->lr : (opt == "adam" || opt == "adamw" ? 1e-3 : 0.1);
-      if (!cmd->count("--batch")) r.train.batch = opt == "gd" ? 0 : 100;
-      if (r.train.steps == -1 && r.train.epochs == -1) r.train.epochs = 1;
       r.train.seed = r.seed;
       r.train.progress = !globals.quiet;
       res = train_run(r);
@@ -129,37 +141,33 @@ void add_train_command(CLI::App& app, Globals& globals) {
     const Manifest& m = res.manifest;
     for (const std::string& w : res.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
     const bool has_test = m.num_test > 0;
-    if (globals.json) {
-      nlohmann::ordered_json j{{"run", r.out},
-                               {"steps", m.steps},
-                               {"parameters", m.parameter_count},
-                               {"final_batch_loss", res.summary.final_loss},
-                               {"train_accuracy", res.summary.train_accuracy},
-                               {"test_accuracy", has_test ? nlohmann::ordered_json(res.summary.test_accuracy)
-                                                          : nlohmann::ordered_json(nullptr)},
-                               {"seconds", res.summary.seconds}};
-      if (res.resumed_from >= 0) j["resumed_from_step"] = res.resumed_from;
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      if (res.resumed_from >= 0) {
-        std::printf("resumed %s from its checkpoint at step %lld\n", r.out.c_str(),
-                    static_cast<long long>(res.resumed_from));
-      }
-      std::printf("trained %s on %s (%lld train / %lld test points) with %s, %lld steps in %.1f s\n",
-                  m.model_spec.c_str(), m.data.spec.c_str(), static_cast<long long>(m.num_train),
-                  static_cast<long long>(m.num_test), opt.c_str(), static_cast<long long>(m.steps),
-                  res.summary.seconds);
-      if (has_test) {
-        std::printf("  final batch loss %.4f, train accuracy %.4f, test accuracy %.4f\n",
-                    res.summary.final_loss, res.summary.train_accuracy, res.summary.test_accuracy);
-      } else {
-        std::printf("  final batch loss %.4f, train accuracy %.4f; no test points (the data's test split is empty)\n",
-                    res.summary.final_loss, res.summary.train_accuracy);
-      }
-      std::printf("  %lld parameters, %zu checkpoints, path data %.2f MB\n",
-                  static_cast<long long>(m.parameter_count), m.checkpoints.size(), m.path_bytes() / 1e6);
-      std::printf("  run directory: %s\n", r.out.c_str());
+    nlohmann::ordered_json j{{"run", r.out},
+                             {"steps", m.steps},
+                             {"parameters", m.parameter_count},
+                             {"final_batch_loss", res.summary.final_loss},
+                             {"train_accuracy", res.summary.train_accuracy},
+                             {"test_accuracy", has_test ? nlohmann::ordered_json(res.summary.test_accuracy)
+                                                        : nlohmann::ordered_json(nullptr)},
+                             {"seconds", res.summary.seconds}};
+    if (res.resumed_from >= 0) j["resumed_from_step"] = res.resumed_from;
+    std::string text;
+    if (res.resumed_from >= 0) {
+      text += format_text("resumed %s from its checkpoint at step %lld\n", r.out.c_str(), static_cast<long long>(res.resumed_from));
     }
+    text += format_text("trained %s on %s (%lld train / %lld test points) with %s, %lld steps in %.1f s\n", m.model_spec.c_str(),
+        m.data.spec.c_str(), static_cast<long long>(m.num_train), static_cast<long long>(m.num_test), opt.c_str(),
+        static_cast<long long>(m.steps), res.summary.seconds);
+    if (has_test) {
+      text += format_text("  final batch loss %.4f, train accuracy %.4f, test accuracy %.4f\n", res.summary.final_loss,
+          res.summary.train_accuracy, res.summary.test_accuracy);
+    } else {
+      text += format_text("  final batch loss %.4f, train accuracy %.4f; no test points (the data's test split is empty)\n",
+          res.summary.final_loss, res.summary.train_accuracy);
+    }
+    text += format_text("  %lld parameters, %zu checkpoints, path data %.2f MB\n", static_cast<long long>(m.parameter_count),
+        m.checkpoints.size(), m.path_bytes() / 1e6);
+    text += format_text("  run directory: %s", r.out.c_str());
+    globals.print(j, text);
   });
 }
 

@@ -28,7 +28,7 @@ void add_verify_command(CLI::App& app, Globals& globals) {
     globals.apply();
     DecompositionOptions options = args->q.options();
     PathReader reader(args->run);
-    torch::Tensor idx = args->points.indices(reader.dataset().x_test.size(0), 100);
+    torch::Tensor idx = args->points.indices(reader.dataset().y_test, 100);
     Decomposition d = decompose(reader, reader.dataset().x_test.index_select(0, idx), options);
     const DecompositionSummary s = summarize(d);
     nlohmann::ordered_json j{{"run", args->run},
@@ -50,16 +50,12 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              // float32 weights; its own outputs differ by float32 rounding.
                              {"dtype", reader.manifest().dtype},
                              {"max_abs_run_dtype_difference", s.max_abs_run_dtype_difference}};
-    if (globals.json) {
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::printf("kernel machine vs network on %lld test points, %lld steps, quadrature %s:\n",
-                  static_cast<long long>(s.test_points), static_cast<long long>(s.steps),
-                  options.quadrature.spec.str().c_str());
-      for (auto& [key, value] : j.items()) {
-        if (key != "run") std::printf("  %-26s %s\n", key.c_str(), value.dump().c_str());
-      }
+    std::string text = "kernel machine vs network on " + std::to_string(s.test_points) + " test points, " +
+                       std::to_string(s.steps) + " steps, quadrature " + options.quadrature.spec.str() + ":";
+    for (auto& [key, value] : j.items()) {
+      if (key != "run") text += format_text("\n  %-26s %s", key.c_str(), value.dump().c_str());
     }
+    globals.print(j, text);
     if (args->fail_above >= 0 && j["max_rel_error"].get<double>() > args->fail_above) globals.exit_status = 1;
   });
 }

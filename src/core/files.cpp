@@ -5,10 +5,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include <csignal>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -19,33 +18,10 @@ namespace pathkernel {
 
 namespace {
 
-/// Where the test hook stops a write.
-enum class Pause { None, HalfWritten, AfterRename };
-
-/// Test hook: PATHKERNEL_TEST_PAUSE_IN_WRITE=SUBSTRING[@N][:after] stops the
-/// process (SIGSTOP) in the N-th (default first) atomic write whose target
-/// path contains SUBSTRING: when half of the temporary file is written and
-/// before the rename, or with ":after" once the rename is done (between
-/// writes). A test then kills it there with SIGKILL.
-Pause pause_here(const std::string& path) {
-  static const char* spec = std::getenv("PATHKERNEL_TEST_PAUSE_IN_WRITE");
-  static long matches = 0;
-  if (spec == nullptr || *spec == '\0') return Pause::None;
-  std::string pattern = spec;
-  Pause where = Pause::HalfWritten;
-  const std::string after = ":after";
-  if (pattern.size() > after.size() && pattern.compare(pattern.size() - after.size(), after.size(), after) == 0) {
-    where = Pause::AfterRename;
-    pattern.resize(pattern.size() - after.size());
-  }
-  long wanted = 1;
-  size_t at = pattern.rfind('@');
-  if (at != std::string::npos) {
-    wanted = std::strtol(pattern.c_str() + at + 1, nullptr, 10);
-    pattern.resize(at);
-  }
-  if (path.find(pattern) == std::string::npos) return Pause::None;
-  return ++matches == wanted ? where : Pause::None;
+/// The hook every atomic write reports to (none by default).
+std::shared_ptr<WriteHook>& installed_hook() {
+  static std::shared_ptr<WriteHook> hook;
+  return hook;
 }
 
 /// Writes all of [data, data + size) to fd; returns 0 or the errno.
@@ -67,13 +43,13 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   PK_CHECK(fd >= 0, "cannot write '" << path << "': cannot create its temporary file '" << tmp
                                      << "': " << std::strerror(errno));
-  const Pause pause = pause_here(path);
-  size_t half = pause == Pause::HalfWritten ? bytes.size() / 2 : bytes.size();
-  int err = write_all(fd, bytes.data(), half);
-  if (err == 0 && half < bytes.size()) {
+  const std::shared_ptr<WriteHook> hook = installed_hook();
+  const size_t part = hook ? std::min(hook->split(path, bytes.size()), bytes.size()) : bytes.size();
+  int err = write_all(fd, bytes.data(), part);
+  if (err == 0 && part < bytes.size()) {
     ::fsync(fd);
-    std::raise(SIGSTOP);
-    err = write_all(fd, bytes.data() + half, bytes.size() - half);
+    hook->at_split(path);
+    err = write_all(fd, bytes.data() + part, bytes.size() - part);
   }
   if (err != 0) {
     ::close(fd);
@@ -101,8 +77,10 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     ::fsync(dfd);
     ::close(dfd);
   }
-  if (pause == Pause::AfterRename) std::raise(SIGSTOP);
+  if (hook) hook->after_rename(path);
 }
+
+void set_write_hook(std::shared_ptr<WriteHook> hook) { installed_hook() = std::move(hook); }
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

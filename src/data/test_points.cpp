@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 #include "pathkernel/text.h"
@@ -36,15 +37,35 @@ torch::Tensor parse_test_index_list(const std::string& list, int64_t n_test, con
   return torch::tensor(idx, torch::kLong);
 }
 
-torch::Tensor TestPointSelection::resolve(int64_t n_test, int64_t default_count) const {
-  const int set = (count != 0) + !indices.empty() + !file.empty();
-  PK_CHECK(set <= 1, "choose the test points one way: a count, an index list or a file (got " << set << ")");
-  if (!indices.empty()) return parse_test_index_list(indices, n_test, "test index list");
-  if (!file.empty()) return parse_test_index_list(read_file(file), n_test, "test index file '" + file + "'", true);
-  const int64_t n = count != 0 ? count : default_count;
+namespace {
+
+/// resolve() for both overloads; labels undefined when only n_test is known.
+torch::Tensor resolve_selection(const TestPointSelection& s, int64_t n_test, const torch::Tensor& labels,
+                                int64_t default_count, bool default_balanced) {
+  const int set = (s.count != 0) + (s.balanced != 0) + !s.indices.empty() + !s.file.empty();
+  PK_CHECK(set <= 1, "choose the test points one way: a count, a class-balanced count, an index list or a file (got "
+                         << set << ")");
+  if (!s.indices.empty()) return parse_test_index_list(s.indices, n_test, "test index list");
+  if (!s.file.empty()) return parse_test_index_list(read_file(s.file), n_test, "test index file '" + s.file + "'", true);
+  const bool balanced = s.balanced != 0 || (set == 0 && default_balanced);
+  const int64_t n = s.count != 0 ? s.count : s.balanced != 0 ? s.balanced : default_count;
   PK_CHECK(n >= 1, "the number of test points must be >= 1 (got " << n << ")");
   PK_CHECK(n_test >= 1, "the data has no test points to choose from");
-  return torch::arange(std::min(n, n_test), torch::kLong);
+  if (!balanced) return torch::arange(std::min(n, n_test), torch::kLong);
+  PK_CHECK(labels.defined(), "a class-balanced choice of test points needs the test labels");
+  return balanced_subset(labels, std::min(n, n_test), s.seed);
+}
+
+}  // namespace
+
+torch::Tensor TestPointSelection::resolve(int64_t n_test, int64_t default_count) const {
+  return resolve_selection(*this, n_test, torch::Tensor(), default_count, false);
+}
+
+torch::Tensor TestPointSelection::resolve(const torch::Tensor& labels, int64_t default_count,
+                                          bool default_balanced) const {
+  PK_CHECK(labels.defined() && labels.dim() == 1, "test labels must be a vector [n_test]");
+  return resolve_selection(*this, labels.size(0), labels, default_count, default_balanced);
 }
 
 }  // namespace pathkernel

@@ -91,7 +91,7 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
   e.test_index = test_index;
   DecompositionOptions dopt = options.decomposition;
   // The summed kernel is the ensemble form of gd and sgd runs.
-  const bool kernel_form = m.optimizer.name == "gd" || m.optimizer.name == "sgd";
+  const bool kernel_form = !m.optimizer.traits().has_buffer;
   const double kernel_bytes = 8.0 * static_cast<double>(test_index.size(0)) * static_cast<double>(m.num_train) *
                               static_cast<double>(m.num_classes * m.num_classes);
   dopt.kernel = options.kernel == KernelOutput::On ||
@@ -165,8 +165,8 @@ ExplainOutput read_explain_output(const std::string& dir, const Manifest& m) {
   using json = nlohmann::json;
   ExplainOutput e;
   PK_CHECK(fs::is_directory(dir), "explain directory '" << dir
-                                                        << "' does not exist: run 'pathkernel explain RUN --out " << dir
-                                                        << "' first, or leave out --explain");
+                                                        << "' does not exist: expected the directory explain() writes "
+                                                        << "('pathkernel explain')");
   const std::string jpath = (fs::path(dir) / "explain.json").string();
   PK_CHECK(fs::exists(jpath),
            "explain directory '" << dir << "' has no explain.json: was it written by 'pathkernel explain'?");

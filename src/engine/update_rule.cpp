@@ -1,6 +1,7 @@
 // The optimizers' updates as linear maps of per-sample gradients.
 #include "pathkernel/update_rule.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "pathkernel/error.h"
@@ -9,22 +10,25 @@ namespace pathkernel {
 
 namespace {
 
-bool is_adam(const std::string& name) { return name == "adam" || name == "adamw"; }
-bool is_momentum(const std::string& name) { return name == "momentum" || name == "nesterov"; }
+/// The options with their defaults filled in; an unknown optimizer has no update rule.
+OptimizerOptions checked(const OptimizerOptions& options) {
+  const std::vector<std::string> names = optimizer_names();
+  PK_CHECK(std::find(names.begin(), names.end(), options.name) != names.end(),
+           "no update rule for optimizer '" << options.name << "': expected one of gd, sgd, momentum, nesterov, adam, adamw");
+  return options.resolved();
+}
 
 }  // namespace
 
-UpdateRule::UpdateRule(const OptimizerOptions& options) : options_(options) {
-  const std::string& name = options.name;
-  PK_CHECK(name == "gd" || name == "sgd" || is_momentum(name) || is_adam(name),
-           "no update rule for optimizer '" << name << "': expected one of gd, sgd, momentum, nesterov, adam, adamw");
-  beta_ = is_momentum(name) ? options.momentum : is_adam(name) ? options.beta1 : 0.0;
-  coupled_decay_ = name == "adamw" ? 0.0 : options.weight_decay;
+UpdateRule::UpdateRule(const OptimizerOptions& options) : options_(checked(options)) {
+  const OptimizerTraits& t = options_.traits();
+  beta_ = t.momentum_family ? options.momentum : t.adam_family ? options.beta1 : 0.0;
+  coupled_decay_ = t.kind == OptimizerKind::AdamW ? 0.0 : options.weight_decay;
 }
 
 torch::Tensor UpdateRule::buffer(const OptimizerState& after) const {
   if (!has_buffer()) return {};
-  const char* key = is_adam(options_.name) ? "exp_avg" : "momentum_buffer";
+  const char* key = options_.traits().adam_family ? "exp_avg" : "momentum_buffer";
   auto it = after.buffers.find(key);
   PK_CHECK(it != after.buffers.end(), "optimizer state of '" << options_.name << "' has no '" << key << "' buffer");
   return it->second.to(torch::kFloat64);
@@ -32,13 +36,14 @@ torch::Tensor UpdateRule::buffer(const OptimizerState& after) const {
 
 StepCoefficients UpdateRule::step(int64_t s, double lr, const torch::Tensor& w, const OptimizerState& after) const {
   StepCoefficients c;
+  const OptimizerTraits& traits = options_.traits();
   const std::string& name = options_.name;
-  if (name == "gd" || name == "sgd") {
+  if (!traits.has_buffer) {
     c.alpha = -lr;
-  } else if (is_momentum(name)) {
+  } else if (traits.momentum_family) {
     c.gamma = s == 0 ? 1.0 : 1.0 - options_.dampening;
-    c.alpha = name == "nesterov" ? -lr : 0.0;
-    c.kappa = name == "nesterov" ? -lr * options_.momentum : -lr;
+    c.alpha = traits.kind == OptimizerKind::Nesterov ? -lr : 0.0;
+    c.kappa = traits.kind == OptimizerKind::Nesterov ? -lr * options_.momentum : -lr;
   } else {
     const int64_t t = after.step;
     PK_CHECK(t >= 1, "optimizer state of step " << s << " has step count " << t << ": expected >= 1");
@@ -50,7 +55,7 @@ StepCoefficients UpdateRule::step(int64_t s, double lr, const torch::Tensor& w, 
     c.metric = 1.0 / (it->second.to(torch::kFloat64).sqrt() / std::sqrt(bc2) + options_.eps);
     c.gamma = 1.0 - options_.beta1;
     c.kappa = -lr / bc1;
-    if (name == "adamw" && options_.weight_decay != 0) c.rho = -lr * options_.weight_decay * w;
+    if (traits.kind == OptimizerKind::AdamW && options_.weight_decay != 0) c.rho = -lr * options_.weight_decay * w;
   }
   return c;
 }

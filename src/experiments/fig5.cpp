@@ -2,6 +2,7 @@
 #include "common.h"
 #include "pathkernel/gp.h"
 #include "pathkernel/gram.h"
+#include "pathkernel/grid.h"
 
 namespace pathkernel::experiments {
 
@@ -16,9 +17,10 @@ ExperimentResult fig5(const ExperimentOptions& options) {
   // A G x G grid over [−2.5, 8.5]², around the class means (1,4), (4,1), (5,5).
   const int64_t G = quick ? 6 : 30;
   const double lo = -2.5, hi = 8.5;
-  const torch::Tensor axis = torch::linspace(lo, hi, G, torch::kFloat64);
-  const std::vector<torch::Tensor> mesh = torch::meshgrid({axis, axis}, "xy");
-  const torch::Tensor grid = torch::stack({mesh[0].reshape(-1), mesh[1].reshape(-1)}, 1);  // [G², 2]
+  GridBounds bounds;
+  bounds.lo[0] = bounds.lo[1] = lo;
+  bounds.hi[0] = bounds.hi[1] = hi;
+  const torch::Tensor grid = grid_2d(bounds, G).points;  // [G², 2]
   GramOptions g;
   g.kernel = GramSpec::parse("epk");
   g.trace = true;

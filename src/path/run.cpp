@@ -8,9 +8,9 @@
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
+#include "pathkernel/metrics_csv.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/run_writer.h"
-#include "pathkernel/text.h"
 #include "pathkernel/version.h"
 
 namespace pathkernel {
@@ -27,22 +27,22 @@ void write_timing(const std::string& run_dir, const TrainSummary& summary, int64
   write_file_atomic((fs::path(run_dir) / "timing.json").string(), j.dump(2) + "\n");
 }
 
-/// Column `column` (0-based) of metrics.csv's row for `step`, or NaN.
-double metrics_value(const std::string& run_dir, const Manifest& m, int64_t step, int column) {
-  const std::string text = read_file((fs::path(run_dir) / m.metrics).string());
-  for (const std::string& line : split(text, '\n')) {
-    std::vector<std::string> f = split(line, ',');
-    if (f.size() == 4 && f[0] == std::to_string(step)) return std::strtod(f[column].c_str(), nullptr);
+/// The loss metrics.csv records for `step`.
+double recorded_loss(const std::string& run_dir, const Manifest& m, int64_t step) {
+  for (const MetricsRow& row : read_metrics_csv((fs::path(run_dir) / m.metrics).string())) {
+    if (row.step == step) return row.loss;
   }
   PK_THROW("run '" << run_dir << "': metrics.csv has no row for step " << step);
 }
 
 }  // namespace
 
-RunResult train_run(const RunOptions& options) {
-  PK_CHECK(!options.out.empty(), "no run directory given (--out)");
+RunResult train_run(const RunOptions& given) {
+  RunOptions options = given;
+  options.train = given.train.resolved();
+  PK_CHECK(!options.out.empty(), "no run directory given (RunOptions::out is empty)");
   PK_CHECK(options.checkpoint_every >= 0,
-           "--checkpoint-every must be >= 1 (got " << options.checkpoint_every << ")");
+           "checkpoint spacing must be >= 1, or 0 for about sqrt(steps) (got " << options.checkpoint_every << ")");
   Dataset data = load_dataset(options.data);
   const int64_t m = data.x_train.size(0);
   options.train.validate(m);
@@ -124,8 +124,8 @@ RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
   Manifest m = Manifest::load(run_dir);
   // The run's own thread count: GEMM rounding can depend on it.
   PK_CHECK(threads == 0 || threads == m.threads,
-           "--threads " << threads << " conflicts with --resume: run '" << run_dir << "' was trained with "
-                        << m.threads << " threads, and a resumed run uses the same count (drop --threads)");
+           "cannot resume '" << run_dir << "' with " << threads << " threads: it was trained with " << m.threads
+                             << " threads, and a resumed run uses the same count");
   PK_CHECK(m.status != "complete",
            "cannot resume '" << run_dir << "': the run is complete (" << m.steps << " steps); nothing to do");
   PK_CHECK(m.status == "running", "cannot resume '" << run_dir << "': its status is '" << m.status << "' ("
@@ -164,8 +164,8 @@ RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
     at.state.buffers[name] = read_npy((fs::path(run_dir) / f.file).string()).to(options.data.dtype);
   }
   if (at.step > 0) {
-    at.first_loss = metrics_value(run_dir, m, 0, 2);
-    at.last_loss = metrics_value(run_dir, m, at.step - 1, 2);
+    at.first_loss = recorded_loss(run_dir, m, 0);
+    at.last_loss = recorded_loss(run_dir, m, at.step - 1);
   }
 
   RunWriter writer = RunWriter::reopen(run_dir, m);

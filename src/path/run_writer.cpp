@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -30,15 +29,15 @@ int64_t default_checkpoint_every(int64_t steps) {
 RunWriter::RunWriter(std::string run_dir, Manifest base, bool force)
     : dir_(std::move(run_dir)), manifest_(std::move(base)) {
   PK_CHECK(manifest_.checkpoint_every >= 1,
-           "--checkpoint-every must be >= 1 (got " << manifest_.checkpoint_every << ")");
+           "checkpoint spacing must be >= 1 (got " << manifest_.checkpoint_every << ")");
   if (fs::exists(dir_)) {
     PK_CHECK(fs::is_directory(dir_), "run path '" << dir_ << "' exists and is not a directory");
     bool empty = fs::is_empty(dir_);
     if (!empty) {
-      PK_CHECK(force, "run directory '" << dir_ << "' already exists; use --force to overwrite it");
+      PK_CHECK(force, "run directory '" << dir_ << "' already exists; overwrite it only when forced");
       PK_CHECK(fs::exists(fs::path(dir_) / "manifest.json"),
                "run directory '" << dir_ << "' is not empty and holds no manifest.json, so it is not "
-                                 << "a pathkernel run; refusing to delete it even with --force");
+                                 << "a pathkernel run; refusing to delete it even when forced");
       fs::remove_all(dir_);
     }
   }
@@ -47,7 +46,6 @@ RunWriter::RunWriter(std::string run_dir, Manifest base, bool force)
     fs::create_directories(fs::path(dir_) / sub, ec);
     PK_CHECK(!ec, "cannot create run directory '" << (fs::path(dir_) / sub).string() << "': " << ec.message());
   }
-  metrics_ = "step,lr,loss,batch_accuracy\n";
 }
 
 RunWriter RunWriter::reopen(std::string run_dir, Manifest m) {
@@ -60,20 +58,14 @@ RunWriter RunWriter::reopen(std::string run_dir, Manifest m) {
   // metrics.csv is written just before the manifest, so it may hold rows past
   // the last checkpoint: keep the header and the rows of steps < N.
   const fs::path metrics = fs::path(w.dir_) / w.manifest_.metrics;
-  std::string text = fs::exists(metrics) ? read_file(metrics.string()) : "";
-  w.metrics_ = "step,lr,loss,batch_accuracy\n";
-  size_t pos = text.find('\n');
+  const std::vector<MetricsRow> rows =
+      fs::exists(metrics) ? read_metrics_csv(metrics.string()) : std::vector<MetricsRow>{};
   int64_t expected = 0;
-  while (pos != std::string::npos && expected < w.manifest_.steps) {
-    size_t end = text.find('\n', pos + 1);
-    if (end == std::string::npos) break;
-    std::string row = text.substr(pos + 1, end - pos);
-    PK_CHECK(std::strtoll(row.c_str(), nullptr, 10) == expected && row.find(',') != std::string::npos,
-             "run '" << w.dir_ << "': metrics.csv row " << expected + 1 << " is '" << row.substr(0, row.size() - 1)
-                     << "', expected step " << expected);
-    w.metrics_ += row;
-    ++expected;
-    pos = end;
+  for (; expected < w.manifest_.steps && expected < static_cast<int64_t>(rows.size()); ++expected) {
+    const MetricsRow& row = rows[static_cast<size_t>(expected)];
+    PK_CHECK(row.step == expected, "run '" << w.dir_ << "': metrics.csv row " << expected + 1 << " is step "
+                                           << row.step << ", expected step " << expected);
+    w.metrics_.push_back(row);
   }
   PK_CHECK(expected == w.manifest_.steps,
            "run '" << w.dir_ << "': metrics.csv has " << expected << " step rows, the last checkpoint is at step "
@@ -146,7 +138,7 @@ void RunWriter::flush(int64_t step) {
   }
   segment_start_ = step;
   manifest_.steps = step;
-  write_file_atomic((fs::path(dir_) / manifest_.metrics).string(), metrics_);
+  write_file_atomic((fs::path(dir_) / manifest_.metrics).string(), metrics_csv(metrics_));
   manifest_.save(dir_);
 }
 
@@ -161,11 +153,8 @@ void RunWriter::on_start(Network& net, torch::optim::Optimizer& optimizer,
 void RunWriter::on_step(int64_t step, const torch::Tensor& batch, const StepResult& result,
                         Network& net, torch::optim::Optimizer& optimizer) {
   if (batch.defined()) pending_batches_.push_back(batch.to(torch::kInt32));
-  char row[128];
-  std::snprintf(row, sizeof row, "%lld,%.17g,%.17g,%.17g\n", static_cast<long long>(step),
-                manifest_.learning_rates[step], result.loss,
-                static_cast<double>(result.correct) / static_cast<double>(result.count));
-  metrics_ += row;
+  metrics_.push_back({step, manifest_.learning_rates[step], result.loss,
+                      static_cast<double>(result.correct) / static_cast<double>(result.count)});
   if ((step + 1) % manifest_.checkpoint_every == 0) {
     write_checkpoint(step + 1, net, optimizer);
     flush(step + 1);
@@ -190,7 +179,7 @@ void RunWriter::on_stop(int64_t steps, const std::string& status, const std::str
   }
   manifest_.steps = steps;
   manifest_.learning_rates.resize(static_cast<size_t>(steps));
-  write_file_atomic((fs::path(dir_) / manifest_.metrics).string(), metrics_);
+  write_file_atomic((fs::path(dir_) / manifest_.metrics).string(), metrics_csv(metrics_));
   manifest_.save(dir_);
 }
 

@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/decomposition.h"
@@ -15,6 +14,8 @@
 #include "pathkernel/files.h"
 #include "pathkernel/gp.h"
 #include "pathkernel/gram.h"
+#include "pathkernel/grid.h"
+#include "pathkernel/metrics_csv.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/report.h"
 
@@ -46,25 +47,14 @@ json to_json(const torch::Tensor& t) {
 /// Finite values for JSON (NaN and ±inf have no JSON spelling): null.
 json finite(double v) { return std::isfinite(v) ? json(short_double(v)) : json(nullptr); }
 
-/// metrics.csv: step,lr,loss,batch_accuracy per step, as columns.
+/// metrics.csv's rows, as columns.
 json training_curves(const std::string& run_dir, const std::string& file) {
-  const std::string path = (std::filesystem::path(run_dir) / file).string();
-  std::istringstream in(read_file(path));
-  std::string line;
-  std::getline(in, line);  // header
   json step = json::array(), lr = json::array(), loss = json::array(), acc = json::array();
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    std::istringstream row(line);
-    std::string cell;
-    std::vector<double> v;
-    while (std::getline(row, cell, ',')) v.push_back(std::strtod(cell.c_str(), nullptr));
-    PK_CHECK(v.size() >= 4, "'" << path << "' has a row with " << v.size()
-                                << " columns (expected step,lr,loss,batch_accuracy): '" << line << "'");
-    step.push_back(static_cast<int64_t>(v[0]));
-    lr.push_back(finite(v[1]));
-    loss.push_back(finite(v[2]));
-    acc.push_back(finite(v[3]));
+  for (const MetricsRow& row : read_metrics_csv((std::filesystem::path(run_dir) / file).string())) {
+    step.push_back(row.step);
+    lr.push_back(finite(row.lr));
+    loss.push_back(finite(row.loss));
+    acc.push_back(finite(row.batch_accuracy));
   }
   return {{"step", step}, {"lr", lr}, {"loss", loss}, {"batch_accuracy", acc}};
 }
@@ -84,7 +74,8 @@ json input_view(const Manifest& m, const torch::Tensor& x) {
 
 nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& options) {
   PK_CHECK(options.test_points >= 1, "the report needs at least one test point (got " << options.test_points << ")");
-  PK_CHECK(options.tracked >= 1, "--top must be >= 1 (got " << options.tracked << ")");
+  PK_CHECK(options.tracked >= 1, "the report needs at least one tracked proponent or opponent per side (got "
+                                      << options.tracked << ")");
   const Manifest& m = reader.manifest();
   const Dataset& data = reader.dataset();
   const int64_t K = m.num_classes, N = m.steps;
@@ -219,25 +210,20 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
   if (two_d && options.grid > 0) {
     const int64_t G = options.grid;
     const torch::Tensor X = data.x_train.to(torch::kFloat64);
-    const double pad = 0.5;
-    const double lo0 = X.select(1, 0).min().item<double>() - pad, hi0 = X.select(1, 0).max().item<double>() + pad;
-    const double lo1 = X.select(1, 1).min().item<double>() - pad, hi1 = X.select(1, 1).max().item<double>() + pad;
-    const torch::Tensor ax = torch::linspace(lo0, hi0, G, torch::kFloat64);
-    const torch::Tensor ay = torch::linspace(lo1, hi1, G, torch::kFloat64);
-    const std::vector<torch::Tensor> mesh = torch::meshgrid({ax, ay}, "xy");
-    const torch::Tensor grid = torch::stack({mesh[0].reshape(-1), mesh[1].reshape(-1)}, 1);  // [G², 2]
+    // The training inputs' bounding box, widened by 0.5 on each side.
+    const Grid2D grid = grid_2d(GridBounds::around(X, 0.0, 0.5), G);
     const torch::Tensor sub = balanced_subset(data.y_train, std::min<int64_t>(options.gp_train, m.num_train), 0);
     const torch::Tensor xs = data.x_train.index_select(0, sub);
     GramOptions go;
     go.kernel = GramSpec::parse("epk");
     go.quadrature = options.quadrature;
     go.progress = options.progress;
-    const KernelMatrices km = kernel_matrices(reader, xs, grid, true, go, true);
+    const KernelMatrices km = kernel_matrices(reader, xs, grid.points, true, go, true);
     GpOptions gpo;
     gpo.samples = 200;
     const GpPosterior gp = gp_posterior(km.train, km.cross, km.self, reader.outputs(N, xs), gpo);
-    out["maps"] = {{"x", to_json(ax)},
-                   {"y", to_json(ay)},
+    out["maps"] = {{"x", to_json(grid.x)},
+                   {"y", to_json(grid.y)},
                    {"kernel_value", to_json(km.cross.mean(1).reshape({G, G}))},
                    {"prob_std", to_json(gp.prob_std.mean(1).reshape({G, G}))},
                    {"gp_jitter", gp.jitter},

@@ -3,16 +3,12 @@
 
 #include <c10/util/string_utils.h>
 
-#include <functional>
 
 #include "pathkernel/error.h"
 
 namespace pathkernel {
 
 namespace {
-using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(
-    const OptimizerOptions&, const std::vector<torch::Tensor>&)>;
-
 std::unique_ptr<torch::optim::Optimizer> make_sgd(const OptimizerOptions& o,
                                                   const std::vector<torch::Tensor>& params,
                                                   double momentum, bool nesterov) {
@@ -21,28 +17,27 @@ std::unique_ptr<torch::optim::Optimizer> make_sgd(const OptimizerOptions& o,
   return std::make_unique<torch::optim::SGD>(params, opts);
 }
 
-const std::vector<std::pair<std::string, Factory>>& registry() {
-  static const std::vector<std::pair<std::string, Factory>> r = {
-      {"gd", [](auto& o, auto& p) { return make_sgd(o, p, 0.0, false); }},
-      {"sgd", [](auto& o, auto& p) { return make_sgd(o, p, 0.0, false); }},
-      {"momentum", [](auto& o, auto& p) { return make_sgd(o, p, o.momentum, false); }},
-      {"nesterov", [](auto& o, auto& p) { return make_sgd(o, p, o.momentum, true); }},
-      {"adam",
-       [](auto& o, auto& p) -> std::unique_ptr<torch::optim::Optimizer> {
-         return std::make_unique<torch::optim::Adam>(
-             p, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
-       }},
-      {"adamw",
-       [](auto& o, auto& p) -> std::unique_ptr<torch::optim::Optimizer> {
-         return std::make_unique<torch::optim::AdamW>(
-             p, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
-       }},
-  };
-  return r;
+/// LibTorch's optimizer for each kind.
+std::unique_ptr<torch::optim::Optimizer> make(OptimizerKind kind, const OptimizerOptions& o,
+                                              const std::vector<torch::Tensor>& p) {
+  switch (kind) {
+    case OptimizerKind::Gd:
+    case OptimizerKind::Sgd:
+      return make_sgd(o, p, 0.0, false);
+    case OptimizerKind::Momentum:
+      return make_sgd(o, p, o.momentum, false);
+    case OptimizerKind::Nesterov:
+      return make_sgd(o, p, o.momentum, true);
+    case OptimizerKind::Adam:
+      return std::make_unique<torch::optim::Adam>(
+          p, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
+    case OptimizerKind::AdamW:
+      return std::make_unique<torch::optim::AdamW>(
+          p, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
+  }
+  PK_ASSERT(false);
+  return nullptr;
 }
-
-bool is_adam(const std::string& name) { return name == "adam" || name == "adamw"; }
-bool has_momentum(const std::string& name) { return name == "momentum" || name == "nesterov"; }
 
 std::string joined_names() {
   std::string s;
@@ -71,26 +66,55 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_adam_state(int64_t step,
 }
 }  // namespace
 
+const std::vector<OptimizerTraits>& optimizer_kinds() {
+  //                                kind                    name        full   buffer momentum adam  default lr
+  static const std::vector<OptimizerTraits> kinds = {{OptimizerKind::Gd, "gd", true, false, false, false, 0.1},
+                                                     {OptimizerKind::Sgd, "sgd", false, false, false, false, 0.1},
+                                                     {OptimizerKind::Momentum, "momentum", false, true, true, false, 0.1},
+                                                     {OptimizerKind::Nesterov, "nesterov", false, true, true, false, 0.1},
+                                                     {OptimizerKind::Adam, "adam", false, true, false, true, 1e-3},
+                                                     {OptimizerKind::AdamW, "adamw", false, true, false, true, 1e-3}};
+  return kinds;
+}
+
+const OptimizerTraits& optimizer_traits(OptimizerKind kind) {
+  for (const OptimizerTraits& t : optimizer_kinds()) {
+    if (t.kind == kind) return t;
+  }
+  PK_ASSERT(false);
+  return optimizer_kinds().front();
+}
+
+OptimizerKind parse_optimizer_kind(const std::string& name) {
+  for (const OptimizerTraits& t : optimizer_kinds()) {
+    if (name == t.name) return t.kind;
+  }
+  PK_THROW("unknown optimizer '" << name << "': expected one of " << joined_names());
+}
+
 std::vector<std::string> optimizer_names() {
   std::vector<std::string> names;
-  for (auto& [name, _] : registry()) names.push_back(name);
+  for (const OptimizerTraits& t : optimizer_kinds()) names.push_back(t.name);
   return names;
 }
 
-bool is_full_batch(const std::string& name) { return name == "gd"; }
+OptimizerOptions OptimizerOptions::resolved() const {
+  OptimizerOptions o = *this;
+  if (o.lr == 0) o.lr = traits().default_lr;
+  return o;
+}
 
 void OptimizerOptions::validate() const {
-  bool known = false;
-  for (auto& n : optimizer_names()) known |= n == name;
-  PK_CHECK(known, "unknown optimizer '" << name << "': expected one of " << joined_names());
+  const OptimizerTraits& t = traits();
+  const double lr = resolved().lr;
   PK_CHECK(std::isfinite(lr) && lr > 0, "learning rate must be > 0 (got " << lr << ")");
   PK_CHECK(weight_decay >= 0, "weight decay must be >= 0 (got " << weight_decay << ")");
-  if (has_momentum(name)) {
+  if (t.momentum_family) {
     PK_CHECK(momentum > 0 && momentum < 1, "momentum must be in (0, 1) (got " << momentum << ")");
     PK_CHECK(dampening >= 0 && dampening < 1, "dampening must be in [0, 1) (got " << dampening << ")");
-    PK_CHECK(!(name == "nesterov" && dampening != 0), "nesterov needs dampening 0 (got " << dampening << ")");
+    PK_CHECK(!(t.kind == OptimizerKind::Nesterov && dampening != 0), "nesterov needs dampening 0 (got " << dampening << ")");
   }
-  if (is_adam(name)) {
+  if (t.adam_family) {
     PK_CHECK(beta1 >= 0 && beta1 < 1, "beta1 must be in [0, 1) (got " << beta1 << ")");
     PK_CHECK(beta2 >= 0 && beta2 < 1, "beta2 must be in [0, 1) (got " << beta2 << ")");
     PK_CHECK(eps > 0, "eps must be > 0 (got " << eps << ")");
@@ -100,12 +124,12 @@ void OptimizerOptions::validate() const {
 nlohmann::ordered_json OptimizerOptions::to_json() const {
   nlohmann::ordered_json j;
   j["name"] = name;
-  j["lr"] = lr;
-  if (has_momentum(name)) {
+  j["lr"] = resolved().lr;
+  if (traits().momentum_family) {
     j["momentum"] = momentum;
     j["dampening"] = dampening;
   }
-  if (is_adam(name)) {
+  if (traits().adam_family) {
     j["beta1"] = beta1;
     j["beta2"] = beta2;
     j["eps"] = eps;
@@ -119,11 +143,11 @@ OptimizerOptions OptimizerOptions::from_json(const nlohmann::ordered_json& j) {
   o.name = j.at("name").get<std::string>();
   o.lr = j.at("lr").get<double>();
   o.weight_decay = j.at("weight_decay").get<double>();
-  if (has_momentum(o.name)) {
+  if (o.traits().momentum_family) {
     o.momentum = j.at("momentum").get<double>();
     o.dampening = j.at("dampening").get<double>();
   }
-  if (is_adam(o.name)) {
+  if (o.traits().adam_family) {
     o.beta1 = j.at("beta1").get<double>();
     o.beta2 = j.at("beta2").get<double>();
     o.eps = j.at("eps").get<double>();
@@ -134,10 +158,7 @@ OptimizerOptions OptimizerOptions::from_json(const nlohmann::ordered_json& j) {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& options,
                                                         const std::vector<torch::Tensor>& params) {
   options.validate();
-  for (auto& [name, factory] : registry()) {
-    if (name == options.name) return factory(options, params);
-  }
-  PK_THROW("unknown optimizer '" << options.name << "': expected one of " << joined_names());
+  return make(options.kind(), options.resolved(), params);
 }
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
@@ -147,18 +168,19 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
 OptimizerState export_state(torch::optim::Optimizer& optimizer, const std::string& name,
                             const std::vector<torch::Tensor>& params) {
   OptimizerState out;
+  const OptimizerKind kind = parse_optimizer_kind(name);
   auto& state = optimizer.state();
   if (state.empty()) return out;
   std::map<std::string, std::vector<torch::Tensor>> parts;
   for (const auto& p : params) {
     auto it = state.find(key_of(p));
     PK_ASSERT(it != state.end());
-    if (has_momentum(name)) {
+    if (optimizer_traits(kind).momentum_family) {
       auto& s = static_cast<torch::optim::SGDParamState&>(*it->second);
       parts["momentum_buffer"].push_back(s.momentum_buffer().reshape({-1}));
-    } else if (name == "adam") {
+    } else if (kind == OptimizerKind::Adam) {
       export_adam(static_cast<torch::optim::AdamParamState&>(*it->second), out, parts);
-    } else if (name == "adamw") {
+    } else if (kind == OptimizerKind::AdamW) {
       export_adam(static_cast<torch::optim::AdamWParamState&>(*it->second), out, parts);
     }
   }
@@ -168,6 +190,7 @@ OptimizerState export_state(torch::optim::Optimizer& optimizer, const std::strin
 
 void import_state(torch::optim::Optimizer& optimizer, const std::string& name,
                   const std::vector<torch::Tensor>& params, const OptimizerState& state) {
+  const OptimizerKind kind = parse_optimizer_kind(name);
   auto& map = optimizer.state();
   map.clear();
   if (state.empty()) return;
@@ -184,13 +207,13 @@ void import_state(torch::optim::Optimizer& optimizer, const std::string& name,
                                                         << flat.numel() << " values, too few for the parameters");
       return flat.narrow(0, offset, p.numel()).view(p.sizes()).clone();
     };
-    if (has_momentum(name)) {
+    if (optimizer_traits(kind).momentum_family) {
       auto s = std::make_unique<torch::optim::SGDParamState>();
       s->momentum_buffer(slice("momentum_buffer"));
       map[key_of(p)] = std::move(s);
-    } else if (name == "adam") {
+    } else if (kind == OptimizerKind::Adam) {
       map[key_of(p)] = make_adam_state<torch::optim::AdamParamState>(state.step, slice);
-    } else if (name == "adamw") {
+    } else if (kind == OptimizerKind::AdamW) {
       map[key_of(p)] = make_adam_state<torch::optim::AdamWParamState>(state.step, slice);
     } else {
       PK_THROW("optimizer '" << name << "' keeps no state, but state was given");

@@ -72,24 +72,36 @@ std::vector<double> learning_rate_schedule(const std::string& schedule, double l
   return rates;
 }
 
+TrainOptions TrainOptions::resolved() const {
+  TrainOptions t = *this;
+  t.optimizer = optimizer.resolved();
+  if (t.batch == -1) t.batch = optimizer.traits().full_batch ? 0 : 100;
+  if (t.steps == -1 && t.epochs == -1) t.epochs = 1;
+  return t;
+}
+
 void TrainOptions::validate(int64_t num_train) const {
-  optimizer.validate();
+  const TrainOptions t = resolved();
+  t.optimizer.validate();
   PK_CHECK(num_train >= 1, "training set is empty");
-  PK_CHECK(batch >= 0, "batch size must be >= 1, or 0 for the full batch (got " << batch << ")");
-  PK_CHECK(!(is_full_batch(optimizer.name) && batch != 0 && batch < num_train),
-           "optimizer 'gd' uses the full batch; got --batch " << batch << " (use --optimizer sgd)");
-  PK_CHECK((steps == -1) != (epochs == -1), "give exactly one of --steps and --epochs");
-  if (steps != -1) PK_CHECK(steps >= 1, "--steps must be >= 1 (got " << steps << ")");
-  if (epochs != -1) PK_CHECK(epochs >= 1, "--epochs must be >= 1 (got " << epochs << ")");
-  PK_CHECK(divergence_factor > 1, "divergence factor must be > 1 (got " << divergence_factor << ")");
-  learning_rate_schedule(schedule, optimizer.lr, 1);  // checks the name
+  PK_CHECK(t.batch >= 0, "batch size must be >= 1, or 0 for the full batch (got " << t.batch << ")");
+  PK_CHECK(!(t.optimizer.traits().full_batch && t.batch != 0 && t.batch < num_train),
+           "optimizer '" << t.optimizer.name << "' uses the full batch; got batch size " << t.batch << " of "
+                         << num_train << " training points (use optimizer 'sgd' for minibatches)");
+  PK_CHECK((t.steps == -1) != (t.epochs == -1), "give exactly one of a step count and an epoch count (got steps "
+                                                    << t.steps << ", epochs " << t.epochs << "; -1 is unset)");
+  if (t.steps != -1) PK_CHECK(t.steps >= 1, "the number of steps must be >= 1 (got " << t.steps << ")");
+  if (t.epochs != -1) PK_CHECK(t.epochs >= 1, "the number of epochs must be >= 1 (got " << t.epochs << ")");
+  PK_CHECK(t.divergence_factor > 1, "divergence factor must be > 1 (got " << t.divergence_factor << ")");
+  learning_rate_schedule(t.schedule, t.optimizer.lr, 1);  // checks the name
 }
 
 int64_t TrainOptions::total_steps(int64_t num_train) const {
-  if (steps != -1) return steps;
-  int64_t b = (batch == 0 || batch >= num_train) ? num_train : batch;
+  const TrainOptions t = resolved();
+  if (t.steps != -1) return t.steps;
+  int64_t b = (t.batch == 0 || t.batch >= num_train) ? num_train : t.batch;
   int64_t per_epoch = (num_train + b - 1) / b;
-  return mul_no_overflow(epochs, per_epoch, "steps (epochs x batches per epoch)");
+  return mul_no_overflow(t.epochs, per_epoch, "steps (epochs x batches per epoch)");
 }
 
 BatchSampler::BatchSampler(int64_t num_train, int64_t batch, uint64_t seed)
@@ -142,7 +154,8 @@ double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y) {
 
 TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tensor& y_train,
                    const torch::Tensor& x_test, const torch::Tensor& y_test,
-                   const TrainOptions& options, TrainingObserver& observer, const ResumePoint* resume) {
+                   const TrainOptions& given, TrainingObserver& observer, const ResumePoint* resume) {
+  const TrainOptions options = given.resolved();
   const int64_t m = x_train.size(0);
   options.validate(m);
   const int64_t steps = options.total_steps(m);
@@ -179,7 +192,7 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
       std::ostringstream msg;
       msg << "training diverged at step " << s << ": loss " << r.loss << " (first loss "
           << first_loss << ", limit " << options.divergence_factor << " x max(1, first loss))"
-          << "; try a smaller --lr (got " << options.optimizer.lr << ")";
+          << "; try a smaller learning rate (got " << options.optimizer.lr << ")";
       bar.finish("diverged");
       observer.on_stop(s, "diverged", msg.str(), net, *optimizer);
       throw Error(msg.str() + "; the run is kept, valid up to step " + std::to_string(s));

@@ -356,6 +356,48 @@ TEST(Cli, EveryReportingCommandPrintsJson) {
   EXPECT_EQ(gram["shape"], nlohmann::json({4, 4}));
 }
 
+// Every command that takes test points takes them with the same options; the
+// old spellings still work and say what replaces them.
+TEST(Cli, OneVocabularyForTestPoints) {
+  testing::TempDir dir("vocabulary");
+  std::string r = dir / "R";
+  ASSERT_EQ(run("--quiet train --data toy2d --train-size 60 --test-size 30 --model mlp:6 --optimizer gd --lr 0.5 "
+                "--steps 4 --out " + r).status, 0);
+  const std::string note = "pathkernel: --test-count is deprecated; use --test-balanced N";
+  // refit: --test-balanced N is the old --test-count N, and the default is a balanced 100 (all 30 here).
+  Output now = run("--quiet refit " + r + " --train-count 20 --test-balanced 9 --subset-seed 2 --json --out " + (dir / "a.json"));
+  Output old = run("--quiet refit " + r + " --train-count 20 --test-count 9 --subset-seed 2 --json --out " + (dir / "b.json"));
+  ASSERT_EQ(now.status, 0) << now.out;
+  ASSERT_EQ(old.status, 0) << old.out;
+  EXPECT_EQ(now.out.find("deprecated"), std::string::npos) << now.out;
+  EXPECT_CONTAINS(old.out, note);
+  EXPECT_EQ(last_json(now.out)["svm_accuracy"], last_json(old.out)["svm_accuracy"]);
+  EXPECT_EQ(last_json(now.out)["test_points"], 9);
+  // gp: an index list is taken as given.
+  Output gp = run("--quiet gp " + r + " --train-count 20 --test-index 5,1,5 --samples 0 --out " + (dir / "gp"));
+  ASSERT_EQ(gp.status, 0) << gp.out;
+  EXPECT_TRUE(torch::equal(read_npy(dir / "gp/test_indices.npy").to(torch::kLong), torch::tensor({5, 1, 5}, torch::kLong)));
+  // gram: test rows by the same options, training columns by --train N; the sidecar lists them.
+  Output g = run("--quiet gram " + r + " --kernel dpk --test-index 3,0 --train 5 --outputs trace --out " + (dir / "g.npy"));
+  ASSERT_EQ(g.status, 0) << g.out;
+  nlohmann::json side = nlohmann::json::parse(read_file(dir / "g.json"));
+  EXPECT_EQ(side["rows"]["indices"], nlohmann::json({3, 0}));
+  EXPECT_EQ(side["cols"]["indices"], nlohmann::json({0, 1, 2, 3, 4}));
+  EXPECT_EQ(side["shape"], nlohmann::json({2, 5}));
+  Output gold = run("--quiet gram " + r + " --kernel dpk --row-count 2 --outputs trace --out " + (dir / "h.npy"));
+  ASSERT_EQ(gold.status, 0) << gold.out;
+  EXPECT_CONTAINS(gold.out, "pathkernel: --row-count is deprecated; use --test N or --train N");
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "h.json"))["shape"], nlohmann::json({2, 60}));
+  // Two ways at once are refused.
+  Output both = run("--quiet verify " + r + " --test 2 --test-balanced 3");
+  EXPECT_NE(both.status, 0);
+  EXPECT_CONTAINS(both.out, "excludes");
+  // report: --tracked, and --top as its deprecated spelling.
+  Output rep = run("--quiet report " + r + " --test 2 --top 3 --gram-points 0 --grid 0 --out " + (dir / "r.html"));
+  ASSERT_EQ(rep.status, 0) << rep.out;
+  EXPECT_CONTAINS(rep.out, "pathkernel: --top is deprecated; use --tracked N");
+}
+
 TEST(Cli, BadInputGetsAClearErrorAndANonZeroExit) {
   testing::TempDir dir("cli_errors");
   const std::vector<std::pair<std::string, std::string>> cases = {

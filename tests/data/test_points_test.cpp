@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
 #include "pathkernel/test_points.h"
 
@@ -63,6 +64,32 @@ TEST(TestPoints, BadSelectionsGetAClearError) {
   TestPointSelection missing;
   missing.file = dir / "absent.txt";
   EXPECT_CONTAINS(testing::error_message([&] { missing.resolve(10, 1); }), "absent.txt");
+}
+
+TEST(TestPoints, BalancedSelectionsAreBalancedSubsetsOfTheLabels) {
+  // 12 test points of 3 classes, ordered by class: the first 6 are classes 0 and 1 only.
+  const torch::Tensor labels = torch::tensor({0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2}, torch::kLong);
+  TestPointSelection balanced, none, first;
+  balanced.balanced = 6;
+  balanced.seed = 3;
+  const std::vector<int64_t> b = values(balanced.resolve(labels, 100));
+  EXPECT_EQ(b, values(balanced_subset(labels, 6, 3)));
+  EXPECT_EQ(values(torch::bincount(labels.index_select(0, torch::tensor(b, torch::kLong)))),
+            std::vector<int64_t>({2, 2, 2}));
+  // Nothing set: the default count, balanced when asked, else the first ones.
+  none.seed = 3;
+  EXPECT_EQ(values(none.resolve(labels, 6, true)), b);
+  EXPECT_EQ(values(none.resolve(labels, 6)), std::vector<int64_t>({0, 1, 2, 3, 4, 5}));
+  // A count means the first N, whatever the default.
+  first.count = 2;
+  EXPECT_EQ(values(first.resolve(labels, 6, true)), std::vector<int64_t>({0, 1}));
+  // More than there are takes all of them; without labels a balanced choice is refused.
+  balanced.balanced = 50;
+  EXPECT_EQ(values(balanced.resolve(labels, 1)).size(), 12u);
+  EXPECT_CONTAINS(testing::error_message([&] { balanced.resolve(12, 1); }), "needs the test labels");
+  balanced.count = 2;
+  EXPECT_CONTAINS(testing::error_message([&] { balanced.resolve(labels, 1); }),
+                  "choose the test points one way: a count, a class-balanced count, an index list or a file (got 2)");
 }
 
 }  // namespace

@@ -228,7 +228,7 @@ TEST(RunDirectory, RefusesToOverwriteUnlessForced) {
   RunOptions r = small_run(dir / "run", "sgd", 2, 1);
   train_run(r);
   std::string msg = error_message([&] { train_run(r); });
-  EXPECT_NE(msg.find("already exists; use --force"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("already exists; overwrite it only when forced"), std::string::npos) << msg;
   r.force = true;
   EXPECT_NO_THROW(train_run(r));
   // --force never deletes a directory that is not a run.

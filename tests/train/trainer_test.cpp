@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "../test_util.h"
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
 #include "pathkernel/trainer.h"
@@ -132,7 +133,7 @@ TEST(Train, DivergenceStopsWithAClearErrorAndReportsTheLastGoodStep) {
     FAIL() << "no divergence error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("diverged at step"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("smaller --lr"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("smaller learning rate"), std::string::npos) << e.what();
   }
   EXPECT_EQ(rec.status, "diverged");
   EXPECT_GE(rec.stopped_at, 1);
@@ -207,8 +208,8 @@ TEST(TrainOptions, RejectsBadOptions) {
       {[](TrainOptions& t) { t.optimizer.lr = -0.1; }, "learning rate must be > 0 (got -0.1)"},
       {[](TrainOptions& t) { t.optimizer.name = "lbfgs"; }, "unknown optimizer 'lbfgs'"},
       {[](TrainOptions& t) { t.optimizer.name = "gd"; t.batch = 10; }, "uses the full batch"},
-      {[](TrainOptions& t) { t.steps = 0; }, "--steps must be >= 1"},
-      {[](TrainOptions& t) { t.epochs = 2; }, "exactly one of --steps and --epochs"},
+      {[](TrainOptions& t) { t.steps = 0; }, "the number of steps must be >= 1"},
+      {[](TrainOptions& t) { t.epochs = 2; }, "exactly one of a step count and an epoch count"},
       {[](TrainOptions& t) { t.batch = -2; }, "batch size must be >= 1"},
       {[](TrainOptions& t) { t.optimizer.name = "momentum"; t.optimizer.momentum = 1.5; }, "momentum must be in (0, 1)"},
       {[](TrainOptions& t) { t.optimizer.name = "adam"; t.optimizer.beta2 = 1; }, "beta2 must be in [0, 1)"},
@@ -232,6 +233,71 @@ TEST(TrainOptions, EpochsBecomeSteps) {
   EXPECT_EQ(t.total_steps(100), 12);  // ceil(100/30) = 4 per epoch
   t.batch = 0;
   EXPECT_EQ(t.total_steps(100), 3);
+}
+
+}  // namespace
+}  // namespace pathkernel
+
+namespace pathkernel {
+namespace {
+
+TEST(OptimizerKinds, EveryNameParsesToItsTraits) {
+  struct Case {
+    std::string name;
+    OptimizerKind kind;
+    bool full_batch, has_buffer, momentum_family, adam_family;
+    double default_lr;
+  };
+  for (const Case& c : std::vector<Case>{{"gd", OptimizerKind::Gd, true, false, false, false, 0.1},
+                                         {"sgd", OptimizerKind::Sgd, false, false, false, false, 0.1},
+                                         {"momentum", OptimizerKind::Momentum, false, true, true, false, 0.1},
+                                         {"nesterov", OptimizerKind::Nesterov, false, true, true, false, 0.1},
+                                         {"adam", OptimizerKind::Adam, false, true, false, true, 1e-3},
+                                         {"adamw", OptimizerKind::AdamW, false, true, false, true, 1e-3}}) {
+    ASSERT_EQ(parse_optimizer_kind(c.name), c.kind) << c.name;
+    const OptimizerTraits& t = optimizer_traits(c.kind);
+    EXPECT_EQ(std::string(t.name), c.name);
+    EXPECT_EQ(t.full_batch, c.full_batch) << c.name;
+    EXPECT_EQ(t.has_buffer, c.has_buffer) << c.name;
+    EXPECT_EQ(t.momentum_family, c.momentum_family) << c.name;
+    EXPECT_EQ(t.adam_family, c.adam_family) << c.name;
+    EXPECT_EQ(t.default_lr, c.default_lr) << c.name;
+  }
+  EXPECT_EQ(optimizer_kinds().size(), optimizer_names().size());
+  EXPECT_CONTAINS(testing::error_message([] { parse_optimizer_kind("Adam"); }),
+                  "unknown optimizer 'Adam': expected one of gd, sgd, momentum, nesterov, adam, adamw");
+}
+
+// A library caller with default options gets what `pathkernel train` does:
+// lr 0.1 (1e-3 for adam and adamw), batch 100 (the full batch for gd), one epoch.
+TEST(OptimizerKinds, LibraryDefaultsAreTheCommandLinesDefaults) {
+  struct Case {
+    std::string name;
+    double lr;
+    int64_t batch;
+  };
+  for (const Case& c : std::vector<Case>{{"gd", 0.1, 0}, {"sgd", 0.1, 100}, {"momentum", 0.1, 100},
+                                         {"adam", 1e-3, 100}, {"adamw", 1e-3, 100}}) {
+    TrainOptions t;
+    t.optimizer.name = c.name;
+    const TrainOptions r = t.resolved();
+    EXPECT_EQ(r.optimizer.lr, c.lr) << c.name;
+    EXPECT_EQ(r.batch, c.batch) << c.name;
+    EXPECT_EQ(r.epochs, 1) << c.name;
+    EXPECT_EQ(r.steps, -1) << c.name;
+    EXPECT_NO_THROW(t.validate(1000)) << c.name;
+    EXPECT_EQ(t.total_steps(1000), c.batch == 0 ? 1 : 10) << c.name;
+    EXPECT_EQ(t.optimizer.to_json()["lr"], c.lr) << c.name;
+  }
+  // Given values are kept.
+  TrainOptions t;
+  t.optimizer.name = "adam";
+  t.optimizer.lr = 0.5;
+  t.batch = 7;
+  t.steps = 3;
+  EXPECT_EQ(t.resolved().optimizer.lr, 0.5);
+  EXPECT_EQ(t.resolved().batch, 7);
+  EXPECT_EQ(t.resolved().epochs, -1);
 }
 
 }  // namespace
