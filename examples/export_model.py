@@ -22,7 +22,7 @@ trained from the weights it was saved with. What to keep in mind:
 - Dropout: call .eval() on it before saving (random masks are not yet
   supported for TorchScript modules).
 
-This script exports two examples:
+This script exports three examples:
 
     python3 examples/export_model.py resnet model.pt [--channels 1 --size 28 --classes 10]
         a residual CNN with average pooling, for image data such as fashion-mnist
@@ -30,6 +30,8 @@ This script exports two examples:
         a one-layer transformer (embedding, attention, layer norm, GELU MLP) for
         modular addition: tokens "a b =", label (a + b) mod p. --data-dir also
         writes the task as DIR/{train,test}_{x,y}.npy for --data npy:DIR.
+    python3 examples/export_model.py mlp model.pt --inputs 100 --hidden 64 --classes 3
+        the same network as pathkernel's own --model mlp:64 (for comparing routes)
 """
 import argparse
 import os
@@ -100,6 +102,18 @@ class TinyTransformer(nn.Module):
         return self.readout(self.norm_out(h[:, -1]))
 
 
+class MLP(nn.Module):
+    """pathkernel's own mlp:H (fc1, ReLU, out), written in PyTorch."""
+
+    def __init__(self, inputs: int, hidden: int, classes: int):
+        super().__init__()
+        self.fc1 = nn.Linear(inputs, hidden)
+        self.out = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        return self.out(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
 def modular_addition(p: int, train_fraction: float, seed: int):
     """All pairs (a, b) as tokens [a, b, p] ("=" is token p), labels (a+b) mod p,
     split at random into train and test."""
@@ -113,13 +127,15 @@ def modular_addition(p: int, train_fraction: float, seed: int):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("model", choices=["resnet", "transformer"])
+    parser.add_argument("model", choices=["resnet", "transformer", "mlp"])
     parser.add_argument("path", help="where to save the TorchScript module")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed")
     parser.add_argument("--channels", type=int, default=1, help="resnet: input channels")
     parser.add_argument("--size", type=int, default=28, help="resnet: input height and width")
     parser.add_argument("--width", type=int, default=4, help="resnet: channels of the hidden layers")
-    parser.add_argument("--classes", type=int, default=10, help="resnet: classes")
+    parser.add_argument("--classes", type=int, default=10, help="resnet, mlp: classes")
+    parser.add_argument("--inputs", type=int, default=784, help="mlp: input features")
+    parser.add_argument("--hidden", type=int, default=64, help="mlp: hidden width")
     parser.add_argument("--p", type=int, default=23, help="transformer: the modulus")
     parser.add_argument("--dim", type=int, default=32, help="transformer: model width")
     parser.add_argument("--data-dir", help="transformer: also write the modular-addition data here")
@@ -129,6 +145,8 @@ def main():
     torch.manual_seed(args.seed)
     if args.model == "resnet":
         model = ResidualCNN(args.channels, args.size, args.width, args.classes)
+    elif args.model == "mlp":
+        model = MLP(args.inputs, args.hidden, args.classes)
     else:
         model = TinyTransformer(vocab=args.p + 1, classes=args.p, dim=args.dim)
     torch.jit.script(model).save(args.path)
