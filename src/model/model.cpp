@@ -154,7 +154,15 @@ void NetworkImpl::load_script() {
   // its top level). ReLUs inside remaining branches or loops are not sites;
   // the certificate still catches their kinks.
   std::shared_ptr<torch::jit::Graph> g = m.get_method("forward").graph()->copy();
-  torch::jit::Inline(*g);
+  // One pass inlines one level of calls (a callee's own calls arrive
+  // uninlined), so repeat until none is left.
+  auto has_calls = [&] {
+    for (torch::jit::Node* node : g->nodes()) {
+      if (node->kind() == c10::prim::CallMethod || node->kind() == c10::prim::CallFunction) return true;
+    }
+    return false;
+  };
+  for (int depth = 0; depth < 64 && has_calls(); ++depth) torch::jit::Inline(*g);
   torch::jit::ConstantPropagation(g);
   std::vector<torch::jit::Value*> values{g->outputs()[0]};
   for (torch::jit::Node* node : g->nodes()) {
