@@ -122,6 +122,10 @@ class NetworkImpl : public torch::nn::Module {
 
  private:
   void load_script();
+  /// A TorchScript module's input: integer codes as int64, else x.
+  torch::Tensor script_input(const torch::Tensor& x) const;
+  /// A TorchScript module's logits through the output map.
+  torch::Tensor script_output(const torch::Tensor& logits) const;
 
   NetworkOptions options_;
   std::shared_ptr<ScriptModule> script_;

@@ -105,6 +105,84 @@ void split(const Piece& pc, double gap, const std::vector<double>& cuts, std::ve
   out.push_back({pc.point, last, pc.b, pc.depth + 1, gap});
 }
 
+/// Gauss–Legendre nodes for a piece: gauss_nodes on [0,1], fewer on shorter
+/// pieces (whose integrand is closer to a low-degree polynomial), at least
+/// min_nodes.
+int64_t nodes_for(const QuadratureOptions& q, const Piece& pc) {
+  const double n_h = std::ceil(q.gauss_nodes * std::sqrt(pc.b - pc.a));
+  return static_cast<int64_t>(std::clamp<double>(n_h, std::min(q.min_nodes, q.gauss_nodes), q.gauss_nodes));
+}
+
+/// One round of adaptive Gauss: the pieces it evaluates, laid out as rows.
+/// Piece p owns rows first[p] .. first[p+1]-1 (its nodes) and end rows 2p,
+/// 2p+1 (its ends a and b).
+struct PieceRound {
+  int64_t np = 0, rows = 0;
+  std::vector<int64_t> first;                     ///< [np + 1]
+  std::vector<int64_t> point, piece_of;           ///< per row: test point, piece
+  std::vector<double> t, w;                       ///< per row: node and weight
+  std::vector<int64_t> end_point;                 ///< [2 np]: test point of each end
+  std::vector<double> ends;                       ///< [2 np]: a, b of each piece
+};
+
+/// Takes the pieces of the next round from the front of `pending`: at most
+/// max_rows nodes, at least one piece. `pending` keeps them, `next` receives
+/// the others (to wait for the next round), so memory stays bounded.
+PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, const QuadratureOptions& q,
+                      int64_t max_rows) {
+  PieceRound rd;
+  rd.first = {0};
+  for (const Piece& pc : pending) {
+    const int64_t nodes = nodes_for(q, pc);
+    if (rd.first.size() > 1 && rd.first.back() + nodes > max_rows) break;
+    rd.first.push_back(rd.first.back() + nodes);
+  }
+  rd.np = static_cast<int64_t>(rd.first.size()) - 1;
+  next.assign(pending.begin() + rd.np, pending.end());
+  pending.resize(rd.np);
+  rd.rows = rd.first[rd.np];
+  rd.point.resize(rd.rows);
+  rd.piece_of.resize(rd.rows);
+  rd.t.resize(rd.rows);
+  rd.w.resize(rd.rows);
+  rd.end_point.resize(2 * rd.np);
+  rd.ends.resize(2 * rd.np);
+  for (int64_t p = 0; p < rd.np; ++p) {
+    const Piece& pc = pending[p];
+    const QuadratureRule& rule = gauss_legendre(static_cast<int>(rd.first[p + 1] - rd.first[p]), 0.0, 1.0);
+    for (int64_t j = 0, r = rd.first[p]; r < rd.first[p + 1]; ++j, ++r) {
+      rd.point[r] = pc.point;
+      rd.piece_of[r] = p;
+      rd.t[r] = pc.a + (pc.b - pc.a) * rule.nodes[j];
+      rd.w[r] = (pc.b - pc.a) * rule.weights[j];
+    }
+    rd.end_point[2 * p] = rd.end_point[2 * p + 1] = pc.point;
+    rd.ends[2 * p] = pc.a;
+    rd.ends[2 * p + 1] = pc.b;
+  }
+  return rd;
+}
+
+/// Whether a piece's certificate gap |Σ ω J dw − (f(b) − f(a))| is accepted;
+/// `scale` is max(1, |f(w_s, x)|) of its test point.
+bool piece_accepted(const QuadratureOptions& q, const Piece& pc, double gap, double scale) {
+  // The tolerance shares tol * scale over [0,1] by length, with a floor
+  // for the rounding of f(b) - f(a) itself.
+  const double limit = std::max(q.tol * (pc.b - pc.a), 8 * kEps) * scale;
+  // A gap at rounding level that splitting no longer halves is the
+  // rounding of the forward pass, not quadrature error: accept it.
+  const bool rounding = gap <= 64 * kEps * scale && gap > 0.5 * pc.parent_gap;
+  return gap <= limit || rounding || pc.depth >= q.max_depth;
+}
+
+/// Sorts each test point's piece ends and drops repeats.
+void sort_breaks(TestFeatures& f) {
+  for (std::vector<double>& b : f.breaks) {
+    std::sort(b.begin(), b.end());
+    b.erase(std::unique(b.begin(), b.end()), b.end());
+  }
+}
+
 /// Adds rows (layer inputs a [r, Cin, H, W], signals s [K, r, Cout, H', W'],
 /// test points `point` [r], weights `weight` [r]) of Conv2d layer l to its
 /// dense block J̄ [K, n, Cout·Cin·k·k + Cout]: per test point, one
@@ -189,9 +267,9 @@ std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor
 
 /// Test features of a Module (the generic route): the Jacobian rows come
 /// from autograd and are summed into one dense block J̄ [K, n, P]. gauss
-/// needs no knowledge of kinks: each piece is refined at its midpoint until
-/// its certificate holds, which converges fast where the module is smooth
-/// and more slowly across kinks.
+/// splits [0,1] at the crossings of the module's kink sites (module_kinks),
+/// then refines each piece until its certificate holds: at kinks found by a
+/// finer search of the piece, else at its midpoint.
 TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q) {
   const int64_t n = x.size(0), K = ev.num_outputs(), P = ev.parameter_count();
   const auto opts = x.options();
@@ -241,56 +319,28 @@ TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tenso
     }
     const torch::Tensor scale = f.f0.abs().amax(1).clamp_min(1.0);  // [n]
     auto scale_a = scale.accessor<double, 1>();
-    auto nodes_for = [&](const Piece& pc) {
-      const double n_h = std::ceil(q.gauss_nodes * std::sqrt(pc.b - pc.a));
-      return static_cast<int64_t>(std::clamp<double>(n_h, std::min(q.min_nodes, q.gauss_nodes), q.gauss_nodes));
-    };
     while (!pending.empty()) {
-      std::vector<int64_t> first{0};
-      for (const Piece& pc : pending) {
-        const int64_t nodes = nodes_for(pc);
-        if (first.size() > 1 && first.back() + nodes > max_rows) break;
-        first.push_back(first.back() + nodes);
-      }
-      const int64_t np = static_cast<int64_t>(first.size()) - 1;
-      std::vector<Piece> next(pending.begin() + np, pending.end());
-      pending.resize(np);
-      const int64_t rows = first[np];
-      std::vector<int64_t> point(rows), piece_of(rows), end_point(2 * np);
-      std::vector<double> t(rows), w(rows), ends(2 * np);
-      for (int64_t p = 0; p < np; ++p) {
-        const Piece& pc = pending[p];
-        const QuadratureRule& rule = gauss_legendre(static_cast<int>(first[p + 1] - first[p]), 0.0, 1.0);
-        for (int64_t j = 0, r = first[p]; r < first[p + 1]; ++j, ++r) {
-          point[r] = pc.point;
-          piece_of[r] = p;
-          t[r] = pc.a + (pc.b - pc.a) * rule.nodes[j];
-          w[r] = (pc.b - pc.a) * rule.weights[j];
-        }
-        end_point[2 * p] = end_point[2 * p + 1] = pc.point;
-        ends[2 * p] = pc.a;
-        ends[2 * p + 1] = pc.b;
-      }
-      const torch::Tensor point_t = torch::tensor(point, torch::kLong), w_t = torch::tensor(w, opts);
-      const torch::Tensor jac = ev.module_jacobians(x.index_select(0, point_t), torch::tensor(t, opts));
-      f.evaluations += rows;
+      std::vector<Piece> next;
+      const PieceRound rd = next_round(pending, next, q, max_rows);
+      const int64_t np = rd.np;
+      const torch::Tensor point_t = torch::tensor(rd.point, torch::kLong), w_t = torch::tensor(rd.w, opts);
+      const torch::Tensor jac = ev.module_jacobians(x.index_select(0, point_t), torch::tensor(rd.t, opts));
+      f.evaluations += rd.rows;
       // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
-      const torch::Tensor rd = torch::matmul(jac, ev.direction());  // [R, K]
+      const torch::Tensor jdw = torch::matmul(jac, ev.direction());  // [R, K]
       const torch::Tensor integral = torch::zeros({np, K}, opts).index_add_(
-          0, torch::tensor(piece_of, torch::kLong), rd * w_t.unsqueeze(1));  // [np, K]
-      const torch::Tensor fe =
-          ev.forward(x.index_select(0, torch::tensor(end_point, torch::kLong)), torch::tensor(ends, opts), false)
-              .out.view({np, 2, K});
+          0, torch::tensor(rd.piece_of, torch::kLong), jdw * w_t.unsqueeze(1));  // [np, K]
+      const torch::Tensor fe = ev.forward(x.index_select(0, torch::tensor(rd.end_point, torch::kLong)),
+                                          torch::tensor(rd.ends, opts), false)
+                                   .out.view({np, 2, K});
       f.forward_evaluations += 2 * np;
       const torch::Tensor gap = (integral - (fe.select(1, 1) - fe.select(1, 0))).abs().amax(1);  // [np]
       auto gap_a = gap.accessor<double, 1>();
       std::vector<int64_t> accepted;
       for (int64_t p = 0; p < np; ++p) {
         const Piece& pc = pending[p];
-        const double limit = std::max(q.tol * (pc.b - pc.a), 8 * kEps) * scale_a[pc.point];
-        const bool rounding = gap_a[p] <= 64 * kEps * scale_a[pc.point] && gap_a[p] > 0.5 * pc.parent_gap;
-        if (gap_a[p] <= limit || rounding || pc.depth >= q.max_depth) {
-          for (int64_t r = first[p]; r < first[p + 1]; ++r) accepted.push_back(r);
+        if (piece_accepted(q, pc, gap_a[p], scale_a[pc.point])) {
+          for (int64_t r = rd.first[p]; r < rd.first[p + 1]; ++r) accepted.push_back(r);
           f.breaks[pc.point].push_back(pc.a);
           f.breaks[pc.point].push_back(pc.b);
         } else {
@@ -307,10 +357,7 @@ TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tenso
       if (!accepted.empty()) keep(jac, torch::tensor(accepted, torch::kLong), point_t, w_t);
       pending = std::move(next);
     }
-    for (std::vector<double>& b : f.breaks) {
-      std::sort(b.begin(), b.end());
-      b.erase(std::unique(b.begin(), b.end()), b.end());
-    }
+    sort_breaks(f);
   }
   f.point = torch::cat(kept_point);
   f.weight = torch::cat(kept_weight);
@@ -419,50 +466,21 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       for (size_t j = 0; j + 1 < br.size(); ++j) pending.push_back({i, br[j], br[j + 1], 0});
     }
     torch::Tensor scale = f.f0.abs().amax(1).clamp_min(1.0);  // [n]
-    // Nodes per piece: gauss_nodes on [0,1], fewer on shorter pieces (whose
-    // integrand is closer to a low-degree polynomial), at least min_nodes.
-    auto nodes_for = [&](const Piece& pc) {
-      const double n_h = std::ceil(q.gauss_nodes * std::sqrt(pc.b - pc.a));
-      return static_cast<int64_t>(std::clamp<double>(n_h, std::min(q.min_nodes, q.gauss_nodes), q.gauss_nodes));
-    };
     while (!pending.empty()) {
-      // A round evaluates at most max_rows nodes (at least one piece); the
-      // other pieces wait for the next round, so memory stays bounded.
-      std::vector<int64_t> first{0};
-      for (const Piece& pc : pending) {
-        const int64_t nodes = nodes_for(pc);
-        if (first.size() > 1 && first.back() + nodes > q.max_rows) break;
-        first.push_back(first.back() + nodes);
-      }
-      const int64_t np = static_cast<int64_t>(first.size()) - 1;
-      std::vector<Piece> next(pending.begin() + np, pending.end());
-      pending.resize(np);
-      const int64_t rows = first[np];
-      std::vector<int64_t> point(rows), piece_of(rows), end_point(2 * np);
-      std::vector<double> t(rows), w(rows), ends(2 * np);
-      for (int64_t p = 0; p < np; ++p) {
-        const Piece& pc = pending[p];
-        const QuadratureRule& rule = gauss_legendre(static_cast<int>(first[p + 1] - first[p]), 0.0, 1.0);
-        for (int64_t j = 0, r = first[p]; r < first[p + 1]; ++j, ++r) {
-          point[r] = pc.point;
-          piece_of[r] = p;
-          t[r] = pc.a + (pc.b - pc.a) * rule.nodes[j];
-          w[r] = (pc.b - pc.a) * rule.weights[j];
-        }
-        end_point[2 * p] = end_point[2 * p + 1] = pc.point;
-        ends[2 * p] = pc.a;
-        ends[2 * p + 1] = pc.b;
-      }
-      torch::Tensor point_t = torch::tensor(point, torch::kLong), w_t = torch::tensor(w, opts);
-      SegmentPass pass = ev.forward(x.index_select(0, point_t), torch::tensor(t, opts), true);
+      std::vector<Piece> next;
+      const PieceRound rd = next_round(pending, next, q, q.max_rows);
+      const int64_t np = rd.np, rows = rd.rows;
+      const std::vector<int64_t>& first = rd.first;
+      torch::Tensor point_t = torch::tensor(rd.point, torch::kLong), w_t = torch::tensor(rd.w, opts);
+      SegmentPass pass = ev.forward(x.index_select(0, point_t), torch::tensor(rd.t, opts), true);
       std::vector<torch::Tensor> sig = all_signals(ev, pass);
       f.evaluations += rows;
       // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
-      torch::Tensor rd = row_dot(ev, pass.inputs, sig, ev.direction()).detach();   // [K, R]
-      torch::Tensor integral = torch::zeros({np, rd.size(0)}, opts).index_add_(
-          0, torch::tensor(piece_of, torch::kLong), (rd * w_t.unsqueeze(0)).t());   // [np, K]
-      SegmentPass pe = ev.forward(x.index_select(0, torch::tensor(end_point, torch::kLong)),
-                                  torch::tensor(ends, opts), false);
+      torch::Tensor jdw = row_dot(ev, pass.inputs, sig, ev.direction()).detach();   // [K, R]
+      torch::Tensor integral = torch::zeros({np, jdw.size(0)}, opts).index_add_(
+          0, torch::tensor(rd.piece_of, torch::kLong), (jdw * w_t.unsqueeze(0)).t());   // [np, K]
+      SegmentPass pe = ev.forward(x.index_select(0, torch::tensor(rd.end_point, torch::kLong)),
+                                  torch::tensor(rd.ends, opts), false);
       f.forward_evaluations += 2 * np;
       torch::Tensor fe = pe.out.view({np, 2, -1});
       torch::Tensor gap = (integral - (fe.select(1, 1) - fe.select(1, 0))).abs().amax(1);  // [np]
@@ -474,13 +492,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       auto scale_a = scale.accessor<double, 1>();
       for (int64_t p = 0; p < np; ++p) {
         const Piece& pc = pending[p];
-        // The tolerance shares tol * scale over [0,1] by length, with a floor
-        // for the rounding of f(b) - f(a) itself.
-        const double limit = std::max(q.tol * (pc.b - pc.a), 8 * kEps) * scale_a[pc.point];
-        // A gap at rounding level that splitting no longer halves is the
-        // rounding of the forward pass, not quadrature error: accept it.
-        const bool rounding = gap_a[p] <= 64 * kEps * scale_a[pc.point] && gap_a[p] > 0.5 * pc.parent_gap;
-        if (gap_a[p] <= limit || rounding || pc.depth >= q.max_depth) {
+        if (piece_accepted(q, pc, gap_a[p], scale_a[pc.point])) {
           for (int64_t r = first[p]; r < first[p + 1]; ++r) accepted_rows.push_back(r);
           f.breaks[pc.point].push_back(pc.a);
           f.breaks[pc.point].push_back(pc.b);
@@ -501,10 +513,10 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       if (!failed.empty()) {
         std::vector<torch::Tensor> pre(pass.preacts.size());
         for (size_t l = 0; l < pre.size(); ++l) pre[l] = torch::cat({pass.preacts[l].detach(), pe.preacts[l]}, 0);
-        std::vector<int64_t> row_point(point);
-        row_point.insert(row_point.end(), end_point.begin(), end_point.end());
-        std::vector<double> row_t(t);
-        row_t.insert(row_t.end(), ends.begin(), ends.end());
+        std::vector<int64_t> row_point(rd.point);
+        row_point.insert(row_point.end(), rd.end_point.begin(), rd.end_point.end());
+        std::vector<double> row_t(rd.t);
+        row_t.insert(row_t.end(), rd.ends.begin(), rd.ends.end());
         KinkSearch ks = find_kinks(ev, x, pre, row_point, row_t, brackets, first_relu);
         f.forward_evaluations += ks.forward_evaluations;
         f.kinks += static_cast<int64_t>(ks.kinks.size());
@@ -518,10 +530,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     }
   }
 
-  for (std::vector<double>& b : f.breaks) {
-    std::sort(b.begin(), b.end());
-    b.erase(std::unique(b.begin(), b.end()), b.end());
-  }
+  sort_breaks(f);
   // Assemble the kept rows.
   f.inputs.assign(layers, torch::Tensor());
   f.signals.assign(layers, torch::Tensor());

@@ -63,6 +63,19 @@ void SegmentEvaluator::set_segment(const torch::Tensor& w, const torch::Tensor& 
   placed_t_ = -1;
 }
 
+namespace {
+
+/// Writes per-tensor gradients into `row` [P] in the flat parameter order.
+void copy_flat(const std::vector<torch::Tensor>& grads, torch::Tensor row) {
+  int64_t offset = 0;
+  for (const torch::Tensor& g : grads) {
+    row.narrow(0, offset, g.numel()).copy_(g.reshape({-1}));
+    offset += g.numel();
+  }
+}
+
+}  // namespace
+
 void SegmentEvaluator::place_module(double t) const {
   PK_ASSERT(generic_ && w_.defined());
   if (t == placed_t_) return;
@@ -83,11 +96,7 @@ torch::Tensor SegmentEvaluator::module_jacobians(const torch::Tensor& x, const t
     torch::Tensor f = net->forward(x.narrow(0, r, 1));
     for (int64_t k = 0; k < K; ++k) {
       std::vector<torch::Tensor> g = torch::autograd::grad({f[0][k]}, params, {}, /*retain_graph=*/k + 1 < K);
-      int64_t offset = 0;
-      for (const torch::Tensor& gi : g) {
-        out[r][k].narrow(0, offset, gi.numel()).copy_(gi.reshape({-1}));
-        offset += gi.numel();
-      }
+      copy_flat(g, out[r][k]);
     }
   }
   return out;
@@ -111,11 +120,7 @@ torch::Tensor SegmentEvaluator::module_gradients(const torch::Tensor& x, const t
     torch::AutoGradMode grad_mode(true);
     torch::Tensor f = net->forward(x.narrow(0, r, 1));
     std::vector<torch::Tensor> g = torch::autograd::grad({(f[0] * c[r]).sum()}, params);
-    int64_t offset = 0;
-    for (const torch::Tensor& gi : g) {
-      out[r].narrow(0, offset, gi.numel()).copy_(gi.reshape({-1}));
-      offset += gi.numel();
-    }
+    copy_flat(g, out[r]);
   }
   return out;
 }

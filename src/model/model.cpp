@@ -239,7 +239,7 @@ torch::Tensor NetworkImpl::forward(torch::Tensor x) {
   using Kind = LayerDesc::Kind;
   if (script_) {
     const int64_t n = x.size(0);
-    c10::IValue out = script_->module.forward({options_.integer_inputs ? x.to(torch::kLong) : x});
+    c10::IValue out = script_->module.forward({script_input(x)});
     PK_CHECK(out.isTensor(), "model '" << options_.spec.path << "' returned a " << out.tagKind()
                                        << ", expected one tensor of logits [n, K]");
     torch::Tensor y = out.toTensor();
@@ -252,7 +252,7 @@ torch::Tensor NetworkImpl::forward(torch::Tensor x) {
                                                           << options_.dtype
                                                           << ": its forward creates tensors of a fixed dtype; "
                                                           << "create them like its inputs or weights");
-    return options_.output == OutputMap::LogSoftmax ? torch::log_softmax(y, 1) : y;
+    return script_output(y);
   }
   size_t next_linear = 0, next_conv = 0;
   for (const LayerDesc& layer : layers_) {
@@ -273,6 +273,14 @@ torch::Tensor NetworkImpl::forward(torch::Tensor x) {
   return x;
 }
 
+torch::Tensor NetworkImpl::script_input(const torch::Tensor& x) const {
+  return options_.integer_inputs ? x.to(torch::kLong) : x;
+}
+
+torch::Tensor NetworkImpl::script_output(const torch::Tensor& logits) const {
+  return options_.output == OutputMap::LogSoftmax ? torch::log_softmax(logits, 1) : logits;
+}
+
 int64_t NetworkImpl::kink_sites() const {
   PK_ASSERT(script_);
   return script_->sites;
@@ -281,14 +289,14 @@ int64_t NetworkImpl::kink_sites() const {
 std::pair<torch::Tensor, std::vector<torch::Tensor>> NetworkImpl::forward_with_sites(const torch::Tensor& x) {
   PK_ASSERT(script_);
   torch::NoGradGuard guard;
-  torch::jit::Stack stack{script_->module._ivalue(), options_.integer_inputs ? x.to(torch::kLong) : x};
+  torch::jit::Stack stack{script_->module._ivalue(), script_input(x)};
   script_->with_sites->run(stack);
   const auto tuple = stack.back().toTuple();
   const auto& elements = tuple->elements();
   torch::Tensor y = elements[0].toTensor();
   std::vector<torch::Tensor> sites;
   for (size_t i = 1; i < elements.size(); ++i) sites.push_back(elements[i].toTensor().reshape({x.size(0), -1}));
-  return {options_.output == OutputMap::LogSoftmax ? torch::log_softmax(y, 1) : y, sites};
+  return {script_output(y), sites};
 }
 
 torch::Tensor apply_parameter_free(const LayerDesc& layer, const torch::Tensor& x) {
