@@ -58,7 +58,9 @@ SUPPORTED_OPTIMIZERS = (
     "one set of hyper-parameters for all parameters, amsgrad, maximize, capturable, differentiable "
     "and fused off")
 
-# Steps between two rewrites of manifest.json while recording.
+# Steps between two rewrites of manifest.json while recording (and so the
+# steps of one batch file): 50, or a tenth of the steps so far past 500, at
+# most 1000, so the manifest's rewrites cost time linear in the steps.
 FLUSH_EVERY = 50
 
 
@@ -212,6 +214,13 @@ def _check_modes(coupling, when):
                   "decomposed. Call .eval() on it (or set p=0)" % (when, name))
 
 
+def _hyper_parameters(optimizer, group):
+    """A parameter group's hyper-parameters but the learning rate (the keys of
+    the optimizer's defaults; schedulers' own keys such as initial_lr or
+    max_lr are not the optimizer's)."""
+    return {k: group.get(k) for k in optimizer.defaults if k not in ("params", "lr")}
+
+
 def _optimizer_declaration(optimizer):
     """manifest.json's optimizer entry (the fields src/train/optimizer.cpp
     writes) and the group hyper-parameters that must not change."""
@@ -220,9 +229,9 @@ def _optimizer_declaration(optimizer):
         _fail("optimizer %s.%s is not supported; supported: %s"
               % (cls.__module__, cls.__name__, SUPPORTED_OPTIMIZERS))
     groups = optimizer.param_groups
-    first = {k: v for k, v in groups[0].items() if k not in ("params", "lr", "initial_lr")}
+    first = _hyper_parameters(optimizer, groups[0])
     for i, g in enumerate(groups[1:], start=1):
-        other = {k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
+        other = _hyper_parameters(optimizer, g)
         if other != first or g["lr"] != groups[0]["lr"]:
             diff = sorted(k for k in set(first) | set(other) | {"lr"}
                           if (g.get(k) if k != "lr" else g["lr"]) != (groups[0].get(k) if k != "lr" else groups[0]["lr"]))
@@ -474,8 +483,8 @@ class Recorder:
         self.steps = 0
         self._flushed = 0
         self._w = self._flat_weights()
-        self._checkpoints = [dict(self._write_flat(step_name("checkpoints/w_", 0), self._w),
-                                  step=0, optimizer_state={"step": 0, "buffers": {}})]
+        self._checkpoints = [dict(step=0, **self._write_flat(step_name("checkpoints/w_", 0), self._w),
+                                  optimizer_state={"step": 0, "buffers": {}})]
         self._learning_rates = []
         self._metrics = []
         self._batch_rows = []          # rows of steps >= self._flushed, not yet in a file
@@ -493,6 +502,7 @@ class Recorder:
         self._pending_clip = None
         self._step_clip = None
         self._step_lrs = []            # the lr of each optimizer.step() since the last rec.step
+        self._start_matches = True     # the last optimizer.step() started from w_s
         self._write_manifest()
         self._install_step_hook(optimizer)
         self._closed = False
@@ -572,6 +582,7 @@ class Recorder:
                 rec._step_lrs.append(lrs)
                 rec._step_clip = rec._pending_clip
                 rec._pending_clip = None
+                rec._start_matches = np.array_equal(rec._flat_weights(), rec._w)
             if not counted:  # what a scheduler's own wrapper counts
                 opt._step_count = getattr(opt, "_step_count", 0) + 1
             return original(*args, **kwargs)
@@ -677,7 +688,7 @@ class Recorder:
                   "records one learning rate per step" % (s, lrs))
         lr = float(lrs[0])
         for i, g in enumerate(self._optimizer.param_groups):
-            now = {k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
+            now = _hyper_parameters(self._optimizer, g)
             if now != self._hyper:
                 changed = sorted(k for k in set(now) | set(self._hyper) if now.get(k) != self._hyper.get(k))
                 _fail("step %d: the optimizer's %s changed during training (group %d: %s); pathkernel records "
@@ -689,6 +700,10 @@ class Recorder:
                 _fail("step %d: parameter '%s' has no gradient, so torch's optimizer skipped it (no weight decay, "
                       "no momentum); pathkernel's update rule updates every parameter. Use every parameter in "
                       "the loss, and optimizer.zero_grad(set_to_none=False)" % (s, n_))
+        if not self._start_matches:
+            _fail("step %d: the weights the optimizer stepped from are not the recorded w_%d: the loop changed "
+                  "them outside optimizer.step() (after the previous rec.step(), or before the first step after "
+                  "the Recorder was created); pathkernel decomposes the optimizer's steps alone" % (s, s))
         helper_clip, self._step_clip = self._step_clip, None
         if clip_factor is not None:
             clip_factor = float(clip_factor)
@@ -715,7 +730,7 @@ class Recorder:
         record = self._write_flat(step_name("checkpoints/w_", s + 1), w)
         self._path_bytes_after_w0 += record["bytes"]
         state = self._state_after_step(s)
-        self._checkpoints.append(dict(record, step=s + 1, optimizer_state=state))
+        self._checkpoints.append(dict(step=s + 1, **record, optimizer_state=state))
         self._batch_rows.append(idx.astype(np.int32))
         self._batch_size = max(self._batch_size, idx.size)
         self._learning_rates.append(lr)
@@ -725,7 +740,7 @@ class Recorder:
         self._clip.append(1.0 if clip_factor is None else clip_factor)
         self._w = w
         self.steps = s + 1
-        if self.steps - self._flushed >= FLUSH_EVERY:
+        if self.steps - self._flushed >= min(1000, max(FLUSH_EVERY, self.steps // 10)):
             self._flush()
 
     # --------------------------------------------------------------- writing

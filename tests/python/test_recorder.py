@@ -468,3 +468,43 @@ class Refusals(TempDirTest):
         opt.step()
         with self.assertRaisesRegex(RecorderError, r"step 0: the optimizer's momentum changed during training"):
             rec.step([0, 1, 2, 3])
+
+    def test_weights_changed_outside_the_optimizer(self):
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rec = Recorder(self.path("run"), model, opt, self.x, self.y)
+        for s in range(2):
+            opt.zero_grad()
+            F.cross_entropy(model(self.x[:4]), self.y[:4]).backward()
+            if s == 1:
+                with torch.no_grad():
+                    model.fc1.weight.clamp_(-0.1, 0.1)  # a projection the declaration does not describe
+            opt.step()
+            if s == 0:
+                rec.step([0, 1, 2, 3])
+        with self.assertRaisesRegex(RecorderError, r"step 1: the weights the optimizer stepped from are not the "
+                                                   r"recorded w_1: the loop changed them outside optimizer\.step"):
+            rec.step([0, 1, 2, 3])
+
+    def test_one_cycle_scheduler(self):
+        model = mlp()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        rec = Recorder(self.path("run"), model, opt, self.x, self.y)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=10, cycle_momentum=False)
+        for idx in batches(20, 5, 4):
+            opt.zero_grad()
+            F.cross_entropy(model(self.x[idx]), self.y[idx]).backward()
+            opt.step()
+            rec.step(idx)
+            sched.step()
+        rec.close()
+        self.assertEqual(len(set(pathkernel.read_run(self.path("run")).learning_rates.tolist())), 4)
+        model = mlp()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        rec = Recorder(self.path("run2"), model, opt, self.x, self.y)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=10)
+        F.cross_entropy(model(self.x[:5]), self.y[:5]).backward()
+        opt.step()
+        with self.assertRaisesRegex(RecorderError, r"step 0: the optimizer's betas changed during training.*"
+                                                   r"cycle_momentum=False"):
+            rec.step(range(5))
