@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from . import __version__ as _pathkernel_version
-from ._files import file_record, json_text, npy_bytes, step_name, sync_directory, write_atomic
+from ._files import file_record, json_text, npy_bytes, step_name, sync_files, write_atomic
 
 __all__ = ["Recorder", "RecorderError", "clip_grad_norm_", "SUPPORTED_OPTIMIZERS", "LOSSES"]
 
@@ -354,7 +354,7 @@ class Recorder:
         if extra:
             _fail("the optimizer trains %d tensor(s) that are not parameters of the model; pass the model that "
                   "owns all of the optimizer's parameters" % len(extra))
-        if any(len(s) for s in optimizer.state.values()):
+        if any(v is not None for st in optimizer.state.values() for v in st.values()):
             _fail("the optimizer has already taken steps (its state is not empty); create the Recorder before "
                   "the first optimizer.step(), so the path starts at the model's initial weights")
 
@@ -459,7 +459,7 @@ class Recorder:
         self._prepare_directory(overwrite)
 
         # Write the data, the module, w_0 and the first manifest.
-        self._files_written = []
+        self._unsynced = []
         arrays = {"train_x": self._x, "train_y": self._y, "test_x": self._xt, "test_y": self._yt}
         data_bytes = {}
         for name, t in arrays.items():
@@ -597,10 +597,16 @@ class Recorder:
         with torch.no_grad():
             return torch.cat([p.detach().reshape(-1).to(torch.float64) for p in self._params]).numpy().copy()
 
-    def _write_flat(self, relative, array):
-        data = npy_bytes(np.asarray(array, dtype=np.float64))
-        write_atomic(os.path.join(self.directory, relative), data)
+    def _write(self, relative, data):
+        """Writes a file of the path atomically; it is synced, with the others
+        written since, before the next manifest lists it."""
+        path = os.path.join(self.directory, relative)
+        write_atomic(path, data, sync=False)
+        self._unsynced.append(path)
         return file_record(relative, data)
+
+    def _write_flat(self, relative, array):
+        return self._write(relative, npy_bytes(np.asarray(array, dtype=np.float64)))
 
     def _flat_state(self, name):
         parts = []
@@ -753,12 +759,9 @@ class Recorder:
             rows = np.full((len(self._batch_rows), width), -1, dtype=np.int32)
             for i, r in enumerate(self._batch_rows):
                 rows[i, :r.size] = r
-            relative = step_name("batches/b_", self._flushed)
-            data = npy_bytes(rows)
-            write_atomic(os.path.join(self.directory, relative), data)
-            self._path_bytes_after_w0 += len(data)
-            self._batch_files.append(dict(first_step=self._flushed, steps=len(self._batch_rows),
-                                          **file_record(relative, data)))
+            record = self._write(step_name("batches/b_", self._flushed), npy_bytes(rows))
+            self._path_bytes_after_w0 += record["bytes"]
+            self._batch_files.append(dict(first_step=self._flushed, steps=len(self._batch_rows), **record))
             self._batch_rows = []
         old_clip = self._clip_file
         if self._any_clip:
@@ -766,9 +769,7 @@ class Recorder:
             # manifest on disk always lists a file that matches it.
             relative = "clip_factors.npy" if self._status != "running" else \
                 "clip_factors_%08d.npy" % self.steps
-            data = npy_bytes(np.asarray(self._clip, dtype=np.float64))
-            write_atomic(os.path.join(self.directory, relative), data)
-            self._clip_file = file_record(relative, data)
+            self._clip_file = self._write(relative, npy_bytes(np.asarray(self._clip, dtype=np.float64)))
         self._flushed = self.steps
         self._write_metrics()
         self._write_manifest()
@@ -781,7 +782,7 @@ class Recorder:
     def _write_metrics(self):
         lines = ["step,lr,loss,batch_accuracy\n"]
         lines += ["%d,%.17g,%.17g,%.17g\n" % row for row in self._metrics]
-        write_atomic(os.path.join(self.directory, "metrics.csv"), "".join(lines).encode())
+        self._write("metrics.csv", "".join(lines).encode())
 
     def _manifest(self):
         steps = self._flushed
@@ -844,7 +845,8 @@ class Recorder:
         }
 
     def _write_manifest(self):
-        sync_directory(self.directory)
+        sync_files(self.directory, self._unsynced)
+        self._unsynced = []
         write_atomic(os.path.join(self.directory, "manifest.json"), json_text(self._manifest()).encode())
 
     def _accuracy(self, x, y):
