@@ -533,8 +533,9 @@ class Recorder:
                      "target" if self.loss == "mse" else "label"))
         if self.loss == "mse":
             if y.dim() != 2 or y.shape[1] != K or y.dtype not in (torch.float32, torch.float64):
-                _fail("loss 'mse' takes float targets of shape [n, K] = [%d, %d] (K the model's outputs); "
-                      "%s_y is %s of shape %s" % (x.shape[0], K, what, y.dtype, list(y.shape)))
+                _fail("loss 'mse' takes float targets of shape [n, K] = [%d, %d] (K the model's outputs; for "
+                      "class labels, F.one_hot(y, K).double()); %s_y is %s of shape %s"
+                      % (x.shape[0], K, what, y.dtype, list(y.shape)))
             if y.numel() and not bool(torch.isfinite(y).all()):
                 _fail("%s_y holds a target that is not finite" % what)
             return y.to(torch.float64).contiguous()
@@ -664,8 +665,9 @@ class Recorder:
             value = F.nll_loss(out, y)
             correct = (out.argmax(1) == y)
         else:
-            value = F.mse_loss(out, y.to(out.dtype))
-            correct = (out.argmax(1) == y.argmax(1))
+            # Regression targets have no classes: accuracy 0, as pathkernel's
+            # own training writes it (correct_predictions in loss.h).
+            return float(F.mse_loss(out, y.to(out.dtype))), 0.0
         return float(value), float(correct.to(torch.float64).mean())
 
     def step(self, idx, clip_factor=None, loss=None, accuracy=None):
@@ -852,13 +854,13 @@ class Recorder:
     def _accuracy(self, x, y):
         if x.shape[0] == 0:
             return None
+        if self.loss == "mse":
+            return 0.0  # regression targets have no classes (as pathkernel's training writes it)
         correct = 0
         with torch.no_grad():
             for start in range(0, x.shape[0], 1024):
                 out = self._eval_module(x[start:start + 1024])
-                yy = y[start:start + 1024]
-                target = yy.argmax(1) if self.loss == "mse" else yy
-                correct += int((out.argmax(1) == target).sum())
+                correct += int((out.argmax(1) == y[start:start + 1024]).sum())
         return correct / x.shape[0]
 
     def _finish(self):

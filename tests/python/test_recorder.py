@@ -286,6 +286,9 @@ class RecordedRunFormat(TempDirTest):
         arrays = run.data()
         self.assertEqual((arrays["train_y"].dtype, arrays["train_y"].shape), (np.float64, (40, 3)))
         self.assertEqual(arrays["test_y"].shape, (0, 3))
+        # Regression targets have no classes: accuracy 0, as pathkernel's training writes it.
+        self.assertEqual(run.metrics["batch_accuracy"].tolist(), [0.0] * 3)
+        self.assertEqual(run.summary["train_accuracy"], 0.0)
         x, y = arrays["train_x"], arrays["train_y"]
         self.assertEqual(run.manifest["data"]["train_crc32"], zlib.crc32(y.tobytes(), zlib.crc32(x.tobytes())))
 
@@ -388,7 +391,7 @@ class Refusals(TempDirTest):
         self.refuse(r"test_x has examples of shape \[5\], train_x \[4\]", model, opt, self.x, self.y,
                     test_x=torch.zeros(3, 5), test_y=torch.zeros(3, dtype=torch.long))
         self.refuse(r"give both test_x and test_y", model, opt, self.x, self.y, test_x=self.x)
-        self.refuse(r"loss 'mse' takes float targets of shape \[n, K\] = \[20, 3\]", model, opt, self.x,
+        self.refuse(r"loss 'mse' takes float targets of shape \[n, K\] = \[20, 3\] .*F\.one_hot", model, opt, self.x,
                     torch.zeros(20, 2), loss="mse")
         self.refuse(r"expected integer class labels", model, opt, self.x, self.y.double())
         self.refuse(r"loss 'nll' takes log-probabilities.*log_softmax", model, opt, self.x, self.y, loss="nll")
