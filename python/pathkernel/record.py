@@ -24,8 +24,10 @@ kind, hyper-parameters and state, the model as TorchScript and the data as
 (docs/run-directory.md).
 
 What the loop must do for the decomposition to be exact: its loss is the
-declared one, averaged over the batch (``F.cross_entropy``, ``F.nll_loss``
-or ``F.mse_loss`` with the default ``reduction="mean"``), with no other term;
+declared one, averaged over the step's batch (``F.cross_entropy``,
+``F.nll_loss`` or ``F.mse_loss`` with the default ``reduction="mean"``; with
+gradient accumulation, the mean over all the step's examples), with no other
+term (weight decay belongs in the optimizer's ``weight_decay``);
 the only change to the gradients between ``backward()`` and
 ``optimizer.step()`` is clipping by norm, through ``clip_grad_norm_`` above or
 declared with ``rec.step(idx, clip_factor=c)``; the weights change only in

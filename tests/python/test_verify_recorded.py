@@ -106,6 +106,27 @@ class VerifyRecordedRuns(TempDirTest):
             self.assertGreater(j["max_abs_rounding"], 1e3 * MAX_ROUNDING, out)
 
 
+class MoreOutputsThanLabels(TempDirTest):
+    """K is the model's output width, also when the labels use fewer classes."""
+
+    def test_four_outputs_three_labels(self):
+        need_binary(self)
+        x, y = blobs(30)
+        model = mlp(k=4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        run = self.path("k4")
+        with Recorder(run, model, opt, x, y, test_x=x[:4], test_y=y[:4]) as rec:
+            for idx in batches(30, 6, 6):
+                opt.zero_grad()
+                F.cross_entropy(model(x[idx]), y[idx]).backward()
+                opt.step()
+                rec.step(idx)
+        rc, out, err = cli(["--quiet", "--json", "verify", run, "--test", "3"], cwd=self.tmp)
+        self.assertEqual(rc, 0, "verify failed:\n%s\n%s" % (out, err[-3000:]))
+        j = json.loads(out[out.find("{"):])
+        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
+
+
 class ReluModel(TempDirTest):
     """A ReLU network: the engine cuts each step at kinks on the recorded path."""
 
