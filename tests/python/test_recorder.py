@@ -322,6 +322,66 @@ class RecordedRunFormat(TempDirTest):
         self.assertEqual(used, [0.1, 0.1, 0.05, 0.05, 0.025, 0.025])
 
 
+    def test_scheduler_stepped_before_rec_step(self):
+        # The lr is the one optimizer.step() ran with, read when it ran, so a
+        # loop that steps its scheduler before rec.step is still right.
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.5)
+        rec = Recorder(self.path("run"), model, opt, self.x, self.y)
+        used = []
+        for idx in batches(40, 10, 4):
+            opt.zero_grad()
+            F.cross_entropy(model(self.x[idx]), self.y[idx]).backward()
+            used.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+            rec.step(idx)
+        rec.close()
+        self.assertEqual(pathkernel.read_run(self.path("run")).learning_rates.tolist(), used)
+        self.assertEqual(used, [0.1, 0.05, 0.025, 0.0125])
+
+    def test_training_a_scripted_module_and_given_losses(self):
+        scripted = torch.jit.script(mlp())
+        opt = torch.optim.Adam(scripted.parameters(), lr=0.01)
+        rec = Recorder(self.path("run"), scripted, opt, self.x, self.y)
+        losses = []
+        for idx in batches(40, 10, 3):
+            opt.zero_grad()
+            value = F.cross_entropy(scripted(self.x[idx]), self.y[idx])
+            value.backward()
+            opt.step()
+            rec.step(idx, loss=value, accuracy=0.25)
+            losses.append(float(value))
+        rec.close()
+        run = pathkernel.read_run(self.path("run"))
+        self.assertEqual(run.metrics["loss"].tolist(), losses)
+        self.assertEqual(run.metrics["batch_accuracy"].tolist(), [0.25] * 3)
+        self.assertEqual([t["name"] for t in run.parameters], ["fc1.weight", "fc1.bias", "out.weight", "out.bias"])
+
+    def test_diverged_loop(self):
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        d = self.path("run")
+        rec = Recorder(d, model, opt, self.x, self.y)
+        for s, idx in enumerate(batches(40, 10, 3)):
+            opt.zero_grad()
+            F.cross_entropy(model(self.x[idx]), self.y[idx]).backward()
+            if s == 2:
+                model.fc1.weight.grad[0, 0] = float("inf")
+            opt.step()
+            if s < 2:
+                rec.step(idx)
+        with self.assertRaisesRegex(RecorderError, r"step 2: the weights are not finite after the step; the run ends "
+                                                   r"at step 2 \(status diverged\)"):
+            rec.step(idx)
+        run = pathkernel.read_run(d)
+        self.assertEqual((run.status, run.steps, len(run.batches)), ("diverged", 2, 2))
+        self.assertIn("not finite", run.manifest["message"])
+        if need_binary_quiet():
+            cli_json(self, ["info", d], cwd=self.tmp)
+
+
 def need_binary_quiet():
     from _helpers import binary
     return binary() is not None

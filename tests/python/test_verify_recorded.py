@@ -127,6 +127,46 @@ class MoreOutputsThanLabels(TempDirTest):
         self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
 
 
+class TokenModel(TempDirTest):
+    """Integer inputs (token ids) through an embedding, AdamW with a warm-up,
+    and check-path on the recorded run (it checks the files; nothing to replay)."""
+
+    def test_tokens_adamw(self):
+        need_binary(self)
+
+        class Tokens(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(7, 4)
+                self.out = nn.Linear(8, 3)
+
+            def forward(self, t):
+                return self.out(torch.tanh(self.embed(t).flatten(1)))
+
+        torch.manual_seed(0)
+        model = Tokens().double()
+        g = torch.Generator().manual_seed(2)
+        tokens = torch.randint(0, 7, (30, 2), generator=g)
+        labels = (tokens[:, 0] + tokens[:, 1]) % 3
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.2, total_iters=4)
+        run = self.path("tokens")
+        with Recorder(run, model, opt, tokens, labels, test_x=tokens[:5], test_y=labels[:5]) as rec:
+            for idx in batches(30, 6, 8):
+                opt.zero_grad()
+                F.cross_entropy(model(tokens[idx]), labels[idx]).backward()
+                opt.step()
+                rec.step(idx)
+                sched.step()
+        rc, out, err = cli(["--quiet", "check-path", run], cwd=self.tmp)
+        self.assertEqual(rc, 0, "check-path failed:\n%s\n%s" % (out, err[-3000:]))
+        rc, out, err = cli(["--quiet", "--json", "verify", run, "--test", "3"], cwd=self.tmp)
+        self.assertEqual(rc, 0, "verify failed:\n%s\n%s" % (out, err[-3000:]))
+        j = json.loads(out[out.find("{"):])
+        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
+        self.assertLessEqual(j["max_abs_rounding"], MAX_ROUNDING, out)
+
+
 class ReluModel(TempDirTest):
     """A ReLU network: the engine cuts each step at kinks on the recorded path."""
 
