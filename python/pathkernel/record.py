@@ -409,6 +409,10 @@ class Recorder:
             _fail("the TorchScript module's parameters %s are not the model's %s"
                   % ([n_ for n_, _ in snamed][:8], [n_ for n_, _ in named][:8]))
         by_name = dict(named)
+        for n_, p in snamed:
+            if p is not by_name[n_] and not torch.equal(p.detach(), by_name[n_].detach()):
+                _fail("the TorchScript module's parameter '%s' holds other values than the model's: it must hold "
+                      "the weights training starts from (trace or script the model itself)" % n_)
         # The flat order is the TorchScript module's, which pathkernel reads.
         self._names = [n_ for n_, _ in snamed]
         self._params = [by_name[n_] for n_ in self._names]
@@ -448,8 +452,8 @@ class Recorder:
                 _fail("loss 'nll' takes log-probabilities, but the model's outputs on train_x[:%d] are not "
                       "(logsumexp %.3g, expected 0): end the model in log_softmax, or use "
                       "loss='cross_entropy' for logits" % (probe.shape[0], float(lse.abs().max())))
-        elif K < 2:
-            _fail("loss '%s' needs at least 2 classes; the model has %d output" % (loss, K))
+        elif loss == "cross_entropy" and K < 2:
+            _fail("loss 'cross_entropy' needs at least 2 classes; the model has %d output" % K)
         self._y = self._check_targets(self._y, self._x, "train", K)
         if self._yt is None:
             self._yt = torch.zeros((0, K), dtype=torch.float64) if loss == "mse" else torch.zeros(0, dtype=torch.int64)

@@ -292,6 +292,16 @@ class RecordedRunFormat(TempDirTest):
         x, y = arrays["train_x"], arrays["train_y"]
         self.assertEqual(run.manifest["data"]["train_crc32"], zlib.crc32(y.tobytes(), zlib.crc32(x.tobytes())))
 
+    def test_scalar_regression(self):
+        model = mlp(k=1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        targets = self.x[:, :1] * 2 - 1
+        d = self.path("run")
+        _, seen = record_loop(d, model, opt, self.x, targets, steps=3, loss="mse")
+        run = pathkernel.read_run(d)
+        self.assertEqual(run.manifest["data"]["num_classes"], 1)
+        np.testing.assert_allclose(run.metrics["loss"], seen["loss"], rtol=1e-12)
+
     def test_clip_factor_given_explicitly(self):
         model = mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -437,6 +447,10 @@ class Refusals(TempDirTest):
         model = Unscriptable().double()
         self.refuse(r"cannot be scripted with torch\.jit\.script \(.*\).*script=torch\.jit\.trace",
                     model, torch.optim.SGD(model.parameters(), lr=0.1), self.x, self.y)
+        other = Unscriptable().double()
+        self.refuse(r"parameter 'fc.weight' holds other values than the model's", model,
+                    torch.optim.SGD(model.parameters(), lr=0.1), self.x, self.y,
+                    script=torch.jit.trace(other, self.x[:2]))
         # Traced, it is accepted.
         traced = torch.jit.trace(model, self.x[:2])
         Recorder(self.path("traced"), model, torch.optim.SGD(model.parameters(), lr=0.1), self.x, self.y,
