@@ -471,7 +471,11 @@ class Recorder:
         for name, t in arrays.items():
             data_bytes[name] = npy_bytes(t.numpy())
             write_atomic(os.path.join(self.directory, "data", name + ".npy"), data_bytes[name])
-        x_raw = np.ascontiguousarray(self._x.numpy()).tobytes()
+        # The CRC-32 pathkernel's reader computes (training_data_crc32) on the
+        # data as it loads it: the inputs converted to the run's dtype (so
+        # token ids and float32 inputs of a float64 model as float64), then the
+        # int64 labels or float64 targets.
+        x_raw = np.ascontiguousarray(self._x.to(dtype).numpy()).tobytes()
         y_raw = np.ascontiguousarray(self._y.numpy()).tobytes()
         self._train_crc32 = zlib.crc32(y_raw, zlib.crc32(x_raw)) & 0xFFFFFFFF
         buf = io.BytesIO()

@@ -268,6 +268,9 @@ class RecordedRunFormat(TempDirTest):
         arrays = run.data()
         self.assertEqual(arrays["train_x"].dtype, np.int64)
         self.assertTrue(np.array_equal(arrays["train_x"], tokens.numpy()))
+        # The CRC-32 is of the data as pathkernel loads it: inputs in the run's dtype.
+        self.assertEqual(run.manifest["data"]["train_crc32"],
+                         zlib.crc32(arrays["train_y"].tobytes(), zlib.crc32(arrays["train_x"].astype(np.float32).tobytes())))
 
     def test_mse_targets_and_nll(self):
         model = mlp(log_softmax=True)
