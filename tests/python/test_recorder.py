@@ -295,6 +295,24 @@ class RecordedRunFormat(TempDirTest):
         x, y = arrays["train_x"], arrays["train_y"]
         self.assertEqual(run.manifest["data"]["train_crc32"], zlib.crc32(y.tobytes(), zlib.crc32(x.tobytes())))
 
+    def test_numpy_data_and_list_batches(self):
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        xn, yn = self.x.numpy(), self.y.numpy().astype(np.int32)
+        d = self.path("run")
+        with Recorder(d, model, opt, xn, yn, test_x=xn[:5], test_y=yn[:5]) as rec:
+            for idx in ([0, 1, 2], np.array([3, 4]), range(5, 12)):
+                opt.zero_grad()
+                i = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+                F.cross_entropy(model(self.x[i]), self.y[i]).backward()
+                opt.step()
+                rec.step(idx)
+        run = pathkernel.read_run(d)
+        self.assertTrue(run.recorded)
+        self.assertEqual([b.tolist() for b in run.batches], [[0, 1, 2], [3, 4], list(range(5, 12))])
+        self.assertEqual(run.training["batch_size"], 7)
+        self.assertEqual(run.data()["train_y"].dtype, np.int64)
+
     def test_scalar_regression(self):
         model = mlp(k=1)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
