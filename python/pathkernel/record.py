@@ -300,6 +300,10 @@ class Recorder:
 
     Call ``rec.step(idx)`` right after every ``optimizer.step()`` (before
     ``scheduler.step()``), and ``rec.close()`` at the end (or use ``with``).
+    The recorder wraps ``optimizer.step`` (on this instance) to read the
+    learning rate each step runs with at that moment, so a scheduler stepped
+    before ``rec.step`` is still recorded right; two optimizer steps without a
+    ``rec.step`` between them, or a ``rec.step`` without one, are refused.
     """
 
     def __init__(self, directory, model, optimizer, train_x, train_y, test_x=None, test_y=None,
