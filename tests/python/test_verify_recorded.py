@@ -74,6 +74,7 @@ class VerifyRecordedRuns(TempDirTest):
         j = json.loads(out[out.find("{"):])
         self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
         self.assertLessEqual(j["max_abs_rounding"], MAX_ROUNDING, out)
+        self.assertTrue(j.get("updates_explained", True), out)
         return j
 
     def test_every_optimizer_and_loss(self):
@@ -104,6 +105,10 @@ class VerifyRecordedRuns(TempDirTest):
         if start >= 0:
             j = json.loads(out[start:])
             self.assertGreater(j["max_abs_rounding"], 1e3 * MAX_ROUNDING, out)
+            # The kernel machine still equals the network: E carries the difference.
+            self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
+            self.assertFalse(j.get("updates_explained", False), out)
+            self.assertEqual(j.get("first_unexplained_step", 6), 6, out)
 
 
 class MoreOutputsThanLabels(TempDirTest):
