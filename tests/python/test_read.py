@@ -107,6 +107,10 @@ class ExplainRecordedRun(TempDirTest):
         self.assertEqual(rc, 0, o + e)
         ex = pathkernel.read_explain(out, run=d)
         self.assertEqual(ex.contributions.shape, (2, 30, 3))
+        html = self.path("report.html")
+        rc, o, e = cli(["--quiet", "report", d, "--explain", out, "--out", html, "--test", "3"], cwd=self.tmp)
+        self.assertEqual(rc, 0, o + e)
+        self.assertGreater(os.path.getsize(html), 1000)
         with open(os.path.join(out, "explain.json")) as f:
             self.assertEqual(json.load(f)["points"][0]["test_index"], 0)
         for n in range(2):
