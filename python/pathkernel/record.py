@@ -916,14 +916,17 @@ class Recorder:
 
     @property
     def bytes_per_step(self):
-        """Bytes the run directory stores per recorded step: the weights, the
-        optimizer buffers and the batch indices (the path pathkernel reads)."""
+        """Bytes the run's path takes per recorded step, as ``pathkernel info``
+        counts them: every checkpoint (w_0 included), the optimizer buffers,
+        the batch indices and the clip factors, over the steps. Before the
+        first step: the bytes one step will take."""
+        per_w = 8 * self.parameter_count + 128
         if self.steps == 0:
-            per_w = 8 * self.parameter_count + 128
             buffers = {"sgd": 0, "momentum": 1, "nesterov": 1}.get(self._declaration["name"], 2)
             return per_w * (1 + buffers)
         pending = sum(4 * r.size for r in self._batch_rows)
-        return (self._path_bytes_after_w0 + pending) / self.steps
+        clip = self._clip_file["bytes"] if self._clip_file else 0
+        return (self._checkpoints[0]["bytes"] + self._path_bytes_after_w0 + pending + clip) / self.steps
 
     @property
     def status(self):
