@@ -58,6 +58,7 @@ struct DecompositionOptions {
   /// adamw); for gd and sgd it is an independent second route to the same
   /// decomposition.
   bool reverse = false;
+  // quadrature.run_tol, when > 0, is shared over the run's steps (QuadratureOptions::for_run).
   /// Contract with the training signals and gradient the path's replay
   /// computed anyway (PathReader::set_capture) instead of running every
   /// batch through the network twice more. Float64 runs only (others
@@ -111,6 +112,10 @@ struct Decomposition {
   /// C_i(x) = (η/|B|) kernel[x, i, :, y_i], a single kernel machine.
   torch::Tensor kernel;
   double certificate_max_gap = 0;
+  /// [n, K]: Σ_s |J̄_s Δw_s − (f(w_{s+1}) − f(w_s))|, the steps' certificate
+  /// gaps in absolute value. The prediction's error against f(w_N) is the sum
+  /// of the signed gaps (up to the rounding of the sums), so this bounds it.
+  torch::Tensor gap_abs;
   int64_t evaluations = 0;       ///< integrand evaluations summed over test points and steps
   int64_t forward_evaluations = 0;  ///< forward-only evaluations (kink search, piece ends), summed likewise
   int64_t kinks = 0;             ///< kinks located, summed likewise
@@ -140,6 +145,9 @@ struct DecompositionSummary {
   double max_abs_rounding = 0;       ///< max |E|
   double max_abs_regularization = 0; ///< max |R|
   double certificate_max_gap = 0;
+  /// max of gap_abs / max(1, |f(w_N)|): the certificate's bound on max_rel_error
+  /// (up to the rounding of forming f and the sums, a few ε).
+  double error_bound = 0;
   double mean_evaluations_per_step = 0;          ///< integrand evaluations per test point and step
   double mean_forward_evaluations_per_step = 0;  ///< forward-only evaluations per test point and step
   double mean_kinks_per_step = 0;                ///< kinks located per test point and step

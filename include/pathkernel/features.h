@@ -30,11 +30,21 @@ namespace pathkernel {
 struct QuadratureOptions {
   QuadratureSpec spec;  ///< gauss (default), riemann:T, dpk
   double tol = 1e-14;   ///< certificate tolerance per step, relative to max(1, |f(w_s, x)|)
+  /// When > 0, the certificate budget of a whole run, relative to max(1, |f|):
+  /// each of its N steps gets run_tol / N in place of tol (for_run). The
+  /// kernel machine's error is the sum of the steps' signed certificate gaps,
+  /// so the budget bounds it, up to the floor of 8 ε per step below which a
+  /// gap is the rounding of f itself (docs/math.md §7).
+  double run_tol = 1e-12;
   int gauss_nodes = 8;  ///< Gauss–Legendre nodes on a piece of length 1 (ceil(n·√h) on length h)
   int min_nodes = 3;    ///< fewest nodes on a short piece
   int scan_intervals = 16;  ///< forward-only scan of [0,1] for kinks before integrating
   int64_t max_rows = 512;  ///< integrand evaluations per batched pass (bounds memory)
   int max_depth = 30;   ///< halvings of a piece before it is accepted as is
+
+  /// These options for a run of `steps` steps: tol = run_tol / steps when
+  /// run_tol > 0, else unchanged.
+  QuadratureOptions for_run(int64_t steps) const;
 };
 
 /// Test features of one step for n test points.
@@ -54,6 +64,7 @@ struct TestFeatures {
   int64_t forward_evaluations = 0;     ///< forward-only rows: kink scan and search, piece ends
   int64_t kinks = 0;                   ///< kinks located (ReLU flips and max-pool switches)
   double certificate_gap = 0;          ///< max |J̄ dw − (f1 − f0)| / max(1, |f0|)
+  torch::Tensor gap;                   ///< [n, K]: J̄ dw − (f1 − f0), the step's signed certificate gap
   /// gauss: per test point, the sorted ends of its accepted pieces (0, the
   /// kinks and refinement splits, 1); fixed rules: {0, 1}.
   std::vector<std::vector<double>> breaks;

@@ -72,7 +72,7 @@ struct TestPointArgs {
 /// explain): declared once, checked once.
 struct QuadratureArgs {
   std::string quadrature = "gauss";
-  double tol = 1e-14;
+  double tol = 1e-12;  ///< the run's certificate budget (QuadratureOptions::run_tol)
   int gauss_nodes = 8;
   const Globals* globals = nullptr;  ///< for --quiet
   /// Declares --quadrature, --tol and --gauss-nodes on cmd.

@@ -20,7 +20,10 @@ void Globals::print(const nlohmann::ordered_json& j, const std::string& text) co
 void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
   globals = &g;
   cmd->add_option("--quadrature", quadrature, "gauss (certified), riemann:T, or dpk")->capture_default_str();
-  cmd->add_option("--tol", tol, "Certificate tolerance per step, relative to max(1,|f|)")->capture_default_str();
+  cmd->add_option("--tol", tol,
+                  "Certificate budget of the whole run, relative to max(1,|f|): it bounds the kernel machine's "
+                  "error (each of the N steps gets tol/N)")
+      ->capture_default_str();
   cmd->add_option("--gauss-nodes", gauss_nodes, "Gauss-Legendre nodes per piece (gauss)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
@@ -30,7 +33,7 @@ DecompositionOptions QuadratureArgs::options() const {
   DecompositionOptions options;
   options.quadrature.spec = QuadratureSpec::parse(quadrature);
   PK_CHECK(tol > 0 && tol < 1, "--tol must be in (0, 1) (got " << tol << ")");
-  options.quadrature.tol = tol;
+  options.quadrature.run_tol = tol;
   options.quadrature.gauss_nodes = gauss_nodes;
   options.progress = globals == nullptr || !globals->quiet;
   return options;

@@ -41,6 +41,7 @@ DecompositionSummary summarize(const Decomposition& d) {
   s.max_abs_rounding = d.rounding.abs().max().item<double>();
   s.max_abs_regularization = d.regularization.abs().max().item<double>();
   s.certificate_max_gap = d.certificate_max_gap;
+  if (d.gap_abs.defined()) s.error_bound = (d.gap_abs / d.fN.abs().clamp_min(1.0)).max().item<double>();
   const double point_steps = static_cast<double>(std::max<int64_t>(1, s.test_points * d.steps));
   s.mean_evaluations_per_step = static_cast<double>(d.evaluations) / point_steps;
   s.mean_forward_evaluations_per_step = static_cast<double>(d.forward_evaluations) / point_steps;
@@ -229,6 +230,7 @@ Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x) 
   d.contributions = torch::zeros({n, M, K}, torch::kFloat64);
   d.regularization = torch::zeros({n, K}, torch::kFloat64);
   d.rounding = torch::zeros({n, K}, torch::kFloat64);
+  d.gap_abs = torch::zeros({n, K}, torch::kFloat64);
   return d;
 }
 
@@ -246,6 +248,9 @@ const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomp
   d.contributions = p->partial.contributions.clone();
   d.regularization = p->partial.regularization.clone();
   d.rounding = p->partial.rounding.clone();
+  if (p->partial.gap_abs.defined() && p->partial.gap_abs.sizes() == d.gap_abs.sizes()) {
+    d.gap_abs = p->partial.gap_abs.clone();
+  }
   if (kernel) d.kernel = p->partial.kernel.clone();
   d.certificate_max_gap = p->partial.certificate_max_gap;
   d.evaluations = p->partial.evaluations;
@@ -352,6 +357,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       d.forward_evaluations += f.forward_evaluations;
       d.kinks += f.kinks;
       d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
+      d.gap_abs.narrow(0, c0, nc).add_(f.gap.abs());
       erow += apply_features(ev, f, st.delta - UpdateRule::update(c, dvec, buf));
       if (c.rho.defined()) d.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, c.rho));
       torch::Tensor jp = dense_features(ev, f);  // [nc, K, P]
@@ -405,9 +411,11 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   return decompose(reader, x_in, options, nullptr);
 }
 
-Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
+Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& given,
                         DecompositionCheckpoint* checkpoint) {
   const Manifest& m = reader.manifest();
+  DecompositionOptions options = given;
+  options.quadrature = given.quadrature.for_run(m.steps);  // the run's budget shared over its steps
   const UpdateRule rule(m.optimizer);  // checks the optimizer is supported
   if (rule.has_buffer() || options.reverse) return decompose_reverse(reader, x_in, options, rule, checkpoint);
   auto t0 = std::chrono::steady_clock::now();
@@ -454,6 +462,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       d.forward_evaluations += f.forward_evaluations;
       d.kinks += f.kinks;
       d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
+      d.gap_abs.narrow(0, c0, nc).add_(f.gap.abs());
       if (lambda != 0) d.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, rho));
       d.rounding.narrow(0, c0, nc).add_(apply_features(ev, f, e));
       torch::Tensor step_c = options.on_step ? torch::empty({nc, b, K}, torch::kFloat64) : torch::Tensor();

@@ -28,6 +28,7 @@ std::vector<std::pair<std::string, torch::Tensor>> tensors_of(const Decompositio
                                                           {"regularization", p.partial.regularization},
                                                           {"rounding", p.partial.rounding}};
   if (p.partial.kernel.defined()) t.emplace_back("kernel", p.partial.kernel);
+  if (p.partial.gap_abs.defined()) t.emplace_back("gap_abs", p.partial.gap_abs);
   if (p.acc.defined()) t.emplace_back("acc", p.acc);
   return t;
 }
@@ -80,6 +81,7 @@ const DecompositionProgress* DirectoryCheckpoint::resume_point() {
       else if (name == "regularization") p->partial.regularization = t;
       else if (name == "rounding") p->partial.rounding = t;
       else if (name == "kernel") p->partial.kernel = t;
+      else if (name == "gap_abs") p->partial.gap_abs = t;
       else if (name == "acc") p->acc = t;
       else PK_THROW("unknown tensor '" << name << "'");
     }

@@ -116,6 +116,7 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
                                                         test_index.data_ptr<int64_t>() + test_index.numel())},
                   {"quadrature", dopt.quadrature.spec.str()},
                   {"tol", dopt.quadrature.tol},
+                  {"run_tol", dopt.quadrature.run_tol},
                   {"gauss_nodes", dopt.quadrature.gauss_nodes},
                   {"kernel", dopt.kernel},
                   {"threads", current_threads()}};

@@ -206,11 +206,22 @@ void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torc
   }
 }
 
+}  // namespace
+
+QuadratureOptions QuadratureOptions::for_run(int64_t steps) const {
+  QuadratureOptions q = *this;
+  if (run_tol > 0) q.tol = run_tol / static_cast<double>(std::max<int64_t>(1, steps));
+  return q;
+}
+
+namespace {
+
 /// Measures the certificate of the assembled features.
 void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& dw) {
   torch::Tensor jdw = apply_features(ev, f, dw);
   torch::Tensor scale = f.f0.abs().amax(1, true).clamp_min(1.0);
-  f.certificate_gap = ((jdw - (f.f1 - f.f0)).abs() / scale).max().item<double>();
+  f.gap = jdw - (f.f1 - f.f0);
+  f.certificate_gap = (f.gap.abs() / scale).max().item<double>();
 }
 
 /// The kinks of a Module for one test point x [1, ...] inside [a, b]: the

@@ -111,7 +111,7 @@ torch::Tensor gram(PathReader& reader, const torch::Tensor& rows_in, bool rows_t
   // Two test sides integrate their product along t, in smaller blocks: the
   // pieces of a block are the union of its points' pieces.
   const bool product = integrate && cols_test;
-  QuadratureOptions q = options.quadrature;
+  QuadratureOptions q = options.quadrature.for_run(reader.manifest().steps);  // the run's budget per step
   if (!integrate) q.spec = QuadratureSpec::parse("dpk");
 
   Network net64 = engine_network(m.network_options());
@@ -156,7 +156,7 @@ torch::Tensor gram_diagonal(PathReader& reader, const torch::Tensor& x_in, bool 
     return theta.view({n, 1, 1}) * torch::eye(K, torch::kFloat64);
   }
   const bool integrate = spec.kind == GramSpec::Kind::Epk && test;
-  QuadratureOptions q = options.quadrature;
+  QuadratureOptions q = options.quadrature.for_run(reader.manifest().steps);  // the run's budget per step
   if (!integrate) q.spec = QuadratureSpec::parse("dpk");
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
