@@ -160,6 +160,17 @@ int64_t chunk_size(const DecompositionOptions& options, int64_t per_point, int64
   return std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, per_point), 1, std::max<int64_t>(1, n));
 }
 
+/// a [n, K, P] times v [P], one test point at a time: [n, K]. A product
+/// over all n·K rows at once may round a row differently by where it falls,
+/// and a point's numbers must not depend on the other points of its chunk
+/// (a split of the test points across processes gives the same bits,
+/// docs/math.md §11).
+torch::Tensor per_point_mv(const torch::Tensor& a, const torch::Tensor& v) {
+  torch::Tensor out = torch::empty({a.size(0), a.size(1)}, a.options());
+  for (int64_t i = 0; i < a.size(0); ++i) out[i].copy_(torch::mv(a[i], v));
+  return out;
+}
+
 /// Reverse accumulation (docs/math.md §4) for optimizers with a buffer. For each
 /// chunk of test points, walking s = N−1 .. 0 with one [n, K, P]
 /// accumulator Ã_s = κ_s J̄_s P_s + β Ã_{s+1}:
@@ -226,7 +237,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       const torch::Tensor buf = rule.buffer(st.state);
       torch::Tensor erow = torch::zeros({nc, K}, torch::kFloat64);
       // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
-      if (buf.defined()) erow -= beta * torch::matmul(acc, buf);
+      if (buf.defined()) erow -= beta * per_point_mv(acc, buf);
 
       TestFeatures f = test_features(ev, xc, options.quadrature);
       d.evaluations += f.evaluations;
@@ -241,11 +252,11 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       if (buf.defined()) {
         acc.mul_(beta).add_(jp, c.kappa);
         a.add_(acc, c.gamma);
-        erow += torch::matmul(acc, buf - c.gamma * dvec);
+        erow += per_point_mv(acc, buf - c.gamma * dvec);
       }
       jp = torch::Tensor();
       d.rounding.narrow(0, c0, nc).add_(erow);
-      if (lambda != 0) d.regularization.narrow(0, c0, nc).add_(lambda * torch::matmul(a, st.w));
+      if (lambda != 0) d.regularization.narrow(0, c0, nc).add_(lambda * per_point_mv(a, st.w));
       torch::Tensor step_c = options.on_step ? torch::empty({nc, b, K}, torch::kFloat64) : torch::Tensor();
       for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
         const int64_t nr = std::min(options.train_chunk, b - r0);
