@@ -1,5 +1,7 @@
 // The application object: global options and subcommand registration.
+#include <algorithm>
 #include <cstdio>
+#include <sstream>
 
 #include "commands.h"
 #include "pathkernel/context.h"
@@ -8,8 +10,19 @@
 namespace pathkernel::cli {
 
 void Globals::apply() const {
-  set_threads(threads == 0 ? hardware_threads() : threads);
+  // The ranks of a job on one machine share its cores.
+  const int local_ranks = Communicator::world().local_size();
+  set_threads(threads == 0 ? std::max(1, hardware_threads() / local_ranks) : threads);
   warn_if_slow_blas();
+}
+
+void check_same_arguments(const Communicator& world, int argc, char** argv) {
+  if (world.size() == 1) return;
+  std::string mine;
+  for (int i = 1; i < argc; ++i) mine += std::string(i > 1 ? " " : "") + argv[i];
+  const std::string root = world.broadcast(mine);
+  world.check(mine == root ? "" : "started with the arguments '" + mine + "', rank 0 with '" + root +
+                                      "': every rank of a job runs the same command");
 }
 
 int run(int argc, char** argv) {
@@ -40,7 +53,10 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // Every rank parses the same arguments: rank 0 says what is wrong.
+    if (Communicator::world().root()) return app.exit(e);
+    std::ostringstream quiet;
+    return app.exit(e, quiet, quiet);
   }
   return globals.exit_status;
 }
