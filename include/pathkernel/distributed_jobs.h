@@ -1,11 +1,14 @@
 // explain, verify and gram across the ranks of a job (distributed.h), split
 // by test points (docs/distributed.md).
 //
-// Test points are independent (docs/math.md §11): each rank decomposes a
+// Test points are independent (docs/math.md §12): each rank decomposes a
 // contiguous share of them, balanced by their estimated cost, and the root
 // (rank 0) receives the shares in rank order, that is, in the order of the
-// test points, and alone writes the outputs. Every number is the one a
-// single process computes with the same options and thread count.
+// test points, and alone writes the outputs. The shares are whole blocks of
+// the points the engine computes together (decomposition_block(), GramOptions
+// ::block), so every block is computed with the same shapes as in a single
+// process: every number is the one a single process computes with the same
+// options and thread count, bit for bit, whatever the BLAS.
 //
 // Every rank calls these functions with the same arguments, after agreeing
 // that its set-up (the run opened, the test points resolved) succeeded
@@ -44,8 +47,10 @@ struct Share {
 std::vector<double> estimate_point_costs(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
                                          const QuadratureOptions& quadrature);
 
-/// This rank's share of n test points with these costs (split_by_cost).
-Share share_of(const Communicator& comm, const std::vector<double>& costs);
+/// This rank's share of n items with these costs (split_by_cost of the
+/// blocks' costs), in whole blocks of `block` items: shares start at
+/// multiples of it, so each block is computed whole by one rank.
+Share share_of(const Communicator& comm, const std::vector<double>& costs, int64_t block = 1);
 
 /// Concatenates every rank's decomposition of its share (in rank order) on
 /// the root: contributions, outputs, regularisation, rounding and kernel

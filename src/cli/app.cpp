@@ -50,6 +50,17 @@ int run(int argc, char** argv) {
   add_compare_command(app, globals);
   add_experiment_command(app, globals);
   add_report_command(app, globals);
+  // Under mpirun only these split their work; the others would run N times over.
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    const std::string name = sub->get_name();
+    if (name == "explain" || name == "verify" || name == "gram") continue;
+    sub->preparse_callback([name](std::size_t) {
+      const Communicator& world = Communicator::world();
+      if (world.size() == 1) return;
+      throw AgreedError("'" + name + "' runs as one process, not under mpirun (" + std::to_string(world.size()) +
+                        " ranks): only explain, verify and gram split their work across ranks");
+    });
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -75,8 +75,9 @@ struct QuadratureArgs {
   std::string quadrature = "gauss";
   double tol = 1e-14;
   int gauss_nodes = 8;
+  int64_t point_block = DecompositionOptions{}.point_block;
   const Globals* globals = nullptr;  ///< for --quiet
-  /// Declares --quadrature, --tol and --gauss-nodes on cmd.
+  /// Declares --quadrature, --tol, --gauss-nodes and --point-block on cmd.
   void add_to(CLI::App* cmd, const Globals& g);
   /// The checked decomposition options.
   DecompositionOptions options() const;

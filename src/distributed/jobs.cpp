@@ -86,9 +86,14 @@ std::vector<double> estimate_point_costs(const Communicator& comm, PathReader& r
   return costs;
 }
 
-Share share_of(const Communicator& comm, const std::vector<double>& costs) {
-  const std::vector<int64_t> bounds = split_by_cost(costs, comm.size());
-  return {bounds[static_cast<size_t>(comm.rank())], bounds[static_cast<size_t>(comm.rank()) + 1]};
+Share share_of(const Communicator& comm, const std::vector<double>& costs, int64_t block) {
+  PK_CHECK(block >= 1, "share_of: the block must be >= 1 (got " << block << ")");
+  const int64_t n = static_cast<int64_t>(costs.size());
+  std::vector<double> block_costs(static_cast<size_t>((n + block - 1) / block), 0.0);
+  for (int64_t i = 0; i < n; ++i) block_costs[static_cast<size_t>(i / block)] += costs[static_cast<size_t>(i)];
+  const std::vector<int64_t> bounds = split_by_cost(block_costs, comm.size());
+  const size_t r = static_cast<size_t>(comm.rank());
+  return {std::min(bounds[r] * block, n), std::min(bounds[r + 1] * block, n)};
 }
 
 Decomposition gather_decomposition(const Communicator& comm, const Decomposition& d) {
@@ -113,7 +118,8 @@ Decomposition gather_decomposition(const Communicator& comm, const Decomposition
 Decomposition decompose_across(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
                                const DecompositionOptions& options) {
   if (comm.size() == 1) return decompose(reader, x, options);
-  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, options.quadrature));
+  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, options.quadrature),
+                               decomposition_block(reader, x, options));
   DecompositionOptions local = options;
   local.progress = options.progress && comm.root();
   const Decomposition d = share.size() > 0 ? decompose(reader, x.narrow(0, share.begin, share.size()), local)
@@ -137,7 +143,8 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
   const DecompositionOptions dopt = explain_decomposition_options(m, n, options, &e.kernel_note);
   if (comm.root() && options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
   const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
-  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, dopt.quadrature));
+  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, dopt.quadrature),
+                               decomposition_block(reader, x, dopt));
 
   Decomposition local = empty_decomposition(m, dopt.kernel);
   if (share.size() > 0) {
@@ -182,10 +189,16 @@ GramFile gram_across(const Communicator& comm, PathReader& reader, const std::st
     check_indices(row_set, row_indices, row_set == "test" ? data.x_test.size(0) : data.x_train.size(0), "rows");
     check_indices(col_set, col_indices, col_set == "test" ? data.x_test.size(0) : data.x_train.size(0), "columns");
   });
-  // Split the test side (its points cost the quadrature); else the rows.
+  // Split the test side (its points cost the quadrature); else the rows. In
+  // whole blocks of gram()'s (test x test epk: 32 rows, whose pieces are
+  // shared); the infinite-width kernel, a closed form, on the root alone.
   const bool split_cols = row_set != "test" && col_set == "test";
   const torch::Tensor& split = split_cols ? col_indices : row_indices;
-  const Share share = share_of(comm, std::vector<double>(static_cast<size_t>(split.size(0)), 1.0));
+  const bool product = options.kernel.kind == GramSpec::Kind::Epk && row_set == "test" && col_set == "test";
+  const int64_t block = options.kernel.kind == GramSpec::Kind::NtkInfinite ? split.size(0)
+                        : product                                          ? std::min<int64_t>(options.block, 32)
+                                                                           : options.block;
+  const Share share = share_of(comm, std::vector<double>(static_cast<size_t>(split.size(0)), 1.0), block);
   GramOptions local_options = options;
   local_options.progress = options.progress && comm.root();
   const int64_t K = reader.manifest().num_classes;

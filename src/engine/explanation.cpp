@@ -114,6 +114,7 @@ ojson explain_progress_arguments(PathReader& reader, const torch::Tensor& test_i
                {"tol", dopt.quadrature.tol},
                {"gauss_nodes", dopt.quadrature.gauss_nodes},
                {"kernel", dopt.kernel},
+               {"point_block", dopt.point_block},
                {"threads", current_threads()}};
 }
 

@@ -646,12 +646,7 @@ torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, 
   for (size_t l = 0; l < ev.param_layers().size(); ++l) {
     torch::Tensor part;
     if (f.dense.size() > l && f.dense[l].defined()) {
-      // One product per test point, so that its numbers do not depend on the
-      // other points of the chunk (a product over all K·n rows at once may
-      // round a row differently by where it falls).
-      const torch::Tensor vl = torch::cat({ev.weight_of(v, l).flatten(), ev.bias_of(v, l)});
-      part = torch::empty({f.dense[l].size(0), f.dense[l].size(1)}, vl.options());
-      for (int64_t i = 0; i < f.dense[l].size(1); ++i) part.select(1, i).copy_(torch::mv(f.dense[l].select(1, i), vl));
+      part = torch::matmul(f.dense[l], torch::cat({ev.weight_of(v, l).flatten(), ev.bias_of(v, l)}));
     } else if (l == 0 && f.first_signal.defined()) {
       torch::Tensor z = layer_direction(ev, 0, f.first_inputs, v);                 // [n, out]
       part = (f.first_signal * z.unsqueeze(0)).sum(2);
@@ -674,54 +669,24 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
       part = torch::matmul(f.first_signal, t.signals[0].t()) * a.unsqueeze(0);     // [K, n, B]
     } else if (d.kind == Kind::Linear) {
       const torch::Tensor& s = f.signals[l];                                       // [K, R, out]
-      const int64_t K = s.size(0), out = s.size(2), in = f.inputs[l].size(1);
+      const int64_t K = s.size(0), R = s.size(1), out = s.size(2), in = f.inputs[l].size(1);
       const int64_t n = f.num_points, B = t.inputs[l].size(0);
-      // The contraction of the rows (point [r], weight [r], signals [K, r, out],
-      // inputs [r, in]) of np points, dense or by rows.
-      auto linear = [&](bool dense, const torch::Tensor& point, const torch::Tensor& weight, const torch::Tensor& sig,
-                        const torch::Tensor& inputs, int64_t np) {
-        auto sum_rows = [&](const torch::Tensor& x) {  // Σ_r ω_r x_r per point along dim 1
-          std::vector<int64_t> shape = x.sizes().vec(), w_shape(x.dim(), 1);
-          shape[1] = np;
-          w_shape[1] = x.size(1);
-          return torch::zeros(shape, x.options()).index_add_(1, point, x * weight.view(w_shape));
-        };
-        if (dense) {
-          // Few weights, many rows (docs/math.md §8): the dense block
-          // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, np, out, in+1], then
-          // δ_iᵀ J̄ [a_i, 1] for every training row: one GEMM against the
-          // training inputs, which are read once (per-sample gradients are
-          // never formed).
-          torch::Tensor ones = torch::ones({inputs.size(0), 1}, weight.options());
-          torch::Tensor rows = torch::cat({inputs, ones}, 1);                                    // [r, in+1]
-          torch::Tensor block = sum_rows(sig.unsqueeze(3) * rows.unsqueeze(0).unsqueeze(2));      // [K, np, out, in+1]
-          torch::Tensor ai = torch::cat({t.inputs[l], torch::ones({B, 1}, ones.options())}, 1);  // [B, in+1]
-          torch::Tensor y = torch::matmul(block.reshape({K * np * out, in + 1}), ai.t());        // [K·np·out, B]
-          return (y.view({K, np, out, B}) * t.signals[l].t().view({1, 1, out, B})).sum(2);       // [K, np, B]
-        }
-        torch::Tensor a = torch::addmm(torch::ones({1}, weight.options()), inputs, t.inputs[l].t());  // [r, B]
-        torch::Tensor dd = torch::matmul(sig, t.signals[l].t());                                     // [K, r, B]
-        return sum_rows(dd * a.unsqueeze(0));                                                        // [K, np, B]
-      };
-      // Each point takes the contraction its own rows make cheaper, so that its
-      // numbers do not depend on the other points of the chunk (a split of the
-      // test points across processes gives the same bits, docs/math.md §11).
-      const torch::Tensor dense = torch::bincount(f.point, {}, n) * (in + out) > in * out;  // [n] bool
-      const int64_t n_dense = dense.sum().item<int64_t>();
-      if (n_dense == n || n_dense == 0) {
-        part = linear(n_dense == n, f.point, f.weight, s, f.inputs[l], n);
+      if (R * (in + out) > n * in * out) {
+        // Few weights, many rows (docs/math.md §8): the dense block
+        // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, n, out, in+1], then
+        // δ_iᵀ J̄ [a_i, 1] for every training row: one GEMM against the
+        // training inputs, which are read once (per-sample gradients are
+        // never formed).
+        torch::Tensor ones = torch::ones({R, 1}, f.weight.options());
+        torch::Tensor rows = torch::cat({f.inputs[l], ones}, 1);                     // [R, in+1]
+        torch::Tensor block = aggregate(f, s.unsqueeze(3) * rows.unsqueeze(0).unsqueeze(2));  // [K, n, out, in+1]
+        torch::Tensor ai = torch::cat({t.inputs[l], torch::ones({B, 1}, ones.options())}, 1);  // [B, in+1]
+        torch::Tensor y = torch::matmul(block.reshape({K * n * out, in + 1}), ai.t());         // [K·n·out, B]
+        part = (y.view({K, n, out, B}) * t.signals[l].t().view({1, 1, out, B})).sum(2);        // [K, n, B]
       } else {
-        part = torch::empty({K, n, B}, s.options());
-        for (const bool group : {true, false}) {
-          const torch::Tensor points = (dense == group).nonzero().view({-1});         // the group's points
-          const torch::Tensor rows = (dense.index_select(0, f.point) == group).nonzero().view({-1});
-          torch::Tensor local = torch::full({n}, -1, torch::kLong);                    // point -> place in the group
-          local.index_copy_(0, points, torch::arange(points.size(0), torch::kLong));
-          part.index_copy_(1, points,
-                           linear(group, local.index_select(0, f.point.index_select(0, rows)),
-                                  f.weight.index_select(0, rows), s.index_select(1, rows),
-                                  f.inputs[l].index_select(0, rows), points.size(0)));
-        }
+        torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), f.inputs[l], t.inputs[l].t());  // [R, B]
+        torch::Tensor dd = torch::matmul(s, t.signals[l].t());                      // [K, R, B]
+        part = aggregate(f, dd * a.unsqueeze(0));                                  // [K, n, B]
       }
     } else {
       part = torch::matmul(f.dense[l], conv_sample_gradients(d, t, l).t());         // [K, n, B]

@@ -3,8 +3,13 @@
 // that ends the job with one message instead of a hang.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -140,6 +145,14 @@ TEST(Distributed, AnErrorOnOneRankEndsEveryRankWithOneMessage) {
     EXPECT_CONTAINS(o.out, "test index 99999 is out of range [0, 30)");
     EXPECT_LT(seconds, 60) << o.out;
   }
+  // A command that does not split its work is refused once, not run twice.
+  {
+    auto [o, seconds] = timed(kMpirun + " -np 2 " + kBinary + "info " + r);
+    EXPECT_NE(o.status, 0);
+    EXPECT_EQ(count(o.out, "pathkernel: error:"), 1) << o.out;
+    EXPECT_CONTAINS(o.out, "'info' runs as one process, not under mpirun (2 ranks)");
+    EXPECT_LT(seconds, 60) << o.out;
+  }
   // Rank 1 alone started with a bad index: every rank ends, with rank 1's message once.
   {
     auto [o, seconds] = timed(kMpirun + " -np 1 " + kBinary + "explain " + r + " --test-index 0 --quiet : -np 1 " +
@@ -166,6 +179,77 @@ TEST(Distributed, AnErrorOnOneRankEndsEveryRankWithOneMessage) {
     EXPECT_CONTAINS(o.out, "rank 1 of 2: ");
     EXPECT_CONTAINS(o.out, "manifest.json");
     EXPECT_LT(seconds, 60) << o.out;
+  }
+}
+
+/// The pids of the processes whose environment holds `tag` (NAME=VALUE), and
+/// whether each is stopped: mpirun's ranks, whatever their process group.
+std::vector<std::pair<pid_t, bool>> tagged_processes(const std::string& tag) {
+  std::vector<std::pair<pid_t, bool>> found;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string env, stat;
+    try {
+      env = read_file(e.path().string() + "/environ");
+      stat = read_file(e.path().string() + "/stat");
+    } catch (const std::exception&) {
+      continue;  // gone, or not ours to read
+    }
+    env.push_back('\0');
+    if (env.find(std::string(1, '\0') + tag + '\0') == std::string::npos && env.rfind(tag + '\0', 0) != 0) continue;
+    const size_t close = stat.rfind(')');
+    const bool stopped = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+    found.emplace_back(static_cast<pid_t>(std::stol(name)), stopped);
+  }
+  return found;
+}
+
+// A rank killed mid-job: rank 1 stops itself (the write hook of the resume
+// tests) right after its 5th save and the whole job is killed there; the
+// same command run again continues each rank from its own saved progress and
+// writes the bytes of an uninterrupted run.
+TEST(Distributed, AKilledJobContinuesFromEachRanksSavedProgress) {
+  SKIP_WITHOUT_MPI();
+  testing::TempDir dir;
+  for (const std::string opt : {"sgd", "momentum"}) {
+    const std::string r = train(dir, opt);
+    const std::string args = "explain " + r + " --test-index 0,1,2,3,4,5,6,7 --quiet --checkpoint-seconds 0 --out ";
+    const Output whole = two_ranks(args + (dir / (opt + "-whole")));
+    ASSERT_EQ(whole.status, 0) << whole.out;
+
+    const std::string out = dir / (opt + "-killed"), log = dir / (opt + "-log.txt");
+    const std::string tag = "PATHKERNEL_TEST_JOB=" + out;
+    const pid_t job = fork();
+    if (job == 0) {
+      ::setpgid(0, 0);
+      const std::string cmd = "exec env " + tag + " PATHKERNEL_TEST_PAUSE_IN_WRITE=rank-1-of-2/state.json@5:after " +
+                              kMpirun + " -np 2 " + kBinary + args + out + " > " + log + " 2>&1";
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Wait (at most two minutes) for rank 1 to stop, then kill every process of the job.
+    bool stopped = false;
+    for (int i = 0; i < 1200 && !stopped; ++i) {
+      for (const auto& [pid, is_stopped] : tagged_processes(tag)) stopped = stopped || is_stopped;
+      if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    for (const auto& [pid, is_stopped] : tagged_processes(tag)) ::kill(pid, SIGKILL);
+    ::kill(-job, SIGKILL);
+    int status = 0;
+    ::waitpid(job, &status, 0);
+    ASSERT_TRUE(stopped) << "rank 1 never stopped in its 5th save (" << opt << "):\n" << read_file(log);
+    ASSERT_TRUE(fs::exists(out + "/.progress/rank-1-of-2/state.json")) << opt;
+    EXPECT_FALSE(fs::exists(out + "/contributions.npy")) << opt;
+
+    const Output again = two_ranks(args + out);
+    ASSERT_EQ(again.status, 0) << again.out;
+    EXPECT_CONTAINS(again.out, "rank 1: resuming from the saved progress");
+    EXPECT_FALSE(fs::exists(out + "/.progress")) << opt;
+    for (const std::string file : {"contributions.npy", "explain.json"}) {
+      EXPECT_TRUE(read_file(dir / (opt + "-whole/" + file)) == read_file(out + "/" + file))
+          << opt << ": the resumed " << file << " differs from the uninterrupted run's";
+    }
   }
 }
 

@@ -1,7 +1,7 @@
-// A test point's decomposition does not depend on the other points it is
-// decomposed with (docs/math.md §11): the same bits alone as in a chunk of
-// ten. Splitting the test points across processes (distributed_jobs.h)
-// relies on it.
+// A test point's decomposition depends only on the block of points it is
+// computed with (DecompositionOptions::point_block, docs/math.md §12): split
+// at block boundaries, the test points give the same bits as all at once.
+// Splitting the test points across processes (distributed_jobs.h) relies on it.
 #include <gtest/gtest.h>
 
 #include "../test_util.h"
@@ -10,12 +10,20 @@
 namespace pathkernel {
 namespace {
 
-TEST(PointIndependence, EachPointAloneGivesTheBitsOfTheWholeChunk) {
+void expect_same_rows(const Decomposition& part, const Decomposition& all, int64_t first, const std::string& where) {
+  const int64_t n = part.fN.size(0);
+  EXPECT_TRUE(torch::equal(part.contributions, all.contributions.narrow(0, first, n))) << where;
+  EXPECT_TRUE(torch::equal(part.rounding, all.rounding.narrow(0, first, n))) << where;
+  EXPECT_TRUE(torch::equal(part.regularization, all.regularization.narrow(0, first, n))) << where;
+  EXPECT_TRUE(torch::equal(part.f0, all.f0.narrow(0, first, n))) << where;
+  EXPECT_TRUE(torch::equal(part.fN, all.fN.narrow(0, first, n))) << where;
+  if (all.kernel.defined()) EXPECT_TRUE(torch::equal(part.kernel, all.kernel.narrow(0, first, n))) << where;
+}
+
+TEST(PointIndependence, SplitsAtBlockBoundariesGiveTheBitsOfTheWhole) {
   for (const std::string opt : {"gd", "sgd", "momentum", "adam"}) {
     testing::TempDir dir(opt);
     RunOptions r = testing::small_run(dir / "run", opt, 6, 2);
-    // 24 x 24: whether a point's second layer is contracted densely depends
-    // on its own quadrature rows (12 or fewer: by rows), so a chunk mixes both.
     r.model = "mlp:24,24";
     r.train.optimizer.weight_decay = 1e-2;
     train_run(r);
@@ -23,17 +31,23 @@ TEST(PointIndependence, EachPointAloneGivesTheBitsOfTheWholeChunk) {
     const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 10);
     DecompositionOptions options;
     options.progress = false;
+    options.point_block = 3;
     options.kernel = opt == "gd" || opt == "sgd";
+    ASSERT_EQ(decomposition_block(reader, x, options), 3);
     const Decomposition all = decompose(reader, x, options);
-    for (int64_t i = 0; i < x.size(0); ++i) {
-      const Decomposition one = decompose(reader, x.narrow(0, i, 1), options);
-      const std::string where = opt + ", test point " + std::to_string(i);
-      EXPECT_TRUE(torch::equal(one.contributions[0], all.contributions[i])) << where;
-      EXPECT_TRUE(torch::equal(one.rounding[0], all.rounding[i])) << where;
-      EXPECT_TRUE(torch::equal(one.regularization[0], all.regularization[i])) << where;
-      EXPECT_TRUE(torch::equal(one.f0[0], all.f0[i])) << where;
-      EXPECT_TRUE(torch::equal(one.fN[0], all.fN[i])) << where;
-      if (options.kernel) EXPECT_TRUE(torch::equal(one.kernel[0], all.kernel[i])) << where;
+    // Shares of whole blocks, as ranks take them: [0, 3), [3, 9), [9, 10).
+    for (const auto& [first, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 6}, {9, 1}}) {
+      expect_same_rows(decompose(reader, x.narrow(0, first, count), options), all, first,
+                       opt + ", points " + std::to_string(first) + " to " + std::to_string(first + count - 1));
+    }
+    // The reverse walk's chunks (one replay each) are whole blocks too: a
+    // budget of a few blocks per chunk gives the same bits as one chunk.
+    if (opt == "momentum" || opt == "adam") {
+      DecompositionOptions small = options;
+      small.memory_doubles = 1;
+      ASSERT_EQ(decomposition_block(reader, x, small), 1);
+      small.memory_doubles = 3 * (3 * 3 * reader.manifest().parameter_count) + 3 * 100000;
+      expect_same_rows(decompose(reader, x, small), all, 0, opt + ", chunks of fewer blocks");
     }
     EXPECT_LT(summarize(all).max_rel_error, 1e-10) << opt;
   }
