@@ -10,6 +10,9 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread
   libcli11-dev nlohmann-json3-dev zlib1g-dev libstb-dev libsvm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # MPI: `mpirun -np N pathkernel explain|verify|gram` (docs/distributed.md);
+  # cmake -DPATHKERNEL_WITH_MPI=OFF builds without it.
+  libopenmpi-dev openmpi-bin
   dataset-fashion-mnist
   python3-numpy gnuplot-nox
   # PyTorch for Python: exports users' models (examples/export_model.py) in

@@ -64,6 +64,11 @@ struct DecompositionOptions {
   /// batch through the network twice more. Float64 runs only (others
   /// recompute in float64 regardless).
   bool replay_signals = true;
+  /// Test points computed together (fewer when the memory budget says so).
+  /// A point's numbers depend only on the block it falls in (blocks start
+  /// at multiples of decomposition_block()), so any split of the test points
+  /// at block boundaries, across processes for instance, gives the same bits.
+  int64_t point_block = 4;
   /// Called after each step and chunk of test points (unset: not called).
   std::function<void(const StepObservation&)> on_step;
 };
@@ -163,6 +168,11 @@ std::string unexplained_update_message(const StepResiduals& r);
 
 /// Summarises d (any number of test points, at least one).
 DecompositionSummary summarize(const Decomposition& d);
+
+/// The test points decompose() computes together for test inputs like x
+/// [n, *input_shape] with these options (options.point_block, or fewer to
+/// fit the memory budget): blocks start at its multiples.
+int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options);
 
 /// Decomposes the run's final outputs on test inputs x [n, *input_shape].
 /// Every optimizer of optimizer.h is supported (update_rule.h); the kernel

@@ -70,6 +70,30 @@ bool is_single_kernel_machine(const Manifest& m);
 Explanation explain(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
                     const ExplainOptions& options);
 
+/// explain() in its parts, for a caller that decomposes the test points
+/// itself (several processes share them: distributed_jobs.h). explain() is
+/// check_explain_indices, explain_decomposition_options, decompose() with a
+/// DirectoryCheckpoint of explain_progress_arguments, then write_explanation.
+///
+/// Throws Error unless test_index is a non-empty int64 [n] list of the run's
+/// test points and options.top >= 1.
+void check_explain_indices(PathReader& reader, const torch::Tensor& test_index, const ExplainOptions& options);
+/// The decomposition options of explaining n test points, with `kernel`
+/// decided; `kernel_note` receives why an Auto kernel is not written ("" otherwise).
+DecompositionOptions explain_decomposition_options(const Manifest& m, int64_t n, const ExplainOptions& options,
+                                                   std::string* kernel_note);
+/// Everything the accumulators of decomposing test_index with `dopt` depend
+/// on: a saved progress made with other arguments is not reused.
+nlohmann::ordered_json explain_progress_arguments(PathReader& reader, const torch::Tensor& test_index,
+                                                  const DecompositionOptions& dopt);
+/// Writes the explain directory `out` of d, the decomposition of test_index
+/// (kernel.npy when dopt.kernel; the PNG grids of image data when
+/// options.images), and fills e (dir, test_index, decomposition, kernel,
+/// json, images).
+void write_explanation(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+                       const DecompositionOptions& dopt, const ExplainOptions& options, Decomposition d,
+                       Explanation& e);
+
 /// An explain directory read back and checked against the run it explains.
 struct ExplainOutput {
   nlohmann::json points = nlohmann::json::array();  ///< explain.json's points

@@ -1,5 +1,7 @@
 // The application object: global options and subcommand registration.
+#include <algorithm>
 #include <cstdio>
+#include <sstream>
 
 #include "commands.h"
 #include "pathkernel/context.h"
@@ -8,8 +10,19 @@
 namespace pathkernel::cli {
 
 void Globals::apply() const {
-  set_threads(threads == 0 ? hardware_threads() : threads);
+  // The ranks of a job on one machine share its cores.
+  const int local_ranks = Communicator::world().local_size();
+  set_threads(threads == 0 ? std::max(1, hardware_threads() / local_ranks) : threads);
   warn_if_slow_blas();
+}
+
+void check_same_arguments(const Communicator& world, int argc, char** argv) {
+  if (world.size() == 1) return;
+  std::string mine;
+  for (int i = 1; i < argc; ++i) mine += std::string(i > 1 ? " " : "") + argv[i];
+  const std::string root = world.broadcast(mine);
+  world.check(mine == root ? "" : "started with the arguments '" + mine + "', rank 0 with '" + root +
+                                      "': every rank of a job runs the same command");
 }
 
 int run(int argc, char** argv) {
@@ -37,10 +50,24 @@ int run(int argc, char** argv) {
   add_compare_command(app, globals);
   add_experiment_command(app, globals);
   add_report_command(app, globals);
+  // Under mpirun only these split their work; the others would run N times over.
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    const std::string name = sub->get_name();
+    if (name == "explain" || name == "verify" || name == "gram") continue;
+    sub->preparse_callback([name](std::size_t) {
+      const Communicator& world = Communicator::world();
+      if (world.size() == 1) return;
+      throw AgreedError("'" + name + "' runs as one process, not under mpirun (" + std::to_string(world.size()) +
+                        " ranks): only explain, verify and gram split their work across ranks");
+    });
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // Every rank parses the same arguments: rank 0 says what is wrong.
+    if (Communicator::world().root()) return app.exit(e);
+    std::ostringstream quiet;
+    return app.exit(e, quiet, quiet);
   }
   return globals.exit_status;
 }

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "pathkernel/decomposition.h"
+#include "pathkernel/distributed.h"
 #include "pathkernel/gram.h"
 #include "pathkernel/test_points.h"
 
@@ -16,7 +17,7 @@ namespace pathkernel::cli {
 /// Options shared by every subcommand, declared once on the application
 /// (before or after the subcommand's name): --threads, --json, --quiet.
 struct Globals {
-  int threads = 0;      ///< 0: all cores
+  int threads = 0;      ///< 0: all cores (shared by the ranks of a job on one machine)
   bool json = false;    ///< print one JSON object instead of text
   bool quiet = false;   ///< no progress bars
   int exit_status = 0;  ///< set by a subcommand that fails without throwing
@@ -74,8 +75,9 @@ struct QuadratureArgs {
   std::string quadrature = "gauss";
   double tol = 1e-12;  ///< the run's certificate budget (QuadratureOptions::run_tol)
   int gauss_nodes = 8;
+  int64_t point_block = DecompositionOptions{}.point_block;
   const Globals* globals = nullptr;  ///< for --quiet
-  /// Declares --quadrature, --tol and --gauss-nodes on cmd.
+  /// Declares --quadrature, --tol, --gauss-nodes and --point-block on cmd.
   void add_to(CLI::App* cmd, const Globals& g);
   /// The checked decomposition options.
   DecompositionOptions options() const;
@@ -111,6 +113,10 @@ struct KernelPointArgs {
 /// The resume tests' fault injection: installs a WriteHook that stops the
 /// process inside the write PATHKERNEL_TEST_PAUSE_IN_WRITE names (test_hook.cpp).
 void install_test_write_hook();
+
+/// Throws AgreedError on every rank unless every rank of `world` was started
+/// with rank 0's arguments (one program, one job).
+void check_same_arguments(const Communicator& world, int argc, char** argv);
 
 /// Parses argv and runs the chosen subcommand. Returns the exit status.
 /// User errors propagate as pathkernel::Error.

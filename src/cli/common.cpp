@@ -27,6 +27,11 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
   cmd->add_option("--gauss-nodes", gauss_nodes, "Gauss-Legendre nodes per piece (gauss)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  cmd->add_option("--point-block", point_block,
+                  "Test points computed together; under mpirun the ranks split them in whole blocks, and the "
+                  "outputs are those of one process with the same value")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 }
 
 DecompositionOptions QuadratureArgs::options() const {
@@ -35,6 +40,7 @@ DecompositionOptions QuadratureArgs::options() const {
   PK_CHECK(tol > 0 && tol < 1, "--tol must be in (0, 1) (got " << tol << ")");
   options.quadrature.run_tol = tol;
   options.quadrature.gauss_nodes = gauss_nodes;
+  options.point_block = point_block;
   options.progress = globals == nullptr || !globals->quiet;
   return options;
 }

@@ -3,11 +3,14 @@
 // prints what it wrote).
 #include <cstdio>
 #include <filesystem>
+#include <algorithm>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "pathkernel/distributed_jobs.h"
 #include "pathkernel/explanation.h"
 
 namespace pathkernel::cli {
@@ -32,6 +35,30 @@ void print_points(const nlohmann::ordered_json& points) {
       std::printf("\n");
     }
   }
+}
+
+/// Each rank's test points and decomposition time, and their sum (the work
+/// one process would do, if the shares cost the same alone as side by side).
+nlohmann::ordered_json ranks_json(const ExplainAcross& a) {
+  double work = 0, wall = 0;
+  for (double s : a.rank_seconds) {
+    work += s;
+    wall = std::max(wall, s);
+  }
+  return {{"count", a.rank_seconds.size()},
+          {"points", a.rank_points},
+          {"seconds", a.rank_seconds},
+          {"seconds_max", wall},
+          {"seconds_sum", work}};
+}
+
+void print_ranks(const ExplainAcross& a) {
+  std::printf("%zu ranks:", a.rank_seconds.size());
+  for (size_t r = 0; r < a.rank_seconds.size(); ++r) {
+    std::printf(" rank %zu: %lld points in %.2f s;", r, static_cast<long long>(a.rank_points[r]), a.rank_seconds[r]);
+  }
+  const nlohmann::ordered_json j = ranks_json(a);
+  std::printf(" slowest %.2f s of %.2f s in all\n", j["seconds_max"].get<double>(), j["seconds_sum"].get<double>());
 }
 
 }  // namespace
@@ -72,10 +99,18 @@ void add_explain_command(CLI::App& app, Globals& globals) {
       const bool kernel = note.rfind("kernel.npy", 0) == 0;
       std::fprintf(stderr, "pathkernel: %s%s\n", note.c_str(), kernel ? " (use --kernel on to force)" : "");
     };
-    PathReader reader(args->run);
-    const torch::Tensor idx = args->points.indices(reader.dataset().y_test, 1);
+    // Under mpirun each rank explains a share of the points (distributed_jobs.h).
+    const Communicator& world = Communicator::world();
+    std::optional<PathReader> reader;
+    torch::Tensor idx;
+    world.agree([&] {
+      reader.emplace(args->run);
+      idx = args->points.indices(reader->dataset().y_test, 1);
+    });
     const std::string out = args->out.empty() ? (std::filesystem::path(args->run) / "explain").string() : args->out;
-    const Explanation e = explain(reader, idx, out, options);
+    const ExplainAcross across = explain_across(world, *reader, idx, out, options);
+    if (!world.root()) return;
+    const Explanation& e = across.explanation;
     if (e.json.contains("warning")) {  // updates the run does not describe (decomposition.h, StepResiduals)
       std::fprintf(stderr, "pathkernel: warning: %s\n", e.json["warning"].get<std::string>().c_str());
     }
@@ -83,10 +118,12 @@ void add_explain_command(CLI::App& app, Globals& globals) {
       nlohmann::ordered_json summary = e.json;
       summary["out"] = out;
       summary["images"] = e.images;
+      if (world.size() > 1) summary["ranks"] = ranks_json(across);
       globals.print(summary, "");
       return;
     }
     print_points(e.json["points"]);
+    if (world.size() > 1) print_ranks(across);
     const torch::Tensor& c = e.decomposition.contributions;
     std::printf("wrote %s/contributions.npy [%lld, %lld, %lld]%s and %s/explain.json\n", out.c_str(),
                 static_cast<long long>(c.size(0)), static_cast<long long>(c.size(1)),

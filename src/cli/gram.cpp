@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "pathkernel/distributed_jobs.h"
 #include "pathkernel/gram_file.h"
 
 namespace pathkernel::cli {
@@ -43,7 +45,11 @@ void add_gram_command(CLI::App& app, Globals& globals) {
     globals.apply();
     GramOptions options = args->k.options();
     options.trace = args->outputs == "trace";
-    PathReader reader(args->run);
+    // Under mpirun each rank computes a share of the test side (distributed_jobs.h).
+    const Communicator& world = Communicator::world();
+    std::optional<PathReader> reader_storage;
+    world.agree([&] { reader_storage.emplace(args->run); });
+    PathReader& reader = *reader_storage;
     const Dataset& data = reader.dataset();
     // Each side: its set's chosen points, or (deprecated) the first N of it.
     auto side = [&](const std::string& set, int64_t count) -> torch::Tensor {
@@ -52,13 +58,21 @@ void add_gram_command(CLI::App& app, Globals& globals) {
       if (set == "test") return args->test.indices(data.y_test, 100);
       return torch::arange(std::min(args->train, available), torch::kLong);
     };
-    const GramFile g = gram_between(reader, args->rows, side(args->rows, args->row_count), args->cols,
-                                    side(args->cols, args->col_count), options);
+    torch::Tensor row_indices, col_indices;
+    world.agree([&] {
+      row_indices = side(args->rows, args->row_count);
+      col_indices = side(args->cols, args->col_count);
+    });
+    const GramFile g = gram_across(world, reader, args->rows, row_indices, args->cols, col_indices, options);
     const std::string name = KernelArgs::file_stem(options.kernel);
     const std::string out = args->out.empty()
         ? (std::filesystem::path(args->run) / "gram" / (name + "_" + args->rows + "_" + args->cols + ".npy")).string()
         : args->out;
-    nlohmann::ordered_json printed = write_gram_file(out, g.matrix, g.record);
+    nlohmann::ordered_json printed;
+    world.agree([&] {
+      if (world.root()) printed = write_gram_file(out, g.matrix, g.record);
+    });
+    if (!world.root()) return;
     printed["out"] = out;
     globals.print(printed, out + "  " + printed["shape"].dump());
   });

@@ -2,11 +2,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "pathkernel/decomposition.h"
+#include "pathkernel/distributed_jobs.h"
 #include "pathkernel/error.h"
 
 namespace pathkernel::cli {
@@ -27,9 +29,17 @@ void add_verify_command(CLI::App& app, Globals& globals) {
   cmd->callback([args, &globals] {
     globals.apply();
     DecompositionOptions options = args->q.options();
-    PathReader reader(args->run);
-    torch::Tensor idx = args->points.indices(reader.dataset().y_test, 100);
-    Decomposition d = decompose(reader, reader.dataset().x_test.index_select(0, idx), options);
+    // Under mpirun each rank decomposes a share of the points (distributed_jobs.h).
+    const Communicator& world = Communicator::world();
+    std::optional<PathReader> reader_storage;
+    torch::Tensor idx;
+    world.agree([&] {
+      reader_storage.emplace(args->run);
+      idx = args->points.indices(reader_storage->dataset().y_test, 100);
+    });
+    PathReader& reader = *reader_storage;
+    Decomposition d = decompose_across(world, reader, reader.dataset().x_test.index_select(0, idx), options);
+    if (!world.root()) return;
     const DecompositionSummary s = summarize(d);
     nlohmann::ordered_json j{{"run", args->run},
                              {"test_points", s.test_points},

@@ -213,20 +213,24 @@ class CaptureScope {
 /// The decomposition's outputs before any step: f(w_0), f(w_N) in float64
 /// (by net64, an engine_network of the run), f(w_N) as the run's own network
 /// computes it, and zeros.
-Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x) {
+Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x, int64_t block) {
   const Manifest& m = reader.manifest();
   const int64_t n = x.size(0), M = reader.dataset().x_train.size(0), K = m.num_classes;
   Decomposition d;
   d.steps = m.steps;
-  const torch::Tensor wN = reader.checkpoint(m.checkpoints.size() - 1);
-  d.f0 = outputs_at(net64, reader.checkpoint(0), x);
-  d.fN = outputs_at(net64, wN, x);
-  if (m.dtype == "float64") {
-    d.fN_run = d.fN;  // the run's network is net64's twin
-  } else {
-    Network net = build_network(m.network_options());
-    d.fN_run = outputs_at(net, wN, x);
+  const torch::Tensor w0 = reader.checkpoint(0), wN = reader.checkpoint(m.checkpoints.size() - 1);
+  Network net = m.dtype == "float64" ? Network(nullptr) : build_network(m.network_options());
+  std::vector<torch::Tensor> f0, fN, fN_run;
+  for (int64_t b0 = 0; b0 < n; b0 += block) {  // block by block, like the rest
+    const torch::Tensor xb = x.narrow(0, b0, std::min(block, n - b0));
+    f0.push_back(outputs_at(net64, w0, xb));
+    fN.push_back(outputs_at(net64, wN, xb));
+    // A float64 run's network is net64's twin.
+    fN_run.push_back(m.dtype == "float64" ? fN.back() : outputs_at(net, wN, xb));
   }
+  d.f0 = torch::cat(f0);
+  d.fN = torch::cat(fN);
+  d.fN_run = torch::cat(fN_run);
   d.contributions = torch::zeros({n, M, K}, torch::kFloat64);
   d.regularization = torch::zeros({n, K}, torch::kFloat64);
   d.rounding = torch::zeros({n, K}, torch::kFloat64);
@@ -270,10 +274,31 @@ int64_t feature_doubles_per_point(SegmentEvaluator& ev, PathReader& reader, cons
   return rows_per_point * feature_doubles_per_row(ev, x.narrow(0, 0, std::min<int64_t>(x.size(0), 1)));
 }
 
-/// Test points per chunk so that `per_point` doubles of accumulators and
-/// features per test point fit in the budget.
-int64_t chunk_size(const DecompositionOptions& options, int64_t per_point, int64_t n) {
-  return std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, per_point), 1, std::max<int64_t>(1, n));
+/// Doubles of accumulators and features per test point: the reverse walk's
+/// Ã, A and J̄ P (three K x P matrices) and the test features.
+int64_t doubles_per_point(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,
+                          const DecompositionOptions& options, bool reverse) {
+  const Manifest& m = reader.manifest();
+  return (reverse ? 3 * m.num_classes * m.parameter_count : 0) +
+         feature_doubles_per_point(ev, reader, x, options.quadrature);
+}
+
+/// Test points computed together: options.point_block, fewer when `per_point`
+/// doubles each would not fit in the budget. It does not depend on n, so a
+/// point's block (and its numbers) are the same in any split at block
+/// boundaries.
+int64_t block_size(const DecompositionOptions& options, int64_t per_point) {
+  PK_CHECK(options.point_block >= 1, "the test points computed together must be >= 1 (got " << options.point_block
+                                                                                           << ")");
+  return std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, per_point), 1, options.point_block);
+}
+
+/// Test points per chunk of the reverse walk (one replay of the path each):
+/// as many whole blocks as fit in the budget, at most n rounded up to a block.
+int64_t chunk_size(const DecompositionOptions& options, int64_t per_point, int64_t n, int64_t block) {
+  const int64_t fit = std::max<int64_t>(1, options.memory_doubles / std::max<int64_t>(1, per_point) / block);
+  const int64_t blocks = (std::max<int64_t>(1, n) + block - 1) / block;
+  return std::min(fit, blocks) * block;
 }
 
 /// Reverse accumulation (docs/math.md §4) for optimizers with a buffer. For each
@@ -301,10 +326,10 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
   const double beta = rule.beta(), lambda = rule.coupled_decay();
-  Decomposition d = start(reader, grad64, x);
-  // Ã, A and the dense J̄ P: three K x P matrices per test point.
-  const int64_t chunk =
-      chunk_size(options, 3 * K * P + feature_doubles_per_point(ev, reader, x, options.quadrature), n);
+  const int64_t per_point = doubles_per_point(ev, reader, x, options, true);
+  const int64_t block = block_size(options, per_point);
+  Decomposition d = start(reader, grad64, x, block);
+  const int64_t chunk = chunk_size(options, per_point, n, block);
   const int64_t chunks = (n + chunk - 1) / chunk;
   const bool captured = use_capture(m, options);
   CaptureScope capture(reader, captured);
@@ -344,45 +369,51 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
           lambda * st.w;
       const StepCoefficients c = rule.step(st.step, st.lr, st.w, st.state);
       const torch::Tensor buf = rule.buffer(st.state);
+      const torch::Tensor residual = st.delta - UpdateRule::update(c, dvec, buf);
       if (c0 == 0) {  // the steps' residuals, once (they do not depend on the test points)
-        residuals.visit(st.step, max_abs(st.delta - UpdateRule::update(c, dvec, buf)), update_bound(m, st), buf,
+        residuals.visit(st.step, max_abs(residual), update_bound(m, st), buf,
                         buf.defined() ? c.gamma * dvec : torch::Tensor());
       }
-      torch::Tensor erow = torch::zeros({nc, K}, torch::kFloat64);
-      // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
-      if (buf.defined()) erow -= beta * torch::matmul(acc, buf);
+      for (int64_t b0 = 0; b0 < nc; b0 += block) {  // the chunk's blocks of test points
+        const int64_t nb = std::min(block, nc - b0), p0 = c0 + b0;
+        const torch::Tensor xb_test = xc.narrow(0, b0, nb);
+        torch::Tensor acc_b = acc.narrow(0, b0, nb);  // a view: updated in place
+        torch::Tensor erow = torch::zeros({nb, K}, torch::kFloat64);
+        // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
+        if (buf.defined()) erow -= beta * torch::matmul(acc_b, buf);
 
-      TestFeatures f = test_features(ev, xc, options.quadrature);
-      d.evaluations += f.evaluations;
-      d.forward_evaluations += f.forward_evaluations;
-      d.kinks += f.kinks;
-      d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
-      d.gap_abs.narrow(0, c0, nc).add_(f.gap.abs());
-      erow += apply_features(ev, f, st.delta - UpdateRule::update(c, dvec, buf));
-      if (c.rho.defined()) d.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, c.rho));
-      torch::Tensor jp = dense_features(ev, f);  // [nc, K, P]
-      if (c.metric.defined()) jp.mul_(c.metric);
-      torch::Tensor a = c.alpha * jp;
-      if (buf.defined()) {
-        acc.mul_(beta).add_(jp, c.kappa);
-        a.add_(acc, c.gamma);
-        erow += torch::matmul(acc, buf - c.gamma * dvec);
+        TestFeatures f = test_features(ev, xb_test, options.quadrature);
+        d.evaluations += f.evaluations;
+        d.forward_evaluations += f.forward_evaluations;
+        d.kinks += f.kinks;
+        d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
+        d.gap_abs.narrow(0, p0, nb).add_(f.gap.abs());
+        erow += apply_features(ev, f, residual);
+        if (c.rho.defined()) d.regularization.narrow(0, p0, nb).add_(apply_features(ev, f, c.rho));
+        torch::Tensor jp = dense_features(ev, f);  // [nb, K, P]
+        if (c.metric.defined()) jp.mul_(c.metric);
+        torch::Tensor a = c.alpha * jp;
+        if (buf.defined()) {
+          acc_b.mul_(beta).add_(jp, c.kappa);
+          a.add_(acc_b, c.gamma);
+          erow += torch::matmul(acc_b, buf - c.gamma * dvec);
+        }
+        jp = torch::Tensor();
+        d.rounding.narrow(0, p0, nb).add_(erow);
+        if (lambda != 0) d.regularization.narrow(0, p0, nb).add_(lambda * torch::matmul(a, st.w));
+        torch::Tensor step_c = options.on_step ? torch::empty({nb, b, K}, torch::kFloat64) : torch::Tensor();
+        for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
+          const int64_t nr = std::min(options.train_chunk, b - r0);
+          // Captured signals are the mean loss's: already divided by |B_s|.
+          torch::Tensor part = captured ? contract_dense(ev, a, captured_signals(st, r0, nr))
+                                        : contract_dense(ev, a, train_signals(ev, xb.narrow(0, r0, nr),
+                                                                              yb.narrow(0, r0, nr), map, loss)) *
+                                              (st.clip / static_cast<double>(b));  // [nb, nr, K]
+          d.contributions.narrow(0, p0, nb).index_add_(1, idx.narrow(0, r0, nr), part);
+          if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
+        }
+        if (options.on_step) options.on_step({st.step, p0, &ev, &xb_test, &f, idx, step_c});
       }
-      jp = torch::Tensor();
-      d.rounding.narrow(0, c0, nc).add_(erow);
-      if (lambda != 0) d.regularization.narrow(0, c0, nc).add_(lambda * torch::matmul(a, st.w));
-      torch::Tensor step_c = options.on_step ? torch::empty({nc, b, K}, torch::kFloat64) : torch::Tensor();
-      for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
-        const int64_t nr = std::min(options.train_chunk, b - r0);
-        // Captured signals are the mean loss's: already divided by |B_s|.
-        torch::Tensor part = captured ? contract_dense(ev, a, captured_signals(st, r0, nr))
-                                      : contract_dense(ev, a, train_signals(ev, xb.narrow(0, r0, nr),
-                                                                            yb.narrow(0, r0, nr), map, loss)) *
-                                            (st.clip / static_cast<double>(b));  // [nc, nr, K]
-        d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
-        if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
-      }
-      if (options.on_step) options.on_step({st.step, c0, &ev, &xc, &f, idx, step_c});
       char status[96];
       std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
                     static_cast<double>(d.evaluations) / static_cast<double>(c0 * m.steps + nc * (m.steps - st.step)));
@@ -411,6 +442,14 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   return decompose(reader, x_in, options, nullptr);
 }
 
+int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options) {
+  const Manifest& m = reader.manifest();
+  const bool reverse = UpdateRule(m.optimizer).has_buffer() || options.reverse;
+  Network net64 = engine_network(m.network_options());
+  SegmentEvaluator ev(net64);
+  return block_size(options, doubles_per_point(ev, reader, x.to(torch::kFloat64), options, reverse));
+}
+
 Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& given,
                         DecompositionCheckpoint* checkpoint) {
   const Manifest& m = reader.manifest();
@@ -432,9 +471,10 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   const LossKind loss = grad64->options().loss;
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
-  Decomposition d = start(reader, grad64, x);
+  // Forward, the path is replayed once whatever the chunk: one block at a time.
+  const int64_t chunk = block_size(options, doubles_per_point(ev, reader, x, options, false));
+  Decomposition d = start(reader, grad64, x, chunk);
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
-  const int64_t chunk = chunk_size(options, feature_doubles_per_point(ev, reader, x, options.quadrature), n);
   const bool captured = use_capture(m, options);
   CaptureScope capture(reader, captured);
 

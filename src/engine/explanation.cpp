@@ -82,9 +82,7 @@ bool is_single_kernel_machine(const Manifest& m) {
          even_batches;
 }
 
-Explanation explain(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
-                    const ExplainOptions& options) {
-  const Manifest& m = reader.manifest();
+void check_explain_indices(PathReader& reader, const torch::Tensor& test_index, const ExplainOptions& options) {
   const torch::Tensor& x_test = reader.dataset().x_test;
   PK_CHECK(test_index.dim() == 1 && test_index.numel() > 0 && test_index.scalar_type() == torch::kLong,
            "explain: test indices must be a non-empty int64 list (got " << test_index.sizes() << " "
@@ -93,38 +91,66 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
            "explain: test indices must lie in [0, " << x_test.size(0) << ")");
   PK_CHECK(options.top >= 1, "explain: the number of proponents and opponents listed must be >= 1 (got "
                                  << options.top << ")");
-  Explanation e;
-  e.dir = out;
-  e.test_index = test_index;
+}
+
+DecompositionOptions explain_decomposition_options(const Manifest& m, int64_t n, const ExplainOptions& options,
+                                                   std::string* kernel_note) {
   DecompositionOptions dopt = options.decomposition;
   // The summed kernel is the ensemble form of gd and sgd runs.
   const bool kernel_form = !m.optimizer.traits().has_buffer;
-  const double kernel_bytes = 8.0 * static_cast<double>(test_index.size(0)) * static_cast<double>(m.num_train) *
+  const double kernel_bytes = 8.0 * static_cast<double>(n) * static_cast<double>(m.num_train) *
                               static_cast<double>(m.num_classes * m.num_classes);
   dopt.kernel = options.kernel == KernelOutput::On ||
                 (options.kernel == KernelOutput::Auto && kernel_form && kernel_bytes <= options.kernel_max_bytes);
-  if (options.kernel == KernelOutput::Auto && kernel_form && !dopt.kernel) {
+  if (kernel_note) kernel_note->clear();
+  if (options.kernel == KernelOutput::Auto && kernel_form && !dopt.kernel && kernel_note) {
     char note[160];
     std::snprintf(note, sizeof note, "kernel.npy would take %.1f GiB, more than the automatic limit of %.1f GiB; not written",
                   kernel_bytes / (1 << 30), options.kernel_max_bytes / (1 << 30));
-    e.kernel_note = note;
-    if (options.on_note) options.on_note(e.kernel_note);
+    *kernel_note = note;
   }
-  // Everything the accumulators depend on: a saved state made otherwise is not reused.
-  ojson arguments{{"manifest_crc32", crc32_of(read_file((fs::path(reader.dir()) / "manifest.json").string()))},
-                  {"test_indices", std::vector<int64_t>(test_index.data_ptr<int64_t>(),
-                                                        test_index.data_ptr<int64_t>() + test_index.numel())},
-                  {"quadrature", dopt.quadrature.spec.str()},
-                  {"tol", dopt.quadrature.tol},
-                  {"run_tol", dopt.quadrature.run_tol},
-                  {"gauss_nodes", dopt.quadrature.gauss_nodes},
-                  {"kernel", dopt.kernel},
-                  {"threads", current_threads()}};
-  DirectoryCheckpoint progress((fs::path(out) / ".progress").string(), arguments, options.checkpoint_seconds);
+  return dopt;
+}
+
+ojson explain_progress_arguments(PathReader& reader, const torch::Tensor& test_index,
+                                 const DecompositionOptions& dopt) {
+  return ojson{{"manifest_crc32", crc32_of(read_file((fs::path(reader.dir()) / "manifest.json").string()))},
+               {"test_indices", std::vector<int64_t>(test_index.data_ptr<int64_t>(),
+                                                     test_index.data_ptr<int64_t>() + test_index.numel())},
+               {"quadrature", dopt.quadrature.spec.str()},
+               {"tol", dopt.quadrature.tol},
+               {"run_tol", dopt.quadrature.run_tol},
+               {"gauss_nodes", dopt.quadrature.gauss_nodes},
+               {"kernel", dopt.kernel},
+               {"point_block", dopt.point_block},
+               {"threads", current_threads()}};
+}
+
+Explanation explain(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+                    const ExplainOptions& options) {
+  check_explain_indices(reader, test_index, options);
+  Explanation e;
+  const DecompositionOptions dopt =
+      explain_decomposition_options(reader.manifest(), test_index.size(0), options, &e.kernel_note);
+  if (options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
+  DirectoryCheckpoint progress((fs::path(out) / ".progress").string(),
+                               explain_progress_arguments(reader, test_index, dopt), options.checkpoint_seconds);
   progress.resume_point();
   e.progress_note = progress.message();
   if (options.on_note && !e.progress_note.empty()) options.on_note(e.progress_note);
-  e.decomposition = decompose(reader, x_test.index_select(0, test_index), dopt, &progress);
+  Decomposition d = decompose(reader, reader.dataset().x_test.index_select(0, test_index), dopt, &progress);
+  write_explanation(reader, test_index, out, dopt, options, std::move(d), e);
+  progress.finish();
+  return e;
+}
+
+void write_explanation(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+                       const DecompositionOptions& dopt, const ExplainOptions& options, Decomposition decomposition,
+                       Explanation& e) {
+  const Manifest& m = reader.manifest();
+  e.dir = out;
+  e.test_index = test_index;
+  e.decomposition = std::move(decomposition);
   const Decomposition& d = e.decomposition;
   e.kernel = dopt.kernel;
 
@@ -174,9 +200,7 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
   const std::string unexplained = unexplained_update_message(d.residuals);
   if (!unexplained.empty()) e.json["warning"] = unexplained;
   write_file_atomic((fs::path(out) / "explain.json").string(), e.json.dump(2) + "\n");
-  progress.finish();
   if (options.images && m.input_shape.size() == 3) e.images = write_images(reader, test_index, points, out);
-  return e;
 }
 
 ExplainOutput read_explain_output(const std::string& dir, const Manifest& m) {

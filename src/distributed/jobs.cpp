@@ -1,0 +1,247 @@
+// explain, verify and gram across the ranks of a job, split by test points
+// (distributed_jobs.h).
+#include "pathkernel/distributed_jobs.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "pathkernel/decomposition_checkpoint.h"
+#include "pathkernel/error.h"
+#include "pathkernel/features.h"
+#include "pathkernel/segment.h"
+
+namespace pathkernel {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A decomposition of no test points, for a rank whose share is empty.
+Decomposition empty_decomposition(const Manifest& m, bool kernel) {
+  const int64_t M = m.num_train, K = m.num_classes;
+  Decomposition d;
+  d.f0 = torch::zeros({0, K}, torch::kFloat64);
+  d.fN = d.f0;
+  d.fN_run = d.f0;
+  d.contributions = torch::zeros({0, M, K}, torch::kFloat64);
+  d.regularization = d.f0;
+  d.rounding = d.f0;
+  d.gap_abs = d.f0;
+  if (kernel) d.kernel = torch::zeros({0, M, K, K}, torch::kFloat64);
+  d.steps = m.steps;
+  return d;
+}
+
+std::vector<int64_t> to_vector(const torch::Tensor& idx) {
+  const torch::Tensor c = idx.contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+void check_indices(const std::string& set, const torch::Tensor& idx, int64_t size, const char* side) {
+  PK_CHECK(set == "train" || set == "test",
+           "Gram matrix " << side << ": point set '" << set << "', expected train or test");
+  PK_CHECK(idx.defined() && idx.dim() == 1 && idx.scalar_type() == torch::kLong && idx.size(0) >= 1,
+           "the " << set << " points of a Gram matrix must be a non-empty int64 vector of indices");
+  for (int64_t i : to_vector(idx)) {
+    PK_CHECK(i >= 0 && i < size, set << " index " << i << " is out of range [0, " << size << ")");
+  }
+}
+
+}  // namespace
+
+std::vector<double> estimate_point_costs(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
+                                         const QuadratureOptions& quadrature) {
+  const int64_t n = x.size(0);
+  std::vector<double> costs(static_cast<size_t>(n), 1.0);
+  const Manifest& m = reader.manifest();
+  if (comm.size() == 1 || quadrature.spec.kind != QuadratureSpec::Kind::Gauss || m.checkpoints.size() < 2) {
+    return costs;
+  }
+  // This rank's strided part: points rank, rank + size, ...
+  torch::Tensor mine = torch::arange(comm.rank(), n, comm.size(), torch::kLong);
+  torch::Tensor local = torch::zeros({mine.size(0)}, torch::kFloat64);
+  if (mine.size(0) > 0) {
+    Network net64 = engine_network(m.network_options());
+    SegmentEvaluator ev(net64);
+    const torch::Tensor w0 = reader.checkpoint(0);
+    ev.set_segment(w0, reader.checkpoint(1) - w0);
+    const TestFeatures f = test_features(ev, x.index_select(0, mine).to(torch::kFloat64), quadrature);
+    for (int64_t j = 0; j < mine.size(0); ++j) {
+      // Pieces of the certified rule: each costs about the same evaluations.
+      local[j] = static_cast<double>(std::max<size_t>(1, f.breaks[static_cast<size_t>(j)].size() - 1));
+    }
+  }
+  // Gathered in rank order they are the points rank by rank; put them back.
+  torch::Tensor gathered = comm.gather_rows(local);
+  torch::Tensor order = comm.gather_rows(mine);
+  std::string bytes;
+  if (comm.root()) {
+    torch::Tensor all = torch::empty({n}, torch::kFloat64);
+    all.index_copy_(0, order, gathered);
+    bytes.assign(static_cast<const char*>(all.data_ptr()), static_cast<size_t>(n) * sizeof(double));
+  }
+  bytes = comm.broadcast(bytes);
+  std::memcpy(costs.data(), bytes.data(), bytes.size());
+  return costs;
+}
+
+Share share_of(const Communicator& comm, const std::vector<double>& costs, int64_t block) {
+  PK_CHECK(block >= 1, "share_of: the block must be >= 1 (got " << block << ")");
+  const int64_t n = static_cast<int64_t>(costs.size());
+  std::vector<double> block_costs(static_cast<size_t>((n + block - 1) / block), 0.0);
+  for (int64_t i = 0; i < n; ++i) block_costs[static_cast<size_t>(i / block)] += costs[static_cast<size_t>(i)];
+  const std::vector<int64_t> bounds = split_by_cost(block_costs, comm.size());
+  const size_t r = static_cast<size_t>(comm.rank());
+  return {std::min(bounds[r] * block, n), std::min(bounds[r + 1] * block, n)};
+}
+
+Decomposition gather_decomposition(const Communicator& comm, const Decomposition& d) {
+  if (comm.size() == 1) return d;
+  Decomposition out;
+  out.f0 = comm.gather_rows(d.f0);
+  out.fN = comm.gather_rows(d.fN);
+  out.fN_run = comm.gather_rows(d.fN_run);
+  out.contributions = comm.gather_rows(d.contributions);
+  out.regularization = comm.gather_rows(d.regularization);
+  out.rounding = comm.gather_rows(d.rounding);
+  out.gap_abs = comm.gather_rows(d.gap_abs);
+  if (d.kernel.defined()) out.kernel = comm.gather_rows(d.kernel);
+  out.certificate_max_gap = comm.max(d.certificate_max_gap);
+  // The steps' residuals do not depend on the test points: every rank that
+  // walked the path found the same, and a rank without points found none.
+  const StepResiduals& r = d.residuals;
+  out.residuals.max_ratio = comm.max(r.max_ratio);
+  out.residuals.max_residual = comm.max(r.max_residual);
+  out.residuals.bound = comm.max(r.bound);
+  out.residuals.worst_step = static_cast<int64_t>(comm.max(static_cast<double>(r.worst_step)));
+  out.residuals.steps_over = static_cast<int64_t>(comm.max(static_cast<double>(r.steps_over)));
+  const double first = comm.max(r.first_step >= 0 ? -static_cast<double>(r.first_step) : -1e300);
+  out.residuals.first_step = first > -1e299 ? static_cast<int64_t>(-first) : -1;
+  out.evaluations = comm.sum(d.evaluations);
+  out.forward_evaluations = comm.sum(d.forward_evaluations);
+  out.kinks = comm.sum(d.kinks);
+  out.steps = d.steps;
+  out.seconds = comm.max(d.seconds);
+  return comm.root() ? out : d;
+}
+
+Decomposition decompose_across(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
+                               const DecompositionOptions& options) {
+  if (comm.size() == 1) return decompose(reader, x, options);
+  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, options.quadrature),
+                               decomposition_block(reader, x, options));
+  DecompositionOptions local = options;
+  local.progress = options.progress && comm.root();
+  const Decomposition d = share.size() > 0 ? decompose(reader, x.narrow(0, share.begin, share.size()), local)
+                                           : empty_decomposition(reader.manifest(), options.kernel);
+  return gather_decomposition(comm, d);
+}
+
+ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const torch::Tensor& test_index,
+                             const std::string& out, const ExplainOptions& options) {
+  ExplainAcross r;
+  Explanation& e = r.explanation;
+  if (comm.size() == 1) {
+    e = explain(reader, test_index, out, options);
+    r.rank_seconds = {e.decomposition.seconds};
+    r.rank_points = {test_index.size(0)};
+    return r;
+  }
+  comm.agree([&] { check_explain_indices(reader, test_index, options); });
+  const Manifest& m = reader.manifest();
+  const int64_t n = test_index.size(0);
+  const DecompositionOptions dopt = explain_decomposition_options(m, n, options, &e.kernel_note);
+  if (comm.root() && options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
+  const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
+  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, dopt.quadrature),
+                               decomposition_block(reader, x, dopt));
+
+  Decomposition local = empty_decomposition(m, dopt.kernel);
+  if (share.size() > 0) {
+    const torch::Tensor mine = test_index.narrow(0, share.begin, share.size());
+    nlohmann::ordered_json arguments = explain_progress_arguments(reader, mine, dopt);
+    arguments["rank"] = comm.rank();
+    arguments["ranks"] = comm.size();
+    const std::string dir = (fs::path(out) / ".progress" /
+                             ("rank-" + std::to_string(comm.rank()) + "-of-" + std::to_string(comm.size())))
+                                .string();
+    DirectoryCheckpoint progress(dir, arguments, options.checkpoint_seconds);
+    progress.resume_point();
+    e.progress_note = progress.message();
+    if (options.on_note && !e.progress_note.empty()) {
+      options.on_note("rank " + std::to_string(comm.rank()) + ": " + e.progress_note);
+    }
+    DecompositionOptions local_options = dopt;
+    local_options.progress = dopt.progress && comm.root();
+    local = decompose(reader, x.narrow(0, share.begin, share.size()), local_options, &progress);
+  }
+  r.rank_seconds = comm.all_gather(local.seconds);
+  for (double p : comm.all_gather(static_cast<double>(share.size()))) r.rank_points.push_back(static_cast<int64_t>(p));
+  Decomposition whole = gather_decomposition(comm, local);
+  // The root writes; every rank learns whether it could.
+  comm.agree([&] {
+    if (!comm.root()) return;
+    write_explanation(reader, test_index, out, dopt, options, std::move(whole), e);
+    std::error_code ec;
+    fs::remove_all(fs::path(out) / ".progress", ec);
+  });
+  e.dir = out;
+  return r;
+}
+
+GramFile gram_across(const Communicator& comm, PathReader& reader, const std::string& row_set,
+                     const torch::Tensor& row_indices, const std::string& col_set, const torch::Tensor& col_indices,
+                     const GramOptions& options) {
+  if (comm.size() == 1) return gram_between(reader, row_set, row_indices, col_set, col_indices, options);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Dataset& data = reader.dataset();
+  comm.agree([&] {
+    check_indices(row_set, row_indices, row_set == "test" ? data.x_test.size(0) : data.x_train.size(0), "rows");
+    check_indices(col_set, col_indices, col_set == "test" ? data.x_test.size(0) : data.x_train.size(0), "columns");
+  });
+  // Split the test side (its points cost the quadrature); else the rows. In
+  // whole blocks of gram()'s (test x test epk: 32 rows, whose pieces are
+  // shared); the infinite-width kernel, a closed form, on the root alone.
+  const bool split_cols = row_set != "test" && col_set == "test";
+  const torch::Tensor& split = split_cols ? col_indices : row_indices;
+  const bool product = options.kernel.kind == GramSpec::Kind::Epk && row_set == "test" && col_set == "test";
+  const int64_t block = options.kernel.kind == GramSpec::Kind::NtkInfinite ? split.size(0)
+                        : product                                          ? std::min<int64_t>(options.block, 32)
+                                                                           : options.block;
+  const Share share = share_of(comm, std::vector<double>(static_cast<size_t>(split.size(0)), 1.0), block);
+  GramOptions local_options = options;
+  local_options.progress = options.progress && comm.root();
+  const int64_t K = reader.manifest().num_classes;
+  const int64_t other = split_cols ? row_indices.size(0) : col_indices.size(0);
+  torch::Tensor local;  // split side first: [share, other, K, K] or [share, other]
+  if (share.size() > 0) {
+    const torch::Tensor part = split.narrow(0, share.begin, share.size());
+    const GramFile g = split_cols ? gram_between(reader, row_set, row_indices, col_set, part, local_options)
+                                  : gram_between(reader, row_set, part, col_set, col_indices, local_options);
+    local = split_cols ? g.matrix.transpose(0, 1).contiguous() : g.matrix;
+  } else {
+    local = options.trace ? torch::zeros({0, other}, torch::kFloat64) : torch::zeros({0, other, K, K}, torch::kFloat64);
+  }
+  torch::Tensor whole = comm.gather_rows(local);
+  const double seconds = comm.max(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  GramFile g;
+  if (!comm.root()) return g;
+  g.matrix = split_cols ? whole.transpose(0, 1).contiguous() : whole;
+  GramRecord& r = g.record;
+  r.run = reader.dir();
+  r.kernel = options.kernel;
+  r.row_set = row_set;
+  r.col_set = col_set;
+  r.row_indices = to_vector(row_indices);
+  r.col_indices = to_vector(col_indices);
+  r.trace = options.trace;
+  r.shape = g.matrix.sizes().vec();
+  r.steps = reader.manifest().steps;
+  r.quadrature = options.kernel.kind == GramSpec::Kind::Epk ? options.quadrature.spec.str() : "none";
+  r.seconds = seconds;
+  return g;
+}
+
+}  // namespace pathkernel
