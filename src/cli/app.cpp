@@ -37,6 +37,7 @@ int run(int argc, char** argv) {
   add_compare_command(app, globals);
   add_experiment_command(app, globals);
   add_report_command(app, globals);
+  add_evaluate_command(app, globals);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
