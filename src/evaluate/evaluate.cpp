@@ -100,29 +100,34 @@ void EvaluateOptions::validate(int64_t num_train, int64_t num_classes) const {
   }
   PK_CHECK(output == "predicted" || output == "label",
            "evaluate: unknown output '" << output << "': expected predicted or label");
-  PK_CHECK(loo_extremes >= 0 && loo_random >= 0 && 2 * loo_extremes + loo_random >= 3,
-           "evaluate: the leave-one-out sample needs at least 3 points (got " << loo_extremes
-                                                                                << " top and bottom and "
-                                                                                << loo_random << " random)");
-  PK_CHECK(2 * loo_extremes + loo_random <= num_train,
-           "evaluate: the leave-one-out sample of " << 2 * loo_extremes + loo_random << " points exceeds the "
-                                                    << num_train << " training points");
-  PK_CHECK(lds_subsets >= 3, "evaluate: lds needs at least 3 subsets (got " << lds_subsets << ")");
-  PK_CHECK(lds_fraction > 0 && lds_fraction < 1,
-           "evaluate: the lds subset fraction must be in (0, 1) (got " << lds_fraction << ")");
-  PK_CHECK(!brittleness_grid.empty(), "evaluate: the brittleness grid is empty");
-  for (size_t i = 0; i < brittleness_grid.size(); ++i) {
-    PK_CHECK(brittleness_grid[i] >= 1 && brittleness_grid[i] < num_train &&
-                 (i == 0 || brittleness_grid[i] > brittleness_grid[i - 1]),
-             "evaluate: the brittleness grid must increase within [1, " << num_train << ") (got "
-                                                                         << brittleness_grid[i] << " at position "
-                                                                         << i << ")");
+  if (contains(metrics, "loo")) {
+    PK_CHECK(loo_extremes >= 0 && loo_random >= 0 && 2 * loo_extremes + loo_random >= 3,
+             "evaluate: the leave-one-out sample needs at least 3 points (got "
+                 << loo_extremes << " top and bottom and " << loo_random << " random)");
+    PK_CHECK(2 * loo_extremes + loo_random <= num_train,
+             "evaluate: the leave-one-out sample of " << 2 * loo_extremes + loo_random << " points exceeds the "
+                                                      << num_train << " training points");
   }
-  PK_CHECK(mislabel_fraction > 0 && mislabel_fraction < 1,
-           "evaluate: the mislabel fraction must be in (0, 1) (got " << mislabel_fraction << ")");
-  PK_CHECK(mislabel_candidates >= 2 && mislabel_candidates <= num_train,
-           "evaluate: mislabel candidates must be in [2, " << num_train << "] (got " << mislabel_candidates << ")");
+  if (contains(metrics, "lds")) {
+    PK_CHECK(lds_subsets >= 3, "evaluate: lds needs at least 3 subsets (got " << lds_subsets << ")");
+    PK_CHECK(lds_fraction > 0 && lds_fraction < 1,
+             "evaluate: the lds subset fraction must be in (0, 1) (got " << lds_fraction << ")");
+  }
+  if (contains(metrics, "brittleness")) {
+    PK_CHECK(!brittleness_grid.empty(), "evaluate: the brittleness grid is empty");
+    for (size_t i = 0; i < brittleness_grid.size(); ++i) {
+      PK_CHECK(brittleness_grid[i] >= 1 && brittleness_grid[i] < num_train &&
+                   (i == 0 || brittleness_grid[i] > brittleness_grid[i - 1]),
+               "evaluate: the brittleness grid must increase within [1, " << num_train << ") (got "
+                                                                           << brittleness_grid[i] << " at position "
+                                                                           << i << ")");
+    }
+  }
   if (contains(metrics, "mislabel")) {
+    PK_CHECK(mislabel_fraction > 0 && mislabel_fraction < 1,
+             "evaluate: the mislabel fraction must be in (0, 1) (got " << mislabel_fraction << ")");
+    PK_CHECK(mislabel_candidates >= 2 && mislabel_candidates <= num_train,
+             "evaluate: mislabel candidates must be in [2, " << num_train << "] (got " << mislabel_candidates << ")");
     PK_CHECK(num_classes >= 2, "evaluate: mislabel needs at least 2 classes (got " << num_classes << ")");
     const int64_t flipped = std::llround(mislabel_fraction * static_cast<double>(num_train));
     PK_CHECK(flipped >= mislabel_candidates / 2 && num_train - flipped >= mislabel_candidates - mislabel_candidates / 2,

@@ -100,6 +100,7 @@ void Retrainer::check(const RetrainJob& job) const {
 }
 
 torch::Tensor Retrainer::train(const RetrainJob& job, RemovalScaling scaling, Network& net) const {
+  torch::AutoGradMode training_needs_gradients(true);
   const Manifest& m = reader_.manifest();
   const Dataset& data = reader_.dataset();
   const torch::Dtype dtype = parse_dtype(m.dtype);
@@ -203,12 +204,8 @@ torch::Tensor Retrainer::outputs(const std::vector<RetrainJob>& jobs, const torc
         const size_t k = next.fetch_add(1);
         if (k >= pending.size()) break;
         const int64_t j = pending[k];
-        torch::Tensor f;
-        {
-          torch::AutoGradMode enable(true);
-          train(jobs[static_cast<size_t>(j)], options.scaling, net);
-        }
-        f = net->forward(x_run).to(torch::kFloat64);
+        train(jobs[static_cast<size_t>(j)], options.scaling, net);
+        const torch::Tensor f = net->forward(x_run).to(torch::kFloat64);
         std::lock_guard<std::mutex> lock(mutex);
         result[j].copy_(f);
         bar.update(++done);

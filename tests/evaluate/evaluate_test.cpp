@@ -44,7 +44,7 @@ TEST(Evaluate, EveryMetricOnASmallRun) {
   for (const std::string method : {"epk", "dpk", "tracin-cp", "grad-dot", "random"}) {
     SCOPED_TRACE(method);
     EXPECT_EQ(read_npy(dir / ("eval/scores_" + method + ".npy")).sizes(), (std::vector<int64_t>{3, 30}));
-    for (const std::string column : e.columns) {
+    for (const std::string& column : e.columns) {
       const json& v = j["table"][method][column];
       if (v.is_null()) continue;
       if (column == "brittleness_median_k") {
@@ -110,6 +110,7 @@ TEST(Evaluate, BadOptionsAreRefusedWithTheValue) {
   o.lds_fraction = 1.5;
   EXPECT_CONTAINS(error_message([&] { o.validate(100, 3); }), "fraction must be in (0, 1) (got 1.5)");
   o = EvaluateOptions();
+  o.metrics = {"brittleness"};
   o.brittleness_grid = {10, 5};
   EXPECT_CONTAINS(error_message([&] { o.validate(100, 3); }), "(got 5 at position 1)");
   o = EvaluateOptions();
@@ -118,4 +119,34 @@ TEST(Evaluate, BadOptionsAreRefusedWithTheValue) {
   o = EvaluateOptions();
   o.mislabel_fraction = 0.01;
   EXPECT_CONTAINS(error_message([&] { o.validate(100, 3); }), "1 flipped labels");
+}
+
+// After one step of gd, removing point i with the others' weights kept moves
+// w_1 by η g_i / M. The effect on f is −J(w_1) η g_i / M to first order, and
+// C_i = −J̄_0 η g_i / M; the two differ by O(η) relative (the Jacobian's
+// change along the step, and the move's second order): with η = 0.02 they
+// agree in rank and to a few percent in value. (This is what makes the metric's sign and wiring checkable; over
+// many steps the path's response takes them apart, docs/attribution-quality.md.)
+TEST(Evaluate, OneStepLeaveOneOutEffectsAreTheExactContributions) {
+  TempDir dir;
+  SmallData(30).write(dir / "data");
+  cli_train(dir / "data", dir / "run", "--model mlp:6 --seed 3 --steps 1 --optimizer gd --lr 0.02");
+  PathReader reader(dir / "run");
+  EvaluateOptions o;
+  o.methods = {"epk", "random"};
+  o.metrics = {"loo"};
+  o.loo_extremes = 3;
+  o.loo_random = 8;
+  o.progress = false;
+  o.retrain.scaling = RemovalScaling::Kept;
+  const Evaluation e = evaluate(reader, torch::tensor({0, 1, 2, 3}), dir / "eval", o);
+  EXPECT_GT(e.json["table"]["epk"]["loo_spearman"].get<double>(), 0.99);
+  EXPECT_GT(e.json["table"]["epk"]["loo_pearson"].get<double>(), 0.99);
+  EXPECT_LT(std::abs(e.json["table"]["random"]["loo_pearson"].get<double>()), 0.9);
+  for (const auto& t : e.json["loo"]["per_test"]) {
+    for (size_t k = 0; k < t["effect"].size(); ++k) {
+      const double effect = t["effect"][k], score = t["scores"]["epk"][k];
+      EXPECT_NEAR(effect, score, 0.05 * std::abs(score) + 1e-9);
+    }
+  }
 }
