@@ -10,7 +10,9 @@
 //                f_base(x) − f_{−i}(x) (f_base: the retraining that removes
 //                nothing); Spearman and Pearson between scores and effects
 //                per test point, averaged; also Spearman on the random
-//                points alone (a sample no method chose)
+//                points alone (a sample no method chose), and the median
+//                over test points of the slope Σ score·effect / Σ score²
+//                (1 when the scores are the effects in size as well)
 //   lds          linear datamodeling score: retrain on `lds_subsets` random
 //                subsets of a fraction `lds_fraction`; per test point the
 //                Spearman correlation over subsets between Σ_{i∈S} score_i

@@ -29,4 +29,12 @@ double roc_auc(const std::vector<double>& scores, const std::vector<bool>& posit
 /// per-test-point correlations skip the undefined ones.
 double mean_finite(const std::vector<double>& v);
 
+/// Median of the finite values of v (the mean of the middle two for an even
+/// count; NaN when there are none).
+double median_finite(const std::vector<double>& v);
+
+/// The least-squares slope of y on x through the origin, Σ x y / Σ x²: how
+/// many units y moves per unit of x (NaN when x is all zero). Sizes equal, finite.
+double slope_through_origin(const std::vector<double>& x, const std::vector<double>& y);
+
 }  // namespace pathkernel

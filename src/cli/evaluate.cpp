@@ -27,16 +27,17 @@ std::vector<int64_t> parse_grid(const std::string& text) {
   return out;
 }
 
-/// The methods x metrics table as text.
+/// The methods x metrics table as text, each column as wide as its name.
 std::string table_text(const Evaluation& e) {
   std::string s = format_text("%-10s", "method");
-  for (const std::string& c : e.columns) s += format_text(" %20s", c.c_str());
+  for (const std::string& c : e.columns) s += "  " + c;
   s += "\n";
   for (const auto& [method, row] : e.json["table"].items()) {
     s += format_text("%-10s", method.c_str());
     for (const std::string& c : e.columns) {
+      const int width = static_cast<int>(c.size());
       const auto& v = row.contains(c) ? row[c] : nlohmann::ordered_json(nullptr);
-      s += v.is_null() ? format_text(" %20s", "-") : format_text(" %20.3f", v.get<double>());
+      s += v.is_null() ? format_text("  %*s", width, "-") : format_text("  %*.3g", width, v.get<double>());
     }
     s += "\n";
   }

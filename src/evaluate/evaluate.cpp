@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -223,10 +224,13 @@ Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const s
     j["retrain"]["baseline_reproduces_run"] = same;
     j["retrain"]["baseline_max_abs_diff"] = (f_base - fN).abs().max().item<double>();
     if (!same) {
-      note("the retraining that removes nothing differs from the run (max |diff| " +
-           std::to_string((f_base - fN).abs().max().item<double>()) +
-           "; the run used " + std::to_string(m.threads) + " threads, retraining " +
-           std::to_string(ropt.threads_per_retrain) + "): effects are measured against it, not the run");
+      char text[256];
+      std::snprintf(text, sizeof text,
+                    "the retraining that removes nothing differs from the run (max |diff| %.1e; the run used %lld "
+                    "threads, each retraining %d): effects are measured against it, not the run",
+                    (f_base - fN).abs().max().item<double>(), static_cast<long long>(m.threads),
+                    ropt.threads_per_retrain);
+      note(text);
     }
   }
 
@@ -258,7 +262,7 @@ Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const s
     const std::vector<int64_t> random_list = to_indices(random);
     const std::set<int64_t> random_set(random_list.begin(), random_list.end());
     ojson per_test = ojson::array();
-    std::map<std::string, std::vector<double>> sp, pe, sp_random;
+    std::map<std::string, std::vector<double>> sp, pe, sp_random, slopes;
     for (int64_t t = 0; t < n; ++t) {
       const std::vector<int64_t>& s = sample[static_cast<size_t>(t)];
       std::vector<double> effect, effect_random;
@@ -276,15 +280,17 @@ Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const s
           sc.push_back(v);
           if (random_set.count(i)) sc_random.push_back(v);
         }
-        const double rs = spearman(sc, effect), rp = pearson(sc, effect);
+        const double rs = spearman(sc, effect), rp = pearson(sc, effect), slope = slope_through_origin(sc, effect);
         const double rr = sc_random.size() >= 2 ? spearman(sc_random, effect_random) : std::nan("");
         sp[meth].push_back(rs);
         pe[meth].push_back(rp);
         sp_random[meth].push_back(rr);
+        slopes[meth].push_back(slope);
         entry["scores"][meth] = sc;
         entry["spearman"][meth] = number(rs);
         entry["pearson"][meth] = number(rp);
         entry["spearman_random"][meth] = number(rr);
+        entry["slope"][meth] = number(slope);
       }
       per_test.push_back(entry);
     }
@@ -292,12 +298,14 @@ Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const s
     for (const std::string& meth : methods) {
       mean[meth] = {{"spearman", number(mean_finite(sp[meth]))},
                     {"pearson", number(mean_finite(pe[meth]))},
-                    {"spearman_random", number(mean_finite(sp_random[meth]))}};
+                    {"spearman_random", number(mean_finite(sp_random[meth]))},
+                    {"slope", number(median_finite(slopes[meth]))}};
       table[meth]["loo_spearman"] = mean[meth]["spearman"];
       table[meth]["loo_pearson"] = mean[meth]["pearson"];
       table[meth]["loo_spearman_random"] = mean[meth]["spearman_random"];
+      table[meth]["loo_slope"] = mean[meth]["slope"];
     }
-    ev.columns.insert(ev.columns.end(), {"loo_spearman", "loo_pearson", "loo_spearman_random"});
+    ev.columns.insert(ev.columns.end(), {"loo_spearman", "loo_pearson", "loo_spearman_random", "loo_slope"});
     j["loo"] = {{"selection_method", methods.front()},
                 {"extremes", options.loo_extremes},
                 {"random", to_indices(random)},

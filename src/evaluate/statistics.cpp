@@ -106,4 +106,27 @@ double mean_finite(const std::vector<double>& v) {
   return n == 0 ? std::numeric_limits<double>::quiet_NaN() : sum / static_cast<double>(n);
 }
 
+double median_finite(const std::vector<double>& v) {
+  std::vector<double> f;
+  for (double x : v) {
+    if (std::isfinite(x)) f.push_back(x);
+  }
+  if (f.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(f.begin(), f.end());
+  const size_t h = f.size() / 2;
+  return f.size() % 2 == 1 ? f[h] : 0.5 * (f[h - 1] + f[h]);
+}
+
+double slope_through_origin(const std::vector<double>& x, const std::vector<double>& y) {
+  PK_CHECK(x.size() == y.size(), "slope: the two samples differ in size (" << x.size() << " and " << y.size() << ")");
+  check_finite(x, "slope");
+  check_finite(y, "slope");
+  double xy = 0, xx = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    xy += x[i] * y[i];
+    xx += x[i] * x[i];
+  }
+  return xx == 0 ? std::numeric_limits<double>::quiet_NaN() : xy / xx;
+}
+
 }  // namespace pathkernel

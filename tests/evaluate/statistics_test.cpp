@@ -91,10 +91,21 @@ TEST(Statistics, MeanFiniteSkipsUndefinedValues) {
   EXPECT_TRUE(std::isnan(mean_finite({})));
 }
 
+TEST(Statistics, MedianAndSlopeMatchHandComputedValues) {
+  EXPECT_DOUBLE_EQ(median_finite({5, 1, NAN, 3}), 3.0);
+  EXPECT_DOUBLE_EQ(median_finite({4, 1, 3, 2}), 2.5);
+  EXPECT_TRUE(std::isnan(median_finite({NAN})));
+  // Σxy / Σx² = (1·2 + 2·3 + 3·7) / (1 + 4 + 9) = 29 / 14.
+  EXPECT_DOUBLE_EQ(slope_through_origin({1, 2, 3}, {2, 3, 7}), 29.0 / 14.0);
+  EXPECT_DOUBLE_EQ(slope_through_origin({1, -2}, {0.5, -1}), 0.5);
+  EXPECT_TRUE(std::isnan(slope_through_origin({0, 0}, {1, 2})));
+}
+
 TEST(Statistics, BadInputIsRefusedWithTheValue) {
   EXPECT_CONTAINS(error_message([] { pearson({1, 2}, {1, 2, 3}); }), "differ in size (2 and 3)");
   EXPECT_CONTAINS(error_message([] { spearman({1}, {1}); }), "at least 2 pairs (got 1)");
   EXPECT_CONTAINS(error_message([] { spearman({1, NAN}, {1, 2}); }), "value 1 is nan");
   EXPECT_CONTAINS(error_message([] { roc_auc({1, 2}, {true, true}); }), "0 negatives");
   EXPECT_CONTAINS(error_message([] { roc_auc({1, 2}, {true}); }), "2 scores but 1 labels");
+  EXPECT_CONTAINS(error_message([] { slope_through_origin({1, 2}, {1}); }), "differ in size (2 and 1)");
 }
