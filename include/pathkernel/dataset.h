@@ -39,9 +39,9 @@ struct DataOptions {
 struct Dataset {
   std::string spec;
   torch::Tensor x_train;  ///< [M, *input_shape], dtype of DataOptions
-  torch::Tensor y_train;  ///< [M], int64
+  torch::Tensor y_train;  ///< [M] int64 class labels, or [M, K] float64 regression targets (npy:DIR, loss mse)
   torch::Tensor x_test;   ///< [n_test, *input_shape]
-  torch::Tensor y_test;   ///< [n_test], int64
+  torch::Tensor y_test;   ///< [n_test] int64, or [n_test, K] float64 like y_train
   std::vector<int64_t> input_shape;  ///< e.g. {100} or {1, 28, 28}
   int64_t num_classes = 0;
   /// The inputs are integer codes (e.g. token ids), held exactly in the

@@ -67,6 +67,30 @@ struct DecompositionOptions {
   std::function<void(const StepObservation&)> on_step;
 };
 
+/// How well each step's recorded update is explained by the declared loss,
+/// optimizer and clip factors: the update's residual e_s (and, for optimizers
+/// with a buffer, the buffer's b_s − β b_{s−1} − γ_s d_s) against a bound on
+/// rounding, 1000 ε (‖w_s‖_∞ + ‖w_{s+1}‖_∞) for the update and 1000 ε
+/// (‖b_s‖_∞ + β‖b_{s−1}‖_∞ + γ_s‖d_s‖_∞) for the buffer, ε the run dtype's
+/// machine epsilon. A step above its bound did something the run does not
+/// describe (an undeclared loss term, a clip factor not recorded, another
+/// optimizer); the rounding term E then carries the difference, so the
+/// kernel machine still matches the network, but E is not attributed to
+/// training points.
+struct StepResiduals {
+  double max_ratio = 0;      ///< max over steps of residual / bound
+  double max_residual = 0;   ///< the residual (max |.|) of the step with max_ratio
+  double bound = 0;          ///< that step's bound
+  int64_t worst_step = -1;   ///< the step with max_ratio
+  int64_t first_step = -1;   ///< the first step whose residual exceeds its bound (-1: none)
+  int64_t steps_over = 0;    ///< steps whose residual exceeds their bound
+
+  /// Adds step s's residual r against its bound.
+  void add(int64_t s, double r, double bound);
+  /// Merges another walk's findings (e.g. saved progress).
+  void merge(const StepResiduals& o);
+};
+
 /// Shapes: n test points, M training points, K outputs.
 struct Decomposition {
   /// The network's outputs, evaluated in float64 at the recorded weights
@@ -92,6 +116,7 @@ struct Decomposition {
   int64_t kinks = 0;             ///< kinks located, summed likewise
   int64_t steps = 0;
   double seconds = 0;
+  StepResiduals residuals;       ///< how well the declared updates explain the recorded ones
 
   /// f(w_0) + Σ_i C_i + R + E: the kernel machine's prediction, [n, K].
   torch::Tensor prediction() const;
@@ -120,7 +145,13 @@ struct DecompositionSummary {
   double mean_kinks_per_step = 0;                ///< kinks located per test point and step
   double max_abs_run_dtype_difference = 0;       ///< max |fN_run − fN|: 0 for float64 runs
   double seconds = 0;
+  StepResiduals residuals;
 };
+
+/// When some step's update is not explained by the declared loss and
+/// optimizer (StepResiduals::first_step >= 0), a plain-words account naming
+/// the step; empty otherwise.
+std::string unexplained_update_message(const StepResiduals& r);
 
 /// Summarises d (any number of test points, at least one).
 DecompositionSummary summarize(const Decomposition& d);

@@ -70,9 +70,11 @@ struct TrainSignals {
 /// Test features of the segment set in `ev` for test inputs x [n, *input_shape].
 TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& options);
 
-/// Training signals at t = 0 for rows x [B, ...] with labels y [B].
+/// Training signals at t = 0 for rows x [B, ...] with labels y [B] (or mse
+/// targets [B, K]): the per-example loss derivative u_i = ∂ℓ_i/∂f (loss.h)
+/// pulled back through the network.
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
-                           OutputMap map);
+                           OutputMap map, LossKind loss = LossKind::CrossEntropy);
 
 /// Training signals for the cotangent e_k of every output k (the rows of
 /// J(w_s + t_i dw_s, x_i)): K TrainSignals sharing one forward pass. t [B]

@@ -71,6 +71,7 @@ struct Manifest {
   /// the run is self-contained (file empty for pathkernel's own models).
   FileRecord module;
   std::string output = "logsoftmax";
+  std::string loss = "cross_entropy";  ///< training.loss (loss.h); runs written before it had cross_entropy
   bool zero_last_layer = false;
   uint64_t init_seed = 0;
   std::string dtype = "float64";
@@ -90,6 +91,13 @@ struct Manifest {
   std::vector<double> learning_rates;  ///< [N]: eta_s of every step
   std::vector<CheckpointRecord> checkpoints;
   std::vector<BatchRecord> batches;  ///< empty for full-batch training
+  /// A path recorded from a user's own training loop (python/pathkernel):
+  /// every step's weights and optimizer state are stored, nothing is
+  /// replayed, and the data lives in the run directory.
+  bool recorded = false;
+  /// Recorded runs that clipped gradients: float64 [N], the factor c_s each
+  /// step's batch gradient was multiplied by (file empty: none, all 1).
+  FileRecord clip_factors;
   std::string metrics = "metrics.csv";
   nlohmann::ordered_json summary;  ///< final loss and accuracies, when complete
   /// The run directory load() read this manifest from (not serialised): a
@@ -109,6 +117,9 @@ struct Manifest {
   /// The options to rebuild the network of this run. A TorchScript model's
   /// path is the module file inside `directory` (checked by run_file_path).
   NetworkOptions network_options() const;
+  /// The options to reload the training data. Data stored inside the run
+  /// directory (a recorded run's, `data.source.in_run`) is found there.
+  DataOptions data_options() const;
   /// Bytes of the path data: checkpoints, optimizer state and batch logs.
   int64_t path_bytes() const;
 };
@@ -126,6 +137,9 @@ void validate_run(const std::string& run_dir, const Manifest& manifest);
 /// symlink resolved, stays inside run_dir and is a regular file (a manifest
 /// must not make pathkernel read /etc/passwd, /dev/zero or another run).
 std::string run_file_path(const std::string& run_dir, const std::string& file);
+
+/// A recorded run's clip factors, float64 [N] (all 1 when it clipped nothing).
+torch::Tensor read_clip_factors(const std::string& run_dir, const Manifest& manifest);
 
 /// CRC-32 of a training set (inputs then labels, raw bytes).
 uint32_t training_data_crc32(const torch::Tensor& x, const torch::Tensor& y);

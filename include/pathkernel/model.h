@@ -9,8 +9,8 @@
 //                                      torch.jit.script(model).save(PATH) or
 //                                      torch.jit.trace(model, example).save(PATH); it maps
 //                                      [n, *input_shape] to logits [n, K]
-// The output map is log-softmax (default; the loss is NLL on it, i.e. cross
-// entropy) or the raw logits (the loss is cross entropy on them).
+// The output map (log-softmax by default, or the raw logits) and the loss
+// (cross entropy by default; nll; mse) are described in loss.h.
 //
 // Flat parameter order: the order of Network::named_parameters(), each tensor
 // flattened row-major. The flat vector has length P = parameter_count().
@@ -21,6 +21,8 @@
 #include <vector>
 
 #include <torch/torch.h>
+
+#include "pathkernel/loss.h"
 
 namespace pathkernel {
 
@@ -40,10 +42,6 @@ struct ModelSpec {
   /// The canonical spec string, e.g. "mlp:256,128:tanh".
   std::string str() const;
 };
-
-enum class OutputMap { LogSoftmax, Logits };
-OutputMap parse_output_map(const std::string& name);
-std::string output_map_name(OutputMap map);
 
 /// One layer as the engine sees it. Parameterised layers name their module.
 struct LayerDesc {
@@ -69,6 +67,9 @@ struct NetworkOptions {
   std::vector<int64_t> input_shape;  ///< per-example shape, e.g. {100} or {1,28,28}
   int64_t num_classes = 0;
   OutputMap output = OutputMap::LogSoftmax;
+  /// The loss training descends (loss.h); it does not change the network,
+  /// but every consumer of a network's outputs needs it beside the map.
+  LossKind loss = LossKind::CrossEntropy;
   bool zero_last_layer = false;  ///< paper Remark 1: last layer starts at 0
   torch::Dtype dtype = torch::kFloat64;
   uint64_t seed = 0;  ///< initialisation seed (a TorchScript module brings its own weights)
@@ -155,9 +156,5 @@ torch::Tensor flatten_parameters(Network& net);
 
 /// Copies a flat vector of shape [P] into the parameters (bit for bit).
 void set_flat_parameters(Network& net, const torch::Tensor& flat);
-
-/// Mean training loss of `output` (from forward) against labels y [n]:
-/// NLL for log-softmax, cross entropy for logits.
-torch::Tensor training_loss(const torch::Tensor& output, const torch::Tensor& y, OutputMap map);
 
 }  // namespace pathkernel

@@ -7,6 +7,10 @@
 // for bit; every checkpoint the replay reaches is compared, and a difference
 // throws Error (check() reports instead of throwing).
 //
+// A run recorded from a user's own training loop (Manifest::recorded) stores
+// every step's weights and optimizer state instead: nothing is replayed, and
+// each step is read from its files.
+//
 // All weight vectors are flat float64 [P] in the manifest's parameter order.
 #pragma once
 
@@ -31,6 +35,7 @@ struct PathStep {
   torch::Tensor batch;    ///< B_s as int64 [B_s] indices into the training set; undefined = all
   double lr = 0;          ///< eta_s
   OptimizerState state;   ///< optimizer state after step s (the one that produced delta)
+  double clip = 1;        ///< c_s: the factor the batch gradient was clipped by (recorded runs; else 1)
   /// With PathReader::set_capture(true), what the replayed step itself
   /// computed at w_s on its batch (rows in the order of `batch`), in the
   /// run's dtype; empty or undefined otherwise:
@@ -45,6 +50,9 @@ struct ReplayReport {
   int64_t checkpoints_compared = 0;
   int64_t mismatches = 0;
   int64_t first_mismatch_step = -1;
+  /// The run was recorded from a training loop: there is nothing to replay,
+  /// every step's weights are stored (and were checked against their CRC-32s).
+  bool recorded = false;
   double max_abs_diff = 0;
   bool bitwise_equal = true;
   /// Where this machine differs from the one the run was trained on
@@ -88,7 +96,7 @@ class PathReader {
   /// holding at most one segment in memory.
   void reverse(const std::function<void(const PathStep&)>& fn);
 
-  /// Makes forward() and reverse() hand each step the batch's layer inputs,
+  /// Makes forward() and reverse() of a replayed (not recorded) run hand each step the batch's layer inputs,
   /// backprop signals and gradient that its replay computed (PathStep), so
   /// a consumer need not run the batch through the network again. Costs
   /// the batch's activations per step held (one segment's in reverse()).
@@ -119,6 +127,7 @@ class PathReader {
   int64_t batch_first_ = -1;
   torch::Tensor batch_rows_;
   bool capture_ = false;
+  torch::Tensor clip_;  ///< c_s of every step, float64 [N]
 };
 
 }  // namespace pathkernel

@@ -17,6 +17,7 @@
 #include "pathkernel/gram.h"            // EPK / DPK / NTK Gram matrices
 #include "pathkernel/infinite_width.h"  // the infinite-width NTK / NNGP
 #include "pathkernel/kernel_regression.h"
+#include "pathkernel/loss.h"              // output maps and losses (cross_entropy, nll, mse)
 #include "pathkernel/manifest.h"        // manifest.json
 #include "pathkernel/model.h"           // model specs and networks
 #include "pathkernel/npy.h"             // reading and writing .npy

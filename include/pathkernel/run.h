@@ -15,6 +15,7 @@ struct RunOptions {
   DataOptions data;
   std::string model = "mlp:64";
   OutputMap output = OutputMap::LogSoftmax;
+  LossKind loss = LossKind::CrossEntropy;  ///< loss.h; nll and mse need the logits map
   bool zero_last_layer = false;
   uint64_t seed = 0;               ///< initialisation and batch sampling seed
   TrainOptions train;

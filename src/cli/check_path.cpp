@@ -27,6 +27,7 @@ void add_check_path_command(CLI::App& app, Globals& globals) {
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const nlohmann::ordered_json j{{"run", args->run},
                                    {"steps", reader.steps()},
+                                   {"recorded", r.recorded},
                                    {"steps_replayed", r.steps_replayed},
                                    {"checkpoints_compared", r.checkpoints_compared},
                                    {"mismatches", r.mismatches},
@@ -36,7 +37,11 @@ void add_check_path_command(CLI::App& app, Globals& globals) {
                                    {"environment_differences", r.environment_differences},
                                    {"seconds", seconds}};
     const std::string text =
-        r.bitwise_equal
+        r.recorded ? format_text("recorded from a training loop: every one of the %lld steps is stored, so there is "
+                                 "nothing to replay; every file matches its size and CRC-32 (%.1f s). 'pathkernel "
+                                 "verify' checks that the steps are what the declared loss and optimizer give.",
+                                 static_cast<long long>(reader.steps()), seconds)
+        : r.bitwise_equal
             ? format_text("replayed %lld steps; all %lld checkpoints reproduced bit for bit (%.1f s)",
                           static_cast<long long>(r.steps_replayed), static_cast<long long>(r.checkpoints_compared),
                           seconds)

@@ -76,6 +76,9 @@ void add_explain_command(CLI::App& app, Globals& globals) {
     const torch::Tensor idx = args->points.indices(reader.dataset().y_test, 1);
     const std::string out = args->out.empty() ? (std::filesystem::path(args->run) / "explain").string() : args->out;
     const Explanation e = explain(reader, idx, out, options);
+    if (e.json.contains("warning")) {  // updates the run does not describe (decomposition.h, StepResiduals)
+      std::fprintf(stderr, "pathkernel: warning: %s\n", e.json["warning"].get<std::string>().c_str());
+    }
     if (globals.json) {
       nlohmann::ordered_json summary = e.json;
       summary["out"] = out;

@@ -37,6 +37,9 @@ void add_info_command(CLI::App& app, Globals& globals) {
                              {"num_test", m.num_test},
                              {"model", m.model_spec},
                              {"output", m.output},
+                             {"loss", m.loss},
+                             {"recorded", m.recorded},
+                             {"bytes_per_step", m.steps > 0 ? static_cast<double>(path) / m.steps : 0.0},
                              {"dtype", m.dtype},
                              {"optimizer", m.optimizer.to_json()},
                              {"batch_size", m.batch_size},
@@ -50,14 +53,21 @@ void add_info_command(CLI::App& app, Globals& globals) {
     text += format_text("  data      %s: %lld train / %lld test, %lld classes\n", m.data.spec.c_str(),
                 static_cast<long long>(m.num_train), static_cast<long long>(m.num_test),
                 static_cast<long long>(m.num_classes));
-    text += format_text("  model     %s, output %s, %s, %lld parameters\n", m.model_spec.c_str(),
-                m.output.c_str(), m.dtype.c_str(), static_cast<long long>(m.parameter_count));
+    text += format_text("  model     %s, output %s, loss %s, %s, %lld parameters\n", m.model_spec.c_str(),
+                m.output.c_str(), m.loss.c_str(), m.dtype.c_str(), static_cast<long long>(m.parameter_count));
     text += format_text("  training  %s, batch %s, %lld steps\n", m.optimizer.to_json().dump().c_str(),
                 m.batch_size == 0 ? "full" : std::to_string(m.batch_size).c_str(),
                 static_cast<long long>(m.steps));
-    text += format_text("  path      %zu checkpoints (every %lld steps), %.2f MB; every step would be %.2f MB (%.1fx)\n",
-                m.checkpoints.size(), static_cast<long long>(m.checkpoint_every), path / 1e6,
-                every_step / 1e6, path > 0 ? static_cast<double>(every_step) / path : 0.0);
+    if (m.recorded) {
+      // A training loop's path cannot be replayed by pathkernel, so every step is stored.
+      text += format_text("  path      recorded from a training loop: every step's weights and optimizer state "
+                          "are stored (nothing to replay), %.2f MB, %.0f bytes per step\n",
+                          path / 1e6, m.steps > 0 ? static_cast<double>(path) / m.steps : 0.0);
+    } else {
+      text += format_text("  path      %zu checkpoints (every %lld steps), %.2f MB; every step would be %.2f MB (%.1fx)\n",
+                          m.checkpoints.size(), static_cast<long long>(m.checkpoint_every), path / 1e6,
+                          every_step / 1e6, path > 0 ? static_cast<double>(every_step) / path : 0.0);
+    }
     if (!m.summary.empty()) text += format_text("  summary   %s\n", m.summary.dump().c_str());
     text.pop_back();  // print() ends the line
     globals.print(j, text);

@@ -26,6 +26,7 @@ struct TrainArgs {
   RunOptions run;
   std::string dtype = "float64";
   std::string output = "logsoftmax";
+  std::string loss = "cross-entropy";
   std::string resume;  ///< run directory to continue; every other option comes from its manifest
 };
 
@@ -83,8 +84,15 @@ void add_train_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--data-seed", r.data.seed, "Seed of synthetic data and subsets")->capture_default_str();
   cmd->add_option("--model", r.model, "Model spec: mlp:H1[,H2...][:relu|tanh|gelu] or cnn:C1[,C2...]")
       ->capture_default_str();
-  cmd->add_option("--output", args->output, "Output map: logsoftmax (NLL loss) or logits (cross entropy)")
+  cmd->add_option("--output", args->output,
+                  "Output map, the function explained: logsoftmax (log-probabilities) or logits (the model's own "
+                  "outputs; needed by --loss nll and mse)")
       ->check(CLI::IsMember({"logsoftmax", "logits"}))
+      ->capture_default_str();
+  cmd->add_option("--loss", args->loss,
+                  "Loss: cross-entropy; nll (a TorchScript module whose output is already log-probabilities); "
+                  "mse (float targets [n, K] from npy:DIR, or one-hot class labels)")
+      ->check(CLI::IsMember({"cross-entropy", "cross_entropy", "nll", "mse"}))
       ->capture_default_str();
   cmd->add_flag("--zero-last-layer", r.zero_last_layer,
                 "Start the last layer at zero, so the kernel machine's bias is constant");
@@ -133,6 +141,7 @@ void add_train_command(CLI::App& app, Globals& globals) {
       globals.apply();
       r.data.dtype = parse_dtype(args->dtype);
       r.output = parse_output_map(args->output);
+      r.loss = parse_loss_kind(args->loss);
       r.train.seed = r.seed;
       r.train.progress = !globals.quiet;
       res = train_run(r);

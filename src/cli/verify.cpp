@@ -49,12 +49,22 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              // A float32 run is decomposed against the float64 network at its
                              // float32 weights; its own outputs differ by float32 rounding.
                              {"dtype", reader.manifest().dtype},
-                             {"max_abs_run_dtype_difference", s.max_abs_run_dtype_difference}};
+                             {"max_abs_run_dtype_difference", s.max_abs_run_dtype_difference},
+                             // Whether every recorded update is what the declared loss and
+                             // optimizer give (StepResiduals).
+                             {"updates_explained", s.residuals.first_step < 0},
+                             {"max_update_residual_ratio", s.residuals.max_ratio},
+                             {"first_unexplained_step", s.residuals.first_step < 0
+                                                            ? nlohmann::ordered_json(nullptr)
+                                                            : nlohmann::ordered_json(s.residuals.first_step)}};
+    const std::string unexplained = unexplained_update_message(s.residuals);
+    if (!unexplained.empty()) j["warning"] = unexplained;
     std::string text = "kernel machine vs network on " + std::to_string(s.test_points) + " test points, " +
                        std::to_string(s.steps) + " steps, quadrature " + options.quadrature.spec.str() + ":";
     for (auto& [key, value] : j.items()) {
-      if (key != "run") text += format_text("\n  %-26s %s", key.c_str(), value.dump().c_str());
+      if (key != "run" && key != "warning") text += format_text("\n  %-26s %s", key.c_str(), value.dump().c_str());
     }
+    if (!unexplained.empty()) text += "\nwarning: " + unexplained;
     globals.print(j, text);
     if (args->fail_above >= 0 && j["max_rel_error"].get<double>() > args->fail_above) globals.exit_status = 1;
   });

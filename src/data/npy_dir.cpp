@@ -5,7 +5,9 @@
 // shape [n, *input_shape] (any per-example shape, the same in both splits) and
 // are float64/float32, or int64/int32 integer codes such as token ids (then
 // |x| < 2^53, so float64 holds them exactly). Labels are int64/int32 of shape
-// [n], class numbers in [0, 65536). The test split may be empty ([0, ...]).
+// [n], class numbers in [0, 65536), or, for the loss mse, float regression
+// targets [n, K] (then K is the number of outputs). The test split may be
+// empty ([0, ...]).
 // No normalisation: the arrays are used as given.
 #include <cmath>
 #include <filesystem>
@@ -35,9 +37,20 @@ torch::Tensor read_array(const fs::path& dir, const std::string& name) {
   return read_npy(path.string());
 }
 
+/// Regression targets: float [n, K], finite, for the loss mse.
+void check_targets(const torch::Tensor& y, const torch::Tensor& x, const std::string& what, const std::string& where) {
+  PK_CHECK(y.dim() == 2 && y.size(1) >= 1, where << ": " << what << "_y.npy holds floats of shape " << y.sizes()
+                                                 << ", expected regression targets [n, K] (or integer class labels [n])");
+  PK_CHECK(y.size(0) == x.size(0), where << ": " << what << "_y.npy has " << y.size(0) << " targets but "
+                                         << what << "_x.npy has " << x.size(0) << " rows");
+  PK_CHECK(y.numel() == 0 || torch::isfinite(y).all().item<bool>(),
+           where << ": " << what << "_y.npy holds a target that is not finite (NaN or infinite)");
+}
+
 void check_labels(const torch::Tensor& y, const torch::Tensor& x, const std::string& what, const std::string& where) {
+  if (y.is_floating_point()) return check_targets(y, x, what, where);
   PK_CHECK(is_integer(y), where << ": " << what << "_y.npy has dtype " << y.scalar_type()
-                                << ", expected integer class labels (int64 or int32)");
+                                << ", expected integer class labels (int64 or int32) or float regression targets");
   PK_CHECK(y.dim() == 1, where << ": " << what << "_y.npy has shape " << y.sizes() << ", expected [n]");
   PK_CHECK(y.size(0) == x.size(0), where << ": " << what << "_y.npy has " << y.size(0) << " labels but "
                                          << what << "_x.npy has " << x.size(0) << " rows");
@@ -85,13 +98,25 @@ Dataset load_npy_dir(const std::string& argument, uint64_t /*seed*/) {
                  << data.x_test.scalar_type() << "; expected both floating point or both integer");
   check_labels(data.y_train, data.x_train, "train", where);
   check_labels(data.y_test, data.x_test, "test", where);
-  data.y_train = data.y_train.to(torch::kLong);
-  data.y_test = data.y_test.to(torch::kLong);
   data.integer_inputs = is_integer(data.x_train);
   data.input_shape = data.x_train.sizes().slice(1).vec();
-  int64_t hi = data.y_train.max().item<int64_t>();
-  if (data.y_test.numel() > 0) hi = std::max(hi, data.y_test.max().item<int64_t>());
-  data.num_classes = std::max<int64_t>(2, hi + 1);
+  if (data.y_train.is_floating_point()) {  // regression targets [n, K]
+    PK_CHECK(data.y_test.is_floating_point() && data.y_test.size(1) == data.y_train.size(1),
+             where << ": train_y.npy holds targets of shape " << data.y_train.sizes() << " and test_y.npy "
+                   << data.y_test.scalar_type() << " of shape " << data.y_test.sizes()
+                   << "; expected float targets with the same K in both");
+    data.y_train = data.y_train.to(torch::kFloat64);
+    data.y_test = data.y_test.to(torch::kFloat64);
+    data.num_classes = data.y_train.size(1);
+  } else {
+    PK_CHECK(!data.y_test.is_floating_point(), where << ": train_y.npy holds class labels but test_y.npy holds "
+                                                     << data.y_test.scalar_type() << "; expected labels in both");
+    data.y_train = data.y_train.to(torch::kLong);
+    data.y_test = data.y_test.to(torch::kLong);
+    int64_t hi = data.y_train.max().item<int64_t>();
+    if (data.y_test.numel() > 0) hi = std::max(hi, data.y_test.max().item<int64_t>());
+    data.num_classes = std::max<int64_t>(2, hi + 1);
+  }
   data.normalization = {{"kind", "none"}};
   data.source = {{"kind", "npy"},
                  {"directory", argument},

@@ -104,6 +104,9 @@ torch::Tensor to_inputs(const torch::Tensor& raw, torch::Dtype dtype,
 void take_subset(torch::Tensor& x, torch::Tensor& y, int64_t size, uint64_t seed,
                  const char* split, const std::string& spec) {
   if (size == -1) return;
+  PK_CHECK(y.dim() == 1, split << "_size " << size << ": dataset '" << spec
+                               << "' has regression targets, and a subset is chosen class-balanced; "
+                                  "use all of it (-1) or save the subset you want as its own npy:DIR");
   const int64_t available = y.size(0);
   PK_CHECK(size >= 1 && size <= available,
            split << "_size " << size << " is out of range for dataset '" << spec << "': expected -1 "
@@ -127,7 +130,7 @@ namespace {
 /// Class numbers in [0, num_classes) with no training point: the model still
 /// has an output for each (labels {0, 1, 5} give 6 outputs), so say which.
 void warn_about_empty_classes(Dataset& data) {
-  if (data.num_classes <= 0 || data.y_train.numel() == 0) return;
+  if (data.num_classes <= 0 || data.y_train.numel() == 0 || data.y_train.dim() != 1) return;
   torch::Tensor counts = torch::bincount(data.y_train, {}, data.num_classes);
   std::vector<int64_t> empty, present;
   for (int64_t c = 0; c < data.num_classes; ++c) (counts[c].item<int64_t>() == 0 ? empty : present).push_back(c);
@@ -175,7 +178,10 @@ Dataset load_dataset(const DataOptions& options) {
 
   Dataset data = found->load(argument, options.seed);
   data.spec = spec;
-  PK_ASSERT(data.y_train.scalar_type() == torch::kLong && data.y_test.scalar_type() == torch::kLong);
+  // Class labels [n] int64, or regression targets [n, K] float64 (npy:DIR).
+  PK_ASSERT((data.y_train.scalar_type() == torch::kLong && data.y_test.scalar_type() == torch::kLong) ||
+            (data.y_train.scalar_type() == torch::kFloat64 && data.y_train.dim() == 2 &&
+             data.y_test.scalar_type() == torch::kFloat64 && data.y_test.dim() == 2));
   PK_ASSERT(data.x_train.size(0) == data.y_train.size(0));
   PK_ASSERT(data.x_test.size(0) == data.y_test.size(0));
 

@@ -64,7 +64,13 @@ torch::Tensor TestPointSelection::resolve(int64_t n_test, int64_t default_count)
 
 torch::Tensor TestPointSelection::resolve(const torch::Tensor& labels, int64_t default_count,
                                           bool default_balanced) const {
-  PK_CHECK(labels.defined() && labels.dim() == 1, "test labels must be a vector [n_test]");
+  PK_CHECK(labels.defined() && (labels.dim() == 1 || labels.dim() == 2),
+           "test labels must be a vector [n_test] (or regression targets [n_test, K])");
+  if (labels.dim() == 2) {  // regression targets: no classes to balance
+    PK_CHECK(balanced == 0, "--test-balanced needs class labels; this data has regression targets of shape "
+                                << labels.sizes() << " (use --test N)");
+    return resolve_selection(*this, labels.size(0), torch::Tensor(), default_count, false);
+  }
   return resolve_selection(*this, labels.size(0), labels, default_count, default_balanced);
 }
 

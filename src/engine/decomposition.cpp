@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
+#include <sstream>
 
 #include "pathkernel/error.h"
 #include "pathkernel/progress.h"
@@ -45,7 +47,47 @@ DecompositionSummary summarize(const Decomposition& d) {
   s.mean_kinks_per_step = static_cast<double>(d.kinks) / point_steps;
   s.max_abs_run_dtype_difference = d.fN_run.defined() ? (d.fN_run - d.fN).abs().max().item<double>() : 0.0;
   s.seconds = d.seconds;
+  s.residuals = d.residuals;
   return s;
+}
+
+void StepResiduals::add(int64_t s, double r, double b) {
+  const double ratio = r <= b ? (b > 0 ? r / b : 0.0) : (b > 0 ? r / b : std::numeric_limits<double>::infinity());
+  if (ratio > max_ratio || worst_step < 0) {
+    max_ratio = ratio;
+    max_residual = r;
+    bound = b;
+    worst_step = s;
+  }
+  if (r > b) {
+    ++steps_over;
+    if (first_step < 0 || s < first_step) first_step = s;
+  }
+}
+
+void StepResiduals::merge(const StepResiduals& o) {
+  if (o.worst_step >= 0 && (o.max_ratio > max_ratio || worst_step < 0)) {
+    max_ratio = o.max_ratio;
+    max_residual = o.max_residual;
+    bound = o.bound;
+    worst_step = o.worst_step;
+  }
+  steps_over += o.steps_over;
+  if (o.first_step >= 0 && (first_step < 0 || o.first_step < first_step)) first_step = o.first_step;
+}
+
+std::string unexplained_update_message(const StepResiduals& r) {
+  if (r.first_step < 0) return "";
+  std::ostringstream out;
+  out << "from step " << r.first_step
+      << " on, the recorded updates are not what the declared loss and optimizer give: " << r.steps_over
+      << " step(s) differ by more than rounding (the worst, step " << r.worst_step << ", by " << r.max_residual
+      << " against a rounding bound of " << r.bound
+      << "). The training loop did something the run does not describe: a loss term or regulariser it does not "
+         "declare, gradient clipping without its clip factor, another optimizer or other hyper-parameters, or "
+         "weights changed outside the optimizer's step. The kernel machine still equals the network, because "
+         "the rounding term E carries the difference, but E is not attributed to training points.";
+  return out.str();
 }
 
 namespace {
@@ -58,7 +100,8 @@ namespace {
 torch::Tensor mean_gradient(Network& net64, const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& y) {
   set_flat_parameters(net64, w);
   for (auto& p : net64->parameters()) p.mutable_grad() = torch::Tensor();
-  training_loss(net64->forward(x.to(torch::kFloat64)), y, net64->options().output).backward();
+  training_loss(net64->forward(x.to(torch::kFloat64)), y, net64->options().output, net64->options().loss)
+      .backward();
   std::vector<torch::Tensor> grads;
   for (auto& p : net64->parameters()) grads.push_back(p.grad().reshape({-1}));
   return torch::cat(grads);
@@ -74,8 +117,75 @@ torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tens
 /// engine works in float64, so only a float64 run's signals are exact enough,
 /// and a TorchScript module's per-sample gradients are not captured.
 bool use_capture(const Manifest& m, const DecompositionOptions& o) {
-  return o.replay_signals && m.dtype == "float64" && !ModelSpec::parse(m.model_spec).is_torchscript();
+  return o.replay_signals && !m.recorded && m.dtype == "float64" &&
+         !ModelSpec::parse(m.model_spec).is_torchscript();
 }
+
+double max_abs(const torch::Tensor& t) { return t.defined() && t.numel() > 0 ? t.abs().max().item<double>() : 0.0; }
+
+/// How far above machine epsilon rounding may take a step's residual (StepResiduals).
+constexpr double kRoundingSlack = 1000;
+
+/// The run dtype's machine epsilon.
+double run_epsilon(const Manifest& m) {
+  return m.dtype == "float64" ? std::numeric_limits<double>::epsilon() : std::numeric_limits<float>::epsilon();
+}
+
+/// The rounding bound of step s's update residual (StepResiduals).
+double update_bound(const Manifest& m, const PathStep& st) {
+  return kRoundingSlack * run_epsilon(m) * (max_abs(st.w) + max_abs(st.w + st.delta));
+}
+
+/// The residuals of a reverse walk's steps (StepResiduals). With a buffer,
+/// step s's is the larger (against its bound) of the update's and the
+/// buffer's b_s − β b_{s−1} − γ_s d_s; the walk meets b_{s−1} after b_s, so
+/// each step is added once the next one visited brings it.
+class ReverseResiduals {
+ public:
+  ReverseResiduals(const Manifest& m, double beta, StepResiduals& out)
+      : eps_(kRoundingSlack * run_epsilon(m)), beta_(beta), out_(out) {}
+
+  /// Step s: its update residual r against `bound`; b_s and γ_s d_s (undefined without a buffer).
+  void visit(int64_t s, double r, double bound, const torch::Tensor& b, const torch::Tensor& gd) {
+    if (!b.defined()) {
+      out_.add(s, r, bound);
+      return;
+    }
+    // Steps skipped on resuming leave the pending one without its b_{s−1}: only its update counts.
+    if (pending_ >= 0) finish(pending_ == s + 1 ? b : torch::Tensor());
+    pending_ = s;
+    r_ = r;
+    bound_ = bound;
+    b_ = b;
+    gd_ = gd;
+  }
+  /// After the walk: the pending step 0 has b_{−1} = 0.
+  void finish_walk() {
+    if (pending_ == 0) finish(torch::zeros_like(b_));
+    else if (pending_ > 0) finish(torch::Tensor());
+    pending_ = -1;
+  }
+
+ private:
+  void finish(const torch::Tensor& prev) {
+    double r = r_, bound = bound_;
+    if (prev.defined()) {
+      const double rb = max_abs(b_ - beta_ * prev - gd_);
+      const double bb = eps_ * (max_abs(b_) + beta_ * max_abs(prev) + max_abs(gd_));
+      if (rb * bound > r * bb) {  // rb / bb > r / bound, without dividing by zero
+        r = rb;
+        bound = bb;
+      }
+    }
+    out_.add(pending_, r, bound);
+  }
+
+  double eps_, beta_;
+  StepResiduals& out_;
+  int64_t pending_ = -1;
+  double r_ = 0, bound_ = 0;
+  torch::Tensor b_, gd_;
+};
 
 /// Training rows r0 .. r0+nr of the step's batch as the replay computed them
 /// (PathReader::set_capture): layer inputs and the mean loss's signals, that
@@ -141,6 +251,7 @@ const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomp
   d.evaluations = p->partial.evaluations;
   d.forward_evaluations = p->partial.forward_evaluations;
   d.kinks = p->partial.kinks;
+  d.residuals = p->partial.residuals;
   return p;
 }
 
@@ -181,6 +292,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   // A float64 network for the batch gradient, apart from the evaluator's.
   Network grad64 = engine_network(m.network_options());
   const OutputMap map = grad64->options().output;
+  const LossKind loss = grad64->options().loss;
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
   const double beta = rule.beta(), lambda = rule.coupled_decay();
@@ -212,6 +324,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       done += steps_done;
     }
     const int64_t skip_from = m.steps - steps_done;  // steps s >= skip_from are done
+    ReverseResiduals residuals(m, beta, d.residuals);
     reader.reverse([&](const PathStep& st) {
       if (st.step >= skip_from) return;
       ev.set_segment(st.w, st.delta);
@@ -220,10 +333,16 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       // The batch itself is needed only when its signals are recomputed.
       const torch::Tensor xb = captured ? torch::Tensor() : x_train64.index_select(0, idx);
       const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
+      // d_s = c_s G_s + λ_c w_s, with the clip factor of a recorded run.
       const torch::Tensor dvec =
-          (captured ? st.gradient : mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb)) + lambda * st.w;
+          (captured ? st.gradient : st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb)) +
+          lambda * st.w;
       const StepCoefficients c = rule.step(st.step, st.lr, st.w, st.state);
       const torch::Tensor buf = rule.buffer(st.state);
+      if (c0 == 0) {  // the steps' residuals, once (they do not depend on the test points)
+        residuals.visit(st.step, max_abs(st.delta - UpdateRule::update(c, dvec, buf)), update_bound(m, st), buf,
+                        buf.defined() ? c.gamma * dvec : torch::Tensor());
+      }
       torch::Tensor erow = torch::zeros({nc, K}, torch::kFloat64);
       // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
       if (buf.defined()) erow -= beta * torch::matmul(acc, buf);
@@ -252,8 +371,8 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
         // Captured signals are the mean loss's: already divided by |B_s|.
         torch::Tensor part = captured ? contract_dense(ev, a, captured_signals(st, r0, nr))
                                       : contract_dense(ev, a, train_signals(ev, xb.narrow(0, r0, nr),
-                                                                            yb.narrow(0, r0, nr), map)) /
-                                            static_cast<double>(b);  // [nc, nr, K]
+                                                                            yb.narrow(0, r0, nr), map, loss)) *
+                                            (st.clip / static_cast<double>(b));  // [nc, nr, K]
         d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
         if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
       }
@@ -273,6 +392,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
         checkpoint->save(p);
       }
     });
+    residuals.finish_walk();
   }
   bar.finish();
   d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -301,6 +421,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   // A float64 network for the batch gradient, apart from the evaluator's.
   Network grad64 = engine_network(m.network_options());
   const OutputMap map = grad64->options().output;
+  const LossKind loss = grad64->options().loss;
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);
   Decomposition d = start(reader, grad64, x);
@@ -321,9 +442,11 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     const torch::Tensor xb = captured && !options.kernel ? torch::Tensor() : x_train64.index_select(0, idx);
     const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
     // Regularisation and rounding directions of this step.
-    torch::Tensor g = captured ? st.gradient : mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb);
+    // c_s G_s: the batch gradient as the optimizer received it (clipped in a recorded run).
+    torch::Tensor g = captured ? st.gradient : st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb);
     torch::Tensor rho = -st.lr * lambda * st.w;
     torch::Tensor e = st.delta + st.lr * (g + lambda * st.w);
+    d.residuals.add(st.step, max_abs(e), update_bound(m, st));
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
       const int64_t nc = std::min(chunk, n - c0);
       TestFeatures f = test_features(ev, x.narrow(0, c0, nc), options.quadrature);
@@ -339,8 +462,8 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
         // Captured signals are the mean loss's: already divided by |B_s|.
         torch::Tensor part =
             captured ? contract(ev, f, captured_signals(st, r0, nr)) * (-st.lr)
-                     : contract(ev, f, train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map)) *
-                           (-st.lr / static_cast<double>(b));  // [nc, nr, K]
+                     : contract(ev, f, train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map, loss)) *
+                           (-st.lr * st.clip / static_cast<double>(b));  // [nc, nr, K]
         d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
         if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
         if (options.kernel) {

@@ -59,6 +59,15 @@ const DecompositionProgress* DirectoryCheckpoint::resume_point() {
     p->partial.evaluations = s.at("evaluations").get<int64_t>();
     p->partial.forward_evaluations = s.at("forward_evaluations").get<int64_t>();
     p->partial.kinks = s.at("kinks").get<int64_t>();
+    if (s.contains("residuals")) {
+      const auto& r = s.at("residuals");
+      p->partial.residuals.max_ratio = r.at("max_ratio").get<double>();
+      p->partial.residuals.max_residual = r.at("max_residual").get<double>();
+      p->partial.residuals.bound = r.at("bound").get<double>();
+      p->partial.residuals.worst_step = r.at("worst_step").get<int64_t>();
+      p->partial.residuals.first_step = r.at("first_step").get<int64_t>();
+      p->partial.residuals.steps_over = r.at("steps_over").get<int64_t>();
+    }
     sequence_ = s.at("sequence").get<int64_t>();
     for (const auto& [name, f] : s.at("files").items()) {
       const std::string path = (fs::path(dir_) / f.at("file").get<std::string>()).string();
@@ -115,6 +124,12 @@ void DirectoryCheckpoint::save(const DecompositionProgress& p) {
                            {"evaluations", p.partial.evaluations},
                            {"forward_evaluations", p.partial.forward_evaluations},
                            {"kinks", p.partial.kinks},
+                           {"residuals", {{"max_ratio", p.partial.residuals.max_ratio},
+                                          {"max_residual", p.partial.residuals.max_residual},
+                                          {"bound", p.partial.residuals.bound},
+                                          {"worst_step", p.partial.residuals.worst_step},
+                                          {"first_step", p.partial.residuals.first_step},
+                                          {"steps_over", p.partial.residuals.steps_over}}},
                            {"files", files}};
   write_file_atomic((fs::path(dir_) / "state.json").string(), s.dump(2) + "\n");
   // The previous state's files (and temporaries of an interrupted save).

@@ -18,20 +18,26 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
+std::vector<double> values_of(const torch::Tensor& t) {
+  const torch::Tensor c = t.contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+/// Point i's label: its class, or its regression target [K].
+ojson label_of(const torch::Tensor& labels, int64_t i) {
+  if (is_regression_target(labels)) return values_of(labels[i].to(torch::kFloat64));
+  return labels[i].item<int64_t>();
+}
+
 /// The k training points with the largest (or smallest) contributions c [M].
 ojson extremes(const torch::Tensor& c, const torch::Tensor& labels, int64_t k, bool largest) {
   auto [values, index] = c.topk(std::min<int64_t>(k, c.size(0)), 0, largest);
   ojson out = ojson::array();
   for (int64_t j = 0; j < index.size(0); ++j) {
     int64_t i = index[j].item<int64_t>();
-    out.push_back({{"index", i}, {"label", labels[i].item<int64_t>()}, {"value", values[j].item<double>()}});
+    out.push_back({{"index", i}, {"label", label_of(labels, i)}, {"value", values[j].item<double>()}});
   }
   return out;
-}
-
-std::vector<double> values_of(const torch::Tensor& t) {
-  const torch::Tensor c = t.contiguous();
-  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
 }
 
 /// Image data: each test image (blue) beside its top eight proponents (green,
@@ -72,7 +78,8 @@ KernelOutput parse_kernel_output(const std::string& name) {
 
 bool is_single_kernel_machine(const Manifest& m) {
   const bool even_batches = m.batch_size == 0 || m.num_train % m.batch_size == 0;
-  return m.output == "logsoftmax" && m.schedule == "constant" && even_batches;
+  return m.output == "logsoftmax" && m.loss == "cross_entropy" && m.schedule == "constant" && !m.recorded &&
+         even_batches;
 }
 
 Explanation explain(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
@@ -132,7 +139,7 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
     const int64_t predicted = d.fN[n].argmax().item<int64_t>();
     const torch::Tensor c = d.contributions[n].select(1, predicted);  // [M]
     points.push_back({{"test_index", test_index[n].item<int64_t>()},
-                      {"label", reader.dataset().y_test[test_index[n]].item<int64_t>()},
+                      {"label", label_of(reader.dataset().y_test, test_index[n].item<int64_t>())},
                       {"predicted", predicted},
                       {"f_final", values_of(d.fN[n])},
                       {"f_initial", values_of(d.f0[n])},
@@ -148,6 +155,14 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
                  {"quadrature", dopt.quadrature.spec.str()},
                  {"steps", d.steps},
                  {"certificate_max_gap", d.certificate_max_gap},
+                 {"loss", m.loss},
+                 // mse's loss derivative 2(f − t)/K moves with f along training, so the
+                 // contributions are a sum of per-step kernel machines, never one machine
+                 // with fixed coefficients.
+                 {"form", m.loss == "mse" ? "ensemble (mse: the loss derivative changes along training)"
+                                          : single ? "kernel machine" : "ensemble"},
+                 {"recorded", m.recorded},
+                 {"updates_explained", d.residuals.first_step < 0},
                  {"contributions", {{"file", "contributions.npy"}, {"shape", {n, M, K}}}},
                  {"kernel", e.kernel ? ojson{{"file", "kernel.npy"},
                                              {"shape", {n, M, m.num_classes, m.num_classes}},
@@ -155,6 +170,8 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
                                              {"weight", single ? ojson(m.optimizer.lr / batch) : ojson(nullptr)}}
                                      : ojson(nullptr)},
                  {"points", points}};
+  const std::string unexplained = unexplained_update_message(d.residuals);
+  if (!unexplained.empty()) e.json["warning"] = unexplained;
   write_file_atomic((fs::path(out) / "explain.json").string(), e.json.dump(2) + "\n");
   progress.finish();
   if (options.images && m.input_shape.size() == 3) e.images = write_images(reader, test_index, points, out);

@@ -547,12 +547,9 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
 }
 
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
-                           OutputMap map) {
+                           OutputMap map, LossKind loss) {
   SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), !ev.generic());
-  torch::Tensor out = pass.out.detach();
-  torch::Tensor onehot = torch::zeros_like(out).scatter_(1, y.view({-1, 1}), 1.0);
-  // u_i = ∂ℓ_i/∂f: NLL on log-probabilities, or cross entropy on logits.
-  torch::Tensor u = map == OutputMap::LogSoftmax ? -onehot : torch::softmax(out, 1) - onehot;
+  const torch::Tensor u = loss_signal(pass.out, y, map, loss);  // u_i = ∂ℓ_i/∂f
   TrainSignals t;
   if (ev.generic()) {
     t.inputs = {torch::Tensor()};

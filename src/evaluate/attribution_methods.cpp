@@ -80,7 +80,7 @@ torch::Tensor gradient_dot_scores(PathReader& reader, const std::vector<torch::T
     for (int64_t i0 = 0; i0 < M; i0 += options.train_chunk) {
       const int64_t b = std::min(options.train_chunk, M - i0);
       const TrainSignals t = train_signals(ev, x_train.narrow(0, i0, b).to(torch::kFloat64),
-                                           y_train.narrow(0, i0, b), net_options.output);
+                                           y_train.narrow(0, i0, b), net_options.output, net_options.loss);
       const torch::Tensor dots = select_output(contract(ev, f, t), output);  // [n, b]
       scores.narrow(1, i0, b).add_(dots, -weight_of[k]);
     }

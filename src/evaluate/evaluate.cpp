@@ -144,6 +144,11 @@ Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const s
   const Dataset& data = reader.dataset();
   const int64_t M = m.num_train, K = m.num_classes;
   options.validate(M, K);
+  const bool regression = is_regression_target(data.y_train);
+  PK_CHECK(!(regression && options.output == "label"),
+           "evaluate: --output label needs class labels; run '" << reader.dir() << "' trains on regression targets");
+  PK_CHECK(!(regression && contains(options.metrics, "mislabel")),
+           "evaluate: mislabel flips class labels; run '" << reader.dir() << "' trains on regression targets");
   PK_CHECK(test_index.dim() == 1 && test_index.numel() > 0 && test_index.scalar_type() == torch::kLong,
            "evaluate: test indices must be a non-empty int64 list (got " << test_index.sizes() << ")");
   PK_CHECK(test_index.min().item<int64_t>() >= 0 && test_index.max().item<int64_t>() < data.x_test.size(0),

@@ -33,7 +33,7 @@ StepResult scaled_step(Network& net, torch::optim::Optimizer& optimizer, const t
                        const torch::Tensor& y, double lr, double scale) {
   StepResult r;
   for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
-  torch::Tensor loss = training_loss(net->forward(x), y, net->options().output) * scale;
+  torch::Tensor loss = training_loss(net->forward(x), y, net->options().output, net->options().loss) * scale;
   r.loss = loss.item<double>();
   r.count = y.size(0);
   loss.backward();
@@ -78,6 +78,9 @@ RetrainJob removal_job(int64_t num_train, const torch::Tensor& removed) {
 }
 
 Retrainer::Retrainer(PathReader& reader) : reader_(reader), num_train_(reader.manifest().num_train) {
+  PK_CHECK(!reader.manifest().recorded,
+           "run '" << reader.dir() << "' was recorded from a training loop: retraining it needs the loop itself "
+                                      "(pathkernel retrains only runs it trained, with their optimizer and batches)");
   w0_ = reader.checkpoint(0);
   batches_.reserve(static_cast<size_t>(reader.steps()));
   for (int64_t s = 0; s < reader.steps(); ++s) batches_.push_back(reader.batch(s));
@@ -90,6 +93,8 @@ void Retrainer::check(const RetrainJob& job) const {
                                                                  << " " << job.keep.scalar_type() << ")");
   }
   if (job.labels.defined()) {
+    PK_CHECK(!is_regression_target(reader_.dataset().y_train),
+             "retraining: other labels need class labels; the run trains on regression targets");
     const int64_t K = reader_.manifest().num_classes;
     PK_CHECK(job.labels.dim() == 1 && job.labels.size(0) == num_train_ && job.labels.scalar_type() == torch::kLong,
              "retraining: labels must be int64 [" << num_train_ << "] (got " << job.labels.sizes() << " "

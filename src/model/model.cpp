@@ -74,16 +74,6 @@ std::string ModelSpec::str() const {
   return s;
 }
 
-OutputMap parse_output_map(const std::string& name) {
-  if (name == "logsoftmax") return OutputMap::LogSoftmax;
-  if (name == "logits") return OutputMap::Logits;
-  PK_THROW("unknown output map '" << name << "': expected one of logsoftmax, logits");
-}
-
-std::string output_map_name(OutputMap map) {
-  return map == OutputMap::LogSoftmax ? "logsoftmax" : "logits";
-}
-
 /// A loaded TorchScript module, and a copy of its forward graph that also
 /// returns the inputs of its ReLUs (the kink sites).
 struct ScriptModule {
@@ -367,10 +357,6 @@ void set_flat_parameters(Network& net, const torch::Tensor& flat) {
     p.copy_(flat.narrow(0, offset, p.numel()).view(p.sizes()));
     offset += p.numel();
   }
-}
-
-torch::Tensor training_loss(const torch::Tensor& output, const torch::Tensor& y, OutputMap map) {
-  return torch::nll_loss(map == OutputMap::LogSoftmax ? output : torch::log_softmax(output, 1), y);
 }
 
 }  // namespace pathkernel

@@ -82,7 +82,10 @@ ojson Manifest::to_json() const {
                         {"batch_seed", batch_seed},
                         {"schedule", schedule},
                         {"threads", threads},
-                        {"checkpoint_every", checkpoint_every}};
+                        {"checkpoint_every", checkpoint_every},
+                        {"loss", loss}};
+  if (recorded) j["training"]["recorded"] = true;
+  if (!clip_factors.file.empty()) j["training"]["clip_factors"] = file_json(clip_factors);
   if (!environment.empty()) j["environment"] = environment.to_json();
   j["learning_rates"] = learning_rates;
   ojson cks = ojson::array();
@@ -165,6 +168,13 @@ Manifest Manifest::from_json(const ojson& j) {
   m.schedule = field<std::string>(t, "schedule", "training");
   m.threads = field<int64_t>(t, "threads", "training");
   m.checkpoint_every = field<int64_t>(t, "checkpoint_every", "training");
+  if (t.contains("loss")) m.loss = field<std::string>(t, "loss", "training");
+  check_loss_output(parse_loss_kind(m.loss), parse_output_map(m.output));
+  if (t.contains("recorded")) m.recorded = field<bool>(t, "recorded", "training");
+  if (t.contains("clip_factors")) {
+    PK_CHECK(m.recorded, "manifest: training.clip_factors belongs to a recorded run (training.recorded)");
+    m.clip_factors = file_from(field<ojson>(t, "clip_factors", "training"), "clip factors");
+  }
   if (j.contains("environment")) m.environment = ReplayEnvironment::from_json(j["environment"]);
   m.learning_rates = field<std::vector<double>>(j, "learning_rates", "the manifest");
 
@@ -229,14 +239,34 @@ NetworkOptions Manifest::network_options() const {
   o.input_shape = input_shape;
   o.num_classes = num_classes;
   o.output = parse_output_map(output);
+  o.loss = parse_loss_kind(loss);
   o.zero_last_layer = zero_last_layer;
   o.dtype = parse_dtype(dtype);
   o.seed = init_seed;
   return o;
 }
 
+DataOptions Manifest::data_options() const {
+  DataOptions o = data;
+  if (source.is_object() && source.value("in_run", false)) {
+    const std::string dir = source.value("directory", std::string());
+    PK_CHECK(source.value("kind", std::string()) == "npy" && !dir.empty(),
+             "manifest: data.source.in_run names no npy directory (expected {\"kind\": \"npy\", \"directory\": "
+             "DIR, \"in_run\": true})");
+    PK_CHECK(!directory.empty(), "manifest: data stored in the run directory, but the manifest was not loaded "
+                                 "from a run directory");
+    // Each array must be a regular file inside the run (run_file_path refuses the rest).
+    for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) {
+      run_file_path(directory, (fs::path(dir) / f).string());
+    }
+    o.spec = "npy:" + (fs::path(directory) / dir).string();
+  }
+  return o;
+}
+
 int64_t Manifest::path_bytes() const {
   int64_t total = 0;
+  total += clip_factors.bytes;
   for (const CheckpointRecord& c : checkpoints) {
     total += c.weights.bytes;
     for (const auto& [_, f] : c.optimizer_buffers) total += f.bytes;
@@ -409,6 +439,31 @@ void validate_run(const std::string& run_dir, const Manifest& m) {
     }
     PK_CHECK(next >= m.steps, where << ": batch logs cover " << next << " steps, expected " << m.steps);
   }
+  if (m.recorded) {
+    // Nothing is replayed: the path is the stored weights of every step.
+    PK_CHECK(static_cast<int64_t>(m.checkpoints.size()) == m.steps + 1,
+             where << ": a recorded run stores every step's weights, but the manifest lists "
+                   << m.checkpoints.size() << " checkpoints for " << m.steps << " steps (expected "
+                   << m.steps + 1 << ")");
+    PK_CHECK(m.batch_size != 0, where << ": a recorded run lists each step's batch (training.batch_size > 0)");
+    if (!m.clip_factors.file.empty()) read_clip_factors(run_dir, m);
+  }
+}
+
+torch::Tensor read_clip_factors(const std::string& run_dir, const Manifest& m) {
+  if (m.clip_factors.file.empty()) return torch::ones({m.steps}, torch::kFloat64);
+  const std::string where = "run '" + run_dir + "'";
+  torch::Tensor c = parse_npy(check_file(run_dir, m.clip_factors, "clip factors"),
+                              (fs::path(run_dir) / m.clip_factors.file).string());
+  PK_CHECK(c.scalar_type() == torch::kFloat64 && c.dim() == 1 && c.size(0) == m.steps,
+           where << ": clip factors file '" << m.clip_factors.file << "' holds " << c.scalar_type() << " of shape "
+                 << c.sizes() << ", expected float64 of shape [" << m.steps << "]");
+  const double* v = c.data_ptr<double>();
+  for (int64_t s = 0; s < m.steps; ++s) {
+    PK_CHECK(std::isfinite(v[s]) && v[s] > 0, where << ": the clip factor of step " << s << " is " << v[s]
+                                                    << ", expected a finite factor > 0");
+  }
+  return c;
 }
 
 uint32_t training_data_crc32(const torch::Tensor& x, const torch::Tensor& y) {

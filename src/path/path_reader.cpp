@@ -30,7 +30,8 @@ std::vector<std::string> machine_differences(const Manifest& m) {
 PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
   manifest_ = Manifest::load(dir_);
   validate_run(dir_, manifest_);
-  dataset_ = load_dataset(manifest_.data);
+  dataset_ = load_dataset(manifest_.data_options());
+  clip_ = read_clip_factors(dir_, manifest_);
   PK_CHECK(dataset_.x_train.size(0) == manifest_.num_train,
            "run '" << dir_ << "': dataset '" << manifest_.data.spec << "' now has "
                    << dataset_.x_train.size(0) << " training points, the run used " << manifest_.num_train);
@@ -96,6 +97,18 @@ torch::Tensor PathReader::batch_indices(int64_t s) {
 
 double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state) {
   PK_ASSERT(k + 1 < manifest_.checkpoints.size());
+  if (manifest_.recorded) {  // every step is stored: read it, replay nothing
+    PathStep step;
+    step.step = manifest_.checkpoints[k].step;
+    step.w = checkpoint(k);
+    step.delta = checkpoint(k + 1) - step.w;
+    step.batch = batch_indices(step.step);
+    step.lr = manifest_.learning_rates[step.step];
+    step.clip = clip_[step.step].item<double>();
+    if (need_state) step.state = checkpoint_state(k + 1);
+    fn(std::move(step));
+    return 0;
+  }
   ThreadScope threads(static_cast<int>(manifest_.threads));
   const int64_t begin = manifest_.checkpoints[k].step, end = manifest_.checkpoints[k + 1].step;
   const torch::Dtype dtype = parse_dtype(manifest_.dtype);
@@ -202,6 +215,10 @@ void PathReader::reverse(const std::function<void(const PathStep&)>& fn) {
 
 ReplayReport PathReader::check(bool progress) {
   ReplayReport report;
+  if (manifest_.recorded) {  // the constructor checked every stored file against its CRC-32
+    report.recorded = true;
+    return report;
+  }
   ProgressBar bar(manifest_.steps, "check-path", progress);
   for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
     double diff = replay_segment(k, [&](PathStep&& st) {

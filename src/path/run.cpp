@@ -46,12 +46,20 @@ RunResult train_run(const RunOptions& given) {
   Dataset data = load_dataset(options.data);
   const int64_t m = data.x_train.size(0);
   options.train.validate(m);
+  check_loss_output(options.loss, options.output);
+  PK_CHECK(options.loss != LossKind::Nll || ModelSpec::parse(options.model).is_torchscript(),
+           "the loss nll is for a model whose own output is log-probabilities (a TorchScript module ending in "
+           "log_softmax); pathkernel's model '" << options.model << "' outputs logits: use cross_entropy");
+  PK_CHECK(!is_regression_target(data.y_train) || options.loss == LossKind::Mse,
+           "dataset '" << options.data.spec << "' has float targets of shape " << data.y_train.sizes()
+                       << ", which only the loss mse trains on (got '" << loss_name(options.loss) << "')");
 
   NetworkOptions net_options;
   net_options.spec = ModelSpec::parse(options.model);
   net_options.input_shape = data.input_shape;
   net_options.num_classes = data.num_classes;
   net_options.output = options.output;
+  net_options.loss = options.loss;
   net_options.zero_last_layer = options.zero_last_layer;
   net_options.dtype = options.data.dtype;
   net_options.seed = options.seed;
@@ -72,6 +80,7 @@ RunResult train_run(const RunOptions& given) {
   base.integer_inputs = data.integer_inputs;
   base.model_spec = net_options.spec.str();
   base.output = output_map_name(options.output);
+  base.loss = loss_name(options.loss);
   base.zero_last_layer = options.zero_last_layer;
   base.init_seed = options.seed;
   base.dtype = dtype_name(options.data.dtype);
@@ -103,6 +112,7 @@ RunOptions run_options_from_manifest(const Manifest& m, const std::string& run_d
   r.data.dtype = parse_dtype(m.dtype);
   r.model = m.model_spec;
   r.output = parse_output_map(m.output);
+  r.loss = parse_loss_kind(m.loss);
   r.zero_last_layer = m.zero_last_layer;
   r.seed = m.init_seed;
   r.train.optimizer = m.optimizer;

@@ -128,9 +128,9 @@ StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const tor
   StepResult r;
   for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
   torch::Tensor out = net->forward(x);
-  torch::Tensor loss = training_loss(out, y, net->options().output);
+  torch::Tensor loss = training_loss(out, y, net->options().output, net->options().loss);
   r.loss = loss.item<double>();
-  r.correct = out.argmax(1).eq(y).sum().item<int64_t>();
+  r.correct = correct_predictions(out, y);
   r.count = y.size(0);
   if (accept && !accept(r.loss)) return r;
   loss.backward();
@@ -141,6 +141,7 @@ StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const tor
 }
 
 double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y) {
+  if (is_regression_target(y)) return std::numeric_limits<double>::quiet_NaN();  // no classes
   if (x.size(0) == 0) return 0;
   torch::NoGradGuard guard;
   int64_t correct = 0;

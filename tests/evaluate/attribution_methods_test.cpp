@@ -39,7 +39,7 @@ struct Fixture {
       const torch::Tensor jt = flat_grad(net, w, x.narrow(0, t, 1), [&](const torch::Tensor& f) { return f[0][k]; });
       for (int64_t i : std::vector<int64_t>(points.data_ptr<int64_t>(), points.data_ptr<int64_t>() + points.numel())) {
         const torch::Tensor gi = flat_grad(net, w, xt.narrow(0, i, 1), [&](const torch::Tensor& f) {
-          return training_loss(f, yt.narrow(0, i, 1), m.network_options().output);
+          return training_loss(f, yt.narrow(0, i, 1), m.network_options().output, m.network_options().loss);
         });
         ref[t][i] -= weight * jt.dot(gi).item<double>();
       }

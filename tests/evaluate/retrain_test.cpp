@@ -81,7 +81,8 @@ TEST(Retrain, MinibatchLeaveOneOutMatchesAHandWrittenSgdLoop) {
         batches_with_it += left.size(0) < b.size(0);
         const double weight = scaling == RemovalScaling::Kept ? static_cast<double>(left.size(0)) / b.size(0) : 1.0;
         const torch::Tensor g = flat_grad(net, w, x.index_select(0, left), [&](const torch::Tensor& out) {
-          return training_loss(out, y.index_select(0, left), m.network_options().output) * weight;
+          return training_loss(out, y.index_select(0, left), m.network_options().output, m.network_options().loss) *
+                 weight;
         });
         w = w - m.learning_rates[s] * g;
       }

@@ -1,0 +1,146 @@
+"""Files of a run directory: atomic writes, CRC-32, .npy bytes.
+
+The same conventions as the C++ writer (src/core/files.cpp, src/core/npy.cpp):
+every file is written to ``FILE.tmp.PID``, flushed, synced and renamed into
+place, and listed in manifest.json with its size and CRC-32 (zlib's).
+"""
+import io
+import json
+import os
+import zlib
+
+import numpy as np
+
+
+class RunFormatError(ValueError):
+    """A run or explain directory that does not read as pathkernel wrote it."""
+
+
+def crc32(data: bytes) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """The bytes numpy.save writes (format 1.0, C order, little-endian), the
+    same bytes as pathkernel's own npy_bytes for float64/float32/int64/int32."""
+    a = np.asarray(array)
+    if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and np.little_endian is False):
+        a = a.astype(a.dtype.newbyteorder("<"))
+    a = np.ascontiguousarray(a)
+    out = io.BytesIO()
+    np.save(out, a, allow_pickle=False)
+    return out.getvalue()
+
+
+def write_atomic(path: str, data: bytes, sync: bool = True) -> None:
+    """Writes ``data`` to ``path`` atomically: a temporary file in the same
+    directory, flushed and (with ``sync``) synced, then renamed. On failure
+    the temporary file is removed and ``path`` is unchanged. Without
+    ``sync`` the caller makes the file durable (sync_files) before a manifest
+    lists it."""
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            if sync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise OSError(e.errno, "cannot write '%s': %s" % (path, e.strerror)) from e
+
+
+def sync_directory(path: str) -> None:
+    """Makes the renames inside directory ``path`` durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_syncfs = None
+
+
+def sync_files(directory: str, paths) -> None:
+    """Makes the files ``paths`` (written with sync=False) and the renames in
+    ``directory`` durable: one syncfs(2) of the file system holding the run
+    when the C library has it (one journal commit instead of one per file),
+    else an fsync of each file."""
+    global _syncfs
+    if _syncfs is None:
+        try:
+            import ctypes
+            import ctypes.util
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _syncfs = libc.syncfs
+            _syncfs.argtypes = [ctypes.c_int]
+        except (OSError, AttributeError):
+            _syncfs = False
+    if _syncfs:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            if _syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for d in {os.path.dirname(p) for p in paths} | {directory}:
+        sync_directory(d)
+
+
+def file_record(relative: str, data: bytes) -> dict:
+    return {"file": relative, "bytes": len(data), "crc32": crc32(data)}
+
+
+def json_text(obj) -> str:
+    """manifest.json's text: two-space indentation like the C++ writer; NaN and
+    infinities are refused (they are not JSON)."""
+    return json.dumps(obj, indent=2, allow_nan=False) + "\n"
+
+
+def step_name(prefix: str, step: int) -> str:
+    return "%s%08d.npy" % (prefix, step)
+
+
+def read_listed(directory: str, record: dict, what: str) -> bytes:
+    """Reads a file listed in a manifest and checks its size and CRC-32."""
+    name = record.get("file") if isinstance(record, dict) else None
+    if not isinstance(name, str) or not name:
+        raise RunFormatError("run '%s': %s has no file name in manifest.json (%r)" % (directory, what, record))
+    if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+        raise RunFormatError("run '%s': %s file '%s' in manifest.json must be a path inside the run directory"
+                             % (directory, what, name))
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+        raise RunFormatError("run '%s': %s file '%s' listed in manifest.json is missing" % (directory, what, name))
+    with open(path, "rb") as f:
+        data = f.read()
+    if "bytes" in record and len(data) != record["bytes"]:
+        raise RunFormatError("run '%s': %s file '%s' has %d bytes, manifest.json says %d"
+                             % (directory, what, name, len(data), record["bytes"]))
+    if "crc32" in record and crc32(data) != record["crc32"]:
+        raise RunFormatError("run '%s': %s file '%s' has CRC-32 %d, manifest.json says %d (the file is corrupt)"
+                             % (directory, what, name, crc32(data), record["crc32"]))
+    return data
+
+
+def parse_npy(data: bytes, what: str) -> np.ndarray:
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as e:  # numpy raises ValueError, OSError, EOFError...
+        raise RunFormatError("%s: not a readable .npy file (%s)" % (what, e)) from e

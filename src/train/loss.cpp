@@ -1,0 +1,92 @@
+// Output maps and losses (loss.h).
+#include "pathkernel/loss.h"
+
+#include "pathkernel/error.h"
+
+namespace pathkernel {
+
+OutputMap parse_output_map(const std::string& name) {
+  if (name == "logsoftmax") return OutputMap::LogSoftmax;
+  if (name == "logits") return OutputMap::Logits;
+  PK_THROW("unknown output map '" << name << "': expected one of logsoftmax, logits");
+}
+
+std::string output_map_name(OutputMap map) { return map == OutputMap::LogSoftmax ? "logsoftmax" : "logits"; }
+
+LossKind parse_loss_kind(const std::string& name) {
+  if (name == "cross_entropy" || name == "cross-entropy") return LossKind::CrossEntropy;
+  if (name == "nll") return LossKind::Nll;
+  if (name == "mse") return LossKind::Mse;
+  PK_THROW("unknown loss '" << name << "': expected one of cross_entropy (or cross-entropy), nll, mse");
+}
+
+std::string loss_name(LossKind loss) {
+  switch (loss) {
+    case LossKind::CrossEntropy: return "cross_entropy";
+    case LossKind::Nll: return "nll";
+    case LossKind::Mse: return "mse";
+  }
+  return "?";
+}
+
+std::vector<std::string> loss_names() { return {"cross_entropy", "nll", "mse"}; }
+
+void check_loss_output(LossKind loss, OutputMap map) {
+  PK_CHECK(loss == LossKind::CrossEntropy || map == OutputMap::Logits,
+           "the loss '" << loss_name(loss) << "' needs the output map 'logits', got '" << output_map_name(map)
+                        << "': " << (loss == LossKind::Nll ? "nll is for a model whose own output is already "
+                                                             "log-probabilities (a module ending in log_softmax)"
+                                                           : "mse compares the model's own outputs with the targets")
+                        << ", so pathkernel must not apply log_softmax on top");
+}
+
+namespace {
+
+/// Targets [n, K] for mse: float targets as given, or one-hot class labels.
+torch::Tensor mse_targets(const torch::Tensor& f, const torch::Tensor& y) {
+  if (is_regression_target(y)) {
+    PK_CHECK(y.sizes() == f.sizes(), "mse: targets have shape " << y.sizes() << ", outputs " << f.sizes()
+                                                               << "; expected the same [n, K]");
+    return y.to(f.scalar_type());
+  }
+  return torch::zeros_like(f).scatter_(1, y.view({-1, 1}), 1.0);
+}
+
+void check_class_labels(const torch::Tensor& y, LossKind loss) {
+  PK_CHECK(!is_regression_target(y), "the loss '" << loss_name(loss)
+                                                  << "' needs class labels [n], got float targets of shape "
+                                                  << y.sizes() << " (use the loss mse for targets)");
+}
+
+}  // namespace
+
+torch::Tensor training_loss(const torch::Tensor& f, const torch::Tensor& y, OutputMap map, LossKind loss) {
+  switch (loss) {
+    case LossKind::CrossEntropy:
+      check_class_labels(y, loss);
+      return torch::nll_loss(map == OutputMap::LogSoftmax ? f : torch::log_softmax(f, 1), y);
+    case LossKind::Nll:
+      check_class_labels(y, loss);
+      return torch::nll_loss(f, y);
+    case LossKind::Mse:
+      return torch::mse_loss(f, mse_targets(f, y));
+  }
+  PK_THROW("unknown loss kind");
+}
+
+torch::Tensor loss_signal(const torch::Tensor& f, const torch::Tensor& y, OutputMap map, LossKind loss) {
+  const torch::Tensor out = f.detach();
+  if (loss == LossKind::Mse) return (out - mse_targets(out, y)) * (2.0 / static_cast<double>(out.size(1)));
+  check_class_labels(y, loss);
+  torch::Tensor onehot = torch::zeros_like(out).scatter_(1, y.view({-1, 1}), 1.0);
+  // NLL on log-probabilities, or cross entropy on logits.
+  if (loss == LossKind::Nll || map == OutputMap::LogSoftmax) return -onehot;
+  return torch::softmax(out, 1) - onehot;
+}
+
+int64_t correct_predictions(const torch::Tensor& f, const torch::Tensor& y) {
+  if (is_regression_target(y)) return 0;
+  return f.argmax(1).eq(y).sum().item<int64_t>();
+}
+
+}  // namespace pathkernel

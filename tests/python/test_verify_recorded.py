@@ -1,0 +1,207 @@
+"""Recorded loops decomposed by the C++ engine: `pathkernel verify` on runs
+recorded from PyTorch loops with every supported optimizer and loss, and a
+loop that does something it did not declare (clipping) is caught, at its step.
+
+These need the engine that reads a recorded path (issue 18's C++ side)."""
+import json
+import re
+
+from _helpers import (F, Recorder, TempDirTest, batches, blobs, cli, clip_grad_norm_, loss_fn, mlp, need_binary, nn,
+                      torch)
+
+MAX_REL_ERROR = 1e-12
+# |E|, the rounding term, of a loop the declaration describes: rounding of a
+# few float64 steps of outputs of order 1.
+MAX_ROUNDING = 1e-10
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+    "momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-3),
+    "nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True, weight_decay=1e-3),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.02, weight_decay=1e-3),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.02, weight_decay=0.05),
+}
+
+SCHEDULERS = {
+    "sgd": None,
+    "momentum": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.7),
+    "nesterov": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 4)),
+    "adam": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10),
+    "adamw": lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.9),
+}
+
+
+def record(directory, optimizer, loss, steps=10, clip=None, declare_clip=True, clip_at=None, output=None):
+    """A user's loop: their sampler, their scheduler, their loss."""
+    x, y = blobs(40)
+    xt, yt = blobs(12, seed=5)
+    model = mlp(log_softmax=(loss == "nll"))
+    if loss == "mse":
+        y, yt = F.one_hot(y, 3).double(), F.one_hot(yt, 3).double()
+    opt = OPTIMIZERS[optimizer](model.parameters())
+    sched = SCHEDULERS[optimizer](opt) if SCHEDULERS[optimizer] else None
+    kw = {} if output is None else {"output": output}
+    rec = Recorder(directory, model, opt, x, y, test_x=xt, test_y=yt, loss=loss, **kw)
+    fn = loss_fn(loss)
+    for s, idx in enumerate(batches(40, 8, steps)):
+        opt.zero_grad()
+        fn(model(x[idx]), y[idx]).backward()
+        if clip is not None and (clip_at is None or s == clip_at):
+            if declare_clip:
+                clip_grad_norm_(model.parameters(), clip)
+            else:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        rec.step(idx)
+        if sched is not None:
+            sched.step()
+    rec.close()
+    return rec
+
+
+class VerifyRecordedRuns(TempDirTest):
+    def setUp(self):
+        super().setUp()
+        need_binary(self)
+
+    def verify(self, run):
+        rc, out, err = cli(["--quiet", "--json", "verify", run, "--test", "3"], cwd=self.tmp)
+        return rc, out, err
+
+    def assert_exact(self, run):
+        rc, out, err = self.verify(run)
+        self.assertEqual(rc, 0, "verify failed:\n%s\n%s" % (out, err[-3000:]))
+        j = json.loads(out[out.find("{"):])
+        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
+        self.assertLessEqual(j["max_abs_rounding"], MAX_ROUNDING, out)
+        self.assertTrue(j.get("updates_explained", True), out)
+        return j
+
+    def test_every_optimizer_and_loss(self):
+        for optimizer in OPTIMIZERS:
+            for loss in ("cross_entropy", "nll", "mse"):
+                with self.subTest(optimizer=optimizer, loss=loss):
+                    run = self.path("%s-%s" % (optimizer, loss))
+                    record(run, optimizer, loss)
+                    self.assert_exact(run)
+
+    def test_logits_output_and_declared_clipping(self):
+        run = self.path("logits")
+        record(run, "momentum", "cross_entropy", output="logits")
+        self.assert_exact(run)
+        run = self.path("clipped")
+        record(run, "adam", "cross_entropy", clip=0.05)
+        self.assert_exact(run)
+
+    def test_undeclared_clipping_is_found_at_its_step(self):
+        run = self.path("hidden-clip")
+        record(run, "sgd", "cross_entropy", clip=1e-3, declare_clip=False, clip_at=6)
+        rc, out, err = self.verify(run)
+        text = out + "\n" + err
+        # Far above rounding, and the message names step 6 (the first step
+        # the declaration does not describe).
+        self.assertRegex(text, r"\bstep 6\b", "verify does not name step 6:\n%s" % text[-3000:])
+        start = out.find("{")
+        if start >= 0:
+            j = json.loads(out[start:])
+            self.assertGreater(j["max_abs_rounding"], 1e3 * MAX_ROUNDING, out)
+            # The kernel machine still equals the network: E carries the difference.
+            self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
+            self.assertFalse(j.get("updates_explained", False), out)
+            self.assertEqual(j.get("first_unexplained_step", 6), 6, out)
+
+
+class MoreOutputsThanLabels(TempDirTest):
+    """K is the model's output width, also when the labels use fewer classes."""
+
+    def test_four_outputs_three_labels(self):
+        need_binary(self)
+        x, y = blobs(30)
+        model = mlp(k=4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        run = self.path("k4")
+        with Recorder(run, model, opt, x, y, test_x=x[:4], test_y=y[:4]) as rec:
+            for idx in batches(30, 6, 6):
+                opt.zero_grad()
+                F.cross_entropy(model(x[idx]), y[idx]).backward()
+                opt.step()
+                rec.step(idx)
+        rc, out, err = cli(["--quiet", "--json", "verify", run, "--test", "3"], cwd=self.tmp)
+        self.assertEqual(rc, 0, "verify failed:\n%s\n%s" % (out, err[-3000:]))
+        j = json.loads(out[out.find("{"):])
+        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
+
+
+class TokenModel(TempDirTest):
+    """Integer inputs (token ids) through an embedding, AdamW with a warm-up,
+    and check-path on the recorded run (it checks the files; nothing to replay)."""
+
+    def test_tokens_adamw(self):
+        need_binary(self)
+
+        class Tokens(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(7, 4)
+                self.out = nn.Linear(8, 3)
+
+            def forward(self, t):
+                return self.out(torch.tanh(self.embed(t).flatten(1)))
+
+        torch.manual_seed(0)
+        model = Tokens().double()
+        g = torch.Generator().manual_seed(2)
+        tokens = torch.randint(0, 7, (30, 2), generator=g)
+        labels = (tokens[:, 0] + tokens[:, 1]) % 3
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.2, total_iters=4)
+        run = self.path("tokens")
+        with Recorder(run, model, opt, tokens, labels, test_x=tokens[:5], test_y=labels[:5]) as rec:
+            for idx in batches(30, 6, 8):
+                opt.zero_grad()
+                F.cross_entropy(model(tokens[idx]), labels[idx]).backward()
+                opt.step()
+                rec.step(idx)
+                sched.step()
+        rc, out, err = cli(["--quiet", "check-path", run], cwd=self.tmp)
+        self.assertEqual(rc, 0, "check-path failed:\n%s\n%s" % (out, err[-3000:]))
+        rc, out, err = cli(["--quiet", "--json", "verify", run, "--test", "3"], cwd=self.tmp)
+        self.assertEqual(rc, 0, "verify failed:\n%s\n%s" % (out, err[-3000:]))
+        j = json.loads(out[out.find("{"):])
+        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
+        self.assertLessEqual(j["max_abs_rounding"], MAX_ROUNDING, out)
+
+
+class ReluModel(TempDirTest):
+    """A ReLU network: the engine cuts each step at kinks on the recorded path."""
+
+    def test_relu_adam(self):
+        need_binary(self)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1 = nn.Linear(4, 8)
+                self.out = nn.Linear(8, 3)
+
+            def forward(self, x):
+                return self.out(torch.relu(self.fc1(x)))
+
+        torch.manual_seed(0)
+        model = Net().double()
+        x, y = blobs(40)
+        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+        run = self.path("relu")
+        with Recorder(run, model, opt, x, y, test_x=x[:6], test_y=y[:6]) as rec:
+            for idx in batches(40, 10, 10):
+                opt.zero_grad()
+                F.cross_entropy(model(x[idx]), y[idx]).backward()
+                opt.step()
+                rec.step(idx)
+                sched.step()
+        rc, out, err = cli(["--quiet", "--json", "verify", run, "--test", "3"], cwd=self.tmp)
+        self.assertEqual(rc, 0, "verify failed:\n%s\n%s" % (out, err[-3000:]))
+        j = json.loads(out[out.find("{"):])
+        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
+        self.assertTrue(re.match(r"float64", j.get("dtype", "float64")))
