@@ -203,3 +203,56 @@ TEST(Retrain, BadJobsAreRefused) {
                   "labels must lie in [0, 3)");
   EXPECT_CONTAINS(error_message([] { parse_removal_scaling("half"); }), "expected reduced or kept");
 }
+
+// A linear model f = W x + b with squared loss under gd is a linear
+// recurrence: with x̃ = [x, 1], Θ = [W b] and c = 2η/(K M'),
+// Θ_{s+1} = Θ_s A + c Tᵀ X̃ with A = I − c X̃ᵀX̃, so
+// Θ_N = Θ_0 Aᴺ + c Tᵀ X̃ (c X̃ᵀX̃)⁻¹ (I − Aᴺ). Leaving point i out is the
+// same with its row deleted (M' = M − 1). The retraining must match it.
+TEST(Retrain, LeaveOneOutOnALinearModelWithSquaredLossMatchesItsClosedForm) {
+  if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "Debian's python3-torch is not installed (make deps installs it)";
+  }
+  TempDir dir;
+  const int64_t M = 15, d = 3, K = 2, N = 40;
+  const double lr = 0.05;
+  auto gen = at::detail::createCPUGenerator(11);
+  const torch::Tensor x = torch::randn({M, d}, gen, torch::kFloat64);
+  const torch::Tensor t = torch::randn({M, K}, gen, torch::kFloat64);
+  std::filesystem::create_directories(dir / "data");
+  write_npy(dir / "data/train_x.npy", x);
+  write_npy(dir / "data/train_y.npy", t);
+  write_npy(dir / "data/test_x.npy", x.narrow(0, 0, 4).contiguous());
+  write_npy(dir / "data/test_y.npy", t.narrow(0, 0, 4).contiguous());
+  const std::string script = dir.write(
+      "linear.py", "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(3, 2).double()\n"
+                   "torch.jit.script(m).save('" + (dir / "linear.pt") + "')\n");
+  const CommandOutput py = run_shell("/usr/bin/python3 " + script);
+  ASSERT_EQ(py.status, 0) << py.out;
+  cli_train(dir / "data", dir / "run",
+            "--model torchscript:" + (dir / "linear.pt") + " --loss mse --output logits --optimizer gd --lr 0.05 "
+            "--steps 40");
+  PathReader reader(dir / "run");
+  const Retrainer retrainer(reader);
+  const torch::Tensor w0 = reader.checkpoint(0);  // [W (K x d, row-major), b (K)]
+  const torch::Tensor theta0 = torch::cat({w0.narrow(0, 0, K * d).view({K, d}), w0.narrow(0, K * d, K).view({K, 1})}, 1);
+  auto closed_form = [&](const torch::Tensor& rows) {
+    const torch::Tensor xt = torch::cat({x.index_select(0, rows), torch::ones({rows.size(0), 1}, torch::kFloat64)}, 1);
+    const torch::Tensor tt = t.index_select(0, rows);
+    const double c = 2 * lr / static_cast<double>(K * rows.size(0));
+    const torch::Tensor g = c * xt.t().matmul(xt);
+    const torch::Tensor eye = torch::eye(d + 1, torch::kFloat64);
+    const torch::Tensor an = torch::matrix_power(eye - g, N);
+    const torch::Tensor theta = theta0.matmul(an) + c * tt.t().matmul(xt).matmul(torch::inverse(g)).matmul(eye - an);
+    return torch::cat({theta.narrow(1, 0, d).reshape({-1}), theta.select(1, d)});
+  };
+  const torch::Tensor all = torch::arange(M, torch::kLong);
+  const double scale = final_checkpoint(dir / "run").abs().max().item<double>();
+  EXPECT_LT((closed_form(all) - final_checkpoint(dir / "run")).abs().max().item<double>(), 1e-12 * scale);
+  for (int64_t i : {0, 6, 14}) {
+    const torch::Tensor w = retrainer.final_weights(removal_job(M, torch::tensor({i})), RemovalScaling::Reduced);
+    const torch::Tensor ref = closed_form(all.masked_select(all.ne(i)));
+    EXPECT_LT((w - ref).abs().max().item<double>(), 1e-12 * scale) << "removed point " << i;
+    EXPECT_GT((w - final_checkpoint(dir / "run")).abs().max().item<double>(), 1e-6 * scale) << "removed point " << i;
+  }
+}
