@@ -105,6 +105,11 @@ class PathReader {
   /// Replays every step and compares every checkpoint bit for bit.
   ReplayReport check(bool progress = false);
 
+  /// B_s as the batch log records it: int64 [B_s] indices into the training
+  /// set, or undefined for full-batch training. Throws Error when no batch
+  /// log covers s or the recorded batch is bad.
+  torch::Tensor batch(int64_t s) { return batch_indices(s); }
+
  private:
   /// Replays checkpoint segment k (steps c_k .. c_{k+1}-1), calling fn per
   /// step, then compares with checkpoint k+1. Returns the max |diff| there

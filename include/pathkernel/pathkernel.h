@@ -12,6 +12,7 @@
 #include "pathkernel/decomposition.h"   // decompose(), summarize(), relative_error()
 #include "pathkernel/environment.h"     // the machine bit-for-bit replay depends on
 #include "pathkernel/error.h"           // pathkernel::Error, thrown for every user error
+#include "pathkernel/evaluate.h"        // attribution methods tested against retraining
 #include "pathkernel/gp.h"              // Gaussian-process regression on a kernel
 #include "pathkernel/gram.h"            // EPK / DPK / NTK Gram matrices
 #include "pathkernel/infinite_width.h"  // the infinite-width NTK / NNGP

@@ -50,6 +50,7 @@ int run(int argc, char** argv) {
   add_compare_command(app, globals);
   add_experiment_command(app, globals);
   add_report_command(app, globals);
+  add_evaluate_command(app, globals);
   // Under mpirun only these split their work; the others would run N times over.
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     const std::string name = sub->get_name();

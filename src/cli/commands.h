@@ -38,6 +38,7 @@ void add_refit_command(CLI::App& app, Globals& globals);
 void add_compare_command(CLI::App& app, Globals& globals);
 void add_experiment_command(CLI::App& app, Globals& globals);
 void add_report_command(CLI::App& app, Globals& globals);
+void add_evaluate_command(CLI::App& app, Globals& globals);
 
 /// printf into a string.
 std::string format_text(const char* format, ...) __attribute__((format(printf, 1, 2)));

@@ -1,0 +1,122 @@
+// `pathkernel evaluate`: do the attributions predict retraining? (evaluate()
+// in evaluate.h does the work; this binds its options and prints the table.)
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "pathkernel/error.h"
+#include "pathkernel/evaluate.h"
+#include "pathkernel/text.h"
+
+namespace pathkernel::cli {
+
+namespace {
+
+/// A comma-separated list of whole numbers, e.g. "10,20,40".
+std::vector<int64_t> parse_grid(const std::string& text) {
+  std::vector<int64_t> out;
+  for (const std::string& field : split(text, ',')) {
+    double v = 0;
+    PK_CHECK(parse_number(field, v) && v == static_cast<double>(static_cast<int64_t>(v)),
+             "--brittleness-grid: '" << field << "' is not a whole number (in '" << text << "')");
+    out.push_back(static_cast<int64_t>(v));
+  }
+  return out;
+}
+
+/// The methods x metrics table as text, each column as wide as its name.
+std::string table_text(const Evaluation& e) {
+  std::string s = format_text("%-10s", "method");
+  for (const std::string& c : e.columns) s += "  " + c;
+  s += "\n";
+  for (const auto& [method, row] : e.json["table"].items()) {
+    s += format_text("%-10s", method.c_str());
+    for (const std::string& c : e.columns) {
+      const int width = static_cast<int>(c.size());
+      const auto& v = row.contains(c) ? row[c] : nlohmann::ordered_json(nullptr);
+      s += v.is_null() ? format_text("  %*s", width, "-") : format_text("  %*.3g", width, v.get<double>());
+    }
+    s += "\n";
+  }
+  return s;
+}
+
+}  // namespace
+
+void add_evaluate_command(CLI::App& app, Globals& globals) {
+  struct Args {
+    std::string run, out, methods = "epk,dpk,tracin-cp,grad-dot,random", metrics = "loo,lds,mislabel";
+    std::string scaling = "reduced", grid = "10,20,40,80";
+    TestPointArgs points;
+    QuadratureArgs q;
+    EvaluateOptions evaluate;
+  };
+  auto args = std::make_shared<Args>();
+  EvaluateOptions& o = args->evaluate;
+  CLI::App* cmd = app.add_subcommand(
+      "evaluate", "Test attribution methods against retraining: leave-one-out, LDS, brittleness, mislabel detection");
+  cmd->add_option("RUN", args->run, "Run directory")->required();
+  args->points.add_to(cmd, "whose attributions are tested (default: the first 20)");
+  cmd->add_option("--methods", args->methods, "Attribution methods: epk, dpk, tracin-cp, grad-dot, random")
+      ->capture_default_str();
+  cmd->add_option("--metrics", args->metrics, "Metrics: loo, lds, brittleness, mislabel")->capture_default_str();
+  cmd->add_option("--output", o.output,
+                  "The output attributed: predicted (the predicted class's) or label (the true label's)")
+      ->check(CLI::IsMember({"predicted", "label"}))
+      ->capture_default_str();
+  args->q.add_to(cmd, globals);
+  cmd->add_option("--loo-extremes", o.loo_extremes,
+                  "Leave-one-out: top and bottom points per test point, by the first method")
+      ->capture_default_str();
+  cmd->add_option("--loo-random", o.loo_random, "Leave-one-out: random points shared by the test points")
+      ->capture_default_str();
+  cmd->add_option("--lds-subsets", o.lds_subsets, "LDS: retrainings on random subsets")->capture_default_str();
+  cmd->add_option("--lds-fraction", o.lds_fraction, "LDS: the fraction of the training set in each subset")
+      ->capture_default_str();
+  cmd->add_option("--brittleness-grid", args->grid, "Brittleness: the numbers k of top points removed")
+      ->capture_default_str();
+  cmd->add_option("--mislabel-fraction", o.mislabel_fraction, "Mislabel: the fraction of labels flipped")
+      ->capture_default_str();
+  cmd->add_option("--mislabel-candidates", o.mislabel_candidates,
+                  "Mislabel: training points ranked, half of them flipped")
+      ->capture_default_str();
+  cmd->add_option("--removal", args->scaling,
+                  "Removing points from a batch: reduced (mean over the points left, as training without them) "
+                  "or kept (each point left keeps its weight 1/|B|)")
+      ->check(CLI::IsMember({"reduced", "kept"}))
+      ->capture_default_str();
+  cmd->add_option("--workers", o.retrain.workers, "Retrainings at once, one thread each (0: all cores)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the samples, subsets and flipped labels")->capture_default_str();
+  cmd->add_option("--random-seed", o.attribution.seed, "Seed of the random method")->capture_default_str();
+  cmd->add_option("--out", args->out, "Directory for evaluate.json and scores_<method>.npy (default: RUN/evaluate)");
+  cmd->callback([args, &globals] {
+    globals.apply();
+    EvaluateOptions options = args->evaluate;
+    options.methods = split(args->methods, ',');
+    options.metrics = split(args->metrics, ',');
+    options.brittleness_grid = parse_grid(args->grid);
+    options.retrain.scaling = parse_removal_scaling(args->scaling);
+    options.attribution.quadrature = args->q.options().quadrature;
+    options.progress = !globals.quiet;
+    options.on_note = [&globals](const std::string& note) {
+      if (!globals.quiet) std::fprintf(stderr, "pathkernel: %s\n", note.c_str());
+    };
+    PathReader reader(args->run);
+    const torch::Tensor idx = args->points.indices(reader.dataset().y_test, 20);
+    const std::string out = args->out.empty() ? (std::filesystem::path(args->run) / "evaluate").string() : args->out;
+    const Evaluation e = evaluate(reader, idx, out, options);
+    nlohmann::ordered_json summary{{"out", out},
+                                   {"test_points", idx.size(0)},
+                                   {"table", e.json["table"]},
+                                   {"retrain", e.json["retrain"]},
+                                   {"seconds", e.json["seconds"]}};
+    globals.print(summary, table_text(e) + "wrote " + out + "/evaluate.json");
+  });
+}
+
+}  // namespace pathkernel::cli
