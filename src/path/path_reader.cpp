@@ -190,10 +190,11 @@ torch::Tensor PathReader::weights(int64_t s) {
 }
 
 torch::Tensor PathReader::outputs(int64_t s, const torch::Tensor& x) {
+  const torch::Tensor w = weights(s);  // replay needs gradients: before the guard
   torch::NoGradGuard no_grad;
   Network net = build_network(manifest_.network_options());
   const auto dtype = net->parameters()[0].scalar_type();
-  set_flat_parameters(net, weights(s).to(dtype));
+  set_flat_parameters(net, w.to(dtype));
   return net->forward(x.to(dtype)).to(torch::kFloat64);
 }
 

@@ -368,6 +368,27 @@ TEST(RunDirectory, DefaultCheckpointSpacingIsAboutTheSquareRoot) {
   EXPECT_EQ(default_checkpoint_every(10000), 100);
 }
 
+// outputs(s) at a step between checkpoints replays to it first (which needs
+// gradients), then evaluates the network there without them.
+TEST(Replay, OutputsBetweenCheckpointsAreTheNetworkAtThatStep) {
+  TempDir dir("outputs");
+  RunOptions r = small_run(dir / "run", "sgd", 7, 3);
+  train_run(r);
+  PathReader reader(r.out);
+  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
+  Network net = build_network(reader.manifest().network_options());
+  for (int64_t s : {0, 2, 3, 5, 7}) {
+    const torch::Tensor w = reader.weights(s);
+    torch::Tensor expect;
+    {
+      torch::NoGradGuard no_grad;
+      set_flat_parameters(net, w);
+      expect = net->forward(x);
+    }
+    EXPECT_TRUE(torch::equal(reader.outputs(s, x), expect)) << "step " << s;
+  }
+}
+
 TEST(RunDirectory, Float32RunsReplayBitForBit) {
   TempDir dir("float32");
   RunOptions r = small_run(dir / "run", "momentum", 7, 3);

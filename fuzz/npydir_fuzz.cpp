@@ -1,0 +1,67 @@
+// libFuzzer harness: the npy:DIR dataset (load_npy_dir). The input is cut
+// into the directory's four arrays: three little-endian uint32 lengths, then
+// train_x.npy, train_y.npy and test_x.npy of those lengths, and the rest as
+// test_y.npy. A successful read must give rows that agree between inputs and
+// labels, inputs of one shape in both splits, finite values, and labels that
+// are classes in [0, num_classes) or finite targets [n, num_classes].
+#include <filesystem>
+
+#include "fuzz_util.h"
+#include "loaders.h"
+#include "pathkernel/dataset.h"
+#include "pathkernel/error.h"
+
+namespace {
+
+uint32_t take_length(const uint8_t*& data, size_t& size) {
+  if (size < 4) return 0;
+  const uint32_t n = data[0] | data[1] << 8 | data[2] << 16 | static_cast<uint32_t>(data[3]) << 24;
+  data += 4;
+  size -= 4;
+  return n;
+}
+
+void check(const pathkernel::Dataset& d) {
+  using pathkernel::fuzz::fail;
+  if (d.x_train.size(0) != d.y_train.size(0) || d.x_test.size(0) != d.y_test.size(0)) fail("rows disagree");
+  if (d.x_train.size(0) == 0) fail("an empty training split was accepted");
+  if (d.x_train.sizes().slice(1) != d.x_test.sizes().slice(1)) fail("the splits' input shapes differ");
+  if (d.num_classes < 1) fail("no outputs");
+  for (const torch::Tensor& x : {d.x_train, d.x_test}) {
+    if (x.numel() > 0 && !torch::isfinite(x.to(torch::kFloat64)).all().item<bool>()) fail("a non-finite input");
+  }
+  for (const torch::Tensor& y : {d.y_train, d.y_test}) {
+    if (y.dim() == 2) {  // regression targets
+      if (y.scalar_type() != torch::kFloat64 || y.size(1) != d.num_classes) fail("targets of the wrong kind");
+      if (y.numel() > 0 && !torch::isfinite(y).all().item<bool>()) fail("a non-finite target");
+    } else {
+      if (y.dim() != 1 || y.scalar_type() != torch::kLong) fail("labels of the wrong kind");
+      if (y.numel() > 0 && (y.min().item<int64_t>() < 0 || y.max().item<int64_t>() >= d.num_classes)) {
+        fail("a label out of range");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const std::string dir = pathkernel::fuzz::scratch_path("_npydir");
+  static const bool made = std::filesystem::create_directories(dir) || true;
+  (void)made;
+  const char* names[] = {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"};
+  uint32_t lengths[3];
+  for (uint32_t& n : lengths) n = take_length(data, size);
+  for (int i = 0; i < 4; ++i) {
+    const size_t n = i < 3 ? std::min<size_t>(lengths[i], size) : size;
+    pathkernel::fuzz::write_bytes(dir + "/" + names[i], data, n);
+    data += n;
+    size -= n;
+  }
+  try {
+    check(pathkernel::detail::load_npy_dir(dir, 0));
+  } catch (const pathkernel::Error& e) {
+    pathkernel::fuzz::refused(e);
+  }
+  return 0;
+}
