@@ -4,7 +4,7 @@
 # each with `pathkernel evaluate`, printing each table in Markdown after the
 # command that produced it. Usage:
 #   scripts/attribution_quality.sh [SETTING ...]    (default: all)
-# with SETTING one of mlp-demo mlp-balanced mlp-kept mlp-steps gaussians3 gaussians3-kept cnn.
+# with SETTING one of mlp-demo mlp-balanced mlp-kept mlp-metagradient mlp-steps gaussians3 gaussians3-kept cnn.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/pathkernel}
@@ -57,7 +57,7 @@ PYEOF
 }
 
 settings=("$@")
-[[ ${#settings[@]} -eq 0 ]] && settings=(mlp-demo mlp-balanced mlp-kept mlp-steps gaussians3 gaussians3-kept cnn)
+[[ ${#settings[@]} -eq 0 ]] && settings=(mlp-demo mlp-balanced mlp-kept mlp-metagradient mlp-steps gaussians3 gaussians3-kept cnn)
 for s in "${settings[@]}"; do
   case $s in
     mlp-demo)
@@ -69,6 +69,12 @@ for s in "${settings[@]}"; do
     mlp-kept)
       train mnist-mlp --data mnist --model mlp:64 --optimizer sgd --lr 0.1 --batch 100 --steps 300
       evaluate mnist-mlp kept --test-balanced 20 --metrics loo,lds --removal kept ;;
+    mlp-metagradient)
+      # The exact contribution beside the metagradient, whose removal is a
+      # loss weight going to 0: the batch keeps its size (kept removal).
+      train mnist-mlp --data mnist --model mlp:64 --optimizer sgd --lr 0.1 --batch 100 --steps 300
+      evaluate mnist-mlp metagradient --test-balanced 20 --methods epk,metagradient,grad-dot,random \
+        --metrics loo,lds --removal kept ;;
     mlp-steps)
       # The same model and data trained for 1 to 300 steps: how the
       # counterfactual parts from the contribution as training goes on.
@@ -87,7 +93,7 @@ for s in "${settings[@]}"; do
       # mislabel is left out: epk's self-attribution of 40 training points
       # on this CNN takes longer than the rest together.
       evaluate mnist-cnn balanced --test-balanced 10 --metrics loo,lds ;;
-    *) echo "unknown setting '$s': expected mlp-demo, mlp-balanced, mlp-kept, mlp-steps, gaussians3, gaussians3-kept or cnn" >&2
+    *) echo "unknown setting '$s': expected mlp-demo, mlp-balanced, mlp-kept, mlp-metagradient, mlp-steps, gaussians3, gaussians3-kept or cnn" >&2
        exit 2 ;;
   esac
 done

@@ -17,6 +17,9 @@
 //              η_s/M per step)
 //   grad-dot   the gradient similarity at the final weights:
 //              −(Σ_s η_s / M) ∇f(w_N, x)·∇ℓ_i(w_N)
+//   metagradient  c_i d f(w_N, x)/d c_i (metagradient.h): the first-order
+//              change of the output when point i's loss weight c_i goes to 0,
+//              the whole run retrained; c_i = 1 unless the run has loss weights
 //   random     seeded standard normal scores, a baseline
 //
 // ℓ_i is the training loss of point i with the labels the run was trained

@@ -5,7 +5,7 @@
 //   contributions.npy  float64 [n, M, K]: C_i(x) of every training point i
 //   kernel.npy         float64 [n, M, K, K] (gd and sgd, when written):
 //                      Σ_{s: i∈B_s} K_s(x, x_i)
-//   explain.json       {run, quadrature, steps, certificate_max_gap,
+//   explain.json       {run, method ("exact"), quadrature, steps, certificate_max_gap,
 //                      contributions: {file, shape}, kernel: {file, shape,
 //                      single_kernel, weight} or null, points: [{test_index,
 //                      label, predicted, f_final, f_initial,
@@ -14,6 +14,13 @@
 //   explain_<i>.png    image data: test point i beside its top proponents
 //                      and opponents
 //   .progress/         saved accumulators while running (DirectoryCheckpoint)
+//
+// The metagradient (explain_metagradient) writes the same files:
+// contributions.npy holds d f(w_N, x)/d c_i [n, M, K] (NaN in the outputs
+// not differentiated), and explain.json says "method": "metagradient", which
+// outputs were differentiated, and per point the same fields as above that
+// do not belong to the decomposition (no regularization, rounding or
+// completeness error).
 //
 // n test points, M training points, K outputs.
 #pragma once
@@ -27,6 +34,7 @@
 #include <torch/torch.h>
 
 #include "pathkernel/decomposition.h"
+#include "pathkernel/metagradient.h"
 #include "pathkernel/path.h"
 
 namespace pathkernel {
@@ -57,7 +65,19 @@ struct Explanation {
   std::string progress_note;           ///< what became of saved progress ("" when there was none)
   nlohmann::ordered_json json;         ///< explain.json as written
   std::vector<std::string> images;     ///< PNG files written, relative to dir
+  Metagradient metagradient;           ///< explain_metagradient's result (empty for explain())
 };
+
+/// Which outputs explain_metagradient differentiates.
+enum class MetagradientOutputs { Predicted, All };
+/// "predicted" or "all"; throws Error listing them otherwise.
+MetagradientOutputs parse_metagradient_outputs(const std::string& name);
+
+/// The metagradient of test points `test_index` (metagradient.h), written as
+/// an explain directory `out` (see the top of this header). With Predicted,
+/// each point's predicted class only: one adjoint per point instead of K.
+Explanation explain_metagradient(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+                                 const ExplainOptions& options, MetagradientOutputs outputs);
 
 /// Whether the run is one kernel machine (paper Thm. 3.7): log-softmax output
 /// with the NLL loss (so u_i = −e_{y_i}), a constant learning rate and equal

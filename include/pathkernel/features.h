@@ -83,9 +83,10 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
 
 /// Training signals at t = 0 for rows x [B, ...] with labels y [B] (or mse
 /// targets [B, K]): the per-example loss derivative u_i = ∂ℓ_i/∂f (loss.h)
-/// pulled back through the network.
+/// pulled back through the network; with loss weights c [B] (float64),
+/// c_i u_i.
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
-                           OutputMap map, LossKind loss = LossKind::CrossEntropy);
+                           OutputMap map, LossKind loss = LossKind::CrossEntropy, const torch::Tensor& weights = {});
 
 /// Training signals for the cotangent e_k of every output k (the rows of
 /// J(w_s + t_i dw_s, x_i)): K TrainSignals sharing one forward pass. t [B]

@@ -49,13 +49,27 @@ inline bool is_regression_target(const torch::Tensor& y) { return y.dim() == 2; 
 
 /// The batch's mean loss of outputs f [n, K] (as the network returns them,
 /// after the output map) against y: int64 labels [n], or float targets
-/// [n, K] for mse.
+/// [n, K] for mse. With per-example loss weights c [n] (float64), the
+/// weighted mean (1/n) Σ_i c_i ℓ_i; undefined weights are all 1 and give
+/// the plain mean bit for bit.
 torch::Tensor training_loss(const torch::Tensor& f, const torch::Tensor& y, OutputMap map,
-                            LossKind loss = LossKind::CrossEntropy);
+                            LossKind loss = LossKind::CrossEntropy, const torch::Tensor& weights = {});
 
-/// u_i = ∂ℓ_i/∂f, the per-example loss derivative [n, K], in f's dtype.
+/// u_i = ∂ℓ_i/∂f, the per-example loss derivative [n, K], in f's dtype;
+/// with loss weights c [n], c_i ∂ℓ_i/∂f (the derivative of the weighted loss).
 torch::Tensor loss_signal(const torch::Tensor& f, const torch::Tensor& y, OutputMap map,
-                          LossKind loss = LossKind::CrossEntropy);
+                          LossKind loss = LossKind::CrossEntropy, const torch::Tensor& weights = {});
+
+/// The per-example losses ℓ_i [n], unweighted, in f's dtype.
+torch::Tensor example_losses(const torch::Tensor& f, const torch::Tensor& y, OutputMap map,
+                             LossKind loss = LossKind::CrossEntropy);
+
+/// Checks per-training-point loss weights for M points: a float [M] tensor,
+/// finite and >= 0 (or, with allow_negative, any finite value: a retraining
+/// may step a weight of 0 down to take a central difference). `what` names
+/// them in the error (e.g. the file). Returns them as float64.
+torch::Tensor checked_loss_weights(const torch::Tensor& weights, int64_t num_train, const std::string& what,
+                                   bool allow_negative = false);
 
 /// Correct predictions (argmax of f against the class label) in a batch;
 /// 0 for regression targets, which have no classes.

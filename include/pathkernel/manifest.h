@@ -98,6 +98,9 @@ struct Manifest {
   /// Recorded runs that clipped gradients: float64 [N], the factor c_s each
   /// step's batch gradient was multiplied by (file empty: none, all 1).
   FileRecord clip_factors;
+  /// Per-training-point loss weights, float64 [M] (train --loss-weights;
+  /// file empty: none, all 1). The batch loss is (1/|B_s|) Σ_{i∈B_s} c_i ℓ_i.
+  FileRecord loss_weights;
   std::string metrics = "metrics.csv";
   nlohmann::ordered_json summary;  ///< final loss and accuracies, when complete
   /// The run directory load() read this manifest from (not serialised): a
@@ -140,6 +143,10 @@ std::string run_file_path(const std::string& run_dir, const std::string& file);
 
 /// A recorded run's clip factors, float64 [N] (all 1 when it clipped nothing).
 torch::Tensor read_clip_factors(const std::string& run_dir, const Manifest& manifest);
+
+/// The run's loss weights, float64 [M], checked (finite, >= 0); undefined
+/// when the run has none (every weight 1).
+torch::Tensor read_loss_weights(const std::string& run_dir, const Manifest& manifest);
 
 /// CRC-32 of a training set (inputs then labels, raw bytes).
 uint32_t training_data_crc32(const torch::Tensor& x, const torch::Tensor& y);

@@ -77,6 +77,12 @@ class PathReader {
   const Dataset& dataset() const { return dataset_; }
   Network& network() { return net_; }
   int64_t steps() const { return manifest_.steps; }
+  /// The run's per-training-point loss weights, float64 [M]; undefined when
+  /// every weight is 1.
+  const torch::Tensor& loss_weights() const { return loss_weights_; }
+  /// The loss weights of the training points idx (undefined idx: all of
+  /// them), float64; undefined when every weight is 1.
+  torch::Tensor loss_weights(const torch::Tensor& idx) const;
   const std::string& dir() const { return dir_; }
 
   /// w at checkpoint i of manifest().checkpoints, float64 [P].
@@ -128,6 +134,7 @@ class PathReader {
   torch::Tensor batch_rows_;
   bool capture_ = false;
   torch::Tensor clip_;  ///< c_s of every step, float64 [N]
+  torch::Tensor loss_weights_;  ///< float64 [M], or undefined (all 1)
 };
 
 }  // namespace pathkernel

@@ -7,7 +7,8 @@
 // beside its top proponents and opponents, with every one's per-step
 // contribution curve; the contribution mass over the steps; the angle between
 // the DPK's and the EPK's test gradients along training (Fig. 2); an EPK Gram
-// heatmap; for 2-D data the kernel and GP-uncertainty maps (Fig. 5); and the
+// heatmap; the metagradient beside the exact contribution (when both are
+// given); for 2-D data the kernel and GP-uncertainty maps (Fig. 5); and the
 // manifest. The plots are drawn by Plotly (pinned in src/report/js), whose
 // minified JavaScript is inlined into the file; images are inline PNGs.
 //
@@ -27,6 +28,9 @@ namespace pathkernel {
 
 struct ReportOptions {
   std::string explain_dir;       ///< explain output (explain.json, contributions.npy); "" = none
+  /// explain --method metagradient output; "" = none. Its test points that
+  /// the explain output also has are shown beside their exact contributions.
+  std::string metagradient_dir;
   int64_t test_points = 10;      ///< test points of the kernel-vs-network scatter (explained ones first)
   int64_t tracked = 8;           ///< proponents and opponents shown per side of each explained point
   int64_t gram_points = 40;      ///< class-balanced training points in the Gram heatmap (0: none)

@@ -43,6 +43,7 @@ std::string removal_scaling_name(RemovalScaling scaling);
 struct RetrainJob {
   torch::Tensor keep;    ///< bool [M]: the points that stay in their batches; undefined: all of them
   torch::Tensor labels;  ///< int64 [M]: the labels trained on; undefined: the run's own
+  torch::Tensor weights; ///< float64 [M]: the loss weights trained with; undefined: the run's own
 };
 
 /// A job that removes the training points `removed` (int64 [r]) from M.

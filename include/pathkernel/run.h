@@ -19,6 +19,10 @@ struct RunOptions {
   bool zero_last_layer = false;
   uint64_t seed = 0;               ///< initialisation and batch sampling seed
   TrainOptions train;
+  /// A .npy file of per-training-point loss weights (one per training point
+  /// as used, finite, >= 0), copied into the run; "" for none (all 1).
+  /// Overrides train.loss_weights.
+  std::string loss_weights_file;
   int64_t checkpoint_every = 0;    ///< 0: default_checkpoint_every(N)
   std::string out;                 ///< the run directory
   bool force = false;              ///< overwrite an existing run directory

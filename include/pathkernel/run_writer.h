@@ -7,6 +7,7 @@
 //   batches/b_SSSSSSSS.npy        int32 [steps, max batch] indices of each segment's steps
 //   metrics.csv                   step,lr,loss,batch_accuracy (metrics_csv.h)
 //   model.pt                      a TorchScript model's module, copied (see add_module)
+//   loss_weights.npy              per-training-point loss weights, float64 [M] (see add_loss_weights)
 // Every file is written atomically, and the manifest last, so a run
 // interrupted at any moment reads as valid up to its last checkpoint, and
 // reopen() continues it from there (see run.h, resume_run).
@@ -43,6 +44,10 @@ class RunWriter : public TrainingObserver {
   /// records it (size, CRC-32) with the model spec "torchscript:model.pt",
   /// so the run needs nothing outside its directory. Before training starts.
   void add_module(const std::string& source);
+
+  /// Writes per-training-point loss weights (float64 [M]) as
+  /// loss_weights.npy and records them. Before training starts.
+  void add_loss_weights(const torch::Tensor& weights);
 
   void on_start(Network& net, torch::optim::Optimizer& optimizer,
                 const std::vector<double>& learning_rates) override;

@@ -42,6 +42,9 @@ struct TrainOptions {
   /// divergence_factor * max(1, first loss).
   double divergence_factor = 1e3;
   bool progress = true;    ///< progress bar on stderr
+  /// Per-training-point loss weights c, float64 [M]: the batch loss is
+  /// (1/|B_s|) Σ_{i∈B_s} c_i ℓ_i. Undefined: all 1 (the plain mean).
+  torch::Tensor loss_weights;
 
   /// These options with the defaults filled in: the optimizer's learning
   /// rate, the batch size and one epoch when neither steps nor epochs is set.
@@ -80,10 +83,11 @@ struct StepResult {
 /// One optimisation step on (x, y) with learning rate lr: forward, loss,
 /// backward, optimizer.step(). If `accept(loss)` returns false the update is
 /// not made. Gradients are reset to undefined before backward, so training and
-/// replay accumulate identically.
+/// replay accumulate identically. `weights` [B] are the batch's loss weights
+/// (undefined: all 1; training_loss). The loss reported is the weighted one.
 StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const torch::Tensor& x,
                      const torch::Tensor& y, double lr,
-                     const std::function<bool(double)>& accept = nullptr);
+                     const std::function<bool(double)>& accept = nullptr, const torch::Tensor& weights = {});
 
 /// Summary of a finished training run.
 struct TrainSummary {

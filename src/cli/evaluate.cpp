@@ -48,7 +48,7 @@ std::string table_text(const Evaluation& e) {
 
 void add_evaluate_command(CLI::App& app, Globals& globals) {
   struct Args {
-    std::string run, out, methods = "epk,dpk,tracin-cp,grad-dot,random", metrics = "loo,lds,mislabel";
+    std::string run, out, methods = "epk,metagradient,dpk,tracin-cp,grad-dot,random", metrics = "loo,lds,mislabel";
     std::string scaling = "reduced", grid = "10,20,40,80";
     TestPointArgs points;
     QuadratureArgs q;
@@ -60,7 +60,7 @@ void add_evaluate_command(CLI::App& app, Globals& globals) {
       "evaluate", "Test attribution methods against retraining: leave-one-out, LDS, brittleness, mislabel detection");
   cmd->add_option("RUN", args->run, "Run directory")->required();
   args->points.add_to(cmd, "whose attributions are tested (default: the first 20)");
-  cmd->add_option("--methods", args->methods, "Attribution methods: epk, dpk, tracin-cp, grad-dot, random")
+  cmd->add_option("--methods", args->methods, "Attribution methods: epk, metagradient, dpk, tracin-cp, grad-dot, random")
       ->capture_default_str();
   cmd->add_option("--metrics", args->metrics, "Metrics: loo, lds, brittleness, mislabel")->capture_default_str();
   cmd->add_option("--output", o.output,
@@ -115,7 +115,17 @@ void add_evaluate_command(CLI::App& app, Globals& globals) {
                                    {"table", e.json["table"]},
                                    {"retrain", e.json["retrain"]},
                                    {"seconds", e.json["seconds"]}};
-    globals.print(summary, table_text(e) + "wrote " + out + "/evaluate.json");
+    std::string views;
+    if (e.json.contains("views") && e.json["views"]["median_spearman"].is_number()) {  // the exact contribution beside the metagradient
+      const auto& v = e.json["views"];
+      summary["views"] = {{"median_spearman", v["median_spearman"]},
+                          {"mean_top_shared_fraction", v["mean_top_shared_fraction"]}};
+      views = format_text("epk beside metagradient: median Spearman %.3f; of each point's top %lld by |score|, "
+                          "%.0f%% shared (evaluate.json \"views\" lists the rest)\n",
+                          v["median_spearman"].get<double>(), static_cast<long long>(v["top"].get<int64_t>()),
+                          100 * v["mean_top_shared_fraction"].get<double>());
+    }
+    globals.print(summary, table_text(e) + views + "wrote " + out + "/evaluate.json");
   });
 }
 

@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "pathkernel/distributed_jobs.h"
 #include "pathkernel/explanation.h"
+#include "pathkernel/metagradient_check.h"
 
 namespace pathkernel::cli {
 
@@ -68,6 +69,10 @@ void add_explain_command(CLI::App& app, Globals& globals) {
     std::string run, out;
     TestPointArgs points;
     std::string kernel = "auto";
+    std::string method = "exact";
+    std::string outputs = "predicted";
+    int64_t check = 0;
+    double fd_step = 1e-5;
     ExplainOptions explain;
     QuadratureArgs q;
   };
@@ -79,12 +84,32 @@ void add_explain_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--top", args->explain.top, "Proponents and opponents to list")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  cmd->add_option("--method", args->method,
+                  "exact: the exact split of each prediction into contributions, the path held fixed; "
+                  "metagradient: d f(w_N, x)/d(loss weight of each training point), the whole run responding "
+                  "(written to RUN/metagradient by default)")
+      ->check(CLI::IsMember({"exact", "metagradient"}))
+      ->capture_default_str();
+  cmd->add_option("--outputs", args->outputs,
+                  "With --method metagradient: differentiate each point's predicted class (one adjoint per point) "
+                  "or all outputs (K adjoints)")
+      ->check(CLI::IsMember({"predicted", "all"}))
+      ->capture_default_str();
+  cmd->add_option("--check", args->check,
+                  "With --method metagradient: check it on the N training points of largest |metagradient| against "
+                  "central finite differences of retraining (4 retrainings per point)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--fd-step", args->fd_step, "The loss-weight step h of --check (h and h/2 are used)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   args->q.add_to(cmd, globals);
   cmd->add_option("--kernel", args->kernel,
                   "Write kernel.npy, the summed kernel [n, M, K, K] of a gd or sgd run: auto (when it takes at most 2 GiB), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  cmd->add_option("--out", args->out, "Directory for contributions.npy and explain.json (default: RUN/explain)");
+  cmd->add_option("--out", args->out,
+                  "Directory for contributions.npy and explain.json (default: RUN/explain, or RUN/metagradient)");
   cmd->add_option("--checkpoint-seconds", args->explain.checkpoint_seconds,
                   "Save the accumulators to OUT/.progress this often; a rerun with the same arguments continues "
                   "from there")
@@ -99,8 +124,66 @@ void add_explain_command(CLI::App& app, Globals& globals) {
       const bool kernel = note.rfind("kernel.npy", 0) == 0;
       std::fprintf(stderr, "pathkernel: %s%s\n", note.c_str(), kernel ? " (use --kernel on to force)" : "");
     };
-    // Under mpirun each rank explains a share of the points (distributed_jobs.h).
     const Communicator& world = Communicator::world();
+    if (args->method == "metagradient") {
+      PK_CHECK(world.size() == 1, "explain --method metagradient runs in one process (got " << world.size()
+                                                                                               << " ranks)");
+      PathReader reader(args->run);
+      const torch::Tensor idx = args->points.indices(reader.dataset().y_test, 1);
+      const std::string out =
+          args->out.empty() ? (std::filesystem::path(args->run) / "metagradient").string() : args->out;
+      Explanation e = explain_metagradient(reader, idx, out, options, parse_metagradient_outputs(args->outputs));
+      if (args->check > 0) {
+        MetagradientCheckOptions copt;
+        copt.h = args->fd_step;
+        copt.retrain.progress = !globals.quiet;
+        copt.retrain.label = "check";
+        const MetagradientCheck c =
+            check_metagradient(reader, reader.dataset().x_test.index_select(0, idx), e.metagradient,
+                               strongest_points(e.metagradient, args->check), copt);
+        record_check(out, e.json, c, copt.h);
+      }
+      if (globals.json) {
+        nlohmann::ordered_json summary = e.json;
+        summary["out"] = out;
+        summary["images"] = e.images;
+        globals.print(summary, "");
+        return;
+      }
+      std::printf("metagradient d f(w_N, x)/d(loss weight of training point i), %s output(s), %lld adjoint(s) "
+                  "through %lld steps in %.2f s\n",
+                  args->outputs.c_str(), static_cast<long long>(e.metagradient.adjoints),
+                  static_cast<long long>(e.metagradient.steps), e.metagradient.seconds);
+      for (const auto& p : e.json["points"]) {
+        std::printf("test %lld (label %s) predicted %lld; output %lld\n",
+                    static_cast<long long>(p["test_index"].get<int64_t>()), p["label"].dump().c_str(),
+                    static_cast<long long>(p["predicted"].get<int64_t>()),
+                    static_cast<long long>(p["output"].get<int64_t>()));
+        for (const char* side : {"proponents", "opponents"}) {
+          std::printf("  %-10s", side);
+          int shown = 0;
+          for (const auto& t : p[side]) {
+            if (shown++ == 5) break;
+            std::printf(" #%lld %+.3g", static_cast<long long>(t["index"].get<int64_t>()), t["value"].get<double>());
+          }
+          std::printf("\n");
+        }
+      }
+      if (e.json.contains("check")) {
+        const auto& c = e.json["check"];
+        std::printf("check on %zu training points: max relative error %.2e against finite differences of "
+                    "retraining (which resolve %.1e), %lld retrainings in %.1f s\n",
+                    c["points"].size(), c["max_rel_error"].get<double>(), c["max_rel_spread"].get<double>(),
+                    static_cast<long long>(c["retrainings"].get<int64_t>()), c["seconds"].get<double>());
+      }
+      const torch::Tensor& c = e.metagradient.values;
+      std::printf("wrote %s/contributions.npy [%lld, %lld, %lld] (metagradient%s) and %s/explain.json\n", out.c_str(),
+                  static_cast<long long>(c.size(0)), static_cast<long long>(c.size(1)),
+                  static_cast<long long>(c.size(2)), e.metagradient.outputs.defined() ? "; NaN in outputs not differentiated" : "",
+                  out.c_str());
+      return;
+    }
+    // Under mpirun each rank explains a share of the points (distributed_jobs.h).
     std::optional<PathReader> reader;
     torch::Tensor idx;
     world.agree([&] {

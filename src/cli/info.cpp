@@ -39,6 +39,8 @@ void add_info_command(CLI::App& app, Globals& globals) {
                              {"output", m.output},
                              {"loss", m.loss},
                              {"recorded", m.recorded},
+                             {"loss_weights", m.loss_weights.file.empty() ? nlohmann::ordered_json(nullptr)
+                                                                         : nlohmann::ordered_json(m.loss_weights.file)},
                              {"bytes_per_step", m.steps > 0 ? static_cast<double>(path) / m.steps : 0.0},
                              {"dtype", m.dtype},
                              {"optimizer", m.optimizer.to_json()},
@@ -58,6 +60,12 @@ void add_info_command(CLI::App& app, Globals& globals) {
     text += format_text("  training  %s, batch %s, %lld steps\n", m.optimizer.to_json().dump().c_str(),
                 m.batch_size == 0 ? "full" : std::to_string(m.batch_size).c_str(),
                 static_cast<long long>(m.steps));
+    if (!m.loss_weights.file.empty()) {
+      const torch::Tensor c = read_loss_weights(args->run, m);
+      text += format_text("  weights   per-point loss weights (%s): min %.4g, mean %.4g, max %.4g, %lld zero\n",
+                          m.loss_weights.file.c_str(), c.min().item<double>(), c.mean().item<double>(),
+                          c.max().item<double>(), static_cast<long long>(c.eq(0).sum().item<int64_t>()));
+    }
     if (m.recorded) {
       // A training loop's path cannot be replayed by pathkernel, so every step is stored.
       text += format_text("  path      recorded from a training loop: every step's weights and optimizer state "

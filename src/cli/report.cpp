@@ -12,7 +12,7 @@ namespace pathkernel::cli {
 
 void add_report_command(CLI::App& app, Globals& globals) {
   struct Args {
-    std::string run, explain, out;
+    std::string run, explain, metagradient, out;
     ReportOptions report;
     QuadratureArgs q;
   };
@@ -22,6 +22,9 @@ void add_report_command(CLI::App& app, Globals& globals) {
   cmd->add_option("RUN", args->run, "Run directory")->required();
   cmd->add_option("--explain", args->explain,
                   "Explain output to show (explain.json, contributions.npy; default: RUN/explain if it exists)");
+  cmd->add_option("--metagradient", args->metagradient,
+                  "Metagradient output (explain --method metagradient) to show beside the exact contributions "
+                  "(default: RUN/metagradient if it exists)");
   cmd->add_option("--out", args->out, "The HTML file (default: RUN/report.html)");
   cmd->add_option("--test", args->report.test_points,
                   "Test points of the kernel-vs-network plots (the explained ones first)")
@@ -62,6 +65,16 @@ void add_report_command(CLI::App& app, Globals& globals) {
                "--explain '" << args->explain << "' does not exist: run 'pathkernel explain " << args->run << " --out "
                              << args->explain << "' first, or leave out --explain");
       options.explain_dir = args->explain;
+    }
+    if (args->metagradient.empty()) {
+      const std::filesystem::path def = std::filesystem::path(args->run) / "metagradient";
+      if (std::filesystem::exists(def / "explain.json")) options.metagradient_dir = def.string();
+    } else {
+      PK_CHECK(std::filesystem::is_directory(args->metagradient),
+               "--metagradient '" << args->metagradient << "' does not exist: run 'pathkernel explain " << args->run
+                                  << " --method metagradient --out " << args->metagradient
+                                  << "' first, or leave out --metagradient");
+      options.metagradient_dir = args->metagradient;
     }
     const std::string out =
         args->out.empty() ? (std::filesystem::path(args->run) / "report.html").string() : args->out;

@@ -94,6 +94,9 @@ void add_train_command(CLI::App& app, Globals& globals) {
                   "mse (float targets [n, K] from npy:DIR, or one-hot class labels)")
       ->check(CLI::IsMember({"cross-entropy", "cross_entropy", "nll", "mse"}))
       ->capture_default_str();
+  cmd->add_option("--loss-weights", r.loss_weights_file,
+                  "A .npy of per-training-point loss weights (float, one per training point as used, >= 0): the "
+                  "batch loss is the mean of weight x loss; copied into the run (default: all 1)");
   cmd->add_flag("--zero-last-layer", r.zero_last_layer,
                 "Start the last layer at zero, so the kernel machine's bias is constant");
   cmd->add_option("--dtype", args->dtype, "float64 or float32")

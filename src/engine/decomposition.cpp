@@ -98,10 +98,11 @@ namespace {
 /// gradients use: [P]. For a float64 run it is the gradient training computed;
 /// for a float32 run it differs from training's by float32 rounding, which
 /// the rounding term E then holds.
-torch::Tensor mean_gradient(Network& net64, const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& y) {
+torch::Tensor mean_gradient(Network& net64, const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& y,
+                            const torch::Tensor& weights) {
   set_flat_parameters(net64, w);
   for (auto& p : net64->parameters()) p.mutable_grad() = torch::Tensor();
-  training_loss(net64->forward(x.to(torch::kFloat64)), y, net64->options().output, net64->options().loss)
+  training_loss(net64->forward(x.to(torch::kFloat64)), y, net64->options().output, net64->options().loss, weights)
       .backward();
   std::vector<torch::Tensor> grads;
   for (auto& p : net64->parameters()) grads.push_back(p.grad().reshape({-1}));
@@ -121,6 +122,9 @@ bool use_capture(const Manifest& m, const DecompositionOptions& o) {
   return o.replay_signals && !m.recorded && m.dtype == "float64" &&
          !ModelSpec::parse(m.model_spec).is_torchscript();
 }
+
+/// Rows r0 .. r0+nr of t, or undefined when t is.
+torch::Tensor rows(const torch::Tensor& t, int64_t r0, int64_t nr) { return t.defined() ? t.narrow(0, r0, nr) : t; }
 
 double max_abs(const torch::Tensor& t) { return t.defined() && t.numel() > 0 ? t.abs().max().item<double>() : 0.0; }
 
@@ -363,9 +367,10 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       // The batch itself is needed only when its signals are recomputed.
       const torch::Tensor xb = captured ? torch::Tensor() : x_train64.index_select(0, idx);
       const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
+      const torch::Tensor wb = reader.loss_weights(idx);  // the batch's loss weights (undefined: all 1)
       // d_s = c_s G_s + λ_c w_s, with the clip factor of a recorded run.
       const torch::Tensor dvec =
-          (captured ? st.gradient : st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb)) +
+          (captured ? st.gradient : st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb, wb)) +
           lambda * st.w;
       const StepCoefficients c = rule.step(st.step, st.lr, st.w, st.state);
       const torch::Tensor buf = rule.buffer(st.state);
@@ -407,7 +412,8 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
           // Captured signals are the mean loss's: already divided by |B_s|.
           torch::Tensor part = captured ? contract_dense(ev, a, captured_signals(st, r0, nr))
                                         : contract_dense(ev, a, train_signals(ev, xb.narrow(0, r0, nr),
-                                                                              yb.narrow(0, r0, nr), map, loss)) *
+                                                                              yb.narrow(0, r0, nr), map, loss,
+                                                                              rows(wb, r0, nr))) *
                                               (st.clip / static_cast<double>(b));  // [nb, nr, K]
           d.contributions.narrow(0, p0, nb).index_add_(1, idx.narrow(0, r0, nr), part);
           if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
@@ -489,9 +495,11 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     // The batch itself is needed only when its signals are recomputed or for the kernel.
     const torch::Tensor xb = captured && !options.kernel ? torch::Tensor() : x_train64.index_select(0, idx);
     const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
+    const torch::Tensor wb = reader.loss_weights(idx);  // the batch's loss weights (undefined: all 1)
     // Regularisation and rounding directions of this step.
     // c_s G_s: the batch gradient as the optimizer received it (clipped in a recorded run).
-    torch::Tensor g = captured ? st.gradient : st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb);
+    torch::Tensor g =
+        captured ? st.gradient : st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb, wb);
     torch::Tensor rho = -st.lr * lambda * st.w;
     torch::Tensor e = st.delta + st.lr * (g + lambda * st.w);
     d.residuals.add(st.step, max_abs(e), update_bound(m, st));
@@ -511,7 +519,8 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
         // Captured signals are the mean loss's: already divided by |B_s|.
         torch::Tensor part =
             captured ? contract(ev, f, captured_signals(st, r0, nr)) * (-st.lr)
-                     : contract(ev, f, train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map, loss)) *
+                     : contract(ev, f, train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map, loss,
+                                                     rows(wb, r0, nr))) *
                            (-st.lr * st.clip / static_cast<double>(b));  // [nc, nr, K]
         d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
         if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);

@@ -179,6 +179,7 @@ void write_explanation(PathReader& reader, const torch::Tensor& test_index, cons
   }
   const int64_t n = test_index.size(0), M = d.contributions.size(1), K = d.contributions.size(2);
   e.json = ojson{{"run", reader.dir()},
+                 {"method", "exact"},
                  {"quadrature", dopt.quadrature.spec.str()},
                  {"steps", d.steps},
                  {"certificate_max_gap", d.certificate_max_gap},
@@ -201,6 +202,64 @@ void write_explanation(PathReader& reader, const torch::Tensor& test_index, cons
   if (!unexplained.empty()) e.json["warning"] = unexplained;
   write_file_atomic((fs::path(out) / "explain.json").string(), e.json.dump(2) + "\n");
   if (options.images && m.input_shape.size() == 3) e.images = write_images(reader, test_index, points, out);
+}
+
+MetagradientOutputs parse_metagradient_outputs(const std::string& name) {
+  if (name == "predicted") return MetagradientOutputs::Predicted;
+  if (name == "all") return MetagradientOutputs::All;
+  PK_THROW("metagradient outputs '" << name << "' is not one of predicted, all");
+}
+
+Explanation explain_metagradient(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+                                 const ExplainOptions& options, MetagradientOutputs which) {
+  check_explain_indices(reader, test_index, options);
+  const Manifest& m = reader.manifest();
+  const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
+  MetagradientOptions mopt;
+  mopt.progress = options.decomposition.progress;
+  if (which == MetagradientOutputs::Predicted) mopt.outputs = reader.outputs(m.steps, x).argmax(1);
+  Explanation e;
+  e.dir = out;
+  e.test_index = test_index;
+  e.metagradient = metagradient(reader, x, mopt);
+  const Metagradient& g = e.metagradient;
+  fs::create_directories(out);
+  write_npy((fs::path(out) / "contributions.npy").string(), g.values);
+  const torch::Tensor& y_train = reader.dataset().y_train;
+  ojson points = ojson::array();
+  for (int64_t n = 0; n < test_index.size(0); ++n) {
+    const int64_t predicted = g.fN[n].argmax().item<int64_t>();
+    const int64_t shown = g.outputs.defined() ? g.outputs[n].item<int64_t>() : predicted;
+    const torch::Tensor c = g.values[n].select(1, shown);  // [M]
+    points.push_back({{"test_index", test_index[n].item<int64_t>()},
+                      {"label", label_of(reader.dataset().y_test, test_index[n].item<int64_t>())},
+                      {"predicted", predicted},
+                      {"output", shown},
+                      {"f_final", values_of(g.fN[n])},
+                      {"metagradient_sum", values_of(g.values[n].sum(0))},
+                      {"proponents", extremes(c, y_train, options.top, true)},
+                      {"opponents", extremes(c, y_train, options.top, false)}});
+  }
+  const int64_t n = test_index.size(0), M = g.values.size(1), K = g.values.size(2);
+  e.json = ojson{{"run", reader.dir()},
+                 {"method", "metagradient"},
+                 {"meaning", "d f(w_N, x) / d c_i: how the trained network's output moves per unit of training "
+                             "point i's loss weight, the whole run retrained (first order)"},
+                 {"outputs", g.outputs.defined() ? "predicted" : "all"},
+                 {"steps", g.steps},
+                 {"adjoints", g.adjoints},
+                 {"hessian_vector_products", g.hessian_vector_products},
+                 {"seconds", g.seconds},
+                 {"loss", m.loss},
+                 {"recorded", m.recorded},
+                 {"loss_weights", m.loss_weights.file.empty() ? ojson(nullptr) : ojson(m.loss_weights.file)},
+                 {"contributions", {{"file", "contributions.npy"}, {"shape", {n, M, K}},
+                                    {"not_differentiated", g.outputs.defined() ? "NaN" : "none"}}},
+                 {"kernel", nullptr},
+                 {"points", points}};
+  write_file_atomic((fs::path(out) / "explain.json").string(), e.json.dump(2) + "\n");
+  if (options.images && m.input_shape.size() == 3) e.images = write_images(reader, test_index, points, out);
+  return e;
 }
 
 ExplainOutput read_explain_output(const std::string& dir, const Manifest& m) {

@@ -558,9 +558,9 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
 }
 
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
-                           OutputMap map, LossKind loss) {
+                           OutputMap map, LossKind loss, const torch::Tensor& weights) {
   SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), !ev.generic());
-  const torch::Tensor u = loss_signal(pass.out, y, map, loss);  // u_i = ∂ℓ_i/∂f
+  const torch::Tensor u = loss_signal(pass.out, y, map, loss, weights);  // c_i u_i, u_i = ∂ℓ_i/∂f
   TrainSignals t;
   if (ev.generic()) {
     t.inputs = {torch::Tensor()};

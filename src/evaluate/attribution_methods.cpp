@@ -12,6 +12,7 @@
 #include "pathkernel/decomposition_checkpoint.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
+#include "pathkernel/metagradient.h"
 #include "pathkernel/progress.h"
 #include "pathkernel/segment.h"
 
@@ -73,6 +74,7 @@ torch::Tensor gradient_dot_scores(PathReader& reader, const std::vector<torch::T
   const torch::Tensor& y_train = reader.dataset().y_train;
   const int64_t n = x.size(0), M = x_train.size(0);
   torch::Tensor scores = torch::zeros({n, M}, torch::kFloat64);
+  const torch::Tensor& lw = reader.loss_weights();  // each point's gradient carries its loss weight
   ProgressBar bar(static_cast<int64_t>(weights.size()), label, options.progress);
   for (size_t k = 0; k < weights.size(); ++k) {
     ev.set_segment(weights[k], torch::zeros_like(weights[k]));
@@ -80,7 +82,8 @@ torch::Tensor gradient_dot_scores(PathReader& reader, const std::vector<torch::T
     for (int64_t i0 = 0; i0 < M; i0 += options.train_chunk) {
       const int64_t b = std::min(options.train_chunk, M - i0);
       const TrainSignals t = train_signals(ev, x_train.narrow(0, i0, b).to(torch::kFloat64),
-                                           y_train.narrow(0, i0, b), net_options.output, net_options.loss);
+                                           y_train.narrow(0, i0, b), net_options.output, net_options.loss,
+                                           lw.defined() ? lw.narrow(0, i0, b) : lw);
       const torch::Tensor dots = select_output(contract(ev, f, t), output);  // [n, b]
       scores.narrow(1, i0, b).add_(dots, -weight_of[k]);
     }
@@ -125,6 +128,18 @@ torch::Tensor grad_dot(PathReader& reader, const torch::Tensor& x, const torch::
                              {lr_sum / static_cast<double>(m.num_train)}, x, output, options, "grad-dot");
 }
 
+/// c_i · d f(w_N, x)/d c_i: removing point i (c_i → 0) moves the output by
+/// minus this, to first order, the whole run responding.
+torch::Tensor metagradient_scores(PathReader& reader, const torch::Tensor& x, const torch::Tensor& output,
+                                  const AttributionOptions& options) {
+  MetagradientOptions o;
+  o.outputs = output;
+  o.progress = options.progress;
+  torch::Tensor scores = select_output(metagradient(reader, x, o).values, output);
+  if (reader.loss_weights().defined()) scores.mul_(reader.loss_weights().view({1, -1}));
+  return scores;
+}
+
 torch::Tensor random_scores(PathReader& reader, const torch::Tensor& x, const torch::Tensor& /*output*/,
                             const AttributionOptions& options) {
   auto gen = at::detail::createCPUGenerator(options.seed);
@@ -138,7 +153,8 @@ struct Entry {
 
 const std::vector<Entry>& registry() {
   static const std::vector<Entry> entries = {
-      {"epk", epk}, {"dpk", dpk}, {"tracin-cp", tracin_cp}, {"grad-dot", grad_dot}, {"random", random_scores}};
+      {"epk", epk},           {"dpk", dpk},         {"tracin-cp", tracin_cp}, {"grad-dot", grad_dot},
+      {"metagradient", metagradient_scores}, {"random", random_scores}};
   return entries;
 }
 

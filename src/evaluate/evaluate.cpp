@@ -23,6 +23,61 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
+/// How many training points each side of compare_views lists.
+constexpr int64_t kViewTop = 10;
+
+/// The k training points of largest |score| in row s [M], as a set.
+std::vector<int64_t> top_abs(const torch::Tensor& s, int64_t k) {
+  const torch::Tensor idx = std::get<1>(s.abs().topk(std::min<int64_t>(k, s.size(0))));
+  return std::vector<int64_t>(idx.data_ptr<int64_t>(), idx.data_ptr<int64_t>() + idx.numel());
+}
+
+/// The exact contribution (the path held fixed) beside the metagradient (the
+/// path responding), per test point: their rank and linear correlations, how
+/// many of the top k by |score| they share, and the points in one's top k and
+/// not the other's.
+ojson compare_views(const torch::Tensor& epk, const torch::Tensor& mg, const torch::Tensor& y_train, int64_t k) {
+  ojson points = ojson::array();
+  std::vector<double> rank_corr, overlap;
+  for (int64_t p = 0; p < epk.size(0); ++p) {
+    const torch::Tensor a = epk[p].contiguous(), b = mg[p].contiguous();
+    const std::vector<double> va(a.data_ptr<double>(), a.data_ptr<double>() + a.numel());
+    const std::vector<double> vb(b.data_ptr<double>(), b.data_ptr<double>() + b.numel());
+    const std::vector<int64_t> ta = top_abs(a, k), tb = top_abs(b, k);
+    auto row = [&](int64_t i) {
+      return ojson{{"index", i},
+                   {"label", is_regression_target(y_train) ? ojson(nullptr) : ojson(y_train[i].item<int64_t>())},
+                   {"epk", va[static_cast<size_t>(i)]},
+                   {"metagradient", vb[static_cast<size_t>(i)]}};
+    };
+    ojson only_mg = ojson::array(), only_epk = ojson::array();
+    int64_t shared = 0;
+    for (int64_t i : tb) {
+      if (std::find(ta.begin(), ta.end(), i) == ta.end()) only_mg.push_back(row(i));
+      else ++shared;
+    }
+    for (int64_t i : ta) {
+      if (std::find(tb.begin(), tb.end(), i) == tb.end()) only_epk.push_back(row(i));
+    }
+    rank_corr.push_back(spearman(va, vb));
+    overlap.push_back(static_cast<double>(shared) / static_cast<double>(ta.size()));
+    points.push_back({{"spearman", rank_corr.back()},
+                      {"pearson", pearson(va, vb)},
+                      {"top_shared", shared},
+                      {"counterfactual_only", only_mg},
+                      {"decomposition_only", only_epk}});
+  }
+  return {{"top", k},
+          {"meaning", "epk: the exact contribution, the training path held fixed; metagradient: the first-order "
+                      "change when the point's loss weight goes to 0, the whole run responding. "
+                      "counterfactual_only lists points in the metagradient's top by |score| but not the exact "
+                      "contribution's; decomposition_only the reverse"},
+          {"median_spearman", median_finite(rank_corr)},
+          {"mean_top_shared_fraction", mean_finite(overlap)},
+          {"per_test", points}};
+}
+
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -202,6 +257,10 @@ Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const s
       scores[meth] = cache.get(reader, meth, "test", x, output, aopt);
       seconds["scores_" + meth] = seconds_since(t0);
     }
+  }
+
+  if (scores.count("epk") && scores.count("metagradient")) {
+    j["views"] = compare_views(scores.at("epk"), scores.at("metagradient"), data.y_train, kViewTop);
   }
 
   Retrainer retrainer(reader);

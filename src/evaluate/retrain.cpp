@@ -15,6 +15,7 @@
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/progress.h"
 #include "pathkernel/trainer.h"
@@ -30,10 +31,11 @@ namespace {
 /// 1/|B_s| of the full batch: the batch's mean loss scaled by b/|B_s|.
 /// Otherwise as take_step().
 StepResult scaled_step(Network& net, torch::optim::Optimizer& optimizer, const torch::Tensor& x,
-                       const torch::Tensor& y, double lr, double scale) {
+                       const torch::Tensor& y, double lr, double scale, const torch::Tensor& weights) {
   StepResult r;
   for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
-  torch::Tensor loss = training_loss(net->forward(x), y, net->options().output, net->options().loss) * scale;
+  torch::Tensor loss =
+      training_loss(net->forward(x), y, net->options().output, net->options().loss, weights) * scale;
   r.loss = loss.item<double>();
   r.count = y.size(0);
   loss.backward();
@@ -102,6 +104,7 @@ void Retrainer::check(const RetrainJob& job) const {
     PK_CHECK(job.labels.min().item<int64_t>() >= 0 && job.labels.max().item<int64_t>() < K,
              "retraining: labels must lie in [0, " << K << ")");
   }
+  if (job.weights.defined()) checked_loss_weights(job.weights, num_train_, "retraining", true);
 }
 
 torch::Tensor Retrainer::train(const RetrainJob& job, RemovalScaling scaling, Network& net) const {
@@ -113,6 +116,7 @@ torch::Tensor Retrainer::train(const RetrainJob& job, RemovalScaling scaling, Ne
   std::vector<torch::Tensor> params = net->parameters();
   auto optimizer = make_optimizer(m.optimizer, params);
   const torch::Tensor& y = job.labels.defined() ? job.labels : data.y_train;
+  const torch::Tensor weights = job.weights.defined() ? job.weights.to(torch::kFloat64) : reader_.loss_weights();
   const torch::Tensor all = job.keep.defined() ? torch::arange(num_train_, torch::kLong) : torch::Tensor();
   for (size_t s = 0; s < batches_.size(); ++s) {
     torch::Tensor idx = batches_[s];
@@ -124,10 +128,11 @@ torch::Tensor Retrainer::train(const RetrainJob& job, RemovalScaling scaling, Ne
     }
     const torch::Tensor xb = idx.defined() ? data.x_train.index_select(0, idx) : data.x_train;
     const torch::Tensor yb = idx.defined() ? y.index_select(0, idx) : y;
+    const torch::Tensor wb = weights.defined() ? (idx.defined() ? weights.index_select(0, idx) : weights) : weights;
     const double lr = m.learning_rates[s];
     const bool scaled = scaling == RemovalScaling::Kept && yb.size(0) != full;
-    const StepResult r = scaled ? scaled_step(net, *optimizer, xb, yb, lr, static_cast<double>(yb.size(0)) / full)
-                                : take_step(net, *optimizer, xb, yb, lr);
+    const StepResult r = scaled ? scaled_step(net, *optimizer, xb, yb, lr, static_cast<double>(yb.size(0)) / full, wb)
+                                : take_step(net, *optimizer, xb, yb, lr, nullptr, wb);
     PK_CHECK(std::isfinite(r.loss), "retraining diverged at step " << s << ": loss " << r.loss);
   }
   return flatten_parameters(net).to(torch::kFloat64);
@@ -155,7 +160,7 @@ torch::Tensor Retrainer::outputs(const std::vector<RetrainJob>& jobs, const torc
   uint32_t jobs_crc = 0;
   for (const RetrainJob& job : jobs) {
     jobs_crc = crc32_of(std::to_string(jobs_crc) + ":" + std::to_string(tensor_crc(job.keep)) + ":" +
-                        std::to_string(tensor_crc(job.labels)));
+                        std::to_string(tensor_crc(job.labels)) + ":" + std::to_string(tensor_crc(job.weights)));
   }
   const ojson key{{"manifest_crc32", crc32_of(read_file((fs::path(reader_.dir()) / "manifest.json").string()))},
                   {"scaling", removal_scaling_name(options.scaling)},

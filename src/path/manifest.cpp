@@ -86,6 +86,7 @@ ojson Manifest::to_json() const {
                         {"loss", loss}};
   if (recorded) j["training"]["recorded"] = true;
   if (!clip_factors.file.empty()) j["training"]["clip_factors"] = file_json(clip_factors);
+  if (!loss_weights.file.empty()) j["training"]["loss_weights"] = file_json(loss_weights);
   if (!environment.empty()) j["environment"] = environment.to_json();
   j["learning_rates"] = learning_rates;
   ojson cks = ojson::array();
@@ -174,6 +175,9 @@ Manifest Manifest::from_json(const ojson& j) {
   if (t.contains("clip_factors")) {
     PK_CHECK(m.recorded, "manifest: training.clip_factors belongs to a recorded run (training.recorded)");
     m.clip_factors = file_from(field<ojson>(t, "clip_factors", "training"), "clip factors");
+  }
+  if (t.contains("loss_weights")) {
+    m.loss_weights = file_from(field<ojson>(t, "loss_weights", "training"), "loss weights");
   }
   if (j.contains("environment")) m.environment = ReplayEnvironment::from_json(j["environment"]);
   m.learning_rates = field<std::vector<double>>(j, "learning_rates", "the manifest");
@@ -448,6 +452,18 @@ void validate_run(const std::string& run_dir, const Manifest& m) {
     PK_CHECK(m.batch_size != 0, where << ": a recorded run lists each step's batch (training.batch_size > 0)");
     if (!m.clip_factors.file.empty()) read_clip_factors(run_dir, m);
   }
+  if (!m.loss_weights.file.empty()) read_loss_weights(run_dir, m);
+}
+
+torch::Tensor read_loss_weights(const std::string& run_dir, const Manifest& m) {
+  if (m.loss_weights.file.empty()) return {};
+  const std::string where = "run '" + run_dir + "'";
+  torch::Tensor c = parse_npy(check_file(run_dir, m.loss_weights, "loss weights"),
+                              (fs::path(run_dir) / m.loss_weights.file).string());
+  PK_CHECK(c.scalar_type() == torch::kFloat64 && c.dim() == 1 && c.size(0) == m.num_train,
+           where << ": loss weights file '" << m.loss_weights.file << "' holds " << c.scalar_type() << " of shape "
+                 << c.sizes() << ", expected float64 of shape [" << m.num_train << "]");
+  return checked_loss_weights(c, m.num_train, where + ": '" + m.loss_weights.file + "'");
 }
 
 torch::Tensor read_clip_factors(const std::string& run_dir, const Manifest& m) {

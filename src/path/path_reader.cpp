@@ -32,6 +32,7 @@ PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
   validate_run(dir_, manifest_);
   dataset_ = load_dataset(manifest_.data_options());
   clip_ = read_clip_factors(dir_, manifest_);
+  loss_weights_ = read_loss_weights(dir_, manifest_);
   PK_CHECK(dataset_.x_train.size(0) == manifest_.num_train,
            "run '" << dir_ << "': dataset '" << manifest_.data.spec << "' now has "
                    << dataset_.x_train.size(0) << " training points, the run used " << manifest_.num_train);
@@ -52,6 +53,11 @@ PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
              "run '" << dir_ << "': parameter " << i << " ('" << layout[i].name
                      << "') does not match the manifest's parameter list");
   }
+}
+
+torch::Tensor PathReader::loss_weights(const torch::Tensor& idx) const {
+  if (!loss_weights_.defined()) return {};
+  return idx.defined() ? loss_weights_.index_select(0, idx) : loss_weights_;
 }
 
 torch::Tensor PathReader::checkpoint(size_t i) const {
@@ -126,7 +132,7 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     LayerTrace trace;
     if (capture_) net_->set_trace(&trace);
     take_step(net_, *optimizer, idx.defined() ? xt.index_select(0, idx) : xt,
-              idx.defined() ? yt.index_select(0, idx) : yt, manifest_.learning_rates[s]);
+              idx.defined() ? yt.index_select(0, idx) : yt, manifest_.learning_rates[s], nullptr, loss_weights(idx));
     net_->set_trace(nullptr);
     torch::Tensor next = flatten_parameters(net_).to(torch::kFloat64);
     PathStep step;

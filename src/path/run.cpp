@@ -45,6 +45,11 @@ RunResult train_run(const RunOptions& given) {
            "checkpoint spacing must be >= 1, or 0 for about sqrt(steps) (got " << options.checkpoint_every << ")");
   Dataset data = load_dataset(options.data);
   const int64_t m = data.x_train.size(0);
+  if (!options.loss_weights_file.empty()) {
+    const std::string& file = options.loss_weights_file;
+    PK_CHECK(fs::is_regular_file(file), "loss weights file '" << file << "' does not exist or is not a file");
+    options.train.loss_weights = checked_loss_weights(read_npy(file), m, "loss weights file '" + file + "'");
+  }
   options.train.validate(m);
   check_loss_output(options.loss, options.output);
   PK_CHECK(options.loss != LossKind::Nll || ModelSpec::parse(options.model).is_torchscript(),
@@ -98,6 +103,7 @@ RunResult train_run(const RunOptions& given) {
 
   RunWriter writer(options.out, base, options.force);
   if (net_options.spec.is_torchscript()) writer.add_module(net_options.spec.path);
+  if (options.train.loss_weights.defined()) writer.add_loss_weights(options.train.loss_weights);
   RunResult result;
   result.warnings = data.warnings;
   result.summary = train(net, data.x_train, data.y_train, data.x_test, data.y_test, options.train, writer);
@@ -149,6 +155,7 @@ RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
 
   RunOptions options = run_options_from_manifest(m, run_dir);
   options.train.progress = progress;
+  options.train.loss_weights = read_loss_weights(run_dir, m);
   ThreadScope thread_scope(static_cast<int>(m.threads));
   Dataset data = load_dataset(options.data);
   PK_CHECK(data.x_train.size(0) == m.num_train && training_data_crc32(data.x_train, data.y_train) == m.train_crc32,

@@ -103,6 +103,11 @@ void RunWriter::add_module(const std::string& source) {
   manifest_.model_spec = "torchscript:" + file;
 }
 
+void RunWriter::add_loss_weights(const torch::Tensor& weights) {
+  manifest_.loss_weights =
+      write_record("loss_weights.npy", checked_loss_weights(weights, manifest_.num_train, "loss weights"));
+}
+
 FileRecord RunWriter::write_record(const std::string& relative, const torch::Tensor& tensor) {
   std::string bytes = npy_bytes(tensor);
   write_file_atomic((fs::path(dir_) / relative).string(), bytes);

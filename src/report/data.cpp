@@ -18,6 +18,7 @@
 #include "pathkernel/metrics_csv.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/report.h"
+#include "pathkernel/statistics.h"
 
 namespace pathkernel {
 
@@ -186,6 +187,33 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
     }
   }
   out["points"] = points;
+
+  // The exact contribution beside the metagradient, for points both outputs explain.
+  json views = json::array();
+  if (explained && !options.metagradient_dir.empty()) {
+    const ExplainOutput mg = read_explain_output(options.metagradient_dir, m);
+    for (size_t e = 0; e < ex.points.size(); ++e) {
+      const int64_t ti = ex.points[e]["test_index"].get<int64_t>();
+      for (size_t g = 0; g < mg.points.size(); ++g) {
+        if (mg.points[g]["test_index"].get<int64_t>() != ti) continue;
+        const int64_t k = mg.points[g].value("output", mg.points[g]["predicted"].get<int64_t>());
+        const torch::Tensor a = ex.contributions[static_cast<int64_t>(e)].select(1, k).contiguous();
+        const torch::Tensor b = mg.contributions[static_cast<int64_t>(g)].select(1, k).contiguous();
+        if (torch::isnan(b).any().item<bool>()) continue;  // that output was not differentiated
+        const std::vector<double> va(a.data_ptr<double>(), a.data_ptr<double>() + a.numel());
+        const std::vector<double> vb(b.data_ptr<double>(), b.data_ptr<double>() + b.numel());
+        views.push_back({{"test_index", ti},
+                         {"output", k},
+                         {"label", to_json(data.y_train)},
+                         {"epk", to_json(a)},
+                         {"metagradient", to_json(b)},
+                         {"spearman", spearman(va, vb)},
+                         {"pearson", pearson(va, vb)}});
+        break;
+      }
+    }
+  }
+  out["views"] = views;
 
   // The EPK Gram matrix between class-balanced training points, sorted by class.
   if (options.gram_points > 0) {

@@ -152,6 +152,28 @@
       if (p.proponents.length) showCurve(p, p.proponents[0], "proponents", detailText, detailPlot);
     });
   }
+  // The exact contribution (the path held fixed) beside the metagradient (the path responding).
+  if (data.views && data.views.length) {
+    const s = section("views", "Exact contribution beside the metagradient",
+      "Each training point's exact contribution C_i(x) (horizontal) against its metagradient d f(w_N, x)/d c_i " +
+      "(vertical), for the output shown: where they agree the points lie on a line; points far along one axis " +
+      "only matter to the decomposition (the path that happened) or to the counterfactual (retraining without " +
+      "them), not to both.");
+    data.views.forEach((v) => {
+      const classes = Array.from(new Set(v.label)).sort((a, b) => a - b);
+      const traces = classes.map((c) => {
+        const idx = v.label.map((l, i) => (l === c ? i : -1)).filter((i) => i >= 0);
+        return { type: "scattergl", mode: "markers", name: "class " + c, marker: { size: 4 },
+                 x: idx.map((i) => v.epk[i]), y: idx.map((i) => v.metagradient[i]),
+                 text: idx.map((i) => "#" + i), hovertemplate: "%{text}<br>C_i %{x:.3g}<br>MG_i %{y:.3g}" };
+      });
+      plot(s, "views-" + v.test_index, traces,
+        { title: "test #" + v.test_index + ", output " + v.output + ": Spearman " + fmt(v.spearman, 3) +
+                 ", Pearson " + fmt(v.pearson, 3),
+          xaxis: { title: "exact contribution C_i(x)" }, yaxis: { title: "metagradient d f / d c_i" } }, 380);
+    });
+  }
+
   function inputView(input, kind, id) {
     if (input.png) {
       const img = el("img", { src: input.png, class: "digit " + kind, alt: kind + " image" });

@@ -60,7 +60,28 @@ void check_class_labels(const torch::Tensor& y, LossKind loss) {
 
 }  // namespace
 
-torch::Tensor training_loss(const torch::Tensor& f, const torch::Tensor& y, OutputMap map, LossKind loss) {
+torch::Tensor example_losses(const torch::Tensor& f, const torch::Tensor& y, OutputMap map, LossKind loss) {
+  const auto none = at::Reduction::None;
+  switch (loss) {
+    case LossKind::CrossEntropy:
+      check_class_labels(y, loss);
+      return torch::nll_loss(map == OutputMap::LogSoftmax ? f : torch::log_softmax(f, 1), y, {}, none);
+    case LossKind::Nll:
+      check_class_labels(y, loss);
+      return torch::nll_loss(f, y, {}, none);
+    case LossKind::Mse:
+      return torch::mse_loss(f, mse_targets(f, y), none).mean(1);
+  }
+  PK_THROW("unknown loss kind");
+}
+
+torch::Tensor training_loss(const torch::Tensor& f, const torch::Tensor& y, OutputMap map, LossKind loss,
+                            const torch::Tensor& weights) {
+  if (weights.defined()) {
+    PK_CHECK(weights.dim() == 1 && weights.size(0) == f.size(0),
+             "loss weights have shape " << weights.sizes() << "; expected one per example, [" << f.size(0) << "]");
+    return (example_losses(f, y, map, loss) * weights.to(f.scalar_type())).sum() / static_cast<double>(f.size(0));
+  }
   switch (loss) {
     case LossKind::CrossEntropy:
       check_class_labels(y, loss);
@@ -74,14 +95,45 @@ torch::Tensor training_loss(const torch::Tensor& f, const torch::Tensor& y, Outp
   PK_THROW("unknown loss kind");
 }
 
-torch::Tensor loss_signal(const torch::Tensor& f, const torch::Tensor& y, OutputMap map, LossKind loss) {
-  const torch::Tensor out = f.detach();
+namespace {
+
+torch::Tensor unweighted_signal(const torch::Tensor& out, const torch::Tensor& y, OutputMap map, LossKind loss) {
   if (loss == LossKind::Mse) return (out - mse_targets(out, y)) * (2.0 / static_cast<double>(out.size(1)));
   check_class_labels(y, loss);
   torch::Tensor onehot = torch::zeros_like(out).scatter_(1, y.view({-1, 1}), 1.0);
   // NLL on log-probabilities, or cross entropy on logits.
   if (loss == LossKind::Nll || map == OutputMap::LogSoftmax) return -onehot;
   return torch::softmax(out, 1) - onehot;
+}
+
+}  // namespace
+
+torch::Tensor loss_signal(const torch::Tensor& f, const torch::Tensor& y, OutputMap map, LossKind loss,
+                          const torch::Tensor& weights) {
+  torch::Tensor u = unweighted_signal(f.detach(), y, map, loss);
+  if (!weights.defined()) return u;
+  PK_CHECK(weights.dim() == 1 && weights.size(0) == u.size(0),
+           "loss weights have shape " << weights.sizes() << "; expected one per example, [" << u.size(0) << "]");
+  return u * weights.to(u.scalar_type()).view({-1, 1});
+}
+
+torch::Tensor checked_loss_weights(const torch::Tensor& weights, int64_t num_train, const std::string& what,
+                                   bool allow_negative) {
+  PK_CHECK(weights.defined() && weights.dim() == 1 && weights.size(0) == num_train,
+           what << ": loss weights have shape " << (weights.defined() ? weights.sizes() : c10::IntArrayRef{})
+                << "; expected one weight per training point, [" << num_train << "]");
+  PK_CHECK(weights.is_floating_point(), what << ": loss weights have dtype " << weights.scalar_type()
+                                             << "; expected float32 or float64");
+  const torch::Tensor w = weights.to(torch::kFloat64).contiguous();
+  const torch::Tensor bad = allow_negative ? (~torch::isfinite(w)).nonzero()
+                                           : (~torch::isfinite(w)).logical_or(w < 0).nonzero();
+  if (bad.numel() > 0) {
+    const int64_t i = bad[0][0].item<int64_t>();
+    PK_THROW(what << ": the loss weight of training point " << i << " is " << w[i].item<double>()
+                  << "; expected a finite number" << (allow_negative ? "" : " >= 0") << " (" << bad.size(0)
+                  << " weight(s) are not)");
+  }
+  return w;
 }
 
 int64_t correct_predictions(const torch::Tensor& f, const torch::Tensor& y) {

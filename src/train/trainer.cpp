@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "pathkernel/error.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/progress.h"
 #include "pathkernel/text.h"
 
@@ -94,6 +95,7 @@ void TrainOptions::validate(int64_t num_train) const {
   if (t.epochs != -1) PK_CHECK(t.epochs >= 1, "the number of epochs must be >= 1 (got " << t.epochs << ")");
   PK_CHECK(t.divergence_factor > 1, "divergence factor must be > 1 (got " << t.divergence_factor << ")");
   learning_rate_schedule(t.schedule, t.optimizer.lr, 1);  // checks the name
+  if (loss_weights.defined()) checked_loss_weights(loss_weights, num_train, "training");
 }
 
 int64_t TrainOptions::total_steps(int64_t num_train) const {
@@ -124,11 +126,12 @@ torch::Tensor BatchSampler::batch(int64_t step) {
 }
 
 StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const torch::Tensor& x,
-                     const torch::Tensor& y, double lr, const std::function<bool(double)>& accept) {
+                     const torch::Tensor& y, double lr, const std::function<bool(double)>& accept,
+                     const torch::Tensor& weights) {
   StepResult r;
   for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
   torch::Tensor out = net->forward(x);
-  torch::Tensor loss = training_loss(out, y, net->options().output, net->options().loss);
+  torch::Tensor loss = training_loss(out, y, net->options().output, net->options().loss, weights);
   r.loss = loss.item<double>();
   r.correct = correct_predictions(out, y);
   r.count = y.size(0);
@@ -164,6 +167,8 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
   auto optimizer = make_optimizer(options.optimizer, params);
   std::vector<double> rates = learning_rate_schedule(options.schedule, options.optimizer.lr, steps);
   BatchSampler sampler(m, options.batch, options.seed);
+  const torch::Tensor lw =
+      options.loss_weights.defined() ? checked_loss_weights(options.loss_weights, m, "training") : torch::Tensor();
 
   auto t0 = std::chrono::steady_clock::now();
   double first_loss = std::nan(""), running_acc = 0, last_loss = 0;
@@ -184,11 +189,12 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
     torch::Tensor idx = sampler.batch(s);
     torch::Tensor xb = idx.defined() ? x_train.index_select(0, idx) : x_train;
     torch::Tensor yb = idx.defined() ? y_train.index_select(0, idx) : y_train;
+    torch::Tensor wb = lw.defined() ? (idx.defined() ? lw.index_select(0, idx) : lw) : torch::Tensor();
     auto accept = [&](double loss) {
       if (s == 0) first_loss = loss;
       return std::isfinite(loss) && loss <= options.divergence_factor * std::max(1.0, first_loss);
     };
-    StepResult r = take_step(net, *optimizer, xb, yb, rates[s], accept);
+    StepResult r = take_step(net, *optimizer, xb, yb, rates[s], accept, wb);
     if (!r.taken) {
       std::ostringstream msg;
       msg << "training diverged at step " << s << ": loss " << r.loss << " (first loss "

@@ -238,6 +238,47 @@ TEST(Cli, ExplainWritesExactPerTrainingPointContributions) {
   EXPECT_LT((single - c).abs().max().item<double>(), 1e-12 * c.abs().max().item<double>());
 }
 
+/// train --loss-weights, then explain --method metagradient with --check:
+/// the check's retrainings agree with the metagradient, proponents come from
+/// the differentiated column, and the other columns are NaN.
+TEST(Cli, LossWeightsAndTheMetagradient) {
+  testing::TempDir dir("metagradient");
+  const std::string r = dir / "R";
+  torch::Tensor c = torch::ones({60}, torch::kFloat64);
+  c.narrow(0, 0, 5).fill_(0.0);
+  write_npy(dir / "w.npy", c);
+  write_npy(dir / "short.npy", torch::ones({59}, torch::kFloat64));
+  Output bad = run("train --data gaussians3 --train-size 60 --model mlp:6 --optimizer momentum --batch 20 --steps 6 "
+                   "--quiet --loss-weights " + (dir / "short.npy") + " --out " + r);
+  EXPECT_EQ(bad.status, 1) << bad.out;
+  EXPECT_CONTAINS(bad.out, "expected one weight per training point, [60]");
+  ASSERT_EQ(run("train --data gaussians3 --train-size 60 --model mlp:6 --optimizer momentum --batch 20 --steps 6 "
+                "--quiet --loss-weights " + (dir / "w.npy") + " --out " + r).status, 0);
+  Output info = run("info " + r);
+  EXPECT_CONTAINS(info.out, "per-point loss weights (loss_weights.npy): min 0, mean 0.9167, max 1, 5 zero");
+  Output e = run("explain " + r + " --method metagradient --test-index 1,2 --check 2 --quiet --json");
+  ASSERT_EQ(e.status, 0) << e.out;
+  const nlohmann::json j = last_json(e.out);
+  EXPECT_EQ(j["method"], "metagradient");
+  EXPECT_EQ(j["out"], r + "/metagradient");
+  EXPECT_LT(j["check"]["max_rel_error"].get<double>(), 1e-6);
+  EXPECT_EQ(j["check"]["retrainings"], 8);
+  const torch::Tensor mg = read_npy(r + "/metagradient/contributions.npy");
+  ASSERT_EQ(mg.sizes(), (std::vector<int64_t>{2, 60, 3}));
+  for (int n = 0; n < 2; ++n) {
+    const int64_t k = j["points"][n]["output"];
+    EXPECT_EQ(k, j["points"][n]["predicted"].get<int64_t>());
+    EXPECT_EQ(j["points"][n]["proponents"][0]["index"].get<int64_t>(), mg[n].select(1, k).argmax().item<int64_t>());
+    EXPECT_EQ(torch::isnan(mg[n]).sum().item<int64_t>(), 60 * 2);
+  }
+  // A point of weight 0 has a metagradient too (it would move the run if it counted), checked across c = 0.
+  Output zero = run("explain " + r + " --method metagradient --test-index 1 --quiet --json");
+  ASSERT_EQ(zero.status, 0) << zero.out;
+  const torch::Tensor mg0 = read_npy(r + "/metagradient/contributions.npy");
+  const int64_t k0 = last_json(zero.out)["points"][0]["output"];
+  EXPECT_GT(mg0[0].select(1, k0).narrow(0, 0, 5).abs().max().item<double>(), 1e-6);
+}
+
 TEST(Cli, MomentumExplainAndGram) {
   testing::TempDir dir("momentum");
   std::string r = dir / "R";

@@ -105,7 +105,7 @@ TEST(AttributionMethods, RandomIsSeededAndNamesAreChecked) {
   other.seed = 1;
   EXPECT_FALSE(same_bits(a, attribution_scores(*fx.reader, "random", fx.x, fx.output, other)));
   EXPECT_CONTAINS(error_message([&] { attribution_scores(*fx.reader, "influence", fx.x, fx.output, fx.options); }),
-                  "unknown attribution method 'influence': expected one of epk, dpk, tracin-cp, grad-dot, random");
+                  "unknown attribution method 'influence': expected one of epk, dpk, tracin-cp, grad-dot, metagradient, random");
   EXPECT_CONTAINS(error_message([&] {
                     attribution_scores(*fx.reader, "epk", fx.x, torch::full({9}, 3, torch::kLong), fx.options);
                   }),
