@@ -69,6 +69,13 @@ struct DecompositionOptions {
   /// at multiples of decomposition_block()), so any split of the test points
   /// at block boundaries, across processes for instance, gives the same bits.
   int64_t point_block = 4;
+  /// gd and sgd only: decompose steps [first_step, end_step) alone
+  /// (end_step −1: up to N), giving their terms of C_i, R and E: partial
+  /// sums that add up, over a split of the steps, to the whole decomposition
+  /// (up to the rounding of the order of the sum). f(w_0) and f(w_N) stay the
+  /// whole path's; the path is still replayed from its start.
+  int64_t first_step = 0;
+  int64_t end_step = -1;
   /// Called after each step and chunk of test points (unset: not called).
   std::function<void(const StepObservation&)> on_step;
 };

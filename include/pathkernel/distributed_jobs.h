@@ -58,9 +58,19 @@ Share share_of(const Communicator& comm, const std::vector<double>& costs, int64
 /// other ranks get their own `d` back.
 Decomposition gather_decomposition(const Communicator& comm, const Decomposition& d);
 
+/// Adds every rank's decomposition of the same test points over its own
+/// steps (DecompositionOptions::first_step, end_step), in rank order, on
+/// every rank: contributions, regularisation, rounding and kernel summed
+/// ((d_0 + d_1) + d_2 ...), counters summed, certificate gap and seconds
+/// the maximum.
+Decomposition sum_decomposition(const Communicator& comm, const Decomposition& d);
+
 /// decompose() (decomposition.h) of test inputs x [n, ...] across the
 /// ranks: the root returns the whole decomposition, the other ranks their
-/// share's.
+/// share's. With fewer blocks of test points than ranks, a gd or sgd run's
+/// steps are split instead (equal counts, every rank all the points) and
+/// the partial sums added in rank order (sum_decomposition): the same
+/// numbers as one process up to the rounding of that order, not bit for bit.
 Decomposition decompose_across(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
                                const DecompositionOptions& options);
 
@@ -71,7 +81,9 @@ struct ExplainAcross {
   std::vector<int64_t> rank_points;    ///< each rank's number of test points
 };
 
-/// explain() (explanation.h) across the ranks. Each rank saves its progress
+/// explain() (explanation.h) across the ranks, split as decompose_across()
+/// splits (test points, or a gd or sgd run's steps when there are fewer
+/// blocks of test points than ranks). Each rank saves its progress
 /// to OUT/.progress/rank-R-of-N (a rerun with the same arguments and number
 /// of ranks continues it), the root writes the explain directory once all
 /// shares have arrived and then removes OUT/.progress. An error writing the

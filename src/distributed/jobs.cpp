@@ -49,7 +49,31 @@ void check_indices(const std::string& set, const torch::Tensor& idx, int64_t siz
   }
 }
 
+/// Whether the ranks split the steps instead of the test points: fewer
+/// blocks of test points than ranks, and a forward walk (gd, sgd), whose
+/// steps are independent.
+bool split_steps(const Communicator& comm, const Manifest& m, int64_t n, int64_t block,
+                 const DecompositionOptions& options) {
+  return comm.size() > 1 && (n + block - 1) / block < comm.size() && !m.optimizer.traits().has_buffer &&
+         !options.reverse;
+}
+
 }  // namespace
+
+Decomposition sum_decomposition(const Communicator& comm, const Decomposition& d) {
+  if (comm.size() == 1) return d;
+  Decomposition out = d;
+  out.contributions = comm.sum_in_rank_order(d.contributions);
+  out.regularization = comm.sum_in_rank_order(d.regularization);
+  out.rounding = comm.sum_in_rank_order(d.rounding);
+  if (d.kernel.defined()) out.kernel = comm.sum_in_rank_order(d.kernel);
+  out.certificate_max_gap = comm.max(d.certificate_max_gap);
+  out.evaluations = comm.sum(d.evaluations);
+  out.forward_evaluations = comm.sum(d.forward_evaluations);
+  out.kinks = comm.sum(d.kinks);
+  out.seconds = comm.max(d.seconds);
+  return out;
+}
 
 std::vector<double> estimate_point_costs(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
                                          const QuadratureOptions& quadrature) {
@@ -130,10 +154,17 @@ Decomposition gather_decomposition(const Communicator& comm, const Decomposition
 Decomposition decompose_across(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
                                const DecompositionOptions& options) {
   if (comm.size() == 1) return decompose(reader, x, options);
-  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, options.quadrature),
-                               decomposition_block(reader, x, options));
+  const Manifest& m = reader.manifest();
+  const int64_t block = decomposition_block(reader, x, options);
   DecompositionOptions local = options;
   local.progress = options.progress && comm.root();
+  if (split_steps(comm, m, x.size(0), block, options)) {
+    const Share steps = share_of(comm, std::vector<double>(static_cast<size_t>(m.steps), 1.0));
+    local.first_step = steps.begin;
+    local.end_step = steps.end;
+    return sum_decomposition(comm, decompose(reader, x, local));
+  }
+  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, options.quadrature), block);
   const Decomposition d = share.size() > 0 ? decompose(reader, x.narrow(0, share.begin, share.size()), local)
                                            : empty_decomposition(reader.manifest(), options.kernel);
   return gather_decomposition(comm, d);
@@ -155,8 +186,12 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
   const DecompositionOptions dopt = explain_decomposition_options(m, n, options, &e.kernel_note);
   if (comm.root() && options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
   const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
-  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, dopt.quadrature),
-                               decomposition_block(reader, x, dopt));
+  const int64_t block = decomposition_block(reader, x, dopt);
+  // Every point on every rank, each rank its steps; or each rank its points.
+  const bool by_steps = split_steps(comm, m, n, block, dopt);
+  const Share share = by_steps ? Share{0, n} : share_of(comm, estimate_point_costs(comm, reader, x, dopt.quadrature), block);
+  const Share steps = by_steps ? share_of(comm, std::vector<double>(static_cast<size_t>(m.steps), 1.0))
+                               : Share{0, m.steps};
 
   Decomposition local = empty_decomposition(m, dopt.kernel);
   if (share.size() > 0) {
@@ -164,6 +199,7 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
     nlohmann::ordered_json arguments = explain_progress_arguments(reader, mine, dopt);
     arguments["rank"] = comm.rank();
     arguments["ranks"] = comm.size();
+    arguments["steps"] = {steps.begin, steps.end};
     const std::string dir = (fs::path(out) / ".progress" /
                              ("rank-" + std::to_string(comm.rank()) + "-of-" + std::to_string(comm.size())))
                                 .string();
@@ -175,11 +211,13 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
     }
     DecompositionOptions local_options = dopt;
     local_options.progress = dopt.progress && comm.root();
+    local_options.first_step = steps.begin;
+    local_options.end_step = steps.end;
     local = decompose(reader, x.narrow(0, share.begin, share.size()), local_options, &progress);
   }
   r.rank_seconds = comm.all_gather(local.seconds);
   for (double p : comm.all_gather(static_cast<double>(share.size()))) r.rank_points.push_back(static_cast<int64_t>(p));
-  Decomposition whole = gather_decomposition(comm, local);
+  Decomposition whole = by_steps ? sum_decomposition(comm, local) : gather_decomposition(comm, local);
   // The root writes; every rank learns whether it could.
   comm.agree([&] {
     if (!comm.root()) return;

@@ -109,6 +109,35 @@ TEST_P(TwoRanks, ExplainAndVerifyEqualOneProcessBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, TwoRanks, ::testing::Values("gd", "sgd", "momentum", "adam"));
 
+// With fewer blocks of test points than ranks, gd and sgd split the steps:
+// every rank decomposes every point over its own steps, and the partial sums
+// are added in rank order. One process's numbers to rounding, not bit for bit.
+TEST(Distributed, FewTestPointsSplitTheStepsOfGdAndSgd) {
+  SKIP_WITHOUT_MPI();
+  testing::TempDir dir;
+  for (const std::string opt : {"gd", "sgd"}) {
+    const std::string r = train(dir, opt);
+    const std::string args = "explain " + r + " --test-index 5,11 --quiet --checkpoint-seconds 0 --out ";  // one block
+    const Output one = one_process(args + (dir / (opt + "-one")));
+    ASSERT_EQ(one.status, 0) << one.out;
+    const Output two = two_ranks(args + (dir / (opt + "-two")));
+    ASSERT_EQ(two.status, 0) << two.out;
+    EXPECT_CONTAINS(two.out, "rank 0: 2 points");  // every rank every point
+    EXPECT_CONTAINS(two.out, "rank 1: 2 points");
+    for (const std::string file : {"contributions.npy", "kernel.npy"}) {
+      const torch::Tensor a = read_npy(dir / (opt + "-one/" + file)), b = read_npy(dir / (opt + "-two/" + file));
+      ASSERT_EQ(a.sizes(), b.sizes()) << opt << " " << file;
+      EXPECT_LE((a - b).abs().max().item<double>(), 1e-14 * a.abs().max().item<double>()) << opt << " " << file;
+    }
+    const nlohmann::json j1 = nlohmann::json::parse(read_file(dir / (opt + "-one/explain.json")));
+    const nlohmann::json j2 = nlohmann::json::parse(read_file(dir / (opt + "-two/explain.json")));
+    for (size_t p = 0; p < 2; ++p) {
+      EXPECT_EQ(j1["points"][p]["f_final"], j2["points"][p]["f_final"]) << opt;
+      EXPECT_LT(j2["points"][p]["completeness_error"].get<double>(), 1e-12) << opt;
+    }
+  }
+}
+
 TEST(Distributed, GramOnTwoRanksEqualsOneProcessBitForBit) {
   SKIP_WITHOUT_MPI();
   testing::TempDir dir;
