@@ -60,9 +60,11 @@ Decomposition gather_decomposition(const Communicator& comm, const Decomposition
 
 /// Adds every rank's decomposition of the same test points over its own
 /// steps (DecompositionOptions::first_step, end_step), in rank order, on
-/// every rank: contributions, regularisation, rounding and kernel summed
-/// ((d_0 + d_1) + d_2 ...), counters summed, certificate gap and seconds
-/// the maximum.
+/// every rank: contributions, regularisation, rounding, certificate gaps
+/// (gap_abs) and kernel summed ((d_0 + d_1) + d_2 ...), counters and steps
+/// summed, step residuals merged in rank order (StepResiduals::merge),
+/// certificate gap and seconds the maximum; f(w_0) and f(w_N) are every
+/// rank's own (the whole path's).
 Decomposition sum_decomposition(const Communicator& comm, const Decomposition& d);
 
 /// decompose() (decomposition.h) of test inputs x [n, ...] across the

@@ -62,16 +62,37 @@ bool split_steps(const Communicator& comm, const Manifest& m, int64_t n, int64_t
 
 Decomposition sum_decomposition(const Communicator& comm, const Decomposition& d) {
   if (comm.size() == 1) return d;
-  Decomposition out = d;
+  Decomposition out = d;  // f(w_0), f(w_N): the whole path's on every rank
   out.contributions = comm.sum_in_rank_order(d.contributions);
   out.regularization = comm.sum_in_rank_order(d.regularization);
   out.rounding = comm.sum_in_rank_order(d.rounding);
+  out.gap_abs = comm.sum_in_rank_order(d.gap_abs);
   if (d.kernel.defined()) out.kernel = comm.sum_in_rank_order(d.kernel);
   out.certificate_max_gap = comm.max(d.certificate_max_gap);
   out.evaluations = comm.sum(d.evaluations);
   out.forward_evaluations = comm.sum(d.forward_evaluations);
   out.kinks = comm.sum(d.kinks);
+  out.steps = comm.sum(d.steps);
   out.seconds = comm.max(d.seconds);
+  // Each rank found its own steps' residuals: merged in rank order, that is
+  // in step order, as one walk finds them.
+  const StepResiduals& r = d.residuals;
+  const std::vector<double> max_ratio = comm.all_gather(r.max_ratio), max_residual = comm.all_gather(r.max_residual),
+                            bound = comm.all_gather(r.bound),
+                            worst = comm.all_gather(static_cast<double>(r.worst_step)),
+                            first = comm.all_gather(static_cast<double>(r.first_step)),
+                            over = comm.all_gather(static_cast<double>(r.steps_over));
+  out.residuals = StepResiduals();
+  for (size_t k = 0; k < max_ratio.size(); ++k) {
+    StepResiduals rank;
+    rank.max_ratio = max_ratio[k];
+    rank.max_residual = max_residual[k];
+    rank.bound = bound[k];
+    rank.worst_step = static_cast<int64_t>(worst[k]);
+    rank.first_step = static_cast<int64_t>(first[k]);
+    rank.steps_over = static_cast<int64_t>(over[k]);
+    out.residuals.merge(rank);
+  }
   return out;
 }
 

@@ -483,16 +483,17 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   // Forward, the path is replayed once whatever the chunk: one block at a time.
   const int64_t chunk = block_size(options, doubles_per_point(ev, reader, x, options, false));
   Decomposition d = start(reader, grad64, x, chunk);
+  d.steps = end_step - options.first_step;
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
   const bool captured = use_capture(m, options);
   CaptureScope capture(reader, captured);
 
   const DecompositionProgress* resumed = restore(checkpoint, d, n, options.kernel);
-  // Steps s < first are done (or not asked for), and so are s >= end_step.
+  // Steps s < first are done (or not asked for), and so are s >= end_step;
+  // the reader replays only the segments of the others.
   const int64_t first = std::max(options.first_step, resumed ? resumed->steps_done : int64_t{0});
-  ProgressBar bar(m.steps, "decompose", options.progress);
+  ProgressBar bar(d.steps, "decompose", options.progress);
   reader.forward([&](const PathStep& st) {
-    if (st.step < first || st.step >= end_step) return;
     ev.set_segment(st.w, st.delta);
     const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
     const int64_t b = idx.size(0);
@@ -535,9 +536,10 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       }
     }
     char status[96];
+    const int64_t walked = st.step + 1 - options.first_step;
     std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
-                  static_cast<double>(d.evaluations) / static_cast<double>(n * (st.step + 1)));
-    bar.update(st.step + 1, status);
+                  static_cast<double>(d.evaluations) / static_cast<double>(n * walked));
+    bar.update(walked, status);
     if (checkpoint && st.step + 1 < end_step && checkpoint->due()) {
       DecompositionProgress p;
       p.chunk = n;  // forward: one position for all chunks
@@ -546,7 +548,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       p.partial = d;
       checkpoint->save(p);
     }
-  });
+  }, first, end_step);
   bar.finish();
   d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return d;

@@ -16,6 +16,7 @@
 #include "../test_util.h"
 #include "pathkernel/files.h"
 #include "pathkernel/npy.h"
+#include "pathkernel/path.h"
 
 namespace pathkernel {
 namespace {
@@ -135,7 +136,58 @@ TEST(Distributed, FewTestPointsSplitTheStepsOfGdAndSgd) {
       EXPECT_EQ(j1["points"][p]["f_final"], j2["points"][p]["f_final"]) << opt;
       EXPECT_LT(j2["points"][p]["completeness_error"].get<double>(), 1e-12) << opt;
     }
+    for (const std::string key : {"steps", "certificate_max_gap", "updates_explained"}) {
+      EXPECT_EQ(j1[key], j2[key]) << opt << " " << key;
+    }
   }
+}
+
+/// The relative difference of two JSON numbers, |a − b| / max(|a|, 1e-300).
+double json_gap(const nlohmann::json& a, const nlohmann::json& b) {
+  return std::abs(a.get<double>() - b.get<double>()) / std::max(std::abs(a.get<double>()), 1e-300);
+}
+
+// A recorded sgd run whose clip factors misdescribe steps 2 and 7, verified
+// on 2 test points (one block): the ranks split the steps (0-3 and 4-8), each
+// finds one unexplained step, and the merged residuals, counts and steps are
+// one process's exactly; E (which carries the unexplained updates) and the
+// error figures to rounding.
+TEST(Distributed, AStepSplitMergesARecordedRunsResidualsAndCounts) {
+  SKIP_WITHOUT_MPI();
+  testing::TempDir dir;
+  const std::string r = dir / "run";
+  const Output t = one_process("train --data gaussians3 --train-size 90 --test-size 30 --model mlp:8 --optimizer sgd "
+                               "--batch 30 --lr 0.1 --weight-decay 0.001 --steps 9 --checkpoint-every 1 --quiet --out " +
+                               r);
+  ASSERT_EQ(t.status, 0) << t.out;
+  Manifest m = Manifest::load(r);
+  m.recorded = true;
+  torch::Tensor c = torch::ones({9}, torch::kFloat64);
+  c[2] = 0.5;
+  c[7] = 0.5;
+  write_npy((fs::path(r) / "clip_factors.npy").string(), c);
+  const std::string bytes = read_file((fs::path(r) / "clip_factors.npy").string());
+  m.clip_factors = {"clip_factors.npy", static_cast<int64_t>(bytes.size()), crc32_of(bytes)};
+  m.save(r);
+
+  const std::string args = "verify " + r + " --test 2 --quiet --json";
+  const Output one = one_process(args), two = two_ranks(args);
+  ASSERT_EQ(one.status, 0) << one.out;
+  ASSERT_EQ(two.status, 0) << two.out;
+  const nlohmann::json v1 = last_json(one.out), v2 = last_json(two.out);
+  EXPECT_EQ(v2["steps"], 9);
+  EXPECT_EQ(v2["first_unexplained_step"], 2);
+  EXPECT_CONTAINS(v2["warning"].get<std::string>(), " 2 step(s) differ");
+  for (const std::string key : {"steps", "certificate_max_gap", "mean_evaluations_per_step",
+                                "mean_forward_evaluations_per_step", "mean_kinks_per_step", "updates_explained",
+                                "max_update_residual_ratio", "first_unexplained_step", "warning"}) {
+    EXPECT_EQ(v1[key], v2[key]) << key;
+  }
+  EXPECT_GT(v2["max_abs_rounding"].get<double>(), 1e-6);
+  for (const std::string key : {"max_abs_rounding", "max_abs_regularization", "error_bound"}) {
+    EXPECT_LE(json_gap(v1[key], v2[key]), 1e-13) << key << ": " << v1[key] << " and " << v2[key];
+  }
+  EXPECT_LT(v2["max_rel_error"].get<double>(), 1e-10);
 }
 
 TEST(Distributed, GramOnTwoRanksEqualsOneProcessBitForBit) {
@@ -240,15 +292,20 @@ std::vector<std::pair<pid_t, bool>> tagged_processes(const std::string& tag) {
 }
 
 // A rank killed mid-job: rank 1 stops itself (the write hook of the resume
-// tests) right after its 5th save and the whole job is killed there; the
-// same command run again continues each rank from its own saved progress and
-// writes the bytes of an uninterrupted run.
+// tests) right after its 5th save (2nd when the ranks split the steps, rank
+// 1 then saving after steps 4, 5, 6 and 7) and the whole job is killed there;
+// the same command run again continues each rank from its own saved progress
+// and writes the bytes of an uninterrupted run.
 TEST(Distributed, AKilledJobContinuesFromEachRanksSavedProgress) {
   SKIP_WITHOUT_MPI();
   testing::TempDir dir;
-  for (const std::string opt : {"sgd", "momentum"}) {
+  struct Case {
+    std::string opt, points, save;
+  };
+  for (const Case& c : std::vector<Case>{{"sgd", "0-7", "5"}, {"momentum", "0-7", "5"}, {"gd", "5,11", "2"}}) {
+    const std::string opt = c.opt;
     const std::string r = train(dir, opt);
-    const std::string args = "explain " + r + " --test-index 0,1,2,3,4,5,6,7 --quiet --checkpoint-seconds 0 --out ";
+    const std::string args = "explain " + r + " --test-index " + c.points + " --quiet --checkpoint-seconds 0 --out ";
     const Output whole = two_ranks(args + (dir / (opt + "-whole")));
     ASSERT_EQ(whole.status, 0) << whole.out;
 
@@ -257,7 +314,7 @@ TEST(Distributed, AKilledJobContinuesFromEachRanksSavedProgress) {
     const pid_t job = fork();
     if (job == 0) {
       ::setpgid(0, 0);
-      const std::string cmd = "exec env " + tag + " PATHKERNEL_TEST_PAUSE_IN_WRITE=rank-1-of-2/state.json@5:after " +
+      const std::string cmd = "exec env " + tag + " PATHKERNEL_TEST_PAUSE_IN_WRITE=rank-1-of-2/state.json@" + c.save + ":after " +
                               kMpirun + " -np 2 " + kBinary + args + out + " > " + log + " 2>&1";
       ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
@@ -272,7 +329,7 @@ TEST(Distributed, AKilledJobContinuesFromEachRanksSavedProgress) {
     ::kill(-job, SIGKILL);
     int status = 0;
     ::waitpid(job, &status, 0);
-    ASSERT_TRUE(stopped) << "rank 1 never stopped in its 5th save (" << opt << "):\n" << read_file(log);
+    ASSERT_TRUE(stopped) << "rank 1 never stopped in save " << c.save << " (" << opt << "):\n" << read_file(log);
     ASSERT_TRUE(fs::exists(out + "/.progress/rank-1-of-2/state.json")) << opt;
     EXPECT_FALSE(fs::exists(out + "/contributions.npy")) << opt;
 
