@@ -1,5 +1,6 @@
 // explain, verify and gram across the ranks of a job (distributed.h), split
-// by test points (docs/distributed.md).
+// by test points (docs/distributed.md), and evaluate's retrainings split by
+// jobs.
 //
 // Test points are independent (docs/math.md §12): each rank decomposes a
 // contiguous share of them, balanced by their estimated cost, and the root
@@ -28,6 +29,7 @@
 #include "pathkernel/explanation.h"
 #include "pathkernel/gram_file.h"
 #include "pathkernel/path.h"
+#include "pathkernel/retrain.h"
 
 namespace pathkernel {
 
@@ -92,6 +94,28 @@ struct ExplainAcross {
 /// outputs ends every rank with it (AgreedError).
 ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const torch::Tensor& test_index,
                              const std::string& out, const ExplainOptions& options);
+
+/// Retrainer::outputs() (retrain.h) of `jobs` on test inputs x [n, ...]
+/// across the ranks: called by the root alone, while every other rank waits
+/// in serve_retrainings(). The root sends the jobs and its options; each
+/// rank retrains a contiguous share of the jobs (equal counts, in job order)
+/// and saves its finished ones to options.work_file + ".rank-R-of-N" (a rerun
+/// with the same number of ranks continues them); the root receives the
+/// outputs in rank order, that is in job order: float64 [J, n, K]. A
+/// retraining's bits do not depend on where it runs (retrain.h), so these
+/// are one process's outputs, bit for bit. With `rank_jobs`, each rank's
+/// number of jobs is added to (*rank_jobs)[rank] (resized to the ranks).
+torch::Tensor retrain_outputs_across(const Communicator& comm, const Retrainer& retrainer,
+                                     const std::vector<RetrainJob>& jobs, const torch::Tensor& x,
+                                     const RetrainOptions& options, std::vector<int64_t>* rank_jobs = nullptr);
+
+/// The other ranks' side of retrain_outputs_across(): retrains this rank's
+/// share of every set of jobs the root sends, on inputs x (the root's), until
+/// the root calls end_retrainings(). Not called on the root.
+void serve_retrainings(const Communicator& comm, const Retrainer& retrainer, const torch::Tensor& x);
+
+/// Tells the ranks in serve_retrainings() that no more jobs come. Root only.
+void end_retrainings(const Communicator& comm);
 
 /// gram_between() (gram_file.h) across the ranks, split by the test side's
 /// points (the rows when both or neither side is test points): the root

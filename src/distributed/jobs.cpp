@@ -250,6 +250,118 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
   return r;
 }
 
+namespace {
+
+/// A set of retrainings as the root sends it: a JSON header line (options,
+/// number of jobs and training points, which jobs have a keep mask or
+/// labels), then each job's keep mask (M bytes) and labels (M int64s) where
+/// present. An empty message ends serve_retrainings().
+std::string retrain_message(const std::vector<RetrainJob>& jobs, int64_t M, const RetrainOptions& o) {
+  nlohmann::json head{{"work_file", o.work_file},
+                      {"label", o.label},
+                      {"scaling", removal_scaling_name(o.scaling)},
+                      {"workers", o.workers},
+                      {"threads_per_retrain", o.threads_per_retrain},
+                      {"save_seconds", o.save_seconds},
+                      {"train", M},
+                      {"jobs", jobs.size()}};
+  std::string body;
+  for (const RetrainJob& job : jobs) {
+    head["keep"].push_back(job.keep.defined());
+    head["labels"].push_back(job.labels.defined());
+    if (job.keep.defined()) {
+      const torch::Tensor k = job.keep.to(torch::kUInt8).contiguous();
+      body.append(static_cast<const char*>(k.data_ptr()), static_cast<size_t>(M));
+    }
+    if (job.labels.defined()) {
+      const torch::Tensor l = job.labels.to(torch::kLong).contiguous();
+      body.append(static_cast<const char*>(l.data_ptr()), static_cast<size_t>(M) * sizeof(int64_t));
+    }
+  }
+  return head.dump() + "\n" + body;
+}
+
+/// The jobs and options of retrain_message().
+std::vector<RetrainJob> read_retrain_message(const std::string& message, RetrainOptions& o) {
+  const size_t end = message.find('\n');
+  PK_CHECK(end != std::string::npos, "retraining: a malformed message from the root");
+  const nlohmann::json head = nlohmann::json::parse(message.substr(0, end));
+  o.work_file = head.at("work_file").get<std::string>();
+  o.label = head.at("label").get<std::string>();
+  o.scaling = parse_removal_scaling(head.at("scaling").get<std::string>());
+  o.workers = head.at("workers").get<int>();
+  o.threads_per_retrain = head.at("threads_per_retrain").get<int>();
+  o.save_seconds = head.at("save_seconds").get<double>();
+  const int64_t M = head.at("train").get<int64_t>();
+  const size_t J = head.at("jobs").get<size_t>();
+  std::vector<RetrainJob> jobs(J);
+  size_t at = end + 1;
+  auto take = [&](size_t bytes) {
+    PK_CHECK(at + bytes <= message.size(), "retraining: a truncated message from the root");
+    const char* p = message.data() + at;
+    at += bytes;
+    return p;
+  };
+  for (size_t j = 0; j < J; ++j) {
+    if (head.at("keep").at(j).get<bool>()) {
+      jobs[j].keep = torch::empty({M}, torch::kUInt8);
+      std::memcpy(jobs[j].keep.data_ptr(), take(static_cast<size_t>(M)), static_cast<size_t>(M));
+      jobs[j].keep = jobs[j].keep.to(torch::kBool);
+    }
+    if (head.at("labels").at(j).get<bool>()) {
+      const size_t bytes = static_cast<size_t>(M) * sizeof(int64_t);
+      jobs[j].labels = torch::empty({M}, torch::kLong);
+      std::memcpy(jobs[j].labels.data_ptr(), take(bytes), bytes);
+    }
+  }
+  return jobs;
+}
+
+/// This rank's share of the jobs, retrained: float64 [share, n, K].
+torch::Tensor retrain_share(const Communicator& comm, const Retrainer& retrainer, const std::vector<RetrainJob>& jobs,
+                            const torch::Tensor& x, RetrainOptions o) {
+  const Share share = share_of(comm, std::vector<double>(jobs.size(), 1.0));
+  if (share.size() == 0) return torch::zeros({0, x.size(0), retrainer.num_classes()}, torch::kFloat64);
+  if (!o.work_file.empty()) {
+    o.work_file += ".rank-" + std::to_string(comm.rank()) + "-of-" + std::to_string(comm.size());
+  }
+  o.progress = o.progress && comm.root();
+  const std::vector<RetrainJob> mine(jobs.begin() + share.begin, jobs.begin() + share.end);
+  return retrainer.outputs(mine, x, o);
+}
+
+}  // namespace
+
+torch::Tensor retrain_outputs_across(const Communicator& comm, const Retrainer& retrainer,
+                                     const std::vector<RetrainJob>& jobs, const torch::Tensor& x,
+                                     const RetrainOptions& options, std::vector<int64_t>* rank_jobs) {
+  if (rank_jobs) {
+    rank_jobs->resize(static_cast<size_t>(comm.size()), 0);
+    const std::vector<int64_t> bounds = split_by_cost(std::vector<double>(jobs.size(), 1.0), comm.size());
+    for (size_t r = 0; r < rank_jobs->size(); ++r) (*rank_jobs)[r] += bounds[r + 1] - bounds[r];
+  }
+  if (comm.size() == 1) return retrainer.outputs(jobs, x, options);
+  PK_CHECK(comm.root(), "retrain_outputs_across is called by the root (rank " << comm.rank() << ")");
+  comm.broadcast(retrain_message(jobs, retrainer.num_train(), options));
+  return comm.gather_rows(retrain_share(comm, retrainer, jobs, x, options));
+}
+
+void serve_retrainings(const Communicator& comm, const Retrainer& retrainer, const torch::Tensor& x) {
+  PK_CHECK(!comm.root(), "serve_retrainings is called by the ranks other than the root");
+  for (;;) {
+    const std::string message = comm.broadcast("");
+    if (message.empty()) return;
+    RetrainOptions o;
+    o.progress = false;
+    const std::vector<RetrainJob> jobs = read_retrain_message(message, o);
+    comm.gather_rows(retrain_share(comm, retrainer, jobs, x, o));
+  }
+}
+
+void end_retrainings(const Communicator& comm) {
+  if (comm.size() > 1 && comm.root()) comm.broadcast("");
+}
+
 GramFile gram_across(const Communicator& comm, PathReader& reader, const std::string& row_set,
                      const torch::Tensor& row_indices, const std::string& col_set, const torch::Tensor& col_indices,
                      const GramOptions& options) {

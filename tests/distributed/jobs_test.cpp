@@ -190,6 +190,38 @@ TEST(Distributed, AStepSplitMergesARecordedRunsResidualsAndCounts) {
   EXPECT_LT(v2["max_rel_error"].get<double>(), 1e-10);
 }
 
+// evaluate: the root evaluates, every rank retrains a share of each set of
+// jobs (the baseline, leave-one-out, LDS subsets, brittleness removals), and
+// the outputs are gathered in job order: evaluate.json and the scores are one
+// process's, byte for byte but for the times.
+TEST(Distributed, EvaluateOnTwoRanksEqualsOneProcess) {
+  SKIP_WITHOUT_MPI();
+  testing::TempDir dir;
+  const std::string r = train(dir, "sgd");
+  const std::string args = "evaluate " + r + " --test-index 0-2,7 --methods grad-dot,random --metrics loo,lds,brittleness "
+                           "--loo-extremes 2 --loo-random 3 --lds-subsets 5 --brittleness-grid 1,3 --workers 1 --out ";
+  const Output one = one_process("--quiet " + args + (dir / "one"));
+  ASSERT_EQ(one.status, 0) << one.out;
+  const Output two = two_ranks("--quiet " + args + (dir / "two"));
+  ASSERT_EQ(two.status, 0) << two.out;
+  // The baseline, the leave-one-out sample, 5 LDS subsets, 16 brittleness removals: both ranks had some.
+  EXPECT_CONTAINS(two.out, "2 ranks, retrainings: rank 0: ");
+  EXPECT_EQ(two.out.find("rank 1: 0\n"), std::string::npos) << two.out;
+  nlohmann::json j1 = nlohmann::json::parse(read_file(dir / "one/evaluate.json"));
+  nlohmann::json j2 = nlohmann::json::parse(read_file(dir / "two/evaluate.json"));
+  for (nlohmann::json* j : {&j1, &j2}) {
+    j->erase("seconds");
+    (*j)["retrain"].erase("seconds");
+  }
+  EXPECT_EQ(j1, j2);
+  EXPECT_EQ(j2["retrain"]["baseline_reproduces_run"], true);
+  EXPECT_EQ(j2["lds"]["per_test"]["grad-dot"].size(), 4u);
+  for (const std::string file : {"scores_grad-dot.npy", "scores_random.npy"}) {
+    EXPECT_TRUE(read_file(dir / ("one/" + file)) == read_file(dir / ("two/" + file))) << file;
+  }
+  EXPECT_FALSE(fs::exists(dir / "two/.work")) << "the work in progress goes once the outputs are written";
+}
+
 TEST(Distributed, GramOnTwoRanksEqualsOneProcessBitForBit) {
   SKIP_WITHOUT_MPI();
   testing::TempDir dir;
