@@ -491,7 +491,8 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   const DecompositionProgress* resumed = restore(checkpoint, d, n, options.kernel);
   // Steps s < first are done (or not asked for), and so are s >= end_step;
   // the reader replays only the segments of the others.
-  const int64_t first = std::max(options.first_step, resumed ? resumed->steps_done : int64_t{0});
+  const int64_t first =
+      std::min(end_step, std::max(options.first_step, resumed ? resumed->steps_done : int64_t{0}));
   ProgressBar bar(d.steps, "decompose", options.progress);
   reader.forward([&](const PathStep& st) {
     ev.set_segment(st.w, st.delta);
