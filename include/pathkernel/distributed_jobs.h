@@ -1,5 +1,6 @@
 // explain, verify and gram across the ranks of a job (distributed.h), split
-// by test points (docs/distributed.md).
+// by test points (docs/distributed.md), and evaluate's retrainings split by
+// jobs.
 //
 // Test points are independent (docs/math.md §12): each rank decomposes a
 // contiguous share of them, balanced by their estimated cost, and the root
@@ -28,6 +29,7 @@
 #include "pathkernel/explanation.h"
 #include "pathkernel/gram_file.h"
 #include "pathkernel/path.h"
+#include "pathkernel/retrain.h"
 
 namespace pathkernel {
 
@@ -58,9 +60,21 @@ Share share_of(const Communicator& comm, const std::vector<double>& costs, int64
 /// other ranks get their own `d` back.
 Decomposition gather_decomposition(const Communicator& comm, const Decomposition& d);
 
+/// Adds every rank's decomposition of the same test points over its own
+/// steps (DecompositionOptions::first_step, end_step), in rank order, on
+/// every rank: contributions, regularisation, rounding, certificate gaps
+/// (gap_abs) and kernel summed ((d_0 + d_1) + d_2 ...), counters and steps
+/// summed, step residuals merged in rank order (StepResiduals::merge),
+/// certificate gap and seconds the maximum; f(w_0) and f(w_N) are every
+/// rank's own (the whole path's).
+Decomposition sum_decomposition(const Communicator& comm, const Decomposition& d);
+
 /// decompose() (decomposition.h) of test inputs x [n, ...] across the
 /// ranks: the root returns the whole decomposition, the other ranks their
-/// share's.
+/// share's. With fewer blocks of test points than ranks, a gd or sgd run's
+/// steps are split instead (equal counts, every rank all the points) and
+/// the partial sums added in rank order (sum_decomposition): the same
+/// numbers as one process up to the rounding of that order, not bit for bit.
 Decomposition decompose_across(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
                                const DecompositionOptions& options);
 
@@ -71,13 +85,37 @@ struct ExplainAcross {
   std::vector<int64_t> rank_points;    ///< each rank's number of test points
 };
 
-/// explain() (explanation.h) across the ranks. Each rank saves its progress
+/// explain() (explanation.h) across the ranks, split as decompose_across()
+/// splits (test points, or a gd or sgd run's steps when there are fewer
+/// blocks of test points than ranks). Each rank saves its progress
 /// to OUT/.progress/rank-R-of-N (a rerun with the same arguments and number
 /// of ranks continues it), the root writes the explain directory once all
 /// shares have arrived and then removes OUT/.progress. An error writing the
 /// outputs ends every rank with it (AgreedError).
 ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const torch::Tensor& test_index,
                              const std::string& out, const ExplainOptions& options);
+
+/// Retrainer::outputs() (retrain.h) of `jobs` on test inputs x [n, ...]
+/// across the ranks: called by the root alone, while every other rank waits
+/// in serve_retrainings(). The root sends the jobs and its options; each
+/// rank retrains a contiguous share of the jobs (equal counts, in job order)
+/// and saves its finished ones to options.work_file + ".rank-R-of-N" (a rerun
+/// with the same number of ranks continues them); the root receives the
+/// outputs in rank order, that is in job order: float64 [J, n, K]. A
+/// retraining's bits do not depend on where it runs (retrain.h), so these
+/// are one process's outputs, bit for bit. With `rank_jobs`, each rank's
+/// number of jobs is added to (*rank_jobs)[rank] (resized to the ranks).
+torch::Tensor retrain_outputs_across(const Communicator& comm, const Retrainer& retrainer,
+                                     const std::vector<RetrainJob>& jobs, const torch::Tensor& x,
+                                     const RetrainOptions& options, std::vector<int64_t>* rank_jobs = nullptr);
+
+/// The other ranks' side of retrain_outputs_across(): retrains this rank's
+/// share of every set of jobs the root sends, on inputs x (the root's), until
+/// the root calls end_retrainings(). Not called on the root.
+void serve_retrainings(const Communicator& comm, const Retrainer& retrainer, const torch::Tensor& x);
+
+/// Tells the ranks in serve_retrainings() that no more jobs come. Root only.
+void end_retrainings(const Communicator& comm);
 
 /// gram_between() (gram_file.h) across the ranks, split by the test side's
 /// points (the rows when both or neither side is test points): the root

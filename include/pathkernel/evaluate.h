@@ -72,6 +72,13 @@ struct EvaluateOptions {
   bool progress = true;
   /// Called with a line for the user as work proceeds; unset: not called.
   std::function<void(const std::string&)> on_note;
+  /// Runs one set of retrainings, returning what Retrainer::outputs(jobs, x,
+  /// options) returns, float64 [J, n, K]; unset: that call, in this process.
+  /// Under mpirun the CLI passes retrain_outputs_across (distributed_jobs.h),
+  /// which splits the jobs across the ranks.
+  std::function<torch::Tensor(const Retrainer& retrainer, const std::vector<RetrainJob>& jobs, const torch::Tensor& x,
+                              const RetrainOptions& options)>
+      retrain_outputs;
 
   /// Checks every option against a run with M training points and K
   /// classes; throws Error naming the option, its value and what was expected.

@@ -98,6 +98,11 @@ class PathReader {
   /// Calls fn for s = 0 .. N-1 in order. Memory: O(P).
   void forward(const std::function<void(const PathStep&)>& fn);
 
+  /// Calls fn for s = begin .. end-1 in order (0 <= begin <= end <= N),
+  /// replaying only the checkpoint segments that hold those steps, from the
+  /// checkpoint at or before `begin`: the steps are the bits forward() gives.
+  void forward(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end);
+
   /// Calls fn for s = N-1 .. 0, replaying one checkpoint segment at a time and
   /// holding at most one segment in memory.
   void reverse(const std::function<void(const PathStep&)>& fn);

@@ -78,8 +78,9 @@ class Retrainer {
   torch::Tensor outputs(const std::vector<RetrainJob>& jobs, const torch::Tensor& x,
                         const RetrainOptions& options) const;
 
-  /// M, N.
+  /// M, K, N.
   int64_t num_train() const { return num_train_; }
+  int64_t num_classes() const { return reader_.manifest().num_classes; }
   int64_t steps() const { return static_cast<int64_t>(batches_.size()); }
 
  private:

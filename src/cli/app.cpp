@@ -54,12 +54,12 @@ int run(int argc, char** argv) {
   // Under mpirun only these split their work; the others would run N times over.
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     const std::string name = sub->get_name();
-    if (name == "explain" || name == "verify" || name == "gram") continue;
+    if (name == "explain" || name == "verify" || name == "gram" || name == "evaluate") continue;
     sub->preparse_callback([name](std::size_t) {
       const Communicator& world = Communicator::world();
       if (world.size() == 1) return;
       throw AgreedError("'" + name + "' runs as one process, not under mpirun (" + std::to_string(world.size()) +
-                        " ranks): only explain, verify and gram split their work across ranks");
+                        " ranks): only explain, verify, gram and evaluate split their work across ranks");
     });
   }
   try {

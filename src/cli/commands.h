@@ -50,7 +50,8 @@ CLI::Option* add_deprecated_option(CLI::App* cmd, const std::string& old_name, i
 
 /// The test points of every command that takes them, declared once:
 /// --test N (the first N), --test-balanced N (a class-balanced subset),
-/// --test-index LIST or --test-file PATH, and --subset-seed.
+/// --test-index LIST (indices and ranges, e.g. 0-7,12) or --test-file PATH,
+/// and --subset-seed.
 struct TestPointArgs {
   TestPointSelection selection;
   /// Declares the four options on cmd, mutually exclusive, and --subset-seed;

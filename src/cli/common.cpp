@@ -72,9 +72,10 @@ void TestPointArgs::add_to(CLI::App* cmd, const std::string& what) {
       cmd->add_option("--test", selection.count, "The first N test points " + what)->check(CLI::PositiveNumber),
       cmd->add_option("--test-balanced", selection.balanced, "A class-balanced subset of N test points " + what)
           ->check(CLI::PositiveNumber),
-      cmd->add_option("--test-index", selection.indices, "Comma-separated test indices " + what + ", e.g. 0,5,17"),
+      cmd->add_option("--test-index", selection.indices,
+                      "Comma-separated test indices and inclusive ranges " + what + ", e.g. 0-7,12,20-23"),
       cmd->add_option("--test-file", selection.file,
-                      "A file of test indices " + what + " (separated by commas, spaces or newlines)")};
+                      "A file of test indices and ranges " + what + " (separated by commas, spaces or newlines)")};
   for (size_t i = 0; i < options_.size(); ++i) {
     for (size_t j = i + 1; j < options_.size(); ++j) options_[i]->excludes(options_[j]);
   }

@@ -3,10 +3,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "pathkernel/distributed_jobs.h"
 #include "pathkernel/error.h"
 #include "pathkernel/evaluate.h"
 #include "pathkernel/text.h"
@@ -106,10 +108,40 @@ void add_evaluate_command(CLI::App& app, Globals& globals) {
     options.on_note = [&globals](const std::string& note) {
       if (!globals.quiet) std::fprintf(stderr, "pathkernel: %s\n", note.c_str());
     };
-    PathReader reader(args->run);
-    const torch::Tensor idx = args->points.indices(reader.dataset().y_test, 20);
+    // Under mpirun the root evaluates and every rank takes a share of each
+    // set of retrainings (distributed_jobs.h); the set-up is agreed first.
+    const Communicator& world = Communicator::world();
+    std::optional<PathReader> reader_storage;
+    torch::Tensor idx;
+    world.agree([&] {
+      reader_storage.emplace(args->run);
+      idx = args->points.indices(reader_storage->dataset().y_test, 20);
+      options.validate(reader_storage->manifest().num_train, reader_storage->manifest().num_classes);
+    });
+    PathReader& reader = *reader_storage;
     const std::string out = args->out.empty() ? (std::filesystem::path(args->run) / "evaluate").string() : args->out;
+    std::vector<int64_t> rank_jobs;  // retrainings per rank, under mpirun
+    if (world.size() > 1) {
+      if (!world.root()) {
+        const Retrainer retrainer(reader);
+        serve_retrainings(world, retrainer, reader.dataset().x_test.index_select(0, idx));
+        return;
+      }
+      options.retrain_outputs = [&world, &rank_jobs](const Retrainer& r, const std::vector<RetrainJob>& jobs,
+                                                     const torch::Tensor& x, const RetrainOptions& o) {
+        return retrain_outputs_across(world, r, jobs, x, o, &rank_jobs);
+      };
+    }
+    // An error on the root past this point ends the job (main()): the other
+    // ranks may be waiting for jobs.
     const Evaluation e = evaluate(reader, idx, out, options);
+    end_retrainings(world);
+    nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+    std::string ranks_text;
+    for (size_t r = 0; r < rank_jobs.size(); ++r) {
+      ranks.push_back({{"rank", r}, {"retrainings", rank_jobs[r]}});
+      ranks_text += format_text("%s rank %zu: %lld", r ? "," : "", r, static_cast<long long>(rank_jobs[r]));
+    }
     nlohmann::ordered_json summary{{"out", out},
                                    {"test_points", idx.size(0)},
                                    {"table", e.json["table"]},
@@ -125,7 +157,11 @@ void add_evaluate_command(CLI::App& app, Globals& globals) {
                           v["median_spearman"].get<double>(), static_cast<long long>(v["top"].get<int64_t>()),
                           100 * v["mean_top_shared_fraction"].get<double>());
     }
-    globals.print(summary, table_text(e) + views + "wrote " + out + "/evaluate.json");
+    if (world.size() > 1) summary["ranks"] = ranks;
+    globals.print(summary, table_text(e) + views +
+                               (world.size() > 1 ? std::to_string(world.size()) + " ranks, retrainings:" + ranks_text + "\n"
+                                                 : "") +
+                               "wrote " + out + "/evaluate.json");
   });
 }
 

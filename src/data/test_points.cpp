@@ -2,6 +2,7 @@
 #include "pathkernel/test_points.h"
 
 #include <algorithm>
+#include <charconv>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,40 @@
 
 namespace pathkernel {
 
+namespace {
+
+constexpr const char* kExpected = "expected an index such as 5 or an inclusive range such as 0-7";
+
+/// One index of a list: optional '-', then decimal digits, nothing else.
+/// Returns false when `text` is not such a number; `overflow` says it is one
+/// too large for int64.
+bool parse_index(const std::string& text, int64_t& value, bool& overflow) {
+  overflow = false;
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  if (begin == end || (*begin == '-' && begin + 1 == end)) return false;
+  const auto [ptr, ec] = std::from_chars(begin, end, value);
+  if (ptr != end) return false;
+  overflow = ec == std::errc::result_out_of_range;
+  return ec == std::errc() || overflow;
+}
+
+/// Parses `text`, a lone index (range empty) or one end of `range`, and
+/// checks that it lies in [0, n_test).
+int64_t checked_index(const std::string& text, const std::string& range, int64_t n_test, const std::string& where) {
+  int64_t i = 0;
+  bool overflow = false;
+  PK_CHECK(parse_index(text, i, overflow), where << ": '" << (range.empty() ? text : range)
+                                                 << "' is not a test index or range (" << kExpected << ")");
+  const std::string what = range.empty() ? "test index " + text : "range '" + range + "': index " + text;
+  PK_CHECK(!(text[0] == '-' && (overflow || i < 0)),
+           where << ": " << what << " is negative (expected indices in [0, " << n_test << "))");
+  PK_CHECK(!overflow && i < n_test, where << ": " << what << " is out of range [0, " << n_test << ")");
+  return i;
+}
+
+}  // namespace
+
 torch::Tensor parse_test_index_list(const std::string& list, int64_t n_test, const std::string& where,
                                     bool whitespace) {
   std::string text = list;
@@ -19,21 +54,31 @@ torch::Tensor parse_test_index_list(const std::string& list, int64_t n_test, con
     for (char& c : text) c = (c == ' ' || c == '\t' || c == '\n' || c == '\r') ? ',' : c;
   }
   std::vector<int64_t> idx;
-  for (const std::string& item : split(text, ',')) {
-    if (item.empty() && whitespace) continue;  // runs of separators in a file
-    int64_t i = -1;
-    size_t used = 0;
-    try {
-      i = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
+  int64_t position = 0;
+  for (const std::string& raw : split(text, ',')) {
+    ++position;
+    const std::string item = trim(raw, " \t\r\n");
+    if (item.empty()) {
+      if (whitespace) continue;  // runs of separators in a file
+      PK_THROW(where << ": item " << position << " of '" << list << "' is empty (" << kExpected
+                     << ", separated by commas)");
     }
-    PK_CHECK(used != 0 && used == item.size(),
-             where << ": '" << item << "' is not a test index (expected integers, e.g. 0,5,17)");
-    PK_CHECK(i >= 0 && i < n_test, where << ": test index " << i << " is out of range [0, " << n_test << ")");
-    idx.push_back(i);
+    // A range is START-END: a '-' after the first character (a leading one is a sign).
+    const size_t dash = item.find('-', 1);
+    if (dash == std::string::npos) {
+      idx.push_back(checked_index(item, "", n_test, where));
+      continue;
+    }
+    const std::string first = trim(item.substr(0, dash), " \t"), last = trim(item.substr(dash + 1), " \t");
+    PK_CHECK(!first.empty() && !last.empty(),
+             where << ": range '" << item << "' has no " << (first.empty() ? "start" : "end") << " (" << kExpected
+                   << ")");
+    const int64_t a = checked_index(first, item, n_test, where), b = checked_index(last, item, n_test, where);
+    PK_CHECK(a <= b, where << ": range '" << item << "' is reversed: it starts at " << a << ", after its end " << b
+                           << " (expected START-END with START <= END, e.g. " << b << "-" << a << ")");
+    for (int64_t i = a; i <= b; ++i) idx.push_back(i);
   }
-  PK_CHECK(!idx.empty(), where << ": no test points selected");
+  PK_CHECK(!idx.empty(), where << ": no test points selected (expected indices and ranges such as 0-7,12,20-23)");
   return torch::tensor(idx, torch::kLong);
 }
 

@@ -49,7 +49,52 @@ void check_indices(const std::string& set, const torch::Tensor& idx, int64_t siz
   }
 }
 
+/// Whether the ranks split the steps instead of the test points: fewer
+/// blocks of test points than ranks, and a forward walk (gd, sgd), whose
+/// steps are independent.
+bool split_steps(const Communicator& comm, const Manifest& m, int64_t n, int64_t block,
+                 const DecompositionOptions& options) {
+  return comm.size() > 1 && (n + block - 1) / block < comm.size() && !m.optimizer.traits().has_buffer &&
+         !options.reverse;
+}
+
 }  // namespace
+
+Decomposition sum_decomposition(const Communicator& comm, const Decomposition& d) {
+  if (comm.size() == 1) return d;
+  Decomposition out = d;  // f(w_0), f(w_N): the whole path's on every rank
+  out.contributions = comm.sum_in_rank_order(d.contributions);
+  out.regularization = comm.sum_in_rank_order(d.regularization);
+  out.rounding = comm.sum_in_rank_order(d.rounding);
+  out.gap_abs = comm.sum_in_rank_order(d.gap_abs);
+  if (d.kernel.defined()) out.kernel = comm.sum_in_rank_order(d.kernel);
+  out.certificate_max_gap = comm.max(d.certificate_max_gap);
+  out.evaluations = comm.sum(d.evaluations);
+  out.forward_evaluations = comm.sum(d.forward_evaluations);
+  out.kinks = comm.sum(d.kinks);
+  out.steps = comm.sum(d.steps);
+  out.seconds = comm.max(d.seconds);
+  // Each rank found its own steps' residuals: merged in rank order, that is
+  // in step order, as one walk finds them.
+  const StepResiduals& r = d.residuals;
+  const std::vector<double> max_ratio = comm.all_gather(r.max_ratio), max_residual = comm.all_gather(r.max_residual),
+                            bound = comm.all_gather(r.bound),
+                            worst = comm.all_gather(static_cast<double>(r.worst_step)),
+                            first = comm.all_gather(static_cast<double>(r.first_step)),
+                            over = comm.all_gather(static_cast<double>(r.steps_over));
+  out.residuals = StepResiduals();
+  for (size_t k = 0; k < max_ratio.size(); ++k) {
+    StepResiduals rank;
+    rank.max_ratio = max_ratio[k];
+    rank.max_residual = max_residual[k];
+    rank.bound = bound[k];
+    rank.worst_step = static_cast<int64_t>(worst[k]);
+    rank.first_step = static_cast<int64_t>(first[k]);
+    rank.steps_over = static_cast<int64_t>(over[k]);
+    out.residuals.merge(rank);
+  }
+  return out;
+}
 
 std::vector<double> estimate_point_costs(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
                                          const QuadratureOptions& quadrature) {
@@ -130,10 +175,17 @@ Decomposition gather_decomposition(const Communicator& comm, const Decomposition
 Decomposition decompose_across(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
                                const DecompositionOptions& options) {
   if (comm.size() == 1) return decompose(reader, x, options);
-  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, options.quadrature),
-                               decomposition_block(reader, x, options));
+  const Manifest& m = reader.manifest();
+  const int64_t block = decomposition_block(reader, x, options);
   DecompositionOptions local = options;
   local.progress = options.progress && comm.root();
+  if (split_steps(comm, m, x.size(0), block, options)) {
+    const Share steps = share_of(comm, std::vector<double>(static_cast<size_t>(m.steps), 1.0));
+    local.first_step = steps.begin;
+    local.end_step = steps.end;
+    return sum_decomposition(comm, decompose(reader, x, local));
+  }
+  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, options.quadrature), block);
   const Decomposition d = share.size() > 0 ? decompose(reader, x.narrow(0, share.begin, share.size()), local)
                                            : empty_decomposition(reader.manifest(), options.kernel);
   return gather_decomposition(comm, d);
@@ -155,8 +207,12 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
   const DecompositionOptions dopt = explain_decomposition_options(m, n, options, &e.kernel_note);
   if (comm.root() && options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
   const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
-  const Share share = share_of(comm, estimate_point_costs(comm, reader, x, dopt.quadrature),
-                               decomposition_block(reader, x, dopt));
+  const int64_t block = decomposition_block(reader, x, dopt);
+  // Every point on every rank, each rank its steps; or each rank its points.
+  const bool by_steps = split_steps(comm, m, n, block, dopt);
+  const Share share = by_steps ? Share{0, n} : share_of(comm, estimate_point_costs(comm, reader, x, dopt.quadrature), block);
+  const Share steps = by_steps ? share_of(comm, std::vector<double>(static_cast<size_t>(m.steps), 1.0))
+                               : Share{0, m.steps};
 
   Decomposition local = empty_decomposition(m, dopt.kernel);
   if (share.size() > 0) {
@@ -164,6 +220,7 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
     nlohmann::ordered_json arguments = explain_progress_arguments(reader, mine, dopt);
     arguments["rank"] = comm.rank();
     arguments["ranks"] = comm.size();
+    arguments["steps"] = {steps.begin, steps.end};
     const std::string dir = (fs::path(out) / ".progress" /
                              ("rank-" + std::to_string(comm.rank()) + "-of-" + std::to_string(comm.size())))
                                 .string();
@@ -175,11 +232,13 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
     }
     DecompositionOptions local_options = dopt;
     local_options.progress = dopt.progress && comm.root();
+    local_options.first_step = steps.begin;
+    local_options.end_step = steps.end;
     local = decompose(reader, x.narrow(0, share.begin, share.size()), local_options, &progress);
   }
   r.rank_seconds = comm.all_gather(local.seconds);
   for (double p : comm.all_gather(static_cast<double>(share.size()))) r.rank_points.push_back(static_cast<int64_t>(p));
-  Decomposition whole = gather_decomposition(comm, local);
+  Decomposition whole = by_steps ? sum_decomposition(comm, local) : gather_decomposition(comm, local);
   // The root writes; every rank learns whether it could.
   comm.agree([&] {
     if (!comm.root()) return;
@@ -189,6 +248,118 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
   });
   e.dir = out;
   return r;
+}
+
+namespace {
+
+/// A set of retrainings as the root sends it: a JSON header line (options,
+/// number of jobs and training points, which jobs have a keep mask or
+/// labels), then each job's keep mask (M bytes) and labels (M int64s) where
+/// present. An empty message ends serve_retrainings().
+std::string retrain_message(const std::vector<RetrainJob>& jobs, int64_t M, const RetrainOptions& o) {
+  nlohmann::json head{{"work_file", o.work_file},
+                      {"label", o.label},
+                      {"scaling", removal_scaling_name(o.scaling)},
+                      {"workers", o.workers},
+                      {"threads_per_retrain", o.threads_per_retrain},
+                      {"save_seconds", o.save_seconds},
+                      {"train", M},
+                      {"jobs", jobs.size()}};
+  std::string body;
+  for (const RetrainJob& job : jobs) {
+    head["keep"].push_back(job.keep.defined());
+    head["labels"].push_back(job.labels.defined());
+    if (job.keep.defined()) {
+      const torch::Tensor k = job.keep.to(torch::kUInt8).contiguous();
+      body.append(static_cast<const char*>(k.data_ptr()), static_cast<size_t>(M));
+    }
+    if (job.labels.defined()) {
+      const torch::Tensor l = job.labels.to(torch::kLong).contiguous();
+      body.append(static_cast<const char*>(l.data_ptr()), static_cast<size_t>(M) * sizeof(int64_t));
+    }
+  }
+  return head.dump() + "\n" + body;
+}
+
+/// The jobs and options of retrain_message().
+std::vector<RetrainJob> read_retrain_message(const std::string& message, RetrainOptions& o) {
+  const size_t end = message.find('\n');
+  PK_CHECK(end != std::string::npos, "retraining: a malformed message from the root");
+  const nlohmann::json head = nlohmann::json::parse(message.substr(0, end));
+  o.work_file = head.at("work_file").get<std::string>();
+  o.label = head.at("label").get<std::string>();
+  o.scaling = parse_removal_scaling(head.at("scaling").get<std::string>());
+  o.workers = head.at("workers").get<int>();
+  o.threads_per_retrain = head.at("threads_per_retrain").get<int>();
+  o.save_seconds = head.at("save_seconds").get<double>();
+  const int64_t M = head.at("train").get<int64_t>();
+  const size_t J = head.at("jobs").get<size_t>();
+  std::vector<RetrainJob> jobs(J);
+  size_t at = end + 1;
+  auto take = [&](size_t bytes) {
+    PK_CHECK(at + bytes <= message.size(), "retraining: a truncated message from the root");
+    const char* p = message.data() + at;
+    at += bytes;
+    return p;
+  };
+  for (size_t j = 0; j < J; ++j) {
+    if (head.at("keep").at(j).get<bool>()) {
+      jobs[j].keep = torch::empty({M}, torch::kUInt8);
+      std::memcpy(jobs[j].keep.data_ptr(), take(static_cast<size_t>(M)), static_cast<size_t>(M));
+      jobs[j].keep = jobs[j].keep.to(torch::kBool);
+    }
+    if (head.at("labels").at(j).get<bool>()) {
+      const size_t bytes = static_cast<size_t>(M) * sizeof(int64_t);
+      jobs[j].labels = torch::empty({M}, torch::kLong);
+      std::memcpy(jobs[j].labels.data_ptr(), take(bytes), bytes);
+    }
+  }
+  return jobs;
+}
+
+/// This rank's share of the jobs, retrained: float64 [share, n, K].
+torch::Tensor retrain_share(const Communicator& comm, const Retrainer& retrainer, const std::vector<RetrainJob>& jobs,
+                            const torch::Tensor& x, RetrainOptions o) {
+  const Share share = share_of(comm, std::vector<double>(jobs.size(), 1.0));
+  if (share.size() == 0) return torch::zeros({0, x.size(0), retrainer.num_classes()}, torch::kFloat64);
+  if (!o.work_file.empty()) {
+    o.work_file += ".rank-" + std::to_string(comm.rank()) + "-of-" + std::to_string(comm.size());
+  }
+  o.progress = o.progress && comm.root();
+  const std::vector<RetrainJob> mine(jobs.begin() + share.begin, jobs.begin() + share.end);
+  return retrainer.outputs(mine, x, o);
+}
+
+}  // namespace
+
+torch::Tensor retrain_outputs_across(const Communicator& comm, const Retrainer& retrainer,
+                                     const std::vector<RetrainJob>& jobs, const torch::Tensor& x,
+                                     const RetrainOptions& options, std::vector<int64_t>* rank_jobs) {
+  if (rank_jobs) {
+    rank_jobs->resize(static_cast<size_t>(comm.size()), 0);
+    const std::vector<int64_t> bounds = split_by_cost(std::vector<double>(jobs.size(), 1.0), comm.size());
+    for (size_t r = 0; r < rank_jobs->size(); ++r) (*rank_jobs)[r] += bounds[r + 1] - bounds[r];
+  }
+  if (comm.size() == 1) return retrainer.outputs(jobs, x, options);
+  PK_CHECK(comm.root(), "retrain_outputs_across is called by the root (rank " << comm.rank() << ")");
+  comm.broadcast(retrain_message(jobs, retrainer.num_train(), options));
+  return comm.gather_rows(retrain_share(comm, retrainer, jobs, x, options));
+}
+
+void serve_retrainings(const Communicator& comm, const Retrainer& retrainer, const torch::Tensor& x) {
+  PK_CHECK(!comm.root(), "serve_retrainings is called by the ranks other than the root");
+  for (;;) {
+    const std::string message = comm.broadcast("");
+    if (message.empty()) return;
+    RetrainOptions o;
+    o.progress = false;
+    const std::vector<RetrainJob> jobs = read_retrain_message(message, o);
+    comm.gather_rows(retrain_share(comm, retrainer, jobs, x, o));
+  }
+}
+
+void end_retrainings(const Communicator& comm) {
+  if (comm.size() > 1 && comm.root()) comm.broadcast("");
 }
 
 GramFile gram_across(const Communicator& comm, PathReader& reader, const std::string& row_set,

@@ -462,7 +462,16 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   DecompositionOptions options = given;
   options.quadrature = given.quadrature.for_run(m.steps);  // the run's budget shared over its steps
   const UpdateRule rule(m.optimizer);  // checks the optimizer is supported
-  if (rule.has_buffer() || options.reverse) return decompose_reverse(reader, x_in, options, rule, checkpoint);
+  const int64_t end_step = options.end_step < 0 ? m.steps : options.end_step;
+  PK_CHECK(options.first_step >= 0 && options.first_step <= end_step && end_step <= m.steps,
+           "the steps to decompose must be a range within [0, " << m.steps << "] (got [" << options.first_step
+                                                                << ", " << end_step << "))");
+  if (rule.has_buffer() || options.reverse) {
+    PK_CHECK(options.first_step == 0 && end_step == m.steps,
+             "a range of steps is decomposed alone for gd and sgd runs only; run '"
+                 << reader.dir() << "' used '" << m.optimizer.name << "', whose buffer links every step to the next");
+    return decompose_reverse(reader, x_in, options, rule, checkpoint);
+  }
   auto t0 = std::chrono::steady_clock::now();
   const torch::Tensor x = x_in.to(torch::kFloat64);
   const torch::Tensor& x_train = reader.dataset().x_train;
@@ -480,15 +489,18 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   // Forward, the path is replayed once whatever the chunk: one block at a time.
   const int64_t chunk = block_size(options, doubles_per_point(ev, reader, x, options, false));
   Decomposition d = start(reader, grad64, x, chunk);
+  d.steps = end_step - options.first_step;
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
   const bool captured = use_capture(m, options);
   CaptureScope capture(reader, captured);
 
   const DecompositionProgress* resumed = restore(checkpoint, d, n, options.kernel);
-  const int64_t first = resumed ? resumed->steps_done : 0;  // steps s < first are done
-  ProgressBar bar(m.steps, "decompose", options.progress);
+  // Steps s < first are done (or not asked for), and so are s >= end_step;
+  // the reader replays only the segments of the others.
+  const int64_t first =
+      std::min(end_step, std::max(options.first_step, resumed ? resumed->steps_done : int64_t{0}));
+  ProgressBar bar(d.steps, "decompose", options.progress);
   reader.forward([&](const PathStep& st) {
-    if (st.step < first) return;
     ev.set_segment(st.w, st.delta);
     const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
     const int64_t b = idx.size(0);
@@ -534,10 +546,11 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       }
     }
     char status[96];
+    const int64_t walked = st.step + 1 - options.first_step;
     std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
-                  static_cast<double>(d.evaluations) / static_cast<double>(n * (st.step + 1)));
-    bar.update(st.step + 1, status);
-    if (checkpoint && st.step + 1 < m.steps && checkpoint->due()) {
+                  static_cast<double>(d.evaluations) / static_cast<double>(n * walked));
+    bar.update(walked, status);
+    if (checkpoint && st.step + 1 < end_step && checkpoint->due()) {
       DecompositionProgress p;
       p.chunk = n;  // forward: one position for all chunks
       p.chunk_start = 0;
@@ -545,7 +558,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       p.partial = d;
       checkpoint->save(p);
     }
-  });
+  }, first, end_step);
   bar.finish();
   d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return d;

@@ -274,7 +274,8 @@ Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const s
     o.work_file = (fs::path(work) / ("retrain_" + name)).string();
     o.label = name;
     note("retraining: " + std::to_string(jobs.size()) + " " + name + " runs");
-    torch::Tensor f = retrainer.outputs(jobs, x, o);
+    torch::Tensor f = options.retrain_outputs ? options.retrain_outputs(retrainer, jobs, x, o)
+                                              : retrainer.outputs(jobs, x, o);
     retrainings += static_cast<int64_t>(jobs.size());
     retrain_seconds += seconds_since(t0);
     seconds["retrain_" + name] = seconds_since(t0);

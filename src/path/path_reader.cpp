@@ -211,6 +211,19 @@ void PathReader::forward(const std::function<void(const PathStep&)>& fn) {
   }
 }
 
+void PathReader::forward(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end) {
+  PK_CHECK(0 <= begin && begin <= end && end <= manifest_.steps,
+           "steps [" << begin << ", " << end << ") are not a range within [0, " << manifest_.steps << "]");
+  for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
+    // Segment k holds steps [c_k, c_{k+1}): replay it only when some are asked for.
+    if (manifest_.checkpoints[k + 1].step <= begin || manifest_.checkpoints[k].step >= end) continue;
+    double diff = replay_segment(k, [&](PathStep&& st) {
+      if (st.step >= begin && st.step < end) fn(st);
+    }, true);
+    require_equal(k, diff);
+  }
+}
+
 void PathReader::reverse(const std::function<void(const PathStep&)>& fn) {
   for (size_t k = manifest_.checkpoints.size() - 1; k-- > 0;) {
     std::vector<PathStep> segment;

@@ -2,6 +2,7 @@
 // harness: counts, index lists, files of indices, and bad input.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <vector>
 
 #include "../test_util.h"
@@ -44,10 +45,10 @@ TEST(TestPoints, BadSelectionsGetAClearError) {
   };
   for (const Case& c : std::vector<Case>{
            {"0,12", "", 0, 10, "test index list: test index 12 is out of range [0, 10)"},
-           {"-1", "", 0, 10, "test index -1 is out of range [0, 10)"},
-           {"1,x", "", 0, 10, "'x' is not a test index"},
-           {"1,,2", "", 0, 10, "'' is not a test index"},
-           {"3.5", "", 0, 10, "'3.5' is not a test index"},
+           {"-1", "", 0, 10, "test index list: test index -1 is negative (expected indices in [0, 10))"},
+           {"1,x", "", 0, 10, "test index list: 'x' is not a test index or range (expected an index such as 5"},
+           {"1,,2", "", 0, 10, "test index list: item 2 of '1,,2' is empty"},
+           {"3.5", "", 0, 10, "'3.5' is not a test index or range"},
            {"", "4\n10\n", 0, 10, "test index 10 is out of range [0, 10)"},
            {"", "\n \n", 0, 10, "no test points selected"},
            {"", "", -2, 10, "the number of test points must be >= 1 (got -2)"},
@@ -64,6 +65,94 @@ TEST(TestPoints, BadSelectionsGetAClearError) {
   TestPointSelection missing;
   missing.file = dir / "absent.txt";
   EXPECT_CONTAINS(testing::error_message([&] { missing.resolve(10, 1); }), "absent.txt");
+}
+
+TEST(TestPoints, RangesExpandInTheOrderGiven) {
+  struct Case {
+    std::string list;
+    std::vector<int64_t> expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"0-7,12,20-23", {0, 1, 2, 3, 4, 5, 6, 7, 12, 20, 21, 22, 23}},
+           {"5-5", {5}},
+           {"3,1-2,2", {3, 1, 2, 2}},  // order and repeats kept
+           {"28-29,0", {28, 29, 0}},   // up to the last index
+           {" 4 - 6 , 9", {4, 5, 6, 9}},  // spaces around items and dashes
+       }) {
+    TestPointSelection s;
+    s.indices = c.list;
+    EXPECT_EQ(values(s.resolve(30, 1)), c.expect) << "'" << c.list << "'";
+  }
+  // A file takes ranges too, between any separators.
+  testing::TempDir dir("ranges");
+  TestPointSelection file;
+  file.file = dir.write("p.txt", "0-2\n\n7 10-11,4\n");
+  EXPECT_EQ(values(file.resolve(30, 1)), std::vector<int64_t>({0, 1, 2, 7, 10, 11, 4}));
+}
+
+// Random lists of indices and ranges against the plain loop that expands them.
+TEST(TestPoints, RandomRangeListsMatchTheirExpansion) {
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    std::mt19937_64 rng(seed);
+    const int64_t n_test = 1 + static_cast<int64_t>(rng() % 40);
+    std::string list;
+    std::vector<int64_t> expect;
+    const int items = 1 + static_cast<int>(rng() % 6);
+    for (int k = 0; k < items; ++k) {
+      const int64_t a = static_cast<int64_t>(rng() % n_test), b = static_cast<int64_t>(rng() % n_test);
+      const int64_t lo = std::min(a, b), hi = std::max(a, b);
+      if (!list.empty()) list += ",";
+      if (rng() % 2 == 0) {
+        list += std::to_string(lo);
+        expect.push_back(lo);
+      } else {
+        list += std::to_string(lo) + "-" + std::to_string(hi);
+        for (int64_t i = lo; i <= hi; ++i) expect.push_back(i);
+      }
+    }
+    EXPECT_EQ(values(parse_test_index_list(list, n_test, "list")), expect)
+        << "seed " << seed << ": '" << list << "' of " << n_test;
+  }
+}
+
+TEST(TestPoints, BadRangesGetAClearError) {
+  struct Case {
+    std::string list;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"7-3", "test index list: range '7-3' is reversed: it starts at 7, after its end 3 (expected START-END "
+                   "with START <= END, e.g. 3-7)"},
+           {"0,5-10", "test index list: range '5-10': index 10 is out of range [0, 10)"},
+           {"12-15", "range '12-15': index 12 is out of range [0, 10)"},
+           {"3--1", "test index list: range '3--1': index -1 is negative (expected indices in [0, 10))"},
+           {"-3-5", "range '-3-5': index -3 is negative"},
+           {"-7", "test index -7 is negative"},
+           {"5-", "test index list: range '5-' has no end (expected an index such as 5 or an inclusive range such as "
+                  "0-7)"},
+           {"1- ", "range '1-' has no end"},
+           {"2,-", "'-' is not a test index or range"},
+           {"1-2-3", "'1-2-3' is not a test index or range"},
+           {"a-3", "'a-3' is not a test index or range"},
+           {"1-b", "'1-b' is not a test index or range"},
+           {"1..3", "'1..3' is not a test index or range"},
+           {"+4", "'+4' is not a test index or range"},
+           {"0x3", "'0x3' is not a test index or range"},
+           {"99999999999999999999", "test index 99999999999999999999 is out of range [0, 10)"},
+           {"0-99999999999999999999", "range '0-99999999999999999999': index 99999999999999999999 is out of range"},
+           {"-99999999999999999999", "test index -99999999999999999999 is negative"},
+           {"1,2,", "item 3 of '1,2,' is empty"},
+           {",", "item 1 of ',' is empty"},
+           {" ", "item 1 of ' ' is empty"},
+       }) {
+    EXPECT_CONTAINS(testing::error_message([&] { parse_test_index_list(c.list, 10, "test index list"); }), c.message)
+        << "'" << c.list << "'";
+  }
+  // In a file, runs of separators are one; an empty file selects nothing.
+  EXPECT_CONTAINS(testing::error_message([&] { parse_test_index_list(" \n,\n", 10, "file 'f'", true); }),
+                  "file 'f': no test points selected (expected indices and ranges such as 0-7,12,20-23)");
+  EXPECT_CONTAINS(testing::error_message([&] { parse_test_index_list("0 - 3", 10, "file 'f'", true); }),
+                  "file 'f': '-' is not a test index or range");
 }
 
 TEST(TestPoints, BalancedSelectionsAreBalancedSubsetsOfTheLabels) {

@@ -16,6 +16,7 @@
 #include "../test_util.h"
 #include "pathkernel/files.h"
 #include "pathkernel/npy.h"
+#include "pathkernel/path.h"
 
 namespace pathkernel {
 namespace {
@@ -108,6 +109,118 @@ TEST_P(TwoRanks, ExplainAndVerifyEqualOneProcessBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, TwoRanks, ::testing::Values("gd", "sgd", "momentum", "adam"));
+
+// With fewer blocks of test points than ranks, gd and sgd split the steps:
+// every rank decomposes every point over its own steps, and the partial sums
+// are added in rank order. One process's numbers to rounding, not bit for bit.
+TEST(Distributed, FewTestPointsSplitTheStepsOfGdAndSgd) {
+  SKIP_WITHOUT_MPI();
+  testing::TempDir dir;
+  for (const std::string opt : {"gd", "sgd"}) {
+    const std::string r = train(dir, opt);
+    const std::string args = "explain " + r + " --test-index 5,11 --quiet --checkpoint-seconds 0 --out ";  // one block
+    const Output one = one_process(args + (dir / (opt + "-one")));
+    ASSERT_EQ(one.status, 0) << one.out;
+    const Output two = two_ranks(args + (dir / (opt + "-two")));
+    ASSERT_EQ(two.status, 0) << two.out;
+    EXPECT_CONTAINS(two.out, "rank 0: 2 points");  // every rank every point
+    EXPECT_CONTAINS(two.out, "rank 1: 2 points");
+    for (const std::string file : {"contributions.npy", "kernel.npy"}) {
+      const torch::Tensor a = read_npy(dir / (opt + "-one/" + file)), b = read_npy(dir / (opt + "-two/" + file));
+      ASSERT_EQ(a.sizes(), b.sizes()) << opt << " " << file;
+      EXPECT_LE((a - b).abs().max().item<double>(), 1e-14 * a.abs().max().item<double>()) << opt << " " << file;
+    }
+    const nlohmann::json j1 = nlohmann::json::parse(read_file(dir / (opt + "-one/explain.json")));
+    const nlohmann::json j2 = nlohmann::json::parse(read_file(dir / (opt + "-two/explain.json")));
+    for (size_t p = 0; p < 2; ++p) {
+      EXPECT_EQ(j1["points"][p]["f_final"], j2["points"][p]["f_final"]) << opt;
+      EXPECT_LT(j2["points"][p]["completeness_error"].get<double>(), 1e-12) << opt;
+    }
+    for (const std::string key : {"steps", "certificate_max_gap", "updates_explained"}) {
+      EXPECT_EQ(j1[key], j2[key]) << opt << " " << key;
+    }
+  }
+}
+
+/// The relative difference of two JSON numbers, |a − b| / max(|a|, 1e-300).
+double json_gap(const nlohmann::json& a, const nlohmann::json& b) {
+  return std::abs(a.get<double>() - b.get<double>()) / std::max(std::abs(a.get<double>()), 1e-300);
+}
+
+// A recorded sgd run whose clip factors misdescribe steps 2 and 7, verified
+// on 2 test points (one block): the ranks split the steps (0-3 and 4-8), each
+// finds one unexplained step, and the merged residuals, counts and steps are
+// one process's exactly; E (which carries the unexplained updates) and the
+// error figures to rounding.
+TEST(Distributed, AStepSplitMergesARecordedRunsResidualsAndCounts) {
+  SKIP_WITHOUT_MPI();
+  testing::TempDir dir;
+  const std::string r = dir / "run";
+  const Output t = one_process("train --data gaussians3 --train-size 90 --test-size 30 --model mlp:8 --optimizer sgd "
+                               "--batch 30 --lr 0.1 --weight-decay 0.001 --steps 9 --checkpoint-every 1 --quiet --out " +
+                               r);
+  ASSERT_EQ(t.status, 0) << t.out;
+  Manifest m = Manifest::load(r);
+  m.recorded = true;
+  torch::Tensor c = torch::ones({9}, torch::kFloat64);
+  c[2] = 0.5;
+  c[7] = 0.5;
+  write_npy((fs::path(r) / "clip_factors.npy").string(), c);
+  const std::string bytes = read_file((fs::path(r) / "clip_factors.npy").string());
+  m.clip_factors = {"clip_factors.npy", static_cast<int64_t>(bytes.size()), crc32_of(bytes)};
+  m.save(r);
+
+  const std::string args = "verify " + r + " --test 2 --quiet --json";
+  const Output one = one_process(args), two = two_ranks(args);
+  ASSERT_EQ(one.status, 0) << one.out;
+  ASSERT_EQ(two.status, 0) << two.out;
+  const nlohmann::json v1 = last_json(one.out), v2 = last_json(two.out);
+  EXPECT_EQ(v2["steps"], 9);
+  EXPECT_EQ(v2["first_unexplained_step"], 2);
+  EXPECT_CONTAINS(v2["warning"].get<std::string>(), " 2 step(s) differ");
+  for (const std::string key : {"steps", "certificate_max_gap", "mean_evaluations_per_step",
+                                "mean_forward_evaluations_per_step", "mean_kinks_per_step", "updates_explained",
+                                "max_update_residual_ratio", "first_unexplained_step", "warning"}) {
+    EXPECT_EQ(v1[key], v2[key]) << key;
+  }
+  EXPECT_GT(v2["max_abs_rounding"].get<double>(), 1e-6);
+  for (const std::string key : {"max_abs_rounding", "max_abs_regularization", "error_bound"}) {
+    EXPECT_LE(json_gap(v1[key], v2[key]), 1e-13) << key << ": " << v1[key] << " and " << v2[key];
+  }
+  EXPECT_LT(v2["max_rel_error"].get<double>(), 1e-10);
+}
+
+// evaluate: the root evaluates, every rank retrains a share of each set of
+// jobs (the baseline, leave-one-out, LDS subsets, brittleness removals), and
+// the outputs are gathered in job order: evaluate.json and the scores are one
+// process's, byte for byte but for the times.
+TEST(Distributed, EvaluateOnTwoRanksEqualsOneProcess) {
+  SKIP_WITHOUT_MPI();
+  testing::TempDir dir;
+  const std::string r = train(dir, "sgd");
+  const std::string args = "evaluate " + r + " --test-index 0-2,7 --methods grad-dot,random --metrics loo,lds,brittleness "
+                           "--loo-extremes 2 --loo-random 3 --lds-subsets 5 --brittleness-grid 1,3 --workers 1 --out ";
+  const Output one = one_process("--quiet " + args + (dir / "one"));
+  ASSERT_EQ(one.status, 0) << one.out;
+  const Output two = two_ranks("--quiet " + args + (dir / "two"));
+  ASSERT_EQ(two.status, 0) << two.out;
+  // The baseline, the leave-one-out sample, 5 LDS subsets, 16 brittleness removals: both ranks had some.
+  EXPECT_CONTAINS(two.out, "2 ranks, retrainings: rank 0: ");
+  EXPECT_EQ(two.out.find("rank 1: 0\n"), std::string::npos) << two.out;
+  nlohmann::json j1 = nlohmann::json::parse(read_file(dir / "one/evaluate.json"));
+  nlohmann::json j2 = nlohmann::json::parse(read_file(dir / "two/evaluate.json"));
+  for (nlohmann::json* j : {&j1, &j2}) {
+    j->erase("seconds");
+    (*j)["retrain"].erase("seconds");
+  }
+  EXPECT_EQ(j1, j2);
+  EXPECT_EQ(j2["retrain"]["baseline_reproduces_run"], true);
+  EXPECT_EQ(j2["lds"]["per_test"]["grad-dot"].size(), 4u);
+  for (const std::string file : {"scores_grad-dot.npy", "scores_random.npy"}) {
+    EXPECT_TRUE(read_file(dir / ("one/" + file)) == read_file(dir / ("two/" + file))) << file;
+  }
+  EXPECT_FALSE(fs::exists(dir / "two/.work")) << "the work in progress goes once the outputs are written";
+}
 
 TEST(Distributed, GramOnTwoRanksEqualsOneProcessBitForBit) {
   SKIP_WITHOUT_MPI();
@@ -211,15 +324,20 @@ std::vector<std::pair<pid_t, bool>> tagged_processes(const std::string& tag) {
 }
 
 // A rank killed mid-job: rank 1 stops itself (the write hook of the resume
-// tests) right after its 5th save and the whole job is killed there; the
-// same command run again continues each rank from its own saved progress and
-// writes the bytes of an uninterrupted run.
+// tests) right after its 5th save (2nd when the ranks split the steps, rank
+// 1 then saving after steps 4, 5, 6 and 7) and the whole job is killed there;
+// the same command run again continues each rank from its own saved progress
+// and writes the bytes of an uninterrupted run.
 TEST(Distributed, AKilledJobContinuesFromEachRanksSavedProgress) {
   SKIP_WITHOUT_MPI();
   testing::TempDir dir;
-  for (const std::string opt : {"sgd", "momentum"}) {
+  struct Case {
+    std::string opt, points, save;
+  };
+  for (const Case& c : std::vector<Case>{{"sgd", "0-7", "5"}, {"momentum", "0-7", "5"}, {"gd", "5,11", "2"}}) {
+    const std::string opt = c.opt;
     const std::string r = train(dir, opt);
-    const std::string args = "explain " + r + " --test-index 0,1,2,3,4,5,6,7 --quiet --checkpoint-seconds 0 --out ";
+    const std::string args = "explain " + r + " --test-index " + c.points + " --quiet --checkpoint-seconds 0 --out ";
     const Output whole = two_ranks(args + (dir / (opt + "-whole")));
     ASSERT_EQ(whole.status, 0) << whole.out;
 
@@ -228,7 +346,7 @@ TEST(Distributed, AKilledJobContinuesFromEachRanksSavedProgress) {
     const pid_t job = fork();
     if (job == 0) {
       ::setpgid(0, 0);
-      const std::string cmd = "exec env " + tag + " PATHKERNEL_TEST_PAUSE_IN_WRITE=rank-1-of-2/state.json@5:after " +
+      const std::string cmd = "exec env " + tag + " PATHKERNEL_TEST_PAUSE_IN_WRITE=rank-1-of-2/state.json@" + c.save + ":after " +
                               kMpirun + " -np 2 " + kBinary + args + out + " > " + log + " 2>&1";
       ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
@@ -243,7 +361,7 @@ TEST(Distributed, AKilledJobContinuesFromEachRanksSavedProgress) {
     ::kill(-job, SIGKILL);
     int status = 0;
     ::waitpid(job, &status, 0);
-    ASSERT_TRUE(stopped) << "rank 1 never stopped in its 5th save (" << opt << "):\n" << read_file(log);
+    ASSERT_TRUE(stopped) << "rank 1 never stopped in save " << c.save << " (" << opt << "):\n" << read_file(log);
     ASSERT_TRUE(fs::exists(out + "/.progress/rank-1-of-2/state.json")) << opt;
     EXPECT_FALSE(fs::exists(out + "/contributions.npy")) << opt;
 

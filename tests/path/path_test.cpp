@@ -97,6 +97,40 @@ TEST(Replay, ReverseYieldsTheForwardSequenceReversed) {
   }
 }
 
+// A range of steps, starting and ending inside checkpoint segments, is the
+// whole walk's steps bit for bit; an empty range calls nothing.
+TEST(Replay, ForwardOverARangeGivesTheWholeWalksSteps) {
+  for (const std::string opt : {"gd", "sgd", "adam"}) {
+    TempDir dir("range_" + opt);
+    RunOptions r = small_run(dir / "run", opt, 10, 3);
+    train_run(r);
+    PathReader reader(r.out);
+    std::vector<PathStep> all;
+    reader.forward([&](const PathStep& st) { all.push_back(st); });
+    ASSERT_EQ(all.size(), 10u);
+    for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{0, 10}, {4, 8}, {3, 6}, {9, 10}, {5, 5}}) {
+      std::vector<int64_t> seen;
+      reader.forward([&](const PathStep& st) {
+        seen.push_back(st.step);
+        const PathStep& e = all[static_cast<size_t>(st.step)];
+        EXPECT_TRUE(same_bits(st.w, e.w)) << opt << " step " << st.step;
+        EXPECT_TRUE(same_bits(st.delta, e.delta)) << opt << " step " << st.step;
+        EXPECT_TRUE(same_bits(st.batch, e.batch)) << opt << " step " << st.step;
+        for (const auto& [name, buf] : e.state.buffers) {
+          EXPECT_TRUE(same_bits(buf, st.state.buffers.at(name))) << opt << " " << name << " step " << st.step;
+        }
+      }, begin, end);
+      std::vector<int64_t> expect;
+      for (int64_t s = begin; s < end; ++s) expect.push_back(s);
+      EXPECT_EQ(seen, expect) << opt << " [" << begin << ", " << end << ")";
+    }
+    EXPECT_CONTAINS(error_message([&] { reader.forward([](const PathStep&) {}, 4, 11); }),
+                    "steps [4, 11) are not a range within [0, 10]");
+    EXPECT_CONTAINS(error_message([&] { reader.forward([](const PathStep&) {}, 5, 4); }),
+                    "steps [5, 4) are not a range within [0, 10]");
+  }
+}
+
 /// Trains a 9-step sgd run with checkpoints every 3 steps into dir/run, then
 /// moves weight 5 of checkpoint 6 to `nudge(value)` and keeps the manifest's
 /// size and CRC consistent, so that only replay can notice.
@@ -149,6 +183,21 @@ TEST(Replay, DetectsALargeChangeAtItsCheckpointAndTheNext) {
   EXPECT_EQ(report.first_mismatch_step, 6);
   EXPECT_EQ(report.mismatches, 2);
   EXPECT_GE(report.max_abs_diff, 0.5);
+}
+
+// A range replays only its own segments: with checkpoint 6 changed, steps
+// [0, 3) and [1, 2) (segment 0) read without error, a range reaching
+// segment [3, 6) does not.
+TEST(Replay, ARangeReplaysOnlyItsOwnSegments) {
+  TempDir dir("tamper_range");
+  std::string run = tampered_run(dir, [](double v) { return v + 0.5; });
+  PathReader reader(run);
+  int64_t calls = 0;
+  reader.forward([&](const PathStep&) { ++calls; }, 0, 3);
+  reader.forward([&](const PathStep&) { ++calls; }, 1, 2);
+  EXPECT_EQ(calls, 4);
+  EXPECT_CONTAINS(error_message([&] { reader.forward([](const PathStep&) {}, 2, 4); }),
+                  "does not reproduce checkpoint step 6 bit for bit");
 }
 
 // A run copied to a machine that differs: the error names what differs.

@@ -1,0 +1,169 @@
+// Decomposing a range of steps alone (DecompositionOptions::first_step,
+// end_step): for gd and sgd the ranges of a split add up to the whole
+// decomposition, to rounding, in everything the forward walk carries (C_i,
+// R, E, the kernel, the certificate gaps, the counts and the step
+// residuals), for trained and recorded runs; optimizers with a buffer refuse
+// a range.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "../test_util.h"
+#include "pathkernel/decomposition.h"
+#include "pathkernel/files.h"
+#include "pathkernel/npy.h"
+
+namespace pathkernel {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// max |a − b| / max |a|.
+double relative_gap(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>() / std::max(1e-300, a.abs().max().item<double>());
+}
+
+/// The ranges of steps a split of N = 9 steps takes: an empty one, ranges
+/// starting and ending inside checkpoint segments, one step alone.
+const std::vector<std::pair<int64_t, int64_t>> kRanges = {{0, 4}, {4, 4}, {4, 7}, {7, 8}, {8, 9}};
+
+/// Decomposes every range of kRanges alone and adds them up, slowly and
+/// plainly: tensors summed in range order, counts summed, the residuals'
+/// worst step and first step over recomputed from their definitions.
+Decomposition sum_of_ranges(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options,
+                            const Decomposition& all, const std::string& what) {
+  Decomposition sum;
+  sum.contributions = torch::zeros_like(all.contributions);
+  sum.regularization = torch::zeros_like(all.regularization);
+  sum.rounding = torch::zeros_like(all.rounding);
+  sum.gap_abs = torch::zeros_like(all.gap_abs);
+  if (all.kernel.defined()) sum.kernel = torch::zeros_like(all.kernel);
+  for (const auto& [first, end] : kRanges) {
+    DecompositionOptions part = options;
+    part.first_step = first;
+    part.end_step = end;
+    const Decomposition d = decompose(reader, x, part);
+    EXPECT_TRUE(torch::equal(d.f0, all.f0) && torch::equal(d.fN, all.fN)) << what;
+    EXPECT_EQ(d.steps, end - first) << what;
+    sum.contributions += d.contributions;
+    sum.regularization += d.regularization;
+    sum.rounding += d.rounding;
+    sum.gap_abs += d.gap_abs;
+    if (all.kernel.defined()) sum.kernel += d.kernel;
+    sum.certificate_max_gap = std::max(sum.certificate_max_gap, d.certificate_max_gap);
+    sum.evaluations += d.evaluations;
+    sum.forward_evaluations += d.forward_evaluations;
+    sum.kinks += d.kinks;
+    sum.steps += d.steps;
+    // An empty range has no residuals; each other its own steps'.
+    if (first == end) EXPECT_EQ(d.residuals.worst_step, -1) << what;
+    else EXPECT_TRUE(d.residuals.worst_step >= first && d.residuals.worst_step < end) << what;
+    sum.residuals.merge(d.residuals);
+  }
+  return sum;
+}
+
+/// Expects the sum of the ranges to be the whole walk: tensors to 1e-14 of
+/// their size (the order of the sums differs), everything else exactly.
+void expect_whole(const Decomposition& all, const Decomposition& sum, const std::string& what) {
+  EXPECT_LE(relative_gap(all.contributions, sum.contributions), 1e-14) << what;
+  EXPECT_LE(relative_gap(all.regularization, sum.regularization), 1e-14) << what;
+  EXPECT_LE(relative_gap(all.gap_abs, sum.gap_abs), 1e-14) << what;
+  if (all.kernel.defined()) EXPECT_LE(relative_gap(all.kernel, sum.kernel), 1e-14) << what;
+  // E is rounding-sized in a described run: compare against f's scale.
+  EXPECT_LE((all.rounding - sum.rounding).abs().max().item<double>(),
+            1e-14 * std::max(1.0, all.rounding.abs().max().item<double>()))
+      << what;
+  EXPECT_EQ(all.certificate_max_gap, sum.certificate_max_gap) << what;
+  EXPECT_EQ(all.evaluations, sum.evaluations) << what;
+  EXPECT_EQ(all.forward_evaluations, sum.forward_evaluations) << what;
+  EXPECT_EQ(all.kinks, sum.kinks) << what;
+  EXPECT_EQ(all.steps, sum.steps) << what;
+  EXPECT_EQ(all.residuals.max_ratio, sum.residuals.max_ratio) << what;
+  EXPECT_EQ(all.residuals.max_residual, sum.residuals.max_residual) << what;
+  EXPECT_EQ(all.residuals.bound, sum.residuals.bound) << what;
+  EXPECT_EQ(all.residuals.worst_step, sum.residuals.worst_step) << what;
+  EXPECT_EQ(all.residuals.first_step, sum.residuals.first_step) << what;
+  EXPECT_EQ(all.residuals.steps_over, sum.residuals.steps_over) << what;
+}
+
+TEST(StepRange, RangesOfGdAndSgdAddUpToTheWhole) {
+  for (const std::string opt : {"gd", "sgd"}) {
+    testing::TempDir dir(opt);
+    RunOptions r = testing::small_run(dir / "run", opt, 9, 3);
+    r.train.optimizer.weight_decay = 1e-2;
+    train_run(r);
+    PathReader reader(r.out);
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    DecompositionOptions options;
+    options.progress = false;
+    options.kernel = true;
+    const Decomposition all = decompose(reader, x, options);
+    ASSERT_EQ(all.steps, 9);
+    ASSERT_GT(all.regularization.abs().max().item<double>(), 0) << opt;
+    expect_whole(all, sum_of_ranges(reader, x, options, all, opt), opt);
+    // The first range alone is not the whole: the test can tell.
+    DecompositionOptions head = options;
+    head.end_step = 4;
+    EXPECT_GT(relative_gap(all.contributions, decompose(reader, x, head).contributions), 1e-6) << opt;
+  }
+}
+
+// A recorded sgd run whose clip factors say steps 3 and 6 were clipped when
+// they were not: those steps' residuals exceed their bounds and E carries
+// the difference. The ranges must find the same residuals, step by step,
+// and their E must add up to the whole walk's.
+TEST(StepRange, RangesOfARecordedRunAddUpToTheWholeWithItsClipFactorsAndResiduals) {
+  testing::TempDir dir;
+  RunOptions r = testing::small_run(dir / "run", "sgd", 9, 1);  // a recorded run stores every step
+  r.train.optimizer.weight_decay = 1e-3;
+  r.train.schedule = "cosine";
+  train_run(r);
+  Manifest m = Manifest::load(r.out);
+  m.recorded = true;
+  torch::Tensor c = torch::ones({9}, torch::kFloat64);
+  c[3] = 0.5;
+  c[6] = 0.25;
+  write_npy((fs::path(r.out) / "clip_factors.npy").string(), c);
+  const std::string bytes = read_file((fs::path(r.out) / "clip_factors.npy").string());
+  m.clip_factors = {"clip_factors.npy", static_cast<int64_t>(bytes.size()), crc32_of(bytes)};
+  m.save(r.out);
+
+  PathReader reader(r.out);
+  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+  DecompositionOptions options;
+  options.progress = false;
+  const Decomposition all = decompose(reader, x, options);
+  ASSERT_EQ(all.residuals.first_step, 3);
+  ASSERT_EQ(all.residuals.steps_over, 2);
+  ASSERT_GT(all.rounding.abs().max().item<double>(), 1e-6);  // E carries the unexplained updates
+  expect_whole(all, sum_of_ranges(reader, x, options, all, "recorded sgd"), "recorded sgd");
+  // A range after both unexplained steps finds none.
+  DecompositionOptions tail = options;
+  tail.first_step = 7;
+  EXPECT_EQ(decompose(reader, x, tail).residuals.first_step, -1);
+}
+
+TEST(StepRange, RefusedForBufferedOptimizersAndOutsideThePath) {
+  testing::TempDir dir;
+  RunOptions r = testing::small_run(dir / "run", "momentum", 4, 2);
+  train_run(r);
+  PathReader reader(r.out);
+  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 1);
+  DecompositionOptions options;
+  options.progress = false;
+  options.first_step = 2;
+  EXPECT_CONTAINS(testing::error_message([&] { decompose(reader, x, options); }),
+                  "a range of steps is decomposed alone for gd and sgd runs only");
+  options.first_step = 0;
+  options.end_step = 9;
+  EXPECT_CONTAINS(testing::error_message([&] { decompose(reader, x, options); }),
+                  "the steps to decompose must be a range within [0, 4] (got [0, 9))");
+  options.first_step = 3;
+  options.end_step = 2;
+  EXPECT_CONTAINS(testing::error_message([&] { decompose(reader, x, options); }),
+                  "the steps to decompose must be a range within [0, 4] (got [3, 2))");
+}
+
+}  // namespace
+}  // namespace pathkernel
