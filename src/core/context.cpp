@@ -2,10 +2,12 @@
 #include "pathkernel/context.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include "pathkernel/error.h"
@@ -29,7 +31,9 @@ int hardware_threads() {
 
 void set_threads(int n) {
   PK_CHECK(n >= 1, "thread count must be >= 1 (got " << n << ")");
-  torch::set_num_threads(n);
+  // LibTorch rebuilds its pthreadpool (new threads) on every call, even for
+  // the count it has: ThreadScope around each replayed segment paid that twice.
+  if (torch::get_num_threads() != n) torch::set_num_threads(n);
   if (SetThreadsFn fn = openblas_set_threads()) fn(n);
 }
 
@@ -73,6 +77,14 @@ std::string dtype_name(torch::Dtype dtype) {
   if (dtype == torch::kFloat64) return "float64";
   if (dtype == torch::kFloat32) return "float32";
   PK_THROW("unsupported dtype " << dtype << ": expected float64 or float32");
+}
+
+void keep_freed_memory() {
+  // 32 MiB is the largest mmap threshold glibc accepts on 64-bit; the trim
+  // threshold and top pad keep the heap's pages once they have been touched.
+  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  ::mallopt(M_TOP_PAD, 256 << 20);
 }
 
 void reexec_with_passive_openmp(char** argv) {
