@@ -21,10 +21,18 @@
 
 namespace {
 
-/// Idle OpenMP workers sleep instead of spinning between LibTorch's many
+/// Idle threads sleep instead of spinning. OpenMP's, between LibTorch's many
 /// small parallel regions (pathkernel::reexec_with_passive_openmp says why).
-/// A value the user set is kept.
-void prepare_environment() { ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0); }
+/// OpenBLAS's, after 2^16 cycles (tens of microseconds, enough to bridge
+/// back-to-back GEMMs) instead of its default 2^28 (about 0.1 s): a BLAS call
+/// every few milliseconds kept its idle worker calling sched_yield all run
+/// long, a core's worth of system time on an otherwise idle machine (1.6
+/// million calls in the demo's `verify`). OpenBLAS reads the variable as it
+/// loads. A value the user set is kept.
+void prepare_environment() {
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  ::setenv("OPENBLAS_THREAD_TIMEOUT", "16", 0);
+}
 
 /// The program's help text as `argv0` would print it.
 std::string help_text(const char* argv0) {

@@ -90,6 +90,7 @@ void keep_freed_memory() {
 void reexec_with_passive_openmp(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  ::setenv("OPENBLAS_THREAD_TIMEOUT", "16", 0);  // see src/cli/launcher.cpp
   ::execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
 }
 
