@@ -49,12 +49,24 @@ void warn_if_slow_blas();
 torch::Dtype parse_dtype(const std::string& name);
 std::string dtype_name(torch::Dtype dtype);
 
+/// Keeps the memory LibTorch frees for its next allocations instead of
+/// handing it back to the kernel (glibc's mallopt: mmap threshold 32 MiB,
+/// no trimming, 256 MiB top pad). By default glibc maps every block above a
+/// threshold of its own (128 KiB, rising to at most 32 MiB) and unmaps it on
+/// free, and trims the heap's top: each step's large temporaries were then
+/// page-faulted in anew, which made the system time as large as the user
+/// time. Call once at start-up; the peak resident memory stays what it was.
+void keep_freed_memory();
+
 /// Re-executes the program (argv as given) with OMP_WAIT_POLICY=PASSIVE when
 /// that variable is unset; returns only if it is set already or exec fails.
 /// LibTorch runs many small OpenMP regions, and by default idle workers
 /// spin between them: on a busy 2-core machine that spinning took the cores
 /// from the main thread and made a small explain 7x slower. The policy is
-/// read when OpenMP starts, before main(), hence the re-exec.
+/// read when OpenMP starts, before main(), hence the re-exec: a second
+/// LibTorch start-up (about 0.35 s of CPU). The `pathkernel` launcher
+/// (src/cli/launcher.cpp) sets the variable before the program loads, so this
+/// re-executes only a program run directly (pathkernel_app, the benchmark).
 void reexec_with_passive_openmp(char** argv);
 
 }  // namespace pathkernel

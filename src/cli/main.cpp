@@ -9,6 +9,7 @@
 
 int main(int argc, char** argv) {
   pathkernel::reexec_with_passive_openmp(argv);
+  pathkernel::keep_freed_memory();
 #ifdef PATHKERNEL_TEST_HOOKS
   pathkernel::cli::install_test_write_hook();
 #endif

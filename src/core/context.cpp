@@ -2,10 +2,12 @@
 #include "pathkernel/context.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include "pathkernel/error.h"
@@ -29,7 +31,9 @@ int hardware_threads() {
 
 void set_threads(int n) {
   PK_CHECK(n >= 1, "thread count must be >= 1 (got " << n << ")");
-  torch::set_num_threads(n);
+  // LibTorch rebuilds its pthreadpool (new threads) on every call, even for
+  // the count it has: ThreadScope around each replayed segment paid that twice.
+  if (torch::get_num_threads() != n) torch::set_num_threads(n);
   if (SetThreadsFn fn = openblas_set_threads()) fn(n);
 }
 
@@ -75,9 +79,18 @@ std::string dtype_name(torch::Dtype dtype) {
   PK_THROW("unsupported dtype " << dtype << ": expected float64 or float32");
 }
 
+void keep_freed_memory() {
+  // 32 MiB is the largest mmap threshold glibc accepts on 64-bit; the trim
+  // threshold and top pad keep the heap's pages once they have been touched.
+  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  ::mallopt(M_TOP_PAD, 256 << 20);
+}
+
 void reexec_with_passive_openmp(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  ::setenv("OPENBLAS_THREAD_TIMEOUT", "16", 0);  // see src/cli/launcher.cpp
   ::execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
 }
 
