@@ -163,11 +163,11 @@
       const classes = Array.from(new Set(v.label)).sort((a, b) => a - b);
       const traces = classes.map((c) => {
         const idx = v.label.map((l, i) => (l === c ? i : -1)).filter((i) => i >= 0);
-        return { type: "scattergl", mode: "markers", name: "class " + c, marker: { size: 4 },
+        return { type: "scatter", mode: "markers", name: "class " + c, marker: { size: 4 },
                  x: idx.map((i) => v.epk[i]), y: idx.map((i) => v.metagradient[i]),
                  text: idx.map((i) => "#" + i), hovertemplate: "%{text}<br>C_i %{x:.3g}<br>MG_i %{y:.3g}" };
       });
-      plot(s, "views-" + v.test_index, traces,
+      plot(s, "plot-views-" + v.test_index, traces,
         { title: "test #" + v.test_index + ", output " + v.output + ": Spearman " + fmt(v.spearman, 3) +
                  ", Pearson " + fmt(v.pearson, 3),
           xaxis: { title: "exact contribution C_i(x)" }, yaxis: { title: "metagradient d f / d c_i" } }, 380);

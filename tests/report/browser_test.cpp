@@ -59,6 +59,8 @@ class ReportCli : public ::testing::Test {
     ASSERT_EQ(t.status, 0) << t.out;
     Output e = pathkernel("explain " + r + " --test-index 0,7 --top 8 --quiet");
     ASSERT_EQ(e.status, 0) << e.out;
+    Output mg = pathkernel("explain " + r + " --method metagradient --test-index 0 --quiet");
+    ASSERT_EQ(mg.status, 0) << mg.out;
     Output rep = pathkernel("report " + r + " --test 6 --gram-points 20 --quiet --out " + (*dir_ / "report.html"));
     ASSERT_EQ(rep.status, 0) << rep.out;
     report_out_ = new std::string(rep.out);
@@ -136,12 +138,13 @@ TEST_F(ReportCli, OpensInHeadlessChromium) {
   EXPECT_EQ(dom.out.find("Uncaught"), std::string::npos) << dom.out.substr(0, 4000);
   for (const char* id : {"id=\"plot-training\"", "id=\"plot-scatter\"", "id=\"plot-certificate\"",
                          "id=\"plot-mass\"", "id=\"plot-angle\"", "id=\"plot-gram\"", "id=\"pk-max-error\"",
-                         "id=\"test-input\"", "id=\"point-0\"", "id=\"point-7\"", "class=\"tile proponents\"",
+                         "id=\"test-input\"", "id=\"point-0\"", "id=\"plot-views-0\"", "id=\"point-7\"", "class=\"tile proponents\"",
                          "class=\"tile opponents\"", "id=\"pk-manifest\"", "id=\"curve-0\""}) {
     EXPECT_CONTAINS(dom.out, id);
   }
-  // Plotly drew every plot: 6 sections and one curve per explained point.
-  EXPECT_CONTAINS(dom.out, "data-plots=\"8\"");
+  // Plotly drew every plot: 6 sections, one curve per explained point and the
+  // metagradient's scatter of the one point it explains.
+  EXPECT_CONTAINS(dom.out, "data-plots=\"9\"");
   EXPECT_NE(dom.out.find("class=\"main-svg\""), std::string::npos);
 
   const std::string png = *dir_ / "screenshot.png";

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "../test_util.h"
+#include "pathkernel/explanation.h"
 #include "pathkernel/files.h"
 #include "pathkernel/model.h"
 #include "pathkernel/npy.h"
@@ -138,6 +139,47 @@ TEST(Report, HtmlIsSelfContained) {
   for (const char* fetch : {"<script src", "<link", "src=\"http", "href=\"http", "url(http"}) {
     EXPECT_EQ(html.find(fetch), std::string::npos) << fetch;
   }
+}
+
+/// With both outputs, each explained point's exact contributions beside its
+/// metagradient over every training point, for the output differentiated.
+TEST(Report, ShowsTheMetagradientBesideTheExactContributions) {
+  testing::TempDir dir;
+  train_run(testing::small_run(dir / "R", "sgd", 6, 3));
+  PathReader reader(dir / "R");
+  ExplainOptions eo;
+  eo.decomposition.progress = false;
+  eo.images = false;
+  const torch::Tensor idx = torch::tensor(std::vector<int64_t>{2, 5}, torch::kLong);
+  const Explanation exact = explain(reader, idx, dir / "E", eo);
+  const Explanation mg = explain_metagradient(reader, idx.narrow(0, 1, 1), dir / "MG", eo,
+                                              MetagradientOutputs::Predicted);
+  ReportOptions o;
+  o.test_points = 2;
+  o.gram_points = 0;
+  o.progress = false;
+  o.explain_dir = dir / "E";
+  o.metagradient_dir = dir / "MG";
+  const nlohmann::ordered_json data = report_data(reader, o);
+  ASSERT_EQ(data["views"].size(), 1u);  // the one point both explain
+  const auto& v = data["views"][0];
+  EXPECT_EQ(v["test_index"], 5);
+  const int64_t k = mg.json["points"][0]["output"];
+  EXPECT_EQ(v["output"], k);
+  ASSERT_EQ(v["epk"].size(), 60u);
+  // The page's numbers are rounded to 4 significant digits.
+  for (int64_t i : {0, 17, 59}) {
+    const double c = exact.decomposition.contributions[1][i][k].item<double>();
+    const double g = mg.metagradient.values[0][i][k].item<double>();
+    EXPECT_NEAR(v["epk"][i].get<double>(), c, 1e-3 * std::abs(c)) << i;
+    EXPECT_NEAR(v["metagradient"][i].get<double>(), g, 1e-3 * std::abs(g)) << i;
+    EXPECT_GT(std::abs(g), 1e-8) << i;
+  }
+  EXPECT_GE(v["spearman"].get<double>(), -1.0);
+  EXPECT_LE(v["spearman"].get<double>(), 1.0);
+  // Without the metagradient there is nothing to show.
+  o.metagradient_dir.clear();
+  EXPECT_TRUE(report_data(reader, o)["views"].empty());
 }
 
 TEST(Report, TwoDimensionalDataGetsTheMaps) {
