@@ -18,23 +18,28 @@ namespace pathkernel::cli {
 
 namespace {
 
+/// A point's top five proponents and opponents, a line each.
+void print_sides(const nlohmann::ordered_json& p) {
+  for (const char* side : {"proponents", "opponents"}) {
+    std::printf("  %-10s", side);
+    int shown = 0;
+    for (const auto& e : p[side]) {
+      if (shown++ == 5) break;
+      // A label is a class number, or a regression target's row.
+      std::printf(" #%lld(label %s) %+.3g", static_cast<long long>(e["index"].get<int64_t>()),
+                  e["label"].dump().c_str(), e["value"].get<double>());
+    }
+    std::printf("\n");
+  }
+}
+
 /// The top five proponents and opponents of each explained point, as text.
 void print_points(const nlohmann::ordered_json& points) {
   for (const auto& p : points) {
-    std::printf("test %lld (label %lld) predicted %lld; completeness error %.2e\n",
-                static_cast<long long>(p["test_index"].get<int64_t>()),
-                static_cast<long long>(p["label"].get<int64_t>()),
+    std::printf("test %lld (label %s) predicted %lld; completeness error %.2e\n",
+                static_cast<long long>(p["test_index"].get<int64_t>()), p["label"].dump().c_str(),
                 static_cast<long long>(p["predicted"].get<int64_t>()), p["completeness_error"].get<double>());
-    for (const char* side : {"proponents", "opponents"}) {
-      std::printf("  %-10s", side);
-      int shown = 0;
-      for (const auto& e : p[side]) {
-        if (shown++ == 5) break;
-        std::printf(" #%lld(label %lld) %+.3g", static_cast<long long>(e["index"].get<int64_t>()),
-                    static_cast<long long>(e["label"].get<int64_t>()), e["value"].get<double>());
-      }
-      std::printf("\n");
-    }
+    print_sides(p);
   }
 }
 
@@ -159,15 +164,7 @@ void add_explain_command(CLI::App& app, Globals& globals) {
                     static_cast<long long>(p["test_index"].get<int64_t>()), p["label"].dump().c_str(),
                     static_cast<long long>(p["predicted"].get<int64_t>()),
                     static_cast<long long>(p["output"].get<int64_t>()));
-        for (const char* side : {"proponents", "opponents"}) {
-          std::printf("  %-10s", side);
-          int shown = 0;
-          for (const auto& t : p[side]) {
-            if (shown++ == 5) break;
-            std::printf(" #%lld %+.3g", static_cast<long long>(t["index"].get<int64_t>()), t["value"].get<double>());
-          }
-          std::printf("\n");
-        }
+        print_sides(p);
       }
       if (e.json.contains("check")) {
         const auto& c = e.json["check"];

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -76,12 +77,6 @@ torch::Tensor flat_in_graph(const std::vector<torch::Tensor>& params) {
   for (const torch::Tensor& p : params) parts.push_back(p.reshape({-1}));
   return torch::cat(parts);
 }
-
-/// One step of the path, with the optimizer state before it.
-struct Pending {
-  PathStep step;
-  bool valid = false;
-};
 
 }  // namespace
 
@@ -192,12 +187,11 @@ Metagradient metagradient(PathReader& reader, const torch::Tensor& x_in, const M
       }
       std::vector<torch::Tensor> grads =
           torch::autograd::grad(outputs, inputs, grad_outputs, /*retain_graph=*/true, false, /*allow_unused=*/true);
-      size_t next = 0;
       std::vector<torch::Tensor> wg(grads.begin(), grads.begin() + static_cast<int64_t>(params.size()));
       for (size_t l = 0; l < wg.size(); ++l) {
         if (!wg[l].defined()) wg[l] = torch::zeros_like(params[l]);
       }
-      next = params.size();
+      size_t next = params.size();
       lw[j].copy_(flat_in_graph(wg));
       lstate[j].clear();
       if (!before.empty()) {
@@ -215,13 +209,12 @@ Metagradient metagradient(PathReader& reader, const torch::Tensor& x_in, const M
 
   // The walk meets step s before step s − 1, whose state after it is step s's
   // state before: each step is taken once the one before it arrives.
-  Pending pending;
+  std::optional<PathStep> pending;
   reader.reverse([&](const PathStep& st) {
-    if (pending.valid) backward_step(pending.step, st.state.buffers);
-    pending.step = st;
-    pending.valid = true;
+    if (pending) backward_step(*pending, st.state.buffers);
+    pending = st;
   });
-  if (pending.valid) backward_step(pending.step, Buffers{});
+  if (pending) backward_step(*pending, Buffers{});
   bar.finish();
 
   result.values = torch::full({n, M, K}, std::nan(""), torch::kFloat64);
