@@ -186,6 +186,14 @@ DecompositionSummary summarize(const Decomposition& d);
 /// fit the memory budget): blocks start at its multiples.
 int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options);
 
+/// How the engine evaluates the run's network (SegmentEvaluator::route()):
+/// "own", "structured" or "generic", and for a TorchScript module on the
+/// generic route, why its graph has no structured form ("" otherwise).
+struct EngineRoute {
+  std::string route, reason;
+};
+EngineRoute engine_route(PathReader& reader, const DecompositionOptions& options);
+
 /// Decomposes the run's final outputs on test inputs x [n, *input_shape].
 /// Every optimizer of optimizer.h is supported (update_rule.h); the kernel
 /// output only for gd and sgd.

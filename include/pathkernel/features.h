@@ -41,6 +41,9 @@ struct QuadratureOptions {
   int scan_intervals = 16;  ///< forward-only scan of [0,1] for kinks before integrating
   int64_t max_rows = 512;  ///< integrand evaluations per batched pass (bounds memory)
   int max_depth = 30;   ///< halvings of a piece before it is accepted as is
+  /// TorchScript modules: the structured route where every parameter has a
+  /// rule (Auto), or autograd alone (Generic), as a reference or a fallback.
+  ModuleRoute route = ModuleRoute::Auto;
 
   /// These options for a run of `steps` steps: tol = run_tol / steps when
   /// run_tol > 0, else unchanged.

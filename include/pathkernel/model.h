@@ -9,6 +9,9 @@
 //                                      torch.jit.script(model).save(PATH) or
 //                                      torch.jit.trace(model, example).save(PATH); it maps
 //                                      [n, *input_shape] to logits [n, K]
+//   layers:L1,L2,...                   a network written as a list of layers (conv, linear,
+//                                      pooling, layer norm, embedding, residual blocks...;
+//                                      layer_spec.h), compiled to a TorchScript module
 // The output map (log-softmax by default, or the raw logits) and the loss
 // (cross entropy by default; nll; mse) are described in loss.h.
 //
@@ -28,14 +31,18 @@ namespace pathkernel {
 
 /// A parsed model spec string.
 struct ModelSpec {
-  std::string kind;             ///< "mlp", "cnn" or "torchscript"
+  std::string kind;             ///< "mlp", "cnn", "torchscript" or "layers"
   std::vector<int64_t> widths;  ///< hidden widths (mlp) or channels (cnn)
   std::string activation;       ///< "relu", "tanh" or "gelu" (cnn: "relu")
   std::string path;             ///< torchscript: the module file
+  std::string layers;           ///< layers: the layer list (after "layers:")
 
   /// Whether the model is a user's TorchScript module (decomposed by the
   /// generic route: autograd instead of the structured layer rules).
   bool is_torchscript() const { return kind == "torchscript"; }
+  /// Whether the network is a TorchScript module: a user's, or one compiled
+  /// from a layer list. The engine reads both through the module's graph.
+  bool is_module() const { return kind == "torchscript" || kind == "layers"; }
 
   /// Parses a spec string; throws Error naming the bad part and the grammar.
   static ModelSpec parse(const std::string& spec);
@@ -45,15 +52,32 @@ struct ModelSpec {
 
 /// One layer as the engine sees it. Parameterised layers name their module.
 struct LayerDesc {
-  /// Module: a whole TorchScript module the engine does not look inside;
-  /// its parameters are one block, taken by autograd (the generic route).
-  enum class Kind { Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax, Module };
+  /// Parameterised: Linear, Conv2d, and, in a TorchScript module's graph
+  /// (script_graph.h), LayerNorm, Embedding and Addend (a parameter added to
+  /// a tensor). Module: a whole TorchScript module the engine does not look
+  /// inside; its parameters are one block, taken by autograd (the generic
+  /// route).
+  enum class Kind {
+    Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax, Module, LayerNorm, Embedding, Addend
+  };
   Kind kind;
-  std::string module;    ///< for Linear / Conv2d: the module name, e.g. "fc1"
+  std::string module;    ///< for parameterised layers: the module name, e.g. "fc1"
   int64_t in = 0;        ///< Linear: in_features;  Conv2d: in_channels
   int64_t out = 0;       ///< Linear: out_features; Conv2d: out_channels
-  int64_t kernel = 0;    ///< Conv2d kernel size; MaxPool2d window
-  int64_t padding = 0;   ///< Conv2d padding
+  int64_t kernel = 0;    ///< pathkernel's own Conv2d: kernel size; MaxPool2d window
+  int64_t padding = 0;   ///< pathkernel's own Conv2d: padding
+  /// Conv2d from a module's graph: per spatial dimension (empty: stride 1,
+  /// padding `padding`, dilation 1), and the groups.
+  std::vector<int64_t> stride, padding2, dilation;
+  int64_t groups = 1;
+  std::vector<int64_t> norm_shape;  ///< LayerNorm: the normalised trailing shape
+  double eps = 0;                   ///< LayerNorm: the variance's epsilon
+  int64_t padding_index = -1;       ///< Embedding: the row that receives no gradient (-1: none)
+
+  bool parameterised() const {
+    return kind == Kind::Linear || kind == Kind::Conv2d || kind == Kind::Module || kind == Kind::LayerNorm ||
+           kind == Kind::Embedding || kind == Kind::Addend;
+  }
 };
 
 /// Applies a parameter-free layer (activation, max-pool, flatten,
@@ -90,6 +114,7 @@ struct LayerTrace {
 };
 
 struct ScriptModule;
+class ScriptGraph;
 
 /// The network: a fixed sequence of layers described by layers(), or a
 /// user's TorchScript module (layers() is then {Module[, LogSoftmax]}). A
@@ -120,6 +145,20 @@ class NetworkImpl : public torch::nn::Module {
   std::pair<torch::Tensor, std::vector<torch::Tensor>> forward_with_sites(const torch::Tensor& x);
   /// TorchScript only: the number of kink sites forward_with_sites() returns.
   int64_t kink_sites() const;
+
+  /// TorchScript only: the module's graph read as parameterised operations
+  /// (the structured route, script_graph.h), or nullptr when some parameter
+  /// is used in a way no rule covers; script_graph_refusal() then says why.
+  const ScriptGraph* script_graph() const;
+  const std::string& script_graph_refusal() const;
+  /// TorchScript only: the structured route's pass over rows x at t [R]
+  /// (see ScriptGraph::run), its logits mapped by the output map.
+  struct SegmentOutputs {
+    torch::Tensor out;
+    std::vector<torch::Tensor> inputs, outputs, sites;
+  };
+  SegmentOutputs forward_segment(const torch::Tensor& x, const torch::Tensor& t,
+                                 const std::vector<torch::Tensor>& directions);
 
  private:
   void load_script();

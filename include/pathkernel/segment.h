@@ -7,11 +7,17 @@
 // layer at w(t) is layer(a; W_s) + t layer(a; dW): no per-row weights are
 // ever materialised.
 //
-// A TorchScript module (the generic route) is one parameterised layer of kind
-// Module whose "weight" is the whole flat vector [P] (no bias). Its rows are
-// evaluated by the module itself at the formed weights w_s + t dw_s, one
-// distinct t at a time, and its per-row gradients come from autograd, one
-// row at a time: see module_jacobians() and module_gradients().
+// A TorchScript module takes one of two routes:
+//  - structured: its graph read as parameterised operations (script_graph.h),
+//    each one a param layer with its rule (layer_rules.h); every row is
+//    evaluated at its own t in one pass of the rewritten graph, and the
+//    engine treats it as it treats its own layers. Taken when every
+//    parameter has a rule and the rewritten graph agrees with the module.
+//  - generic: one parameterised layer of kind Module whose "weight" is the
+//    whole flat vector [P] (no bias). Its rows are evaluated by the module
+//    itself at the formed weights w_s + t dw_s, one distinct t at a time, and
+//    its per-row gradients come from autograd, one row at a time: see
+//    module_jacobians() and module_gradients().
 //
 // For each parameterised layer l the evaluation keeps its input a_l (rows
 // first: Linear [R, in], Conv2d [R, C_in, H, W]) and its pre-activation
@@ -20,6 +26,7 @@
 // shape.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
@@ -41,6 +48,13 @@ struct SegmentPass {
   torch::Tensor out;                  ///< [R, K] network outputs
   std::vector<torch::Tensor> inputs;  ///< per param layer: a_l (rows first)
   std::vector<torch::Tensor> preacts; ///< per param layer: y_l (rows first)
+  std::vector<torch::Tensor> sites;   ///< structured TorchScript route: its ReLUs' inputs [R, U_j]
+};
+
+/// How a TorchScript module is decomposed (pathkernel's own models have one way).
+enum class ModuleRoute {
+  Auto,     ///< structured where every parameter has a rule, else generic
+  Generic,  ///< autograd alone, whatever the module holds
 };
 
 /// The network `options` describe, built in float64 whatever its training
@@ -50,7 +64,10 @@ Network engine_network(NetworkOptions options);
 class SegmentEvaluator {
  public:
   /// `layers` and the flat order come from a built network (see model.h).
-  explicit SegmentEvaluator(Network& net);
+  /// A TorchScript module's evaluator sets the network's weights to points
+  /// of the segment and remembers where it left them: give each evaluator
+  /// a network of its own.
+  explicit SegmentEvaluator(Network& net, ModuleRoute route = ModuleRoute::Auto);
 
   /// Sets the segment: w [P] and dw [P], in the network's dtype.
   void set_segment(const torch::Tensor& w, const torch::Tensor& dw);
@@ -62,6 +79,12 @@ class SegmentEvaluator {
 
   /// Whether the network is one opaque Module (the generic route).
   bool generic() const { return generic_; }
+  /// Whether the network is a TorchScript module on the structured route.
+  bool script_structured() const { return script_structured_; }
+  /// "own", "structured" or "generic", and for a TorchScript module on the
+  /// generic route under ModuleRoute::Auto, why ("" otherwise).
+  std::string route() const;
+  const std::string& route_reason() const { return route_reason_; }
   /// Module only: per-row Jacobians J(w_s + t_r dw_s, x_r), [R, K, P], by
   /// one forward pass and K backward passes per row.
   torch::Tensor module_jacobians(const torch::Tensor& x, const torch::Tensor& t) const;
@@ -83,25 +106,46 @@ class SegmentEvaluator {
   int64_t num_outputs() const { return num_outputs_; }
   /// The segment's direction dw [P].
   const torch::Tensor& direction() const { return dw_; }
-  /// Per param layer: whether its pre-activation feeds a ReLU, whose sign
-  /// changes are the kinks of the integrand. The first layer's pre-activation
-  /// is affine in t, so its kinks are closed-form.
+  /// The kink sites of a pass: tensors [R, ...] whose units' sign changes
+  /// (and, with a pool window, argmax switches) are the integrand's kinks.
+  /// Own models: every param layer's pre-activation (relu_after() says
+  /// which feed a ReLU); the structured TorchScript route: its ReLUs' inputs.
+  const std::vector<torch::Tensor>& kink_values(const SegmentPass& pass) const {
+    return script_structured_ ? pass.sites : pass.preacts;
+  }
+  /// Per kink site: whether it feeds a ReLU.
   const std::vector<bool>& relu_after() const { return relu_after_; }
-  /// Per param layer: the max-pool window following its ReLU, or 0.
+  /// Per kink site: the max-pool window following its ReLU, or 0.
   const std::vector<int64_t>& pool_after() const { return pool_after_; }
+  /// Whether the first kink site is the first layer's pre-activation of the
+  /// input itself, affine in t, so that its kinks are closed-form.
+  bool first_site_affine() const { return !script_structured_ && !relu_after_.empty() && relu_after_[0]; }
+  /// Whether the first param layer is Linear on the input x itself (its
+  /// input is the same at every node).
+  bool first_input_is_x() const {
+    return !script_structured_ && !generic_ && params_[0].desc.kind == LayerDesc::Kind::Linear;
+  }
   int64_t parameter_count() const { return parameter_count_; }
 
-  /// Views of flat vector v [P] as layer l's weight and bias.
+  /// Views of flat vector v [P] as layer l's weight and bias (bias: empty
+  /// [0] when the layer has none).
   torch::Tensor weight_of(const torch::Tensor& v, size_t l) const;
   torch::Tensor bias_of(const torch::Tensor& v, size_t l) const;
+  /// The bias view, undefined when the layer has none.
+  torch::Tensor bias_or_none(const torch::Tensor& v, size_t l) const;
 
  private:
   /// Sets the module's parameters to w_s + t dw_s (Module only).
   void place_module(double t) const;
 
+  /// Whether the rewritten graph evaluates the module's own outputs: rows
+  /// at t = 0.3 and 0.8 against the module at the formed weights.
+  bool script_graph_agrees();
+
   std::vector<LayerDesc> layers_;
   std::vector<ParamLayer> params_;
-  bool generic_ = false;
+  bool generic_ = false, script_structured_ = false;
+  std::string route_reason_;
   Network net_;  ///< the evaluator's own network (Module only)
   mutable double placed_t_ = -1;  ///< the t whose weights net_ holds; -1: none
   std::vector<bool> relu_after_;

@@ -78,8 +78,9 @@ struct QuadratureArgs {
   double tol = 1e-12;  ///< the run's certificate budget (QuadratureOptions::run_tol)
   int gauss_nodes = 8;
   int64_t point_block = DecompositionOptions{}.point_block;
+  std::string route = "auto";  ///< TorchScript modules: auto or generic
   const Globals* globals = nullptr;  ///< for --quiet
-  /// Declares --quadrature, --tol, --gauss-nodes and --point-block on cmd.
+  /// Declares --quadrature, --tol, --gauss-nodes, --point-block and --route on cmd.
   void add_to(CLI::App* cmd, const Globals& g);
   /// The checked decomposition options.
   DecompositionOptions options() const;

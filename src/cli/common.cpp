@@ -32,6 +32,11 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
                   "outputs are those of one process with the same value")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--route", route,
+                  "TorchScript models: auto (the structured route where every parameter's operation has a rule, "
+                  "else autograd) or generic (autograd alone)")
+      ->check(CLI::IsMember({"auto", "generic"}))
+      ->capture_default_str();
 }
 
 DecompositionOptions QuadratureArgs::options() const {
@@ -40,6 +45,7 @@ DecompositionOptions QuadratureArgs::options() const {
   PK_CHECK(tol > 0 && tol < 1, "--tol must be in (0, 1) (got " << tol << ")");
   options.quadrature.run_tol = tol;
   options.quadrature.gauss_nodes = gauss_nodes;
+  options.quadrature.route = route == "generic" ? ModuleRoute::Generic : ModuleRoute::Auto;
   options.point_block = point_block;
   options.progress = globals == nullptr || !globals->quiet;
   return options;

@@ -41,6 +41,7 @@ void add_verify_command(CLI::App& app, Globals& globals) {
     Decomposition d = decompose_across(world, reader, reader.dataset().x_test.index_select(0, idx), options);
     if (!world.root()) return;
     const DecompositionSummary s = summarize(d);
+    const EngineRoute route = engine_route(reader, options);
     nlohmann::ordered_json j{{"run", args->run},
                              {"test_points", s.test_points},
                              {"steps", s.steps},
@@ -58,6 +59,9 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              {"mean_forward_evaluations_per_step", s.mean_forward_evaluations_per_step},
                              {"mean_kinks_per_step", s.mean_kinks_per_step},
                              {"seconds", s.seconds},
+                             // How the network was evaluated: pathkernel's own layers, a
+                             // TorchScript module's structured route, or autograd alone.
+                             {"route", route.route},
                              // A float32 run is decomposed against the float64 network at its
                              // float32 weights; its own outputs differ by float32 rounding.
                              {"dtype", reader.manifest().dtype},
@@ -69,6 +73,7 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              {"first_unexplained_step", s.residuals.first_step < 0
                                                             ? nlohmann::ordered_json(nullptr)
                                                             : nlohmann::ordered_json(s.residuals.first_step)}};
+    if (!route.reason.empty()) j["route_reason"] = route.reason;
     const std::string unexplained = unexplained_update_message(s.residuals);
     if (!unexplained.empty()) j["warning"] = unexplained;
     std::string text = "kernel machine vs network on " + std::to_string(s.test_points) + " test points, " +

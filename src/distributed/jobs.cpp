@@ -109,7 +109,7 @@ std::vector<double> estimate_point_costs(const Communicator& comm, PathReader& r
   torch::Tensor local = torch::zeros({mine.size(0)}, torch::kFloat64);
   if (mine.size(0) > 0) {
     Network net64 = engine_network(m.network_options());
-    SegmentEvaluator ev(net64);
+    SegmentEvaluator ev(net64, quadrature.route);
     const torch::Tensor w0 = reader.checkpoint(0);
     ev.set_segment(w0, reader.checkpoint(1) - w0);
     const TestFeatures f = test_features(ev, x.index_select(0, mine).to(torch::kFloat64), quadrature);

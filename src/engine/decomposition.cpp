@@ -120,7 +120,7 @@ torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tens
 /// and a TorchScript module's per-sample gradients are not captured.
 bool use_capture(const Manifest& m, const DecompositionOptions& o) {
   return o.replay_signals && !m.recorded && m.dtype == "float64" &&
-         !ModelSpec::parse(m.model_spec).is_torchscript();
+         !ModelSpec::parse(m.model_spec).is_module();
 }
 
 /// Rows r0 .. r0+nr of t, or undefined when t is.
@@ -328,7 +328,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   const OutputMap map = grad64->options().output;
   const LossKind loss = grad64->options().loss;
   Network net64 = engine_network(m.network_options());
-  SegmentEvaluator ev(net64);
+  SegmentEvaluator ev(net64, options.quadrature.route);
   const double beta = rule.beta(), lambda = rule.coupled_decay();
   const int64_t per_point = doubles_per_point(ev, reader, x, options, true);
   const int64_t block = block_size(options, per_point);
@@ -448,11 +448,17 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   return decompose(reader, x_in, options, nullptr);
 }
 
+EngineRoute engine_route(PathReader& reader, const DecompositionOptions& options) {
+  Network net64 = engine_network(reader.manifest().network_options());
+  SegmentEvaluator ev(net64, options.quadrature.route);
+  return {ev.route(), ev.route_reason()};
+}
+
 int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options) {
   const Manifest& m = reader.manifest();
   const bool reverse = UpdateRule(m.optimizer).has_buffer() || options.reverse;
   Network net64 = engine_network(m.network_options());
-  SegmentEvaluator ev(net64);
+  SegmentEvaluator ev(net64, options.quadrature.route);
   return block_size(options, doubles_per_point(ev, reader, x.to(torch::kFloat64), options, reverse));
 }
 
@@ -485,7 +491,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   const OutputMap map = grad64->options().output;
   const LossKind loss = grad64->options().loss;
   Network net64 = engine_network(m.network_options());
-  SegmentEvaluator ev(net64);
+  SegmentEvaluator ev(net64, options.quadrature.route);
   // Forward, the path is replayed once whatever the chunk: one block at a time.
   const int64_t chunk = block_size(options, doubles_per_point(ev, reader, x, options, false));
   Decomposition d = start(reader, grad64, x, chunk);

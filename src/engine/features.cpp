@@ -8,6 +8,7 @@
 
 #include "pathkernel/error.h"
 #include "pathkernel/kinks.h"
+#include "pathkernel/layer_rules.h"
 
 namespace pathkernel {
 
@@ -15,26 +16,18 @@ namespace {
 
 using Kind = LayerDesc::Kind;
 
-torch::Tensor unfold(const torch::Tensor& a, const LayerDesc& d) {
-  namespace F = torch::nn::functional;
-  return F::unfold(a, F::UnfoldFuncOptions({d.kernel, d.kernel}).padding(d.padding));
+/// Per-sample gradients of layer l (weight, then bias) from training
+/// signals: [B, Q]. A Module's signals are its per-sample gradients [B, P]
+/// already.
+torch::Tensor layer_sample_gradients(const SegmentEvaluator& ev, const TrainSignals& t, size_t l) {
+  const ParamLayer& p = ev.param_layers()[l];
+  if (p.desc.kind == Kind::Module) return t.signals[l];
+  return sample_gradients_one(p.desc, t.inputs[l], t.signals[l], p.weight_shape, p.bias_numel);
 }
 
-/// Per-sample gradients of Conv2d layer l (weight, then bias) from training
-/// signals: [B, Cout·Cin·k·k + Cout]. They are small, so they are formed. A
-/// Module's signals are its per-sample gradients [B, P] already.
-torch::Tensor conv_sample_gradients(const LayerDesc& d, const TrainSignals& t, size_t l) {
-  if (d.kind == Kind::Module) return t.signals[l];
-  torch::Tensor u = unfold(t.inputs[l], d);     // [B, Cin·k·k, L]
-  torch::Tensor sig = t.signals[l].flatten(2);  // [B, Cout, L]
-  return torch::cat({torch::bmm(sig, u.transpose(1, 2)).flatten(1), sig.sum(2)}, 1);
-}
-
-/// Layer l's output change for parameter direction v: layer(a; v) with v's bias.
+/// Layer l's output change for parameter direction v: op_dir(a; v).
 torch::Tensor layer_direction(const SegmentEvaluator& ev, size_t l, const torch::Tensor& a, const torch::Tensor& v) {
-  const LayerDesc& d = ev.param_layers()[l].desc;
-  if (d.kind == Kind::Linear) return torch::addmm(ev.bias_of(v, l), a, ev.weight_of(v, l).t());
-  return torch::conv2d(a, ev.weight_of(v, l), ev.bias_of(v, l), 1, d.padding);
+  return layer_direction(ev.param_layers()[l].desc, a, ev.weight_of(v, l), ev.bias_or_none(v, l));
 }
 
 /// Per-row directional derivatives J(w(t_r), x_r) v: [K, R].
@@ -183,26 +176,41 @@ void sort_breaks(TestFeatures& f) {
   }
 }
 
-/// Adds rows (layer inputs a [r, Cin, H, W], signals s [K, r, Cout, H', W'],
-/// test points `point` [r], weights `weight` [r]) of Conv2d layer l to its
-/// dense block J̄ [K, n, Cout·Cin·k·k + Cout]: per test point, one
-/// contraction over its rows and output positions.
+/// Adds rows (layer inputs a [r, ...], signals s [K, r, ...], test points
+/// `point` [r], weights `weight` [r]) of a layer kept dense to its block
+/// J̄ [K, n, Q] (weight, then bias). A Conv2d layer is contracted per test
+/// point over its rows and output positions at once; other layers form
+/// their (small) per-row gradients and add them up.
 void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torch::Tensor& a, const torch::Tensor& s,
                const torch::Tensor& point, const torch::Tensor& weight) {
-  const LayerDesc& d = ev.param_layers()[l].desc;
+  const ParamLayer& pl = ev.param_layers()[l];
+  const LayerDesc& d = pl.desc;
+  const int64_t K = s.size(0), q_all = pl.weight_numel + pl.bias_numel;
+  if (!f.dense[l].defined()) f.dense[l] = torch::zeros({K, f.num_points, q_all}, s.options());
+  if (d.kind != Kind::Conv2d) {
+    std::vector<int64_t> w_shape(s.dim(), 1);
+    w_shape[1] = s.size(1);
+    const torch::Tensor g = sample_gradients(d, a, s * weight.view(w_shape), pl.weight_shape, pl.bias_numel);
+    f.dense[l].index_add_(1, point, g);
+    return;
+  }
   torch::Tensor order = std::get<1>(point.sort(/*stable=*/true, 0, false));
-  torch::Tensor u = unfold(a.index_select(0, order), d);                                     // [r, Cin·k·k, L]
+  const int64_t groups = d.groups;
+  torch::Tensor u = conv_patches(d, a.index_select(0, order), pl.weight_shape);            // [r, Cin·k·k, L]
   torch::Tensor sig = s.index_select(1, order).flatten(3) *
                       weight.index_select(0, order).view({1, -1, 1, 1});                     // [K, r, Cout, L]
-  const int64_t K = sig.size(0), cout = sig.size(2), q = u.size(1);
-  if (!f.dense[l].defined()) f.dense[l] = torch::zeros({K, f.num_points, cout * q + cout}, sig.options());
+  const int64_t cout = sig.size(2), q = u.size(1) / groups, L = u.size(2);
   torch::Tensor counts = torch::bincount(point, {}, f.num_points);
   auto c = counts.accessor<int64_t, 1>();
   for (int64_t p = 0, first = 0; p < f.num_points; first += c[p], ++p) {
     if (c[p] == 0) continue;
     torch::Tensor sp = sig.narrow(1, first, c[p]), up = u.narrow(0, first, c[p]);
-    torch::Tensor gw = torch::einsum("krcl,rql->kcq", {sp, up});                              // [K, Cout, Cin·k·k]
-    f.dense[l].select(1, p).add_(torch::cat({gw.flatten(1), sp.sum({1, 3})}, 1));
+    torch::Tensor gw = groups == 1 ? torch::einsum("krcl,rql->kcq", {sp, up})               // [K, Cout, Cin·k·k]
+                                   : torch::einsum("krgcl,rgql->kgcq", {sp.reshape({K, c[p], groups, cout / groups, L}),
+                                                                        up.reshape({c[p], groups, q, L})});
+    torch::Tensor block = gw.reshape({K, -1});
+    if (pl.bias_numel) block = torch::cat({block, sp.sum({1, 3})}, 1);
+    f.dense[l].select(1, p).add_(block);
   }
 }
 
@@ -402,7 +410,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   // Accepted rows go straight into the dense Conv2d blocks and the collapsed
   // first Linear layer; only other Linear layers keep their rows.
   const size_t layers = ev.param_layers().size();
-  const bool first_linear = ev.param_layers()[0].desc.kind == Kind::Linear;
+  const bool first_linear = ev.first_input_is_x();
   f.dense.assign(layers, torch::Tensor());
   std::vector<torch::Tensor> kept_point, kept_weight;
   std::vector<std::vector<torch::Tensor>> kept_inputs(layers), kept_signals(layers);
@@ -411,7 +419,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     torch::Tensor pr = point.index_select(0, rows), wr = weight.index_select(0, rows);
     for (size_t l = 0; l < layers; ++l) {
       torch::Tensor a = pass.inputs[l].detach().index_select(0, rows), s = sig[l].index_select(1, rows);
-      if (ev.param_layers()[l].desc.kind == Kind::Conv2d) {
+      if (!factored(ev.param_layers()[l].desc, a)) {
         add_dense(ev, l, f, a, s, pr, wr);
       } else if (l == 0 && first_linear) {
         // Σ_r ω_r δ_r per test point: the first layer's input is x at every node.
@@ -438,7 +446,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     // sees. The first layer's kinks are closed-form (its pre-activation is
     // affine in t); deeper ReLU kinks and max-pool switches are detected
     // between scan points and located by root finding.
-    const bool first_relu = ev.relu_after()[0];
+    const bool first_relu = ev.first_site_affine();
     const int64_t scan = std::max(1, q.scan_intervals);
     std::vector<int64_t> scan_point(n * (scan + 1));
     std::vector<double> scan_t(n * (scan + 1));
@@ -454,14 +462,14 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     // Only layers after the first can have kinks a scan must find: with one
     // hidden ReLU layer (or smooth activations) every kink is closed-form.
     bool deep_kinks = false;
-    for (size_t l = 1; l < ev.param_layers().size(); ++l) {
+    for (size_t l = first_relu ? 1 : 0; l < ev.relu_after().size(); ++l) {
       deep_kinks = deep_kinks || ev.relu_after()[l] || ev.pool_after()[l] > 0;
     }
     if (deep_kinks) {
       SegmentPass sp = ev.forward(x.index_select(0, torch::tensor(scan_point, torch::kLong)),
                                   torch::tensor(scan_t, opts), false);
       f.forward_evaluations += n * (scan + 1);
-      KinkSearch ks = find_kinks(ev, x, sp.preacts, scan_point, scan_t, scan_brackets, first_relu);
+      KinkSearch ks = find_kinks(ev, x, ev.kink_values(sp), scan_point, scan_t, scan_brackets, first_relu);
       f.forward_evaluations += ks.forward_evaluations;
       f.kinks += static_cast<int64_t>(ks.kinks.size());
       for (const Kink& k : ks.kinks) cuts[k.bracket / scan].push_back(k.t);
@@ -522,8 +530,9 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       }
       // Split each failed piece at the kinks inside it, else at its midpoint.
       if (!failed.empty()) {
-        std::vector<torch::Tensor> pre(pass.preacts.size());
-        for (size_t l = 0; l < pre.size(); ++l) pre[l] = torch::cat({pass.preacts[l].detach(), pe.preacts[l]}, 0);
+        const std::vector<torch::Tensor>& sites = ev.kink_values(pass);
+        std::vector<torch::Tensor> pre(sites.size());
+        for (size_t l = 0; l < pre.size(); ++l) pre[l] = torch::cat({sites[l].detach(), ev.kink_values(pe)[l]}, 0);
         std::vector<int64_t> row_point(rd.point);
         row_point.insert(row_point.end(), rd.end_point.begin(), rd.end_point.end());
         std::vector<double> row_t(rd.t);
@@ -595,13 +604,11 @@ namespace {
 /// gradients [K, R, Q] (inputs undefined).
 std::pair<torch::Tensor, torch::Tensor> layer_rows(const SegmentEvaluator& ev, const std::vector<TrainSignals>& a,
                                                    size_t l) {
-  const LayerDesc& d = ev.param_layers()[l].desc;
+  const bool fact = factored(ev.param_layers()[l].desc, a[0].inputs[l]);
   std::vector<torch::Tensor> per_k;
-  for (const TrainSignals& t : a) {
-    per_k.push_back(d.kind == Kind::Linear ? t.signals[l].flatten(1) : conv_sample_gradients(d, t, l));
-  }
+  for (const TrainSignals& t : a) per_k.push_back(fact ? t.signals[l].flatten(1) : layer_sample_gradients(ev, t, l));
   torch::Tensor s = torch::stack(per_k);
-  if (d.kind != Kind::Linear) return {s, torch::Tensor()};
+  if (!fact) return {s, torch::Tensor()};
   return {s, a[0].inputs[l].flatten(1)};
 }
 
@@ -617,7 +624,8 @@ torch::Tensor tangent_kernel(const SegmentEvaluator& ev, const std::vector<Train
     auto [sb, ib] = layer_rows(ev, b, l);
     torch::Tensor part = torch::einsum("kaq,lbq->abkl", {sa, sb});
     // Linear: <δ_a ⊗ [a_a, 1], δ_b ⊗ [a_b, 1]> = (δ_a·δ_b)(a_a·a_b + 1).
-    if (ia.defined()) part = part * torch::addmm(torch::ones({1}, ia.options()), ia, ib.t()).view({ia.size(0), ib.size(0), 1, 1});
+    const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;
+    if (ia.defined()) part = part * torch::addmm(torch::full({1}, bias, ia.options()), ia, ib.t()).view({ia.size(0), ib.size(0), 1, 1});
     total = total.defined() ? total + part : part;
   }
   return total;
@@ -629,7 +637,8 @@ torch::Tensor tangent_kernel_rows(const SegmentEvaluator& ev, const std::vector<
   for (size_t l = 0; l < ev.param_layers().size(); ++l) {
     auto [s, in] = layer_rows(ev, a, l);
     torch::Tensor part = torch::einsum("krq,lrq->rkl", {s, s});
-    if (in.defined()) part = part * (in.pow(2).sum(1) + 1).view({-1, 1, 1});
+    const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;
+    if (in.defined()) part = part * (in.pow(2).sum(1) + bias).view({-1, 1, 1});
     total = total.defined() ? total + part : part;
   }
   return total;
@@ -654,7 +663,7 @@ torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, 
   for (size_t l = 0; l < ev.param_layers().size(); ++l) {
     torch::Tensor part;
     if (f.dense.size() > l && f.dense[l].defined()) {
-      part = torch::matmul(f.dense[l], torch::cat({ev.weight_of(v, l).flatten(), ev.bias_of(v, l)}));
+      part = torch::matmul(f.dense[l], torch::cat({ev.weight_of(v, l).flatten(), ev.bias_of(v, l)}));  // bias [0] if none
     } else if (l == 0 && f.first_signal.defined()) {
       torch::Tensor z = layer_direction(ev, 0, f.first_inputs, v);                 // [n, out]
       part = (f.first_signal * z.unsqueeze(0)).sum(2);
@@ -669,35 +678,37 @@ torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, 
 torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const TrainSignals& t) {
   torch::Tensor total;  // [K, n, B]
   for (size_t l = 0; l < f.inputs.size(); ++l) {
-    const LayerDesc& d = ev.param_layers()[l].desc;
     torch::Tensor part;
     if (l == 0 && f.first_signal.defined()) {
       // Σ_r ω_r (δ_r·δ_i)(x·a_i + 1) = (x·a_i + 1)((Σ_r ω_r δ_r)·δ_i): the nodes collapse.
       torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), f.first_inputs, t.inputs[0].t());  // [n, B]
       part = torch::matmul(f.first_signal, t.signals[0].t()) * a.unsqueeze(0);     // [K, n, B]
-    } else if (d.kind == Kind::Linear) {
+    } else if (f.signals[l].defined()) {
       const torch::Tensor& s = f.signals[l];                                       // [K, R, out]
       const int64_t K = s.size(0), R = s.size(1), out = s.size(2), in = f.inputs[l].size(1);
       const int64_t n = f.num_points, B = t.inputs[l].size(0);
+      const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;  // the bias's "input" 1
       if (R * (in + out) > n * in * out) {
         // Few weights, many rows (docs/math.md §8): the dense block
         // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, n, out, in+1], then
         // δ_iᵀ J̄ [a_i, 1] for every training row: one GEMM against the
         // training inputs, which are read once (per-sample gradients are
         // never formed).
+        const int64_t cols = in + (bias ? 1 : 0);
         torch::Tensor ones = torch::ones({R, 1}, f.weight.options());
-        torch::Tensor rows = torch::cat({f.inputs[l], ones}, 1);                     // [R, in+1]
+        torch::Tensor rows = bias ? torch::cat({f.inputs[l], ones}, 1) : f.inputs[l];  // [R, in+1]
         torch::Tensor block = aggregate(f, s.unsqueeze(3) * rows.unsqueeze(0).unsqueeze(2));  // [K, n, out, in+1]
-        torch::Tensor ai = torch::cat({t.inputs[l], torch::ones({B, 1}, ones.options())}, 1);  // [B, in+1]
-        torch::Tensor y = torch::matmul(block.reshape({K * n * out, in + 1}), ai.t());         // [K·n·out, B]
+        torch::Tensor ai = bias ? torch::cat({t.inputs[l], torch::ones({B, 1}, ones.options())}, 1)
+                                : t.inputs[l];                                                 // [B, in+1]
+        torch::Tensor y = torch::matmul(block.reshape({K * n * out, cols}), ai.t());           // [K·n·out, B]
         part = (y.view({K, n, out, B}) * t.signals[l].t().view({1, 1, out, B})).sum(2);        // [K, n, B]
       } else {
-        torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), f.inputs[l], t.inputs[l].t());  // [R, B]
+        torch::Tensor a = torch::addmm(torch::full({1}, bias, f.weight.options()), f.inputs[l], t.inputs[l].t());  // [R, B]
         torch::Tensor dd = torch::matmul(s, t.signals[l].t());                      // [K, R, B]
         part = aggregate(f, dd * a.unsqueeze(0));                                  // [K, n, B]
       }
     } else {
-      part = torch::matmul(f.dense[l], conv_sample_gradients(d, t, l).t());         // [K, n, B]
+      part = torch::matmul(f.dense[l], layer_sample_gradients(ev, t, l).t());       // [K, n, B]
     }
     total = total.defined() ? total + part : part;
   }
@@ -723,7 +734,7 @@ torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f) 
       bias = torch::zeros({K, n, s.size(2)}, s.options()).index_add_(1, f.point, s);
     }
     out.narrow(2, pl.weight_offset, pl.weight_numel).copy_(weight.transpose(0, 1));
-    out.narrow(2, pl.bias_offset, pl.bias_numel).copy_(bias.transpose(0, 1));
+    if (pl.bias_numel) out.narrow(2, pl.bias_offset, pl.bias_numel).copy_(bias.transpose(0, 1));
   }
   return out;
 }
@@ -736,14 +747,15 @@ torch::Tensor contract_dense(const SegmentEvaluator& ev, const torch::Tensor& a,
     const LayerDesc& d = pl.desc;
     torch::Tensor bias = a.narrow(2, pl.bias_offset, pl.bias_numel);                    // [n, K, out]
     torch::Tensor part;
-    if (d.kind == Kind::Linear) {
+    if (factored(d, t.inputs[l])) {
       const int64_t out = pl.weight_shape[0], in = pl.weight_shape[1];
       torch::Tensor w = a.narrow(2, pl.weight_offset, pl.weight_numel).reshape({n, K, out, in});
       const torch::Tensor& delta = t.signals[l];                                        // [B, out]
       torch::Tensor wa = torch::matmul(w, t.inputs[l].flatten(1).t());                  // [n, K, out, B]
-      part = torch::einsum("nkob,bo->nbk", {wa, delta}) + torch::einsum("nko,bo->nbk", {bias, delta});
+      part = torch::einsum("nkob,bo->nbk", {wa, delta});
+      if (pl.bias_numel) part = part + torch::einsum("nko,bo->nbk", {bias, delta});
     } else {
-      torch::Tensor g = conv_sample_gradients(d, t, l);                                // [B, Q]
+      torch::Tensor g = layer_sample_gradients(ev, t, l);                              // [B, Q]
       torch::Tensor block = torch::cat({a.narrow(2, pl.weight_offset, pl.weight_numel), bias}, 2);  // [n, K, Q]
       part = torch::einsum("nkq,bq->nbk", {block, g});
     }

@@ -117,8 +117,9 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
       SegmentPass pm = ev.forward(x.index_select(0, torch::tensor(rows, torch::kLong)), torch::tensor(ts, x.options()),
                                   false);
       out.forward_evaluations += static_cast<int64_t>(nc);
-      std::vector<torch::Tensor> pf(pm.preacts.size());
-      for (size_t l = 0; l < pm.preacts.size(); ++l) pf[l] = pm.preacts[l].flatten(1).contiguous();
+      const std::vector<torch::Tensor>& sites = ev.kink_values(pm);
+      std::vector<torch::Tensor> pf(sites.size());
+      for (size_t l = 0; l < sites.size(); ++l) pf[l] = sites[l].flatten(1).contiguous();
       for (size_t j = 0; j < nc; ++j) {
         Target& k = targets[active[c0 + j]];
         const double s = ts[j], v = value(pf[k.layer].accessor<double, 2>(), static_cast<int64_t>(j), k);

@@ -1,7 +1,11 @@
 // Functional evaluation of the network along a path segment.
 #include "pathkernel/segment.h"
 
+#include <cmath>
+
 #include "pathkernel/error.h"
+#include "pathkernel/layer_rules.h"
+#include "pathkernel/script_graph.h"
 
 namespace pathkernel {
 
@@ -10,11 +14,43 @@ Network engine_network(NetworkOptions options) {
   return build_network(options);
 }
 
-SegmentEvaluator::SegmentEvaluator(Network& net) : layers_(net->layers()), net_(nullptr) {
+SegmentEvaluator::SegmentEvaluator(Network& net, ModuleRoute route) : layers_(net->layers()), net_(nullptr) {
   std::vector<ParamInfo> layout = parameter_layout(net);
   parameter_count_ = pathkernel::parameter_count(net);
   num_outputs_ = net->options().num_classes;
+  if (net->is_script() && route == ModuleRoute::Auto && net->script_graph()) {
+    net_ = net;
+    for (const ScriptLayer& sl : net->script_graph()->layers()) {
+      ParamLayer p;
+      p.desc = sl.desc;
+      for (const ParamInfo& info : layout) {
+        if (info.name == sl.weight) {
+          p.weight_offset = info.offset;
+          p.weight_numel = info.numel;
+          p.weight_shape = info.shape;
+        } else if (!sl.bias.empty() && info.name == sl.bias) {
+          p.bias_offset = info.offset;
+          p.bias_numel = info.numel;
+        }
+      }
+      PK_ASSERT(p.weight_numel > 0 && (sl.bias.empty() || p.bias_numel > 0));
+      params_.push_back(p);
+    }
+    relu_after_.assign(static_cast<size_t>(net->script_graph()->sites()), true);
+    pool_after_.assign(relu_after_.size(), 0);
+    if (script_graph_agrees()) {
+      script_structured_ = true;
+      return;
+    }
+    route_reason_ = "its graph, rewritten to evaluate rows at their own points of a segment, does not reproduce "
+                    "the module's outputs (an operation with parameters does not keep the examples on its first "
+                    "dimension)";
+    params_.clear();
+    relu_after_.clear();
+    pool_after_.clear();
+  }
   if (net->is_script()) {
+    if (route == ModuleRoute::Auto && route_reason_.empty()) route_reason_ = net->script_graph_refusal();
     generic_ = true;
     net_ = net;
     ParamLayer p;
@@ -54,6 +90,46 @@ SegmentEvaluator::SegmentEvaluator(Network& net) : layers_(net->layers()), net_(
   }
 }
 
+std::string SegmentEvaluator::route() const {
+  return script_structured_ ? "structured" : generic_ ? "generic" : "own";
+}
+
+bool SegmentEvaluator::script_graph_agrees() {
+  // Two rows of a fixed pattern (integer codes 0 and 1 for token ids) at
+  // t = 0.3 and 0.8 along a direction that moves every parameter.
+  const NetworkOptions& o = net_->options();
+  std::vector<int64_t> shape{2};
+  shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
+  int64_t numel = 1;
+  for (int64_t s : shape) numel *= s;
+  const torch::Tensor ramp = torch::arange(numel, torch::kFloat64);
+  const torch::Tensor x = (o.integer_inputs ? torch::remainder(ramp, 2) : 0.5 + 0.5 * torch::sin(ramp)).view(shape);
+  const torch::Tensor w = flatten_parameters(net_).to(torch::kFloat64);
+  const torch::Tensor dw = 0.05 * torch::cos(torch::arange(parameter_count_, torch::kFloat64) + 1) * (1 + w.abs());
+  const torch::Tensor t = torch::tensor({0.3, 0.8}, torch::kFloat64);
+  set_segment(w, dw);
+  bool agrees = false;
+  try {
+    torch::NoGradGuard guard;
+    const torch::Tensor got = forward(x, t, false).out;
+    std::vector<torch::Tensor> want;
+    for (int64_t r = 0; r < 2; ++r) {
+      set_flat_parameters(net_, w + t[r].item<double>() * dw);
+      want.push_back(net_->forward(x.narrow(0, r, 1)));
+    }
+    const torch::Tensor ref = torch::cat(want);
+    const double scale = std::max(1.0, ref.abs().max().item<double>());
+    agrees = got.sizes() == ref.sizes() && (got - ref).abs().max().item<double>() <= 1e-9 * scale;
+  } catch (const c10::Error&) {
+    agrees = false;
+  }
+  set_flat_parameters(net_, w);
+  w_ = torch::Tensor();
+  dw_ = torch::Tensor();
+  placed_t_ = -1;
+  return agrees;
+}
+
 void SegmentEvaluator::set_segment(const torch::Tensor& w, const torch::Tensor& dw) {
   PK_CHECK(w.dim() == 1 && w.size(0) == parameter_count_ && dw.sizes() == w.sizes(),
            "segment vectors have shapes " << w.sizes() << " and " << dw.sizes() << ", expected ["
@@ -77,7 +153,7 @@ void copy_flat(const std::vector<torch::Tensor>& grads, torch::Tensor row) {
 }  // namespace
 
 void SegmentEvaluator::place_module(double t) const {
-  PK_ASSERT(generic_ && w_.defined());
+  PK_ASSERT(net_ && w_.defined());
   if (t == placed_t_) return;
   set_flat_parameters(const_cast<Network&>(net_), t == 0 ? w_ : w_ + t * dw_);
   placed_t_ = t;
@@ -135,12 +211,37 @@ torch::Tensor SegmentEvaluator::bias_of(const torch::Tensor& v, size_t l) const 
   return v.narrow(0, p.bias_offset, p.bias_numel);
 }
 
+torch::Tensor SegmentEvaluator::bias_or_none(const torch::Tensor& v, size_t l) const {
+  return params_[l].bias_numel ? bias_of(v, l) : torch::Tensor();
+}
+
 SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const {
   using Kind = LayerDesc::Kind;
   PK_ASSERT(w_.defined());
   PK_CHECK(t.dim() == 1 && t.size(0) == x.size(0),
            "segment rows: " << x.size(0) << " inputs but t has shape " << t.sizes());
   SegmentPass pass;
+  if (!generic_ && net_) {
+    // The structured route: the rewritten graph at w_s, each row at its t.
+    place_module(0.0);
+    std::vector<torch::Tensor> dirs;
+    for (size_t l = 0; l < params_.size(); ++l) {
+      dirs.push_back(weight_of(dw_, l));
+      if (params_[l].bias_numel) dirs.push_back(bias_of(dw_, l));
+    }
+    torch::AutoGradMode grad_mode(track);
+    NetworkImpl::SegmentOutputs o = const_cast<Network&>(net_)->forward_segment(x, t, dirs);
+    pass.out = o.out;
+    pass.inputs = std::move(o.inputs);
+    pass.preacts = std::move(o.outputs);
+    pass.sites = std::move(o.sites);
+    if (!track) {
+      for (auto& a : pass.inputs) a = a.detach();
+      for (auto& y : pass.preacts) y = y.detach();
+      pass.out = pass.out.detach();
+    }
+    return pass;
+  }
   if (generic_) {
     PK_ASSERT(!track && "a Module's rows are differentiated by module_jacobians()");
     torch::NoGradGuard guard;
@@ -192,7 +293,13 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
 std::vector<torch::Tensor> SegmentEvaluator::signals(const SegmentPass& pass, const torch::Tensor& c) const {
   PK_ASSERT(pass.out.requires_grad());
   torch::Tensor scalar = (pass.out * c).sum();
-  return torch::autograd::grad({scalar}, pass.preacts, {}, /*retain_graph=*/true);
+  std::vector<torch::Tensor> g =
+      torch::autograd::grad({scalar}, pass.preacts, {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
+  // A layer the outputs do not depend on (a module's unused branch) has signal 0.
+  for (size_t l = 0; l < g.size(); ++l) {
+    if (!g[l].defined()) g[l] = torch::zeros_like(pass.preacts[l]);
+  }
+  return g;
 }
 
 }  // namespace pathkernel

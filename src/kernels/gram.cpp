@@ -115,7 +115,7 @@ torch::Tensor gram(PathReader& reader, const torch::Tensor& rows_in, bool rows_t
   if (!integrate) q.spec = QuadratureSpec::parse("dpk");
 
   Network net64 = engine_network(m.network_options());
-  SegmentEvaluator ev(net64);
+  SegmentEvaluator ev(net64, q.route);
   const torch::Tensor rows = rows_in.to(torch::kFloat64), cols = cols_in.to(torch::kFloat64);
   torch::Tensor out = options.trace ? torch::zeros({R, C}, torch::kFloat64) : torch::zeros({R, C, K, K}, torch::kFloat64);
   const int64_t b = product ? std::min<int64_t>(options.block, 32) : options.block;
@@ -159,7 +159,7 @@ torch::Tensor gram_diagonal(PathReader& reader, const torch::Tensor& x_in, bool 
   QuadratureOptions q = options.quadrature.for_run(reader.manifest().steps);  // the run's budget per step
   if (!integrate) q.spec = QuadratureSpec::parse("dpk");
   Network net64 = engine_network(m.network_options());
-  SegmentEvaluator ev(net64);
+  SegmentEvaluator ev(net64, q.route);
   torch::Tensor out = torch::zeros({n, K, K}, torch::kFloat64);
   for_each_step(reader, spec, options.progress, [&](const torch::Tensor& w, const torch::Tensor& dw) {
     ev.set_segment(w, dw);

@@ -10,14 +10,16 @@
 #include <torch/script.h>
 
 #include "pathkernel/error.h"
+#include "pathkernel/layer_spec.h"
+#include "pathkernel/script_graph.h"
 #include "pathkernel/text.h"
 
 namespace pathkernel {
 
 namespace {
 const char kGrammar[] =
-    "expected mlp:H1[,H2...][:relu|tanh|gelu], cnn:C1[,C2...] or torchscript:PATH, e.g. mlp:128, cnn:8,16 "
-    "or torchscript:model.pt";
+    "expected mlp:H1[,H2...][:relu|tanh|gelu], cnn:C1[,C2...], torchscript:PATH or layers:L1,L2,..., e.g. "
+    "mlp:128, cnn:8,16, torchscript:model.pt or layers:conv(8,3,padding=1),relu,avgpool(2)";
 
 
 int64_t parse_width(const std::string& text, const std::string& spec) {
@@ -45,13 +47,21 @@ ModelSpec ModelSpec::parse(const std::string& spec) {
     PK_CHECK(!m.path.empty(), "bad model spec '" << spec << "': no module file after 'torchscript:'; " << kGrammar);
     return m;
   }
+  const std::string layers_prefix = "layers:";
+  if (spec.rfind(layers_prefix, 0) == 0) {
+    ModelSpec m;
+    m.kind = "layers";
+    m.layers = spec.substr(layers_prefix.size());
+    check_layer_list(m.layers);
+    return m;
+  }
   std::vector<std::string> parts = split(spec, ':');
   PK_CHECK(parts.size() == 2 || parts.size() == 3, "bad model spec '" << spec << "': " << kGrammar);
   ModelSpec m;
   m.kind = parts[0];
   PK_CHECK(m.kind == "mlp" || m.kind == "cnn",
            "bad model spec '" << spec << "': unknown model kind '" << m.kind
-                              << "': expected one of mlp, cnn, torchscript");
+                              << "': expected one of mlp, cnn, torchscript, layers");
   if (parts[1].empty()) parse_width("", spec);  // throws: no widths
   for (const std::string& w : split(parts[1], ',')) m.widths.push_back(parse_width(w, spec));
   m.activation = parts.size() == 3 ? parts[2] : "relu";
@@ -68,6 +78,7 @@ ModelSpec ModelSpec::parse(const std::string& spec) {
 
 std::string ModelSpec::str() const {
   if (is_torchscript()) return kind + ":" + path;
+  if (kind == "layers") return kind + ":" + layers;
   std::string s = kind + ":";
   for (size_t i = 0; i < widths.size(); ++i) s += (i ? "," : "") + std::to_string(widths[i]);
   if (kind == "mlp" && activation != "relu") s += ":" + activation;
@@ -80,9 +91,14 @@ struct ScriptModule {
   torch::jit::Module module;
   std::unique_ptr<torch::jit::GraphExecutor> with_sites;
   int64_t sites = 0;
+  std::unique_ptr<ScriptGraph> graph;  ///< the structured route, if every parameter has a rule
+  std::string graph_refusal;           ///< why not, otherwise
 };
 
 namespace {
+
+/// How messages name a module: its file, or its layer list.
+std::string label(const ModelSpec& spec) { return spec.is_torchscript() ? spec.path : spec.str(); }
 
 /// The class name of a TorchScript submodule, e.g. "BatchNorm2d".
 std::string module_type(const torch::jit::Module& m) {
@@ -93,20 +109,32 @@ std::string module_type(const torch::jit::Module& m) {
 }  // namespace
 
 void NetworkImpl::load_script() {
-  const std::string& path = options_.spec.path;
   // The plain interpreter: no graph optimisation or fusion, so every call
   // runs the same ATen operations (training, replay and the engine agree
   // bit for bit).
   torch::jit::setGraphExecutorOptimize(false);
-  PK_CHECK(std::filesystem::is_regular_file(path), "model file '" << path << "' does not exist or is not a file");
   script_ = std::make_shared<ScriptModule>();
-  try {
-    script_->module = torch::jit::load(path);
-  } catch (const c10::Error& e) {
-    std::string what = e.what_without_backtrace();
-    PK_THROW("cannot load model '" << path << "': it is not a TorchScript module (save one from Python with "
-                                   << "torch.jit.script(model).save(PATH) or torch.jit.trace(model, example).save(PATH)"
-                                   << "; examples/export_model.py shows how): " << what.substr(0, what.find('\n')));
+  const ModelSpec& spec = options_.spec;
+  // Messages name the module file, or the layer list.
+  const std::string path = spec.is_torchscript() ? spec.path : spec.str();
+  if (spec.kind == "layers") {
+    try {
+      script_->module = build_layer_module(spec.layers, options_.input_shape, options_.num_classes,
+                                           options_.integer_inputs);
+    } catch (const Error& e) {
+      PK_THROW("model '" << path << "': " << e.what());
+    }
+  } else {
+    PK_CHECK(std::filesystem::is_regular_file(path), "model file '" << path << "' does not exist or is not a file");
+    try {
+      script_->module = torch::jit::load(path);
+    } catch (const c10::Error& e) {
+      std::string what = e.what_without_backtrace();
+      PK_THROW("cannot load model '" << path << "': it is not a TorchScript module (save one from Python with "
+                                     << "torch.jit.script(model).save(PATH) or torch.jit.trace(model, example)"
+                                     << ".save(PATH); examples/export_model.py shows how): "
+                                     << what.substr(0, what.find('\n')));
+    }
   }
   torch::jit::Module& m = script_->module;
   for (const auto& sub : m.named_modules()) {
@@ -169,6 +197,7 @@ void NetworkImpl::load_script() {
   g->registerOutput(tuple->output());
   script_->sites = static_cast<int64_t>(values.size()) - 1;
   script_->with_sites = std::make_unique<torch::jit::GraphExecutor>(g, "pathkernel_kink_sites");
+  script_->graph = ScriptGraph::read(m, script_->graph_refusal);
   layers_.push_back({LayerDesc::Kind::Module, path, 0, 0, 0, 0});
   if (options_.output == OutputMap::LogSoftmax) layers_.push_back({LayerDesc::Kind::LogSoftmax, "", 0, 0, 0, 0});
 }
@@ -178,7 +207,7 @@ NetworkImpl::NetworkImpl(const NetworkOptions& options) : options_(options) {
   const ModelSpec& spec = options.spec;
   PK_CHECK(options.num_classes >= 2, "a classifier needs >= 2 classes (got " << options.num_classes << ")");
   PK_CHECK(!options.input_shape.empty(), "input shape is empty");
-  if (spec.is_torchscript()) {
+  if (spec.is_module()) {
     load_script();
     return;
   }
@@ -230,14 +259,14 @@ torch::Tensor NetworkImpl::forward(torch::Tensor x) {
   if (script_) {
     const int64_t n = x.size(0);
     c10::IValue out = script_->module.forward({script_input(x)});
-    PK_CHECK(out.isTensor(), "model '" << options_.spec.path << "' returned a " << out.tagKind()
+    PK_CHECK(out.isTensor(), "model '" << label(options_.spec) << "' returned a " << out.tagKind()
                                        << ", expected one tensor of logits [n, K]");
     torch::Tensor y = out.toTensor();
     PK_CHECK(y.dim() == 2 && y.size(0) == n && y.size(1) == options_.num_classes,
-             "model '" << options_.spec.path << "' returned shape " << y.sizes() << " for " << n
+             "model '" << label(options_.spec) << "' returned shape " << y.sizes() << " for " << n
                        << " inputs, expected [" << n << ", " << options_.num_classes
                        << "] (one logit per class of the data)");
-    PK_CHECK(y.scalar_type() == options_.dtype, "model '" << options_.spec.path << "' returned "
+    PK_CHECK(y.scalar_type() == options_.dtype, "model '" << label(options_.spec) << "' returned "
                                                           << y.scalar_type() << " outputs, expected "
                                                           << options_.dtype
                                                           << ": its forward creates tensors of a fixed dtype; "
@@ -274,6 +303,23 @@ torch::Tensor NetworkImpl::script_output(const torch::Tensor& logits) const {
 int64_t NetworkImpl::kink_sites() const {
   PK_ASSERT(script_);
   return script_->sites;
+}
+
+const ScriptGraph* NetworkImpl::script_graph() const {
+  PK_ASSERT(script_);
+  return script_->graph.get();
+}
+
+const std::string& NetworkImpl::script_graph_refusal() const {
+  PK_ASSERT(script_);
+  return script_->graph_refusal;
+}
+
+NetworkImpl::SegmentOutputs NetworkImpl::forward_segment(const torch::Tensor& x, const torch::Tensor& t,
+                                                         const std::vector<torch::Tensor>& directions) {
+  PK_ASSERT(script_ && script_->graph);
+  ScriptPass p = script_->graph->run(script_->module, script_input(x), t, directions);
+  return {script_output(p.logits), std::move(p.inputs), std::move(p.outputs), std::move(p.sites)};
 }
 
 std::pair<torch::Tensor, std::vector<torch::Tensor>> NetworkImpl::forward_with_sites(const torch::Tensor& x) {
@@ -316,7 +362,8 @@ Network build_network(const NetworkOptions& options) {
   if (options.zero_last_layer) {
     torch::NoGradGuard guard;
     for (auto& p : net->named_parameters()) {
-      if (p.key().rfind("out.", 0) == 0) p.value().zero_();
+      // pathkernel's own models' last layer is "out"; a layer list's, "out_weight" and "out_bias".
+      if (p.key().rfind("out.", 0) == 0 || p.key().rfind("out_", 0) == 0) p.value().zero_();
     }
   }
   return net;

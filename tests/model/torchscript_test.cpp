@@ -13,6 +13,7 @@
 #include "pathkernel/path.h"
 #include "pathkernel/run.h"
 #include "../test_util.h"
+#include "torchscript_util.h"
 
 namespace {
 
@@ -20,24 +21,7 @@ using namespace pathkernel;
 using pathkernel::testing::error_message;
 using pathkernel::testing::run_shell;
 using pathkernel::testing::TempDir;
-
-const std::string kPython = "/usr/bin/python3";
-
-bool have_python_torch() {
-  return std::system((kPython + " -c 'import torch, numpy' > /dev/null 2>&1").c_str()) == 0;
-}
-
-#define REQUIRE_PYTHON_TORCH()                                                            \
-  if (!have_python_torch()) GTEST_SKIP() << "Debian's python3-torch is not installed " \
-                                            "(make deps installs it)"
-
-/// Runs a Python snippet (torch, nn and F imported), written into `dir`;
-/// fails the test on error.
-void python(const TempDir& dir, const std::string& code) {
-  const std::string script = dir.write("snippet.py", "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n" + code);
-  const auto r = run_shell(kPython + " " + script);
-  ASSERT_EQ(r.status, 0) << r.out;
-}
+using namespace pathkernel::testing::script;
 
 /// Saves, as TorchScript at `path`, an MLP laid out like pathkernel's own
 /// "mlp:H[:act]" (fc1, out; same parameter order), with `in` inputs and `k` classes.
@@ -60,27 +44,6 @@ NetworkOptions options_for(const ModelSpec& spec, int64_t in, int64_t k, OutputM
   o.num_classes = k;
   o.output = map;
   return o;
-}
-
-/// The Jacobian J(w, x) [n, K, P] by per-example autograd on net.
-torch::Tensor reference_jacobian(Network& net, const torch::Tensor& w, const torch::Tensor& x) {
-  set_flat_parameters(net, w);
-  const int64_t n = x.size(0), K = net->options().num_classes, P = parameter_count(net);
-  torch::Tensor jac = torch::zeros({n, K, P}, torch::kFloat64);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t k = 0; k < K; ++k) {
-      for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
-      net->forward(x.narrow(0, i, 1))[0][k].backward();
-      std::vector<torch::Tensor> g;
-      for (auto& p : net->parameters()) g.push_back(p.grad().reshape({-1}));
-      jac[i][k] = torch::cat(g);
-    }
-  }
-  return jac;
-}
-
-double max_rel(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item<double>();
 }
 
 /// The generic route (a TorchScript MLP) against the structured route (the
@@ -109,16 +72,21 @@ TEST(TorchScript, GenericRouteAgreesWithStructuredRouteAndAutograd) {
       const torch::Tensor xb = torch::randn({B, in}, torch::kFloat64);
       const torch::Tensor yb = torch::randint(0, K, {B}, torch::kLong);
 
-      SegmentEvaluator gev(script), sev(own);
+      SegmentEvaluator gev(script, ModuleRoute::Generic), sev(own), tev(script);
       gev.set_segment(w, dw);
       sev.set_segment(w, dw);
+      tev.set_segment(w, dw);
       EXPECT_TRUE(gev.generic());
+      EXPECT_EQ(tev.route(), "structured");
       // A fixed rule: the same nodes on both routes; and the reference:
       // per-example autograd at those nodes.
       QuadratureOptions q;
       q.spec = QuadratureSpec::parse("riemann:3");
-      TestFeatures gf = test_features(gev, x, q), sf = test_features(sev, x, q);
+      TestFeatures gf = test_features(gev, x, q), sf = test_features(sev, x, q), tf = test_features(tev, x, q);
       const torch::Tensor gd = dense_features(gev, gf), sd = dense_features(sev, sf);
+      EXPECT_LE(max_rel(dense_features(tev, tf), sd), 1e-12) << where;
+      EXPECT_LE(max_rel(contract(tev, tf, train_signals(tev, xb, yb, map)),
+                        contract(sev, sf, train_signals(sev, xb, yb, map))), 1e-12) << where;
       Network ref = engine_network(options_for(own_spec, in, K, map));
       torch::Tensor expected = torch::zeros({n, K, P}, torch::kFloat64);
       const QuadratureRule rule = riemann(3);
@@ -229,7 +197,7 @@ TEST(TorchScript, FindsTheReLUsOfSubmodulesAsKinkSites) {
   EXPECT_TRUE(torch::allclose(out, in_place->forward(xi), 0, 1e-15));
 
   torch::manual_seed(5);
-  SegmentEvaluator ev(net);
+  SegmentEvaluator ev(net, ModuleRoute::Generic);
   const int64_t P = parameter_count(net);
   ev.set_segment(flatten_parameters(net), 0.5 * torch::randn({P}, torch::kFloat64));
   QuadratureOptions q;

@@ -1,0 +1,73 @@
+// A TorchScript module's forward graph read as parameterised operations, and
+// rewritten to evaluate many rows, each at its own point of a path segment,
+// in one pass (the structured route for users' own models, docs/math.md §8).
+//
+// Every parameter must enter the graph through one operation the engine has
+// a rule for (layer_rules.h):
+//   aten::linear      weight, bias           any leading dimensions (tokens)
+//   aten::conv2d      weight, bias           any kernel, stride, padding, dilation, groups
+//   aten::layer_norm  weight, bias           (elementwise affine)
+//   aten::embedding   weight                 token ids
+//   aten::add         the parameter added to a tensor (a learned position or offset)
+// Each such operation is one parameterised layer of the engine. Its output is
+// linear in its own parameters, so at w_s + t dw_s it equals
+// op(a; W_s) + t op_dir(a; dW): the rewritten graph takes a position t per row
+// and the direction of every parameter, and returns the module's logits, every
+// layer's input a_l and output y_l (the backprop signals are the gradients at
+// y_l), and the inputs of its ReLUs and leaky ReLUs, whose sign changes are
+// the integrand's kinks. Everything else in the module (residual additions,
+// pooling, attention, activations, reshapes) runs as the module wrote it.
+//
+// A parameter used any other way, or by two operations (tied weights), leaves
+// the module to the generic route; read() says which and why.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/script.h>
+
+#include "pathkernel/model.h"
+
+namespace pathkernel {
+
+/// One parameterised operation of the graph, in graph order.
+struct ScriptLayer {
+  LayerDesc desc;      ///< kind and geometry; desc.module names the operation
+  std::string weight;  ///< the parameter's qualified name, e.g. "blocks.0.conv1.weight"
+  std::string bias;    ///< "" when the operation has none
+};
+
+/// What one pass of the rewritten graph returns, rows first.
+struct ScriptPass {
+  torch::Tensor logits;                ///< [R, K], before the output map
+  std::vector<torch::Tensor> inputs;   ///< per layer: a_l (Embedding: the token ids)
+  std::vector<torch::Tensor> outputs;  ///< per layer: y_l at each row's t
+  std::vector<torch::Tensor> sites;    ///< per ReLU / leaky ReLU: its input, [R, U_j]
+};
+
+class ScriptGraph {
+ public:
+  /// Reads `module`'s forward graph. Returns nullptr, with the reason in
+  /// `why_not`, when a parameter is used in a way no rule covers.
+  static std::unique_ptr<ScriptGraph> read(const torch::jit::Module& module, std::string& why_not);
+
+  const std::vector<ScriptLayer>& layers() const { return layers_; }
+  int64_t sites() const { return sites_; }
+
+  /// Evaluates rows x [R, ...] (already the module's input dtype) at t [R]:
+  /// the module's parameters hold w_s, and `directions` holds per layer its
+  /// weight's and then, if it has one, its bias's direction. Autograd
+  /// records the pass when grad mode is on.
+  ScriptPass run(const torch::jit::Module& module, const torch::Tensor& x, const torch::Tensor& t,
+                 const std::vector<torch::Tensor>& directions) const;
+
+ private:
+  std::vector<ScriptLayer> layers_;
+  int64_t sites_ = 0;
+  std::shared_ptr<torch::jit::Graph> graph_;
+  std::unique_ptr<torch::jit::GraphExecutor> executor_;
+};
+
+}  // namespace pathkernel

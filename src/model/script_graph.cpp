@@ -1,0 +1,289 @@
+// Reading a TorchScript module's forward graph as parameterised operations,
+// and rewriting it to evaluate rows at their own points of a segment.
+#include "pathkernel/script_graph.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
+#include <torch/csrc/jit/passes/inliner.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+
+#include "pathkernel/error.h"
+
+namespace pathkernel {
+
+namespace {
+
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+c10::Symbol aten(const char* name) { return c10::Symbol::fromQualString(std::string("aten::") + name); }
+
+/// The attribute path of a GetAttr chain rooted at the graph's `self`, e.g.
+/// "blocks.0.conv1.weight"; "" when `v` is not such a chain.
+std::string attribute_path(Value* v, Value* self) {
+  std::vector<std::string> parts;
+  while (v != self) {
+    Node* n = v->node();
+    if (n->kind() != c10::prim::GetAttr) return "";
+    parts.push_back(n->s(c10::attr::name));
+    v = n->input(0);
+  }
+  std::string path;
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) path += (path.empty() ? "" : ".") + *it;
+  return path;
+}
+
+/// A constant input's value, or None when it is not a constant.
+c10::optional<c10::IValue> constant(Value* v) { return torch::jit::toIValue(v); }
+
+std::vector<int64_t> int_list(Value* v, const std::string& what) {
+  auto iv = constant(v);
+  PK_CHECK(iv && iv->isIntList(), what << " is not a constant list of integers");
+  return iv->toIntVector();
+}
+
+/// Whether an operation with this kind modifies its first input in place.
+bool in_place(const Node* n) {
+  const std::string name = n->kind().toUnqualString();
+  return !name.empty() && name.back() == '_' && n->kind().is_aten();
+}
+
+bool has_in_place_use(Value* v) {
+  for (const torch::jit::Use& u : v->uses()) {
+    if (u.offset == 0 && in_place(u.user)) return true;
+  }
+  return false;
+}
+
+/// The operation kinds a parameter may enter through, and at which input.
+enum class Role { Weight, Bias };
+
+struct ParamUse {
+  Node* node;
+  Role role;
+};
+
+}  // namespace
+
+std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module, std::string& why_not) {
+  using Kind = LayerDesc::Kind;
+  auto out = std::unique_ptr<ScriptGraph>(new ScriptGraph());
+  std::shared_ptr<Graph> g = module.get_method("forward").graph()->copy();
+  auto has_calls = [&] {
+    for (Node* node : g->nodes()) {
+      if (node->kind() == c10::prim::CallMethod || node->kind() == c10::prim::CallFunction) return true;
+    }
+    return false;
+  };
+  for (int depth = 0; depth < 64 && has_calls(); ++depth) torch::jit::Inline(*g);
+  torch::jit::ConstantPropagation(g);
+  torch::jit::EliminateDeadCode(g);
+  if (g->outputs().size() != 1 || g->outputs()[0]->type()->kind() != c10::TypeKind::TensorType) {
+    why_not = "its forward does not return one tensor";
+    return nullptr;
+  }
+
+  std::set<std::string> params;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) params.insert(p.name);
+  Value* self = g->inputs()[0];
+
+  // Every use of every parameter, by the top-level operations that read it.
+  std::map<std::string, std::vector<ParamUse>> uses;
+  std::map<Node*, std::pair<std::string, std::string>> layer_params;  // node -> weight, bias
+  std::vector<Node*> layer_nodes;
+  try {
+    for (Node* n : g->nodes()) {
+      if (n->kind() != c10::prim::GetAttr) continue;
+      const std::string name = attribute_path(n->output(), self);
+      if (!params.count(name)) continue;
+      for (const torch::jit::Use& u : n->output()->uses()) {
+        const c10::Symbol k = u.user->kind();
+        Role role;
+        if ((k == aten("linear") || k == aten("conv2d")) && (u.offset == 1 || u.offset == 2)) {
+          role = u.offset == 1 ? Role::Weight : Role::Bias;
+        } else if (k == aten("layer_norm") && (u.offset == 2 || u.offset == 3)) {
+          role = u.offset == 2 ? Role::Weight : Role::Bias;
+        } else if (k == aten("embedding") && u.offset == 0) {
+          role = Role::Weight;
+        } else if (k == aten("add") && u.offset <= 1 && u.user->inputs().size() == 3 &&
+                   u.user->input(1 - u.offset)->type()->kind() == c10::TypeKind::TensorType &&
+                   u.user->input(1 - u.offset)->node()->kind() != c10::prim::GetAttr) {
+          auto alpha = constant(u.user->input(2));
+          PK_CHECK(alpha && alpha->isInt() && alpha->toInt() == 1,
+                   "parameter '" << name << "' is added with a scale other than 1");
+          role = Role::Weight;
+        } else {
+          PK_THROW("parameter '" << name << "' is used by " << k.toQualString() << " (input " << u.offset
+                                 << "), which has no rule");
+        }
+        uses[name].push_back({u.user, role});
+        auto& wb = layer_params[u.user];
+        if (!wb.first.empty() || !wb.second.empty()) {
+          PK_CHECK(role == Role::Bias ? wb.second.empty() : wb.first.empty(),
+                   "operation " << k.toQualString() << " reads two parameters in one place");
+        } else {
+          layer_nodes.push_back(u.user);
+        }
+        (role == Role::Weight ? wb.first : wb.second) = name;
+      }
+    }
+    for (const std::string& p : params) {
+      PK_CHECK(uses.count(p), "parameter '" << p << "' is not read by the top level of the forward graph "
+                                             << "(it is used inside a branch or loop, or not at all)");
+      PK_CHECK(uses[p].size() == 1, "parameter '" << p << "' is used by " << uses[p].size()
+                                                   << " operations (tied or reused weights)");
+    }
+  } catch (const Error& e) {
+    why_not = e.what();
+    return nullptr;
+  }
+  // Layers in graph order.
+  std::sort(layer_nodes.begin(), layer_nodes.end(), [](Node* a, Node* b) { return a->isBefore(b); });
+
+  // The rewrite: inputs t [R], then each layer's directions; after each
+  // layer y = op(a; W_s), insert y + t ⊙ op_dir(a; dW) (t along rows).
+  Value* t = g->addInput("pk_t");
+  t->setType(c10::TensorType::get());
+  std::vector<Value*> captured_inputs, captured_outputs;
+  try {
+    for (Node* n : layer_nodes) {
+      const auto& [weight, bias] = layer_params.at(n);
+      PK_CHECK(!weight.empty(), "operation " << n->kind().toQualString() << " has parameter '" << bias
+                                             << "' as its bias but no parameter weight");
+      const c10::Symbol k = n->kind();
+      ScriptLayer layer;
+      layer.weight = weight;
+      layer.bias = bias;
+      LayerDesc& d = layer.desc;
+      d.module = weight.substr(0, weight.rfind('.') == std::string::npos ? 0 : weight.rfind('.'));
+      Value* dw = g->addInput();
+      dw->setType(c10::TensorType::get());
+      Value* db = nullptr;
+      if (!bias.empty()) {
+        db = g->addInput();
+        db->setType(c10::TensorType::get());
+      }
+      Value* y = n->output();
+      Value* a = nullptr;
+      torch::jit::WithInsertPoint guard(n->next());
+      Value* none = g->insertConstant(c10::IValue());
+      Value* dir = nullptr;
+      if (k == aten("linear")) {
+        d.kind = Kind::Linear;
+        a = n->input(0);
+        dir = g->insert(aten("linear"), {a, dw, db ? db : none});
+      } else if (k == aten("conv2d")) {
+        d.kind = Kind::Conv2d;
+        a = n->input(0);
+        d.stride = int_list(n->input(3), "conv2d's stride");
+        d.padding2 = int_list(n->input(4), "conv2d's padding (a string padding has no rule)");
+        d.dilation = int_list(n->input(5), "conv2d's dilation");
+        auto groups = constant(n->input(6));
+        PK_CHECK(groups && groups->isInt(), "conv2d's groups is not a constant");
+        d.groups = groups->toInt();
+        dir = g->insert(aten("conv2d"), {a, dw, db ? db : none, n->input(3), n->input(4), n->input(5), n->input(6)});
+      } else if (k == aten("layer_norm")) {
+        d.kind = Kind::LayerNorm;
+        a = n->input(0);
+        d.norm_shape = int_list(n->input(1), "layer_norm's normalized shape");
+        auto eps = constant(n->input(4));
+        PK_CHECK(eps && eps->isDouble(), "layer_norm's eps is not a constant");
+        d.eps = eps->toDouble();
+        PK_CHECK(n->input(2)->node()->kind() == c10::prim::GetAttr,
+                 "layer_norm with a bias parameter and no weight parameter has no rule");
+        Value* xhat = g->insert(aten("layer_norm"), {a, n->input(1), none, none, n->input(4), n->input(5)});
+        dir = g->insert(aten("mul"), {xhat, dw});
+        if (db) dir = g->insert(aten("add"), {dir, db});
+      } else if (k == aten("embedding")) {
+        d.kind = Kind::Embedding;
+        a = n->input(1);
+        auto padding_idx = constant(n->input(2)), scale = constant(n->input(3));
+        PK_CHECK(padding_idx && padding_idx->isInt(), "embedding's padding_idx is not a constant");
+        PK_CHECK(scale && scale->isBool() && !scale->toBool(),
+                 "embedding with scale_grad_by_freq has no rule (its gradient depends on the batch)");
+        d.padding_index = padding_idx->toInt();
+        dir = g->insert(aten("embedding"), {dw, a, n->input(2), n->input(3), n->input(4)});
+      } else {  // aten::add of a parameter
+        d.kind = Kind::Addend;
+        const bool first = n->input(0)->node()->kind() == c10::prim::GetAttr &&
+                           attribute_path(n->input(0), self) == weight;
+        a = n->input(first ? 1 : 0);
+        dir = g->insert(aten("expand_as"), {dw, y});
+      }
+      // y + t ⊙ dir with t along the rows: rows moved last, scaled, moved back.
+      Value* moved = g->insert(aten("movedim"), {dir, 0, -1});
+      Value* scaled = g->insert(aten("movedim"), {g->insert(aten("mul"), {moved, t}), -1, 0});
+      Value* y_t = g->insert(aten("add"), {y, scaled});
+      y->replaceAllUsesAfterNodeWith(y_t->node(), y_t);
+      // Captured values must not change after the capture: an in-place use
+      // downstream gets a copy instead.
+      if (has_in_place_use(y_t)) {
+        Value* copy = g->insert(aten("clone"), {y_t});
+        y_t->replaceAllUsesAfterNodeWith(copy->node(), copy);
+      }
+      if (has_in_place_use(a)) {
+        torch::jit::WithInsertPoint before(n);
+        Value* copy = g->insert(aten("clone"), {a});
+        a->replaceAllUsesAfterNodeWith(copy->node(), copy);
+        a = copy;
+      }
+      captured_inputs.push_back(a);
+      captured_outputs.push_back(y_t);
+      out->layers_.push_back(std::move(layer));
+    }
+  } catch (const Error& e) {
+    why_not = e.what();
+    return nullptr;
+  }
+  // Kink sites: the inputs of ReLUs and leaky ReLUs at the top level.
+  std::vector<Value*> sites;
+  for (Node* n : g->nodes()) {
+    const c10::Symbol k = n->kind();
+    if (k == aten("relu") || k == aten("leaky_relu")) {
+      sites.push_back(n->input(0));
+    } else if (k == aten("relu_") || k == aten("leaky_relu_")) {
+      torch::jit::WithInsertPoint guard(n);
+      sites.push_back(g->insert(aten("clone"), {n->input(0)}));
+    }
+  }
+  std::vector<Value*> values{g->outputs()[0]};
+  values.insert(values.end(), captured_inputs.begin(), captured_inputs.end());
+  values.insert(values.end(), captured_outputs.begin(), captured_outputs.end());
+  values.insert(values.end(), sites.begin(), sites.end());
+  Node* tuple = g->createTuple(values);
+  g->insertNode(tuple);
+  g->eraseOutput(0);
+  g->registerOutput(tuple->output());
+  out->sites_ = static_cast<int64_t>(sites.size());
+  out->graph_ = g;
+  out->executor_ = std::make_unique<torch::jit::GraphExecutor>(g, "pathkernel_segment");
+  return out;
+}
+
+ScriptPass ScriptGraph::run(const torch::jit::Module& module, const torch::Tensor& x, const torch::Tensor& t,
+                            const std::vector<torch::Tensor>& directions) const {
+  torch::jit::Stack stack{module._ivalue(), x, t};
+  for (const torch::Tensor& d : directions) stack.emplace_back(d);
+  executor_->run(stack);
+  const auto tuple = stack.back().toTuple();
+  const auto& e = tuple->elements();
+  const size_t layers = layers_.size();
+  PK_ASSERT(e.size() == 1 + 2 * layers + static_cast<size_t>(sites_));
+  ScriptPass pass;
+  pass.logits = e[0].toTensor();
+  for (size_t l = 0; l < layers; ++l) {
+    pass.inputs.push_back(e[1 + l].toTensor());
+    pass.outputs.push_back(e[1 + layers + l].toTensor());
+  }
+  for (size_t j = 1 + 2 * layers; j < e.size(); ++j) pass.sites.push_back(e[j].toTensor().reshape({x.size(0), -1}));
+  return pass;
+}
+
+}  // namespace pathkernel

@@ -1,0 +1,323 @@
+// Tests of the structured route for TorchScript modules: every layer rule
+// (Linear on rows and on tokens, Conv2d with stride, padding, dilation and
+// groups, LayerNorm, Embedding with a padding row, a parameter added to a
+// tensor) against the generic route and against per-example autograd, for
+// both output maps; the fallback to the generic route, with its reason; and
+// a trained module decomposed exactly by both routes.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "pathkernel/decomposition.h"
+#include "pathkernel/features.h"
+#include "pathkernel/npy.h"
+#include "pathkernel/path.h"
+#include "pathkernel/run.h"
+#include "pathkernel/script_graph.h"
+#include "../test_util.h"
+#include "torchscript_util.h"
+
+namespace {
+
+using namespace pathkernel;
+using pathkernel::testing::TempDir;
+using namespace pathkernel::testing::script;
+
+/// A module to test: its Python class body, its per-example input shape,
+/// whether its inputs are token ids, and its classes.
+struct Case {
+  std::string name;
+  std::string body;  ///< class M(nn.Module) ... (saved with torch.jit.script)
+  std::vector<int64_t> input_shape;
+  bool tokens = false;
+  int64_t classes = 3;
+  bool smooth = true;  ///< no kinks: certified Gauss must agree across routes
+  std::string spec;    ///< instead of a Python body: a "layers:" spec (layer_spec.h)
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  // Conv2d: stride 2, padding 1, groups 2; a rectangular kernel with
+  // dilation and no bias; adaptive average pooling; smooth activations.
+  c.push_back({"conv", "class M(nn.Module):\n"
+                       "    def __init__(self):\n"
+                       "        super().__init__()\n"
+                       "        self.c1 = nn.Conv2d(2, 4, 3, stride=2, padding=1, groups=2)\n"
+                       "        self.c2 = nn.Conv2d(4, 4, (2, 3), padding=(1, 0), dilation=(2, 1), bias=False)\n"
+                       "        self.pool = nn.AdaptiveAvgPool2d(2)\n"
+                       "        self.fc = nn.Linear(16, 3)\n"
+                       "    def forward(self, x):\n"
+                       "        h = F.silu(self.c1(x))\n"
+                       "        z = self.c2(h)\n"
+                       "        h = torch.sigmoid(z) + F.softplus(z.neg())\n"
+                       "        return self.fc(torch.flatten(self.pool(torch.tanh(h)), 1))\n",
+               {2, 9, 9}});
+  // Token ids: an embedding with a padding row, a learned position added,
+  // LayerNorm, a Linear over the tokens, GELU, a Linear without bias.
+  c.push_back({"tokens", "class M(nn.Module):\n"
+                         "    def __init__(self):\n"
+                         "        super().__init__()\n"
+                         "        self.embed = nn.Embedding(7, 6, padding_idx=0)\n"
+                         "        self.position = nn.Parameter(0.3 * torch.randn(3, 6))\n"
+                         "        self.norm = nn.LayerNorm(6)\n"
+                         "        self.mix = nn.Linear(6, 8)\n"
+                         "        self.out = nn.Linear(8, 4, bias=False)\n"
+                         "    def forward(self, tokens):\n"
+                         "        h = self.embed(tokens) + self.position\n"
+                         "        h = F.gelu(self.mix(self.norm(h)))\n"
+                         "        return self.out(h.mean(1))\n",
+               {3}, true, 4});
+  // Piecewise linear: ReLU, an in-place ReLU, leaky ReLU, a residual
+  // addition, average and max pooling.
+  c.push_back({"relu", "class M(nn.Module):\n"
+                       "    def __init__(self):\n"
+                       "        super().__init__()\n"
+                       "        self.conv = nn.Conv2d(1, 3, 3, padding=1)\n"
+                       "        self.fc1 = nn.Linear(12, 6)\n"
+                       "        self.fc2 = nn.Linear(6, 6)\n"
+                       "        self.act = nn.ReLU(inplace=True)\n"
+                       "        self.out = nn.Linear(6, 3)\n"
+                       "    def forward(self, x):\n"
+                       "        h = F.avg_pool2d(F.relu(self.conv(x)), 2)\n"
+                       "        h = F.max_pool2d(h, 1)\n"
+                       "        h = self.act(self.fc1(torch.flatten(h, 1)))\n"
+                       "        h = h + F.leaky_relu(self.fc2(h), 0.1)\n"
+                       "        return self.out(h)\n",
+               {1, 4, 4}, false, 3, false});
+  // Layer lists compiled without Python: every layer of the grammar.
+  Case images{"layers-images", "", {2, 8, 8}};
+  images.spec = "layers:conv(4,3,padding=1),leakyrelu(0.1),res(conv(4,3,padding=1,groups=2),silu),"
+                "avgpool(2),conv(6,2,stride=1,dilation=1),relu,avgpool(2,1),layernorm,gelu,res(sigmoid),"
+                "gap,linear(5),tanh,softplus";
+  images.smooth = false;
+  c.push_back(images);
+  Case tokens{"layers-tokens", "", {3}, true, 4};
+  tokens.spec = "layers:embed(7,6),layernorm,linear(8),gelu,flatten,res(linear(24),tanh)";
+  c.push_back(tokens);
+  return c;
+}
+
+NetworkOptions options_for(const std::string& path, const Case& c, OutputMap map) {
+  NetworkOptions o;
+  o.spec = ModelSpec::parse(c.spec.empty() ? "torchscript:" + path : c.spec);
+  o.input_shape = c.input_shape;
+  o.num_classes = c.classes;
+  o.output = map;
+  o.integer_inputs = c.tokens;
+  return o;
+}
+
+/// n inputs of the case's shape: token ids in [0, 7) (0 the padding row), else normal.
+torch::Tensor inputs(const Case& c, int64_t n) {
+  std::vector<int64_t> shape{n};
+  shape.insert(shape.end(), c.input_shape.begin(), c.input_shape.end());
+  if (c.tokens) return torch::randint(0, 7, shape, torch::kLong).to(torch::kFloat64);
+  return torch::randn(shape, torch::kFloat64);
+}
+
+void export_case(const TempDir& dir, const Case& c, const std::string& path) {
+  if (!c.spec.empty()) return;  // compiled by pathkernel, from the seed
+  python(dir, c.body + "torch.manual_seed(7)\ntorch.jit.script(M()).save('" + path + "')\n");
+}
+
+/// Every rule, on a fixed rule (the same nodes on both routes): test
+/// features against per-example autograd, contractions with per-sample loss
+/// gradients against explicit loops, and the output kernel, the tangent
+/// kernel and J̄ v against the generic route; certified Gauss on both.
+class EveryRule : public ::testing::TestWithParam<std::tuple<std::string, OutputMap>> {};
+
+TEST_P(EveryRule, AgreesWithTheGenericRouteAndAutograd) {
+  if (std::get<0>(GetParam()).rfind("layers", 0) != 0) REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  for (const Case& c : cases()) {
+    if (c.name != std::get<0>(GetParam())) continue;
+    const std::string path = dir.path() + "/" + c.name + ".pt";
+    export_case(dir, c, path);
+    for (OutputMap map : {std::get<1>(GetParam())}) {
+      const std::string where = c.name + " " + output_map_name(map);
+      // Each evaluator sets its own network's weights: one network each.
+      Network net = engine_network(options_for(path, c, map));
+      Network generic = engine_network(options_for(path, c, map));
+      Network ref = engine_network(options_for(path, c, map));
+      const int64_t P = parameter_count(net), K = c.classes, n = 3, B = 5;
+      torch::manual_seed(13);
+      const torch::Tensor w = flatten_parameters(net);
+      torch::Tensor dw = 0.2 * torch::randn({P}, torch::kFloat64);
+      // An embedding's padding row has no gradient by definition, so
+      // training never moves it: nor does the direction here.
+      for (const ParamInfo& p : parameter_layout(net)) {
+        if (c.name == "tokens" && p.name == "embed.weight") dw.narrow(0, p.offset, p.shape[1]).zero_();
+      }
+      const torch::Tensor x = inputs(c, n), xb = inputs(c, B);
+      const torch::Tensor yb = torch::randint(0, K, {B}, torch::kLong);
+      SegmentEvaluator tev(net), gev(generic, ModuleRoute::Generic);
+      ASSERT_EQ(tev.route(), "structured") << where << ": " << tev.route_reason();
+      ASSERT_EQ(gev.route(), "generic") << where;
+      tev.set_segment(w, dw);
+      gev.set_segment(w, dw);
+
+      QuadratureOptions q;
+      q.spec = QuadratureSpec::parse("riemann:3");
+      const TestFeatures tf = test_features(tev, x, q), gf = test_features(gev, x, q);
+      torch::Tensor expected = torch::zeros({n, K, P}, torch::kFloat64);
+      const QuadratureRule rule = riemann(3);
+      for (size_t j = 0; j < rule.nodes.size(); ++j) {
+        expected += rule.weights[j] * reference_jacobian(ref, w + rule.nodes[j] * dw, x);
+      }
+      EXPECT_LE(max_rel(dense_features(tev, tf), expected), 1e-12) << where;
+      EXPECT_LE(max_rel(dense_features(gev, gf), expected), 1e-12) << where;
+      EXPECT_LE(max_rel(tf.f1, gf.f1), 1e-12) << where;
+
+      // Contributions' contractions: <J̄_k(x), g_i> with per-sample gradients
+      // of each training row's own loss.
+      torch::Tensor ec = torch::zeros({n, B, K}, torch::kFloat64);
+      for (int64_t i = 0; i < B; ++i) {
+        const torch::Tensor yi = yb.narrow(0, i, 1);
+        const torch::Tensor g = pathkernel::testing::flat_grad(
+            ref, w, xb.narrow(0, i, 1), [&](const torch::Tensor& out) { return training_loss(out, yi, map); });
+        ec.select(1, i).copy_(torch::matmul(expected, g));
+      }
+      EXPECT_LE(max_rel(contract(tev, tf, train_signals(tev, xb, yb, map)), ec), 1e-12) << where;
+      EXPECT_LE(max_rel(contract(gev, gf, train_signals(gev, xb, yb, map)), ec), 1e-12) << where;
+      // The same contraction through the dense test-side matrices.
+      EXPECT_LE(max_rel(contract_dense(tev, expected, train_signals(tev, xb, yb, map)), ec), 1e-12) << where;
+      EXPECT_LE(max_rel(output_kernel(tev, tf, xb), output_kernel(gev, gf, xb)), 1e-12) << where;
+      EXPECT_LE(max_rel(apply_features(tev, tf, dw), apply_features(gev, gf, dw)), 1e-12) << where;
+      const torch::Tensor tk = tangent_kernel(tev, train_output_signals(tev, xb), train_output_signals(tev, x));
+      const torch::Tensor gk = tangent_kernel(gev, train_output_signals(gev, xb), train_output_signals(gev, x));
+      EXPECT_LE(max_rel(tk, gk), 1e-12) << where;
+      EXPECT_LE(max_rel(tangent_kernel_rows(tev, train_output_signals(tev, xb)),
+                        tangent_kernel_rows(gev, train_output_signals(gev, xb))), 1e-12) << where;
+
+      // Certified Gauss: the certificate holds on the structured route, and
+      // on a smooth module the two routes integrate the same pieces alike.
+      QuadratureOptions gauss;
+      const TestFeatures ta = test_features(tev, x, gauss);
+      EXPECT_LE(ta.certificate_gap, 1e-13) << where;
+      if (c.smooth) {
+        const TestFeatures ga = test_features(gev, x, gauss);
+        EXPECT_LE(max_rel(dense_features(tev, ta), dense_features(gev, ga)), 1e-12) << where;
+      } else {
+        EXPECT_GT(ta.kinks, 0) << where;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ScriptGraph, EveryRule,
+    ::testing::Combine(::testing::Values("conv", "tokens", "relu", "layers-images", "layers-tokens"),
+                       ::testing::Values(OutputMap::LogSoftmax, OutputMap::Logits)),
+    [](const ::testing::TestParamInfo<EveryRule::ParamType>& info) {
+      std::string name = std::get<0>(info.param) + "_" + output_map_name(std::get<1>(info.param));
+      for (char& ch : name) {
+        if (ch == '-') ch = '_';
+      }
+      return name;
+    });
+
+/// What no rule covers goes to the generic route, and the evaluator says
+/// why: a parameter used by an operation without a rule, tied weights, and
+/// a parameterised operation that does not keep the examples first (found
+/// by comparing the rewritten graph with the module).
+TEST(ScriptGraph, FallsBackToTheGenericRouteAndSaysWhy) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  struct Fallback {
+    std::string name, body, reason;
+  };
+  const std::vector<Fallback> fallbacks = {
+      {"matmul",
+       "class M(nn.Module):\n"
+       "    def __init__(self):\n"
+       "        super().__init__()\n"
+       "        self.w = nn.Parameter(torch.randn(4, 3))\n"
+       "    def forward(self, x):\n"
+       "        return x @ self.w\n",
+       "parameter 'w' is used by aten::matmul"},
+      {"tied",
+       "class M(nn.Module):\n"
+       "    def __init__(self):\n"
+       "        super().__init__()\n"
+       "        self.fc = nn.Linear(4, 4)\n"
+       "        self.out = nn.Linear(4, 3)\n"
+       "    def forward(self, x):\n"
+       "        return self.out(torch.tanh(self.fc(torch.tanh(self.fc(x)))))\n",
+       "is used by 2 operations"},
+      {"transposed",
+       "class M(nn.Module):\n"
+       "    def __init__(self):\n"
+       "        super().__init__()\n"
+       "        self.fc = nn.Linear(2, 3)\n"
+       "    def forward(self, x):\n"
+       "        h = self.fc(x.reshape(x.shape[0], 2, 2).transpose(0, 1))\n"
+       "        return torch.tanh(h).transpose(0, 1).sum(1)\n",
+       "does not reproduce the module's outputs"},
+  };
+  for (const Fallback& f : fallbacks) {
+    const std::string path = dir.path() + "/" + f.name + ".pt";
+    python(dir, f.body + "torch.manual_seed(1)\ntorch.jit.script(M()).save('" + path + "')\n");
+    Case c{f.name, "", {4}};
+    Network net = engine_network(options_for(path, c, OutputMap::LogSoftmax));
+    SegmentEvaluator ev(net);
+    EXPECT_EQ(ev.route(), "generic") << f.name;
+    EXPECT_CONTAINS(ev.route_reason(), f.reason);
+    // And the generic route still decomposes it.
+    const int64_t P = parameter_count(net);
+    ev.set_segment(flatten_parameters(net), 0.1 * torch::ones({P}, torch::kFloat64));
+    const TestFeatures tf = test_features(ev, torch::randn({2, 4}, torch::kFloat64), QuadratureOptions{});
+    EXPECT_LE(tf.certificate_gap, 1e-13) << f.name;
+  }
+}
+
+/// A convolutional module with a residual block and average pooling, trained
+/// by pathkernel with SGD: both routes decompose it exactly and give the
+/// same contributions.
+TEST(ScriptGraph, BothRoutesDecomposeATrainedModuleAlike) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  const std::string model = dir.path() + "/res.pt";
+  python(dir, "class M(nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.stem = nn.Conv2d(1, 3, 3, padding=1)\n"
+              "        self.conv = nn.Conv2d(3, 3, 3, padding=1)\n"
+              "        self.head = nn.Linear(12, 3)\n"
+              "    def forward(self, x):\n"
+              "        h = F.relu(self.stem(x))\n"
+              "        h = F.relu(h + self.conv(h))\n"
+              "        return self.head(torch.flatten(F.avg_pool2d(h, 2), 1))\n"
+              "torch.manual_seed(2)\n"
+              "torch.jit.script(M()).save('" + model + "')\n");
+  const std::string data = dir.path() + "/data";
+  std::filesystem::create_directories(data);
+  torch::manual_seed(4);
+  write_npy(data + "/train_x.npy", torch::randn({30, 1, 4, 4}, torch::kFloat64));
+  write_npy(data + "/train_y.npy", torch::randint(0, 3, {30}, torch::kLong));
+  write_npy(data + "/test_x.npy", torch::randn({6, 1, 4, 4}, torch::kFloat64));
+  write_npy(data + "/test_y.npy", torch::randint(0, 3, {6}, torch::kLong));
+  RunOptions o;
+  o.data.spec = "npy:" + data;
+  o.model = "torchscript:" + model;
+  o.train.optimizer.name = "sgd";
+  o.train.optimizer.lr = 0.2;
+  o.train.batch = 10;
+  o.train.steps = 6;
+  o.train.progress = false;
+  o.checkpoint_every = 3;
+  o.out = dir.path() + "/run";
+  train_run(o);
+  PathReader reader(o.out);
+  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
+  DecompositionOptions d;
+  d.progress = false;
+  const Decomposition structured = decompose(reader, x, d);
+  d.quadrature.route = ModuleRoute::Generic;
+  const Decomposition generic = decompose(reader, x, d);
+  EXPECT_LE(summarize(structured).max_rel_error, 1e-12);
+  EXPECT_LE(summarize(generic).max_rel_error, 1e-12);
+  EXPECT_LE(max_rel(structured.contributions, generic.contributions), 1e-12);
+  EXPECT_LT(structured.evaluations, generic.evaluations * 4);  // both certified; neither degenerates
+}
+
+}  // namespace
