@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -60,7 +61,11 @@ struct LayerDesc {
   enum class Kind {
     Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax, Module, LayerNorm, Embedding, Addend
   };
-  Kind kind;
+  LayerDesc() = default;
+  LayerDesc(Kind kind, std::string module, int64_t in, int64_t out, int64_t kernel, int64_t padding)
+      : kind(kind), module(std::move(module)), in(in), out(out), kernel(kernel), padding(padding) {}
+
+  Kind kind = Kind::Module;
   std::string module;    ///< for parameterised layers: the module name, e.g. "fc1"
   int64_t in = 0;        ///< Linear: in_features;  Conv2d: in_channels
   int64_t out = 0;       ///< Linear: out_features; Conv2d: out_channels

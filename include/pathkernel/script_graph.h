@@ -32,6 +32,11 @@
 
 namespace pathkernel {
 
+/// A copy of `module`'s forward graph with every method and function call
+/// inlined and constant branches folded: the graph both the structured route
+/// and the generic route's kink sites read.
+std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module);
+
 /// One parameterised operation of the graph, in graph order.
 struct ScriptLayer {
   LayerDesc desc;      ///< kind and geometry; desc.module names the operation

@@ -339,17 +339,21 @@ void check_names(const std::vector<Layer>& list) {
   }
 }
 
+/// The layers of a list whose grammar and names are checked.
+std::vector<Layer> read_layer_list(const std::string& layers) {
+  PK_CHECK(!layers.empty(), "bad model spec 'layers:': no layers; " << kLayerGrammar);
+  std::vector<Layer> list = ListReader(layers).read();
+  check_names(list);
+  return list;
+}
+
 }  // namespace
 
-void check_layer_list(const std::string& layers) {
-  PK_CHECK(!layers.empty(), "bad model spec 'layers:': no layers; " << kLayerGrammar);
-  check_names(ListReader(layers).read());
-}
+void check_layer_list(const std::string& layers) { read_layer_list(layers); }
 
 torch::jit::Module build_layer_module(const std::string& layers, const std::vector<int64_t>& input_shape,
                                       int64_t num_classes, bool integer_inputs) {
-  check_layer_list(layers);
-  const std::vector<Layer> list = ListReader(layers).read();
+  const std::vector<Layer> list = read_layer_list(layers);
   torch::jit::Module module(c10::QualifiedName("__torch__.pathkernel.Layers"));
   Compiler c(module, integer_inputs);
   std::vector<int64_t> probe_shape{1};

@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <filesystem>
 
-#include <torch/csrc/jit/passes/constant_propagation.h>
-#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
@@ -171,17 +169,7 @@ void NetworkImpl::load_script() {
   // constant branches folded, returning (output, the input of every ReLU at
   // its top level). ReLUs inside remaining branches or loops are not sites;
   // the certificate still catches their kinks.
-  std::shared_ptr<torch::jit::Graph> g = m.get_method("forward").graph()->copy();
-  // One pass inlines one level of calls (a callee's own calls arrive
-  // uninlined), so repeat until none is left.
-  auto has_calls = [&] {
-    for (torch::jit::Node* node : g->nodes()) {
-      if (node->kind() == c10::prim::CallMethod || node->kind() == c10::prim::CallFunction) return true;
-    }
-    return false;
-  };
-  for (int depth = 0; depth < 64 && has_calls(); ++depth) torch::jit::Inline(*g);
-  torch::jit::ConstantPropagation(g);
+  std::shared_ptr<torch::jit::Graph> g = inlined_forward(m);
   std::vector<torch::jit::Value*> values{g->outputs()[0]};
   for (torch::jit::Node* node : g->nodes()) {
     if (node->kind() == c10::Symbol::fromQualString("aten::relu")) {

@@ -72,10 +72,10 @@ struct ParamUse {
 
 }  // namespace
 
-std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module, std::string& why_not) {
-  using Kind = LayerDesc::Kind;
-  auto out = std::unique_ptr<ScriptGraph>(new ScriptGraph());
+std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module) {
   std::shared_ptr<Graph> g = module.get_method("forward").graph()->copy();
+  // One pass inlines one level of calls (a callee's own calls arrive
+  // uninlined), so repeat until none is left.
   auto has_calls = [&] {
     for (Node* node : g->nodes()) {
       if (node->kind() == c10::prim::CallMethod || node->kind() == c10::prim::CallFunction) return true;
@@ -84,6 +84,13 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
   };
   for (int depth = 0; depth < 64 && has_calls(); ++depth) torch::jit::Inline(*g);
   torch::jit::ConstantPropagation(g);
+  return g;
+}
+
+std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module, std::string& why_not) {
+  using Kind = LayerDesc::Kind;
+  auto out = std::unique_ptr<ScriptGraph>(new ScriptGraph());
+  std::shared_ptr<Graph> g = inlined_forward(module);
   torch::jit::EliminateDeadCode(g);
   if (g->outputs().size() != 1 || g->outputs()[0]->type()->kind() != c10::TypeKind::TensorType) {
     why_not = "its forward does not return one tensor";

@@ -6,7 +6,6 @@
 // route and autograd in script_graph_test.cpp.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <string>
 
 #include "pathkernel/decomposition.h"
@@ -16,12 +15,14 @@
 #include "pathkernel/run.h"
 #include "pathkernel/segment.h"
 #include "../test_util.h"
+#include "torchscript_util.h"
 
 namespace {
 
 using namespace pathkernel;
 using pathkernel::testing::error_message;
 using pathkernel::testing::TempDir;
+using pathkernel::testing::script::train_small_image_run;
 
 NetworkOptions options_for(const std::string& spec, std::vector<int64_t> shape, bool integer_inputs = false) {
   NetworkOptions o;
@@ -103,26 +104,10 @@ TEST(LayerSpec, ALinearListIsTheMlp) {
 /// same contributions on the generic route.
 TEST(LayerSpec, AResidualListTrainsReplaysAndDecomposesExactly) {
   TempDir dir;
-  const std::string data = dir.path() + "/data";
-  std::filesystem::create_directories(data);
-  torch::manual_seed(4);
-  write_npy(data + "/train_x.npy", torch::randn({30, 1, 4, 4}, torch::kFloat64));
-  write_npy(data + "/train_y.npy", torch::randint(0, 3, {30}, torch::kLong));
-  write_npy(data + "/test_x.npy", torch::randn({6, 1, 4, 4}, torch::kFloat64));
-  write_npy(data + "/test_y.npy", torch::randint(0, 3, {6}, torch::kLong));
-  RunOptions o;
-  o.data.spec = "npy:" + data;
-  o.model = "layers:conv(3,3,padding=1),relu,res(conv(3,3,padding=1),relu),avgpool(2)";
-  o.train.optimizer.name = "sgd";
-  o.train.optimizer.lr = 0.2;
-  o.train.batch = 10;
-  o.train.steps = 6;
-  o.train.progress = false;
-  o.checkpoint_every = 3;
-  o.out = dir.path() + "/run";
-  const RunResult result = train_run(o);
-  EXPECT_EQ(result.manifest.model_spec, o.model);
-  PathReader reader(o.out);
+  const std::string model = "layers:conv(3,3,padding=1),relu,res(conv(3,3,padding=1),relu),avgpool(2)";
+  const RunResult result = train_small_image_run(dir, model);
+  EXPECT_EQ(result.manifest.model_spec, model);
+  PathReader reader(dir.path() + "/run");
   EXPECT_EQ(reader.check().mismatches, 0);
   const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
   DecompositionOptions d;

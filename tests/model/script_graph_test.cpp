@@ -289,25 +289,8 @@ TEST(ScriptGraph, BothRoutesDecomposeATrainedModuleAlike) {
               "        return self.head(torch.flatten(F.avg_pool2d(h, 2), 1))\n"
               "torch.manual_seed(2)\n"
               "torch.jit.script(M()).save('" + model + "')\n");
-  const std::string data = dir.path() + "/data";
-  std::filesystem::create_directories(data);
-  torch::manual_seed(4);
-  write_npy(data + "/train_x.npy", torch::randn({30, 1, 4, 4}, torch::kFloat64));
-  write_npy(data + "/train_y.npy", torch::randint(0, 3, {30}, torch::kLong));
-  write_npy(data + "/test_x.npy", torch::randn({6, 1, 4, 4}, torch::kFloat64));
-  write_npy(data + "/test_y.npy", torch::randint(0, 3, {6}, torch::kLong));
-  RunOptions o;
-  o.data.spec = "npy:" + data;
-  o.model = "torchscript:" + model;
-  o.train.optimizer.name = "sgd";
-  o.train.optimizer.lr = 0.2;
-  o.train.batch = 10;
-  o.train.steps = 6;
-  o.train.progress = false;
-  o.checkpoint_every = 3;
-  o.out = dir.path() + "/run";
-  train_run(o);
-  PathReader reader(o.out);
+  train_small_image_run(dir, "torchscript:" + model);
+  PathReader reader(dir.path() + "/run");
   const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
   DecompositionOptions d;
   d.progress = false;

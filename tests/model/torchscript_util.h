@@ -3,11 +3,14 @@
 #pragma once
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "pathkernel/model.h"
+#include "pathkernel/npy.h"
+#include "pathkernel/run.h"
 #include "../test_util.h"
 
 namespace pathkernel::testing::script {
@@ -45,6 +48,30 @@ inline torch::Tensor reference_jacobian(Network& net, const torch::Tensor& w, co
     }
   }
   return jac;
+}
+
+/// Trains `model` with SGD (lr 0.2, batch 10, 6 steps, checkpoints every 3)
+/// on 30 training and 6 test images [1, 4, 4] of 3 classes, written as
+/// npy:DIR/data; the run is DIR/run. Returns the run's result.
+inline RunResult train_small_image_run(const TempDir& dir, const std::string& model) {
+  const std::string data = dir.path() + "/data";
+  std::filesystem::create_directories(data);
+  torch::manual_seed(4);
+  write_npy(data + "/train_x.npy", torch::randn({30, 1, 4, 4}, torch::kFloat64));
+  write_npy(data + "/train_y.npy", torch::randint(0, 3, {30}, torch::kLong));
+  write_npy(data + "/test_x.npy", torch::randn({6, 1, 4, 4}, torch::kFloat64));
+  write_npy(data + "/test_y.npy", torch::randint(0, 3, {6}, torch::kLong));
+  RunOptions o;
+  o.data.spec = "npy:" + data;
+  o.model = model;
+  o.train.optimizer.name = "sgd";
+  o.train.optimizer.lr = 0.2;
+  o.train.batch = 10;
+  o.train.steps = 6;
+  o.train.progress = false;
+  o.checkpoint_every = 3;
+  o.out = dir.path() + "/run";
+  return train_run(o);
 }
 
 inline double max_rel(const torch::Tensor& a, const torch::Tensor& b) {
