@@ -210,7 +210,7 @@
         const traces = [];
         const layout = { grid: { rows: rows, columns: cols, pattern: "independent", xgap: 0.12, ygap: 0.3 },
                          annotations: [], showlegend: j === 0, legend: { orientation: "h", y: -0.12 },
-                         margin: { l: 60, r: 20, t: 30, b: 50 } };
+                         margin: { l: 60, r: 20, t: 45, b: 50 } };
         const hover = t.index.map((i) => "training #" + i);
         ev.methods.forEach((mth, q) => {
           const ax = q ? String(q + 1) : "";

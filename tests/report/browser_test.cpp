@@ -105,7 +105,7 @@ TEST_F(ReportCli, EvaluationSectionShowsWhatEvaluateWrote) {
   const nlohmann::json& ev = data["evaluation"];
   EXPECT_EQ(ev["dir"], *dir_ / "R/evaluate");
   EXPECT_EQ(ev["table"], want["table"]);
-  EXPECT_EQ(ev["methods"], (std::vector<std::string>{"epk", "grad-dot", "random"}));
+  EXPECT_EQ(ev["methods"], nlohmann::json(std::vector<std::string>{"epk", "grad-dot", "random"}));
   ASSERT_EQ(ev["loo"]["per_test"].size(), 2u);
   for (size_t t = 0; t < 2; ++t) {
     const nlohmann::json& w = want["loo"]["per_test"][t];
