@@ -47,6 +47,7 @@
 #include <torch/torch.h>
 
 #include "pathkernel/attribution_methods.h"
+#include "pathkernel/manifest.h"
 #include "pathkernel/path.h"
 #include "pathkernel/retrain.h"
 
@@ -100,5 +101,13 @@ struct Evaluation {
 /// run's test set) and writes the directory `out`. Throws Error on bad input.
 Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
                     const EvaluateOptions& options);
+
+/// Reads the evaluate.json that evaluate() wrote into `dir`, checked against
+/// the run it evaluated (manifest m): the methods, the table, and, when
+/// leave-one-out was run, each test point's entry (a test index and output
+/// of the run, removed training points of the run, and as many effects and
+/// scores of every method as removed points; a NaN score reads as null).
+/// Throws Error naming the file and what is wrong.
+Evaluation read_evaluation(const std::string& dir, const Manifest& m);
 
 }  // namespace pathkernel

@@ -8,7 +8,8 @@
 // contribution curve; the contribution mass over the steps; the angle between
 // the DPK's and the EPK's test gradients along training (Fig. 2); an EPK Gram
 // heatmap; the metagradient beside the exact contribution (when both are
-// given); for 2-D data the kernel and GP-uncertainty maps (Fig. 5); and the
+// given); `pathkernel evaluate`'s table and the scatter of each method's
+// predicted against the actual leave-one-out changes (when given); for 2-D data the kernel and GP-uncertainty maps (Fig. 5); and the
 // manifest. The plots are drawn by Plotly (pinned in src/report/js), whose
 // minified JavaScript is inlined into the file; images are inline PNGs.
 //
@@ -31,6 +32,12 @@ struct ReportOptions {
   /// explain --method metagradient output; "" = none. Its test points that
   /// the explain output also has are shown beside their exact contributions.
   std::string metagradient_dir;
+  /// `pathkernel evaluate` output (evaluate.json); "" = none. Shown as its
+  /// methods x metrics table and, per test point, each method's leave-one-out
+  /// scores against the actual changes of retraining.
+  std::string evaluate_dir;
+  int64_t evaluate_tests = 20;   ///< test points whose leave-one-out scatter is drawn (evaluate's first)
+  int64_t evaluate_points = 200; ///< removed points drawn per test point (evenly spaced in the actual change)
   int64_t test_points = 10;      ///< test points of the kernel-vs-network scatter (explained ones first)
   int64_t tracked = 8;           ///< proponents and opponents shown per side of each explained point
   int64_t gram_points = 40;      ///< class-balanced training points in the Gram heatmap (0: none)
@@ -61,7 +68,8 @@ StepTrace trace_steps(PathReader& reader, const torch::Tensor& x, const torch::T
 
 /// Everything the page shows, as JSON: read from the run directory and the
 /// explain output, and computed (trace_steps, gram, the GP maps). Throws
-/// Error on a missing or inconsistent explain output, naming the file.
+/// Error on a missing or inconsistent explain or evaluate output, naming the
+/// file.
 nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& options);
 
 /// The self-contained HTML page for report_data's output.

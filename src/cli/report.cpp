@@ -12,7 +12,7 @@ namespace pathkernel::cli {
 
 void add_report_command(CLI::App& app, Globals& globals) {
   struct Args {
-    std::string run, explain, metagradient, out;
+    std::string run, explain, metagradient, evaluate, out;
     ReportOptions report;
     QuadratureArgs q;
   };
@@ -25,6 +25,17 @@ void add_report_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--metagradient", args->metagradient,
                   "Metagradient output (explain --method metagradient) to show beside the exact contributions "
                   "(default: RUN/metagradient if it exists)");
+  cmd->add_option("--evaluate", args->evaluate,
+                  "Evaluate output (pathkernel evaluate's --out) whose table and leave-one-out scatter to show "
+                  "(default: RUN/evaluate if it exists)");
+  cmd->add_option("--evaluate-tests", args->report.evaluate_tests,
+                  "Test points whose leave-one-out scatter is drawn (evaluate's first)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--evaluate-points", args->report.evaluate_points,
+                  "Removed points drawn per test point (evenly spaced in the actual change)")
+      ->check(CLI::Range(2, 100000))
+      ->capture_default_str();
   cmd->add_option("--out", args->out, "The HTML file (default: RUN/report.html)");
   cmd->add_option("--test", args->report.test_points,
                   "Test points of the kernel-vs-network plots (the explained ones first)")
@@ -75,6 +86,15 @@ void add_report_command(CLI::App& app, Globals& globals) {
                                   << " --method metagradient --out " << args->metagradient
                                   << "' first, or leave out --metagradient");
       options.metagradient_dir = args->metagradient;
+    }
+    if (args->evaluate.empty()) {
+      const std::filesystem::path def = std::filesystem::path(args->run) / "evaluate";
+      if (std::filesystem::exists(def / "evaluate.json")) options.evaluate_dir = def.string();
+    } else {
+      PK_CHECK(std::filesystem::is_directory(args->evaluate),
+               "--evaluate '" << args->evaluate << "' does not exist: run 'pathkernel evaluate " << args->run
+                              << " --out " << args->evaluate << "' first, or leave out --evaluate");
+      options.evaluate_dir = args->evaluate;
     }
     const std::string out =
         args->out.empty() ? (std::filesystem::path(args->run) / "report.html").string() : args->out;

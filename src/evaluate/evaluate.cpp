@@ -540,4 +540,91 @@ Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const s
   return ev;
 }
 
+Evaluation read_evaluation(const std::string& dir, const Manifest& m) {
+  PK_CHECK(fs::is_directory(dir), "evaluate directory '" << dir << "' does not exist: expected the directory "
+                                                         << "'pathkernel evaluate' writes (its --out)");
+  const std::string path = (fs::path(dir) / "evaluate.json").string();
+  PK_CHECK(fs::exists(path),
+           "evaluate directory '" << dir << "' has no evaluate.json: was it written by 'pathkernel evaluate'?");
+  Evaluation ev;
+  ojson& j = ev.json;
+  try {
+    j = ojson::parse(read_file(path));
+  } catch (const ojson::exception& ex) {
+    PK_THROW("'" << path << "' is not valid JSON (" << ex.what() << "): was it written by 'pathkernel evaluate'?");
+  }
+  auto strings = [](const ojson& v) {
+    if (!v.is_array()) return false;
+    for (const auto& e : v) {
+      if (!e.is_string()) return false;
+    }
+    return true;
+  };
+  PK_CHECK(j.is_object() && j.contains("methods") && strings(j["methods"]) && !j["methods"].empty() &&
+               j.contains("columns") && strings(j["columns"]) && j.contains("table") && j["table"].is_object(),
+           "'" << path << "' has no \"methods\", \"columns\" and \"table\": expected the output of "
+               << "'pathkernel evaluate'");
+  const std::vector<std::string> methods = j["methods"];
+  ev.columns = j["columns"].get<std::vector<std::string>>();
+  auto in_range = [](const ojson& v, int64_t hi) {
+    return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < hi;
+  };
+  auto numbers = [](const ojson& v, size_t count) {  // numbers, or null for NaN
+    if (!v.is_array() || v.size() != count) return false;
+    for (const auto& e : v) {
+      if (!e.is_number() && !e.is_null()) return false;
+    }
+    return true;
+  };
+  for (const std::string& meth : methods) {
+    PK_CHECK(j["table"].contains(meth) && j["table"][meth].is_object(),
+             "'" << path << "' lists method '" << meth << "' but its table has no row for it");
+  }
+  if (j.contains("loo")) {
+    const ojson& loo = j["loo"];
+    PK_CHECK(loo.is_object() && loo.contains("per_test") && loo["per_test"].is_array() && loo.contains("random") &&
+                 loo["random"].is_array(),
+             "'" << path << "' has a \"loo\" entry without \"per_test\" and \"random\" lists");
+    for (const auto& i : loo["random"]) {
+      PK_CHECK(in_range(i, m.num_train), "'" << path << "' lists training point " << i.dump()
+                                             << " among the leave-one-out random points; the run has " << m.num_train
+                                             << " training points");
+    }
+    for (size_t t = 0; t < loo["per_test"].size(); ++t) {
+      const ojson& e = loo["per_test"][t];
+      PK_CHECK(e.is_object() && e.contains("test_index") && in_range(e["test_index"], m.num_test),
+               "'" << path << "': leave-one-out entry " << t << " has test_index "
+                   << (e.is_object() && e.contains("test_index") ? e["test_index"].dump() : "(none)") << "; the run has "
+                   << m.num_test << " test points");
+      PK_CHECK(e.contains("output") && in_range(e["output"], m.num_classes),
+               "'" << path << "': leave-one-out entry " << t << " has output "
+                   << (e.contains("output") ? e["output"].dump() : "(none)") << "; the run has " << m.num_classes
+                   << " outputs");
+      PK_CHECK(e.contains("sample") && e["sample"].is_array() && !e["sample"].empty(),
+               "'" << path << "': leave-one-out entry " << t << " has no \"sample\" of removed points");
+      const size_t count = e["sample"].size();
+      for (const auto& i : e["sample"]) {
+        PK_CHECK(in_range(i, m.num_train), "'" << path << "': leave-one-out entry " << t << " removes training point "
+                                               << i.dump() << "; the run has " << m.num_train << " training points");
+      }
+      // What a list holds, for the messages: "7 entries", or its JSON type.
+      auto held = [](const ojson& parent, const std::string& name) {
+        if (!parent.is_object() || !parent.contains(name)) return std::string("none");
+        const ojson& v = parent[name];
+        return v.is_array() ? std::to_string(v.size()) + " entries" : std::string("a ") + v.type_name();
+      };
+      PK_CHECK(e.contains("effect") && numbers(e["effect"], count),
+               "'" << path << "': leave-one-out entry " << t << " needs " << count
+                   << " numbers in \"effect\", one per removed point (got " << held(e, "effect") << ")");
+      for (const std::string& meth : methods) {
+        PK_CHECK(e.contains("scores") && e["scores"].contains(meth) && numbers(e["scores"][meth], count),
+                 "'" << path << "': leave-one-out entry " << t << " needs " << count << " scores of method '" << meth
+                     << "', one per removed point (got "
+                     << (e.contains("scores") ? held(e["scores"], meth) : std::string("none")) << ")");
+      }
+    }
+  }
+  return ev;
+}
+
 }  // namespace pathkernel

@@ -4,12 +4,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/decomposition.h"
 #include "pathkernel/error.h"
+#include "pathkernel/evaluate.h"
 #include "pathkernel/explanation.h"
 #include "pathkernel/files.h"
 #include "pathkernel/gp.h"
@@ -71,10 +73,89 @@ json input_view(const Manifest& m, const torch::Tensor& x) {
           {"dimensions", flat.size(0)}};
 }
 
+/// A number of evaluate.json for the page (four significant digits), or null.
+json short_number(const json& v) { return v.is_number() ? json(short_double(v.get<double>())) : json(nullptr); }
+
+/// evaluate's output for the page: its methods x metrics table and, for its
+/// first `max_tests` test points, each method's leave-one-out scores beside
+/// the actual changes. A test point with more than `max_points` removed
+/// points shows `max_points` of them, evenly spaced in the actual change (so
+/// its smallest and largest are kept); its correlations, evaluate's, are
+/// over all of them.
+json evaluation_view(const std::string& dir, const Manifest& m, int64_t max_tests, int64_t max_points) {
+  const Evaluation ev = read_evaluation(dir, m);
+  const json& j = ev.json;
+  json out;
+  out["dir"] = dir;
+  out["methods"] = j["methods"];
+  out["columns"] = ev.columns;
+  out["table"] = j["table"];
+  out["test_points"] = j.contains("test_indices") ? j["test_indices"].size() : 0;
+  out["output"] = j.value("output", std::string("predicted"));
+  if (j.contains("retrain")) out["retrain"] = j["retrain"];
+  if (!j.contains("loo")) return out;
+  const json& loo = j["loo"];
+  std::set<int64_t> random;
+  for (const auto& i : loo["random"]) random.insert(i.get<int64_t>());
+  json tests = json::array();
+  const size_t shown_tests = std::min(loo["per_test"].size(), static_cast<size_t>(max_tests));
+  for (size_t t = 0; t < shown_tests; ++t) {
+    const json& e = loo["per_test"][t];
+    const size_t count = e["sample"].size();
+    std::vector<size_t> pick(count);
+    for (size_t r = 0; r < count; ++r) pick[r] = r;
+    if (count > static_cast<size_t>(max_points)) {
+      // Sorted by the actual change (a null one last), then evenly spaced.
+      auto key = [&](size_t r) {
+        return e["effect"][r].is_number() ? e["effect"][r].get<double>() : std::numeric_limits<double>::infinity();
+      };
+      std::stable_sort(pick.begin(), pick.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+      std::vector<size_t> spaced;
+      for (int64_t q = 0; q < max_points; ++q) {
+        spaced.push_back(pick[static_cast<size_t>(std::llround(static_cast<double>(q) * static_cast<double>(count - 1) /
+                                                               static_cast<double>(max_points - 1)))]);
+      }
+      std::sort(spaced.begin(), spaced.end());  // evaluate's order
+      pick = spaced;
+    }
+    json index = json::array(), is_random = json::array(), effect = json::array(), scores = json::object();
+    for (size_t r : pick) {
+      const int64_t i = e["sample"][r].get<int64_t>();
+      index.push_back(i);
+      is_random.push_back(random.count(i) > 0);
+      effect.push_back(short_number(e["effect"][r]));
+    }
+    for (const auto& meth : j["methods"]) {
+      json s = json::array();
+      for (size_t r : pick) s.push_back(short_number(e["scores"][meth.get<std::string>()][r]));
+      scores[meth.get<std::string>()] = s;
+    }
+    tests.push_back({{"test_index", e["test_index"]},
+                     {"output", e["output"]},
+                     {"removed", count},
+                     {"index", index},
+                     {"random", is_random},
+                     {"effect", effect},
+                     {"scores", scores},
+                     {"spearman", e.value("spearman", json::object())},
+                     {"pearson", e.value("pearson", json::object())}});
+  }
+  out["loo"] = {{"selection_method", loo.value("selection_method", std::string())},
+                {"extremes", loo.value("extremes", int64_t(0))},
+                {"random", random.size()},
+                {"max_points", max_points},
+                {"tests", loo["per_test"].size()},
+                {"per_test", tests}};
+  return out;
+}
+
 }  // namespace
 
 nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& options) {
   PK_CHECK(options.test_points >= 1, "the report needs at least one test point (got " << options.test_points << ")");
+  PK_CHECK(options.evaluate_tests >= 1 && options.evaluate_points >= 2,
+           "the report's leave-one-out scatter needs at least 1 test point and 2 removed points per test point (got "
+               << options.evaluate_tests << " and " << options.evaluate_points << ")");
   PK_CHECK(options.tracked >= 1, "the report needs at least one tracked proponent or opponent per side (got "
                                       << options.tracked << ")");
   const Manifest& m = reader.manifest();
@@ -95,6 +176,12 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
   ExplainOutput ex;
   const bool explained = !options.explain_dir.empty();
   if (explained) ex = read_explain_output(options.explain_dir, m);
+  // evaluate's table and its leave-one-out scatter, when given (read before
+  // the decomposition, so a bad directory fails at once).
+  json evaluation;
+  if (!options.evaluate_dir.empty()) {
+    evaluation = evaluation_view(options.evaluate_dir, m, options.evaluate_tests, options.evaluate_points);
+  }
   std::vector<int64_t> test_idx;
   std::set<int64_t> seen;
   if (explained) {
@@ -214,6 +301,8 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
     }
   }
   out["views"] = views;
+
+  if (!evaluation.is_null()) out["evaluation"] = evaluation;
 
   // The EPK Gram matrix between class-balanced training points, sorted by class.
   if (options.gram_points > 0) {

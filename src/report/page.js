@@ -174,6 +174,74 @@
     });
   }
 
+  // pathkernel evaluate: the methods x metrics table and, per test point, each
+  // method's predicted change against the actual change of retraining.
+  if (data.evaluation) {
+    const ev = data.evaluation;
+    const loo = ev.loo;
+    const s = section("evaluation", "Attributions against retraining",
+      "From " + ev.dir + "/evaluate.json ('pathkernel evaluate', " + ev.test_points + " test points, output: " +
+      ev.output + (ev.retrain ? "; " + ev.retrain.retrainings + " retrainings, removal " + ev.retrain.scaling : "") +
+      "). The table is evaluate's: loo_* are means over the test points of each method's correlation with the " +
+      "actual leave-one-out changes (loo_spearman_random: on the random points alone; loo_slope: the median " +
+      "slope of the changes on the scores), lds the linear datamodeling score, mislabel_auc the area under the " +
+      "ROC curve of finding flipped labels.");
+    const head = el("tr", {}, [el("th", { text: "method" })].concat(ev.columns.map((c) => el("th", { text: c }))));
+    const rows = ev.methods.map((mth) => el("tr", {}, [el("td", { text: mth })].concat(
+      ev.columns.map((c) => el("td", { class: "num", text: fmt((ev.table[mth] || {})[c], 3) })))));
+    s.appendChild(el("table", { class: "metrics", id: "pk-evaluate-table" }, [head].concat(rows)));
+    if (!loo) {
+      s.appendChild(el("p", { class: "note", text: "No leave-one-out in this evaluation, so no scatter: run " +
+        "'pathkernel evaluate RUN --metrics loo' for it." }));
+    } else {
+      const capped = loo.per_test.some((t) => t.index.length < t.removed);
+      s.appendChild(el("p", { class: "note", id: "pk-evaluate-note", text:
+        "Per test point, each removed training point i: horizontal, the method's score (the change it predicts); " +
+        "vertical, the actual change f(x) − f₋ᵢ(x) of the output when the run is retrained from w_0 with the same " +
+        "batches minus point i. Removed: the " + loo.extremes + " top and bottom points of each test point by " +
+        loo.selection_method + " (blue) and " + loo.random + " random points shared by the test points (orange). " +
+        (loo.per_test.length < loo.tests ? "Showing the first " + loo.per_test.length + " of " + loo.tests +
+          " test points (report --evaluate-tests). " : "") +
+        (capped ? "Test points with more than " + loo.max_points + " removed points show " + loo.max_points +
+          " of them, evenly spaced in the actual change (report --evaluate-points); the correlations in the " +
+          "captions are evaluate's, over all of them." : "") }));
+      loo.per_test.forEach((t, j) => {
+        const M = ev.methods.length, cols = Math.min(M, 3), rows = Math.ceil(M / cols);
+        const traces = [];
+        const layout = { grid: { rows: rows, columns: cols, pattern: "independent", xgap: 0.12, ygap: 0.3 },
+                         annotations: [], showlegend: j === 0, legend: { orientation: "h", y: -0.12 },
+                         margin: { l: 60, r: 20, t: 45, b: 50 } };
+        const hover = t.index.map((i) => "training #" + i);
+        ev.methods.forEach((mth, q) => {
+          const ax = q ? String(q + 1) : "";
+          for (const random of [false, true]) {
+            const pos = t.random.map((r, r0) => (r === random ? r0 : -1)).filter((r0) => r0 >= 0);
+            traces.push({ type: "scatter", mode: "markers", xaxis: "x" + ax, yaxis: "y" + ax,
+              name: random ? "random points" : "top and bottom by " + loo.selection_method,
+              legendgroup: random ? "random" : "chosen", showlegend: q === 0,
+              marker: { size: 6, color: random ? palette[1] : palette[0] },
+              x: pos.map((r0) => t.scores[mth][r0]), y: pos.map((r0) => t.effect[r0]),
+              text: pos.map((r0) => hover[r0]),
+              hovertemplate: "%{text}<br>" + mth + " %{x:.3g}<br>actual %{y:.3g}<extra></extra>" });
+          }
+          layout["xaxis" + ax] = { title: { text: mth + " score", standoff: 4 }, zeroline: true };
+          layout["yaxis" + ax] = { title: { text: q % cols === 0 ? "actual change" : "" }, zeroline: true };
+          layout.annotations.push({ text: mth + ": Spearman " + fmt(t.spearman[mth], 3) + ", Pearson " +
+            fmt(t.pearson[mth], 3), xref: "x" + ax + " domain", yref: "y" + ax + " domain", x: 0.5, y: 1.0,
+            xanchor: "center", yanchor: "bottom", showarrow: false, font: { size: 12 } });
+        });
+        const box = el("div", { class: "evaluation-point", id: "evaluate-" + j });
+        s.appendChild(box);
+        plot(box, "plot-evaluate-" + j, traces, layout, 60 + rows * 260);
+        box.appendChild(el("p", { class: "caption", id: "caption-evaluate-" + j, text:
+          "test #" + t.test_index + ", output " + t.output + ", " + t.removed + " removed points" +
+          (t.index.length < t.removed ? " (" + t.index.length + " drawn)" : "") + ": " +
+          ev.methods.map((mth) => mth + " Spearman " + fmt(t.spearman[mth], 3) + ", Pearson " +
+            fmt(t.pearson[mth], 3)).join("; ") }));
+      });
+    }
+  }
+
   function inputView(input, kind, id) {
     if (input.png) {
       const img = el("img", { src: input.png, class: "digit " + kind, alt: kind + " image" });

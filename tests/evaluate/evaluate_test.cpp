@@ -4,6 +4,7 @@
 #include "pathkernel/evaluate.h"
 
 #include <filesystem>
+#include <functional>
 
 #include "evaluate_util.h"
 #include "pathkernel/files.h"
@@ -149,4 +150,57 @@ TEST(Evaluate, OneStepLeaveOneOutEffectsAreTheExactContributions) {
       EXPECT_NEAR(effect, score, 0.05 * std::abs(score) + 1e-9);
     }
   }
+}
+
+// read_evaluation gives back what evaluate() wrote, and refuses a file that
+// does not fit the run, naming the file and the entry.
+TEST(Evaluate, ReadEvaluationGivesBackWhatEvaluateWroteAndRefusesBadFiles) {
+  TempDir dir;
+  SmallData(30).write(dir / "data");
+  cli_train(dir / "data", dir / "run", "--model mlp:6 --seed 3 --steps 5 --optimizer sgd --batch 8 --lr 0.1");
+  PathReader reader(dir / "run");
+  EvaluateOptions o;
+  o.methods = {"grad-dot", "random"};
+  o.metrics = {"loo"};
+  o.loo_extremes = 1;
+  o.loo_random = 3;
+  o.progress = false;
+  o.retrain.workers = 1;
+  const Evaluation e = evaluate(reader, torch::tensor({2, 5}), dir / "eval", o);
+  const Manifest& m = reader.manifest();
+  const Evaluation back = read_evaluation(dir / "eval", m);
+  EXPECT_EQ(back.json, e.json);
+  EXPECT_EQ(back.columns, e.columns);
+  ASSERT_EQ(back.json["loo"]["per_test"].size(), 2u);
+
+  EXPECT_CONTAINS(error_message([&] { read_evaluation(dir / "nowhere", m); }),
+                  "evaluate directory '" + (dir / "nowhere") + "' does not exist");
+  std::filesystem::create_directories(dir / "bad");
+  EXPECT_CONTAINS(error_message([&] { read_evaluation(dir / "bad", m); }), "has no evaluate.json");
+  dir.write("bad/evaluate.json", "{ not json");
+  EXPECT_CONTAINS(error_message([&] { read_evaluation(dir / "bad", m); }), "is not valid JSON");
+  const std::string file = dir / "bad/evaluate.json";
+  auto write_changed = [&](const std::function<void(json&)>& change) {
+    json j = json::parse(read_file(dir / "eval/evaluate.json"));
+    change(j);
+    write_file_atomic(file, j.dump());
+  };
+  auto refused = [&](const std::function<void(json&)>& change) {
+    write_changed(change);
+    return error_message([&] { read_evaluation(dir / "bad", m); });
+  };
+  write_changed([](json&) {});
+  EXPECT_NO_THROW(read_evaluation(dir / "bad", m));  // unchanged, it reads
+  EXPECT_CONTAINS(refused([](json& j) { j["table"].erase("random"); }),
+                  "lists method 'random' but its table has no row for it");
+  EXPECT_CONTAINS(refused([](json& j) { j["loo"]["per_test"][1]["test_index"] = 9; }),
+                  "leave-one-out entry 1 has test_index 9; the run has 9 test points");
+  EXPECT_CONTAINS(refused([](json& j) { j["loo"]["per_test"][0]["sample"][0] = 30; }),
+                  "leave-one-out entry 0 removes training point 30; the run has 30 training points");
+  EXPECT_CONTAINS(refused([](json& j) { j["loo"]["per_test"][0]["effect"].erase(0); }),
+                  "numbers in \"effect\", one per removed point (got ");
+  EXPECT_CONTAINS(refused([](json& j) { j["loo"]["per_test"][1]["scores"]["grad-dot"] = "x"; }),
+                  "scores of method 'grad-dot', one per removed point (got a string)");
+  EXPECT_CONTAINS(refused([](json& j) { j["loo"]["per_test"][0]["output"] = 3; }),
+                  "leave-one-out entry 0 has output 3; the run has 3 outputs");
 }

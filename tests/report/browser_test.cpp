@@ -1,7 +1,9 @@
-// End to end: train a small MNIST run, explain two test digits, write the
-// report with the CLI, check its numbers against contributions.npy, then load
-// it in headless Chromium: no console errors, the key elements present, and a
-// screenshot that is not blank. Skipped (with the reason) without Chromium.
+// End to end: train a small MNIST run, explain two test digits, evaluate the
+// attributions, write the report with the CLI, check its numbers against
+// contributions.npy and evaluate.json, then load it in headless Chromium: no
+// console errors, the key elements present, and a screenshot that is not
+// blank; a report written before evaluate has no evaluation section. The
+// browser parts are skipped (with the reason) without Chromium.
 #include <gtest/gtest.h>
 #include <stb_image.h>
 #include <sys/wait.h>
@@ -61,6 +63,13 @@ class ReportCli : public ::testing::Test {
     ASSERT_EQ(e.status, 0) << e.out;
     Output mg = pathkernel("explain " + r + " --method metagradient --test-index 0 --quiet");
     ASSERT_EQ(mg.status, 0) << mg.out;
+    // Before evaluate has run: a page without its section.
+    Output plain = pathkernel("report " + r + " --test 2 --gram-points 0 --out " + (*dir_ / "plain.html"));
+    ASSERT_EQ(plain.status, 0) << plain.out;
+    plain_out_ = new std::string(plain.out);
+    Output ev = pathkernel("evaluate " + r + " --test-index 0,7 --methods epk,grad-dot,random --metrics loo,lds "
+                           "--loo-extremes 2 --loo-random 3 --lds-subsets 4 --workers 2 --quiet");
+    ASSERT_EQ(ev.status, 0) << ev.out;
     Output rep = pathkernel("report " + r + " --test 6 --gram-points 20 --quiet --out " + (*dir_ / "report.html"));
     ASSERT_EQ(rep.status, 0) << rep.out;
     report_out_ = new std::string(rep.out);
@@ -68,12 +77,68 @@ class ReportCli : public ::testing::Test {
   static void TearDownTestSuite() {
     delete dir_;
     delete report_out_;
+    delete plain_out_;
   }
   static testing::TempDir* dir_;
   static std::string* report_out_;
+  static std::string* plain_out_;
 };
 testing::TempDir* ReportCli::dir_ = nullptr;
 std::string* ReportCli::report_out_ = nullptr;
+std::string* ReportCli::plain_out_ = nullptr;
+
+bool has_chromium() {
+  if (std::filesystem::exists(kChromium)) return true;
+  std::printf("skipping the browser test: %s is not installed (scripts/deps.sh installs Debian's chromium)\n",
+              kChromium);
+  return false;
+}
+
+/// The report finds RUN/evaluate by itself and shows what evaluate wrote
+/// there (read here on its own): the table, and per test point every
+/// method's leave-one-out scores and actual changes.
+TEST_F(ReportCli, EvaluationSectionShowsWhatEvaluateWrote) {
+  ASSERT_NE(dir_, nullptr);
+  const nlohmann::json want = nlohmann::json::parse(read_file(*dir_ / "R/evaluate/evaluate.json"));
+  const nlohmann::json data = page_data(read_file(*dir_ / "report.html"));
+  ASSERT_TRUE(data.contains("evaluation"));
+  const nlohmann::json& ev = data["evaluation"];
+  EXPECT_EQ(ev["dir"], *dir_ / "R/evaluate");
+  EXPECT_EQ(ev["table"], want["table"]);
+  EXPECT_EQ(ev["methods"], nlohmann::json(std::vector<std::string>{"epk", "grad-dot", "random"}));
+  ASSERT_EQ(ev["loo"]["per_test"].size(), 2u);
+  for (size_t t = 0; t < 2; ++t) {
+    const nlohmann::json& w = want["loo"]["per_test"][t];
+    const nlohmann::json& p = ev["loo"]["per_test"][t];
+    EXPECT_EQ(p["test_index"], t == 0 ? 0 : 7);
+    ASSERT_EQ(p["index"], w["sample"]);
+    for (size_t r = 0; r < w["sample"].size(); ++r) {
+      const double e = w["effect"][r], g = w["scores"]["grad-dot"][r];
+      // The page keeps four significant digits.
+      EXPECT_NEAR(p["effect"][r].get<double>(), e, 5e-4 * std::abs(e)) << r;
+      EXPECT_NEAR(p["scores"]["grad-dot"][r].get<double>(), g, 5e-4 * std::abs(g)) << r;
+    }
+    EXPECT_EQ(p["spearman"], w["spearman"]);
+  }
+}
+
+/// With no evaluate output the report says nothing of it and has no section.
+TEST_F(ReportCli, NoEvaluationSectionWithoutEvaluateOutput) {
+  ASSERT_NE(dir_, nullptr);
+  EXPECT_EQ(plain_out_->find("evaluate"), std::string::npos) << *plain_out_;
+  const nlohmann::json data = page_data(read_file(*dir_ / "plain.html"));
+  EXPECT_FALSE(data.contains("evaluation"));
+  if (!has_chromium()) GTEST_SKIP() << kChromium << " is not installed (scripts/deps.sh installs Debian's chromium)";
+  const Output dom = chromium(*dir_ / "plain.html", *dir_ / "profile-plain", "--dump-dom");
+  ASSERT_EQ(dom.status, 0) << dom.out.substr(0, 4000);
+  EXPECT_CONTAINS(dom.out, "data-status=\"ok\"");
+  EXPECT_CONTAINS(dom.out, "id=\"plot-training\"");
+  // (The page's script is in the dump too, so look for what it would draw.)
+  for (const char* absent : {"id=\"evaluation\"", "id=\"pk-evaluate-table\"", "id=\"plot-evaluate-0\"",
+                             "<h2>Attributions against retraining</h2>"}) {
+    EXPECT_EQ(dom.out.find(absent), std::string::npos) << absent;
+  }
+}
 
 TEST_F(ReportCli, PerStepCurvesSumToContributionsNpy) {
   ASSERT_NE(dir_, nullptr);
@@ -118,6 +183,12 @@ TEST_F(ReportCli, BadInputGetsAClearError) {
   Output bad = pathkernel("report " + (*dir_ / "R") + " --explain " + (*dir_ / "R/checkpoints"));
   EXPECT_NE(bad.status, 0);
   EXPECT_CONTAINS(bad.out, "has no explain.json");
+  Output no_eval = pathkernel("report " + (*dir_ / "R") + " --evaluate " + (*dir_ / "nowhere"));
+  EXPECT_NE(no_eval.status, 0);
+  EXPECT_CONTAINS(no_eval.out, "--evaluate '" + (*dir_ / "nowhere") + "' does not exist");
+  Output bad_eval = pathkernel("report " + (*dir_ / "R") + " --evaluate " + (*dir_ / "R/checkpoints"));
+  EXPECT_NE(bad_eval.status, 0);
+  EXPECT_CONTAINS(bad_eval.out, "has no evaluate.json");
   Output option = pathkernel("report " + (*dir_ / "R") + " --colour red");
   EXPECT_NE(option.status, 0);
   EXPECT_CONTAINS(option.out, "--colour");
@@ -125,11 +196,7 @@ TEST_F(ReportCli, BadInputGetsAClearError) {
 
 TEST_F(ReportCli, OpensInHeadlessChromium) {
   ASSERT_NE(dir_, nullptr);
-  if (!std::filesystem::exists(kChromium)) {
-    std::printf("skipping the browser test: %s is not installed (scripts/deps.sh installs Debian's chromium)\n",
-                kChromium);
-    GTEST_SKIP() << kChromium << " is not installed (scripts/deps.sh installs Debian's chromium)";
-  }
+  if (!has_chromium()) GTEST_SKIP() << kChromium << " is not installed (scripts/deps.sh installs Debian's chromium)";
   const std::string page = *dir_ / "report.html";
   const Output dom = chromium(page, *dir_ / "profile-dom", "--dump-dom");
   ASSERT_EQ(dom.status, 0) << dom.out.substr(0, 4000);
@@ -139,12 +206,20 @@ TEST_F(ReportCli, OpensInHeadlessChromium) {
   for (const char* id : {"id=\"plot-training\"", "id=\"plot-scatter\"", "id=\"plot-certificate\"",
                          "id=\"plot-mass\"", "id=\"plot-angle\"", "id=\"plot-gram\"", "id=\"pk-max-error\"",
                          "id=\"test-input\"", "id=\"point-0\"", "id=\"plot-views-0\"", "id=\"point-7\"", "class=\"tile proponents\"",
-                         "class=\"tile opponents\"", "id=\"pk-manifest\"", "id=\"curve-0\""}) {
+                         "class=\"tile opponents\"", "id=\"pk-manifest\"", "id=\"curve-0\"",
+                         "id=\"evaluation\"", "id=\"pk-evaluate-table\"", "id=\"plot-evaluate-0\"",
+                         "id=\"plot-evaluate-1\"", "id=\"caption-evaluate-0\"", "id=\"pk-evaluate-note\""}) {
     EXPECT_CONTAINS(dom.out, id);
   }
-  // Plotly drew every plot: 6 sections, one curve per explained point and the
-  // metagradient's scatter of the one point it explains.
-  EXPECT_CONTAINS(dom.out, "data-plots=\"9\"");
+  // The captions give each method's correlations; the table has a row per method.
+  EXPECT_CONTAINS(dom.out, "test #7, output ");
+  EXPECT_CONTAINS(dom.out, "epk Spearman ");
+  EXPECT_CONTAINS(dom.out, "; grad-dot Spearman ");
+  EXPECT_CONTAINS(dom.out, "<td>random</td>");
+  // Plotly drew every plot: 6 sections, one curve per explained point, the
+  // metagradient's scatter of the one point it explains, and evaluate's
+  // leave-one-out scatter of its two test points.
+  EXPECT_CONTAINS(dom.out, "data-plots=\"11\"");
   EXPECT_NE(dom.out.find("class=\"main-svg\""), std::string::npos);
 
   const std::string png = *dir_ / "screenshot.png";

@@ -1,12 +1,17 @@
 // Tests of the report's computations: the per-step terms against the
 // decomposition and a slow autograd reference, the DPK angle, the HTML page,
-// and the errors of a bad explain output.
+// evaluate's table and leave-one-out scatter, and the errors of a bad
+// explain output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "../test_util.h"
+#include "pathkernel/evaluate.h"
 #include "pathkernel/explanation.h"
 #include "pathkernel/files.h"
 #include "pathkernel/model.h"
@@ -180,6 +185,106 @@ TEST(Report, ShowsTheMetagradientBesideTheExactContributions) {
   // Without the metagradient there is nothing to show.
   o.metagradient_dir.clear();
   EXPECT_TRUE(report_data(reader, o)["views"].empty());
+}
+
+/// A number as the page keeps it: four significant digits.
+double four_digits(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return std::strtod(buf, nullptr);
+}
+
+/// With evaluate's output, the page holds its table and, per test point,
+/// every method's leave-one-out scores beside the actual changes, as
+/// evaluate.json has them (read here on its own); without it, nothing.
+TEST(Report, ShowsTheEvaluationAsEvaluateWroteIt) {
+  testing::TempDir dir;
+  train_run(testing::small_run(dir / "R", "sgd", 6, 3));
+  PathReader reader(dir / "R");
+  EvaluateOptions eo;
+  eo.methods = {"epk", "grad-dot", "random"};
+  eo.metrics = {"loo", "lds"};
+  eo.loo_extremes = 2;
+  eo.loo_random = 5;
+  eo.lds_subsets = 4;
+  eo.progress = false;
+  eo.retrain.workers = 1;
+  evaluate(reader, torch::tensor(std::vector<int64_t>{1, 4, 9}, torch::kLong), dir / "EV", eo);
+  const nlohmann::json want = nlohmann::json::parse(read_file(dir / "EV/evaluate.json"));
+  ReportOptions o;
+  o.test_points = 2;
+  o.gram_points = 0;
+  o.progress = false;
+  o.evaluate_dir = dir / "EV";
+  const nlohmann::json data = nlohmann::json::parse(report_data(reader, o).dump());
+  ASSERT_TRUE(data.contains("evaluation"));
+  const nlohmann::json& ev = data["evaluation"];
+  EXPECT_EQ(ev["methods"], want["methods"]);
+  EXPECT_EQ(ev["columns"], want["columns"]);
+  EXPECT_EQ(ev["table"], want["table"]);
+  EXPECT_TRUE(ev["table"]["epk"].contains("lds"));
+  std::set<int64_t> random;
+  for (const auto& i : want["loo"]["random"]) random.insert(i.get<int64_t>());
+  ASSERT_EQ(random.size(), 5u);
+  const nlohmann::json& page = ev["loo"]["per_test"];
+  ASSERT_EQ(page.size(), 3u);
+  int64_t checked = 0;
+  for (size_t t = 0; t < 3; ++t) {
+    const nlohmann::json& w = want["loo"]["per_test"][t];
+    const nlohmann::json& p = page[t];
+    EXPECT_EQ(p["test_index"], w["test_index"]);
+    EXPECT_EQ(p["output"], w["output"]);
+    EXPECT_EQ(p["removed"], w["sample"].size());
+    ASSERT_EQ(p["index"], w["sample"]);  // 9 or fewer points: all drawn, in evaluate's order
+    ASSERT_GE(w["sample"].size(), 5u);
+    for (size_t r = 0; r < w["sample"].size(); ++r) {
+      EXPECT_EQ(p["random"][r].get<bool>(), random.count(w["sample"][r].get<int64_t>()) > 0) << r;
+      EXPECT_EQ(p["effect"][r].get<double>(), four_digits(w["effect"][r].get<double>())) << t << " " << r;
+      for (const std::string meth : {"epk", "grad-dot", "random"}) {
+        EXPECT_EQ(p["scores"][meth][r].get<double>(), four_digits(w["scores"][meth][r].get<double>()))
+            << meth << " " << t << " " << r;
+        ++checked;
+      }
+    }
+    for (const std::string meth : {"epk", "grad-dot", "random"}) {
+      EXPECT_EQ(p["spearman"][meth], w["spearman"][meth]) << meth;
+      EXPECT_EQ(p["pearson"][meth], w["pearson"][meth]) << meth;
+    }
+  }
+  EXPECT_GE(checked, 3 * 5 * 3);
+
+  // Capped: the first 2 test points, 3 removed points each, evenly spaced in
+  // the actual change (its smallest, middle and largest).
+  o.evaluate_tests = 2;
+  o.evaluate_points = 3;
+  const nlohmann::json capped = nlohmann::json::parse(report_data(reader, o).dump())["evaluation"]["loo"];
+  EXPECT_EQ(capped["tests"], 3);
+  ASSERT_EQ(capped["per_test"].size(), 2u);
+  for (size_t t = 0; t < 2; ++t) {
+    const nlohmann::json& w = want["loo"]["per_test"][t];
+    const nlohmann::json& p = capped["per_test"][t];
+    std::vector<double> all;
+    for (const auto& v : w["effect"]) all.push_back(four_digits(v.get<double>()));
+    std::sort(all.begin(), all.end());
+    const size_t n = all.size();
+    ASSERT_EQ(p["effect"].size(), 3u);
+    ASSERT_EQ(p["index"].size(), 3u);
+    std::vector<double> drawn = p["effect"];
+    std::sort(drawn.begin(), drawn.end());
+    EXPECT_EQ(drawn, (std::vector<double>{all[0], all[(n - 1) / 2 + ((n - 1) % 2 ? 1 : 0)], all[n - 1]}));
+    EXPECT_EQ(p["removed"], n);
+    for (size_t q = 0; q < 3; ++q) {  // each drawn point keeps its own scores
+      const auto at = std::find(w["sample"].begin(), w["sample"].end(), p["index"][q]);
+      ASSERT_NE(at, w["sample"].end());
+      const size_t r = static_cast<size_t>(at - w["sample"].begin());
+      EXPECT_EQ(p["effect"][q].get<double>(), four_digits(w["effect"][r].get<double>()));
+      EXPECT_EQ(p["scores"]["epk"][q].get<double>(), four_digits(w["scores"]["epk"][r].get<double>()));
+    }
+  }
+
+  // Without an evaluate output there is no section at all.
+  o.evaluate_dir.clear();
+  EXPECT_FALSE(report_data(reader, o).contains("evaluation"));
 }
 
 TEST(Report, TwoDimensionalDataGetsTheMaps) {
