@@ -245,9 +245,22 @@ Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x, 
 /// Continues from saved progress: its accumulators replace d's. Returns the
 /// progress, or null when there is none.
 const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomposition& d, int64_t chunk,
-                                     bool kernel) {
+                                     bool kernel, Decomposition* block = nullptr) {
   const DecompositionProgress* p = checkpoint ? checkpoint->resume_point() : nullptr;
   if (p == nullptr) return nullptr;
+  // A forward walk saved in the middle of a block of steps also holds that block's sums so far.
+  if (p->block.contributions.defined()) {
+    PK_CHECK(block != nullptr && p->block.contributions.sizes() == block->contributions.sizes() &&
+                 p->block.regularization.defined() && p->block.rounding.defined() && p->block.gap_abs.defined() &&
+                 p->block.kernel.defined() == kernel,
+             "the saved progress holds sums of a block of steps that do not fit this decomposition; delete it to "
+             "start over");
+    block->contributions.copy_(p->block.contributions);
+    block->regularization.copy_(p->block.regularization);
+    block->rounding.copy_(p->block.rounding);
+    block->gap_abs.copy_(p->block.gap_abs);
+    if (kernel) block->kernel.copy_(p->block.kernel);
+  }
   PK_CHECK(p->chunk == chunk && p->partial.contributions.sizes() == d.contributions.sizes() &&
                p->partial.regularization.sizes() == d.regularization.sizes() &&
                p->partial.rounding.sizes() == d.rounding.sizes() && p->partial.kernel.defined() == kernel,
@@ -448,6 +461,25 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   return decompose(reader, x_in, options, nullptr);
 }
 
+std::vector<int64_t> step_blocks(const Manifest& m) {
+  std::vector<int64_t> bounds;
+  for (const CheckpointRecord& c : m.checkpoints) bounds.push_back(c.step);
+  PK_CHECK(bounds.size() >= 2 && bounds.front() == 0 && bounds.back() == m.steps,
+           "the run's checkpoints must start at step 0 and end at step " << m.steps << " (they hold "
+                                                                           << bounds.size() << ")");
+  return bounds;
+}
+
+void add_step_block(Decomposition& total, const Decomposition& block) {
+  total.contributions.add_(block.contributions);
+  total.regularization.add_(block.regularization);
+  total.rounding.add_(block.rounding);
+  total.gap_abs.add_(block.gap_abs);
+  PK_CHECK(total.kernel.defined() == block.kernel.defined(),
+           "add_step_block: the kernel is in one decomposition and not in the other");
+  if (block.kernel.defined()) total.kernel.add_(block.kernel);
+}
+
 int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options) {
   const Manifest& m = reader.manifest();
   const bool reverse = UpdateRule(m.optimizer).has_buffer() || options.reverse;
@@ -491,10 +523,22 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   Decomposition d = start(reader, grad64, x, chunk);
   d.steps = end_step - options.first_step;
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
+  // The sums of the block of steps in progress (step_blocks(), cut to the
+  // range), each block from zero, added to d's at the block's end.
+  Decomposition blk;
+  blk.contributions = torch::zeros_like(d.contributions);
+  blk.regularization = torch::zeros_like(d.regularization);
+  blk.rounding = torch::zeros_like(d.rounding);
+  blk.gap_abs = torch::zeros_like(d.gap_abs);
+  if (options.kernel) blk.kernel = torch::zeros_like(d.kernel);
+  const std::vector<int64_t> bounds = step_blocks(m);
+  const auto block_end = [&](int64_t s) {  // the end of the block that holds step s
+    return std::min(end_step, *std::upper_bound(bounds.begin(), bounds.end(), s));
+  };
   const bool captured = use_capture(m, options);
   CaptureScope capture(reader, captured);
 
-  const DecompositionProgress* resumed = restore(checkpoint, d, n, options.kernel);
+  const DecompositionProgress* resumed = restore(checkpoint, d, n, options.kernel, &blk);
   // Steps s < first are done (or not asked for), and so are s >= end_step;
   // the reader replays only the segments of the others.
   const int64_t first =
@@ -522,9 +566,9 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       d.forward_evaluations += f.forward_evaluations;
       d.kinks += f.kinks;
       d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
-      d.gap_abs.narrow(0, c0, nc).add_(f.gap.abs());
-      if (lambda != 0) d.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, rho));
-      d.rounding.narrow(0, c0, nc).add_(apply_features(ev, f, e));
+      blk.gap_abs.narrow(0, c0, nc).add_(f.gap.abs());
+      if (lambda != 0) blk.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, rho));
+      blk.rounding.narrow(0, c0, nc).add_(apply_features(ev, f, e));
       torch::Tensor step_c = options.on_step ? torch::empty({nc, b, K}, torch::kFloat64) : torch::Tensor();
       for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
         const int64_t nr = std::min(options.train_chunk, b - r0);
@@ -534,10 +578,10 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
                      : contract(ev, f, train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map, loss,
                                                      rows(wb, r0, nr))) *
                            (-st.lr * st.clip / static_cast<double>(b));  // [nc, nr, K]
-        d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
+        blk.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
         if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
         if (options.kernel) {
-          d.kernel.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), output_kernel(ev, f, xb.narrow(0, r0, nr)));
+          blk.kernel.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), output_kernel(ev, f, xb.narrow(0, r0, nr)));
         }
       }
       if (options.on_step) {
@@ -550,12 +594,20 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
                   static_cast<double>(d.evaluations) / static_cast<double>(n * walked));
     bar.update(walked, status);
+    const bool block_done = st.step + 1 == block_end(st.step);
+    if (block_done) {
+      add_step_block(d, blk);
+      for (torch::Tensor* t : {&blk.contributions, &blk.regularization, &blk.rounding, &blk.gap_abs, &blk.kernel}) {
+        if (t->defined()) t->zero_();
+      }
+    }
     if (checkpoint && st.step + 1 < end_step && checkpoint->due()) {
       DecompositionProgress p;
       p.chunk = n;  // forward: one position for all chunks
       p.chunk_start = 0;
       p.steps_done = st.step + 1;
       p.partial = d;
+      if (!block_done) p.block = blk;
       checkpoint->save(p);
     }
   }, first, end_step);
