@@ -471,12 +471,12 @@ std::vector<int64_t> step_blocks(const Manifest& m) {
 }
 
 void add_step_block(Decomposition& total, const Decomposition& block) {
+  PK_CHECK(total.kernel.defined() == block.kernel.defined(),
+           "add_step_block: the kernel is in one decomposition and not in the other");
   total.contributions.add_(block.contributions);
   total.regularization.add_(block.regularization);
   total.rounding.add_(block.rounding);
   total.gap_abs.add_(block.gap_abs);
-  PK_CHECK(total.kernel.defined() == block.kernel.defined(),
-           "add_step_block: the kernel is in one decomposition and not in the other");
   if (block.kernel.defined()) total.kernel.add_(block.kernel);
 }
 
