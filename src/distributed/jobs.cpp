@@ -88,9 +88,11 @@ std::vector<torch::Tensor*> summed_tensors(Decomposition& d) {
 /// again = true: explain reads the block back from its saved progress). The
 /// counters are summed, the certificate gap is the maximum and the residuals
 /// are merged in rank order, that is in step order. Returns the whole on
-/// rank 0 and this rank's counters elsewhere.
+/// rank 0 and this rank's counters elsewhere; with `rank_seconds`, every
+/// rank's time decomposing its blocks, in rank order.
 Decomposition sum_blocks(const Communicator& comm, Decomposition base, Share blocks,
-                         const std::function<Decomposition(int64_t k, bool again)>& block, bool hold) {
+                         const std::function<Decomposition(int64_t k, bool again)>& block, bool hold,
+                         std::vector<double>* rank_seconds = nullptr) {
   Decomposition local = base;  // this rank's: counters, and on rank 0 the running total
   local.steps = 0;
   std::vector<Decomposition> held;
@@ -121,6 +123,7 @@ Decomposition sum_blocks(const Communicator& comm, Decomposition base, Share blo
   if (comm.root() && comm.size() > 1) {
     for (torch::Tensor* t : summed_tensors(local)) comm.receive(*t, comm.size() - 1);
   }
+  if (rank_seconds) *rank_seconds = comm.all_gather(local.seconds);
   Decomposition out = local;
   out.certificate_max_gap = comm.max(local.certificate_max_gap);
   out.evaluations = comm.sum(local.evaluations);
@@ -317,10 +320,8 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
       }
       return d;
     };
-    const Decomposition local = sum_blocks(comm, no_steps(reader, x, dopt), block_share(comm, bounds), one_block, false);
-    r.rank_seconds = comm.all_gather(local.seconds);
-    for (int rank = 0; rank < comm.size(); ++rank) r.rank_points.push_back(n);
-    whole = local;
+    whole = sum_blocks(comm, no_steps(reader, x, dopt), block_share(comm, bounds), one_block, false, &r.rank_seconds);
+    r.rank_points.assign(static_cast<size_t>(comm.size()), n);
   } else {
     const Share share = share_of(comm, estimate_point_costs(comm, reader, x, dopt.quadrature), block);
     Decomposition local = empty_decomposition(m, dopt.kernel);
