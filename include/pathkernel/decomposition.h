@@ -155,6 +155,23 @@ struct Decomposition {
 /// for outputs of the same shape (e.g. [n, K]).
 torch::Tensor relative_error(const torch::Tensor& kernel, const torch::Tensor& network);
 
+/// The blocks of steps whose sums a forward walk (gd, sgd) adds up: the
+/// run's checkpoint segments, steps [c_k, c_{k+1}) for its checkpoint steps
+/// c_0 = 0 < c_1 < ... < c_B = N (returned). decompose() sums each block's
+/// terms of C_i, R, E, gap_abs and the kernel from zero, and adds the
+/// block's sums to its totals at the block's end, in step order
+/// (add_step_block). The blocks depend on the run alone, so a split of the
+/// steps at block boundaries (across processes: distributed_jobs.h) that
+/// adds each block's own decomposition (a range of one block) to the totals
+/// in the same order gives the same bits as one walk.
+std::vector<int64_t> step_blocks(const Manifest& m);
+
+/// total += block for the sums whose rounding depends on their order:
+/// contributions, regularization, rounding, gap_abs and the kernel (both
+/// with or both without it). The counters, the certificate gap and the
+/// residuals are not touched.
+void add_step_block(Decomposition& total, const Decomposition& block);
+
 /// What `verify` reports of a decomposition, each computed once here.
 struct DecompositionSummary {
   int64_t test_points = 0;
@@ -188,23 +205,6 @@ DecompositionSummary summarize(const Decomposition& d);
 /// [n, *input_shape] with these options (options.point_block, or fewer to
 /// fit the memory budget): blocks start at its multiples.
 int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options);
-
-/// The blocks of steps whose sums a forward walk (gd, sgd) adds up: the
-/// run's checkpoint segments, steps [c_k, c_{k+1}) for its checkpoint steps
-/// c_0 = 0 < c_1 < ... < c_B = N (returned). decompose() sums each block's
-/// terms of C_i, R, E, gap_abs and the kernel from zero, and adds the
-/// block's sums to its totals at the block's end, in step order
-/// (add_step_block). The blocks depend on the run alone, so a split of the
-/// steps at block boundaries (across processes: distributed_jobs.h) that
-/// adds each block's own decomposition (a range of one block) to the totals
-/// in the same order gives the same bits as one walk.
-std::vector<int64_t> step_blocks(const Manifest& m);
-
-/// total += block for the sums whose rounding depends on their order:
-/// contributions, regularization, rounding, gap_abs and the kernel (both
-/// with or both without it). The counters, the certificate gap and the
-/// residuals are not touched.
-void add_step_block(Decomposition& total, const Decomposition& block);
 
 /// Decomposes the run's final outputs on test inputs x [n, *input_shape].
 /// Every optimizer of optimizer.h is supported (update_rule.h); the kernel

@@ -91,6 +91,28 @@ std::string unexplained_update_message(const StepResiduals& r) {
   return out.str();
 }
 
+std::vector<int64_t> step_blocks(const Manifest& m) {
+  std::vector<int64_t> bounds;
+  for (const CheckpointRecord& c : m.checkpoints) bounds.push_back(c.step);
+  PK_CHECK(bounds.size() >= 2 && bounds.front() == 0 && bounds.back() == m.steps,
+           "the run's checkpoints must start at step 0 and end at its last step, "
+               << m.steps << " (got " << bounds.size() << " checkpoint(s)"
+               << (bounds.empty() ? std::string() : ", steps " + std::to_string(bounds.front()) + " to " +
+                                                        std::to_string(bounds.back()))
+               << ")");
+  return bounds;
+}
+
+void add_step_block(Decomposition& total, const Decomposition& block) {
+  PK_CHECK(total.kernel.defined() == block.kernel.defined(),
+           "add_step_block: the kernel is in one decomposition and not in the other");
+  total.contributions.add_(block.contributions);
+  total.regularization.add_(block.regularization);
+  total.rounding.add_(block.rounding);
+  total.gap_abs.add_(block.gap_abs);
+  if (block.kernel.defined()) total.kernel.add_(block.kernel);
+}
+
 namespace {
 
 /// The batch's mean-loss gradient G_s at w, computed in float64 by a float64
@@ -459,25 +481,6 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
 
 Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options) {
   return decompose(reader, x_in, options, nullptr);
-}
-
-std::vector<int64_t> step_blocks(const Manifest& m) {
-  std::vector<int64_t> bounds;
-  for (const CheckpointRecord& c : m.checkpoints) bounds.push_back(c.step);
-  PK_CHECK(bounds.size() >= 2 && bounds.front() == 0 && bounds.back() == m.steps,
-           "the run's checkpoints must start at step 0 and end at step " << m.steps << " (they hold "
-                                                                           << bounds.size() << ")");
-  return bounds;
-}
-
-void add_step_block(Decomposition& total, const Decomposition& block) {
-  PK_CHECK(total.kernel.defined() == block.kernel.defined(),
-           "add_step_block: the kernel is in one decomposition and not in the other");
-  total.contributions.add_(block.contributions);
-  total.regularization.add_(block.regularization);
-  total.rounding.add_(block.rounding);
-  total.gap_abs.add_(block.gap_abs);
-  if (block.kernel.defined()) total.kernel.add_(block.kernel);
 }
 
 int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options) {
