@@ -272,7 +272,8 @@ const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomp
   if (p == nullptr) return nullptr;
   // A forward walk saved in the middle of a block of steps also holds that block's sums so far.
   if (p->block.contributions.defined()) {
-    PK_CHECK(block != nullptr && p->block.contributions.sizes() == block->contributions.sizes() &&
+    PK_CHECK(block != nullptr && block->contributions.defined() &&
+                 p->block.contributions.sizes() == block->contributions.sizes() &&
                  p->block.regularization.defined() && p->block.rounding.defined() && p->block.gap_abs.defined() &&
                  p->block.kernel.defined() == kernel,
              "the saved progress holds sums of a block of steps that do not fit this decomposition; delete it to "
@@ -527,25 +528,55 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   d.steps = end_step - options.first_step;
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
   // The sums of the block of steps in progress (step_blocks(), cut to the
-  // range), each block from zero, added to d's at the block's end.
-  Decomposition blk;
-  blk.contributions = torch::zeros_like(d.contributions);
-  blk.regularization = torch::zeros_like(d.regularization);
-  blk.rounding = torch::zeros_like(d.rounding);
-  blk.gap_abs = torch::zeros_like(d.gap_abs);
-  if (options.kernel) blk.kernel = torch::zeros_like(d.kernel);
+  // range), each block from zero, added to d's at the block's end. Its
+  // training side holds only the rows its batches touch (block_rows, at
+  // row_pos; all M rows, undefined, for full-batch gd): the same additions,
+  // in the same order, as an [n, M, K] block would make, for less memory.
   const std::vector<int64_t> bounds = step_blocks(m);
-  const auto block_end = [&](int64_t s) {  // the end of the block that holds step s
+  const auto block_start = [&](int64_t s) {  // the start of the block that holds step s
+    return std::max(options.first_step, *(std::upper_bound(bounds.begin(), bounds.end(), s) - 1));
+  };
+  const auto block_end = [&](int64_t s) {  // its end
     return std::min(end_step, *std::upper_bound(bounds.begin(), bounds.end(), s));
+  };
+  Decomposition blk;
+  torch::Tensor block_rows, row_pos;
+  const auto open_block = [&](int64_t s) {  // zero sums for the block that holds step s
+    std::vector<torch::Tensor> batches;
+    bool all = false;
+    for (int64_t t = block_start(s); t < block_end(s) && !all; ++t) {
+      const torch::Tensor b = reader.batch(t);
+      all = !b.defined();
+      batches.push_back(b);
+    }
+    block_rows = all ? torch::Tensor() : std::get<0>(torch::_unique(torch::cat(batches), /*sorted=*/true));
+    if (block_rows.defined() && block_rows.size(0) == M) block_rows = torch::Tensor();
+    row_pos = torch::Tensor();
+    if (block_rows.defined()) {
+      row_pos = torch::full({M}, -1, torch::kLong);
+      row_pos.index_copy_(0, block_rows, torch::arange(block_rows.size(0), torch::kLong));
+    }
+    const int64_t rows = block_rows.defined() ? block_rows.size(0) : M;
+    blk.contributions = torch::zeros({n, rows, K}, torch::kFloat64);
+    blk.regularization = torch::zeros({n, K}, torch::kFloat64);
+    blk.rounding = torch::zeros({n, K}, torch::kFloat64);
+    blk.gap_abs = torch::zeros({n, K}, torch::kFloat64);
+    if (options.kernel) blk.kernel = torch::zeros({n, rows, K, K}, torch::kFloat64);
+  };
+  // The block's rows of step s's batch rows idx.
+  const auto block_index = [&](const torch::Tensor& idx) {
+    return row_pos.defined() ? row_pos.index_select(0, idx) : idx;
   };
   const bool captured = use_capture(m, options);
   CaptureScope capture(reader, captured);
 
-  const DecompositionProgress* resumed = restore(checkpoint, d, n, options.kernel, &blk);
   // Steps s < first are done (or not asked for), and so are s >= end_step;
   // the reader replays only the segments of the others.
+  const DecompositionProgress* saved = checkpoint ? checkpoint->resume_point() : nullptr;
   const int64_t first =
-      std::min(end_step, std::max(options.first_step, resumed ? resumed->steps_done : int64_t{0}));
+      std::min(end_step, std::max(options.first_step, saved ? saved->steps_done : int64_t{0}));
+  if (first < end_step) open_block(first);
+  restore(checkpoint, d, n, options.kernel, &blk);
   ProgressBar bar(d.steps, "decompose", options.progress);
   reader.forward([&](const PathStep& st) {
     ev.set_segment(st.w, st.delta);
@@ -581,10 +612,11 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
                      : contract(ev, f, train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map, loss,
                                                      rows(wb, r0, nr))) *
                            (-st.lr * st.clip / static_cast<double>(b));  // [nc, nr, K]
-        blk.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
+        blk.contributions.narrow(0, c0, nc).index_add_(1, block_index(idx.narrow(0, r0, nr)), part);
         if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
         if (options.kernel) {
-          blk.kernel.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), output_kernel(ev, f, xb.narrow(0, r0, nr)));
+          blk.kernel.narrow(0, c0, nc).index_add_(1, block_index(idx.narrow(0, r0, nr)),
+                                                  output_kernel(ev, f, xb.narrow(0, r0, nr)));
         }
       }
       if (options.on_step) {
@@ -598,11 +630,17 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
                   static_cast<double>(d.evaluations) / static_cast<double>(n * walked));
     bar.update(walked, status);
     const bool block_done = st.step + 1 == block_end(st.step);
-    if (block_done) {
-      add_step_block(d, blk);
-      for (torch::Tensor* t : {&blk.contributions, &blk.regularization, &blk.rounding, &blk.gap_abs, &blk.kernel}) {
-        if (t->defined()) t->zero_();
+    if (block_done) {  // d += blk, in the block's rows (add_step_block's additions)
+      if (block_rows.defined()) {
+        d.contributions.index_add_(1, block_rows, blk.contributions);
+        if (options.kernel) d.kernel.index_add_(1, block_rows, blk.kernel);
+        d.regularization.add_(blk.regularization);
+        d.rounding.add_(blk.rounding);
+        d.gap_abs.add_(blk.gap_abs);
+      } else {
+        add_step_block(d, blk);
       }
+      if (st.step + 1 < end_step) open_block(st.step + 1);
     }
     if (checkpoint && st.step + 1 < end_step && checkpoint->due()) {
       DecompositionProgress p;
