@@ -21,6 +21,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -72,9 +73,11 @@ struct DecompositionOptions {
   /// gd and sgd only: decompose steps [first_step, end_step) alone
   /// (end_step −1: up to N), giving their terms of C_i, R, E and gap_abs, and
   /// their counts and residuals: partial sums that add up, over a split of
-  /// the steps, to the whole decomposition (up to the rounding of the order
-  /// of the sum; certificate gap the maximum, residuals merged in step
-  /// order: StepResiduals::merge). f(w_0) and f(w_N) stay the whole
+  /// the steps, to the whole decomposition (certificate gap the maximum,
+  /// residuals merged in step order: StepResiduals::merge); the tensors to
+  /// the rounding of the order of the sum, and bit for bit when each range
+  /// is one of step_blocks() and they are added to zeros in block order by
+  /// add_step_block(). f(w_0) and f(w_N) stay the whole
   /// path's; Decomposition::steps is the range's length. Only the checkpoint
   /// segments that hold the range are replayed. The quadrature's run budget
   /// (QuadratureOptions::run_tol) is still shared over all N steps, so each
@@ -151,6 +154,23 @@ struct Decomposition {
 /// every comparison: |kernel − network| / max(1, |network|), elementwise,
 /// for outputs of the same shape (e.g. [n, K]).
 torch::Tensor relative_error(const torch::Tensor& kernel, const torch::Tensor& network);
+
+/// The blocks of steps whose sums a forward walk (gd, sgd) adds up: the
+/// run's checkpoint segments, steps [c_k, c_{k+1}) for its checkpoint steps
+/// c_0 = 0 < c_1 < ... < c_B = N (returned). decompose() sums each block's
+/// terms of C_i, R, E, gap_abs and the kernel from zero, and adds the
+/// block's sums to its totals at the block's end, in step order
+/// (add_step_block). The blocks depend on the run alone, so a split of the
+/// steps at block boundaries (across processes: distributed_jobs.h) that
+/// adds each block's own decomposition (a range of one block) to the totals
+/// in the same order gives the same bits as one walk.
+std::vector<int64_t> step_blocks(const Manifest& m);
+
+/// total += block for the sums whose rounding depends on their order:
+/// contributions, regularization, rounding, gap_abs and the kernel (both
+/// with or both without it). The counters, the certificate gap and the
+/// residuals are not touched.
+void add_step_block(Decomposition& total, const Decomposition& block);
 
 /// What `verify` reports of a decomposition, each computed once here.
 struct DecompositionSummary {

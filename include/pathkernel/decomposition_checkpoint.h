@@ -26,6 +26,10 @@ struct DecompositionProgress {
   int64_t chunk_start = 0;  ///< first test point of the chunk in progress
   int64_t steps_done = 0;   ///< steps of that chunk finished (forward: s < steps_done; reverse: s >= N - steps_done)
   Decomposition partial;    ///< contributions, regularization, rounding, kernel and the counters so far
+  /// Forward, saved inside a block of steps (step_blocks()): that block's
+  /// sums so far (contributions, regularization, rounding, gap_abs, kernel),
+  /// not yet in `partial`; undefined at a block's end and in reverse.
+  Decomposition block;
   torch::Tensor acc;        ///< reverse only: Ã of the chunk in progress, [nc, K, P]; undefined forward
 };
 

@@ -84,10 +84,13 @@ class Communicator {
   /// same dtype and trailing shape on every rank, any number of rows, zero
   /// included), in rank order, on `root`; an undefined tensor on the others.
   torch::Tensor gather_rows(const torch::Tensor& t, int root = 0) const;
-  /// Σ_r t_r over the ranks (float64, the same shape on every rank), added
-  /// in rank order ((t_0 + t_1) + t_2 ...) on every rank: the same bits for
-  /// any placement of the ranks.
-  torch::Tensor sum_in_rank_order(const torch::Tensor& t) const;
+  /// Sends t (float64 or int64) to rank `to`, another rank than this one,
+  /// which receives it with receive(); returns once t may be changed.
+  void send(const torch::Tensor& t, int to) const;
+  /// Receives from rank `from` (another rank) what it sent with send():
+  /// `into` is float64 or int64, contiguous, of the sent tensor's dtype and
+  /// number of elements, and is overwritten.
+  void receive(torch::Tensor& into, int from) const;
 
   /// Ends every rank of the job with `status` (MPI_Abort). For an error seen
   /// by one rank only, after printing it: the others may be waiting in a

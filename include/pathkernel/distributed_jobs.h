@@ -60,21 +60,17 @@ Share share_of(const Communicator& comm, const std::vector<double>& costs, int64
 /// other ranks get their own `d` back.
 Decomposition gather_decomposition(const Communicator& comm, const Decomposition& d);
 
-/// Adds every rank's decomposition of the same test points over its own
-/// steps (DecompositionOptions::first_step, end_step), in rank order, on
-/// every rank: contributions, regularisation, rounding, certificate gaps
-/// (gap_abs) and kernel summed ((d_0 + d_1) + d_2 ...), counters and steps
-/// summed, step residuals merged in rank order (StepResiduals::merge),
-/// certificate gap and seconds the maximum; f(w_0) and f(w_N) are every
-/// rank's own (the whole path's).
-Decomposition sum_decomposition(const Communicator& comm, const Decomposition& d);
-
 /// decompose() (decomposition.h) of test inputs x [n, ...] across the
 /// ranks: the root returns the whole decomposition, the other ranks their
 /// share's. With fewer blocks of test points than ranks, a gd or sgd run's
-/// steps are split instead (equal counts, every rank all the points) and
-/// the partial sums added in rank order (sum_decomposition): the same
-/// numbers as one process up to the rounding of that order, not bit for bit.
+/// steps are split instead, in whole blocks of steps (step_blocks(): the
+/// run's checkpoint segments; contiguous shares balanced by their numbers of
+/// steps, every rank all the points), each block decomposed alone and its
+/// sums added to the running total in block order, the total passed from
+/// rank to rank (add_step_block), exactly as one process's walk adds them:
+/// one process's bits whatever the number of ranks. A rank other than 0
+/// holds its blocks' sums (n M K doubles each, and n M K K with the kernel)
+/// until the total reaches it.
 Decomposition decompose_across(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
                                const DecompositionOptions& options);
 
@@ -86,12 +82,18 @@ struct ExplainAcross {
 };
 
 /// explain() (explanation.h) across the ranks, split as decompose_across()
-/// splits (test points, or a gd or sgd run's steps when there are fewer
-/// blocks of test points than ranks). Each rank saves its progress
-/// to OUT/.progress/rank-R-of-N (a rerun with the same arguments and number
-/// of ranks continues it), the root writes the explain directory once all
-/// shares have arrived and then removes OUT/.progress. An error writing the
-/// outputs ends every rank with it (AgreedError).
+/// splits (test points, or a gd or sgd run's blocks of steps when there are
+/// fewer blocks of test points than ranks), with the same bits as one
+/// process. Split by test points, each rank saves its progress to
+/// OUT/.progress/rank-R-of-N (a rerun with the same arguments and number of
+/// ranks continues it). Split by steps, each block of steps [A, B) saves its
+/// progress, and its sums once done, to OUT/.progress/steps-A-B (a rerun
+/// with the same arguments continues it, with any number of ranks), and a
+/// rank reads its finished blocks back from there when the running total
+/// reaches it instead of holding them in memory. The root writes the
+/// explain directory once all shares have arrived and then removes
+/// OUT/.progress. An error writing the outputs ends every rank with it
+/// (AgreedError).
 ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const torch::Tensor& test_index,
                              const std::string& out, const ExplainOptions& options);
 

@@ -221,27 +221,34 @@ torch::Tensor Communicator::gather_rows(const torch::Tensor& t_in, int root) con
 #endif
 }
 
-torch::Tensor Communicator::sum_in_rank_order(const torch::Tensor& t_in) const {
-  const torch::Tensor t = wire_form(t_in, "sum_in_rank_order");
-  if (size_ == 1) return t;
+namespace {
+
+/// Checks that `other` is a rank of the job other than this one.
+void check_peer(const Communicator& comm, int other, const char* what) {
+  PK_CHECK(other >= 0 && other < comm.size() && other != comm.rank(),
+           what << ": rank " << other << " is not another rank of this job (rank " << comm.rank() << " of "
+                << comm.size() << ")");
+}
+
+}  // namespace
+
+void Communicator::send(const torch::Tensor& t_in, int to) const {
+  const torch::Tensor t = wire_form(t_in, "send");
+  check_peer(*this, to, "send");
 #ifdef PATHKERNEL_WITH_MPI
-  const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
-  torch::Tensor total;
-  if (rank_ == 0) {
-    total = t.clone();
-    torch::Tensor part = torch::empty_like(t);
-    for (int r = 1; r < size_; ++r) {
-      receive_bytes(part.data_ptr(), bytes, r);
-      total.add_(part);
-    }
-  } else {
-    send_bytes(t.data_ptr(), bytes, 0);
-    total = torch::empty_like(t);
-  }
-  broadcast_bytes(total.data_ptr(), bytes, 0);
-  return total;
+  send_bytes(t.data_ptr(), t.numel() * static_cast<int64_t>(t.element_size()), to);
 #else
-  return t;
+  (void)t;  // a world of one has no other rank: check_peer threw
+#endif
+}
+
+void Communicator::receive(torch::Tensor& into, int from) const {
+  PK_CHECK(into.defined() && into.is_contiguous() &&
+               (into.scalar_type() == torch::kFloat64 || into.scalar_type() == torch::kLong),
+           "receive: the tensor to receive into must be a contiguous float64 or int64 tensor");
+  check_peer(*this, from, "receive");
+#ifdef PATHKERNEL_WITH_MPI
+  receive_bytes(into.data_ptr(), into.numel() * static_cast<int64_t>(into.element_size()), from);
 #endif
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include "pathkernel/decomposition_checkpoint.h"
 #include "pathkernel/error.h"
@@ -50,33 +51,89 @@ void check_indices(const std::string& set, const torch::Tensor& idx, int64_t siz
 }
 
 /// Whether the ranks split the steps instead of the test points: fewer
-/// blocks of test points than ranks, and a forward walk (gd, sgd), whose
-/// steps are independent.
+/// blocks of test points than ranks, a forward walk (gd, sgd), whose
+/// blocks of steps are independent, and more than one block of steps.
 bool split_steps(const Communicator& comm, const Manifest& m, int64_t n, int64_t block,
                  const DecompositionOptions& options) {
   return comm.size() > 1 && (n + block - 1) / block < comm.size() && !m.optimizer.traits().has_buffer &&
-         !options.reverse;
+         !options.reverse && m.checkpoints.size() > 2;
 }
 
-}  // namespace
+/// This rank's blocks of steps (step_blocks(): `bounds`, the run's
+/// checkpoint steps) when the ranks split the steps: blocks [begin, end), a
+/// contiguous share balanced by their numbers of steps.
+Share block_share(const Communicator& comm, const std::vector<int64_t>& bounds) {
+  std::vector<double> steps;
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) steps.push_back(static_cast<double>(bounds[k + 1] - bounds[k]));
+  return share_of(comm, steps);
+}
 
-Decomposition sum_decomposition(const Communicator& comm, const Decomposition& d) {
-  if (comm.size() == 1) return d;
-  Decomposition out = d;  // f(w_0), f(w_N): the whole path's on every rank
-  out.contributions = comm.sum_in_rank_order(d.contributions);
-  out.regularization = comm.sum_in_rank_order(d.regularization);
-  out.rounding = comm.sum_in_rank_order(d.rounding);
-  out.gap_abs = comm.sum_in_rank_order(d.gap_abs);
-  if (d.kernel.defined()) out.kernel = comm.sum_in_rank_order(d.kernel);
-  out.certificate_max_gap = comm.max(d.certificate_max_gap);
-  out.evaluations = comm.sum(d.evaluations);
-  out.forward_evaluations = comm.sum(d.forward_evaluations);
-  out.kinks = comm.sum(d.kinks);
-  out.steps = comm.sum(d.steps);
-  out.seconds = comm.max(d.seconds);
+/// The tensors add_step_block() adds, in a fixed order.
+std::vector<torch::Tensor*> summed_tensors(Decomposition& d) {
+  std::vector<torch::Tensor*> t = {&d.contributions, &d.regularization, &d.rounding, &d.gap_abs};
+  if (d.kernel.defined()) t.push_back(&d.kernel);
+  return t;
+}
+
+/// The step split's sums, the same bits as one process's walk: `base` is
+/// this rank's decomposition of no steps (f(w_0), f(w_N), zeros), `block(k)`
+/// block k's decomposition alone (a range of one block of step_blocks()),
+/// called for each block of this rank's share in order. Rank 0 adds its
+/// blocks to zeros as they come (add_step_block); every other rank, once its
+/// blocks are done, receives the running total from the rank before it, adds
+/// its blocks in order and passes the total on, so that every block is added
+/// in block order, as one walk adds them; the last rank sends the total to
+/// rank 0. A rank other than 0 holds its blocks' sums until the total
+/// reaches it when `hold`, or else calls block(k) a second time then (with
+/// again = true: explain reads the block back from its saved progress). The
+/// counters are summed, the certificate gap is the maximum and the residuals
+/// are merged in rank order, that is in step order. Returns the whole on
+/// rank 0 and this rank's counters elsewhere; with `rank_seconds`, every
+/// rank's time decomposing its blocks, in rank order.
+Decomposition sum_blocks(const Communicator& comm, Decomposition base, Share blocks,
+                         const std::function<Decomposition(int64_t k, bool again)>& block, bool hold,
+                         std::vector<double>* rank_seconds = nullptr) {
+  Decomposition local = base;  // this rank's: counters, and on rank 0 the running total
+  local.steps = 0;
+  std::vector<Decomposition> held;
+  for (int64_t k = blocks.begin; k < blocks.end; ++k) {
+    Decomposition p = block(k, false);
+    local.evaluations += p.evaluations;
+    local.forward_evaluations += p.forward_evaluations;
+    local.kinks += p.kinks;
+    local.steps += p.steps;
+    local.seconds += p.seconds;
+    local.certificate_max_gap = std::max(local.certificate_max_gap, p.certificate_max_gap);
+    local.residuals.merge(p.residuals);
+    if (comm.root()) add_step_block(local, p);
+    else if (hold) held.push_back(std::move(p));
+  }
+  // The running total along the ranks.
+  if (!comm.root()) {
+    for (torch::Tensor* t : summed_tensors(local)) comm.receive(*t, comm.rank() - 1);
+    for (int64_t k = blocks.begin; k < blocks.end; ++k) {
+      add_step_block(local, hold ? held[static_cast<size_t>(k - blocks.begin)] : block(k, true));
+    }
+    held.clear();
+  }
+  if (comm.size() > 1) {  // to the next rank; from the last, to rank 0
+    const int next = comm.rank() + 1 < comm.size() ? comm.rank() + 1 : 0;
+    for (torch::Tensor* t : summed_tensors(local)) comm.send(*t, next);
+  }
+  if (comm.root() && comm.size() > 1) {
+    for (torch::Tensor* t : summed_tensors(local)) comm.receive(*t, comm.size() - 1);
+  }
+  if (rank_seconds) *rank_seconds = comm.all_gather(local.seconds);
+  Decomposition out = local;
+  out.certificate_max_gap = comm.max(local.certificate_max_gap);
+  out.evaluations = comm.sum(local.evaluations);
+  out.forward_evaluations = comm.sum(local.forward_evaluations);
+  out.kinks = comm.sum(local.kinks);
+  out.steps = comm.sum(local.steps);
+  out.seconds = comm.max(local.seconds);
   // Each rank found its own steps' residuals: merged in rank order, that is
   // in step order, as one walk finds them.
-  const StepResiduals& r = d.residuals;
+  const StepResiduals& r = local.residuals;
   const std::vector<double> max_ratio = comm.all_gather(r.max_ratio), max_residual = comm.all_gather(r.max_residual),
                             bound = comm.all_gather(r.bound),
                             worst = comm.all_gather(static_cast<double>(r.worst_step)),
@@ -95,6 +152,16 @@ Decomposition sum_decomposition(const Communicator& comm, const Decomposition& d
   }
   return out;
 }
+
+/// The decomposition of no steps: f(w_0), f(w_N) and zeros (a range [0, 0)).
+Decomposition no_steps(PathReader& reader, const torch::Tensor& x, DecompositionOptions o) {
+  o.first_step = 0;
+  o.end_step = 0;
+  o.progress = false;
+  return decompose(reader, x, o);
+}
+
+}  // namespace
 
 std::vector<double> estimate_point_costs(const Communicator& comm, PathReader& reader, const torch::Tensor& x,
                                          const QuadratureOptions& quadrature) {
@@ -180,10 +247,14 @@ Decomposition decompose_across(const Communicator& comm, PathReader& reader, con
   DecompositionOptions local = options;
   local.progress = options.progress && comm.root();
   if (split_steps(comm, m, x.size(0), block, options)) {
-    const Share steps = share_of(comm, std::vector<double>(static_cast<size_t>(m.steps), 1.0));
-    local.first_step = steps.begin;
-    local.end_step = steps.end;
-    return sum_decomposition(comm, decompose(reader, x, local));
+    const std::vector<int64_t> bounds = step_blocks(m);
+    const auto one_block = [&](int64_t k, bool) {
+      DecompositionOptions o = local;
+      o.first_step = bounds[static_cast<size_t>(k)];
+      o.end_step = bounds[static_cast<size_t>(k) + 1];
+      return decompose(reader, x, o);
+    };
+    return sum_blocks(comm, no_steps(reader, x, local), block_share(comm, bounds), one_block, true);
   }
   const Share share = share_of(comm, estimate_point_costs(comm, reader, x, options.quadrature), block);
   const Decomposition d = share.size() > 0 ? decompose(reader, x.narrow(0, share.begin, share.size()), local)
@@ -208,37 +279,72 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
   if (comm.root() && options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
   const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
   const int64_t block = decomposition_block(reader, x, dopt);
-  // Every point on every rank, each rank its steps; or each rank its points.
+  // Each rank its points; or, with few points, every point on every rank and each rank its blocks of steps.
   const bool by_steps = split_steps(comm, m, n, block, dopt);
-  const Share share = by_steps ? Share{0, n} : share_of(comm, estimate_point_costs(comm, reader, x, dopt.quadrature), block);
-  const Share steps = by_steps ? share_of(comm, std::vector<double>(static_cast<size_t>(m.steps), 1.0))
-                               : Share{0, m.steps};
-
-  Decomposition local = empty_decomposition(m, dopt.kernel);
-  if (share.size() > 0) {
-    const torch::Tensor mine = test_index.narrow(0, share.begin, share.size());
-    nlohmann::ordered_json arguments = explain_progress_arguments(reader, mine, dopt);
-    arguments["rank"] = comm.rank();
-    arguments["ranks"] = comm.size();
-    arguments["steps"] = {steps.begin, steps.end};
-    const std::string dir = (fs::path(out) / ".progress" /
-                             ("rank-" + std::to_string(comm.rank()) + "-of-" + std::to_string(comm.size())))
-                                .string();
-    DirectoryCheckpoint progress(dir, arguments, options.checkpoint_seconds);
-    progress.resume_point();
-    e.progress_note = progress.message();
-    if (options.on_note && !e.progress_note.empty()) {
-      options.on_note("rank " + std::to_string(comm.rank()) + ": " + e.progress_note);
+  DecompositionOptions local_options = dopt;
+  local_options.progress = dopt.progress && comm.root();
+  const auto note = [&](const std::string& message) {
+    if (options.on_note && !message.empty()) options.on_note("rank " + std::to_string(comm.rank()) + ": " + message);
+  };
+  Decomposition whole;
+  if (by_steps) {
+    // Each block of steps saves its progress to OUT/.progress/steps-A-B
+    // (whatever the number of ranks), and its sums once it is done: a rerun
+    // continues it, and the running total reads it back from there.
+    const std::vector<int64_t> bounds = step_blocks(m);
+    const nlohmann::ordered_json arguments = explain_progress_arguments(reader, test_index, dopt);
+    const auto one_block = [&](int64_t k, bool again) {
+      const int64_t a = bounds[static_cast<size_t>(k)], b = bounds[static_cast<size_t>(k) + 1];
+      nlohmann::ordered_json args = arguments;
+      args["steps"] = {a, b};
+      const std::string dir =
+          (fs::path(out) / ".progress" / ("steps-" + std::to_string(a) + "-" + std::to_string(b))).string();
+      DirectoryCheckpoint progress(dir, args, options.checkpoint_seconds);
+      const DecompositionProgress* saved = progress.resume_point();
+      if (!again) {
+        note(progress.message());
+        if (e.progress_note.empty()) e.progress_note = progress.message();
+      }
+      DecompositionOptions o = local_options;
+      o.first_step = a;
+      o.end_step = b;
+      o.progress = local_options.progress && !again;
+      Decomposition d = decompose(reader, x, o, &progress);
+      if (saved == nullptr || saved->steps_done != b) {  // the block's sums, kept for the running total and a rerun
+        DecompositionProgress done;
+        done.chunk = n;
+        done.chunk_start = 0;
+        done.steps_done = b;
+        done.partial = d;
+        progress.save(done);
+      }
+      return d;
+    };
+    whole = sum_blocks(comm, no_steps(reader, x, dopt), block_share(comm, bounds), one_block, false, &r.rank_seconds);
+    r.rank_points.assign(static_cast<size_t>(comm.size()), n);
+  } else {
+    const Share share = share_of(comm, estimate_point_costs(comm, reader, x, dopt.quadrature), block);
+    Decomposition local = empty_decomposition(m, dopt.kernel);
+    if (share.size() > 0) {
+      const torch::Tensor mine = test_index.narrow(0, share.begin, share.size());
+      nlohmann::ordered_json arguments = explain_progress_arguments(reader, mine, dopt);
+      arguments["rank"] = comm.rank();
+      arguments["ranks"] = comm.size();
+      const std::string dir = (fs::path(out) / ".progress" /
+                               ("rank-" + std::to_string(comm.rank()) + "-of-" + std::to_string(comm.size())))
+                                  .string();
+      DirectoryCheckpoint progress(dir, arguments, options.checkpoint_seconds);
+      progress.resume_point();
+      e.progress_note = progress.message();
+      note(e.progress_note);
+      local = decompose(reader, x.narrow(0, share.begin, share.size()), local_options, &progress);
     }
-    DecompositionOptions local_options = dopt;
-    local_options.progress = dopt.progress && comm.root();
-    local_options.first_step = steps.begin;
-    local_options.end_step = steps.end;
-    local = decompose(reader, x.narrow(0, share.begin, share.size()), local_options, &progress);
+    r.rank_seconds = comm.all_gather(local.seconds);
+    for (double p : comm.all_gather(static_cast<double>(share.size()))) {
+      r.rank_points.push_back(static_cast<int64_t>(p));
+    }
+    whole = gather_decomposition(comm, local);
   }
-  r.rank_seconds = comm.all_gather(local.seconds);
-  for (double p : comm.all_gather(static_cast<double>(share.size()))) r.rank_points.push_back(static_cast<int64_t>(p));
-  Decomposition whole = by_steps ? sum_decomposition(comm, local) : gather_decomposition(comm, local);
   // The root writes; every rank learns whether it could.
   comm.agree([&] {
     if (!comm.root()) return;

@@ -91,6 +91,28 @@ std::string unexplained_update_message(const StepResiduals& r) {
   return out.str();
 }
 
+std::vector<int64_t> step_blocks(const Manifest& m) {
+  std::vector<int64_t> bounds;
+  for (const CheckpointRecord& c : m.checkpoints) bounds.push_back(c.step);
+  PK_CHECK(bounds.size() >= 2 && bounds.front() == 0 && bounds.back() == m.steps,
+           "the run's checkpoints must start at step 0 and end at its last step, "
+               << m.steps << " (got " << bounds.size() << " checkpoint(s)"
+               << (bounds.empty() ? std::string() : ", steps " + std::to_string(bounds.front()) + " to " +
+                                                        std::to_string(bounds.back()))
+               << ")");
+  return bounds;
+}
+
+void add_step_block(Decomposition& total, const Decomposition& block) {
+  PK_CHECK(total.kernel.defined() == block.kernel.defined(),
+           "add_step_block: the kernel is in one decomposition and not in the other");
+  total.contributions.add_(block.contributions);
+  total.regularization.add_(block.regularization);
+  total.rounding.add_(block.rounding);
+  total.gap_abs.add_(block.gap_abs);
+  if (block.kernel.defined()) total.kernel.add_(block.kernel);
+}
+
 namespace {
 
 /// The batch's mean-loss gradient G_s at w, computed in float64 by a float64
@@ -245,9 +267,23 @@ Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x, 
 /// Continues from saved progress: its accumulators replace d's. Returns the
 /// progress, or null when there is none.
 const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomposition& d, int64_t chunk,
-                                     bool kernel) {
+                                     bool kernel, Decomposition* block = nullptr) {
   const DecompositionProgress* p = checkpoint ? checkpoint->resume_point() : nullptr;
   if (p == nullptr) return nullptr;
+  // A forward walk saved in the middle of a block of steps also holds that block's sums so far.
+  if (p->block.contributions.defined()) {
+    PK_CHECK(block != nullptr && block->contributions.defined() &&
+                 p->block.contributions.sizes() == block->contributions.sizes() &&
+                 p->block.regularization.defined() && p->block.rounding.defined() && p->block.gap_abs.defined() &&
+                 p->block.kernel.defined() == kernel,
+             "the saved progress holds sums of a block of steps that do not fit this decomposition; delete it to "
+             "start over");
+    block->contributions.copy_(p->block.contributions);
+    block->regularization.copy_(p->block.regularization);
+    block->rounding.copy_(p->block.rounding);
+    block->gap_abs.copy_(p->block.gap_abs);
+    if (kernel) block->kernel.copy_(p->block.kernel);
+  }
   PK_CHECK(p->chunk == chunk && p->partial.contributions.sizes() == d.contributions.sizes() &&
                p->partial.regularization.sizes() == d.regularization.sizes() &&
                p->partial.rounding.sizes() == d.rounding.sizes() && p->partial.kernel.defined() == kernel,
@@ -497,14 +533,56 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   Decomposition d = start(reader, grad64, x, chunk);
   d.steps = end_step - options.first_step;
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
+  // The sums of the block of steps in progress (step_blocks(), cut to the
+  // range), each block from zero, added to d's at the block's end. Its
+  // training side holds only the rows its batches touch (block_rows, at
+  // row_pos; all M rows, undefined, for full-batch gd): the same additions,
+  // in the same order, as an [n, M, K] block would make, for less memory.
+  const std::vector<int64_t> bounds = step_blocks(m);
+  const auto block_start = [&](int64_t s) {  // the start of the block that holds step s
+    return std::max(options.first_step, *(std::upper_bound(bounds.begin(), bounds.end(), s) - 1));
+  };
+  const auto block_end = [&](int64_t s) {  // its end
+    return std::min(end_step, *std::upper_bound(bounds.begin(), bounds.end(), s));
+  };
+  Decomposition blk;
+  torch::Tensor block_rows, row_pos;
+  const auto open_block = [&](int64_t s) {  // zero sums for the block that holds step s
+    std::vector<torch::Tensor> batches;
+    bool all = false;
+    for (int64_t t = block_start(s); t < block_end(s) && !all; ++t) {
+      const torch::Tensor b = reader.batch(t);
+      all = !b.defined();
+      batches.push_back(b);
+    }
+    block_rows = all ? torch::Tensor() : std::get<0>(torch::_unique(torch::cat(batches), /*sorted=*/true));
+    if (block_rows.defined() && block_rows.size(0) == M) block_rows = torch::Tensor();
+    row_pos = torch::Tensor();
+    if (block_rows.defined()) {
+      row_pos = torch::full({M}, -1, torch::kLong);
+      row_pos.index_copy_(0, block_rows, torch::arange(block_rows.size(0), torch::kLong));
+    }
+    const int64_t rows = block_rows.defined() ? block_rows.size(0) : M;
+    blk.contributions = torch::zeros({n, rows, K}, torch::kFloat64);
+    blk.regularization = torch::zeros({n, K}, torch::kFloat64);
+    blk.rounding = torch::zeros({n, K}, torch::kFloat64);
+    blk.gap_abs = torch::zeros({n, K}, torch::kFloat64);
+    if (options.kernel) blk.kernel = torch::zeros({n, rows, K, K}, torch::kFloat64);
+  };
+  // The block's rows of step s's batch rows idx.
+  const auto block_index = [&](const torch::Tensor& idx) {
+    return row_pos.defined() ? row_pos.index_select(0, idx) : idx;
+  };
   const bool captured = use_capture(m, options);
   CaptureScope capture(reader, captured);
 
-  const DecompositionProgress* resumed = restore(checkpoint, d, n, options.kernel);
   // Steps s < first are done (or not asked for), and so are s >= end_step;
   // the reader replays only the segments of the others.
+  const DecompositionProgress* saved = checkpoint ? checkpoint->resume_point() : nullptr;
   const int64_t first =
-      std::min(end_step, std::max(options.first_step, resumed ? resumed->steps_done : int64_t{0}));
+      std::min(end_step, std::max(options.first_step, saved ? saved->steps_done : int64_t{0}));
+  if (first < end_step) open_block(first);
+  restore(checkpoint, d, n, options.kernel, &blk);
   ProgressBar bar(d.steps, "decompose", options.progress);
   reader.forward([&](const PathStep& st) {
     ev.set_segment(st.w, st.delta);
@@ -528,9 +606,9 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       d.forward_evaluations += f.forward_evaluations;
       d.kinks += f.kinks;
       d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
-      d.gap_abs.narrow(0, c0, nc).add_(f.gap.abs());
-      if (lambda != 0) d.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, rho));
-      d.rounding.narrow(0, c0, nc).add_(apply_features(ev, f, e));
+      blk.gap_abs.narrow(0, c0, nc).add_(f.gap.abs());
+      if (lambda != 0) blk.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, rho));
+      blk.rounding.narrow(0, c0, nc).add_(apply_features(ev, f, e));
       torch::Tensor step_c = options.on_step ? torch::empty({nc, b, K}, torch::kFloat64) : torch::Tensor();
       for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
         const int64_t nr = std::min(options.train_chunk, b - r0);
@@ -540,10 +618,11 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
                      : contract(ev, f, train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map, loss,
                                                      rows(wb, r0, nr))) *
                            (-st.lr * st.clip / static_cast<double>(b));  // [nc, nr, K]
-        d.contributions.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), part);
+        blk.contributions.narrow(0, c0, nc).index_add_(1, block_index(idx.narrow(0, r0, nr)), part);
         if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
         if (options.kernel) {
-          d.kernel.narrow(0, c0, nc).index_add_(1, idx.narrow(0, r0, nr), output_kernel(ev, f, xb.narrow(0, r0, nr)));
+          blk.kernel.narrow(0, c0, nc).index_add_(1, block_index(idx.narrow(0, r0, nr)),
+                                                  output_kernel(ev, f, xb.narrow(0, r0, nr)));
         }
       }
       if (options.on_step) {
@@ -556,12 +635,26 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
                   static_cast<double>(d.evaluations) / static_cast<double>(n * walked));
     bar.update(walked, status);
+    const bool block_done = st.step + 1 == block_end(st.step);
+    if (block_done) {  // d += blk, in the block's rows (add_step_block's additions)
+      if (block_rows.defined()) {
+        d.contributions.index_add_(1, block_rows, blk.contributions);
+        if (options.kernel) d.kernel.index_add_(1, block_rows, blk.kernel);
+        d.regularization.add_(blk.regularization);
+        d.rounding.add_(blk.rounding);
+        d.gap_abs.add_(blk.gap_abs);
+      } else {
+        add_step_block(d, blk);
+      }
+      if (st.step + 1 < end_step) open_block(st.step + 1);
+    }
     if (checkpoint && st.step + 1 < end_step && checkpoint->due()) {
       DecompositionProgress p;
       p.chunk = n;  // forward: one position for all chunks
       p.chunk_start = 0;
       p.steps_done = st.step + 1;
       p.partial = d;
+      if (!block_done) p.block = blk;
       checkpoint->save(p);
     }
   }, first, end_step);

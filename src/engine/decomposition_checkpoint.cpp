@@ -30,6 +30,13 @@ std::vector<std::pair<std::string, torch::Tensor>> tensors_of(const Decompositio
   if (p.partial.kernel.defined()) t.emplace_back("kernel", p.partial.kernel);
   if (p.partial.gap_abs.defined()) t.emplace_back("gap_abs", p.partial.gap_abs);
   if (p.acc.defined()) t.emplace_back("acc", p.acc);
+  if (p.block.contributions.defined()) {
+    t.emplace_back("block_contributions", p.block.contributions);
+    t.emplace_back("block_regularization", p.block.regularization);
+    t.emplace_back("block_rounding", p.block.rounding);
+    t.emplace_back("block_gap_abs", p.block.gap_abs);
+    if (p.block.kernel.defined()) t.emplace_back("block_kernel", p.block.kernel);
+  }
   return t;
 }
 
@@ -83,6 +90,11 @@ const DecompositionProgress* DirectoryCheckpoint::resume_point() {
       else if (name == "kernel") p->partial.kernel = t;
       else if (name == "gap_abs") p->partial.gap_abs = t;
       else if (name == "acc") p->acc = t;
+      else if (name == "block_contributions") p->block.contributions = t;
+      else if (name == "block_regularization") p->block.regularization = t;
+      else if (name == "block_rounding") p->block.rounding = t;
+      else if (name == "block_gap_abs") p->block.gap_abs = t;
+      else if (name == "block_kernel") p->block.kernel = t;
       else PK_THROW("unknown tensor '" << name << "'");
     }
     PK_CHECK(p->partial.contributions.defined() && p->partial.regularization.defined() &&

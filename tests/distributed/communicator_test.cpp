@@ -23,7 +23,6 @@ TEST(Communicator, AloneIsOneRankWhoseCollectivesReturnTheirInput) {
   EXPECT_EQ(world.all_gather(1.5), std::vector<double>{1.5});
   const torch::Tensor t = torch::arange(12, torch::kFloat64).view({3, 4});
   EXPECT_TRUE(torch::equal(world.gather_rows(t), t));
-  EXPECT_TRUE(torch::equal(world.sum_in_rank_order(t), t));
   const torch::Tensor empty = torch::zeros({0, 4}, torch::kLong);
   EXPECT_EQ(world.gather_rows(empty).sizes(), empty.sizes());
 }
@@ -48,7 +47,13 @@ TEST(Communicator, CollectivesRefuseTensorsTheyCannotSend) {
                   "tensors travel as float64 or int64 (got Float)");
   EXPECT_CONTAINS(testing::error_message([&] { world.gather_rows(torch::tensor(1.0, torch::kFloat64)); }),
                   "needs a row dimension");
-  EXPECT_CONTAINS(testing::error_message([&] { world.sum_in_rank_order(torch::Tensor()); }), "undefined");
+  EXPECT_CONTAINS(testing::error_message([&] { world.send(torch::Tensor(), 1); }), "undefined");
+  // Alone, there is no one to send to or receive from.
+  EXPECT_CONTAINS(testing::error_message([&] { world.send(torch::zeros({2}, torch::kFloat64), 0); }),
+                  "send: rank 0 is not another rank of this job (rank 0 of 1)");
+  torch::Tensor into = torch::zeros({2}, torch::kFloat64);
+  EXPECT_CONTAINS(testing::error_message([&] { world.receive(into, 1); }),
+                  "receive: rank 1 is not another rank of this job (rank 0 of 1)");
 }
 
 /// The slow reference: every contiguous split into `parts`, the one whose

@@ -2,8 +2,9 @@
 // end_step): for gd and sgd the ranges of a split add up to the whole
 // decomposition, to rounding, in everything the forward walk carries (C_i,
 // R, E, the kernel, the certificate gaps, the counts and the step
-// residuals), for trained and recorded runs; optimizers with a buffer refuse
-// a range.
+// residuals), for trained and recorded runs, and bit for bit when the ranges
+// are the run's blocks of steps (step_blocks) added to zeros in block order;
+// optimizers with a buffer refuse a range.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -107,6 +108,71 @@ TEST(StepRange, RangesOfGdAndSgdAddUpToTheWhole) {
     head.end_step = 4;
     EXPECT_GT(relative_gap(all.contributions, decompose(reader, x, head).contributions), 1e-6) << opt;
   }
+}
+
+// The blocks of steps (the checkpoint segments, [0, 2), [2, 4) .. [8, 9) of
+// a 9-step run stored every 2 steps), each decomposed alone and added to
+// zeros in block order by add_step_block: the whole walk's bits, which is
+// what lets any number of processes split the steps (distributed_jobs.h).
+TEST(StepRange, BlocksAddedInOrderAreTheWholeBitForBit) {
+  for (const std::string opt : {"gd", "sgd"}) {
+    testing::TempDir dir(opt);
+    RunOptions r = testing::small_run(dir / "run", opt, 9, 2);
+    r.train.optimizer.weight_decay = 1e-2;
+    train_run(r);
+    PathReader reader(r.out);
+    const std::vector<int64_t> bounds = step_blocks(reader.manifest());
+    ASSERT_EQ(bounds, (std::vector<int64_t>{0, 2, 4, 6, 8, 9})) << opt;
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    DecompositionOptions options;
+    options.progress = false;
+    options.kernel = true;
+    const Decomposition all = decompose(reader, x, options);
+    Decomposition sum;
+    sum.contributions = torch::zeros_like(all.contributions);
+    sum.regularization = torch::zeros_like(all.regularization);
+    sum.rounding = torch::zeros_like(all.rounding);
+    sum.gap_abs = torch::zeros_like(all.gap_abs);
+    sum.kernel = torch::zeros_like(all.kernel);
+    for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+      DecompositionOptions part = options;
+      part.first_step = bounds[k];
+      part.end_step = bounds[k + 1];
+      add_step_block(sum, decompose(reader, x, part));
+    }
+    EXPECT_TRUE(torch::equal(all.contributions, sum.contributions)) << opt;
+    EXPECT_TRUE(torch::equal(all.regularization, sum.regularization)) << opt;
+    EXPECT_TRUE(torch::equal(all.rounding, sum.rounding)) << opt;
+    EXPECT_TRUE(torch::equal(all.gap_abs, sum.gap_abs)) << opt;
+    EXPECT_TRUE(torch::equal(all.kernel, sum.kernel)) << opt;
+    ASSERT_GT(all.regularization.abs().max().item<double>(), 0) << opt;
+    // A range of several blocks is those blocks added to zeros in order.
+    DecompositionOptions middle = options;
+    middle.first_step = 2;
+    middle.end_step = 8;
+    Decomposition blocks;
+    blocks.contributions = torch::zeros_like(all.contributions);
+    blocks.regularization = torch::zeros_like(all.regularization);
+    blocks.rounding = torch::zeros_like(all.rounding);
+    blocks.gap_abs = torch::zeros_like(all.gap_abs);
+    blocks.kernel = torch::zeros_like(all.kernel);
+    for (int64_t a : {2, 4, 6}) {
+      DecompositionOptions part = options;
+      part.first_step = a;
+      part.end_step = a + 2;
+      add_step_block(blocks, decompose(reader, x, part));
+    }
+    EXPECT_TRUE(torch::equal(decompose(reader, x, middle).contributions, blocks.contributions)) << opt;
+  }
+  // add_step_block refuses a kernel on one side only.
+  Decomposition a, b;
+  for (Decomposition* d : {&a, &b}) {
+    d->contributions = torch::zeros({1, 2, 2}, torch::kFloat64);
+    d->regularization = d->rounding = d->gap_abs = torch::zeros({1, 2}, torch::kFloat64);
+  }
+  b.kernel = torch::zeros({1, 2, 2, 2}, torch::kFloat64);
+  EXPECT_CONTAINS(testing::error_message([&] { add_step_block(a, b); }),
+                  "the kernel is in one decomposition and not in the other");
 }
 
 // A recorded sgd run whose clip factors say steps 3 and 6 were clipped when

@@ -1,0 +1,89 @@
+// A forward walk's saved progress inside a block of steps (step_blocks):
+// the totals and the block's own sums so far, which hold only the training
+// rows the block's batches touch; resumed from it, the walk ends with the
+// bits of an uninterrupted one.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "../test_util.h"
+#include "pathkernel/decomposition_checkpoint.h"
+#include "pathkernel/files.h"
+#include "pathkernel/npy.h"
+
+namespace pathkernel {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Stop {};
+
+/// A DirectoryCheckpoint that saves after every step and stops the walk
+/// (throws Stop) right after its `stop`-th save.
+class StoppingCheckpoint : public DirectoryCheckpoint {
+ public:
+  StoppingCheckpoint(const std::string& dir, int stop) : DirectoryCheckpoint(dir, {{"test", 1}}, 0), stop_(stop) {}
+  void save(const DecompositionProgress& p) override {
+    DirectoryCheckpoint::save(p);
+    if (++saves_ == stop_) throw Stop();
+  }
+
+ private:
+  int stop_;
+  int saves_ = 0;
+};
+
+TEST(DecompositionCheckpoint, AForwardWalkResumedInsideABlockOfStepsEndsWithTheSameBits) {
+  for (const std::string opt : {"gd", "sgd"}) {
+    testing::TempDir dir(opt);
+    // 60 training points; sgd's batches of 16 over blocks of 3 steps touch at most 48 rows.
+    RunOptions r = testing::small_run(dir / "run", opt, 12, 3);
+    r.train.optimizer.weight_decay = 1e-2;
+    train_run(r);
+    PathReader reader(r.out);
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    DecompositionOptions options;
+    options.progress = false;
+    options.kernel = true;
+    const Decomposition whole = decompose(reader, x, options);
+
+    // Stopped after step 5 (the 5th save), in the middle of the block [3, 6).
+    const std::string progress = dir / "progress";
+    {
+      StoppingCheckpoint stopping(progress, 5);
+      EXPECT_THROW(decompose(reader, x, options, &stopping), Stop) << opt;
+    }
+    const nlohmann::json state = nlohmann::json::parse(read_file(progress + "/state.json"));
+    ASSERT_EQ(state["steps_done"], 5) << opt;
+    ASSERT_TRUE(state["files"].contains("block_contributions")) << opt << ": " << state.dump();
+    const torch::Tensor block = read_npy(progress + "/" + state["files"]["block_contributions"]["file"].get<std::string>());
+    const int64_t M = reader.dataset().x_train.size(0);
+    // gd's every step holds every training point; sgd's block holds the rows of its batches.
+    if (opt == "gd") EXPECT_EQ(block.size(1), M);
+    else EXPECT_LT(block.size(1), M) << "the block's sums hold only the rows its batches touch";
+    EXPECT_GT(block.abs().max().item<double>(), 0) << opt;
+
+    DirectoryCheckpoint again(progress, {{"test", 1}}, 1e9);
+    ASSERT_NE(again.resume_point(), nullptr) << again.message();
+    const Decomposition resumed = decompose(reader, x, options, &again);
+    EXPECT_TRUE(torch::equal(whole.contributions, resumed.contributions)) << opt;
+    EXPECT_TRUE(torch::equal(whole.kernel, resumed.kernel)) << opt;
+    EXPECT_TRUE(torch::equal(whole.regularization, resumed.regularization)) << opt;
+    EXPECT_TRUE(torch::equal(whole.rounding, resumed.rounding)) << opt;
+    EXPECT_TRUE(torch::equal(whole.gap_abs, resumed.gap_abs)) << opt;
+    EXPECT_EQ(whole.evaluations, resumed.evaluations) << opt;
+
+    // Resumed without the block's sums (a state that lost them), the walk misses steps 3 and 4.
+    DecompositionProgress lost = *again.resume_point();
+    lost.block = Decomposition();
+    const std::string damaged = dir / "damaged";
+    DirectoryCheckpoint(damaged, {{"test", 1}}, 0).save(lost);
+    DirectoryCheckpoint partial(damaged, {{"test", 1}}, 1e9);
+    EXPECT_FALSE(torch::equal(whole.contributions, decompose(reader, x, options, &partial).contributions)) << opt;
+  }
+}
+
+}  // namespace
+}  // namespace pathkernel
