@@ -78,9 +78,11 @@ struct QuadratureArgs {
   double tol = 1e-12;  ///< the run's certificate budget (QuadratureOptions::run_tol)
   int gauss_nodes = 8;
   int64_t point_block = DecompositionOptions{}.point_block;
+  /// --memory in bytes: the test side's budget (DecompositionOptions::memory_doubles)
+  uint64_t memory = static_cast<uint64_t>(DecompositionOptions{}.memory_doubles) * sizeof(double);
   std::string route = "auto";  ///< TorchScript modules: auto or generic
   const Globals* globals = nullptr;  ///< for --quiet
-  /// Declares --quadrature, --tol, --gauss-nodes, --point-block and --route on cmd.
+  /// Declares --quadrature, --tol, --gauss-nodes, --point-block, --memory and --route on cmd.
   void add_to(CLI::App* cmd, const Globals& g);
   /// The checked decomposition options.
   DecompositionOptions options() const;

@@ -32,6 +32,12 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
                   "outputs are those of one process with the same value")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--memory", memory,
+                  "Memory for the test points' features and accumulators, per process (per rank under mpirun), "
+                  "e.g. 512MiB or 2GiB: fewer test points are computed together when --point-block of them would "
+                  "not fit, at least one")
+      ->transform(CLI::AsSizeValue(true))
+      ->default_str("512MiB");
   cmd->add_option("--route", route,
                   "TorchScript models: auto (the structured route where every parameter's operation has a rule, "
                   "else autograd) or generic (autograd alone)")
@@ -47,6 +53,9 @@ DecompositionOptions QuadratureArgs::options() const {
   options.quadrature.gauss_nodes = gauss_nodes;
   options.quadrature.route = route == "generic" ? ModuleRoute::Generic : ModuleRoute::Auto;
   options.point_block = point_block;
+  PK_CHECK(memory >= 64 * 1024 && memory <= (uint64_t{1} << 50),
+           "--memory must be between 64KiB and 1PiB (got " << memory << " bytes)");
+  options.memory_doubles = static_cast<int64_t>(memory / sizeof(double));
   options.progress = globals == nullptr || !globals->quiet;
   return options;
 }

@@ -123,6 +123,7 @@ ojson explain_progress_arguments(PathReader& reader, const torch::Tensor& test_i
                {"gauss_nodes", dopt.quadrature.gauss_nodes},
                {"kernel", dopt.kernel},
                {"point_block", dopt.point_block},
+               {"memory_doubles", dopt.memory_doubles},
                {"threads", current_threads()}};
 }
 
