@@ -25,7 +25,7 @@ if [[ -f "$BUILD/CMakeCache.txt" ]] &&
        grep -qx "PATHKERNEL_FUZZ:BOOL=ON" "$BUILD/CMakeCache.txt"; }; then
   rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
 fi
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPATHKERNEL_FUZZ=ON -DPATHKERNEL_BUILD_TESTS=OFF \
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPATHKERNEL_FUZZ=ON \
   -DCMAKE_CXX_COMPILER="$cxx_path" > /dev/null
 # The fuzz build holds only the harnesses; build them all in parallel.
 cmake --build "$BUILD" -j "$JOBS"
