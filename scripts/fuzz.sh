@@ -7,6 +7,8 @@
 #
 #   FUZZ_SECONDS=600 make fuzz            # longer runs
 #   FUZZ_HARNESSES="npy manifest" make fuzz
+#   FUZZ_SEED=1 make fuzz                 # the same inputs in the same order
+#                                         # on every machine (CI); 0: random
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,7 +50,7 @@ for h in $HARNESSES; do
   log="$BUILD/logs/$h.log"
   echo "fuzz: $h for ${SECONDS_EACH} s" >&2
   status=0
-  OMP_NUM_THREADS=1 "$BUILD/fuzz_$h" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 \
+  OMP_NUM_THREADS=1 "$BUILD/fuzz_$h" -max_total_time="$SECONDS_EACH" -seed="${FUZZ_SEED:-0}" -rss_limit_mb=2048 \
     -malloc_limit_mb=2048 -timeout=10 -print_final_stats=1 \
     -artifact_prefix="$BUILD/artifacts/$h/" "$BUILD/corpus/$h" "fuzz/corpus/$h" > "$log" 2>&1 || status=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
