@@ -168,9 +168,11 @@ std::vector<int64_t> step_blocks(const Manifest& m);
 
 /// total += block for the sums whose rounding depends on their order:
 /// contributions, regularization, rounding, gap_abs and the kernel (both
-/// with or both without it). The counters, the certificate gap and the
-/// residuals are not touched.
-void add_step_block(Decomposition& total, const Decomposition& block);
+/// with or both without it). When `rows` is defined, the block's training
+/// side holds only those training rows (int64, the block's row r is
+/// training point rows[r]) and is added into them. The counters, the
+/// certificate gap and the residuals are not touched.
+void add_step_block(Decomposition& total, const Decomposition& block, const torch::Tensor& rows = {});
 
 /// What `verify` reports of a decomposition, each computed once here.
 struct DecompositionSummary {

@@ -68,6 +68,17 @@ Share block_share(const Communicator& comm, const std::vector<int64_t>& bounds) 
   return share_of(comm, steps);
 }
 
+/// The counters of every rank's `d` on `out`: evaluations, forward
+/// evaluations and kinks summed, the certificate gap and the seconds the
+/// maximum (a collective: every rank calls it).
+void reduce_counters(const Communicator& comm, const Decomposition& d, Decomposition& out) {
+  out.certificate_max_gap = comm.max(d.certificate_max_gap);
+  out.evaluations = comm.sum(d.evaluations);
+  out.forward_evaluations = comm.sum(d.forward_evaluations);
+  out.kinks = comm.sum(d.kinks);
+  out.seconds = comm.max(d.seconds);
+}
+
 /// The tensors add_step_block() adds, in a fixed order.
 std::vector<torch::Tensor*> summed_tensors(Decomposition& d) {
   std::vector<torch::Tensor*> t = {&d.contributions, &d.regularization, &d.rounding, &d.gap_abs};
@@ -125,12 +136,8 @@ Decomposition sum_blocks(const Communicator& comm, Decomposition base, Share blo
   }
   if (rank_seconds) *rank_seconds = comm.all_gather(local.seconds);
   Decomposition out = local;
-  out.certificate_max_gap = comm.max(local.certificate_max_gap);
-  out.evaluations = comm.sum(local.evaluations);
-  out.forward_evaluations = comm.sum(local.forward_evaluations);
-  out.kinks = comm.sum(local.kinks);
+  reduce_counters(comm, local, out);
   out.steps = comm.sum(local.steps);
-  out.seconds = comm.max(local.seconds);
   // Each rank found its own steps' residuals: merged in rank order, that is
   // in step order, as one walk finds them.
   const StepResiduals& r = local.residuals;
@@ -220,7 +227,8 @@ Decomposition gather_decomposition(const Communicator& comm, const Decomposition
   out.rounding = comm.gather_rows(d.rounding);
   out.gap_abs = comm.gather_rows(d.gap_abs);
   if (d.kernel.defined()) out.kernel = comm.gather_rows(d.kernel);
-  out.certificate_max_gap = comm.max(d.certificate_max_gap);
+  reduce_counters(comm, d, out);
+  out.steps = d.steps;
   // The steps' residuals do not depend on the test points: every rank that
   // walked the path found the same, and a rank without points found none.
   const StepResiduals& r = d.residuals;
@@ -231,11 +239,6 @@ Decomposition gather_decomposition(const Communicator& comm, const Decomposition
   out.residuals.steps_over = static_cast<int64_t>(comm.max(static_cast<double>(r.steps_over)));
   const double first = comm.max(r.first_step >= 0 ? -static_cast<double>(r.first_step) : -1e300);
   out.residuals.first_step = first > -1e299 ? static_cast<int64_t>(-first) : -1;
-  out.evaluations = comm.sum(d.evaluations);
-  out.forward_evaluations = comm.sum(d.forward_evaluations);
-  out.kinks = comm.sum(d.kinks);
-  out.steps = d.steps;
-  out.seconds = comm.max(d.seconds);
   return comm.root() ? out : d;
 }
 

@@ -103,14 +103,19 @@ std::vector<int64_t> step_blocks(const Manifest& m) {
   return bounds;
 }
 
-void add_step_block(Decomposition& total, const Decomposition& block) {
+void add_step_block(Decomposition& total, const Decomposition& block, const torch::Tensor& rows) {
   PK_CHECK(total.kernel.defined() == block.kernel.defined(),
            "add_step_block: the kernel is in one decomposition and not in the other");
-  total.contributions.add_(block.contributions);
+  if (rows.defined()) {
+    total.contributions.index_add_(1, rows, block.contributions);
+    if (block.kernel.defined()) total.kernel.index_add_(1, rows, block.kernel);
+  } else {
+    total.contributions.add_(block.contributions);
+    if (block.kernel.defined()) total.kernel.add_(block.kernel);
+  }
   total.regularization.add_(block.regularization);
   total.rounding.add_(block.rounding);
   total.gap_abs.add_(block.gap_abs);
-  if (block.kernel.defined()) total.kernel.add_(block.kernel);
 }
 
 namespace {
@@ -636,16 +641,8 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
                   static_cast<double>(d.evaluations) / static_cast<double>(n * walked));
     bar.update(walked, status);
     const bool block_done = st.step + 1 == block_end(st.step);
-    if (block_done) {  // d += blk, in the block's rows (add_step_block's additions)
-      if (block_rows.defined()) {
-        d.contributions.index_add_(1, block_rows, blk.contributions);
-        if (options.kernel) d.kernel.index_add_(1, block_rows, blk.kernel);
-        d.regularization.add_(blk.regularization);
-        d.rounding.add_(blk.rounding);
-        d.gap_abs.add_(blk.gap_abs);
-      } else {
-        add_step_block(d, blk);
-      }
+    if (block_done) {  // d += blk, in the block's rows
+      add_step_block(d, blk, block_rows);
       if (st.step + 1 < end_step) open_block(st.step + 1);
     }
     if (checkpoint && st.step + 1 < end_step && checkpoint->due()) {
