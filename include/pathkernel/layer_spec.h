@@ -16,6 +16,10 @@
 //   layernorm               normalises the last dimension, with a learned
 //                           scale and shift
 //   embed(VOCAB,DIM)        token ids (integer inputs) -> vectors; first layer
+//   dropout(P)              drops each element with probability P while a
+//                           training point's gradient is taken, with masks
+//                           seeded by the run, the step and the example
+//                           (dropout.h); passes its input through otherwise
 //   res(L1,L2,...)          a residual block: x + block(x), the block keeping
 //                           the shape of x
 // e.g. "layers:conv(8,3,padding=1),relu,res(conv(8,3,padding=1),relu),avgpool(2)"

@@ -33,9 +33,12 @@
 namespace pathkernel {
 
 /// A copy of `module`'s forward graph with every method and function call
-/// inlined and constant branches folded: the graph both the structured route
-/// and the generic route's kink sites read.
-std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module);
+/// inlined, constant branches folded and its dropout seeded (dropout.h): the
+/// graph the network runs when it has dropout, and the graph both the
+/// structured route and the generic route's kink sites read. The number of
+/// dropout sites goes to `dropout_sites` when given.
+std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module,
+                                                   int64_t* dropout_sites = nullptr);
 
 /// One parameterised operation of the graph, in graph order.
 struct ScriptLayer {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 
+#include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
 #include "pathkernel/progress.h"
 #include "pathkernel/update_rule.h"
@@ -410,9 +411,11 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
       const torch::Tensor wb = reader.loss_weights(idx);  // the batch's loss weights (undefined: all 1)
       // d_s = c_s G_s + λ_c w_s, with the clip factor of a recorded run.
-      const torch::Tensor dvec =
-          (captured ? st.gradient : st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb, wb)) +
-          lambda * st.w;
+      // The training side of the step sees the step's dropout masks; the test side does not.
+      const torch::Tensor dvec = (captured ? st.gradient : [&] {
+        const DropoutStep dropout(m.init_seed, st.step);
+        return st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb, wb);
+      }()) + lambda * st.w;
       const StepCoefficients c = rule.step(st.step, st.lr, st.w, st.state);
       const torch::Tensor buf = rule.buffer(st.state);
       const torch::Tensor residual = st.delta - UpdateRule::update(c, dvec, buf);
@@ -450,6 +453,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
         torch::Tensor step_c = options.on_step ? torch::empty({nb, b, K}, torch::kFloat64) : torch::Tensor();
         for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
           const int64_t nr = std::min(options.train_chunk, b - r0);
+          const DropoutStep dropout(m.init_seed, st.step);
           // Captured signals are the mean loss's: already divided by |B_s|.
           torch::Tensor part = captured ? contract_dense(ev, a, captured_signals(st, r0, nr))
                                         : contract_dense(ev, a, train_signals(ev, xb.narrow(0, r0, nr),
@@ -599,8 +603,11 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     const torch::Tensor wb = reader.loss_weights(idx);  // the batch's loss weights (undefined: all 1)
     // Regularisation and rounding directions of this step.
     // c_s G_s: the batch gradient as the optimizer received it (clipped in a recorded run).
-    torch::Tensor g =
-        captured ? st.gradient : st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb, wb);
+    // The training side of the step sees the step's dropout masks; the test side does not.
+    torch::Tensor g = captured ? st.gradient : [&] {
+      const DropoutStep dropout(m.init_seed, st.step);
+      return st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb, wb);
+    }();
     torch::Tensor rho = -st.lr * lambda * st.w;
     torch::Tensor e = st.delta + st.lr * (g + lambda * st.w);
     d.residuals.add(st.step, max_abs(e), update_bound(m, st));
@@ -617,6 +624,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       torch::Tensor step_c = options.on_step ? torch::empty({nc, b, K}, torch::kFloat64) : torch::Tensor();
       for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
         const int64_t nr = std::min(options.train_chunk, b - r0);
+        const DropoutStep dropout(m.init_seed, st.step);
         // Captured signals are the mean loss's: already divided by |B_s|.
         torch::Tensor part =
             captured ? contract(ev, f, captured_signals(st, r0, nr)) * (-st.lr)

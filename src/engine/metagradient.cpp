@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
 #include "pathkernel/loss.h"
 #include "pathkernel/progress.h"
@@ -167,9 +168,11 @@ Metagradient metagradient(PathReader& reader, const torch::Tensor& x_in, const M
     }
     Buffers before;
     for (const auto& [name, b] : before_values) before[name] = b.to(torch::kFloat64).detach().requires_grad_(true);
-    const torch::Tensor batch_loss =
-        training_loss(net->forward(x_train.index_select(0, idx)), y_train.index_select(0, idx), map, loss, c) *
-        st.clip;
+    const torch::Tensor batch_loss = [&] {
+      const DropoutStep dropout(net->options().seed, st.step);  // the step's masks, for its loss only
+      return training_loss(net->forward(x_train.index_select(0, idx)), y_train.index_select(0, idx), map, loss, c) *
+             st.clip;
+    }();
     const torch::Tensor w = flat_in_graph(params);
     const torch::Tensor g = flat_in_graph(torch::autograd::grad({batch_loss}, params, {}, true, true));
     auto [w_next, after] = update(m.optimizer, st.lr, st.state.step, w, g, before);

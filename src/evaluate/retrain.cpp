@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pathkernel/dropout.h"
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
@@ -131,8 +132,12 @@ torch::Tensor Retrainer::train(const RetrainJob& job, RemovalScaling scaling, Ne
     const torch::Tensor wb = weights.defined() ? (idx.defined() ? weights.index_select(0, idx) : weights) : weights;
     const double lr = m.learning_rates[s];
     const bool scaled = scaling == RemovalScaling::Kept && yb.size(0) != full;
-    const StepResult r = scaled ? scaled_step(net, *optimizer, xb, yb, lr, static_cast<double>(yb.size(0)) / full, wb)
-                                : take_step(net, *optimizer, xb, yb, lr, nullptr, wb);
+    StepResult r;
+    {
+      const DropoutStep dropout(net->options().seed, static_cast<int64_t>(s));  // the step's masks
+      r = scaled ? scaled_step(net, *optimizer, xb, yb, lr, static_cast<double>(yb.size(0)) / full, wb)
+                 : take_step(net, *optimizer, xb, yb, lr, nullptr, wb);
+    }
     PK_CHECK(std::isfinite(r.loss), "retraining diverged at step " << s << ": loss " << r.loss);
   }
   return flatten_parameters(net).to(torch::kFloat64);

@@ -15,7 +15,7 @@ namespace {
 const char kLayerGrammar[] =
     "expected layers:L1,L2,... with each L one of linear(OUT), conv(OUT,K[,stride=S][,padding=P][,dilation=D]"
     "[,groups=G]), relu, leakyrelu[(SLOPE)], tanh, gelu, sigmoid, silu, softplus, maxpool(K[,S]), avgpool(K[,S]), "
-    "gap, flatten, layernorm, embed(VOCAB,DIM), res(L1,L2,...); e.g. layers:conv(8,3,padding=1),relu,avgpool(2)";
+    "gap, flatten, layernorm, embed(VOCAB,DIM), dropout(P), res(L1,L2,...); e.g. layers:conv(8,3,padding=1),relu,avgpool(2)";
 
 /// One layer of the list: its name, its arguments as written, and for a
 /// residual block its own layers.
@@ -86,6 +86,29 @@ int64_t to_int(const std::string& layer, const std::string& what, const std::str
   const int64_t v = std::stoll(text);
   PK_CHECK(v >= lo, "layer '" << layer << "': " << what << " " << v << " must be >= " << lo);
   return v;
+}
+
+/// A finite number written in a layer's arguments.
+double to_double(const std::string& layer, const std::string& what, const std::string& text) {
+  double v = 0;
+  try {
+    size_t used = 0;
+    v = std::stod(text, &used);
+    PK_CHECK(used == text.size(), "");
+  } catch (const std::exception&) {
+    PK_THROW("layer '" << layer << "': " << what << " '" << text << "' is not a number");
+  }
+  PK_CHECK(std::isfinite(v), "layer '" << layer << "': " << what << " must be finite");
+  return v;
+}
+
+/// A number as TorchScript source reads it back exactly.
+std::string literal(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  std::string t = s.str();
+  return t.find_first_of(".eE") == std::string::npos ? t + ".0" : t;
 }
 
 /// Renders a layer as written, for messages.
@@ -198,22 +221,15 @@ class Compiler {
                                 : torch::softplus(probe_);
     } else if (n == "leakyrelu") {
       expect_args(l, 0, 1);
-      double slope = 0.01;
-      if (!l.args.empty()) {
-        try {
-          size_t used = 0;
-          slope = std::stod(l.args[0], &used);
-          PK_CHECK(used == l.args[0].size(), "");
-        } catch (const std::exception&) {
-          PK_THROW("layer '" << show(l) << "': slope '" << l.args[0] << "' is not a number");
-        }
-        PK_CHECK(std::isfinite(slope), "layer '" << show(l) << "': slope must be finite");
-      }
-      std::ostringstream s;
-      s.precision(17);
-      s << slope;
-      line("h = torch.leaky_relu(h, " + s.str() + ")");
+      const double slope = l.args.empty() ? 0.01 : to_double(show(l), "slope", l.args[0]);
+      line("h = torch.leaky_relu(h, " + literal(slope) + ")");
       probe_ = torch::leaky_relu(probe_, slope);
+    } else if (n == "dropout") {
+      expect_args(l, 1, 1);
+      const double p = to_double(show(l), "probability", l.args[0]);
+      PK_CHECK(p >= 0 && p < 1, "layer '" << show(l) << "': probability " << p << " must be in [0, 1)");
+      // Seeded masks on the training side only (dropout.h); shape unchanged.
+      line("h = torch.dropout(h, " + literal(p) + ", True)");
     } else if (n == "maxpool" || n == "avgpool") {
       expect_args(l, 1, 2);
       expect_image(l);
@@ -331,7 +347,7 @@ namespace {
 void check_names(const std::vector<Layer>& list) {
   static const std::vector<std::string> known{"linear", "conv",    "relu",    "leakyrelu", "tanh",    "gelu",
                                               "sigmoid", "silu",   "softplus", "maxpool",  "avgpool", "gap",
-                                              "flatten", "layernorm", "embed", "res"};
+                                              "flatten", "layernorm", "embed", "dropout", "res"};
   for (const Layer& l : list) {
     PK_CHECK(std::find(known.begin(), known.end(), l.name) != known.end(),
              "unknown layer '" << l.name << "' in '" << show(l) << "'; " << kLayerGrammar);

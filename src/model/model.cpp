@@ -87,6 +87,7 @@ std::string ModelSpec::str() const {
 /// returns the inputs of its ReLUs (the kink sites).
 struct ScriptModule {
   torch::jit::Module module;
+  std::unique_ptr<torch::jit::GraphExecutor> forward;     ///< its inlined graph, when it has dropout
   std::unique_ptr<torch::jit::GraphExecutor> with_sites;
   int64_t sites = 0;
   std::unique_ptr<ScriptGraph> graph;  ///< the structured route, if every parameter has a rule
@@ -142,10 +143,12 @@ void NetworkImpl::load_script() {
                        << "statistics couple the examples of a batch, so a training point has no gradient of its "
                        << "own and the decomposition is not defined. Use LayerNorm or GroupNorm instead, or call "
                        << ".eval() on it before exporting to use it as a fixed affine layer");
-    PK_CHECK(!(type.find("Dropout") != std::string::npos && sub.value.is_training()),
-             "model '" << path << "': module '" << name << "' (" << type << ") is in training mode: random "
-                       << "dropout masks are not supported for TorchScript modules yet; call .eval() on it "
-                       << "before exporting (dropout then passes its input through)");
+    // nn.Dropout is seeded (dropout.h); the variants that drop whole
+    // channels or keep self-normalisation are not.
+    PK_CHECK(!(type.find("Dropout") != std::string::npos && type != "Dropout" && sub.value.is_training()),
+             "model '" << path << "': module '" << name << "' (" << type << ") is in training mode: pathkernel "
+                       << "draws seeded masks for nn.Dropout only; use nn.Dropout, or call .eval() on it "
+                       << "before exporting (it then passes its input through)");
   }
   // Floating-point parameters and buffers in the network's dtype; integer
   // buffers (positions, counters) stay as they are.
@@ -169,7 +172,13 @@ void NetworkImpl::load_script() {
   // constant branches folded, returning (output, the input of every ReLU at
   // its top level). ReLUs inside remaining branches or loops are not sites;
   // the certificate still catches their kinks.
-  std::shared_ptr<torch::jit::Graph> g = inlined_forward(m);
+  // A module with dropout runs its inlined graph, where the masks are
+  // seeded; other modules run their own forward.
+  int64_t dropout_sites = 0;
+  std::shared_ptr<torch::jit::Graph> g = inlined_forward(m, &dropout_sites);
+  if (dropout_sites > 0) {
+    script_->forward = std::make_unique<torch::jit::GraphExecutor>(g->copy(), "pathkernel_seeded_dropout");
+  }
   std::vector<torch::jit::Value*> values{g->outputs()[0]};
   for (torch::jit::Node* node : g->nodes()) {
     if (node->kind() == c10::Symbol::fromQualString("aten::relu")) {
@@ -246,7 +255,14 @@ torch::Tensor NetworkImpl::forward(torch::Tensor x) {
   using Kind = LayerDesc::Kind;
   if (script_) {
     const int64_t n = x.size(0);
-    c10::IValue out = script_->module.forward({script_input(x)});
+    c10::IValue out;
+    if (script_->forward) {
+      torch::jit::Stack stack{script_->module._ivalue(), script_input(x)};
+      script_->forward->run(stack);
+      out = stack.back();
+    } else {
+      out = script_->module.forward({script_input(x)});
+    }
     PK_CHECK(out.isTensor(), "model '" << label(options_.spec) << "' returned a " << out.tagKind()
                                        << ", expected one tensor of logits [n, K]");
     torch::Tensor y = out.toTensor();
@@ -334,7 +350,10 @@ torch::Tensor apply_parameter_free(const LayerDesc& layer, const torch::Tensor& 
     case Kind::LogSoftmax: return torch::log_softmax(x, 1);
     case Kind::Linear:
     case Kind::Conv2d:
-    case Kind::Module: break;
+    case Kind::Module:
+    case Kind::LayerNorm:
+    case Kind::Embedding:
+    case Kind::Addend: break;
   }
   PK_ASSERT(false && "apply_parameter_free called on a parameterised layer");
   return x;

@@ -13,6 +13,7 @@
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
+#include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
 
 namespace pathkernel {
@@ -72,7 +73,7 @@ struct ParamUse {
 
 }  // namespace
 
-std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module) {
+std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module, int64_t* dropout_sites) {
   std::shared_ptr<Graph> g = module.get_method("forward").graph()->copy();
   // One pass inlines one level of calls (a callee's own calls arrive
   // uninlined), so repeat until none is left.
@@ -84,6 +85,8 @@ std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& mod
   };
   for (int depth = 0; depth < 64 && has_calls(); ++depth) torch::jit::Inline(*g);
   torch::jit::ConstantPropagation(g);
+  const int64_t sites = seed_dropout(*g);
+  if (dropout_sites != nullptr) *dropout_sites = sites;
   return g;
 }
 

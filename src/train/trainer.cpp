@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
 #include "pathkernel/loss.h"
 #include "pathkernel/progress.h"
@@ -194,7 +195,11 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
       if (s == 0) first_loss = loss;
       return std::isfinite(loss) && loss <= options.divergence_factor * std::max(1.0, first_loss);
     };
-    StepResult r = take_step(net, *optimizer, xb, yb, rates[s], accept, wb);
+    StepResult r;
+    {
+      const DropoutStep dropout(net->options().seed, s);  // the step's masks, for its update only
+      r = take_step(net, *optimizer, xb, yb, rates[s], accept, wb);
+    }
     if (!r.taken) {
       std::ostringstream msg;
       msg << "training diverged at step " << s << ": loss " << r.loss << " (first loss "

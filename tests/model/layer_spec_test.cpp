@@ -22,6 +22,7 @@ namespace {
 using namespace pathkernel;
 using pathkernel::testing::error_message;
 using pathkernel::testing::TempDir;
+using pathkernel::testing::script::expect_both_routes_exact;
 using pathkernel::testing::script::train_small_image_run;
 
 NetworkOptions options_for(const std::string& spec, std::vector<int64_t> shape, bool integer_inputs = false) {
@@ -62,6 +63,10 @@ TEST(LayerSpec, RefusesABadListWithTheReason) {
       {"layers:linear(4)", {4}, true, "the first layer must be embed(VOCAB,DIM)"},
       {"layers:embed(5,2)", {4}, false, "the data's inputs are not integer codes"},
       {"layers:leakyrelu(abc)", {4}, false, "slope 'abc' is not a number"},
+      {"layers:dropout", {4}, false, "'dropout' takes 1 argument (got 0)"},
+      {"layers:dropout(x)", {4}, false, "probability 'x' is not a number"},
+      {"layers:dropout(1)", {4}, false, "probability 1 must be in [0, 1)"},
+      {"layers:dropout(-0.5)", {4}, false, "probability -0.5 must be in [0, 1)"},
   };
   for (const Bad& b : cases) {
     const std::string e = error_message([&] { build_network(options_for(b.spec, b.shape, b.integer_inputs)); });
@@ -109,17 +114,7 @@ TEST(LayerSpec, AResidualListTrainsReplaysAndDecomposesExactly) {
   EXPECT_EQ(result.manifest.model_spec, model);
   PathReader reader(dir.path() + "/run");
   EXPECT_EQ(reader.check().mismatches, 0);
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
-  DecompositionOptions d;
-  d.progress = false;
-  EXPECT_EQ(engine_route(reader, d).route, "structured") << engine_route(reader, d).reason;
-  const Decomposition structured = decompose(reader, x, d);
-  d.quadrature.route = ModuleRoute::Generic;
-  const Decomposition generic = decompose(reader, x, d);
-  EXPECT_LE(summarize(structured).max_rel_error, 1e-12);
-  EXPECT_LE(summarize(generic).max_rel_error, 1e-12);
-  const double scale = generic.contributions.abs().max().item<double>();
-  EXPECT_LE((structured.contributions - generic.contributions).abs().max().item<double>(), 1e-12 * scale);
+  expect_both_routes_exact(reader, reader.dataset().x_test.narrow(0, 0, 4));
 }
 
 }  // namespace

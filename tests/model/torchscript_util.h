@@ -8,9 +8,12 @@
 
 #include <gtest/gtest.h>
 
+#include "pathkernel/decomposition.h"
 #include "pathkernel/model.h"
 #include "pathkernel/npy.h"
+#include "pathkernel/path.h"
 #include "pathkernel/run.h"
+#include "pathkernel/segment.h"
 #include "../test_util.h"
 
 namespace pathkernel::testing::script {
@@ -72,6 +75,22 @@ inline RunResult train_small_image_run(const TempDir& dir, const std::string& mo
   o.checkpoint_every = 3;
   o.out = dir.path() + "/run";
   return train_run(o);
+}
+
+/// Decomposes `x` on a module's run by both routes: the structured route
+/// must be the one chosen, both kernel machines exact (max_rel_error <=
+/// 1e-12), and their contributions the same to 1e-12 of the largest.
+inline void expect_both_routes_exact(PathReader& reader, const torch::Tensor& x) {
+  DecompositionOptions d;
+  d.progress = false;
+  EXPECT_EQ(engine_route(reader, d).route, "structured") << engine_route(reader, d).reason;
+  const Decomposition structured = decompose(reader, x, d);
+  d.quadrature.route = ModuleRoute::Generic;
+  const Decomposition generic = decompose(reader, x, d);
+  EXPECT_LE(summarize(structured).max_rel_error, 1e-12);
+  EXPECT_LE(summarize(generic).max_rel_error, 1e-12);
+  const double scale = generic.contributions.abs().max().item<double>();
+  EXPECT_LE((structured.contributions - generic.contributions).abs().max().item<double>(), 1e-12 * scale);
 }
 
 inline double max_rel(const torch::Tensor& a, const torch::Tensor& b) {
