@@ -104,7 +104,10 @@ void TestPointArgs::add_deprecated_balanced(CLI::App* cmd, const std::string& ol
 }
 
 void KernelArgs::add_to(CLI::App* cmd, const Globals& g) {
-  cmd->add_option("--kernel", kernel, "epk, dpk, ntk (at the end), ntk:STEP or ntk-inf")->capture_default_str();
+  std::string kernels = "The kernel:";
+  for (const KernelEntry& e : kernel_registry()) kernels += " " + e.syntax + " (" + e.meaning + ");";
+  kernels.pop_back();
+  cmd->add_option("--kernel", kernel, kernels)->capture_default_str();
   cmd->add_option("--bias-scale", bias_scale, "ntk-inf: the bias scale beta")->capture_default_str();
   q.add_to(cmd, g);
 }

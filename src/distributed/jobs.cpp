@@ -486,10 +486,11 @@ GramFile gram_across(const Communicator& comm, PathReader& reader, const std::st
   // shared); the infinite-width kernel, a closed form, on the root alone.
   const bool split_cols = row_set != "test" && col_set == "test";
   const torch::Tensor& split = split_cols ? col_indices : row_indices;
-  const bool product = options.kernel.kind == GramSpec::Kind::Epk && row_set == "test" && col_set == "test";
-  const int64_t block = options.kernel.kind == GramSpec::Kind::NtkInfinite ? split.size(0)
-                        : product                                          ? std::min<int64_t>(options.block, 32)
-                                                                           : options.block;
+  const std::unique_ptr<Kernel> kernel = make_kernel(options.kernel);
+  const bool product = kernel->integrates_test_side() && row_set == "test" && col_set == "test";
+  const int64_t block = kernel->closed_form() ? split.size(0)
+                        : product             ? std::min<int64_t>(options.block, 32)
+                                              : options.block;
   const Share share = share_of(comm, std::vector<double>(static_cast<size_t>(split.size(0)), 1.0), block);
   GramOptions local_options = options;
   local_options.progress = options.progress && comm.root();
@@ -519,7 +520,7 @@ GramFile gram_across(const Communicator& comm, PathReader& reader, const std::st
   r.trace = options.trace;
   r.shape = g.matrix.sizes().vec();
   r.steps = reader.manifest().steps;
-  r.quadrature = options.kernel.kind == GramSpec::Kind::Epk ? options.quadrature.spec.str() : "none";
+  r.quadrature = kernel->integrates_test_side() ? options.quadrature.spec.str() : "none";
   r.seconds = seconds;
   return g;
 }

@@ -51,7 +51,7 @@ GramFile gram_between(PathReader& reader, const std::string& row_set, const torc
   r.trace = options.trace;
   r.shape = g.matrix.sizes().vec();
   r.steps = reader.manifest().steps;
-  r.quadrature = options.kernel.kind == GramSpec::Kind::Epk ? options.quadrature.spec.str() : "none";
+  r.quadrature = make_kernel(options.kernel)->integrates_test_side() ? options.quadrature.spec.str() : "none";
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return g;
 }

@@ -168,6 +168,30 @@ TEST(Gram, RefusesWhatItCannotCompute) {
                   "the run has steps 0..3");
   EXPECT_EQ(GramSpec::parse("ntk:7").str(), "ntk:7");
   EXPECT_EQ(GramSpec::parse("ntk-inf").str(), "ntk-inf");
+  EXPECT_CONTAINS(testing::error_message([&] { GramSpec::parse("epk:3"); }), "only ntk takes a step");
+  EXPECT_CONTAINS(testing::error_message([&] { GramSpec::parse("ntk-inf:3"); }), "only ntk takes a step");
+}
+
+/// Every kernel of the registry is written, parsed and built by its name,
+/// and the messages list them all.
+TEST(Gram, BuildsEveryKernelOfTheRegistryByName) {
+  const std::string unknown = testing::error_message([&] { GramSpec::parse("rbf"); });
+  std::vector<std::string> names;
+  for (const KernelEntry& e : kernel_registry()) {
+    names.push_back(e.name);
+    EXPECT_CONTAINS(unknown, e.syntax);
+    EXPECT_FALSE(e.meaning.empty()) << e.name;
+    const GramSpec spec = GramSpec::parse(e.name);
+    EXPECT_EQ(spec.str(), e.name);
+    EXPECT_NE(make_kernel(spec), nullptr) << e.name;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"epk", "dpk", "ntk", "ntk-inf"}));
+  // What the distributed split and the Gram file ask of a kernel.
+  EXPECT_TRUE(make_kernel(GramSpec::parse("epk"))->integrates_test_side());
+  EXPECT_FALSE(make_kernel(GramSpec::parse("dpk"))->integrates_test_side());
+  EXPECT_FALSE(make_kernel(GramSpec::parse("ntk:2"))->integrates_test_side());
+  EXPECT_TRUE(make_kernel(GramSpec::parse("ntk-inf"))->closed_form());
+  EXPECT_FALSE(make_kernel(GramSpec::parse("epk"))->closed_form());
 }
 
 }  // namespace

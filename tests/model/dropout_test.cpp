@@ -10,6 +10,7 @@
 #include <string>
 
 #include "pathkernel/decomposition.h"
+#include "pathkernel/gram.h"
 #include "pathkernel/path.h"
 #include "pathkernel/retrain.h"
 #include "pathkernel/run.h"
@@ -27,6 +28,7 @@ using pathkernel::testing::same_bits;
 using pathkernel::testing::TempDir;
 using pathkernel::testing::script::have_python_torch;
 using pathkernel::testing::script::python;
+using pathkernel::testing::script::reference_jacobian;
 using pathkernel::testing::script::expect_both_routes_exact;
 using pathkernel::testing::script::train_small_image_run;
 
@@ -130,6 +132,45 @@ TEST(SeededDropout, ANetworkWithDropoutTrainsReplaysRetrainsAndDecomposesExactly
                         final_checkpoint(dir.path() + "/run")));
 
   expect_both_routes_exact(reader, reader.dataset().x_test.narrow(0, 0, 4));
+}
+
+/// The EPK's Gram matrix pairs each step's test feature with the training
+/// point's Jacobian under that step's masks (per-example autograd inside a
+/// DropoutStep); the DPK sees the network in eval mode.
+TEST(SeededDropout, TheEpksTrainingSideHasTheStepsMasks) {
+  TempDir dir;
+  train_small_image_run(dir, "layers:flatten,linear(8),relu,dropout(0.5)");
+  PathReader reader(dir.path() + "/run");
+  Network net = engine_network(reader.manifest().network_options());
+  const uint64_t seed = reader.manifest().init_seed;
+  const torch::Tensor test = reader.dataset().x_test.narrow(0, 0, 2), train = reader.dataset().x_train.narrow(0, 0, 3);
+  torch::Tensor epk = torch::zeros({2, 3, 3, 3}, torch::kFloat64), dpk = torch::zeros_like(epk),
+                unmasked = torch::zeros_like(epk);
+  reader.forward([&](const PathStep& st) {
+    torch::Tensor jbar = torch::zeros({2, 3, st.w.size(0)}, torch::kFloat64);  // riemann:4 along the step
+    for (double t : {0.0, 0.25, 0.5, 0.75}) jbar += reference_jacobian(net, st.w + t * st.delta, test) / 4;
+    const torch::Tensor j_test = reference_jacobian(net, st.w, test), j_eval = reference_jacobian(net, st.w, train);
+    torch::Tensor j_train;
+    {
+      const DropoutStep masks(seed, st.step);
+      j_train = reference_jacobian(net, st.w, train);
+    }
+    epk += torch::einsum("akp,blp->abkl", {jbar, j_train});
+    dpk += torch::einsum("akp,blp->abkl", {j_test, j_eval});
+    unmasked += torch::einsum("akp,blp->abkl", {jbar, j_eval});
+  });
+  EXPECT_GT((epk - unmasked).abs().max().item<double>(), 1e-3 * epk.abs().max().item<double>());  // the masks matter
+  GramOptions o;
+  o.progress = false;
+  o.kernel = GramSpec::parse("epk");
+  o.quadrature.spec = QuadratureSpec::parse("riemann:4");
+  const torch::Tensor got = gram(reader, test, true, train, false, o);
+  EXPECT_LE((got - epk).abs().max().item<double>(), 1e-12 * epk.abs().max().item<double>());
+  EXPECT_LE((gram(reader, train, false, test, true, o) - epk.permute({1, 0, 3, 2})).abs().max().item<double>(),
+            1e-12 * epk.abs().max().item<double>());
+  o.kernel = GramSpec::parse("dpk");
+  EXPECT_LE((gram(reader, test, true, train, false, o) - dpk).abs().max().item<double>(),
+            1e-12 * dpk.abs().max().item<double>());
 }
 
 /// nn.Dropout exported from Python in training mode is seeded; the dropouts
