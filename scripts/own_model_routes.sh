@@ -5,18 +5,20 @@
 #                fashion-mnist 2000 train, SGD batch 100, lr 0.05, 100 steps
 #   transformer  examples/export_model.py transformer (embedding, attention,
 #                LayerNorm, GELU MLP), modular addition mod 23 as npy:DIR, AdamW
+#   dropout      layers:flatten,linear(128),relu,dropout(0.5) (DROPOUT=P sets
+#                P), fashion-mnist 2000 train, SGD batch 100, lr 0.05, 100 steps
 # Each row: verify --test N on the structured route (the default) and on the
 # generic route (--route generic), their max_rel_error, evaluations and time
 # side by side, and the load average.
-# Usage: scripts/own_model_routes.sh resnet|transformer [TEST_POINTS] [GENERIC_TEST_POINTS]
+# Usage: scripts/own_model_routes.sh resnet|transformer|dropout [TEST_POINTS] [GENERIC_TEST_POINTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/pathkernel}
 PY=/usr/bin/python3
-WHICH=${1:?usage: $0 resnet|transformer [TEST_POINTS] [GENERIC_TEST_POINTS]}
+WHICH=${1:?usage: $0 resnet|transformer|dropout [TEST_POINTS] [GENERIC_TEST_POINTS]}
 N=${2:-10}
 NG=${3:-$N}
-DIR=runs/own-model/$WHICH
+DIR=runs/own-model/$WHICH${DROPOUT:+-$DROPOUT}
 mkdir -p "$DIR"
 
 case "$WHICH" in
@@ -30,7 +32,11 @@ case "$WHICH" in
     train=(train --model "torchscript:$DIR/tf.pt" --data "npy:$DIR/modadd" --optimizer adamw --lr 3e-3
            --weight-decay 0.1 --batch 64 --steps "${STEPS:-300}")
     ;;
-  *) echo "unknown model '$WHICH': expected resnet or transformer" >&2; exit 2 ;;
+  dropout)
+    train=(train --model "layers:flatten,linear(128),relu,dropout(${DROPOUT:-0.5})" --data fashion-mnist
+           --train-size 2000 --optimizer sgd --lr 0.05 --batch 100 --steps 100)
+    ;;
+  *) echo "unknown model '$WHICH': expected resnet, transformer or dropout" >&2; exit 2 ;;
 esac
 
 echo "\`pathkernel ${train[*]} --out $DIR/run\`"
