@@ -201,9 +201,12 @@ TEST(SeededDropout, TakesPytorchsDropoutAndRefusesItsVariants) {
     train_a = net->forward(x);
     train_b = net->forward(x.narrow(0, 2, 1));
   }
-  EXPECT_FALSE(same_bits(train_a, eval));
-  EXPECT_TRUE(same_bits(train_b, train_a.narrow(0, 2, 1)));
-  EXPECT_TRUE(same_bits(net->forward(x), eval));
+  // Up to the rounding of a one-row against a six-row matrix product, which
+  // the BLAS may do differently; another mask would differ by O(1).
+  const double scale = eval.abs().max().item<double>();
+  EXPECT_GT((train_a - eval).abs().max().item<double>(), 1e-3 * scale);
+  EXPECT_LE((train_b - train_a.narrow(0, 2, 1)).abs().max().item<double>(), 1e-12 * scale);
+  EXPECT_LE((net->forward(x) - eval).abs().max().item<double>(), 1e-12 * scale);
   o.spec = ModelSpec::parse("torchscript:" + channels);
   const std::string message = error_message([&] { build_network(o); });
   EXPECT_CONTAINS(message, "'drop' (Dropout2d) is in training mode");
