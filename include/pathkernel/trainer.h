@@ -80,14 +80,24 @@ struct StepResult {
   bool taken = false;    ///< false if the loss was rejected and no update made
 };
 
-/// One optimisation step on (x, y) with learning rate lr: forward, loss,
-/// backward, optimizer.step(). If `accept(loss)` returns false the update is
-/// not made. Gradients are reset to undefined before backward, so training and
-/// replay accumulate identically. `weights` [B] are the batch's loss weights
-/// (undefined: all 1; training_loss). The loss reported is the weighted one.
-StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const torch::Tensor& x,
-                     const torch::Tensor& y, double lr,
-                     const std::function<bool(double)>& accept = nullptr, const torch::Tensor& weights = {});
+/// The batch of one optimisation step and what it is trained with.
+struct StepBatch {
+  torch::Tensor x;        ///< inputs [B, ...]
+  torch::Tensor y;        ///< labels or targets [B]
+  torch::Tensor weights;  ///< the batch's loss weights [B] (undefined: all 1; training_loss)
+  int64_t step = 0;       ///< the step's index: it seeds the step's dropout masks (dropout.h)
+  double lr = 0;          ///< the step's learning rate
+  double scale = 1;       ///< the loss is multiplied by this (retraining with points removed, kept weights)
+};
+
+/// One optimisation step on `batch`: forward, loss, backward,
+/// optimizer.step(), with the step's dropout masks on for exactly this
+/// (DropoutStep(net's seed, batch.step)). If `accept(loss)` returns false the
+/// update is not made. Gradients are reset to undefined before backward, so
+/// training and replay accumulate identically. The loss reported is the
+/// weighted, scaled one.
+StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const StepBatch& batch,
+                     const std::function<bool(double)>& accept = nullptr);
 
 /// Summary of a finished training run.
 struct TrainSummary {

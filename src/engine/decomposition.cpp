@@ -121,20 +121,23 @@ void add_step_block(Decomposition& total, const Decomposition& block, const torc
 
 namespace {
 
-/// The batch's mean-loss gradient G_s at w, computed in float64 by a float64
-/// network (engine_network), the same arithmetic the contributions' per-sample
-/// gradients use: [P]. For a float64 run it is the gradient training computed;
-/// for a float32 run it differs from training's by float32 rounding, which
-/// the rounding term E then holds.
-torch::Tensor mean_gradient(Network& net64, const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& y,
-                            const torch::Tensor& weights) {
-  set_flat_parameters(net64, w);
+/// c_s G_s: the batch's mean-loss gradient at step st's w_s as the optimizer
+/// received it (times the clip factor of a recorded run), computed in float64
+/// by a float64 network (engine_network) under the step's dropout masks: the
+/// same arithmetic the contributions' per-sample gradients use. [P]. For a
+/// float64 run it is the gradient training computed; for a float32 run it
+/// differs from training's by float32 rounding, which the rounding term E then
+/// holds.
+torch::Tensor mean_gradient(Network& net64, const Manifest& m, const PathStep& st, const torch::Tensor& x,
+                            const torch::Tensor& y, const torch::Tensor& weights) {
+  const DropoutStep dropout(m.init_seed, st.step);  // the training side sees the step's masks
+  set_flat_parameters(net64, st.w);
   for (auto& p : net64->parameters()) p.mutable_grad() = torch::Tensor();
   training_loss(net64->forward(x.to(torch::kFloat64)), y, net64->options().output, net64->options().loss, weights)
       .backward();
   std::vector<torch::Tensor> grads;
   for (auto& p : net64->parameters()) grads.push_back(p.grad().reshape({-1}));
-  return torch::cat(grads);
+  return st.clip * torch::cat(grads);
 }
 
 torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tensor& x) {
@@ -411,11 +414,9 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
       const torch::Tensor wb = reader.loss_weights(idx);  // the batch's loss weights (undefined: all 1)
       // d_s = c_s G_s + λ_c w_s, with the clip factor of a recorded run.
-      // The training side of the step sees the step's dropout masks; the test side does not.
-      const torch::Tensor dvec = (captured ? st.gradient : [&] {
-        const DropoutStep dropout(m.init_seed, st.step);
-        return st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb, wb);
-      }()) + lambda * st.w;
+      const torch::Tensor dvec =
+          (captured ? st.gradient : mean_gradient(grad64, m, st, x_train.index_select(0, idx), yb, wb)) +
+          lambda * st.w;
       const StepCoefficients c = rule.step(st.step, st.lr, st.w, st.state);
       const torch::Tensor buf = rule.buffer(st.state);
       const torch::Tensor residual = st.delta - UpdateRule::update(c, dvec, buf);
@@ -453,7 +454,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
         torch::Tensor step_c = options.on_step ? torch::empty({nb, b, K}, torch::kFloat64) : torch::Tensor();
         for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
           const int64_t nr = std::min(options.train_chunk, b - r0);
-          const DropoutStep dropout(m.init_seed, st.step);
+          const DropoutStep dropout(m.init_seed, st.step);  // the training rows' signals (and kernel): masked
           // Captured signals are the mean loss's: already divided by |B_s|.
           torch::Tensor part = captured ? contract_dense(ev, a, captured_signals(st, r0, nr))
                                         : contract_dense(ev, a, train_signals(ev, xb.narrow(0, r0, nr),
@@ -603,11 +604,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     const torch::Tensor wb = reader.loss_weights(idx);  // the batch's loss weights (undefined: all 1)
     // Regularisation and rounding directions of this step.
     // c_s G_s: the batch gradient as the optimizer received it (clipped in a recorded run).
-    // The training side of the step sees the step's dropout masks; the test side does not.
-    torch::Tensor g = captured ? st.gradient : [&] {
-      const DropoutStep dropout(m.init_seed, st.step);
-      return st.clip * mean_gradient(grad64, st.w, x_train.index_select(0, idx), yb, wb);
-    }();
+    torch::Tensor g = captured ? st.gradient : mean_gradient(grad64, m, st, x_train.index_select(0, idx), yb, wb);
     torch::Tensor rho = -st.lr * lambda * st.w;
     torch::Tensor e = st.delta + st.lr * (g + lambda * st.w);
     d.residuals.add(st.step, max_abs(e), update_bound(m, st));
@@ -624,7 +621,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       torch::Tensor step_c = options.on_step ? torch::empty({nc, b, K}, torch::kFloat64) : torch::Tensor();
       for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
         const int64_t nr = std::min(options.train_chunk, b - r0);
-        const DropoutStep dropout(m.init_seed, st.step);
+        const DropoutStep dropout(m.init_seed, st.step);  // the training rows' signals (and kernel): masked
         // Captured signals are the mean loss's: already divided by |B_s|.
         torch::Tensor part =
             captured ? contract(ev, f, captured_signals(st, r0, nr)) * (-st.lr)

@@ -12,7 +12,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pathkernel/dropout.h"
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
@@ -27,24 +26,6 @@ namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
 namespace {
-
-/// One step on the points left in a batch whose losses keep the weight
-/// 1/|B_s| of the full batch: the batch's mean loss scaled by b/|B_s|.
-/// Otherwise as take_step().
-StepResult scaled_step(Network& net, torch::optim::Optimizer& optimizer, const torch::Tensor& x,
-                       const torch::Tensor& y, double lr, double scale, const torch::Tensor& weights) {
-  StepResult r;
-  for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
-  torch::Tensor loss =
-      training_loss(net->forward(x), y, net->options().output, net->options().loss, weights) * scale;
-  r.loss = loss.item<double>();
-  r.count = y.size(0);
-  loss.backward();
-  set_learning_rate(optimizer, lr);
-  optimizer.step();
-  r.taken = true;
-  return r;
-}
 
 /// CRC-32 of a tensor's bytes (contiguous copy), for the work file's key.
 uint32_t tensor_crc(const torch::Tensor& t) {
@@ -130,14 +111,11 @@ torch::Tensor Retrainer::train(const RetrainJob& job, RemovalScaling scaling, Ne
     const torch::Tensor xb = idx.defined() ? data.x_train.index_select(0, idx) : data.x_train;
     const torch::Tensor yb = idx.defined() ? y.index_select(0, idx) : y;
     const torch::Tensor wb = weights.defined() ? (idx.defined() ? weights.index_select(0, idx) : weights) : weights;
-    const double lr = m.learning_rates[s];
     const bool scaled = scaling == RemovalScaling::Kept && yb.size(0) != full;
-    StepResult r;
-    {
-      const DropoutStep dropout(net->options().seed, static_cast<int64_t>(s));  // the step's masks
-      r = scaled ? scaled_step(net, *optimizer, xb, yb, lr, static_cast<double>(yb.size(0)) / full, wb)
-                 : take_step(net, *optimizer, xb, yb, lr, nullptr, wb);
-    }
+    // Kept weights: the points left keep the weight 1/|B_s| of the full batch,
+    // so the batch's mean loss is scaled by b/|B_s|.
+    const double scale = scaled ? static_cast<double>(yb.size(0)) / static_cast<double>(full) : 1.0;
+    const StepResult r = take_step(net, *optimizer, {xb, yb, wb, static_cast<int64_t>(s), m.learning_rates[s], scale});
     PK_CHECK(std::isfinite(r.loss), "retraining diverged at step " << s << ": loss " << r.loss);
   }
   return flatten_parameters(net).to(torch::kFloat64);

@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <limits>
 
-#include "pathkernel/dropout.h"
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/npy.h"
@@ -132,11 +131,9 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     const torch::Tensor& yt = dataset_.y_train;
     LayerTrace trace;
     if (capture_) net_->set_trace(&trace);
-    {
-      const DropoutStep dropout(net_->options().seed, s);  // the step's masks, for its update only
-      take_step(net_, *optimizer, idx.defined() ? xt.index_select(0, idx) : xt,
-                idx.defined() ? yt.index_select(0, idx) : yt, manifest_.learning_rates[s], nullptr, loss_weights(idx));
-    }
+    take_step(net_, *optimizer,
+              {idx.defined() ? xt.index_select(0, idx) : xt, idx.defined() ? yt.index_select(0, idx) : yt,
+               loss_weights(idx), s, manifest_.learning_rates[s]});
     net_->set_trace(nullptr);
     torch::Tensor next = flatten_parameters(net_).to(torch::kFloat64);
     PathStep step;

@@ -126,19 +126,20 @@ torch::Tensor BatchSampler::batch(int64_t step) {
   return permutation_.narrow(0, start, std::min(batch_, num_train_ - start));
 }
 
-StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const torch::Tensor& x,
-                     const torch::Tensor& y, double lr, const std::function<bool(double)>& accept,
-                     const torch::Tensor& weights) {
+StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const StepBatch& batch,
+                     const std::function<bool(double)>& accept) {
+  const DropoutStep dropout(net->options().seed, batch.step);  // the step's masks, for its update only
   StepResult r;
   for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
-  torch::Tensor out = net->forward(x);
-  torch::Tensor loss = training_loss(out, y, net->options().output, net->options().loss, weights);
+  torch::Tensor out = net->forward(batch.x);
+  torch::Tensor loss = training_loss(out, batch.y, net->options().output, net->options().loss, batch.weights);
+  if (batch.scale != 1) loss = loss * batch.scale;
   r.loss = loss.item<double>();
-  r.correct = correct_predictions(out, y);
-  r.count = y.size(0);
+  r.correct = correct_predictions(out, batch.y);
+  r.count = batch.y.size(0);
   if (accept && !accept(r.loss)) return r;
   loss.backward();
-  set_learning_rate(optimizer, lr);
+  set_learning_rate(optimizer, batch.lr);
   optimizer.step();
   r.taken = true;
   return r;
@@ -195,11 +196,7 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
       if (s == 0) first_loss = loss;
       return std::isfinite(loss) && loss <= options.divergence_factor * std::max(1.0, first_loss);
     };
-    StepResult r;
-    {
-      const DropoutStep dropout(net->options().seed, s);  // the step's masks, for its update only
-      r = take_step(net, *optimizer, xb, yb, rates[s], accept, wb);
-    }
+    const StepResult r = take_step(net, *optimizer, {xb, yb, wb, s, rates[s]}, accept);
     if (!r.taken) {
       std::ostringstream msg;
       msg << "training diverged at step " << s << ": loss " << r.loss << " (first loss "

@@ -50,7 +50,7 @@ TEST(UpdateRule, ReconstructsLibTorchsSteps) {
       set_learning_rate(*opt, lr);
       torch::Tensor w = flatten_parameters(net).clone();
       torch::Tensor d = mean_gradient(net, x, y) + rule.coupled_decay() * w;
-      take_step(net, *opt, x, y, lr);
+      take_step(net, *opt, {x, y, {}, s, lr});
       torch::Tensor dw = flatten_parameters(net) - w;
       OptimizerState after = export_state(*opt, name, net->parameters());
       StepCoefficients c = rule.step(s, lr, w, after);
