@@ -39,6 +39,9 @@ struct QuadratureOptions {
   int gauss_nodes = 8;  ///< Gauss–Legendre nodes on a piece of length 1 (ceil(n·√h) on length h)
   int min_nodes = 3;    ///< fewest nodes on a short piece
   int scan_intervals = 16;  ///< forward-only scan of [0,1] for kinks before integrating
+  /// Locate kinks as roots of the fitted pre-activation polynomials (kinks.h);
+  /// false: by Illinois false position alone, the slower reference.
+  bool fit_kinks = true;
   int64_t max_rows = 512;  ///< integrand evaluations per batched pass (bounds memory)
   int max_depth = 30;   ///< halvings of a piece before it is accepted as is
   /// TorchScript modules: the structured route where every parameter has a

@@ -469,7 +469,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       SegmentPass sp = ev.forward(x.index_select(0, torch::tensor(scan_point, torch::kLong)),
                                   torch::tensor(scan_t, opts), false);
       f.forward_evaluations += n * (scan + 1);
-      KinkSearch ks = find_kinks(ev, x, ev.kink_values(sp), scan_point, scan_t, scan_brackets, first_relu);
+      KinkSearch ks = find_kinks(ev, x, ev.kink_values(sp), scan_point, scan_t, scan_brackets, first_relu, q.fit_kinks);
       f.forward_evaluations += ks.forward_evaluations;
       f.kinks += static_cast<int64_t>(ks.kinks.size());
       for (const Kink& k : ks.kinks) cuts[k.bracket / scan].push_back(k.t);
@@ -537,7 +537,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         row_point.insert(row_point.end(), rd.end_point.begin(), rd.end_point.end());
         std::vector<double> row_t(rd.t);
         row_t.insert(row_t.end(), rd.ends.begin(), rd.ends.end());
-        KinkSearch ks = find_kinks(ev, x, pre, row_point, row_t, brackets, first_relu);
+        KinkSearch ks = find_kinks(ev, x, pre, row_point, row_t, brackets, first_relu, q.fit_kinks);
         f.forward_evaluations += ks.forward_evaluations;
         f.kinks += static_cast<int64_t>(ks.kinks.size());
         // Kinks come sorted by bracket, then t, and a piece's brackets ascend in t.

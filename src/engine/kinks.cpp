@@ -3,6 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
 
 #include "pathkernel/error.h"
 #include "pathkernel/quadrature.h"
@@ -18,9 +22,21 @@ constexpr double kEps = 2.220446049250313e-16;
 /// A ReLU unit that flips is (unit, −1); a max-pool window whose argmax
 /// switches from i to j is (j, i).
 struct Target {
-  int64_t bracket, layer, plus, minus;
-  double lo, hi, glo, ghi;
-  int last_side = 0;  // −1: lo moved last, +1: hi moved last
+  int64_t bracket = 0, layer = 0, plus = 0, minus = -1;
+  double lo = 0, hi = 0, glo = 0, ghi = 0;
+  int degree = 1;  // the degree of its pre-activation in t on a piece (the fit's degree)
+  /// Every evaluation of its value, oldest first, with the hash of the
+  /// activation pattern of the sites before its own (the piece it is on).
+  struct Sample {
+    double t, v;
+    uint64_t piece;
+  };
+  std::vector<Sample> samples;
+  uint64_t piece_lo = 0, piece_hi = 0;  // the pieces of lo and hi
+  double scale = 0;    // the largest |value| of its layer's sites at lo: the size of their rounding
+  double widen = 1;    // the pair around a fitted root r is r ± widen · δ (see find_kinks)
+  double pair_a = 0, pair_b = 0;  // the pair of the latest round
+  int last_side = 0;   // −1: lo moved last, +1: hi moved last
   bool done = false;
   double root = 0;
 };
@@ -34,11 +50,124 @@ void settle(Target& k, double root) {
   k.root = root;
 }
 
+/// The root in (lo, hi) of the polynomial through the target's latest
+/// degree + 1 samples (distinct t), if it changes sign there; NaN otherwise.
+/// On a piece where no unit upstream switches, the unit's pre-activation is
+/// that polynomial, so the root is the kink up to rounding. `slope` receives
+/// the polynomial's derivative there.
+double fitted_root(const Target& k, double& slope) {
+  // Only when lo and hi are on one piece (no switch upstream between them,
+  // as far as their patterns tell) is the unit one polynomial across the
+  // bracket; fit the samples on that piece.
+  if (k.piece_lo != k.piece_hi) return std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> ts, c;
+  for (auto it = k.samples.rbegin(); it != k.samples.rend() && static_cast<int>(ts.size()) <= k.degree; ++it) {
+    if (it->piece != k.piece_lo || std::find(ts.begin(), ts.end(), it->t) != ts.end()) continue;
+    ts.push_back(it->t);
+    c.push_back(it->v);
+  }
+  if (static_cast<int>(ts.size()) <= k.degree) return std::numeric_limits<double>::quiet_NaN();
+  const size_t n = ts.size();
+  for (size_t j = 1; j < n; ++j) {  // Newton's divided differences, in place
+    for (size_t i = n - 1; i >= j; --i) c[i] = (c[i] - c[i - 1]) / (ts[i] - ts[i - j]);
+  }
+  auto p = [&](double t) {
+    double v = c[n - 1];
+    for (size_t i = n - 1; i-- > 0;) v = v * (t - ts[i]) + c[i];
+    return v;
+  };
+  double a = k.lo, b = k.hi, pa = p(a);
+  const double pb = p(b);
+  if (!std::isfinite(pa) || !std::isfinite(pb) || (pa > 0) == (pb > 0) || pa == 0 || pb == 0) {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  for (int i = 0; i < 200 && b - a > 2 * kEps * std::max(std::abs(a), std::abs(b)); ++i) {
+    const double m = 0.5 * (a + b), pm = p(m);
+    if (pm == 0) {
+      a = b = m;
+      break;
+    }
+    if ((pm > 0) == (pa > 0)) {
+      a = m;
+      pa = pm;
+    } else {
+      b = m;
+    }
+  }
+  const double r = 0.5 * (a + b);
+  double v = c[n - 1], dv = 0;  // Horner's rule with the derivative
+  for (size_t i = n - 1; i-- > 0;) {
+    dv = dv * (r - ts[i]) + v;
+    v = v * (r - ts[i]) + c[i];
+  }
+  slope = dv;
+  return r;
+}
+
+/// Moves the target's bracket to the evaluation (s, v) of its value.
+void update(Target& k, double s, double v, uint64_t piece) {
+  k.samples.push_back({s, v, piece});
+  if (k.samples.size() > 8) k.samples.erase(k.samples.begin());
+  if (k.done || !(s > k.lo && s < k.hi)) return;
+  if (v == 0) {
+    settle(k, s);
+    return;
+  }
+  if ((v > 0) == (k.glo > 0)) {
+    k.lo = s;
+    k.glo = v;
+    k.piece_lo = piece;
+    if (k.last_side == -1) k.ghi *= 0.5;
+    k.last_side = -1;
+  } else {
+    k.hi = s;
+    k.ghi = v;
+    k.piece_hi = piece;
+    if (k.last_side == 1) k.glo *= 0.5;
+    k.last_side = 1;
+  }
+  if (k.hi - k.lo <= 4 * kEps * std::max(std::abs(k.lo), std::abs(k.hi))) settle(k, 0.5 * (k.lo + k.hi));
+}
+
+/// Per row of `sites` (flattened per row) and per site l: a hash of the
+/// activation pattern of the sites before l, [rows][sites]: the signs of
+/// the ReLU units, and per max-pool window the unit it passes on (or none).
+/// Two rows with the same hash at l are on the same piece for site l's units.
+std::vector<std::vector<uint64_t>> upstream_pieces(const SegmentEvaluator& ev, const std::vector<torch::Tensor>& sites) {
+  const int64_t rows = sites.empty() ? 0 : sites[0].size(0);
+  std::vector<std::vector<uint64_t>> h(rows, std::vector<uint64_t>(sites.size(), 0));
+  std::vector<uint64_t> acc(rows, 0x9e3779b97f4a7c15ull);
+  auto mix = [](uint64_t a, uint64_t b) {
+    a ^= b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2);
+    return a;
+  };
+  for (size_t l = 0; l < sites.size(); ++l) {
+    for (int64_t r = 0; r < rows; ++r) h[r][l] = acc[r];
+    if (!ev.relu_after()[l]) continue;
+    torch::Tensor pattern;
+    if (const int64_t k = ev.pool_after()[l]) {
+      const torch::Tensor y = sites[l].detach();
+      auto [m, ind] = torch::max_pool2d_with_indices(y, k);
+      pattern = torch::where(m > 0, ind, torch::full_like(ind, -1)).flatten(1).contiguous();
+    } else {
+      pattern = (sites[l].detach().flatten(1) > 0).to(torch::kLong).contiguous();
+    }
+    auto p = pattern.accessor<int64_t, 2>();
+    for (int64_t r = 0; r < rows; ++r) {
+      uint64_t a = acc[r];
+      for (int64_t u = 0; u < p.size(1); ++u) a = mix(a, static_cast<uint64_t>(p[r][u]) + 3);
+      acc[r] = a;
+    }
+  }
+  return h;
+}
+
 }  // namespace
 
 KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
                       const std::vector<int64_t>& point, const std::vector<double>& t,
-                      const std::vector<KinkBracket>& brackets, bool skip_first_layer, int64_t rows_per_pass) {
+                      const std::vector<KinkBracket>& brackets, bool skip_first_layer, bool fit_polynomials,
+                      int64_t rows_per_pass) {
   PK_ASSERT(preacts.size() == ev.relu_after().size() && point.size() == t.size() && rows_per_pass > 0);
   KinkSearch out;
   if (brackets.empty()) return out;
@@ -62,7 +191,14 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
     auto p_a = p.accessor<int64_t, 2>(), m_a = m.accessor<int64_t, 2>();
     for (int64_t i = 0; i < nz.size(0); ++i) {
       const int64_t b = nz_a[i][0], c = nz_a[i][1];
-      targets.push_back({b, l, pool ? p_a[b][c] : c, pool ? m_a[b][c] : -1, t[a_rows[b]], t[b_rows[b]], 0, 0});
+      Target k;
+      k.bracket = b;
+      k.layer = l;
+      k.plus = pool ? p_a[b][c] : c;
+      k.minus = pool ? m_a[b][c] : -1;
+      k.lo = t[a_rows[b]];
+      k.hi = t[b_rows[b]];
+      targets.push_back(std::move(k));
     }
   };
   for (size_t l = 0; l < preacts.size(); ++l) {
@@ -87,59 +223,108 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
     }
     add(static_cast<int64_t>(l), flips, torch::Tensor(), torch::Tensor());
   }
+  std::vector<std::vector<double>> row_scale(flat.size());
+  for (size_t l = 0; l < flat.size(); ++l) {
+    const torch::Tensor m = flat[l].abs().amax(1).contiguous();
+    row_scale[l].assign(m.data_ptr<double>(), m.data_ptr<double>() + m.numel());
+  }
+  const std::vector<std::vector<uint64_t>> pieces =
+      targets.empty() ? std::vector<std::vector<uint64_t>>() : upstream_pieces(ev, preacts);
   for (Target& k : targets) {
     auto y = flat[k.layer].accessor<double, 2>();
     k.glo = value(y, a_rows[k.bracket], k);
     k.ghi = value(y, b_rows[k.bracket], k);
+    k.scale = row_scale[k.layer][a_rows[k.bracket]];
+    k.piece_lo = pieces[a_rows[k.bracket]][k.layer];
+    k.piece_hi = pieces[b_rows[k.bracket]][k.layer];
+    k.samples = {{k.lo, k.glo, k.piece_lo}, {k.hi, k.ghi, k.piece_hi}};
+    // Site l of pathkernel's own layers is param layer l's pre-activation,
+    // of degree l + 1 in t on a piece; a module's sites are taken to be of
+    // the degree of their place, up to 4 (a wrong guess costs only speed).
+    k.degree = static_cast<int>(std::min<int64_t>(k.layer + 1, 4));
     if (k.glo == 0) settle(k, k.lo);
     else if (k.ghi == 0) settle(k, k.hi);
   }
 
-  // Location: Illinois false position on every bracket at once; every fourth
-  // step bisects, so each bracket at least halves every four steps.
+  // Location, on every bracket at once (one forward pass per round). Once a
+  // target has degree + 1 samples, the root of the polynomial through them
+  // is the kink itself when they lie on one piece: the round evaluates a
+  // pair of points a few ulp either side of it, which closes the bracket.
+  // Otherwise (too few samples, or no sign change of the fit in the
+  // bracket) it takes an Illinois false-position step, and every fourth
+  // round bisects, so each bracket at least halves every four rounds
+  // whatever the fits do.
   for (int iter = 0; iter < 400; ++iter) {
     std::vector<size_t> active;
     for (size_t i = 0; i < targets.size(); ++i) {
       if (!targets[i].done) active.push_back(i);
     }
     if (active.empty()) break;
-    for (size_t c0 = 0; c0 < active.size(); c0 += static_cast<size_t>(rows_per_pass)) {
-      const size_t nc = std::min(active.size() - c0, static_cast<size_t>(rows_per_pass));
-      std::vector<int64_t> rows(nc);
-      std::vector<double> ts(nc);
-      for (size_t j = 0; j < nc; ++j) {
-        const Target& k = targets[active[c0 + j]];
-        double s = k.lo - k.glo * (k.hi - k.lo) / (k.ghi - k.glo);
-        if (iter % 4 == 3 || !(s > k.lo && s < k.hi)) s = 0.5 * (k.lo + k.hi);
-        rows[j] = point[a_rows[k.bracket]];
-        ts[j] = s;
+    std::vector<size_t> row_target;
+    std::vector<double> row_t;
+    std::vector<bool> paired(targets.size(), false);
+    for (size_t i : active) {
+      Target& k = targets[i];
+      double slope = 0;
+      const double r =
+          !fit_polynomials || iter % 4 == 3 ? std::numeric_limits<double>::quiet_NaN() : fitted_root(k, slope);
+      if (std::isfinite(r) && slope != 0 && std::isfinite(slope)) {
+        // δ: a few ulp of t, or the t over which the unit's rounding
+        // (8 ε of its layer's largest value) moves it, if that is more.
+        const double delta =
+            k.widen * std::max(1.5 * kEps * std::abs(r), 2 * kEps * k.scale / std::abs(slope));
+        const double a = std::max(r - delta, std::nextafter(k.lo, k.hi));
+        const double b = std::min(r + delta, std::nextafter(k.hi, k.lo));
+        row_target.push_back(i);
+        row_t.push_back(a);
+        if (b > a) {
+          row_target.push_back(i);
+          row_t.push_back(b);
+        }
+        paired[i] = true;
+        k.pair_a = a;
+        k.pair_b = b;
+        continue;
       }
+      double s = k.lo - k.glo * (k.hi - k.lo) / (k.ghi - k.glo);
+      if (iter % 4 == 3 || !(s > k.lo && s < k.hi)) s = 0.5 * (k.lo + k.hi);
+      row_target.push_back(i);
+      row_t.push_back(s);
+    }
+    for (size_t c0 = 0; c0 < row_t.size(); c0 += static_cast<size_t>(rows_per_pass)) {
+      const size_t nc = std::min(row_t.size() - c0, static_cast<size_t>(rows_per_pass));
+      std::vector<int64_t> rows(nc);
+      for (size_t j = 0; j < nc; ++j) rows[j] = point[a_rows[targets[row_target[c0 + j]].bracket]];
+      const std::vector<double> ts(row_t.begin() + static_cast<std::ptrdiff_t>(c0),
+                                   row_t.begin() + static_cast<std::ptrdiff_t>(c0 + nc));
       SegmentPass pm = ev.forward(x.index_select(0, torch::tensor(rows, torch::kLong)), torch::tensor(ts, x.options()),
                                   false);
       out.forward_evaluations += static_cast<int64_t>(nc);
       const std::vector<torch::Tensor>& sites = ev.kink_values(pm);
       std::vector<torch::Tensor> pf(sites.size());
       for (size_t l = 0; l < sites.size(); ++l) pf[l] = sites[l].flatten(1).contiguous();
+      const std::vector<std::vector<uint64_t>> round_pieces = upstream_pieces(ev, sites);
       for (size_t j = 0; j < nc; ++j) {
-        Target& k = targets[active[c0 + j]];
-        const double s = ts[j], v = value(pf[k.layer].accessor<double, 2>(), static_cast<int64_t>(j), k);
-        PK_CHECK(std::isfinite(v), "kink search: non-finite pre-activation at t = " << s);
-        if (v == 0) {
-          settle(k, s);
-          continue;
-        }
-        if ((v > 0) == (k.glo > 0)) {
-          k.lo = s;
-          k.glo = v;
-          if (k.last_side == -1) k.ghi *= 0.5;
-          k.last_side = -1;
-        } else {
-          k.hi = s;
-          k.ghi = v;
-          if (k.last_side == 1) k.glo *= 0.5;
-          k.last_side = 1;
-        }
-        if (k.hi - k.lo <= 4 * kEps * std::max(std::abs(k.lo), std::abs(k.hi))) settle(k, 0.5 * (k.lo + k.hi));
+        Target& k = targets[row_target[c0 + j]];
+        const double v = value(pf[k.layer].accessor<double, 2>(), static_cast<int64_t>(j), k);
+        PK_CHECK(std::isfinite(v), "kink search: non-finite pre-activation at t = " << ts[j]);
+        update(k, ts[j], v, round_pieces[j][k.layer]);
+      }
+    }
+    // A pair that missed the root (the fit's rounding is above a few ulp)
+    // is placed wider next time; one that caught it, at the width again.
+    for (size_t i : active) {
+      Target& k = targets[i];
+      if (!paired[i] || k.done) continue;
+      const bool caught = k.lo >= k.pair_a && k.hi <= k.pair_b;
+      // Near its root a unit's value is rounding as much as slope, so the
+      // sign the network gives is noisy within about δ of the true root: a
+      // pair a few δ wide that catches the sign change locates the kink as
+      // well as bisecting inside that noise would.
+      if (caught && k.widen <= 16) {
+        settle(k, 0.5 * (k.lo + k.hi));
+      } else {
+        k.widen = caught ? 1 : 4 * k.widen;
       }
     }
   }

@@ -75,8 +75,8 @@ struct Scanned {
     sc = scan(*ev, x, 16);
   }
 
-  KinkSearch search(bool skip_first_layer) const {
-    return find_kinks(*ev, x, sc.pass.preacts, sc.point, sc.t, sc.brackets, skip_first_layer);
+  KinkSearch search(bool skip_first_layer, bool fit = true) const {
+    return find_kinks(*ev, x, sc.pass.preacts, sc.point, sc.t, sc.brackets, skip_first_layer, fit);
   }
 };
 
@@ -152,6 +152,33 @@ TEST(FindKinks, SkipsTheClosedFormFirstLayer) {
     KinkSearch ks = s.search(/*skip_first_layer=*/true);
     ASSERT_FALSE(ks.kinks.empty()) << spec;
     for (const Kink& k : ks.kinks) EXPECT_EQ(k.layer, 1) << spec;
+  }
+}
+
+TEST(FindKinks, FittedPolynomialsLocateTheSameKinksAsFalsePositionInFewerRows) {
+  // On a piece the second layer's pre-activation is a quadratic in t: one
+  // false-position step gives the third sample, the fitted quadratic's root
+  // is the kink, and a pair of rows either side of it closes the bracket.
+  // The reference is Illinois false position alone, on the same brackets.
+  for (const char* spec : {"mlp:12,10", "cnn:3,4"}) {
+    Scanned s(spec, spec[0] == 'm' ? std::vector<int64_t>{4} : std::vector<int64_t>{1, 8, 8}, 6, 2);
+    for (const bool skip_first : {true, false}) {
+      const KinkSearch fit = s.search(skip_first, true), ref = s.search(skip_first, false);
+      expect_located(*s.ev, s.x, s.sc, fit, spec[0] == 'c');
+      expect_located(*s.ev, s.x, s.sc, ref, spec[0] == 'c');
+      // The same kinks (one per unit and bracket), to within the rounding
+      // noise of the unit's sign near its root.
+      ASSERT_EQ(fit.kinks.size(), ref.kinks.size()) << spec;
+      for (size_t i = 0; i < fit.kinks.size(); ++i) {
+        const Kink &a = fit.kinks[i], &b = ref.kinks[i];
+        EXPECT_EQ(a.bracket, b.bracket) << spec;
+        EXPECT_EQ(a.layer, b.layer) << spec;
+        EXPECT_NEAR(a.t, b.t, 1e-12) << spec << " kink " << i << " layer " << a.layer << " unit " << a.plus;
+      }
+      EXPECT_LE(static_cast<double>(fit.forward_evaluations), 0.6 * static_cast<double>(ref.forward_evaluations))
+          << spec << (skip_first ? ", first layer skipped" : "") << ": " << fit.forward_evaluations << " rows against "
+          << ref.forward_evaluations << " for " << fit.kinks.size() << " kinks";
+    }
   }
 }
 
