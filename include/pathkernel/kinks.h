@@ -3,16 +3,15 @@
 // Along w(t) = w_s + t dw_s the test feature's integrand J(w(t), x) is smooth
 // except where a ReLU unit's pre-activation crosses 0 or a max-pool window's
 // argmax switches. Kinks are detected by comparing activation patterns at
-// sampled t, and each detected one is located to a few ulp of t by a
-// bracketing root finder. On a piece where no unit upstream switches, a
+// sampled t, and each detected one is located by a bracketing root finder:
+// Illinois false position with a bisection every fourth round, to a few ulp
+// of t. Optionally (fit_polynomials), where no unit upstream switches a
 // unit's pre-activation is a polynomial in t (degree l + 1 in param layer l,
-// docs/math.md §7): once the finder holds that many + 1 samples of it, the
-// fitted polynomial's root is the kink up to rounding, and one pair of
-// evaluations a few ulp either side of it closes the bracket. Before that,
-// or where the fit does not change sign in the bracket, it takes Illinois
-// false-position steps, with a bisection every fourth round as the
-// safeguard. All brackets are refined together: one batched forward pass
-// per round.
+// docs/math.md §7): once the finder holds that many + 1 samples of it on
+// one piece, the fitted polynomial's root is the kink up to rounding, and a
+// pair of evaluations either side of it, as wide as the unit's rounding
+// noise, closes the bracket. All brackets are refined together: one
+// batched forward pass per round.
 //
 // The first layer's pre-activation is affine in t, so its kinks are
 // closed-form (first_layer_kinks) and the finder can skip that layer.
@@ -62,7 +61,7 @@ struct KinkSearch {
 /// against). Evaluates at most `rows_per_pass` rows per forward pass.
 KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
                       const std::vector<int64_t>& point, const std::vector<double>& t,
-                      const std::vector<KinkBracket>& brackets, bool skip_first_layer, bool fit_polynomials = true,
+                      const std::vector<KinkBracket>& brackets, bool skip_first_layer, bool fit_polynomials = false,
                       int64_t rows_per_pass = 512);
 
 /// The kinks of the first param layer along the segment, in closed form, for
