@@ -223,20 +223,25 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
     }
     add(static_cast<int64_t>(l), flips, torch::Tensor(), torch::Tensor());
   }
+  // What the fits need: per row, each site's largest |value| and the pieces.
   std::vector<std::vector<double>> row_scale(flat.size());
-  for (size_t l = 0; l < flat.size(); ++l) {
-    const torch::Tensor m = flat[l].abs().amax(1).contiguous();
-    row_scale[l].assign(m.data_ptr<double>(), m.data_ptr<double>() + m.numel());
+  std::vector<std::vector<uint64_t>> pieces;
+  if (fit_polynomials && !targets.empty()) {
+    for (size_t l = 0; l < flat.size(); ++l) {
+      const torch::Tensor m = flat[l].abs().amax(1).contiguous();
+      row_scale[l].assign(m.data_ptr<double>(), m.data_ptr<double>() + m.numel());
+    }
+    pieces = upstream_pieces(ev, preacts);
   }
-  const std::vector<std::vector<uint64_t>> pieces =
-      targets.empty() ? std::vector<std::vector<uint64_t>>() : upstream_pieces(ev, preacts);
   for (Target& k : targets) {
     auto y = flat[k.layer].accessor<double, 2>();
     k.glo = value(y, a_rows[k.bracket], k);
     k.ghi = value(y, b_rows[k.bracket], k);
-    k.scale = row_scale[k.layer][a_rows[k.bracket]];
-    k.piece_lo = pieces[a_rows[k.bracket]][k.layer];
-    k.piece_hi = pieces[b_rows[k.bracket]][k.layer];
+    if (fit_polynomials) {
+      k.scale = row_scale[k.layer][a_rows[k.bracket]];
+      k.piece_lo = pieces[a_rows[k.bracket]][k.layer];
+      k.piece_hi = pieces[b_rows[k.bracket]][k.layer];
+    }
     k.samples = {{k.lo, k.glo, k.piece_lo}, {k.hi, k.ghi, k.piece_hi}};
     // Site l of pathkernel's own layers is param layer l's pre-activation,
     // of degree l + 1 in t on a piece; a module's sites are taken to be of
@@ -246,14 +251,13 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
     else if (k.ghi == 0) settle(k, k.hi);
   }
 
-  // Location, on every bracket at once (one forward pass per round). Once a
-  // target has degree + 1 samples, the root of the polynomial through them
-  // is the kink itself when they lie on one piece: the round evaluates a
-  // pair of points a few ulp either side of it, which closes the bracket.
-  // Otherwise (too few samples, or no sign change of the fit in the
-  // bracket) it takes an Illinois false-position step, and every fourth
-  // round bisects, so each bracket at least halves every four rounds
-  // whatever the fits do.
+  // Location, on every bracket at once (one forward pass per round): an
+  // Illinois false-position step, and every fourth round a bisection, so
+  // each bracket at least halves every four rounds. With fit_polynomials,
+  // once a target has degree + 1 samples on one piece, the root of the
+  // polynomial through them is the kink up to rounding: the round evaluates
+  // a pair of points either side of it, as far as the unit's rounding noise,
+  // which closes the bracket when it catches the sign change.
   for (int iter = 0; iter < 400; ++iter) {
     std::vector<size_t> active;
     for (size_t i = 0; i < targets.size(); ++i) {
@@ -270,7 +274,7 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
           !fit_polynomials || iter % 4 == 3 ? std::numeric_limits<double>::quiet_NaN() : fitted_root(k, slope);
       if (std::isfinite(r) && slope != 0 && std::isfinite(slope)) {
         // δ: a few ulp of t, or the t over which the unit's rounding
-        // (8 ε of its layer's largest value) moves it, if that is more.
+        // (2 ε of its layer's largest value) moves it, if that is more.
         const double delta =
             k.widen * std::max(1.5 * kEps * std::abs(r), 2 * kEps * k.scale / std::abs(slope));
         const double a = std::max(r - delta, std::nextafter(k.lo, k.hi));
@@ -303,12 +307,13 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
       const std::vector<torch::Tensor>& sites = ev.kink_values(pm);
       std::vector<torch::Tensor> pf(sites.size());
       for (size_t l = 0; l < sites.size(); ++l) pf[l] = sites[l].flatten(1).contiguous();
-      const std::vector<std::vector<uint64_t>> round_pieces = upstream_pieces(ev, sites);
+      std::vector<std::vector<uint64_t>> round_pieces;
+      if (fit_polynomials) round_pieces = upstream_pieces(ev, sites);
       for (size_t j = 0; j < nc; ++j) {
         Target& k = targets[row_target[c0 + j]];
         const double v = value(pf[k.layer].accessor<double, 2>(), static_cast<int64_t>(j), k);
         PK_CHECK(std::isfinite(v), "kink search: non-finite pre-activation at t = " << ts[j]);
-        update(k, ts[j], v, round_pieces[j][k.layer]);
+        update(k, ts[j], v, fit_polynomials ? round_pieces[j][k.layer] : 0);
       }
     }
     // A pair that missed the root (the fit's rounding is above a few ulp)
