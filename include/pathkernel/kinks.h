@@ -34,6 +34,19 @@ struct KinkBracket {
   int64_t row_a = 0, row_b = 0;
 };
 
+/// A bracket [lo, hi] of a sign change of a function g, g(lo) = glo and
+/// g(hi) = ghi of opposite signs, narrowed by Illinois false position.
+struct SignBracket {
+  double lo = 0, hi = 0, glo = 0, ghi = 0;
+  int side = 0;  ///< the end moved last: −1 lo, +1 hi, 0 neither yet
+
+  /// Moves the end whose sign v (≠ 0) shares to s, which lies in (lo, hi).
+  /// When the same end moves twice running, the other end's value is halved
+  /// (Illinois), so the next false-position point leaves the stale end.
+  /// Returns the end moved: −1 lo, +1 hi.
+  int narrow(double s, double v);
+};
+
 /// A located kink: the bracket it was found in, where, and what switched:
 /// in param layer `layer`'s pre-activation (flattened per row), ReLU unit
 /// `plus` crossing 0 (minus = −1), or a max-pool window's argmax switching

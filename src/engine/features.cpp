@@ -253,31 +253,23 @@ std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor
     auto units = flipped.accessor<int64_t, 1>();
     for (int64_t i = 0; i < flipped.size(0); ++i) {
       const int64_t u = units[i];
-      double lo = ts[j], hi = ts[j + 1];
-      double g_lo = values[j][u].item<double>(), g_hi = values[j + 1][u].item<double>();
-      int side = 0;  // Illinois: halve the stale end's value when one end stays
-      for (int it = 0; it < 80 && hi - lo > 4 * kEps * std::max(1.0, std::abs(hi)); ++it) {
-        double m = (lo * g_hi - hi * g_lo) / (g_hi - g_lo);
-        if (!(m > lo && m < hi)) m = 0.5 * (lo + hi);
+      SignBracket br;
+      br.lo = ts[j];
+      br.hi = ts[j + 1];
+      br.glo = values[j][u].item<double>();
+      br.ghi = values[j + 1][u].item<double>();
+      for (int it = 0; it < 80 && br.hi - br.lo > 4 * kEps * std::max(1.0, std::abs(br.hi)); ++it) {
+        double m = (br.lo * br.ghi - br.hi * br.glo) / (br.ghi - br.glo);
+        if (!(m > br.lo && m < br.hi)) m = 0.5 * (br.lo + br.hi);
         const double g = ev.module_sites(x, m)[u].item<double>();
         ++forward_evaluations;
         if (g == 0) {
-          lo = hi = m;
+          br.lo = br.hi = m;
           break;
         }
-        if ((g > 0) == (g_lo > 0)) {
-          lo = m;
-          g_lo = g;
-          if (side == -1) g_hi *= 0.5;
-          side = -1;
-        } else {
-          hi = m;
-          g_hi = g;
-          if (side == 1) g_lo *= 0.5;
-          side = 1;
-        }
+        br.narrow(m, g);
       }
-      kinks.push_back(0.5 * (lo + hi));
+      kinks.push_back(0.5 * (br.lo + br.hi));
     }
   }
   std::sort(kinks.begin(), kinks.end());

@@ -21,9 +21,8 @@ constexpr double kEps = 2.220446049250313e-16;
 /// a bracket, y being param layer `layer`'s pre-activation flattened per row.
 /// A ReLU unit that flips is (unit, −1); a max-pool window whose argmax
 /// switches from i to j is (j, i).
-struct Target {
+struct Target : SignBracket {
   int64_t bracket = 0, layer = 0, plus = 0, minus = -1;
-  double lo = 0, hi = 0, glo = 0, ghi = 0;
   int degree = 1;  // the degree of its pre-activation in t on a piece (the fit's degree)
   /// Every evaluation of its value, oldest first, with the hash of the
   /// activation pattern of the sites before its own (the piece it is on).
@@ -36,7 +35,6 @@ struct Target {
   double scale = 0;    // the largest |value| of its layer's sites at lo: the size of their rounding
   double widen = 1;    // the pair around a fitted root r is r ± widen · δ (see find_kinks)
   double pair_a = 0, pair_b = 0;  // the pair of the latest round
-  int last_side = 0;   // −1: lo moved last, +1: hi moved last
   bool done = false;
   double root = 0;
 };
@@ -104,28 +102,15 @@ double fitted_root(const Target& k, double& slope) {
   return r;
 }
 
-/// Moves the target's bracket to the evaluation (s, v) of its value.
+/// Moves the target's bracket to the evaluation (s, v) of its value, on
+/// piece `piece`.
 void update(Target& k, double s, double v, uint64_t piece) {
-  k.samples.push_back({s, v, piece});
-  if (k.samples.size() > 8) k.samples.erase(k.samples.begin());
   if (k.done || !(s > k.lo && s < k.hi)) return;
   if (v == 0) {
     settle(k, s);
     return;
   }
-  if ((v > 0) == (k.glo > 0)) {
-    k.lo = s;
-    k.glo = v;
-    k.piece_lo = piece;
-    if (k.last_side == -1) k.ghi *= 0.5;
-    k.last_side = -1;
-  } else {
-    k.hi = s;
-    k.ghi = v;
-    k.piece_hi = piece;
-    if (k.last_side == 1) k.glo *= 0.5;
-    k.last_side = 1;
-  }
+  (k.narrow(s, v) < 0 ? k.piece_lo : k.piece_hi) = piece;
   if (k.hi - k.lo <= 4 * kEps * std::max(std::abs(k.lo), std::abs(k.hi))) settle(k, 0.5 * (k.lo + k.hi));
 }
 
@@ -163,6 +148,21 @@ std::vector<std::vector<uint64_t>> upstream_pieces(const SegmentEvaluator& ev, c
 }
 
 }  // namespace
+
+int SignBracket::narrow(double s, double v) {
+  if ((v > 0) == (glo > 0)) {
+    lo = s;
+    glo = v;
+    if (side == -1) ghi *= 0.5;
+    side = -1;
+  } else {
+    hi = s;
+    ghi = v;
+    if (side == 1) glo *= 0.5;
+    side = 1;
+  }
+  return side;
+}
 
 KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
                       const std::vector<int64_t>& point, const std::vector<double>& t,
@@ -242,7 +242,7 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
       k.piece_lo = pieces[a_rows[k.bracket]][k.layer];
       k.piece_hi = pieces[b_rows[k.bracket]][k.layer];
     }
-    k.samples = {{k.lo, k.glo, k.piece_lo}, {k.hi, k.ghi, k.piece_hi}};
+    if (fit_polynomials) k.samples = {{k.lo, k.glo, k.piece_lo}, {k.hi, k.ghi, k.piece_hi}};
     // Site l of pathkernel's own layers is param layer l's pre-activation,
     // of degree l + 1 in t on a piece; a module's sites are taken to be of
     // the degree of their place, up to 4 (a wrong guess costs only speed).
@@ -313,6 +313,10 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
         Target& k = targets[row_target[c0 + j]];
         const double v = value(pf[k.layer].accessor<double, 2>(), static_cast<int64_t>(j), k);
         PK_CHECK(std::isfinite(v), "kink search: non-finite pre-activation at t = " << ts[j]);
+        if (fit_polynomials) {
+          k.samples.push_back({ts[j], v, round_pieces[j][k.layer]});
+          if (k.samples.size() > 8) k.samples.erase(k.samples.begin());
+        }
         update(k, ts[j], v, fit_polynomials ? round_pieces[j][k.layer] : 0);
       }
     }
