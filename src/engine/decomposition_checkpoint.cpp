@@ -8,6 +8,7 @@
 
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
+#include "pathkernel/json_number.h"
 #include "pathkernel/npy.h"
 
 namespace pathkernel {
@@ -60,28 +61,28 @@ const DecompositionProgress* DirectoryCheckpoint::resume_point() {
       return nullptr;
     }
     auto p = std::make_unique<DecompositionProgress>();
-    p->chunk = s.at("chunk").get<int64_t>();
-    p->chunk_start = s.at("chunk_start").get<int64_t>();
-    p->steps_done = s.at("steps_done").get<int64_t>();
-    p->partial.certificate_max_gap = s.at("certificate_max_gap").get<double>();
-    p->partial.evaluations = s.at("evaluations").get<int64_t>();
-    p->partial.forward_evaluations = s.at("forward_evaluations").get<int64_t>();
-    p->partial.kinks = s.at("kinks").get<int64_t>();
+    p->chunk = json_number<int64_t>(s.at("chunk"), "chunk");
+    p->chunk_start = json_number<int64_t>(s.at("chunk_start"), "chunk_start");
+    p->steps_done = json_number<int64_t>(s.at("steps_done"), "steps_done");
+    p->partial.certificate_max_gap = json_number<double>(s.at("certificate_max_gap"), "certificate_max_gap");
+    p->partial.evaluations = json_number<int64_t>(s.at("evaluations"), "evaluations");
+    p->partial.forward_evaluations = json_number<int64_t>(s.at("forward_evaluations"), "forward_evaluations");
+    p->partial.kinks = json_number<int64_t>(s.at("kinks"), "kinks");
     if (s.contains("residuals")) {
       const auto& r = s.at("residuals");
-      p->partial.residuals.max_ratio = r.at("max_ratio").get<double>();
-      p->partial.residuals.max_residual = r.at("max_residual").get<double>();
-      p->partial.residuals.bound = r.at("bound").get<double>();
-      p->partial.residuals.worst_step = r.at("worst_step").get<int64_t>();
-      p->partial.residuals.first_step = r.at("first_step").get<int64_t>();
-      p->partial.residuals.steps_over = r.at("steps_over").get<int64_t>();
+      p->partial.residuals.max_ratio = json_number<double>(r.at("max_ratio"), "max_ratio");
+      p->partial.residuals.max_residual = json_number<double>(r.at("max_residual"), "max_residual");
+      p->partial.residuals.bound = json_number<double>(r.at("bound"), "bound");
+      p->partial.residuals.worst_step = json_number<int64_t>(r.at("worst_step"), "worst_step");
+      p->partial.residuals.first_step = json_number<int64_t>(r.at("first_step"), "first_step");
+      p->partial.residuals.steps_over = json_number<int64_t>(r.at("steps_over"), "steps_over");
     }
-    sequence_ = s.at("sequence").get<int64_t>();
+    sequence_ = json_number<int64_t>(s.at("sequence"), "sequence");
     for (const auto& [name, f] : s.at("files").items()) {
       const std::string path = (fs::path(dir_) / f.at("file").get<std::string>()).string();
       const std::string bytes = read_file(path);
-      PK_CHECK(static_cast<int64_t>(bytes.size()) == f.at("bytes").get<int64_t>() &&
-                   crc32_of(bytes) == f.at("crc32").get<uint32_t>(),
+      PK_CHECK(static_cast<int64_t>(bytes.size()) == json_number<int64_t>(f.at("bytes"), "bytes") &&
+                   crc32_of(bytes) == json_number<uint32_t>(f.at("crc32"), "crc32"),
                "'" << path << "' does not match its recorded size and CRC-32");
       torch::Tensor t = parse_npy(bytes, path);
       if (name == "contributions") p->partial.contributions = t;

@@ -5,10 +5,13 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
+#include "pathkernel/json_number.h"
 #include "pathkernel/npy.h"
 
 namespace pathkernel {
@@ -24,6 +27,15 @@ T field(const ojson& j, const char* key, const std::string& where) {
   PK_CHECK(j.is_object(), "manifest: " << where << " is not an object");
   auto it = j.find(key);
   PK_CHECK(it != j.end(), "manifest: " << where << " has no field '" << key << "'");
+  const std::string what = "manifest: field '" + std::string(key) + "' of " + where;
+  if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+    return json_number<T>(*it, what);
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>> || std::is_same_v<T, std::vector<double>>) {
+    PK_CHECK(it->is_array(), what << " must be an array of numbers, got " << it->dump());
+    T out;
+    for (const ojson& v : *it) out.push_back(json_number<typename T::value_type>(v, what + " element"));
+    return out;
+  }
   try {
     return it->get<T>();
   } catch (const nlohmann::json::exception& e) {

@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "../test_util.h"
 #include "pathkernel/error.h"
@@ -150,6 +153,34 @@ TEST(HostileRun, EveryCorruptionIsRefusedWithAClearError) {
     m.save(run);
     const std::string message = error_message([&] { validate_run(run, Manifest::load(run)); });
     EXPECT_NE(message.find(c.message), std::string::npos) << c.name << ": " << message;
+  }
+}
+
+TEST(HostileRun, NumbersTheirFieldsCannotHoldAreRefusedWithAClearError) {
+  TempDir dir("hostile_numbers");
+  const std::string source = train_source(dir);
+  using ojson = nlohmann::ordered_json;
+  const std::vector<std::pair<std::function<void(ojson&)>, std::string>> cases = {
+      {[](ojson& j) { j["steps"] = 1e300; }, "field 'steps' of the manifest must be a whole number, got 1e+300"},
+      {[](ojson& j) { j["training"]["batch_size"] = 2.5; }, "field 'batch_size' of training must be a whole number"},
+      {[](ojson& j) { j["data"]["train_crc32"] = -1; }, "field 'train_crc32' of data must not be negative, got -1"},
+      {[](ojson& j) { j["data"]["seed"] = -3; }, "field 'seed' of data must not be negative, got -3"},
+      {[](ojson& j) { j["data"]["input_shape"] = ojson::array({2, 1e30}); },
+       "field 'input_shape' of data element must be a whole number, got 1e+30"},
+      {[](ojson& j) { j["learning_rates"][0] = "fast"; },
+       "field 'learning_rates' of the manifest element must be a number, got \"fast\""},
+      {[](ojson& j) { j["checkpoints"][0]["crc32"] = 4294967296.0; },
+       "field 'crc32' of checkpoint 0 must be a whole number"},
+  };
+  for (const auto& [corrupt, expected] : cases) {
+    ojson j = ojson::parse(read_file(source + "/manifest.json"));
+    corrupt(j);
+    const std::string run = dir.file("edited");
+    fs::remove_all(run);
+    fs::copy(source, run, fs::copy_options::recursive);
+    write_file_atomic(run + "/manifest.json", j.dump(2));
+    const std::string message = error_message([&] { Manifest::load(run); });
+    EXPECT_NE(message.find(expected), std::string::npos) << expected << "\n got: " << message;
   }
 }
 

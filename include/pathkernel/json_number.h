@@ -1,0 +1,58 @@
+// Reading a number from a JSON file as a C++ arithmetic type, refusing what
+// the type cannot hold.
+//
+// nlohmann's get<T>() converts with a static_cast, which is undefined for a
+// float outside the target's range (get<int64_t>() of 1e300) and silently
+// wraps or truncates otherwise (get<uint32_t>() of -1, get<int>() of 2.5).
+// The run's files are input like any other: a hand-edited or damaged value
+// gets a clear Error naming it, never a wrapped number.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "pathkernel/error.h"
+
+namespace pathkernel {
+
+/// `v` as T. For an integer T the value must be a JSON integer (no fraction,
+/// no exponent form) within T's range; for a floating T any number, within
+/// T's range when T is narrower than double. `what` names the value in the
+/// error ("field 'steps' of the manifest").
+template <typename T, typename Json>
+T json_number(const Json& v, const std::string& what) {
+  static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>, "json_number reads numbers");
+  PK_CHECK(v.is_number(), what << " must be a number, got " << v.dump());
+  if constexpr (std::is_integral_v<T>) {
+    using Lim = std::numeric_limits<T>;
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.template get<uint64_t>();
+      PK_CHECK(u <= static_cast<uint64_t>(Lim::max()),
+               what << " is " << u << ", more than the largest allowed, " << +Lim::max());
+      return static_cast<T>(u);
+    }
+    PK_CHECK(v.is_number_integer(), what << " must be a whole number, got " << v.dump());
+    const int64_t i = v.template get<int64_t>();
+    if constexpr (std::is_unsigned_v<T>) {
+      PK_CHECK(i >= 0, what << " must not be negative, got " << i);
+      PK_CHECK(static_cast<uint64_t>(i) <= static_cast<uint64_t>(Lim::max()),
+               what << " is " << i << ", more than the largest allowed, " << +Lim::max());
+    } else {
+      PK_CHECK(i >= static_cast<int64_t>(Lim::min()) && i <= static_cast<int64_t>(Lim::max()),
+               what << " is " << i << ", outside the allowed range [" << +Lim::min() << ", " << +Lim::max() << "]");
+    }
+    return static_cast<T>(i);
+  } else {
+    const double d = v.template get<double>();  // any JSON number converts to double
+    if constexpr (sizeof(T) < sizeof(double)) {
+      PK_CHECK(!std::isfinite(d) || std::fabs(d) <= static_cast<double>(std::numeric_limits<T>::max()),
+               what << " is " << d << ", beyond the largest allowed, " << std::numeric_limits<T>::max());
+    }
+    return static_cast<T>(d);
+  }
+}
+
+}  // namespace pathkernel
