@@ -52,6 +52,16 @@ class DropoutStep {
 /// numbering the sites in graph order. Returns the number of sites.
 int64_t seed_dropout(torch::jit::Graph& graph);
 
+/// The first operation of `graph` (an inlined forward graph of `module`,
+/// searched into its branches and loops, after seed_dropout) that draws
+/// random numbers pathkernel does not seed, or nullptr. Such an operation
+/// draws anew at every call, so training could not be replayed: channel
+/// dropout (aten::feature_dropout, from F.dropout2d and nn.Dropout2d), alpha
+/// dropout, torch.rand/randn/bernoulli and their kin. A dropout whose `train`
+/// input is fixed off (a constant, or the `training` flag of a module in
+/// eval mode) passes its input through and is not counted.
+torch::jit::Node* unseeded_random_op(torch::jit::Graph& graph, const torch::jit::Module& module);
+
 /// pathkernel::dropout itself: `h` [n, ...] with the mask of the current
 /// DropoutStep for the rows of the network's input `x` [n, ...], or `h` as
 /// it is outside one, or when `train` is false or `p` is 0.

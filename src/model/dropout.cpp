@@ -2,8 +2,11 @@
 #include "pathkernel/dropout.h"
 
 #include <cstring>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/library.h>
 
@@ -111,6 +114,52 @@ int64_t seed_dropout(torch::jit::Graph& graph) {
     n->destroy();
   }
   return site;
+}
+
+namespace {
+
+/// The value of boolean `v` when the module fixes it: a constant, or a chain
+/// of attributes from the graph's `self` (the `training` flag of a
+/// submodule); nullopt when it is computed at run time.
+std::optional<bool> fixed_bool(torch::jit::Value* v, const torch::jit::Graph& graph, const torch::jit::Module& module) {
+  if (const auto c = torch::jit::toIValue(v)) {  // c10::optional: IValue would take it as None
+    if (c->isBool()) return c->toBool();
+    return std::nullopt;
+  }
+  std::vector<std::string> names;
+  while (v->node()->kind() == c10::prim::GetAttr) {
+    names.push_back(v->node()->s(c10::attr::name));
+    v = v->node()->input(0);
+  }
+  if (names.empty() || graph.inputs().empty() || v != graph.inputs()[0]) return std::nullopt;
+  c10::IValue object(module._ivalue());
+  for (auto name = names.rbegin(); name != names.rend(); ++name) {
+    if (!object.isObject() || !object.toObjectRef().type()->hasAttribute(*name)) return std::nullopt;
+    object = object.toObjectRef().getAttr(*name);
+  }
+  if (object.isBool()) return object.toBool();
+  return std::nullopt;
+}
+
+}  // namespace
+
+torch::jit::Node* unseeded_random_op(torch::jit::Graph& graph, const torch::jit::Module& module) {
+  std::vector<torch::jit::Block*> blocks{graph.block()};
+  while (!blocks.empty()) {
+    torch::jit::Block* b = blocks.back();
+    blocks.pop_back();
+    for (torch::jit::Node* n : b->nodes()) {
+      for (torch::jit::Block* inner : n->blocks()) blocks.push_back(inner);
+      if (!n->isNondeterministic()) continue;
+      // A dropout whose `train` is fixed off passes its input through.
+      const c10::optional<int> at = n->maybeSchema() ? n->schema().argumentIndexWithName("train") : c10::nullopt;
+      if (at && static_cast<size_t>(*at) < n->inputs().size() && fixed_bool(n->input(*at), graph, module) == false) {
+        continue;
+      }
+      return n;
+    }
+  }
+  return nullptr;
 }
 
 }  // namespace pathkernel

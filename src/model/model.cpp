@@ -7,6 +7,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
+#include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
 #include "pathkernel/layer_spec.h"
 #include "pathkernel/script_graph.h"
@@ -176,6 +177,13 @@ void NetworkImpl::load_script() {
   // seeded; other modules run their own forward.
   int64_t dropout_sites = 0;
   std::shared_ptr<torch::jit::Graph> g = inlined_forward(m, &dropout_sites);
+  if (const torch::jit::Node* random = unseeded_random_op(*g, m)) {
+    PK_THROW("model '" << path << "': its forward draws random numbers with " << random->kind().toQualString()
+                       << ", which pathkernel cannot draw again when it replays the path, so no training step "
+                       << "could be recomputed. pathkernel seeds aten::dropout only (nn.Dropout, F.dropout); "
+                       << "use it instead, or call .eval() on the module before exporting if the randomness is "
+                       << "a dropout variant (it then passes its input through)");
+  }
   if (dropout_sites > 0) {
     script_->forward = std::make_unique<torch::jit::GraphExecutor>(g->copy(), "pathkernel_seeded_dropout");
   }

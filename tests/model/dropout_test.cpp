@@ -213,4 +213,62 @@ TEST(SeededDropout, TakesPytorchsDropoutAndRefusesItsVariants) {
   EXPECT_CONTAINS(message, "nn.Dropout");
 }
 
+/// Randomness in a module's own code that pathkernel does not seed (channel
+/// and alpha dropout called as functions, torch.randn_like) is refused at
+/// load with the operation's name; a dropout whose training flag is off in
+/// the exported module, or a constant False, passes and the module loads.
+TEST(SeededDropout, RefusesRandomnessItCannotSeedUnlessItIsFixedOff) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  const std::string channels = dir.path() + "/channels.pt", channels_eval = dir.path() + "/channels_eval.pt",
+                    alpha_off = dir.path() + "/alpha_off.pt", noise = dir.path() + "/noise.pt",
+                    noise_eval = dir.path() + "/noise_eval.pt";
+  python(dir, "import torch.nn.functional as F\n"
+              "class Channels(nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.fc = nn.Linear(16, 3)\n"
+              "    def forward(self, x):\n"
+              "        return self.fc(torch.flatten(F.dropout2d(x, 0.5, self.training), 1))\n"
+              "class AlphaOff(nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.fc = nn.Linear(16, 3)\n"
+              "    def forward(self, x):\n"
+              "        return self.fc(torch.flatten(F.alpha_dropout(x, 0.2, False), 1))\n"
+              "class Noise(nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.fc = nn.Linear(16, 3)\n"
+              "    def forward(self, x):\n"
+              "        return self.fc(torch.flatten(x + 0.01 * torch.randn_like(x), 1))\n"
+              "torch.jit.script(Channels().double()).save('" + channels + "')\n"
+              "torch.jit.script(Channels().double().eval()).save('" + channels_eval + "')\n"
+              "torch.jit.script(AlphaOff().double()).save('" + alpha_off + "')\n"
+              "torch.jit.script(Noise().double()).save('" + noise + "')\n"
+              "torch.jit.script(Noise().double().eval()).save('" + noise_eval + "')\n");
+  NetworkOptions o;
+  o.input_shape = {1, 4, 4};
+  o.num_classes = 3;
+  auto refusal = [&](const std::string& file) {
+    o.spec = ModelSpec::parse("torchscript:" + file);
+    return error_message([&] { build_network(o); });
+  };
+  EXPECT_CONTAINS(refusal(channels), "draws random numbers with aten::feature_dropout");
+  EXPECT_CONTAINS(refusal(channels), "pathkernel seeds aten::dropout only");
+  EXPECT_CONTAINS(refusal(noise), "draws random numbers with aten::randn_like");
+  EXPECT_CONTAINS(refusal(noise_eval), "draws random numbers with aten::randn_like");
+  for (const std::string& file : {channels_eval, alpha_off}) {
+    o.spec = ModelSpec::parse("torchscript:" + file);
+    Network net = build_network(o);
+    const torch::Tensor x = inputs();
+    torch::Tensor in_step;
+    {
+      const DropoutStep step(7, 3);
+      in_step = net->forward(x);
+    }
+    EXPECT_TRUE(torch::equal(in_step, net->forward(x))) << file << ": its dropout must pass its input through";
+  }
+}
+
 }  // namespace
