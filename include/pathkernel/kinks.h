@@ -45,6 +45,14 @@ struct SignBracket {
   /// (Illinois), so the next false-position point leaves the stale end.
   /// Returns the end moved: −1 lo, +1 hi.
   int narrow(double s, double v);
+
+  /// The point to evaluate in round `round` of a search: the false-position
+  /// point, or the midpoint every fourth round and whenever that point is
+  /// not inside (lo, hi), so the bracket at least halves every four rounds.
+  double next(int round) const;
+
+  /// Whether the bracket is as narrow as t's own rounding: 4 ulp of its ends.
+  bool closed() const;
 };
 
 /// A located kink: the bracket it was found in, where, and what switched:

@@ -234,8 +234,10 @@ void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& dw
 
 /// The kinks of a Module for one test point x [1, ...] inside [a, b]: the
 /// points where one of its ReLU inputs (kink sites) crosses 0. Sign changes
-/// between `intervals` + 1 evenly spaced samples are located by Illinois
-/// false position on that unit, each evaluation one forward pass. An even
+/// between `intervals` + 1 evenly spaced samples are located on that unit
+/// by the same rounds as find_kinks' (SignBracket: Illinois false position,
+/// a bisection every fourth round, down to 4 ulp of t), each evaluation one
+/// forward pass. An even
 /// number of crossings inside one interval is not seen (the certificate
 /// catches it). Sorted, in (a, b).
 std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, double a, double b,
@@ -258,9 +260,8 @@ std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor
       br.hi = ts[j + 1];
       br.glo = values[j][u].item<double>();
       br.ghi = values[j + 1][u].item<double>();
-      for (int it = 0; it < 80 && br.hi - br.lo > 4 * kEps * std::max(1.0, std::abs(br.hi)); ++it) {
-        double m = (br.lo * br.ghi - br.hi * br.glo) / (br.ghi - br.glo);
-        if (!(m > br.lo && m < br.hi)) m = 0.5 * (br.lo + br.hi);
+      for (int round = 0; round < 400 && !br.closed(); ++round) {
+        const double m = br.next(round);
         const double g = ev.module_sites(x, m)[u].item<double>();
         ++forward_evaluations;
         if (g == 0) {

@@ -111,7 +111,7 @@ void update(Target& k, double s, double v, uint64_t piece) {
     return;
   }
   (k.narrow(s, v) < 0 ? k.piece_lo : k.piece_hi) = piece;
-  if (k.hi - k.lo <= 4 * kEps * std::max(std::abs(k.lo), std::abs(k.hi))) settle(k, 0.5 * (k.lo + k.hi));
+  if (k.closed()) settle(k, 0.5 * (k.lo + k.hi));
 }
 
 /// Per row of `sites` (flattened per row) and per site l: a hash of the
@@ -163,6 +163,13 @@ int SignBracket::narrow(double s, double v) {
   }
   return side;
 }
+
+double SignBracket::next(int round) const {
+  const double s = lo - glo * (hi - lo) / (ghi - glo);
+  return round % 4 == 3 || !(s > lo && s < hi) ? 0.5 * (lo + hi) : s;
+}
+
+bool SignBracket::closed() const { return hi - lo <= 4 * kEps * std::max(std::abs(lo), std::abs(hi)); }
 
 KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
                       const std::vector<int64_t>& point, const std::vector<double>& t,
@@ -290,10 +297,8 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
         k.pair_b = b;
         continue;
       }
-      double s = k.lo - k.glo * (k.hi - k.lo) / (k.ghi - k.glo);
-      if (iter % 4 == 3 || !(s > k.lo && s < k.hi)) s = 0.5 * (k.lo + k.hi);
       row_target.push_back(i);
-      row_t.push_back(s);
+      row_t.push_back(k.next(iter));
     }
     for (size_t c0 = 0; c0 < row_t.size(); c0 += static_cast<size_t>(rows_per_pass)) {
       const size_t nc = std::min(row_t.size() - c0, static_cast<size_t>(rows_per_pass));

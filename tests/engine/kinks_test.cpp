@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "pathkernel/error.h"
 #include "pathkernel/kinks.h"
@@ -99,6 +101,48 @@ void expect_located(const SegmentEvaluator& ev, const torch::Tensor& x, const Sc
     saw_pool |= k.minus >= 0;
   }
   EXPECT_EQ(saw_pool, want_pool);
+}
+
+/// The bracket step both kink finders share closes on the root of functions
+/// that stall plain false position (a near-step, a flat cubic): the root
+/// stays inside, every four rounds at least halve the bracket, and it ends
+/// within 4 ulp of t.
+TEST(SignBracket, ClosesOnTheRootHalvingAtLeastEveryFourRounds) {
+  const double root = 0.3141592653589793;
+  const std::vector<std::function<double(double)>> functions = {
+      [&](double t) { return t - root; },
+      [&](double t) { return std::tanh(1e6 * (t - root)); },
+      [&](double t) { return std::pow(t - root, 3) + 1e-9 * (t - root); },
+      [&](double t) { return std::exp(40 * (t - root)) - 1; },
+  };
+  for (size_t i = 0; i < functions.size(); ++i) {
+    const auto& f = functions[i];
+    SignBracket br;
+    br.lo = 0;
+    br.hi = 1;
+    br.glo = f(0);
+    br.ghi = f(1);
+    std::vector<double> widths{br.hi - br.lo};
+    int round = 0;
+    for (; round < 400 && !br.closed(); ++round) {
+      const double s = br.next(round);
+      ASSERT_TRUE(s > br.lo && s < br.hi) << "function " << i << ", round " << round;
+      const double v = f(s);
+      if (v == 0) {  // the root itself: the finders settle there
+        br.lo = br.hi = s;
+        break;
+      }
+      br.narrow(s, v);
+      widths.push_back(br.hi - br.lo);
+      EXPECT_LE(br.lo, root * (1 + 1e-15)) << "function " << i;
+      EXPECT_GE(br.hi, root * (1 - 1e-15)) << "function " << i;
+    }
+    EXPECT_LT(round, 400) << "function " << i << " did not close";
+    for (size_t r = 4; r < widths.size(); ++r) {
+      EXPECT_LE(widths[r], 0.5 * widths[r - 4]) << "function " << i << ", round " << r;
+    }
+    EXPECT_NEAR(0.5 * (br.lo + br.hi), root, 1e-15) << "function " << i;
+  }
 }
 
 TEST(FindKinks, LocatesDeepReluFlipsToAFewUlp) {
