@@ -245,6 +245,102 @@ class CaptureScope {
   PathReader& reader_;
 };
 
+/// What both walks of the path share: the test points and the training set
+/// in float64, two float64 networks of the run's own (the reader's is busy
+/// replaying the path: one for the batch gradient, one for the evaluator)
+/// and whether the replay's captured signals serve the contractions.
+struct Walk {
+  Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options)
+      : m(reader.manifest()),
+        x(x_in.to(torch::kFloat64)),
+        x_train(reader.dataset().x_train),
+        y_train(reader.dataset().y_train),
+        x_train64(x_train.to(torch::kFloat64)),
+        n(x.size(0)),
+        M(x_train.size(0)),
+        K(m.num_classes),
+        grad64(engine_network(m.network_options())),
+        net64(engine_network(m.network_options())),
+        ev(net64, options.quadrature.route),
+        map(grad64->options().output),
+        loss(grad64->options().loss),
+        captured(use_capture(m, options)) {}
+
+  /// Step st's batch: its training rows, their loss weights (undefined: all
+  /// 1), the rows themselves where signals are recomputed (and where
+  /// `need_x`) and c_s G_s, the batch gradient as the optimizer received it
+  /// (clipped in a recorded run).
+  struct Batch {
+    torch::Tensor idx, xb, yb, wb, gradient;
+    int64_t b = 0;
+  };
+  Batch batch(PathReader& reader, const PathStep& st, bool need_x) {
+    Batch out;
+    out.idx = st.batch.defined() ? st.batch : torch::arange(M);
+    out.b = out.idx.size(0);
+    if (!captured || need_x) out.xb = x_train64.index_select(0, out.idx);
+    if (!captured) out.yb = y_train.index_select(0, out.idx);
+    out.wb = reader.loss_weights(out.idx);
+    out.gradient =
+        captured ? st.gradient : mean_gradient(grad64, m, st, x_train.index_select(0, out.idx), out.yb, out.wb);
+    return out;
+  }
+
+  /// The batch's training rows in chunks of `chunk`, each chunk's signals
+  /// contracted by `contract_with` (TrainSignals -> [points, rows, K]) and
+  /// scaled to the mean loss's (the captured signals are already divided by
+  /// |B_s|) times the clip factor and `factor`; `use(r0, nr, part)` takes
+  /// them. Under the step's dropout masks, which the training rows' signals
+  /// (and the kernel's training side) must see.
+  template <typename Contract, typename Use>
+  void train_chunks(const PathStep& st, const Batch& bt, int64_t chunk, double factor, Contract&& contract_with,
+                    Use&& use) const {
+    for (int64_t r0 = 0; r0 < bt.b; r0 += chunk) {
+      const int64_t nr = std::min(chunk, bt.b - r0);
+      const DropoutStep dropout(m.init_seed, st.step);
+      torch::Tensor part;
+      if (captured) {
+        part = contract_with(captured_signals(st, r0, nr));
+        if (factor != 1) part = part * factor;
+      } else {
+        part = contract_with(train_signals(ev, bt.xb.narrow(0, r0, nr), bt.yb.narrow(0, r0, nr), map, loss,
+                                           rows(bt.wb, r0, nr))) *
+               (factor * st.clip / static_cast<double>(bt.b));
+      }
+      use(r0, nr, part);
+    }
+  }
+
+  const Manifest& m;
+  const torch::Tensor x;
+  const torch::Tensor& x_train;
+  const torch::Tensor& y_train;
+  const torch::Tensor x_train64;
+  const int64_t n, M, K;
+  Network grad64, net64;
+  SegmentEvaluator ev;
+  const OutputMap map;
+  const LossKind loss;
+  const bool captured;
+};
+
+/// Adds the test features' counts and certificate to d's.
+void tally(Decomposition& d, const TestFeatures& f) {
+  d.evaluations += f.evaluations;
+  d.forward_evaluations += f.forward_evaluations;
+  d.kinks += f.kinks;
+  d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
+}
+
+/// The progress bar's status: the certificate and the integrand evaluations
+/// per test point and step over the `point_steps` walked so far.
+std::string status_line(const Decomposition& d, int64_t point_steps) {
+  char status[96];
+  std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
+                static_cast<double>(d.evaluations) / static_cast<double>(point_steps));
+  return status;
+}
+
 /// The decomposition's outputs before any step: f(w_0), f(w_N) in float64
 /// (by net64, an engine_network of the run), f(w_N) as the run's own network
 /// computes it, and zeros.
@@ -361,27 +457,19 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
                                 const UpdateRule& rule, DecompositionCheckpoint* checkpoint) {
   auto t0 = std::chrono::steady_clock::now();
   const Manifest& m = reader.manifest();
-  const torch::Tensor x = x_in.to(torch::kFloat64);
-  const torch::Tensor& x_train = reader.dataset().x_train;
-  const torch::Tensor& y_train = reader.dataset().y_train;
-  const torch::Tensor x_train64 = x_train.to(torch::kFloat64);
-  const int64_t n = x.size(0), M = x_train.size(0), K = m.num_classes, P = m.parameter_count;
   PK_CHECK(!options.kernel, "the kernel output is built for gd and sgd runs; run '"
                                 << reader.dir() << "' used '" << m.optimizer.name << "' (turn the kernel off)");
-  // A float64 network for the batch gradient, apart from the evaluator's.
-  Network grad64 = engine_network(m.network_options());
-  const OutputMap map = grad64->options().output;
-  const LossKind loss = grad64->options().loss;
-  Network net64 = engine_network(m.network_options());
-  SegmentEvaluator ev(net64, options.quadrature.route);
+  Walk w(reader, x_in, options);
+  const torch::Tensor& x = w.x;
+  SegmentEvaluator& ev = w.ev;
+  const int64_t n = w.n, K = w.K, P = m.parameter_count;
   const double beta = rule.beta(), lambda = rule.coupled_decay();
   const int64_t per_point = doubles_per_point(ev, reader, x, options, true);
   const int64_t block = block_size(options, per_point);
-  Decomposition d = start(reader, grad64, x, block);
+  Decomposition d = start(reader, w.grad64, x, block);
   const int64_t chunk = chunk_size(options, per_point, n, block);
   const int64_t chunks = (n + chunk - 1) / chunk;
-  const bool captured = use_capture(m, options);
-  CaptureScope capture(reader, captured);
+  CaptureScope capture(reader, w.captured);
 
   const DecompositionProgress* resumed = restore(checkpoint, d, chunk, false);
   ProgressBar bar(m.steps * chunks, "decompose", options.progress);
@@ -407,16 +495,8 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
     reader.reverse([&](const PathStep& st) {
       if (st.step >= skip_from) return;
       ev.set_segment(st.w, st.delta);
-      const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
-      const int64_t b = idx.size(0);
-      // The batch itself is needed only when its signals are recomputed.
-      const torch::Tensor xb = captured ? torch::Tensor() : x_train64.index_select(0, idx);
-      const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
-      const torch::Tensor wb = reader.loss_weights(idx);  // the batch's loss weights (undefined: all 1)
-      // d_s = c_s G_s + λ_c w_s, with the clip factor of a recorded run.
-      const torch::Tensor dvec =
-          (captured ? st.gradient : mean_gradient(grad64, m, st, x_train.index_select(0, idx), yb, wb)) +
-          lambda * st.w;
+      const Walk::Batch bt = w.batch(reader, st, false);
+      const torch::Tensor dvec = bt.gradient + lambda * st.w;  // d_s = c_s G_s + λ_c w_s
       const StepCoefficients c = rule.step(st.step, st.lr, st.w, st.state);
       const torch::Tensor buf = rule.buffer(st.state);
       const torch::Tensor residual = st.delta - UpdateRule::update(c, dvec, buf);
@@ -433,10 +513,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
         if (buf.defined()) erow -= beta * torch::matmul(acc_b, buf);
 
         TestFeatures f = test_features(ev, xb_test, options.quadrature);
-        d.evaluations += f.evaluations;
-        d.forward_evaluations += f.forward_evaluations;
-        d.kinks += f.kinks;
-        d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
+        tally(d, f);
         d.gap_abs.narrow(0, p0, nb).add_(f.gap.abs());
         erow += apply_features(ev, f, residual);
         if (c.rho.defined()) d.regularization.narrow(0, p0, nb).add_(apply_features(ev, f, c.rho));
@@ -451,25 +528,16 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
         jp = torch::Tensor();
         d.rounding.narrow(0, p0, nb).add_(erow);
         if (lambda != 0) d.regularization.narrow(0, p0, nb).add_(lambda * torch::matmul(a, st.w));
-        torch::Tensor step_c = options.on_step ? torch::empty({nb, b, K}, torch::kFloat64) : torch::Tensor();
-        for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
-          const int64_t nr = std::min(options.train_chunk, b - r0);
-          const DropoutStep dropout(m.init_seed, st.step);  // the training rows' signals (and kernel): masked
-          // Captured signals are the mean loss's: already divided by |B_s|.
-          torch::Tensor part = captured ? contract_dense(ev, a, captured_signals(st, r0, nr))
-                                        : contract_dense(ev, a, train_signals(ev, xb.narrow(0, r0, nr),
-                                                                              yb.narrow(0, r0, nr), map, loss,
-                                                                              rows(wb, r0, nr))) *
-                                              (st.clip / static_cast<double>(b));  // [nb, nr, K]
-          d.contributions.narrow(0, p0, nb).index_add_(1, idx.narrow(0, r0, nr), part);
-          if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
-        }
-        if (options.on_step) options.on_step({st.step, p0, &ev, &xb_test, &f, idx, step_c});
+        torch::Tensor step_c = options.on_step ? torch::empty({nb, bt.b, K}, torch::kFloat64) : torch::Tensor();
+        w.train_chunks(
+            st, bt, options.train_chunk, 1.0, [&](const TrainSignals& t) { return contract_dense(ev, a, t); },
+            [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [nb, nr, K]
+              d.contributions.narrow(0, p0, nb).index_add_(1, bt.idx.narrow(0, r0, nr), part);
+              if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
+            });
+        if (options.on_step) options.on_step({st.step, p0, &ev, &xb_test, &f, bt.idx, step_c});
       }
-      char status[96];
-      std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
-                    static_cast<double>(d.evaluations) / static_cast<double>(c0 * m.steps + nc * (m.steps - st.step)));
-      bar.update(++done, status);
+      bar.update(++done, status_line(d, c0 * m.steps + nc * (m.steps - st.step)));
       ++steps_done;
       if (checkpoint && st.step > 0 && checkpoint->due()) {
         DecompositionProgress p;
@@ -525,22 +593,14 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     return decompose_reverse(reader, x_in, options, rule, checkpoint);
   }
   auto t0 = std::chrono::steady_clock::now();
-  const torch::Tensor x = x_in.to(torch::kFloat64);
-  const torch::Tensor& x_train = reader.dataset().x_train;
-  const torch::Tensor& y_train = reader.dataset().y_train;
-  const torch::Tensor x_train64 = x_train.to(torch::kFloat64);
-  const int64_t n = x.size(0), M = x_train.size(0), K = m.num_classes;
+  Walk w(reader, x_in, options);
+  const torch::Tensor& x = w.x;
+  SegmentEvaluator& ev = w.ev;
+  const int64_t n = w.n, M = w.M, K = w.K;
   const double lambda = m.optimizer.weight_decay;
-  // Networks of our own: the reader's is busy replaying the path.
-  // A float64 network for the batch gradient, apart from the evaluator's.
-  Network grad64 = engine_network(m.network_options());
-  const OutputMap map = grad64->options().output;
-  const LossKind loss = grad64->options().loss;
-  Network net64 = engine_network(m.network_options());
-  SegmentEvaluator ev(net64, options.quadrature.route);
   // Forward, the path is replayed once whatever the chunk: one block at a time.
   const int64_t chunk = block_size(options, doubles_per_point(ev, reader, x, options, false));
-  Decomposition d = start(reader, grad64, x, chunk);
+  Decomposition d = start(reader, w.grad64, x, chunk);
   d.steps = end_step - options.first_step;
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);
   // The sums of the block of steps in progress (step_blocks(), cut to the
@@ -583,8 +643,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   const auto block_index = [&](const torch::Tensor& idx) {
     return row_pos.defined() ? row_pos.index_select(0, idx) : idx;
   };
-  const bool captured = use_capture(m, options);
-  CaptureScope capture(reader, captured);
+  CaptureScope capture(reader, w.captured);
 
   // Steps s < first are done (or not asked for), and so are s >= end_step;
   // the reader replays only the segments of the others.
@@ -596,55 +655,36 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   ProgressBar bar(d.steps, "decompose", options.progress);
   reader.forward([&](const PathStep& st) {
     ev.set_segment(st.w, st.delta);
-    const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
-    const int64_t b = idx.size(0);
-    // The batch itself is needed only when its signals are recomputed or for the kernel.
-    const torch::Tensor xb = captured && !options.kernel ? torch::Tensor() : x_train64.index_select(0, idx);
-    const torch::Tensor yb = captured ? torch::Tensor() : y_train.index_select(0, idx);
-    const torch::Tensor wb = reader.loss_weights(idx);  // the batch's loss weights (undefined: all 1)
+    const Walk::Batch bt = w.batch(reader, st, options.kernel);  // the kernel needs the batch's rows
     // Regularisation and rounding directions of this step.
-    // c_s G_s: the batch gradient as the optimizer received it (clipped in a recorded run).
-    torch::Tensor g = captured ? st.gradient : mean_gradient(grad64, m, st, x_train.index_select(0, idx), yb, wb);
     torch::Tensor rho = -st.lr * lambda * st.w;
-    torch::Tensor e = st.delta + st.lr * (g + lambda * st.w);
+    torch::Tensor e = st.delta + st.lr * (bt.gradient + lambda * st.w);
     d.residuals.add(st.step, max_abs(e), update_bound(m, st));
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
       const int64_t nc = std::min(chunk, n - c0);
       TestFeatures f = test_features(ev, x.narrow(0, c0, nc), options.quadrature);
-      d.evaluations += f.evaluations;
-      d.forward_evaluations += f.forward_evaluations;
-      d.kinks += f.kinks;
-      d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
+      tally(d, f);
       blk.gap_abs.narrow(0, c0, nc).add_(f.gap.abs());
       if (lambda != 0) blk.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, rho));
       blk.rounding.narrow(0, c0, nc).add_(apply_features(ev, f, e));
-      torch::Tensor step_c = options.on_step ? torch::empty({nc, b, K}, torch::kFloat64) : torch::Tensor();
-      for (int64_t r0 = 0; r0 < b; r0 += options.train_chunk) {
-        const int64_t nr = std::min(options.train_chunk, b - r0);
-        const DropoutStep dropout(m.init_seed, st.step);  // the training rows' signals (and kernel): masked
-        // Captured signals are the mean loss's: already divided by |B_s|.
-        torch::Tensor part =
-            captured ? contract(ev, f, captured_signals(st, r0, nr)) * (-st.lr)
-                     : contract(ev, f, train_signals(ev, xb.narrow(0, r0, nr), yb.narrow(0, r0, nr), map, loss,
-                                                     rows(wb, r0, nr))) *
-                           (-st.lr * st.clip / static_cast<double>(b));  // [nc, nr, K]
-        blk.contributions.narrow(0, c0, nc).index_add_(1, block_index(idx.narrow(0, r0, nr)), part);
-        if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
-        if (options.kernel) {
-          blk.kernel.narrow(0, c0, nc).index_add_(1, block_index(idx.narrow(0, r0, nr)),
-                                                  output_kernel(ev, f, xb.narrow(0, r0, nr)));
-        }
-      }
+      torch::Tensor step_c = options.on_step ? torch::empty({nc, bt.b, K}, torch::kFloat64) : torch::Tensor();
+      w.train_chunks(
+          st, bt, options.train_chunk, -st.lr, [&](const TrainSignals& t) { return contract(ev, f, t); },
+          [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [nc, nr, K]
+            const torch::Tensor at = block_index(bt.idx.narrow(0, r0, nr));
+            blk.contributions.narrow(0, c0, nc).index_add_(1, at, part);
+            if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
+            if (options.kernel) {
+              blk.kernel.narrow(0, c0, nc).index_add_(1, at, output_kernel(ev, f, bt.xb.narrow(0, r0, nr)));
+            }
+          });
       if (options.on_step) {
         const torch::Tensor xc = x.narrow(0, c0, nc);
-        options.on_step({st.step, c0, &ev, &xc, &f, idx, step_c});
+        options.on_step({st.step, c0, &ev, &xc, &f, bt.idx, step_c});
       }
     }
-    char status[96];
     const int64_t walked = st.step + 1 - options.first_step;
-    std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
-                  static_cast<double>(d.evaluations) / static_cast<double>(n * walked));
-    bar.update(walked, status);
+    bar.update(walked, status_line(d, n * walked));
     const bool block_done = st.step + 1 == block_end(st.step);
     if (block_done) {  // d += blk, in the block's rows
       add_step_block(d, blk, block_rows);
