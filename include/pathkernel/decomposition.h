@@ -30,6 +30,8 @@
 
 namespace pathkernel {
 
+class DecompositionCheckpoint;  // decomposition_checkpoint.h
+
 /// What decompose() shows an observer after each step and chunk of test
 /// points: step s's share of every C_i(x), with the evaluator set to the
 /// step's segment and the chunk's certified test features. Forward walks
@@ -220,5 +222,12 @@ EngineRoute engine_route(PathReader& reader, const DecompositionOptions& options
 /// Every optimizer of optimizer.h is supported (update_rule.h); the kernel
 /// output only for gd and sgd.
 Decomposition decompose(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options);
+
+/// decompose() that saves its progress to `checkpoint` (null: none) and
+/// continues from checkpoint->resume_point() (decomposition_checkpoint.h).
+/// The result is bit for bit the uninterrupted one's: the same sums in the
+/// same order.
+Decomposition decompose(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options,
+                        DecompositionCheckpoint* checkpoint);
 
 }  // namespace pathkernel

@@ -44,12 +44,6 @@ class DecompositionCheckpoint {
   virtual void save(const DecompositionProgress& progress) = 0;
 };
 
-/// decompose() (decomposition.h) that saves its progress to `checkpoint` and
-/// continues from checkpoint->resume_point(). The result is bit for bit the
-/// uninterrupted one's: the same sums in the same order.
-Decomposition decompose(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options,
-                        DecompositionCheckpoint* checkpoint);
-
 /// Progress kept in a directory: DIR/state.json (the arguments, the position,
 /// the counters and each tensor file's size and CRC-32, written last) and
 /// DIR/NAME_SEQ.npy tensors, all written atomically; a new state's files are

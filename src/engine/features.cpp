@@ -237,9 +237,8 @@ void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& dw
 /// between `intervals` + 1 evenly spaced samples are located on that unit
 /// by the same rounds as find_kinks' (SignBracket: Illinois false position,
 /// a bisection every fourth round, down to 4 ulp of t), each evaluation one
-/// forward pass. An even
-/// number of crossings inside one interval is not seen (the certificate
-/// catches it). Sorted, in (a, b).
+/// forward pass. An even number of crossings inside one interval is not
+/// seen (the certificate catches it). Sorted, in (a, b).
 std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, double a, double b,
                                  int intervals, int64_t& forward_evaluations) {
   std::vector<double> ts(intervals + 1);
