@@ -8,6 +8,7 @@
 #include "pathkernel/decomposition_checkpoint.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
+#include "pathkernel/json_number.h"
 #include "pathkernel/image.h"
 #include "pathkernel/npy.h"
 
@@ -57,7 +58,7 @@ std::vector<std::string> write_images(PathReader& reader, const torch::Tensor& t
       int shown = 0;
       for (const auto& e : points[n][sides[side]]) {
         if (shown++ == 8) break;
-        rows[side].push_back({x_train[e["index"].get<int64_t>()], colours[side]});
+        rows[side].push_back({x_train[json_number<int64_t>(e["index"], "a training index")], colours[side]});
       }
     }
     const std::string name = "explain_" + std::to_string(test_index[n].item<int64_t>()) + ".png";
@@ -294,7 +295,7 @@ ExplainOutput read_explain_output(const std::string& dir, const Manifest& m) {
     PK_CHECK(p.contains("test_index") && p["test_index"].is_number_integer() && p.contains("proponents") &&
                  p.contains("opponents") && p.contains("predicted"),
              "'" << jpath << "' has a point without test_index, predicted, proponents or opponents: " << p.dump());
-    const int64_t i = p["test_index"].get<int64_t>();
+    const int64_t i = json_number<int64_t>(p["test_index"], "a test index");
     PK_CHECK(i >= 0 && i < m.num_test, "'" << jpath << "' explains test point " << i << ", but the run has "
                                             << m.num_test << " test points");
     for (const char* side : {"proponents", "opponents"}) {

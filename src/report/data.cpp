@@ -14,6 +14,7 @@
 #include "pathkernel/evaluate.h"
 #include "pathkernel/explanation.h"
 #include "pathkernel/files.h"
+#include "pathkernel/json_number.h"
 #include "pathkernel/gp.h"
 #include "pathkernel/gram.h"
 #include "pathkernel/grid.h"
@@ -96,7 +97,7 @@ json evaluation_view(const std::string& dir, const Manifest& m, int64_t max_test
   if (!j.contains("loo")) return out;
   const json& loo = j["loo"];
   std::set<int64_t> random;
-  for (const auto& i : loo["random"]) random.insert(i.get<int64_t>());
+  for (const auto& i : loo["random"]) random.insert(json_number<int64_t>(i, "a leave-one-out random sample"));
   json tests = json::array();
   const size_t shown_tests = std::min(loo["per_test"].size(), static_cast<size_t>(max_tests));
   for (size_t t = 0; t < shown_tests; ++t) {
@@ -120,7 +121,7 @@ json evaluation_view(const std::string& dir, const Manifest& m, int64_t max_test
     }
     json index = json::array(), is_random = json::array(), effect = json::array(), scores = json::object();
     for (size_t r : pick) {
-      const int64_t i = e["sample"][r].get<int64_t>();
+      const int64_t i = json_number<int64_t>(e["sample"][r], "a leave-one-out sample");
       index.push_back(i);
       is_random.push_back(random.count(i) > 0);
       effect.push_back(short_number(e["effect"][r]));
@@ -202,7 +203,7 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
         int64_t shown = 0;
         for (const auto& t : p[side]) {
           if (shown++ == options.tracked) break;
-          const int64_t i = t["index"].get<int64_t>();
+          const int64_t i = json_number<int64_t>(t["index"], "a training index");
           if (slot.emplace(i, static_cast<int64_t>(tracked.size())).second) tracked.push_back(i);
         }
       }
@@ -246,9 +247,9 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
   if (explained) {
     for (size_t e = 0; e < ex.points.size(); ++e) {
       const json& p = ex.points[e];
-      const int64_t ti = p["test_index"].get<int64_t>();
+      const int64_t ti = json_number<int64_t>(p["test_index"], "a test index");
       const int64_t n = static_cast<int64_t>(std::find(test_idx.begin(), test_idx.end(), ti) - test_idx.begin());
-      const int64_t k = p["predicted"].get<int64_t>();
+      const int64_t k = json_number<int64_t>(p["predicted"], "a predicted class");
       json pj = {{"test_index", ti},
                  {"label", p.value("label", data.y_test[ti].item<int64_t>())},
                  {"predicted", k},
@@ -259,7 +260,7 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
         int64_t shown = 0;
         for (const auto& t : p[side]) {
           if (shown++ == options.tracked) break;
-          const int64_t i = t["index"].get<int64_t>();
+          const int64_t i = json_number<int64_t>(t["index"], "a training index");
           const torch::Tensor curve = tr.per_step[n].select(1, slot.at(i)).select(1, k);  // [N]
           list.push_back({{"index", i},
                           {"label", data.y_train[i].item<int64_t>()},
@@ -280,10 +281,11 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
   if (explained && !options.metagradient_dir.empty()) {
     const ExplainOutput mg = read_explain_output(options.metagradient_dir, m);
     for (size_t e = 0; e < ex.points.size(); ++e) {
-      const int64_t ti = ex.points[e]["test_index"].get<int64_t>();
+      const int64_t ti = json_number<int64_t>(ex.points[e]["test_index"], "a test index");
       for (size_t g = 0; g < mg.points.size(); ++g) {
-        if (mg.points[g]["test_index"].get<int64_t>() != ti) continue;
-        const int64_t k = mg.points[g].value("output", mg.points[g]["predicted"].get<int64_t>());
+        if (json_number<int64_t>(mg.points[g]["test_index"], "a test index") != ti) continue;
+        const int64_t k =
+            json_number<int64_t>(mg.points[g].value("output", mg.points[g]["predicted"]), "an output class");
         const torch::Tensor a = ex.contributions[static_cast<int64_t>(e)].select(1, k).contiguous();
         const torch::Tensor b = mg.contributions[static_cast<int64_t>(g)].select(1, k).contiguous();
         if (torch::isnan(b).any().item<bool>()) continue;  // that output was not differentiated

@@ -99,13 +99,17 @@ TEST(GramFile, BadFilesAndIndicesAreRefusedByName) {
                                          {"outputs", "outputs 'half', expected full or trace"},
                                          {"shape", "does not fit 2 rows, 2 columns and outputs trace"},
                                          {"file", "must be a file name beside the sidecar"},
-                                         {"steps", "not a Gram matrix sidecar"}}) {
+                                         {"steps", "not a Gram matrix sidecar"},
+                                         {"steps_huge", "steps must be a whole number, got 1e+300"},
+                                         {"shape_fraction", "a shape entry must be a whole number, got 2.5"}}) {
     nlohmann::ordered_json j = good;
     if (c.edit == "kernel") j["kernel"] = "rbf";
     if (c.edit == "outputs") j["outputs"] = "half";
     if (c.edit == "shape") j["shape"] = {2, 2, 3, 3};
     if (c.edit == "file") j["file"] = "../g.npy";
     if (c.edit == "steps") j.erase("steps");
+    if (c.edit == "steps_huge") j["steps"] = 1e300;
+    if (c.edit == "shape_fraction") j["shape"] = {2.5, 2};
     write_file_atomic(dir / "bad.json", j.dump());
     EXPECT_CONTAINS(testing::error_message([&] { read_gram_file(dir / "bad.json"); }), c.message) << c.edit;
   }
