@@ -13,6 +13,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "pathkernel/error.h"
 
@@ -28,23 +29,22 @@ T json_number(const Json& v, const std::string& what) {
   PK_CHECK(v.is_number(), what << " must be a number, got " << v.dump());
   if constexpr (std::is_integral_v<T>) {
     using Lim = std::numeric_limits<T>;
-    if (v.is_number_unsigned()) {
-      const uint64_t u = v.template get<uint64_t>();
-      PK_CHECK(u <= static_cast<uint64_t>(Lim::max()),
-               what << " is " << u << ", more than the largest allowed, " << +Lim::max());
-      return static_cast<T>(u);
-    }
     PK_CHECK(v.is_number_integer(), what << " must be a whole number, got " << v.dump());
-    const int64_t i = v.template get<int64_t>();
-    if constexpr (std::is_unsigned_v<T>) {
-      PK_CHECK(i >= 0, what << " must not be negative, got " << i);
-      PK_CHECK(static_cast<uint64_t>(i) <= static_cast<uint64_t>(Lim::max()),
-               what << " is " << i << ", more than the largest allowed, " << +Lim::max());
-    } else {
-      PK_CHECK(i >= static_cast<int64_t>(Lim::min()) && i <= static_cast<int64_t>(Lim::max()),
-               what << " is " << i << ", outside the allowed range [" << +Lim::min() << ", " << +Lim::max() << "]");
+    if (!v.is_number_unsigned()) {  // a JSON integer that may be negative
+      const int64_t i = v.template get<int64_t>();
+      if (i < 0) {
+        PK_CHECK(std::is_signed_v<T>, what << " must not be negative, got " << i);
+        PK_CHECK(i >= static_cast<int64_t>(Lim::min()),
+                 what << " is " << i << ", outside the allowed range [" << +Lim::min() << ", " << +Lim::max() << "]");
+        return static_cast<T>(i);
+      }
     }
-    return static_cast<T>(i);
+    // Non-negative from here, so one comparison in uint64 covers every T.
+    const uint64_t u = v.is_number_unsigned() ? v.template get<uint64_t>()
+                                              : static_cast<uint64_t>(v.template get<int64_t>());
+    PK_CHECK(u <= static_cast<uint64_t>(Lim::max()),
+             what << " is " << u << ", more than the largest allowed, " << +Lim::max());
+    return static_cast<T>(u);
   } else {
     const double d = v.template get<double>();  // any JSON number converts to double
     if constexpr (sizeof(T) < sizeof(double)) {
@@ -53,6 +53,17 @@ T json_number(const Json& v, const std::string& what) {
     }
     return static_cast<T>(d);
   }
+}
+
+/// `v`, a JSON array of numbers, as a vector of T, each element read by
+/// json_number ("`what` element").
+template <typename T, typename Json>
+std::vector<T> json_numbers(const Json& v, const std::string& what) {
+  PK_CHECK(v.is_array(), what << " must be an array of numbers, got " << v.dump());
+  std::vector<T> out;
+  out.reserve(v.size());
+  for (const auto& e : v) out.push_back(json_number<T>(e, what + " element"));
+  return out;
 }
 
 }  // namespace pathkernel

@@ -9,6 +9,7 @@
 #include <ATen/Version.h>
 
 #include "pathkernel/error.h"
+#include "pathkernel/json_number.h"
 #include "pathkernel/text.h"
 #include "pathkernel/version.h"
 
@@ -93,9 +94,8 @@ ReplayEnvironment ReplayEnvironment::from_json(const nlohmann::ordered_json& j) 
   text("blas_kernels", e.blas_kernels);
   text("libtorch", e.libtorch);
   auto it = j.find("threads");
-  PK_CHECK(it != j.end() && it->is_number_integer(),
-           "manifest: environment.threads is missing or not an integer");
-  e.threads = it->get<int64_t>();
+  PK_CHECK(it != j.end(), "manifest: environment.threads is missing");
+  e.threads = json_number<int64_t>(*it, "manifest: environment.threads");
   return e;
 }
 

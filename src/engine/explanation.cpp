@@ -292,15 +292,17 @@ ExplainOutput read_explain_output(const std::string& dir, const Manifest& m) {
                << "this run?");
   std::vector<int64_t> idx;
   for (const auto& p : j["points"]) {
-    PK_CHECK(p.contains("test_index") && p["test_index"].is_number_integer() && p.contains("proponents") &&
-                 p.contains("opponents") && p.contains("predicted"),
+    PK_CHECK(p.is_object() && p.contains("test_index") && p.contains("proponents") && p.contains("opponents") &&
+                 p.contains("predicted"),
              "'" << jpath << "' has a point without test_index, predicted, proponents or opponents: " << p.dump());
-    const int64_t i = json_number<int64_t>(p["test_index"], "a test index");
+    const int64_t i = json_number<int64_t>(p["test_index"], "'" + jpath + "': a point's test_index");
     PK_CHECK(i >= 0 && i < m.num_test, "'" << jpath << "' explains test point " << i << ", but the run has "
                                             << m.num_test << " test points");
     for (const char* side : {"proponents", "opponents"}) {
       for (const auto& t : p[side]) {
-        const int64_t ti = t.value("index", int64_t(-1));
+        PK_CHECK(t.is_object() && t.contains("index"),
+                 "'" << jpath << "' lists an entry without an index among the " << side << ": " << t.dump());
+        const int64_t ti = json_number<int64_t>(t["index"], "'" + jpath + "': an index among the " + side);
         PK_CHECK(ti >= 0 && ti < m.num_train, "'" << jpath << "' lists training point " << ti << " among the "
                                                   << side << "; the run has " << m.num_train << " training points");
       }

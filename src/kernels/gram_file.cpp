@@ -86,9 +86,7 @@ GramRecord GramRecord::from_json(const nlohmann::json& j, const std::string& whe
     const std::string outputs = j.at("outputs").get<std::string>();
     PK_CHECK(outputs == "full" || outputs == "trace", where << ": outputs '" << outputs << "', expected full or trace");
     r.trace = outputs == "trace";
-    r.shape.clear();
-    PK_CHECK(j.at("shape").is_array(), where << ": shape must be an array, got " << j.at("shape").dump());
-    for (const auto& v : j.at("shape")) r.shape.push_back(json_number<int64_t>(v, where + ": a shape entry"));
+    r.shape = json_numbers<int64_t>(j.at("shape"), where + ": shape");
     r.steps = json_number<int64_t>(j.at("steps"), where + ": steps");
     r.quadrature = j.at("quadrature").get<std::string>();
     r.seconds = j.at("seconds").get<double>();

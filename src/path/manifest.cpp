@@ -31,10 +31,7 @@ T field(const ojson& j, const char* key, const std::string& where) {
   if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
     return json_number<T>(*it, what);
   } else if constexpr (std::is_same_v<T, std::vector<int64_t>> || std::is_same_v<T, std::vector<double>>) {
-    PK_CHECK(it->is_array(), what << " must be an array of numbers, got " << it->dump());
-    T out;
-    for (const ojson& v : *it) out.push_back(json_number<typename T::value_type>(v, what + " element"));
-    return out;
+    return json_numbers<typename T::value_type>(*it, what);
   }
   try {
     return it->get<T>();

@@ -142,7 +142,7 @@ json evaluation_view(const std::string& dir, const Manifest& m, int64_t max_test
                      {"pearson", e.value("pearson", json::object())}});
   }
   out["loo"] = {{"selection_method", loo.value("selection_method", std::string())},
-                {"extremes", loo.value("extremes", int64_t(0))},
+                {"extremes", loo.contains("extremes") ? json_number<int64_t>(loo["extremes"], "the LOO's extremes") : 0},
                 {"random", random.size()},
                 {"max_points", max_points},
                 {"tests", loo["per_test"].size()},
@@ -251,7 +251,8 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
       const int64_t n = static_cast<int64_t>(std::find(test_idx.begin(), test_idx.end(), ti) - test_idx.begin());
       const int64_t k = json_number<int64_t>(p["predicted"], "a predicted class");
       json pj = {{"test_index", ti},
-                 {"label", p.value("label", data.y_test[ti].item<int64_t>())},
+                 {"label", p.contains("label") ? json_number<int64_t>(p["label"], "a point's label")
+                                               : data.y_test[ti].item<int64_t>()},
                  {"predicted", k},
                  {"completeness_error", p.value("completeness_error", 0.0)},
                  {"input", input_view(m, data.x_test[ti])}};

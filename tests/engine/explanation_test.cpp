@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 
 #include "../test_util.h"
 #include "pathkernel/explanation.h"
@@ -93,6 +94,43 @@ TEST(Explanation, BadInputGetsAClearError) {
   std::filesystem::create_directories(dir / "empty");
   EXPECT_CONTAINS(testing::error_message([&] { read_explain_output(dir / "empty", reader.manifest()); }),
                   "has no explain.json");
+
+  // A real output, then hand edits of one point: each is refused by name.
+  // Before json_number, an index of 1e300 was undefined behaviour (a float's
+  // static_cast to int64), not an error.
+  ExplainOptions write = options;
+  write.top = 2;
+  explain(reader, torch::tensor({4, 1}, torch::kLong), dir / "good", write);
+  const nlohmann::json good = nlohmann::json::parse(read_file(dir / "good/explain.json"));
+  EXPECT_NO_THROW(read_explain_output(dir / "good", reader.manifest()));
+  struct Edit {
+    std::string name, message;
+    std::function<void(nlohmann::json&)> apply;
+  };
+  for (const Edit& c : std::vector<Edit>{
+           {"test_index huge", "a point's test_index must be a whole number, got 1e+300",
+            [](nlohmann::json& p) { p["test_index"] = 1e300; }},
+           {"test_index fraction", "a point's test_index must be a whole number, got 2.5",
+            [](nlohmann::json& p) { p["test_index"] = 2.5; }},
+           {"test_index text", "a point's test_index must be a number, got \"2\"",
+            [](nlohmann::json& p) { p["test_index"] = "2"; }},
+           {"test_index out of range", "explains test point 30, but the run has 30 test points",
+            [](nlohmann::json& p) { p["test_index"] = 30; }},
+           {"no test_index", "a point without test_index", [](nlohmann::json& p) { p.erase("test_index"); }},
+           {"proponent huge", "an index among the proponents must be a whole number, got 1e+300",
+            [](nlohmann::json& p) { p["proponents"][0]["index"] = 1e300; }},
+           {"opponent negative", "lists training point -1 among the opponents",
+            [](nlohmann::json& p) { p["opponents"][1]["index"] = -1; }},
+           {"proponent without index", "an entry without an index among the proponents",
+            [](nlohmann::json& p) { p["proponents"][0].erase("index"); }}}) {
+    const std::filesystem::path edited = dir / ("edited " + c.name);
+    std::filesystem::copy(dir / "good", edited);
+    nlohmann::json j = good;
+    c.apply(j["points"][1]);
+    write_file_atomic(edited / "explain.json", j.dump());
+    EXPECT_CONTAINS(testing::error_message([&] { read_explain_output(edited, reader.manifest()); }), c.message)
+        << c.name;
+  }
 }
 
 }  // namespace

@@ -101,7 +101,7 @@ TEST(GramFile, BadFilesAndIndicesAreRefusedByName) {
                                          {"file", "must be a file name beside the sidecar"},
                                          {"steps", "not a Gram matrix sidecar"},
                                          {"steps_huge", "steps must be a whole number, got 1e+300"},
-                                         {"shape_fraction", "a shape entry must be a whole number, got 2.5"}}) {
+                                         {"shape_fraction", "shape element must be a whole number, got 2.5"}}) {
     nlohmann::ordered_json j = good;
     if (c.edit == "kernel") j["kernel"] = "rbf";
     if (c.edit == "outputs") j["outputs"] = "half";
