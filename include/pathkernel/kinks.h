@@ -21,6 +21,7 @@
 // of the other units are left out.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include <torch/torch.h>
@@ -53,6 +54,14 @@ struct SignBracket {
 
   /// Whether the bracket is as narrow as t's own rounding: 4 ulp of its ends.
   bool closed() const;
+
+  /// Narrows the bracket onto g's sign change, one call of g per round
+  /// (next, then narrow), until it is closed or `max_rounds` are spent; an
+  /// exact zero of g settles both ends there. Returns the rounds spent, that
+  /// is the calls of g. The root is midpoint().
+  int locate(const std::function<double(double)>& g, int max_rounds);
+
+  double midpoint() const { return 0.5 * (lo + hi); }
 };
 
 /// A located kink: the bracket it was found in, where, and what switched:

@@ -281,8 +281,7 @@ struct Walk {
     if (!captured || need_x) out.xb = x_train64.index_select(0, out.idx);
     if (!captured) out.yb = y_train.index_select(0, out.idx);
     out.wb = reader.loss_weights(out.idx);
-    out.gradient =
-        captured ? st.gradient : mean_gradient(grad64, m, st, x_train.index_select(0, out.idx), out.yb, out.wb);
+    out.gradient = captured ? st.gradient : mean_gradient(grad64, m, st, out.xb, out.yb, out.wb);
     return out;
   }
 

@@ -259,17 +259,8 @@ std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor
       br.hi = ts[j + 1];
       br.glo = values[j][u].item<double>();
       br.ghi = values[j + 1][u].item<double>();
-      for (int round = 0; round < 400 && !br.closed(); ++round) {
-        const double m = br.next(round);
-        const double g = ev.module_sites(x, m)[u].item<double>();
-        ++forward_evaluations;
-        if (g == 0) {
-          br.lo = br.hi = m;
-          break;
-        }
-        br.narrow(m, g);
-      }
-      kinks.push_back(0.5 * (br.lo + br.hi));
+      forward_evaluations += br.locate([&](double m) { return ev.module_sites(x, m)[u].item<double>(); }, 400);
+      kinks.push_back(br.midpoint());
     }
   }
   std::sort(kinks.begin(), kinks.end());

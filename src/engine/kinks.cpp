@@ -171,6 +171,20 @@ double SignBracket::next(int round) const {
 
 bool SignBracket::closed() const { return hi - lo <= 4 * kEps * std::max(std::abs(lo), std::abs(hi)); }
 
+int SignBracket::locate(const std::function<double(double)>& g, int max_rounds) {
+  int round = 0;
+  while (round < max_rounds && !closed()) {
+    const double s = next(round++);
+    const double v = g(s);
+    if (v == 0) {
+      lo = hi = s;
+      break;
+    }
+    narrow(s, v);
+  }
+  return round;
+}
+
 KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
                       const std::vector<int64_t>& point, const std::vector<double>& t,
                       const std::vector<KinkBracket>& brackets, bool skip_first_layer, bool fit_polynomials,

@@ -122,26 +122,27 @@ TEST(SignBracket, ClosesOnTheRootHalvingAtLeastEveryFourRounds) {
     br.hi = 1;
     br.glo = f(0);
     br.ghi = f(1);
-    std::vector<double> widths{br.hi - br.lo};
-    int round = 0;
-    for (; round < 400 && !br.closed(); ++round) {
-      const double s = br.next(round);
-      ASSERT_TRUE(s > br.lo && s < br.hi) << "function " << i << ", round " << round;
-      const double v = f(s);
-      if (v == 0) {  // the root itself: the finders settle there
-        br.lo = br.hi = s;
-        break;
-      }
-      br.narrow(s, v);
-      widths.push_back(br.hi - br.lo);
-      EXPECT_LE(br.lo, root * (1 + 1e-15)) << "function " << i;
-      EXPECT_GE(br.hi, root * (1 - 1e-15)) << "function " << i;
-    }
-    EXPECT_LT(round, 400) << "function " << i << " did not close";
+    // The function records the bracket each round's point is drawn from.
+    std::vector<double> widths;
+    const int rounds = br.locate(
+        [&](double s) {
+          EXPECT_TRUE(s > br.lo && s < br.hi) << "function " << i << ", round " << widths.size();
+          EXPECT_LE(br.lo, root * (1 + 1e-15)) << "function " << i;
+          EXPECT_GE(br.hi, root * (1 - 1e-15)) << "function " << i;
+          widths.push_back(br.hi - br.lo);
+          return f(s);
+        },
+        400);
+    widths.push_back(br.hi - br.lo);
+    EXPECT_EQ(rounds + 1, static_cast<int>(widths.size())) << "function " << i;
+    EXPECT_LT(rounds, 400) << "function " << i << " did not close";
+    EXPECT_TRUE(br.closed() || br.lo == br.hi) << "function " << i;
+    EXPECT_LE(br.lo, root * (1 + 1e-15)) << "function " << i;
+    EXPECT_GE(br.hi, root * (1 - 1e-15)) << "function " << i;
     for (size_t r = 4; r < widths.size(); ++r) {
       EXPECT_LE(widths[r], 0.5 * widths[r - 4]) << "function " << i << ", round " << r;
     }
-    EXPECT_NEAR(0.5 * (br.lo + br.hi), root, 1e-15) << "function " << i;
+    EXPECT_NEAR(br.midpoint(), root, 1e-15) << "function " << i;
   }
 }
 
