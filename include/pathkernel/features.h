@@ -56,18 +56,33 @@ struct QuadratureOptions {
   QuadratureOptions for_run(int64_t steps) const;
 };
 
+/// One parameterised layer's part of J̄, in the form its rule keeps it. The
+/// form is fixed per layer when the features are built (by the layer's kind
+/// and input); every consumer switches on it.
+struct LayerFeatures {
+  enum class Form {
+    /// A Linear layer after the first: its rows' inputs and signals, since
+    /// ∂f_k/∂W = δ_k aᵀ is contracted faster than formed.
+    Rows,
+    /// The first Linear layer, whose input is x at every node: the rows
+    /// collapse to Σ_r ω_r δ_r per test point.
+    Summed,
+    /// Any other layer (Conv2d, a Linear on a sequence, a module's whole
+    /// parameter vector on the generic route): the block J̄ itself.
+    Dense,
+  };
+  Form form = Form::Dense;
+  torch::Tensor inputs;   ///< Rows: a_r [R, in]; Summed: x [n, in]; Dense: undefined
+  torch::Tensor signals;  ///< Rows: δ_{k,r} [K, R, out]; Summed: Σ_r ω_r δ_{k,r} [K, n, out]; Dense: undefined
+  torch::Tensor block;    ///< Dense: J̄ [K, n, Q], weight then bias; else undefined
+};
+
 /// Test features of one step for n test points.
 struct TestFeatures {
   int64_t num_points = 0;
   torch::Tensor point;                 ///< [R] int64: the test point of row r
   torch::Tensor weight;                ///< [R]: the quadrature weight ω_r of row r
-  std::vector<torch::Tensor> inputs;   ///< per Linear layer after the first: a_r, rows first (else undefined)
-  std::vector<torch::Tensor> signals;  ///< per Linear layer after the first: [K, R, out] δ_{k,r} (else undefined)
-  std::vector<torch::Tensor> dense;    ///< per Conv2d layer: [K, n, Q] J̄ block; undefined for Linear
-  /// When the first layer is Linear its input is x itself at every node, so
-  /// its part of J̄ is Σ_r ω_r δ_r ⊗ x: first_signal [K, n, out] = Σ_r ω_r δ_r
-  /// and first_inputs [n, in] = x (undefined otherwise).
-  torch::Tensor first_signal, first_inputs;
+  std::vector<LayerFeatures> layers;   ///< per param layer (one Dense layer on the generic route)
   torch::Tensor f0, f1;                ///< [n, K]: f(w_s, x) and f(w_{s+1}, x)
   int64_t evaluations = 0;             ///< integrand evaluations (rows), including refined-away ones
   int64_t forward_evaluations = 0;     ///< forward-only rows: kink scan and search, piece ends

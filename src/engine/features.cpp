@@ -15,6 +15,7 @@ namespace pathkernel {
 namespace {
 
 using Kind = LayerDesc::Kind;
+using Form = LayerFeatures::Form;
 
 /// Per-sample gradients of layer l (weight, then bias) from training
 /// signals: [B, Q]. A Module's signals are its per-sample gradients [B, P]
@@ -186,12 +187,13 @@ void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torc
   const ParamLayer& pl = ev.param_layers()[l];
   const LayerDesc& d = pl.desc;
   const int64_t K = s.size(0), q_all = pl.weight_numel + pl.bias_numel;
-  if (!f.dense[l].defined()) f.dense[l] = torch::zeros({K, f.num_points, q_all}, s.options());
+  torch::Tensor& dense = f.layers[l].block;
+  if (!dense.defined()) dense = torch::zeros({K, f.num_points, q_all}, s.options());
   if (d.kind != Kind::Conv2d) {
     std::vector<int64_t> w_shape(s.dim(), 1);
     w_shape[1] = s.size(1);
     const torch::Tensor g = sample_gradients(d, a, s * weight.view(w_shape), pl.weight_shape, pl.bias_numel);
-    f.dense[l].index_add_(1, point, g);
+    dense.index_add_(1, point, g);
     return;
   }
   torch::Tensor order = std::get<1>(point.sort(/*stable=*/true, 0, false));
@@ -210,7 +212,7 @@ void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torc
                                                                         up.reshape({c[p], groups, q, L})});
     torch::Tensor block = gw.reshape({K, -1});
     if (pl.bias_numel) block = torch::cat({block, sp.sum({1, 3})}, 1);
-    f.dense[l].select(1, p).add_(block);
+    dense.select(1, p).add_(block);
   }
 }
 
@@ -280,15 +282,14 @@ TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tenso
   f.f0 = ev.forward(x, torch::zeros({n}, opts), false).out;
   f.f1 = ev.forward(x, torch::ones({n}, opts), false).out;
   f.breaks.assign(n, std::vector<double>{0.0, 1.0});
-  f.dense = {torch::zeros({K, n, P}, opts)};
-  f.inputs = {torch::Tensor()};
-  f.signals = {torch::Tensor()};
+  f.layers.resize(1);  // the module's whole parameter vector, one Dense block
+  f.layers[0].block = torch::zeros({K, n, P}, opts);
   std::vector<torch::Tensor> kept_point, kept_weight;
   // Adds rows' weighted Jacobians J [r, K, P] to their test points' blocks.
   auto keep = [&](const torch::Tensor& jac, const torch::Tensor& rows, const torch::Tensor& point,
                   const torch::Tensor& weight) {
     torch::Tensor pr = point.index_select(0, rows), wr = weight.index_select(0, rows);
-    f.dense[0].index_add_(1, pr, (jac.index_select(0, rows) * wr.view({-1, 1, 1})).transpose(0, 1));
+    f.layers[0].block.index_add_(1, pr, (jac.index_select(0, rows) * wr.view({-1, 1, 1})).transpose(0, 1));
     kept_point.push_back(pr);
     kept_weight.push_back(wr);
   };
@@ -390,11 +391,15 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     return std::make_tuple(point, t, w);
   };
 
-  // Accepted rows go straight into the dense Conv2d blocks and the collapsed
-  // first Linear layer; only other Linear layers keep their rows.
+  // Each layer's form (LayerFeatures): accepted rows go straight into the
+  // Dense blocks and the Summed first layer; only Rows layers keep them.
   const size_t layers = ev.param_layers().size();
-  const bool first_linear = ev.first_input_is_x();
-  f.dense.assign(layers, torch::Tensor());
+  f.layers.resize(layers);
+  for (size_t l = 0; l < layers; ++l) {
+    f.layers[l].form = !factored(ev.param_layers()[l].desc, p0.inputs[l]) ? Form::Dense
+                       : l == 0 && ev.first_input_is_x()                  ? Form::Summed
+                                                                          : Form::Rows;
+  }
   std::vector<torch::Tensor> kept_point, kept_weight;
   std::vector<std::vector<torch::Tensor>> kept_inputs(layers), kept_signals(layers);
   auto keep = [&](const SegmentPass& pass, const std::vector<torch::Tensor>& sig, const torch::Tensor& rows,
@@ -402,15 +407,19 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     torch::Tensor pr = point.index_select(0, rows), wr = weight.index_select(0, rows);
     for (size_t l = 0; l < layers; ++l) {
       torch::Tensor a = pass.inputs[l].detach().index_select(0, rows), s = sig[l].index_select(1, rows);
-      if (!factored(ev.param_layers()[l].desc, a)) {
-        add_dense(ev, l, f, a, s, pr, wr);
-      } else if (l == 0 && first_linear) {
-        // Σ_r ω_r δ_r per test point: the first layer's input is x at every node.
-        if (!f.first_signal.defined()) f.first_signal = torch::zeros({s.size(0), n, s.size(2)}, s.options());
-        f.first_signal.index_add_(1, pr, s * wr.view({1, -1, 1}));
-      } else {
-        kept_inputs[l].push_back(a);
-        kept_signals[l].push_back(s);
+      LayerFeatures& lf = f.layers[l];
+      switch (lf.form) {
+        case Form::Dense:
+          add_dense(ev, l, f, a, s, pr, wr);
+          break;
+        case Form::Summed:  // Σ_r ω_r δ_r per test point: the first layer's input is x at every node
+          if (!lf.signals.defined()) lf.signals = torch::zeros({s.size(0), n, s.size(2)}, s.options());
+          lf.signals.index_add_(1, pr, s * wr.view({1, -1, 1}));
+          break;
+        case Form::Rows:
+          kept_inputs[l].push_back(a);
+          kept_signals[l].push_back(s);
+          break;
       }
     }
     kept_point.push_back(pr);
@@ -535,16 +544,22 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
 
   sort_breaks(f);
   // Assemble the kept rows.
-  f.inputs.assign(layers, torch::Tensor());
-  f.signals.assign(layers, torch::Tensor());
   for (size_t l = 0; l < layers; ++l) {
-    if (kept_inputs[l].empty()) continue;
-    f.inputs[l] = torch::cat(kept_inputs[l], 0);
-    f.signals[l] = torch::cat(kept_signals[l], 1);
+    LayerFeatures& lf = f.layers[l];
+    switch (lf.form) {
+      case Form::Rows:
+        lf.inputs = torch::cat(kept_inputs[l], 0);
+        lf.signals = torch::cat(kept_signals[l], 1);
+        break;
+      case Form::Summed:
+        lf.inputs = x.flatten(1);
+        break;
+      case Form::Dense:
+        break;
+    }
   }
   f.point = torch::cat(kept_point);
   f.weight = torch::cat(kept_weight);
-  if (first_linear) f.first_inputs = x.flatten(1);
   finish(ev, f, ev.direction());
   return f;
 }
@@ -644,14 +659,18 @@ torch::Tensor aggregate(const TestFeatures& f, const torch::Tensor& x) {
 torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, const torch::Tensor& v) {
   torch::Tensor total;  // [K, n]
   for (size_t l = 0; l < ev.param_layers().size(); ++l) {
+    const LayerFeatures& lf = f.layers[l];
     torch::Tensor part;
-    if (f.dense.size() > l && f.dense[l].defined()) {
-      part = torch::matmul(f.dense[l], torch::cat({ev.weight_of(v, l).flatten(), ev.bias_of(v, l)}));  // bias [0] if none
-    } else if (l == 0 && f.first_signal.defined()) {
-      torch::Tensor z = layer_direction(ev, 0, f.first_inputs, v);                 // [n, out]
-      part = (f.first_signal * z.unsqueeze(0)).sum(2);
-    } else {
-      part = aggregate(f, row_dot(ev, {f.inputs[l]}, {f.signals[l]}, v, l));
+    switch (lf.form) {
+      case Form::Dense:
+        part = torch::matmul(lf.block, torch::cat({ev.weight_of(v, l).flatten(), ev.bias_of(v, l)}));  // bias [0] if none
+        break;
+      case Form::Summed:
+        part = (lf.signals * layer_direction(ev, 0, lf.inputs, v).unsqueeze(0)).sum(2);  // z [n, out]
+        break;
+      case Form::Rows:
+        part = aggregate(f, row_dot(ev, {lf.inputs}, {lf.signals}, v, l));
+        break;
     }
     total = total.defined() ? total + part : part;
   }
@@ -660,38 +679,45 @@ torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, 
 
 torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const TrainSignals& t) {
   torch::Tensor total;  // [K, n, B]
-  for (size_t l = 0; l < f.inputs.size(); ++l) {
+  for (size_t l = 0; l < f.layers.size(); ++l) {
+    const LayerFeatures& lf = f.layers[l];
     torch::Tensor part;
-    if (l == 0 && f.first_signal.defined()) {
-      // Σ_r ω_r (δ_r·δ_i)(x·a_i + 1) = (x·a_i + 1)((Σ_r ω_r δ_r)·δ_i): the nodes collapse.
-      torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), f.first_inputs, t.inputs[0].t());  // [n, B]
-      part = torch::matmul(f.first_signal, t.signals[0].t()) * a.unsqueeze(0);     // [K, n, B]
-    } else if (f.signals[l].defined()) {
-      const torch::Tensor& s = f.signals[l];                                       // [K, R, out]
-      const int64_t K = s.size(0), R = s.size(1), out = s.size(2), in = f.inputs[l].size(1);
-      const int64_t n = f.num_points, B = t.inputs[l].size(0);
-      const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;  // the bias's "input" 1
-      if (R * (in + out) > n * in * out) {
-        // Few weights, many rows (docs/math.md §8): the dense block
-        // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, n, out, in+1], then
-        // δ_iᵀ J̄ [a_i, 1] for every training row: one GEMM against the
-        // training inputs, which are read once (per-sample gradients are
-        // never formed).
-        const int64_t cols = in + (bias ? 1 : 0);
-        torch::Tensor ones = torch::ones({R, 1}, f.weight.options());
-        torch::Tensor rows = bias ? torch::cat({f.inputs[l], ones}, 1) : f.inputs[l];  // [R, in+1]
-        torch::Tensor block = aggregate(f, s.unsqueeze(3) * rows.unsqueeze(0).unsqueeze(2));  // [K, n, out, in+1]
-        torch::Tensor ai = bias ? torch::cat({t.inputs[l], torch::ones({B, 1}, ones.options())}, 1)
-                                : t.inputs[l];                                                 // [B, in+1]
-        torch::Tensor y = torch::matmul(block.reshape({K * n * out, cols}), ai.t());           // [K·n·out, B]
-        part = (y.view({K, n, out, B}) * t.signals[l].t().view({1, 1, out, B})).sum(2);        // [K, n, B]
-      } else {
-        torch::Tensor a = torch::addmm(torch::full({1}, bias, f.weight.options()), f.inputs[l], t.inputs[l].t());  // [R, B]
-        torch::Tensor dd = torch::matmul(s, t.signals[l].t());                      // [K, R, B]
-        part = aggregate(f, dd * a.unsqueeze(0));                                  // [K, n, B]
+    switch (lf.form) {
+      case Form::Summed: {
+        // Σ_r ω_r (δ_r·δ_i)(x·a_i + 1) = (x·a_i + 1)((Σ_r ω_r δ_r)·δ_i): the nodes collapse.
+        torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), lf.inputs, t.inputs[0].t());  // [n, B]
+        part = torch::matmul(lf.signals, t.signals[0].t()) * a.unsqueeze(0);     // [K, n, B]
+        break;
       }
-    } else {
-      part = torch::matmul(f.dense[l], layer_sample_gradients(ev, t, l).t());       // [K, n, B]
+      case Form::Rows: {
+        const torch::Tensor& s = lf.signals;                                       // [K, R, out]
+        const int64_t K = s.size(0), R = s.size(1), out = s.size(2), in = lf.inputs.size(1);
+        const int64_t n = f.num_points, B = t.inputs[l].size(0);
+        const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;  // the bias's "input" 1
+        if (R * (in + out) > n * in * out) {
+          // Few weights, many rows (docs/math.md §8): the dense block
+          // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, n, out, in+1], then
+          // δ_iᵀ J̄ [a_i, 1] for every training row: one GEMM against the
+          // training inputs, which are read once (per-sample gradients are
+          // never formed).
+          const int64_t cols = in + (bias ? 1 : 0);
+          torch::Tensor ones = torch::ones({R, 1}, f.weight.options());
+          torch::Tensor rows = bias ? torch::cat({lf.inputs, ones}, 1) : lf.inputs;  // [R, in+1]
+          torch::Tensor block = aggregate(f, s.unsqueeze(3) * rows.unsqueeze(0).unsqueeze(2));  // [K, n, out, in+1]
+          torch::Tensor ai = bias ? torch::cat({t.inputs[l], torch::ones({B, 1}, ones.options())}, 1)
+                                  : t.inputs[l];                                                 // [B, in+1]
+          torch::Tensor y = torch::matmul(block.reshape({K * n * out, cols}), ai.t());           // [K·n·out, B]
+          part = (y.view({K, n, out, B}) * t.signals[l].t().view({1, 1, out, B})).sum(2);        // [K, n, B]
+        } else {
+          torch::Tensor a = torch::addmm(torch::full({1}, bias, f.weight.options()), lf.inputs, t.inputs[l].t());  // [R, B]
+          torch::Tensor dd = torch::matmul(s, t.signals[l].t());                      // [K, R, B]
+          part = aggregate(f, dd * a.unsqueeze(0));                                  // [K, n, B]
+        }
+        break;
+      }
+      case Form::Dense:
+        part = torch::matmul(lf.block, layer_sample_gradients(ev, t, l).t());       // [K, n, B]
+        break;
     }
     total = total.defined() ? total + part : part;
   }
@@ -704,17 +730,23 @@ torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f) 
   for (size_t l = 0; l < ev.param_layers().size(); ++l) {
     const ParamLayer& pl = ev.param_layers()[l];
     torch::Tensor weight, bias;  // [K, n, weight_numel], [K, n, out]
-    if (f.dense.size() > l && f.dense[l].defined()) {
-      weight = f.dense[l].narrow(2, 0, pl.weight_numel);
-      bias = f.dense[l].narrow(2, pl.weight_numel, pl.bias_numel);
-    } else if (l == 0 && f.first_signal.defined()) {
-      weight = (f.first_signal.unsqueeze(3) * f.first_inputs.unsqueeze(0).unsqueeze(2)).flatten(2);
-      bias = f.first_signal;
-    } else {
-      torch::Tensor s = f.signals[l] * f.weight.view({1, -1, 1});                            // [K, R, out]
-      torch::Tensor outer = (s.unsqueeze(3) * f.inputs[l].unsqueeze(0).unsqueeze(2)).flatten(2);  // [K, R, out·in]
-      weight = torch::zeros({K, n, outer.size(2)}, s.options()).index_add_(1, f.point, outer);
-      bias = torch::zeros({K, n, s.size(2)}, s.options()).index_add_(1, f.point, s);
+    const LayerFeatures& lf = f.layers[l];
+    switch (lf.form) {
+      case Form::Dense:
+        weight = lf.block.narrow(2, 0, pl.weight_numel);
+        bias = lf.block.narrow(2, pl.weight_numel, pl.bias_numel);
+        break;
+      case Form::Summed:
+        weight = (lf.signals.unsqueeze(3) * lf.inputs.unsqueeze(0).unsqueeze(2)).flatten(2);
+        bias = lf.signals;
+        break;
+      case Form::Rows: {
+        torch::Tensor s = lf.signals * f.weight.view({1, -1, 1});                                 // [K, R, out]
+        torch::Tensor outer = (s.unsqueeze(3) * lf.inputs.unsqueeze(0).unsqueeze(2)).flatten(2);  // [K, R, out·in]
+        weight = torch::zeros({K, n, outer.size(2)}, s.options()).index_add_(1, f.point, outer);
+        bias = torch::zeros({K, n, s.size(2)}, s.options()).index_add_(1, f.point, s);
+        break;
+      }
     }
     out.narrow(2, pl.weight_offset, pl.weight_numel).copy_(weight.transpose(0, 1));
     if (pl.bias_numel) out.narrow(2, pl.bias_offset, pl.bias_numel).copy_(bias.transpose(0, 1));
