@@ -45,7 +45,7 @@ const std::vector<Goal> kGoals{
     {"pathkernel_max_rel_error", 1e-12, false},
     {"speedup_vs_pytorch_peer", 100, true},
     {"full_batch_attribution_over_training_10", 1, false},
-    {"full_batch_attribution_over_training_100", 3, false},
+    {"full_batch_attribution_over_training_100", 2, false},
     {"gauss_evaluations_per_step", 16, false},
     {"path_storage_ratio", 10, true},
     {"replay_over_training", 1.2, false},

@@ -67,11 +67,13 @@ struct DecompositionOptions {
   /// batch through the network twice more. Float64 runs only (others
   /// recompute in float64 regardless).
   bool replay_signals = true;
-  /// Test points computed together (fewer when the memory budget says so).
+  /// Test points computed together (fewer when the memory budget says so);
+  /// 0: automatic, 32 for a network of Linear layers on flat inputs and 4
+  /// for others (the fastest measured for each, BENCHMARKS.md).
   /// A point's numbers depend only on the block it falls in (blocks start
   /// at multiples of decomposition_block()), so any split of the test points
   /// at block boundaries, across processes for instance, gives the same bits.
-  int64_t point_block = 4;
+  int64_t point_block = 0;
   /// gd and sgd only: decompose steps [first_step, end_step) alone
   /// (end_step −1: up to N), giving their terms of C_i, R, E and gap_abs, and
   /// their counts and residuals: partial sums that add up, over a split of
@@ -206,8 +208,9 @@ std::string unexplained_update_message(const StepResiduals& r);
 DecompositionSummary summarize(const Decomposition& d);
 
 /// The test points decompose() computes together for test inputs like x
-/// [n, *input_shape] with these options (options.point_block, or fewer to
-/// fit the memory budget): blocks start at its multiples.
+/// [n, *input_shape] with these options (options.point_block, its automatic
+/// choice when 0, or fewer to fit the memory budget): blocks start at its
+/// multiples.
 int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options);
 
 /// How the engine evaluates the run's network (SegmentEvaluator::route()):

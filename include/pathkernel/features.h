@@ -154,6 +154,17 @@ torch::Tensor feature_angle(const SegmentEvaluator& ev, const TestFeatures& a, c
 /// per-sample weight gradients.
 torch::Tensor contract_dense(const SegmentEvaluator& ev, const torch::Tensor& a, const TrainSignals& t);
 
+/// The form layer l's test features take when its input is `a` (rows first):
+/// Dense unless it is a Linear layer on flat rows; Summed for such a first
+/// layer on the input itself; else Rows.
+LayerFeatures::Form layer_form(const SegmentEvaluator& ev, size_t l, const torch::Tensor& a);
+
+/// Whether every param layer keeps its test features factored (Rows or
+/// Summed) for inputs like `example` [1, ...], at the segment set in `ev`:
+/// a network of Linear layers on flat inputs, whose decomposition is mostly
+/// the contraction with the training rows rather than the test features.
+bool features_factored(const SegmentEvaluator& ev, const torch::Tensor& example);
+
 /// Doubles one evaluated row holds (layer inputs, pre-activations and K
 /// signals), for sizing test-point chunks.
 int64_t feature_doubles_per_row(const SegmentEvaluator& ev, const torch::Tensor& example);

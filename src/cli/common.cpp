@@ -28,9 +28,10 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_option("--point-block", point_block,
-                  "Test points computed together; under mpirun the ranks split them in whole blocks, and the "
-                  "outputs are those of one process with the same value")
-      ->check(CLI::PositiveNumber)
+                  "Test points computed together (0: automatic, 32 for a network of Linear layers on flat inputs, "
+                  "4 for others); under mpirun the ranks split them in whole blocks, and the outputs are those of "
+                  "one process with the same value")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--memory", memory,
                   "Memory for the test points' features and accumulators, per process (per rank under mpirun), "

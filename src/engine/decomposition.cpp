@@ -427,14 +427,27 @@ int64_t doubles_per_point(SegmentEvaluator& ev, PathReader& reader, const torch:
          feature_doubles_per_point(ev, reader, x, options.quadrature);
 }
 
-/// Test points computed together: options.point_block, fewer when `per_point`
+/// The test points asked to be computed together: options.point_block, or
+/// when it is 0 (automatic) 32 for a network whose test features are all
+/// factored (features_factored: its decomposition is mostly thin GEMMs of the
+/// block's features against the training rows, which wider blocks make fewer
+/// and wider) and 4 otherwise (convolutions, sequences, modules: the test
+/// features are most of the work, and small blocks were measured faster; see
+/// BENCHMARKS.md). The segment must be set in `ev`.
+int64_t asked_block(const SegmentEvaluator& ev, const torch::Tensor& x, const DecompositionOptions& options) {
+  PK_CHECK(options.point_block >= 0, "the test points computed together must be >= 1, or 0 for automatic (got "
+                                         << options.point_block << ")");
+  if (options.point_block > 0) return options.point_block;
+  return features_factored(ev, x.narrow(0, 0, std::min<int64_t>(x.size(0), 1))) ? 32 : 4;
+}
+
+/// Test points computed together: the asked block, fewer when `per_point`
 /// doubles each would not fit in the budget. It does not depend on n, so a
 /// point's block (and its numbers) are the same in any split at block
 /// boundaries.
-int64_t block_size(const DecompositionOptions& options, int64_t per_point) {
-  PK_CHECK(options.point_block >= 1, "the test points computed together must be >= 1 (got " << options.point_block
-                                                                                           << ")");
-  return std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, per_point), 1, options.point_block);
+int64_t block_size(const SegmentEvaluator& ev, const torch::Tensor& x, const DecompositionOptions& options,
+                   int64_t per_point) {
+  return std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, per_point), 1, asked_block(ev, x, options));
 }
 
 /// Test points per chunk of the reverse walk (one replay of the path each):
@@ -464,7 +477,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   const int64_t n = w.n, K = w.K, P = m.parameter_count;
   const double beta = rule.beta(), lambda = rule.coupled_decay();
   const int64_t per_point = doubles_per_point(ev, reader, x, options, true);
-  const int64_t block = block_size(options, per_point);
+  const int64_t block = block_size(ev, x, options, per_point);
   Decomposition d = start(reader, w.grad64, x, block);
   const int64_t chunk = chunk_size(options, per_point, n, block);
   const int64_t chunks = (n + chunk - 1) / chunk;
@@ -572,7 +585,8 @@ int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const De
   const bool reverse = UpdateRule(m.optimizer).has_buffer() || options.reverse;
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64, options.quadrature.route);
-  return block_size(options, doubles_per_point(ev, reader, x.to(torch::kFloat64), options, reverse));
+  const torch::Tensor x64 = x.to(torch::kFloat64);
+  return block_size(ev, x64, options, doubles_per_point(ev, reader, x64, options, reverse));
 }
 
 Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& given,
@@ -598,7 +612,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   const int64_t n = w.n, M = w.M, K = w.K;
   const double lambda = m.optimizer.weight_decay;
   // Forward, the path is replayed once whatever the chunk: one block at a time.
-  const int64_t chunk = block_size(options, doubles_per_point(ev, reader, x, options, false));
+  const int64_t chunk = block_size(ev, x, options, doubles_per_point(ev, reader, x, options, false));
   Decomposition d = start(reader, w.grad64, x, chunk);
   d.steps = end_step - options.first_step;
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);

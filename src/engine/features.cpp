@@ -370,6 +370,20 @@ TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tenso
 
 }  // namespace
 
+LayerFeatures::Form layer_form(const SegmentEvaluator& ev, size_t l, const torch::Tensor& a) {
+  if (ev.generic() || !factored(ev.param_layers()[l].desc, a)) return Form::Dense;
+  return l == 0 && ev.first_input_is_x() ? Form::Summed : Form::Rows;
+}
+
+bool features_factored(const SegmentEvaluator& ev, const torch::Tensor& example) {
+  if (ev.generic()) return false;
+  const SegmentPass pass = ev.forward(example, torch::zeros({example.size(0)}, example.options()), false);
+  for (size_t l = 0; l < ev.param_layers().size(); ++l) {
+    if (layer_form(ev, l, pass.inputs[l]) == Form::Dense) return false;
+  }
+  return true;
+}
+
 TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q) {
   if (ev.generic()) return module_test_features(ev, x, q);
   const int64_t n = x.size(0);
@@ -395,11 +409,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   // Dense blocks and the Summed first layer; only Rows layers keep them.
   const size_t layers = ev.param_layers().size();
   f.layers.resize(layers);
-  for (size_t l = 0; l < layers; ++l) {
-    f.layers[l].form = !factored(ev.param_layers()[l].desc, p0.inputs[l]) ? Form::Dense
-                       : l == 0 && ev.first_input_is_x()                  ? Form::Summed
-                                                                          : Form::Rows;
-  }
+  for (size_t l = 0; l < layers; ++l) f.layers[l].form = layer_form(ev, l, p0.inputs[l]);
   std::vector<torch::Tensor> kept_point, kept_weight;
   std::vector<std::vector<torch::Tensor>> kept_inputs(layers), kept_signals(layers);
   auto keep = [&](const SegmentPass& pass, const std::vector<torch::Tensor>& sig, const torch::Tensor& rows,

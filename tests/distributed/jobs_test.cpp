@@ -79,7 +79,9 @@ TEST_P(TwoRanks, ExplainAndVerifyEqualOneProcessBitForBit) {
   SKIP_WITHOUT_MPI();
   testing::TempDir dir;
   const std::string r = train(dir, GetParam());
-  const std::string points = " --test-index 3,0,17,8,5,29,11 --quiet --checkpoint-seconds 0 --out ";
+  // Blocks of 4 (not the automatic 32 of an MLP), so the 7 points are two
+  // blocks and both ranks take a share.
+  const std::string points = " --test-index 3,0,17,8,5,29,11 --point-block 4 --quiet --checkpoint-seconds 0 --out ";
   const Output one = one_process("explain " + r + points + (dir / "one"));
   ASSERT_EQ(one.status, 0) << one.out;
   const Output two = two_ranks("explain " + r + points + (dir / "two"));
@@ -343,7 +345,8 @@ TEST(Distributed, AKilledJobContinuesFromEachRanksSavedProgress) {
                                          {"gd", "5,11", "steps-6-9", "2"}}) {
     const std::string opt = c.opt;
     const std::string r = train(dir, opt);
-    const std::string args = "explain " + r + " --test-index " + c.points + " --quiet --checkpoint-seconds 0 --out ";
+    const std::string args =
+        "explain " + r + " --test-index " + c.points + " --point-block 4 --quiet --checkpoint-seconds 0 --out ";
     const Output whole = two_ranks(args + (dir / (opt + "-whole")));
     ASSERT_EQ(whole.status, 0) << whole.out;
 

@@ -76,5 +76,33 @@ TEST(PointIndependence, HoldsForMnistShapedProducts) {
   expect_same_rows(decompose(reader, x.narrow(0, 8, 8), options), all, 8, "mnist, points 8 to 15");
 }
 
+// The automatic block (point_block 0) is 32 for a network whose every
+// layer's test features are factored (Linear on flat rows) and 4 otherwise;
+// an explicit block is kept, and both shrink to fit the memory budget.
+TEST(PointIndependence, TheAutomaticBlockIsWideForLinearNetworksOnly) {
+  testing::TempDir dir;
+  for (const auto& [model, automatic] : std::vector<std::pair<std::string, int64_t>>{{"mlp:8,8", 32}, {"cnn:2", 4}}) {
+    RunOptions r = testing::small_run(dir / model, "sgd", 2, 1);
+    r.data.spec = "mnist";
+    r.data.train_size = 100;
+    r.data.test_size = 20;
+    r.model = model;
+    train_run(r);
+    PathReader reader(r.out);
+    const torch::Tensor x = reader.dataset().x_test;
+    DecompositionOptions options;
+    options.progress = false;
+    EXPECT_EQ(options.point_block, 0);
+    EXPECT_EQ(decomposition_block(reader, x, options), automatic) << model;
+    options.point_block = 7;
+    EXPECT_EQ(decomposition_block(reader, x, options), 7) << model;
+    options.memory_doubles = 1;
+    EXPECT_EQ(decomposition_block(reader, x, options), 1) << model;
+    options.point_block = -1;
+    EXPECT_CONTAINS(testing::error_message([&] { decomposition_block(reader, x, options); }),
+                    "must be >= 1, or 0 for automatic (got -1)");
+  }
+}
+
 }  // namespace
 }  // namespace pathkernel
