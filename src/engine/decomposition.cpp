@@ -450,6 +450,21 @@ int64_t block_size(const SegmentEvaluator& ev, const torch::Tensor& x, const Dec
   return std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, per_point), 1, asked_block(ev, x, options));
 }
 
+/// Training rows per contraction of the forward walk: options.train_chunk,
+/// or more, up to the whole batch of b rows, when every layer's features are
+/// factored (Rows or Summed) and no kernel is asked for. contract()'s
+/// temporaries then take at most about 4·K·R doubles per training row (R the
+/// features' rows), and the chunk is as many rows as fit the memory budget:
+/// fewer, wider products, and the Rows form's block formed fewer times.
+int64_t contraction_rows(const DecompositionOptions& options, const TestFeatures& f, int64_t K, int64_t b) {
+  if (options.kernel) return options.train_chunk;
+  for (const LayerFeatures& lf : f.layers) {
+    if (lf.form == LayerFeatures::Form::Dense) return options.train_chunk;
+  }
+  const int64_t per_row = 4 * K * std::max<int64_t>(1, f.point.size(0));
+  return std::max(options.train_chunk, std::min(b, options.memory_doubles / per_row));
+}
+
 /// Test points per chunk of the reverse walk (one replay of the path each):
 /// as many whole blocks as fit in the budget, at most n rounded up to a block.
 int64_t chunk_size(const DecompositionOptions& options, int64_t per_point, int64_t n, int64_t block) {
@@ -681,8 +696,9 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
       if (lambda != 0) blk.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, rho));
       blk.rounding.narrow(0, c0, nc).add_(apply_features(ev, f, e));
       torch::Tensor step_c = options.on_step ? torch::empty({nc, bt.b, K}, torch::kFloat64) : torch::Tensor();
+      const int64_t rows = contraction_rows(options, f, K, bt.b);
       w.train_chunks(
-          st, bt, options.train_chunk, -st.lr, [&](const TrainSignals& t) { return contract(ev, f, t); },
+          st, bt, rows, -st.lr, [&](const TrainSignals& t) { return contract(ev, f, t); },
           [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [nc, nr, K]
             const torch::Tensor at = block_index(bt.idx.narrow(0, r0, nr));
             blk.contributions.narrow(0, c0, nc).index_add_(1, at, part);

@@ -155,6 +155,36 @@ TEST(ReplaySignals, AgreeWithRecomputedSignals) {
   }
 }
 
+// The forward walk contracts a network with factored features (Linear
+// layers on flat rows) against as many training rows at once as the memory
+// budget allows: the whole batch, or chunks of train_chunk when the budget
+// is tiny. Either way every row gets the same contributions.
+TEST(TrainingChunks, AnyChunkingOfTheBatchGivesTheSameDecomposition) {
+  for (const std::string optimizer : {"gd", "sgd"}) {
+    testing::TempDir dir(optimizer);
+    RunOptions r = testing::small_run(dir / "run", optimizer, 4, 2);
+    r.model = "mlp:6,5";
+    r.train.batch = optimizer == "sgd" ? 25 : 0;
+    train_run(r);
+    PathReader reader(r.out);
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    DecompositionOptions options;
+    options.progress = false;
+    options.point_block = 1;
+    options.train_chunk = 7;
+    const Decomposition whole = decompose(reader, x, options);  // the budget holds every row: one chunk
+    options.memory_doubles = 1;                                   // chunks of 7 rows
+    const Decomposition chunked = decompose(reader, x, options);
+    const double scale = whole.contributions.abs().max().item<double>();
+    SCOPED_TRACE(optimizer);
+    EXPECT_GT(scale, 1e-6);
+    EXPECT_LE((whole.contributions - chunked.contributions).abs().max().item<double>(), 1e-13 * scale);
+    EXPECT_LE((whole.rounding - chunked.rounding).abs().max().item<double>(), 1e-13);
+    EXPECT_LT(summarize(whole).max_rel_error, 1e-12);
+    EXPECT_LT(summarize(chunked).max_rel_error, 1e-12);
+  }
+}
+
 // A float32 run is decomposed against the float64 network at its float32
 // weights and inputs (exactly representable in float64): f(w_0), f(w_N) and
 // the rounding term are float64, so the kernel machine matches that network
