@@ -92,6 +92,9 @@ struct TestFeatures {
   /// gauss: per test point, the sorted ends of its accepted pieces (0, the
   /// kinks and refinement splits, 1); fixed rules: {0, 1}.
   std::vector<std::vector<double>> breaks;
+
+  /// Whether no layer is Dense: every layer's features are factored.
+  bool factored() const;
 };
 
 /// Per-sample training signals at w_s: per param layer a_i and δ_i for the
@@ -159,14 +162,19 @@ torch::Tensor contract_dense(const SegmentEvaluator& ev, const torch::Tensor& a,
 /// layer on the input itself; else Rows.
 LayerFeatures::Form layer_form(const SegmentEvaluator& ev, size_t l, const torch::Tensor& a);
 
-/// Whether every param layer keeps its test features factored (Rows or
-/// Summed) for inputs like `example` [1, ...], at the segment set in `ev`:
-/// a network of Linear layers on flat inputs, whose decomposition is mostly
-/// the contraction with the training rows rather than the test features.
-bool features_factored(const SegmentEvaluator& ev, const torch::Tensor& example);
+/// What one evaluated row of test features holds, found from one forward
+/// pass of `example` [1, ...] at the segment set in `ev`.
+struct FeatureLayout {
+  /// Doubles one row holds (layer inputs, pre-activations and K signals),
+  /// for sizing test-point chunks.
+  int64_t doubles_per_row = 0;
+  /// Whether every param layer keeps its features factored (Rows or
+  /// Summed): a network of Linear layers on flat inputs, whose
+  /// decomposition is mostly the contraction with the training rows rather
+  /// than the test features.
+  bool factored = false;
+};
 
-/// Doubles one evaluated row holds (layer inputs, pre-activations and K
-/// signals), for sizing test-point chunks.
-int64_t feature_doubles_per_row(const SegmentEvaluator& ev, const torch::Tensor& example);
+FeatureLayout feature_layout(const SegmentEvaluator& ev, const torch::Tensor& example);
 
 }  // namespace pathkernel

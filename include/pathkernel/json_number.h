@@ -30,7 +30,10 @@ T json_number(const Json& v, const std::string& what) {
   if constexpr (std::is_integral_v<T>) {
     using Lim = std::numeric_limits<T>;
     PK_CHECK(v.is_number_integer(), what << " must be a whole number, got " << v.dump());
-    if (!v.is_number_unsigned()) {  // a JSON integer that may be negative
+    uint64_t u = 0;
+    if (v.is_number_unsigned()) {
+      u = v.template get<uint64_t>();
+    } else {  // a JSON integer that may be negative
       const int64_t i = v.template get<int64_t>();
       if (i < 0) {
         PK_CHECK(std::is_signed_v<T>, what << " must not be negative, got " << i);
@@ -38,10 +41,9 @@ T json_number(const Json& v, const std::string& what) {
                  what << " is " << i << ", outside the allowed range [" << +Lim::min() << ", " << +Lim::max() << "]");
         return static_cast<T>(i);
       }
+      u = static_cast<uint64_t>(i);
     }
     // Non-negative from here, so one comparison in uint64 covers every T.
-    const uint64_t u = v.is_number_unsigned() ? v.template get<uint64_t>()
-                                              : static_cast<uint64_t>(v.template get<int64_t>());
     PK_CHECK(u <= static_cast<uint64_t>(Lim::max()),
              what << " is " << u << ", more than the largest allowed, " << +Lim::max());
     return static_cast<T>(u);

@@ -408,46 +408,40 @@ const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomp
   return p;
 }
 
-/// Doubles of test features one test point needs (a guess at its rows).
-int64_t feature_doubles_per_point(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,
-                                  const QuadratureOptions& q) {
-  const int64_t rows_per_point = q.spec.kind == QuadratureSpec::Kind::Riemann ? q.spec.nodes
-                                 : q.spec.kind == QuadratureSpec::Kind::Dpk   ? 1
-                                                                              : 8 * q.gauss_nodes;
-  ev.set_segment(reader.checkpoint(0), torch::zeros({reader.manifest().parameter_count}, torch::kFloat64));
-  return rows_per_point * feature_doubles_per_row(ev, x.narrow(0, 0, std::min<int64_t>(x.size(0), 1)));
-}
+/// What one test point costs in memory, and how many are computed together.
+struct PointBudget {
+  /// Doubles per test point: its test features (a guess at its rows) and,
+  /// in the reverse walk, the accumulators Ã, A and J̄ P (three K x P
+  /// matrices).
+  int64_t per_point = 0;
+  /// Test points computed together: options.point_block, or when it is 0
+  /// (automatic) 32 for a network whose test features are all factored (its
+  /// decomposition is mostly thin GEMMs of the block's features against the
+  /// training rows, which wider blocks make fewer and wider) and 4 otherwise
+  /// (convolutions, sequences, modules: the test features are most of the
+  /// work, and small blocks were measured faster; see BENCHMARKS.md); fewer
+  /// when per_point doubles each would not fit in the budget. It does not
+  /// depend on n, so a point's block (and its numbers) are the same in any
+  /// split at block boundaries.
+  int64_t block = 1;
+};
 
-/// Doubles of accumulators and features per test point: the reverse walk's
-/// Ã, A and J̄ P (three K x P matrices) and the test features.
-int64_t doubles_per_point(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,
-                          const DecompositionOptions& options, bool reverse) {
-  const Manifest& m = reader.manifest();
-  return (reverse ? 3 * m.num_classes * m.parameter_count : 0) +
-         feature_doubles_per_point(ev, reader, x, options.quadrature);
-}
-
-/// The test points asked to be computed together: options.point_block, or
-/// when it is 0 (automatic) 32 for a network whose test features are all
-/// factored (features_factored: its decomposition is mostly thin GEMMs of the
-/// block's features against the training rows, which wider blocks make fewer
-/// and wider) and 4 otherwise (convolutions, sequences, modules: the test
-/// features are most of the work, and small blocks were measured faster; see
-/// BENCHMARKS.md). The segment must be set in `ev`.
-int64_t asked_block(const SegmentEvaluator& ev, const torch::Tensor& x, const DecompositionOptions& options) {
+PointBudget point_budget(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,
+                         const DecompositionOptions& options, bool reverse) {
   PK_CHECK(options.point_block >= 0, "the test points computed together must be >= 1, or 0 for automatic (got "
                                          << options.point_block << ")");
-  if (options.point_block > 0) return options.point_block;
-  return features_factored(ev, x.narrow(0, 0, std::min<int64_t>(x.size(0), 1))) ? 32 : 4;
-}
-
-/// Test points computed together: the asked block, fewer when `per_point`
-/// doubles each would not fit in the budget. It does not depend on n, so a
-/// point's block (and its numbers) are the same in any split at block
-/// boundaries.
-int64_t block_size(const SegmentEvaluator& ev, const torch::Tensor& x, const DecompositionOptions& options,
-                   int64_t per_point) {
-  return std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, per_point), 1, asked_block(ev, x, options));
+  const Manifest& m = reader.manifest();
+  const QuadratureSpec& spec = options.quadrature.spec;
+  const int64_t rows_per_point = spec.kind == QuadratureSpec::Kind::Riemann ? spec.nodes
+                                 : spec.kind == QuadratureSpec::Kind::Dpk   ? 1
+                                                                            : 8 * options.quadrature.gauss_nodes;
+  ev.set_segment(reader.checkpoint(0), torch::zeros({m.parameter_count}, torch::kFloat64));
+  const FeatureLayout layout = feature_layout(ev, x.narrow(0, 0, std::min<int64_t>(x.size(0), 1)));
+  PointBudget budget;
+  budget.per_point = (reverse ? 3 * m.num_classes * m.parameter_count : 0) + rows_per_point * layout.doubles_per_row;
+  const int64_t asked = options.point_block > 0 ? options.point_block : layout.factored ? 32 : 4;
+  budget.block = std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, budget.per_point), 1, asked);
+  return budget;
 }
 
 /// Training rows per contraction of the forward walk: options.train_chunk,
@@ -457,10 +451,7 @@ int64_t block_size(const SegmentEvaluator& ev, const torch::Tensor& x, const Dec
 /// features' rows), and the chunk is as many rows as fit the memory budget:
 /// fewer, wider products, and the Rows form's block formed fewer times.
 int64_t contraction_rows(const DecompositionOptions& options, const TestFeatures& f, int64_t K, int64_t b) {
-  if (options.kernel) return options.train_chunk;
-  for (const LayerFeatures& lf : f.layers) {
-    if (lf.form == LayerFeatures::Form::Dense) return options.train_chunk;
-  }
+  if (options.kernel || !f.factored()) return options.train_chunk;
   const int64_t per_row = 4 * K * std::max<int64_t>(1, f.point.size(0));
   return std::max(options.train_chunk, std::min(b, options.memory_doubles / per_row));
 }
@@ -491,10 +482,10 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   SegmentEvaluator& ev = w.ev;
   const int64_t n = w.n, K = w.K, P = m.parameter_count;
   const double beta = rule.beta(), lambda = rule.coupled_decay();
-  const int64_t per_point = doubles_per_point(ev, reader, x, options, true);
-  const int64_t block = block_size(ev, x, options, per_point);
+  const PointBudget budget = point_budget(ev, reader, x, options, true);
+  const int64_t block = budget.block;
   Decomposition d = start(reader, w.grad64, x, block);
-  const int64_t chunk = chunk_size(options, per_point, n, block);
+  const int64_t chunk = chunk_size(options, budget.per_point, n, block);
   const int64_t chunks = (n + chunk - 1) / chunk;
   CaptureScope capture(reader, w.captured);
 
@@ -601,7 +592,7 @@ int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const De
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64, options.quadrature.route);
   const torch::Tensor x64 = x.to(torch::kFloat64);
-  return block_size(ev, x64, options, doubles_per_point(ev, reader, x64, options, reverse));
+  return point_budget(ev, reader, x64, options, reverse).block;
 }
 
 Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& given,
@@ -627,7 +618,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   const int64_t n = w.n, M = w.M, K = w.K;
   const double lambda = m.optimizer.weight_decay;
   // Forward, the path is replayed once whatever the chunk: one block at a time.
-  const int64_t chunk = block_size(ev, x, options, doubles_per_point(ev, reader, x, options, false));
+  const int64_t chunk = point_budget(ev, reader, x, options, false).block;
   Decomposition d = start(reader, w.grad64, x, chunk);
   d.steps = end_step - options.first_step;
   if (options.kernel) d.kernel = torch::zeros({n, M, K, K}, torch::kFloat64);

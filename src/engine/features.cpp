@@ -370,18 +370,14 @@ TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tenso
 
 }  // namespace
 
+bool TestFeatures::factored() const {
+  return std::none_of(layers.begin(), layers.end(),
+                      [](const LayerFeatures& lf) { return lf.form == LayerFeatures::Form::Dense; });
+}
+
 LayerFeatures::Form layer_form(const SegmentEvaluator& ev, size_t l, const torch::Tensor& a) {
   if (ev.generic() || !factored(ev.param_layers()[l].desc, a)) return Form::Dense;
   return l == 0 && ev.first_input_is_x() ? Form::Summed : Form::Rows;
-}
-
-bool features_factored(const SegmentEvaluator& ev, const torch::Tensor& example) {
-  if (ev.generic()) return false;
-  const SegmentPass pass = ev.forward(example, torch::zeros({example.size(0)}, example.options()), false);
-  for (size_t l = 0; l < ev.param_layers().size(); ++l) {
-    if (layer_form(ev, l, pass.inputs[l]) == Form::Dense) return false;
-  }
-  return true;
 }
 
 TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q) {
@@ -676,7 +672,7 @@ torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, 
         part = torch::matmul(lf.block, torch::cat({ev.weight_of(v, l).flatten(), ev.bias_of(v, l)}));  // bias [0] if none
         break;
       case Form::Summed:
-        part = (lf.signals * layer_direction(ev, 0, lf.inputs, v).unsqueeze(0)).sum(2);  // z [n, out]
+        part = (lf.signals * layer_direction(ev, l, lf.inputs, v).unsqueeze(0)).sum(2);  // z [n, out]
         break;
       case Form::Rows:
         part = aggregate(f, row_dot(ev, {lf.inputs}, {lf.signals}, v, l));
@@ -695,8 +691,8 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
     switch (lf.form) {
       case Form::Summed: {
         // Σ_r ω_r (δ_r·δ_i)(x·a_i + 1) = (x·a_i + 1)((Σ_r ω_r δ_r)·δ_i): the nodes collapse.
-        torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), lf.inputs, t.inputs[0].t());  // [n, B]
-        part = torch::matmul(lf.signals, t.signals[0].t()) * a.unsqueeze(0);     // [K, n, B]
+        torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), lf.inputs, t.inputs[l].t());  // [n, B]
+        part = torch::matmul(lf.signals, t.signals[l].t()) * a.unsqueeze(0);     // [K, n, B]
         break;
       }
       case Form::Rows: {
@@ -789,15 +785,19 @@ torch::Tensor contract_dense(const SegmentEvaluator& ev, const torch::Tensor& a,
   return total;
 }
 
-int64_t feature_doubles_per_row(const SegmentEvaluator& ev, const torch::Tensor& example) {
+FeatureLayout feature_layout(const SegmentEvaluator& ev, const torch::Tensor& example) {
   // A Module's rows are summed into a dense block as they are evaluated.
-  if (ev.generic()) return (ev.num_outputs() + 2) * ev.parameter_count();
-  SegmentPass pass = ev.forward(example, torch::zeros({example.size(0)}, example.options()), false);
+  if (ev.generic()) return {(ev.num_outputs() + 2) * ev.parameter_count(), false};
+  const SegmentPass pass = ev.forward(example, torch::zeros({example.size(0)}, example.options()), false);
+  FeatureLayout layout;
+  layout.factored = true;
   int64_t total = 0;
   for (size_t l = 0; l < pass.inputs.size(); ++l) {
     total += pass.inputs[l].numel() + (ev.num_outputs() + 2) * pass.preacts[l].numel();
+    if (layer_form(ev, l, pass.inputs[l]) == Form::Dense) layout.factored = false;
   }
-  return total / std::max<int64_t>(1, example.size(0));
+  layout.doubles_per_row = total / std::max<int64_t>(1, example.size(0));
+  return layout;
 }
 
 torch::Tensor feature_angle(const SegmentEvaluator& ev, const TestFeatures& a, const TestFeatures& b) {
