@@ -38,6 +38,13 @@ struct QuadratureOptions {
   double run_tol = 1e-12;
   int gauss_nodes = 8;  ///< Gauss–Legendre nodes on a piece of length 1 (ceil(n·√h) on length h)
   int min_nodes = 3;    ///< fewest nodes on a short piece
+  /// For a piecewise-linear network (SegmentEvaluator::polynomial_degree()
+  /// L > 0), integrate each piece exactly with the nodes its polynomial
+  /// structure needs, whatever its length: ⌈L/2⌉ Gauss nodes for logits,
+  /// and for log-softmax L nodes with weights that integrate the softmax
+  /// factor over the interpolated logits (docs/math.md §7). false: the
+  /// ⌈gauss_nodes·√h⌉ rule for every network.
+  bool exact_pieces = true;
   int scan_intervals = 16;  ///< forward-only scan of [0,1] for kinks before integrating
   /// Locate kinks as roots of the fitted pre-activation polynomials (kinks.h).
   /// Off by default: it takes a third fewer forward rows on the MNIST CNN,

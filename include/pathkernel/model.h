@@ -159,7 +159,7 @@ class NetworkImpl : public torch::nn::Module {
   /// TorchScript only: the structured route's pass over rows x at t [R]
   /// (see ScriptGraph::run), its logits mapped by the output map.
   struct SegmentOutputs {
-    torch::Tensor out;
+    torch::Tensor out, logits;  ///< after and before the output map
     std::vector<torch::Tensor> inputs, outputs, sites;
   };
   SegmentOutputs forward_segment(const torch::Tensor& x, const torch::Tensor& t,

@@ -46,6 +46,7 @@ struct ParamLayer {
 /// The outcome of evaluating rows.
 struct SegmentPass {
   torch::Tensor out;                  ///< [R, K] network outputs
+  torch::Tensor logits;               ///< [R, K] the outputs before the output map (own and structured routes)
   std::vector<torch::Tensor> inputs;  ///< per param layer: a_l (rows first)
   std::vector<torch::Tensor> preacts; ///< per param layer: y_l (rows first)
   std::vector<torch::Tensor> sites;   ///< structured TorchScript route: its ReLUs' inputs [R, U_j]
@@ -98,9 +99,20 @@ class SegmentEvaluator {
   /// Module only: whether the module has kink sites.
   bool module_has_sites() const { return generic_ && net_->kink_sites() > 0; }
 
-  /// Backprop signals of a tracked pass for cotangent c [R, K]: one tensor
-  /// per param layer, shaped like preacts. Keeps the graph for more calls.
-  std::vector<torch::Tensor> signals(const SegmentPass& pass, const torch::Tensor& c) const;
+  /// Backprop signals of a tracked pass for cotangent c [R, K] on its
+  /// outputs, or with `of_logits` on its logits (before the output map):
+  /// one tensor per param layer, shaped like preacts. Keeps the graph for
+  /// more calls.
+  std::vector<torch::Tensor> signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits = false) const;
+
+  /// The degree in t of the logits on a piece of the segment that crosses no
+  /// kink, when the network is piecewise linear in its input (ReLU, max-pool,
+  /// Flatten) and each of its L param layers (Linear, Conv2d) is linear in
+  /// its weights: L. Their Jacobian then has degree L − 1 there. 0 when the
+  /// network is not of that kind (smooth activations, TorchScript modules).
+  int polynomial_degree() const;
+  /// Whether the outputs are the log-softmax of the logits.
+  bool log_softmax_output() const { return log_softmax_; }
 
   const std::vector<ParamLayer>& param_layers() const { return params_; }
   int64_t num_outputs() const { return num_outputs_; }
@@ -144,7 +156,7 @@ class SegmentEvaluator {
 
   std::vector<LayerDesc> layers_;
   std::vector<ParamLayer> params_;
-  bool generic_ = false, script_structured_ = false;
+  bool generic_ = false, script_structured_ = false, log_softmax_ = false;
   std::string route_reason_;
   Network net_;  ///< the evaluator's own network (Module only)
   mutable double placed_t_ = -1;  ///< the t whose weights net_ holds; -1: none

@@ -27,6 +27,12 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
   cmd->add_option("--gauss-nodes", gauss_nodes, "Gauss-Legendre nodes per piece (gauss)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  cmd->add_option("--pieces", pieces,
+                  "gauss: exact (a network of Linear/Conv2d layers with ReLU and max-pool takes the nodes that "
+                  "integrate each piece between kinks exactly: ceil(L/2) for logits, L for log-softmax, L weight "
+                  "layers) or adaptive (ceil(n*sqrt(h)) nodes on a piece of length h, for every network)")
+      ->check(CLI::IsMember({"exact", "adaptive"}))
+      ->capture_default_str();
   cmd->add_option("--point-block", point_block,
                   "Test points computed together (0: automatic, 32 for a network of Linear layers on flat inputs, "
                   "4 for others); under mpirun the ranks split them in whole blocks, and the outputs are those of "
@@ -52,6 +58,7 @@ DecompositionOptions QuadratureArgs::options() const {
   PK_CHECK(tol > 0 && tol < 1, "--tol must be in (0, 1) (got " << tol << ")");
   options.quadrature.run_tol = tol;
   options.quadrature.gauss_nodes = gauss_nodes;
+  options.quadrature.exact_pieces = pieces == "exact";
   options.quadrature.route = route == "generic" ? ModuleRoute::Generic : ModuleRoute::Auto;
   options.point_block = point_block;
   PK_CHECK(memory >= 64 * 1024 && memory <= (uint64_t{1} << 50),

@@ -46,20 +46,22 @@ torch::Tensor row_dot(const SegmentEvaluator& ev, const std::vector<torch::Tenso
 
 /// Signals of a tracked pass for the cotangent e_k of every output k: per k,
 /// one tensor per param layer.
-std::vector<std::vector<torch::Tensor>> per_output_signals(const SegmentEvaluator& ev, const SegmentPass& pass) {
+std::vector<std::vector<torch::Tensor>> per_output_signals(const SegmentEvaluator& ev, const SegmentPass& pass,
+                                                          bool of_logits = false) {
   const int64_t k_out = ev.num_outputs(), rows = pass.out.size(0);
   std::vector<std::vector<torch::Tensor>> per_k;
   for (int64_t k = 0; k < k_out; ++k) {
     torch::Tensor c = torch::zeros({rows, k_out}, pass.out.options().requires_grad(false));
     c.select(1, k).fill_(1);
-    per_k.push_back(ev.signals(pass, c));
+    per_k.push_back(ev.signals(pass, c, of_logits));
   }
   return per_k;
 }
 
-/// Signals for every output k of a tracked pass, stacked per layer as [K, R, ...].
-std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const SegmentPass& pass) {
-  const std::vector<std::vector<torch::Tensor>> per_k = per_output_signals(ev, pass);
+/// Signals for every output k (with `of_logits`, every logit) of a tracked
+/// pass, stacked per layer as [K, R, ...].
+std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const SegmentPass& pass, bool of_logits = false) {
+  const std::vector<std::vector<torch::Tensor>> per_k = per_output_signals(ev, pass, of_logits);
   std::vector<torch::Tensor> stacked;
   for (size_t l = 0; l < pass.preacts.size(); ++l) {
     std::vector<torch::Tensor> ks;
@@ -99,10 +101,12 @@ void split(const Piece& pc, double gap, const std::vector<double>& cuts, std::ve
   out.push_back({pc.point, last, pc.b, pc.depth + 1, gap});
 }
 
-/// Gauss–Legendre nodes for a piece: gauss_nodes on [0,1], fewer on shorter
-/// pieces (whose integrand is closer to a low-degree polynomial), at least
-/// min_nodes.
-int64_t nodes_for(const QuadratureOptions& q, const Piece& pc) {
+/// Gauss–Legendre nodes for a piece: `exact` when it is > 0 (the nodes that
+/// integrate a piece of a piecewise-linear network exactly, whatever its
+/// length); else gauss_nodes on [0,1], fewer on shorter pieces (whose
+/// integrand is closer to a low-degree polynomial), at least min_nodes.
+int64_t nodes_for(const QuadratureOptions& q, const Piece& pc, int64_t exact) {
+  if (exact > 0) return exact;
   const double n_h = std::ceil(q.gauss_nodes * std::sqrt(pc.b - pc.a));
   return static_cast<int64_t>(std::clamp<double>(n_h, std::min(q.min_nodes, q.gauss_nodes), q.gauss_nodes));
 }
@@ -123,11 +127,11 @@ struct PieceRound {
 /// max_rows nodes, at least one piece. `pending` keeps them, `next` receives
 /// the others (to wait for the next round), so memory stays bounded.
 PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, const QuadratureOptions& q,
-                      int64_t max_rows) {
+                      int64_t max_rows, int64_t exact_nodes) {
   PieceRound rd;
   rd.first = {0};
   for (const Piece& pc : pending) {
-    const int64_t nodes = nodes_for(q, pc);
+    const int64_t nodes = nodes_for(q, pc, exact_nodes);
     if (rd.first.size() > 1 && rd.first.back() + nodes > max_rows) break;
     rd.first.push_back(rd.first.back() + nodes);
   }
@@ -155,6 +159,110 @@ PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, con
     rd.ends[2 * p + 1] = pc.b;
   }
   return rd;
+}
+
+/// For log-softmax pieces of a piecewise-linear network of degree L, each
+/// row's softmax moment v_r = ∫_a^b ℓ_j(t) p(t) dt [K], where row r is node
+/// t_j of its piece [a, b], ℓ_j the Lagrange basis polynomial of the piece's
+/// L nodes, p = softmax(z) and z the logits. On the piece z is a polynomial
+/// of degree L, interpolated exactly through its values at the nodes and
+/// the ends (`node_logits` [R, K], `end_logits` [2 np, K]); the integral is
+/// taken by composite Gauss–Legendre on sub-intervals, doubled until two
+/// successive sums agree to rounding. No network evaluation is needed.
+torch::Tensor softmax_moments(const PieceRound& rd, const torch::Tensor& node_logits, const torch::Tensor& end_logits) {
+  constexpr int kFine = 16;        // Gauss nodes per sub-interval
+  constexpr int kMaxHalvings = 8;  // up to 256 sub-intervals
+  const torch::Tensor zn = node_logits.contiguous(), ze = end_logits.contiguous();
+  const int64_t K = zn.size(1);
+  const double* zn_p = zn.data_ptr<double>();
+  const double* ze_p = ze.data_ptr<double>();
+  torch::Tensor v = torch::zeros({rd.rows, K}, zn.options());
+  double* v_p = v.data_ptr<double>();
+  const QuadratureRule& fine = gauss_legendre(kFine, 0.0, 1.0);
+  std::vector<double> z(K), p(K);
+  for (int64_t pc = 0; pc < rd.np; ++pc) {
+    const int64_t r0 = rd.first[pc], m = rd.first[pc + 1] - r0;
+    const double a = rd.ends[2 * pc], b = rd.ends[2 * pc + 1];
+    // Interpolation points: a, the nodes, b; their values and barycentric weights.
+    std::vector<double> xs{a};
+    std::vector<const double*> zs{ze_p + 2 * pc * K};
+    for (int64_t j = 0; j < m; ++j) {
+      xs.push_back(rd.t[r0 + j]);
+      zs.push_back(zn_p + (r0 + j) * K);
+    }
+    xs.push_back(b);
+    zs.push_back(ze_p + (2 * pc + 1) * K);
+    std::vector<double> bary(xs.size(), 1.0);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      for (size_t i2 = 0; i2 < xs.size(); ++i2) {
+        if (i2 != i) bary[i] /= xs[i] - xs[i2];
+      }
+    }
+    // Σ over the fine nodes of sub-intervals [a + s h/S, a + (s+1) h/S].
+    auto moments = [&](int64_t S) {
+      std::vector<double> sum(m * K, 0.0);
+      const double h = (b - a) / static_cast<double>(S);
+      for (int64_t s = 0; s < S; ++s) {
+        for (int g = 0; g < kFine; ++g) {
+          const double tau = a + h * (static_cast<double>(s) + fine.nodes[g]), omega = h * fine.weights[g];
+          // z(τ) by the barycentric formula (exactly a data point if τ is one).
+          double den = 0;
+          std::fill(z.begin(), z.end(), 0.0);
+          size_t hit = xs.size();
+          for (size_t i = 0; i < xs.size() && hit == xs.size(); ++i) {
+            if (tau == xs[i]) hit = i;
+          }
+          if (hit < xs.size()) {
+            std::copy(zs[hit], zs[hit] + K, z.begin());
+          } else {
+            for (size_t i = 0; i < xs.size(); ++i) {
+              const double c = bary[i] / (tau - xs[i]);
+              den += c;
+              for (int64_t k = 0; k < K; ++k) z[k] += c * zs[i][k];
+            }
+            for (int64_t k = 0; k < K; ++k) z[k] /= den;
+          }
+          const double zmax = *std::max_element(z.begin(), z.end());
+          double total = 0;
+          for (int64_t k = 0; k < K; ++k) total += p[k] = std::exp(z[k] - zmax);
+          for (int64_t j = 0; j < m; ++j) {
+            double l = 1;  // ℓ_j(τ) on the nodes alone
+            for (int64_t j2 = 0; j2 < m; ++j2) {
+              if (j2 != j) l *= (tau - xs[1 + j2]) / (xs[1 + j] - xs[1 + j2]);
+            }
+            const double scale = omega * l / total;
+            for (int64_t k = 0; k < K; ++k) sum[j * K + k] += scale * p[k];
+          }
+        }
+      }
+      return sum;
+    };
+    std::vector<double> coarse = moments(1), finer;
+    for (int64_t S = 2, halving = 1;; S *= 2, ++halving) {
+      finer = moments(S);
+      double diff = 0;
+      for (size_t i = 0; i < finer.size(); ++i) diff = std::max(diff, std::abs(finer[i] - coarse[i]));
+      if (diff <= 4 * kEps * (b - a) || halving >= kMaxHalvings) break;
+      coarse = std::move(finer);
+    }
+    std::copy(finer.begin(), finer.end(), v_p + r0 * K);
+  }
+  return v;
+}
+
+/// Folds the log-softmax weights of exact pieces into the logits' signals:
+/// row r (node j, Gauss weight ω_j) of the integral Σ_j (ω_j I − 1 v_jᵀ)
+/// J_z(t_j) becomes signal ω_j δ_r − Σ_k v_{r,k} δ_{k,r} for every output,
+/// with weight 1 (every consumer multiplies by the weight).
+void fold_softmax(std::vector<torch::Tensor>& sig, const torch::Tensor& weight, const torch::Tensor& v) {
+  for (torch::Tensor& s : sig) {
+    std::vector<int64_t> shape(s.dim(), 1);
+    shape[1] = s.size(1);
+    std::vector<int64_t> v_shape = shape;
+    v_shape[0] = s.size(0);
+    const torch::Tensor correction = (s * v.t().reshape(v_shape)).sum(0, /*keepdim=*/true);
+    s = s * weight.view(shape) - correction;
+  }
 }
 
 /// Whether a piece's certificate gap |Σ ω J dw − (f(b) − f(a))| is accepted;
@@ -324,7 +432,7 @@ TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tenso
     auto scale_a = scale.accessor<double, 1>();
     while (!pending.empty()) {
       std::vector<Piece> next;
-      const PieceRound rd = next_round(pending, next, q, max_rows);
+      const PieceRound rd = next_round(pending, next, q, max_rows, 0);
       const int64_t np = rd.np;
       const torch::Tensor point_t = torch::tensor(rd.point, torch::kLong), w_t = torch::tensor(rd.w, opts);
       const torch::Tensor jac = ev.module_jacobians(x.index_select(0, point_t), torch::tensor(rd.t, opts));
@@ -483,22 +591,33 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       for (size_t j = 0; j + 1 < br.size(); ++j) pending.push_back({i, br[j], br[j + 1], 0});
     }
     torch::Tensor scale = f.f0.abs().amax(1).clamp_min(1.0);  // [n]
+    // A piecewise-linear network's pieces are integrated exactly: its logit
+    // Jacobian has degree L − 1 on a piece, so ⌈L/2⌉ Gauss nodes for logits;
+    // for log-softmax, (I − 1 pᵀ) J_z with J_z interpolated on L nodes and
+    // the softmax factor integrated over the interpolated logits.
+    const int64_t degree = q.exact_pieces ? ev.polynomial_degree() : 0;
+    const bool fold = degree > 0 && ev.log_softmax_output();
+    const int64_t exact_nodes = degree == 0 ? 0 : fold ? degree : (degree + 1) / 2;
     while (!pending.empty()) {
       std::vector<Piece> next;
-      const PieceRound rd = next_round(pending, next, q, q.max_rows);
+      const PieceRound rd = next_round(pending, next, q, q.max_rows, exact_nodes);
       const int64_t np = rd.np, rows = rd.rows;
       const std::vector<int64_t>& first = rd.first;
       torch::Tensor point_t = torch::tensor(rd.point, torch::kLong), w_t = torch::tensor(rd.w, opts);
       SegmentPass pass = ev.forward(x.index_select(0, point_t), torch::tensor(rd.t, opts), true);
-      std::vector<torch::Tensor> sig = all_signals(ev, pass);
+      SegmentPass pe = ev.forward(x.index_select(0, torch::tensor(rd.end_point, torch::kLong)),
+                                  torch::tensor(rd.ends, opts), false);
+      f.forward_evaluations += 2 * np;
+      std::vector<torch::Tensor> sig = all_signals(ev, pass, fold);
+      if (fold) {
+        fold_softmax(sig, w_t, softmax_moments(rd, pass.logits.detach(), pe.logits));
+        w_t = torch::ones_like(w_t);
+      }
       f.evaluations += rows;
       // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
       torch::Tensor jdw = row_dot(ev, pass.inputs, sig, ev.direction()).detach();   // [K, R]
       torch::Tensor integral = torch::zeros({np, jdw.size(0)}, opts).index_add_(
           0, torch::tensor(rd.piece_of, torch::kLong), (jdw * w_t.unsqueeze(0)).t());   // [np, K]
-      SegmentPass pe = ev.forward(x.index_select(0, torch::tensor(rd.end_point, torch::kLong)),
-                                  torch::tensor(rd.ends, opts), false);
-      f.forward_evaluations += 2 * np;
       torch::Tensor fe = pe.out.view({np, 2, -1});
       torch::Tensor gap = (integral - (fe.select(1, 1) - fe.select(1, 0))).abs().amax(1);  // [np]
       std::vector<Piece> failed;

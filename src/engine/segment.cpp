@@ -18,6 +18,7 @@ SegmentEvaluator::SegmentEvaluator(Network& net, ModuleRoute route) : layers_(ne
   std::vector<ParamInfo> layout = parameter_layout(net);
   parameter_count_ = pathkernel::parameter_count(net);
   num_outputs_ = net->options().num_classes;
+  log_softmax_ = net->options().output == OutputMap::LogSoftmax;
   if (net->is_script() && route == ModuleRoute::Auto && net->script_graph()) {
     net_ = net;
     for (const ScriptLayer& sl : net->script_graph()->layers()) {
@@ -232,6 +233,7 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
     torch::AutoGradMode grad_mode(track);
     NetworkImpl::SegmentOutputs o = const_cast<Network&>(net_)->forward_segment(x, t, dirs);
     pass.out = o.out;
+    pass.logits = o.logits;
     pass.inputs = std::move(o.inputs);
     pass.preacts = std::move(o.outputs);
     pass.sites = std::move(o.sites);
@@ -239,6 +241,7 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
       for (auto& a : pass.inputs) a = a.detach();
       for (auto& y : pass.preacts) y = y.detach();
       pass.out = pass.out.detach();
+      pass.logits = pass.logits.detach();
     }
     return pass;
   }
@@ -283,16 +286,34 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
         ++l;
         break;
       }
+      case Kind::LogSoftmax:
+        pass.logits = h;
+        h = apply_parameter_free(layer, h);
+        break;
       default: h = apply_parameter_free(layer, h); break;
     }
   }
   pass.out = h;
+  if (!pass.logits.defined()) pass.logits = h;
   return pass;
 }
 
-std::vector<torch::Tensor> SegmentEvaluator::signals(const SegmentPass& pass, const torch::Tensor& c) const {
-  PK_ASSERT(pass.out.requires_grad());
-  torch::Tensor scalar = (pass.out * c).sum();
+int SegmentEvaluator::polynomial_degree() const {
+  using Kind = LayerDesc::Kind;
+  if (generic_ || script_structured_) return 0;
+  for (const LayerDesc& d : layers_) {
+    const bool piecewise_linear = d.kind == Kind::Linear || d.kind == Kind::Conv2d || d.kind == Kind::ReLU ||
+                                  d.kind == Kind::MaxPool2d || d.kind == Kind::Flatten || d.kind == Kind::LogSoftmax;
+    if (!piecewise_linear) return 0;
+  }
+  return static_cast<int>(params_.size());
+}
+
+std::vector<torch::Tensor> SegmentEvaluator::signals(const SegmentPass& pass, const torch::Tensor& c,
+                                                     bool of_logits) const {
+  const torch::Tensor& y = of_logits ? pass.logits : pass.out;
+  PK_ASSERT(y.defined() && y.requires_grad());
+  torch::Tensor scalar = (y * c).sum();
   std::vector<torch::Tensor> g =
       torch::autograd::grad({scalar}, pass.preacts, {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
   // A layer the outputs do not depend on (a module's unused branch) has signal 0.

@@ -331,7 +331,7 @@ NetworkImpl::SegmentOutputs NetworkImpl::forward_segment(const torch::Tensor& x,
                                                          const std::vector<torch::Tensor>& directions) {
   PK_ASSERT(script_ && script_->graph);
   ScriptPass p = script_->graph->run(script_->module, script_input(x), t, directions);
-  return {script_output(p.logits), std::move(p.inputs), std::move(p.outputs), std::move(p.sites)};
+  return {script_output(p.logits), p.logits, std::move(p.inputs), std::move(p.outputs), std::move(p.sites)};
 }
 
 std::pair<torch::Tensor, std::vector<torch::Tensor>> NetworkImpl::forward_with_sites(const torch::Tensor& x) {

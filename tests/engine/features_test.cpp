@@ -127,6 +127,61 @@ TEST(Features, GaussSatisfiesTheCertificate) {
   }
 }
 
+// A piecewise-linear network's pieces are integrated exactly, with ⌈L/2⌉
+// Gauss nodes for logits and L nodes plus the softmax moments for
+// log-softmax (L param layers). The reference is plain: on each of the same
+// pieces a 12-node Gauss rule, and at each node the gradient of each output
+// by autograd.
+TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
+  std::vector<Case> cases = kCases;
+  cases.push_back({"mlp:6,5", {4}, OutputMap::Logits});
+  for (const Case& c : cases) {
+    Network net = build_network(options_for(c, 3));
+    torch::manual_seed(21);
+    const torch::Tensor w = flatten_parameters(net), dw = 0.3 * torch::randn_like(w);
+    std::vector<int64_t> xs{3};
+    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
+    const torch::Tensor x = torch::randn(xs, torch::kFloat64);
+    SegmentEvaluator ev(net);
+    ev.set_segment(w, dw);
+    const int64_t L = ev.polynomial_degree();
+    const bool smooth = c.spec.find("tanh") != std::string::npos || c.spec.find("gelu") != std::string::npos;
+    if (smooth) {
+      EXPECT_EQ(L, 0) << name(c);
+      continue;
+    }
+    ASSERT_EQ(L, static_cast<int64_t>(ev.param_layers().size())) << name(c);
+    QuadratureOptions q;
+    const TestFeatures f = test_features(ev, x, q);
+    EXPECT_LE(f.certificate_gap, 1e-13) << name(c);
+    // Every piece evaluated took the exact rule's nodes, and no more rows
+    // than the adaptive rule.
+    const int64_t nodes = c.map == OutputMap::LogSoftmax ? L : (L + 1) / 2;
+    int64_t pieces = 0;
+    for (const std::vector<double>& b : f.breaks) pieces += static_cast<int64_t>(b.size()) - 1;
+    EXPECT_EQ(f.evaluations % nodes, 0) << name(c);
+    EXPECT_GE(f.evaluations, nodes * pieces) << name(c);
+    q.exact_pieces = false;
+    EXPECT_LE(f.evaluations, test_features(ev, x, q).evaluations) << name(c);
+
+    const torch::Tensor dense = dense_features(ev, f);  // [3, K, P]
+    Network ref = build_network(options_for(c, 3));
+    for (int64_t n = 0; n < 3; ++n) {
+      const QuadratureRule rule = composite_gauss_legendre(12, f.breaks[n]);
+      for (int64_t k = 0; k < 3; ++k) {
+        torch::Tensor jbar = torch::zeros_like(w);
+        for (size_t j = 0; j < rule.nodes.size(); ++j) {
+          jbar += rule.weights[j] * flat_grad(ref, w + rule.nodes[j] * dw, x.narrow(0, n, 1),
+                                              [&](const torch::Tensor& out) { return out[0][k]; });
+        }
+        EXPECT_LE((dense[n][k] - jbar).abs().max().item<double>(),
+                  1e-12 * std::max(1.0, jbar.abs().max().item<double>()))
+            << name(c) << " test " << n << " output " << k << ", " << f.breaks[n].size() - 1 << " pieces";
+      }
+    }
+  }
+}
+
 // f(w_N) = f(w_0) + Σ_i C_i + R + E on real runs, for GD and minibatch SGD.
 TEST(Decomposition, CompletenessHoldsToMachinePrecision) {
   for (const std::string opt : {"gd", "sgd"}) {
