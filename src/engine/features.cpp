@@ -178,7 +178,6 @@ torch::Tensor softmax_moments(const PieceRound& rd, const torch::Tensor& node_lo
   const double* ze_p = ze.data_ptr<double>();
   torch::Tensor v = torch::zeros({rd.rows, K}, zn.options());
   double* v_p = v.data_ptr<double>();
-  const QuadratureRule& fine = gauss_legendre(kFine, 0.0, 1.0);
   std::vector<double> z(K), p(K);
   for (int64_t pc = 0; pc < rd.np; ++pc) {
     const int64_t r0 = rd.first[pc], m = rd.first[pc + 1] - r0;
@@ -198,41 +197,41 @@ torch::Tensor softmax_moments(const PieceRound& rd, const torch::Tensor& node_lo
         if (i2 != i) bary[i] /= xs[i] - xs[i2];
       }
     }
-    // Σ over the fine nodes of sub-intervals [a + s h/S, a + (s+1) h/S].
+    // Σ over the nodes of kFine-node Gauss on S equal sub-intervals of [a, b].
     auto moments = [&](int64_t S) {
       std::vector<double> sum(m * K, 0.0);
-      const double h = (b - a) / static_cast<double>(S);
-      for (int64_t s = 0; s < S; ++s) {
-        for (int g = 0; g < kFine; ++g) {
-          const double tau = a + h * (static_cast<double>(s) + fine.nodes[g]), omega = h * fine.weights[g];
-          // z(τ) by the barycentric formula (exactly a data point if τ is one).
-          double den = 0;
-          std::fill(z.begin(), z.end(), 0.0);
-          size_t hit = xs.size();
-          for (size_t i = 0; i < xs.size() && hit == xs.size(); ++i) {
-            if (tau == xs[i]) hit = i;
+      std::vector<double> cuts(S + 1);
+      for (int64_t s = 0; s <= S; ++s) cuts[s] = s == S ? b : a + (b - a) * static_cast<double>(s) / S;
+      const QuadratureRule fine = composite_gauss_legendre(kFine, cuts);
+      for (size_t g = 0; g < fine.nodes.size(); ++g) {
+        const double tau = fine.nodes[g], omega = fine.weights[g];
+        // z(τ) by the barycentric formula (exactly a data point if τ is one).
+        double den = 0;
+        std::fill(z.begin(), z.end(), 0.0);
+        size_t hit = xs.size();
+        for (size_t i = 0; i < xs.size() && hit == xs.size(); ++i) {
+          if (tau == xs[i]) hit = i;
+        }
+        if (hit < xs.size()) {
+          std::copy(zs[hit], zs[hit] + K, z.begin());
+        } else {
+          for (size_t i = 0; i < xs.size(); ++i) {
+            const double c = bary[i] / (tau - xs[i]);
+            den += c;
+            for (int64_t k = 0; k < K; ++k) z[k] += c * zs[i][k];
           }
-          if (hit < xs.size()) {
-            std::copy(zs[hit], zs[hit] + K, z.begin());
-          } else {
-            for (size_t i = 0; i < xs.size(); ++i) {
-              const double c = bary[i] / (tau - xs[i]);
-              den += c;
-              for (int64_t k = 0; k < K; ++k) z[k] += c * zs[i][k];
-            }
-            for (int64_t k = 0; k < K; ++k) z[k] /= den;
+          for (int64_t k = 0; k < K; ++k) z[k] /= den;
+        }
+        const double zmax = *std::max_element(z.begin(), z.end());
+        double total = 0;
+        for (int64_t k = 0; k < K; ++k) total += p[k] = std::exp(z[k] - zmax);
+        for (int64_t j = 0; j < m; ++j) {
+          double l = 1;  // ℓ_j(τ) on the nodes alone
+          for (int64_t j2 = 0; j2 < m; ++j2) {
+            if (j2 != j) l *= (tau - xs[1 + j2]) / (xs[1 + j] - xs[1 + j2]);
           }
-          const double zmax = *std::max_element(z.begin(), z.end());
-          double total = 0;
-          for (int64_t k = 0; k < K; ++k) total += p[k] = std::exp(z[k] - zmax);
-          for (int64_t j = 0; j < m; ++j) {
-            double l = 1;  // ℓ_j(τ) on the nodes alone
-            for (int64_t j2 = 0; j2 < m; ++j2) {
-              if (j2 != j) l *= (tau - xs[1 + j2]) / (xs[1 + j] - xs[1 + j2]);
-            }
-            const double scale = omega * l / total;
-            for (int64_t k = 0; k < K; ++k) sum[j * K + k] += scale * p[k];
-          }
+          const double scale = omega * l / total;
+          for (int64_t k = 0; k < K; ++k) sum[j * K + k] += scale * p[k];
         }
       }
       return sum;
@@ -242,7 +241,9 @@ torch::Tensor softmax_moments(const PieceRound& rd, const torch::Tensor& node_lo
       finer = moments(S);
       double diff = 0;
       for (size_t i = 0; i < finer.size(); ++i) diff = std::max(diff, std::abs(finer[i] - coarse[i]));
-      if (diff <= 4 * kEps * (b - a) || halving >= kMaxHalvings) break;
+      // Stop at rounding, or before sub-intervals too short to be distinct.
+      const bool too_short = (b - a) / static_cast<double>(2 * S) <= 16 * kEps * std::max(std::abs(a), std::abs(b));
+      if (diff <= 4 * kEps * (b - a) || halving >= kMaxHalvings || too_short) break;
       coarse = std::move(finer);
     }
     std::copy(finer.begin(), finer.end(), v_p + r0 * K);
