@@ -42,8 +42,9 @@ struct QuadratureOptions {
   /// L > 0), integrate each piece exactly with the nodes its polynomial
   /// structure needs, whatever its length: ⌈L/2⌉ Gauss nodes for logits,
   /// and for log-softmax L nodes with weights that integrate the softmax
-  /// factor over the interpolated logits (docs/math.md §7). false: the
-  /// ⌈gauss_nodes·√h⌉ rule for every network.
+  /// factor over the interpolated logits (docs/math.md §7); fewer on a
+  /// short piece where the rule below takes fewer, all of them if that
+  /// fails the certificate. false: the ⌈gauss_nodes·√h⌉ rule for every network.
   bool exact_pieces = true;
   int scan_intervals = 16;  ///< forward-only scan of [0,1] for kinks before integrating
   /// Locate kinks as roots of the fitted pre-activation polynomials (kinks.h).

@@ -63,6 +63,14 @@ class ScriptGraph {
 
   const std::vector<ScriptLayer>& layers() const { return layers_; }
   int64_t sites() const { return sites_; }
+  /// The number of parameterised operations when every other operation of
+  /// the graph keeps the network piecewise linear in its input with its
+  /// switches at kink sites (ReLU, leaky ReLU, average pooling, sums,
+  /// scaling by constants, shape operations): its logits are then a
+  /// polynomial in t of at most that degree on a piece between kinks. 0
+  /// otherwise (smooth operations, products of activations, max-pool, whose
+  /// switches are not kink sites here, branches).
+  int64_t polynomial_degree() const { return degree_; }
 
   /// Evaluates rows x [R, ...] (already the module's input dtype) at t [R]:
   /// the module's parameters hold w_s, and `directions` holds per layer its
@@ -74,6 +82,7 @@ class ScriptGraph {
  private:
   std::vector<ScriptLayer> layers_;
   int64_t sites_ = 0;
+  int64_t degree_ = 0;
   std::shared_ptr<torch::jit::Graph> graph_;
   std::unique_ptr<torch::jit::GraphExecutor> executor_;
 };

@@ -77,6 +77,7 @@ struct Piece {
   double a, b;
   int depth;
   double parent_gap = std::numeric_limits<double>::infinity();  ///< certificate gap of the piece it was split from
+  bool full = false;  ///< take the exact nodes (nodes_for), after fewer failed without a kink
 };
 
 constexpr double kEps = 2.220446049250313e-16;
@@ -101,14 +102,20 @@ void split(const Piece& pc, double gap, const std::vector<double>& cuts, std::ve
   out.push_back({pc.point, last, pc.b, pc.depth + 1, gap});
 }
 
-/// Gauss–Legendre nodes for a piece: `exact` when it is > 0 (the nodes that
-/// integrate a piece of a piecewise-linear network exactly, whatever its
-/// length); else gauss_nodes on [0,1], fewer on shorter pieces (whose
-/// integrand is closer to a low-degree polynomial), at least min_nodes.
+/// Gauss–Legendre nodes for a piece: gauss_nodes on [0,1], fewer on shorter
+/// pieces (whose integrand is closer to a low-degree polynomial), at least
+/// min_nodes. When `exact` > 0 (the nodes that integrate a piece of a
+/// piecewise-linear network exactly, whatever its length) never more than
+/// that, and that many on a piece marked `full`: on a network with many
+/// kinks most pieces are short enough for fewer nodes to pass the
+/// certificate, and one that fails without a kink inside is retried with
+/// all of them rather than split.
 int64_t nodes_for(const QuadratureOptions& q, const Piece& pc, int64_t exact) {
-  if (exact > 0) return exact;
   const double n_h = std::ceil(q.gauss_nodes * std::sqrt(pc.b - pc.a));
-  return static_cast<int64_t>(std::clamp<double>(n_h, std::min(q.min_nodes, q.gauss_nodes), q.gauss_nodes));
+  const auto adaptive =
+      static_cast<int64_t>(std::clamp<double>(n_h, std::min(q.min_nodes, q.gauss_nodes), q.gauss_nodes));
+  if (exact <= 0) return adaptive;
+  return pc.full ? exact : std::min(adaptive, exact);
 }
 
 /// One round of adaptive Gauss: the pieces it evaluates, laid out as rows.
@@ -661,7 +668,16 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         // Kinks come sorted by bracket, then t, and a piece's brackets ascend in t.
         std::vector<std::vector<double>> piece_cuts(failed.size());
         for (const Kink& k : ks.kinks) piece_cuts[bracket_piece[k.bracket]].push_back(k.t);
-        for (size_t i = 0; i < failed.size(); ++i) split(failed[i], failed_gap[i], piece_cuts[i], next);
+        for (size_t i = 0; i < failed.size(); ++i) {
+          Piece& pc = failed[i];
+          if (piece_cuts[i].empty() && nodes_for(q, pc, exact_nodes) < exact_nodes) {
+            pc.full = true;
+            pc.parent_gap = failed_gap[i];
+            next.push_back(pc);
+          } else {
+            split(pc, failed_gap[i], piece_cuts[i], next);
+          }
+        }
       }
       if (!accepted_rows.empty()) keep(pass, sig, torch::tensor(accepted_rows, torch::kLong), point_t, w_t);
       pending = std::move(next);

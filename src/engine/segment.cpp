@@ -300,7 +300,8 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
 
 int SegmentEvaluator::polynomial_degree() const {
   using Kind = LayerDesc::Kind;
-  if (generic_ || script_structured_) return 0;
+  if (generic_) return 0;
+  if (script_structured_) return static_cast<int>(net_->script_graph()->polynomial_degree());
   for (const LayerDesc& d : layers_) {
     const bool piecewise_linear = d.kind == Kind::Linear || d.kind == Kind::Conv2d || d.kind == Kind::ReLU ||
                                   d.kind == Kind::MaxPool2d || d.kind == Kind::Flatten || d.kind == Kind::LogSoftmax;

@@ -71,6 +71,41 @@ struct ParamUse {
   Role role;
 };
 
+/// Whether every operation of g other than the parameterised `layers` is
+/// piecewise linear with its switches at kink sites (ScriptGraph::
+/// polynomial_degree()). Conservative: an operation not listed makes it
+/// false.
+bool piecewise_linear(Graph& g, const std::vector<Node*>& layers) {
+  static const std::set<std::string> kTensorOps = {
+      "relu",  "relu_", "leaky_relu", "leaky_relu_", "avg_pool2d", "adaptive_avg_pool2d", "flatten", "view",
+      "reshape", "add", "add_", "sub", "sub_", "neg", "mean", "sum", "cat", "permute", "transpose",
+      "contiguous", "squeeze", "unsqueeze", "select", "slice", "clone"};
+  static const std::set<std::string> kShapeOps = {"size", "dim", "len", "__getitem__", "floordiv", "Int"};
+  for (Node* n : g.nodes()) {
+    if (!n->blocks().empty()) return false;
+    if (std::find(layers.begin(), layers.end(), n) != layers.end()) {
+      if (n->kind() == aten("layer_norm")) return false;
+      continue;
+    }
+    const c10::Symbol k = n->kind();
+    if (k == c10::prim::Constant || k == c10::prim::GetAttr || k == c10::prim::ListConstruct ||
+        k == c10::prim::ListUnpack || k == c10::prim::TupleConstruct || k == c10::prim::TupleUnpack) {
+      continue;
+    }
+    if (!k.is_aten()) return false;
+    const std::string name = k.toUnqualString();
+    if (kTensorOps.count(name)) continue;
+    if (kShapeOps.count(name) && (name != "Int" || n->input(0)->type()->kind() != c10::TypeKind::TensorType)) {
+      continue;
+    }
+    // Scaling by a constant number keeps the degree.
+    const bool scaling = name == "mul" || name == "mul_" || name == "div" || name == "div_";
+    if (scaling && n->inputs().size() == 2 && n->input(1)->type()->kind() != c10::TypeKind::TensorType) continue;
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module, int64_t* dropout_sites) {
@@ -156,6 +191,9 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
   }
   // Layers in graph order.
   std::sort(layer_nodes.begin(), layer_nodes.end(), [](Node* a, Node* b) { return a->isBefore(b); });
+  // Each parameter is read once, so the logits' degree in t is at most the
+  // number of parameterised operations (read before the rewrite adds its own).
+  out->degree_ = piecewise_linear(*g, layer_nodes) ? static_cast<int64_t>(layer_nodes.size()) : 0;
 
   // The rewrite: inputs t [R], then each layer's directions; after each
   // layer y = op(a; W_s), insert y + t ⊙ op_dir(a; dW) (t along rows).

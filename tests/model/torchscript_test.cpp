@@ -46,6 +46,18 @@ NetworkOptions options_for(const ModelSpec& spec, int64_t in, int64_t k, OutputM
   return o;
 }
 
+/// The residual CNN of examples/export_model.py on 8×8 inputs, width 2, 3
+/// classes, exported into `dir`, with log-softmax outputs.
+NetworkOptions small_resnet(const TempDir& dir) {
+  const std::string path = dir.path() + "/resnet.pt";
+  const auto r = run_shell(kPython + " " PATHKERNEL_SOURCE_DIR "/examples/export_model.py resnet " + path +
+                           " --size 8 --width 2 --classes 3");
+  EXPECT_EQ(r.status, 0) << r.out;
+  NetworkOptions o = options_for(ModelSpec::parse("torchscript:" + path), 0, 3, OutputMap::LogSoftmax);
+  o.input_shape = {1, 8, 8};
+  return o;
+}
+
 /// The generic route (a TorchScript MLP) against the structured route (the
 /// same MLP as pathkernel's own) and against per-example autograd: test
 /// features, contractions with per-sample gradients, and the output kernel,
@@ -163,12 +175,7 @@ TEST(TorchScript, TransformerTrainsReplaysAndDecomposesExactly) {
 TEST(TorchScript, FindsTheReLUsOfSubmodulesAsKinkSites) {
   REQUIRE_PYTHON_TORCH();
   TempDir dir;
-  const std::string path = dir.path() + "/resnet.pt";
-  const auto r = run_shell(kPython + " " PATHKERNEL_SOURCE_DIR "/examples/export_model.py resnet " + path +
-                           " --size 8 --width 2 --classes 3");
-  ASSERT_EQ(r.status, 0) << r.out;
-  NetworkOptions o = options_for(ModelSpec::parse("torchscript:" + path), 0, 3, OutputMap::LogSoftmax);
-  o.input_shape = {1, 8, 8};
+  const NetworkOptions o = small_resnet(dir);
   Network net = engine_network(o);
   EXPECT_EQ(net->kink_sites(), 3);  // the stem's ReLU and the block's two
   const std::string inplace = dir.path() + "/inplace.pt";
@@ -205,6 +212,52 @@ TEST(TorchScript, FindsTheReLUsOfSubmodulesAsKinkSites) {
   EXPECT_GT(f.kinks, 0);
   EXPECT_LE(f.certificate_gap, 1e-13);
   EXPECT_LE(f.evaluations, q.gauss_nodes * (f.kinks + 3)) << f.kinks << " kinks";
+}
+
+/// A residual CNN with average pooling is piecewise linear: on the
+/// structured route its pieces are integrated exactly (L nodes each for
+/// log-softmax, L its parameterised operations), and agree with the generic
+/// route's adaptive rule; a module with tanh keeps the adaptive rule.
+TEST(TorchScript, PiecewiseLinearModulesIntegrateTheirPiecesExactly) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  const NetworkOptions o = small_resnet(dir);
+  Network net = engine_network(o), generic_net = engine_network(o);
+  SegmentEvaluator ev(net), gev(generic_net, ModuleRoute::Generic);
+  ASSERT_EQ(ev.route(), "structured");
+  const int64_t L = static_cast<int64_t>(ev.param_layers().size());
+  EXPECT_EQ(ev.polynomial_degree(), L);
+  EXPECT_EQ(gev.polynomial_degree(), 0);
+  torch::manual_seed(5);
+  const int64_t P = parameter_count(net);
+  const torch::Tensor w = flatten_parameters(net), dw = 0.05 * torch::randn({P}, torch::kFloat64);
+  ev.set_segment(w, dw);
+  gev.set_segment(w, dw);
+  const torch::Tensor x = torch::randn({3, 1, 8, 8}, torch::kFloat64);
+  // Short pieces take fewer than L nodes where they pass the certificate;
+  // a floor of gauss_nodes makes every piece take the exact rule's L.
+  QuadratureOptions q;
+  q.min_nodes = q.gauss_nodes;
+  q.max_depth = 6;  // a wrong rule fails every piece: stop its splitting early
+  const TestFeatures f = test_features(ev, x, q);
+  EXPECT_LE(f.certificate_gap, 1e-13);
+  EXPECT_EQ(f.evaluations % L, 0);
+  QuadratureOptions tight;
+  tight.tol = 1e-15;
+  const TestFeatures g = test_features(gev, x, tight);
+  EXPECT_LE(max_rel(dense_features(ev, f), dense_features(gev, g)), 1e-12);
+  QuadratureOptions adaptive = q;
+  adaptive.exact_pieces = false;
+  const TestFeatures a = test_features(ev, x, adaptive);
+  EXPECT_LT(f.evaluations, a.evaluations) << f.kinks << " kinks";
+
+  const std::string tanh_path = dir.path() + "/mlp_tanh.pt";
+  export_mlp(dir, tanh_path, 5, 7, 3, "tanh");
+  Network smooth = engine_network(options_for(ModelSpec::parse("torchscript:" + tanh_path), 5, 3,
+                                              OutputMap::LogSoftmax));
+  SegmentEvaluator sev(smooth);
+  EXPECT_EQ(sev.route(), "structured");
+  EXPECT_EQ(sev.polynomial_degree(), 0);
 }
 
 TEST(TorchScript, RefusesWhatItCannotDecompose) {
