@@ -28,10 +28,17 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_option("--pieces", pieces,
-                  "gauss: exact (a network of Linear/Conv2d layers with ReLU and max-pool takes the nodes that "
-                  "integrate each piece between kinks exactly: ceil(L/2) for logits, L for log-softmax, L weight "
-                  "layers) or adaptive (ceil(n*sqrt(h)) nodes on a piece of length h, for every network)")
+                  "gauss: exact (a network of Linear/Conv2d layers with ReLU, max- or average pooling and residual "
+                  "sums takes at most the nodes that integrate each piece between kinks exactly: ceil(L/2) for "
+                  "logits, L for log-softmax, L weight layers) or adaptive (ceil(n*sqrt(h)) nodes on a piece of "
+                  "length h, for every network)")
       ->check(CLI::IsMember({"exact", "adaptive"}))
+      ->capture_default_str();
+  cmd->add_option("--kinks", kinks,
+                  "gauss: how a kink is located once detected: bracket (false position to a 4-ulp bracket) or fit "
+                  "(the root of the unit's pre-activation polynomial on its piece, then one bracket as wide as the "
+                  "unit's rounding noise: fewer forward passes)")
+      ->check(CLI::IsMember({"bracket", "fit"}))
       ->capture_default_str();
   cmd->add_option("--point-block", point_block,
                   "Test points computed together (0: automatic, 32 for a network of Linear layers on flat inputs, "
@@ -59,6 +66,7 @@ DecompositionOptions QuadratureArgs::options() const {
   options.quadrature.run_tol = tol;
   options.quadrature.gauss_nodes = gauss_nodes;
   options.quadrature.exact_pieces = pieces == "exact";
+  options.quadrature.fit_kinks = kinks == "fit";
   options.quadrature.route = route == "generic" ? ModuleRoute::Generic : ModuleRoute::Auto;
   options.point_block = point_block;
   PK_CHECK(memory >= 64 * 1024 && memory <= (uint64_t{1} << 50),

@@ -524,6 +524,13 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   for (size_t l = 0; l < layers; ++l) f.layers[l].form = layer_form(ev, l, p0.inputs[l]);
   std::vector<torch::Tensor> kept_point, kept_weight;
   std::vector<std::vector<torch::Tensor>> kept_inputs(layers), kept_signals(layers);
+  // A first convolution whose input is x: its block is linear in the signals
+  // with the same patches at every node of a point, so the rows' signals
+  // are summed per point (weighted) and the block formed once per point.
+  const bool summed_conv = layers > 0 && f.layers[0].form == Form::Dense && ev.route() == "own" &&
+                           ev.param_layers()[0].desc.kind == Kind::Conv2d && p0.inputs[0].sizes() == x.sizes() &&
+                           torch::equal(p0.inputs[0], x);
+  torch::Tensor conv_signals;  // [K, n, Cout, H', W']: Σ_r ω_r δ_r per test point
   auto keep = [&](const SegmentPass& pass, const std::vector<torch::Tensor>& sig, const torch::Tensor& rows,
                   const torch::Tensor& point, const torch::Tensor& weight) {
     torch::Tensor pr = point.index_select(0, rows), wr = weight.index_select(0, rows);
@@ -532,7 +539,15 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       LayerFeatures& lf = f.layers[l];
       switch (lf.form) {
         case Form::Dense:
-          add_dense(ev, l, f, a, s, pr, wr);
+          if (l == 0 && summed_conv) {
+            std::vector<int64_t> sizes = s.sizes().vec(), w_shape(s.dim(), 1);
+            sizes[1] = n;
+            w_shape[1] = s.size(1);
+            if (!conv_signals.defined()) conv_signals = torch::zeros(sizes, s.options());
+            conv_signals.index_add_(1, pr, s * wr.view(w_shape));
+          } else {
+            add_dense(ev, l, f, a, s, pr, wr);
+          }
           break;
         case Form::Summed:  // Σ_r ω_r δ_r per test point: the first layer's input is x at every node
           if (!lf.signals.defined()) lf.signals = torch::zeros({s.size(0), n, s.size(2)}, s.options());
@@ -685,6 +700,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   }
 
   sort_breaks(f);
+  if (conv_signals.defined()) add_dense(ev, 0, f, x, conv_signals, torch::arange(n), torch::ones({n}, opts));
   // Assemble the kept rows.
   for (size_t l = 0; l < layers; ++l) {
     LayerFeatures& lf = f.layers[l];
