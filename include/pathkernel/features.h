@@ -71,15 +71,18 @@ struct LayerFeatures {
     /// A Linear layer after the first: its rows' inputs and signals, since
     /// ∂f_k/∂W = δ_k aᵀ is contracted faster than formed.
     Rows,
-    /// The first Linear layer, whose input is x at every node: the rows
-    /// collapse to Σ_r ω_r δ_r per test point.
+    /// The first Linear layer on flat rows, whose input is the same at
+    /// every node of a test point (SegmentEvaluator::first_input_fixed):
+    /// the rows collapse to Σ_r ω_r δ_r per test point. (A first layer of
+    /// another kind sums its rows' signals the same way, then forms its
+    /// Dense block once per point.)
     Summed,
     /// Any other layer (Conv2d, a Linear on a sequence, a module's whole
     /// parameter vector on the generic route): the block J̄ itself.
     Dense,
   };
   Form form = Form::Dense;
-  torch::Tensor inputs;   ///< Rows: a_r [R, in]; Summed: x [n, in]; Dense: undefined
+  torch::Tensor inputs;   ///< Rows: a_r [R, in]; Summed: the layer's input [n, in]; Dense: undefined
   torch::Tensor signals;  ///< Rows: δ_{k,r} [K, R, out]; Summed: Σ_r ω_r δ_{k,r} [K, n, out]; Dense: undefined
   torch::Tensor block;    ///< Dense: J̄ [K, n, Q], weight then bias; else undefined
 };
@@ -166,7 +169,7 @@ torch::Tensor contract_dense(const SegmentEvaluator& ev, const torch::Tensor& a,
 
 /// The form layer l's test features take when its input is `a` (rows first):
 /// Dense unless it is a Linear layer on flat rows; Summed for such a first
-/// layer on the input itself; else Rows.
+/// layer whose input is fixed along the segment; else Rows.
 LayerFeatures::Form layer_form(const SegmentEvaluator& ev, size_t l, const torch::Tensor& a);
 
 /// What one evaluated row of test features holds, found from one forward

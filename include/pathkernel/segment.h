@@ -50,6 +50,7 @@ struct SegmentPass {
   std::vector<torch::Tensor> inputs;  ///< per param layer: a_l (rows first)
   std::vector<torch::Tensor> preacts; ///< per param layer: y_l (rows first)
   std::vector<torch::Tensor> sites;   ///< structured TorchScript route: its ReLUs' inputs [R, U_j]
+  torch::Tensor t;                    ///< [R] each row's position on the segment (own networks)
 };
 
 /// How a TorchScript module is decomposed (pathkernel's own models have one way).
@@ -104,6 +105,16 @@ class SegmentEvaluator {
   /// one tensor per param layer, shaped like preacts. Keeps the graph for
   /// more calls.
   std::vector<torch::Tensor> signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits = false) const;
+  /// Whether hand_signals() can be taken: pathkernel's own networks, whose
+  /// layers each have a hand-written backward. Their passes then need no
+  /// autograd graph.
+  bool hand_backward() const { return !generic_ && !script_structured_; }
+  /// Own networks: the signals for K cotangents at once, c [K, R, K_out] (on
+  /// the outputs, or with `of_logits` on the logits), by one backward walk
+  /// through the layers over all K·R rows: per param layer [K, R, ...], the
+  /// same values as K calls of signals(). The pass may be untracked.
+  std::vector<torch::Tensor> hand_signals(const SegmentPass& pass, const torch::Tensor& c,
+                                          bool of_logits = false) const;
 
   /// The degree in t of the logits on a piece of the segment that crosses no
   /// kink, when the network is piecewise linear in its input (ReLU, max-pool,
@@ -132,11 +143,11 @@ class SegmentEvaluator {
   /// Whether the first kink site is the first layer's pre-activation of the
   /// input itself, affine in t, so that its kinks are closed-form.
   bool first_site_affine() const { return !script_structured_ && !relu_after_.empty() && relu_after_[0]; }
-  /// Whether the first param layer is Linear on the input x itself (its
-  /// input is the same at every node).
-  bool first_input_is_x() const {
-    return !script_structured_ && !generic_ && params_[0].desc.kind == LayerDesc::Kind::Linear;
-  }
+  /// Whether the first param layer's input is the same at every point of a
+  /// test point's segment: no parameter comes before it (in an own network's
+  /// layer list, or in a TorchScript graph's order, which is topological), so
+  /// its input is a function of x alone. Every route but the generic one.
+  bool first_input_fixed() const { return !generic_; }
   int64_t parameter_count() const { return parameter_count_; }
 
   /// Views of flat vector v [P] as layer l's weight and bias (bias: empty

@@ -37,31 +37,26 @@ torch::Tensor row_dot(const SegmentEvaluator& ev, const std::vector<torch::Tenso
                       const std::vector<torch::Tensor>& signals, const torch::Tensor& v, size_t first_layer = 0) {
   torch::Tensor total;
   for (size_t l = 0; l < inputs.size(); ++l) {
-    torch::Tensor z = layer_direction(ev, first_layer + l, inputs[l], v);        // [R, ...]
-    torch::Tensor s = (signals[l] * z.unsqueeze(0)).flatten(2).sum(2);           // [K, R]
+    const torch::Tensor z = layer_direction(ev, first_layer + l, inputs[l], v);  // [R, ...]
+    // Per row r, [K, D] times [D]: no [K, R, D] product is formed.
+    const torch::Tensor s = torch::bmm(signals[l].flatten(2).transpose(0, 1),
+                                       z.expand(signals[l].sizes().slice(1)).flatten(1).unsqueeze(2))
+                                .squeeze(2)
+                                .t();  // [K, R]
     total = total.defined() ? total + s : s;
   }
   return total;
 }
 
-/// Signals of a tracked pass for the cotangent e_k of every output k: per k,
-/// one tensor per param layer.
-std::vector<std::vector<torch::Tensor>> per_output_signals(const SegmentEvaluator& ev, const SegmentPass& pass,
-                                                          bool of_logits = false) {
-  const int64_t k_out = ev.num_outputs(), rows = pass.out.size(0);
+/// Signals of a pass for K cotangents at once, c [K, R, K_out]: per param
+/// layer [K, R, ...]. Own networks walk their layers back once over all K·R
+/// rows (the pass may be untracked); other routes take one autograd
+/// backward per k through the pass's graph.
+std::vector<torch::Tensor> batched_signals(const SegmentEvaluator& ev, const SegmentPass& pass,
+                                           const torch::Tensor& c, bool of_logits = false) {
+  if (ev.hand_backward()) return ev.hand_signals(pass, c, of_logits);
   std::vector<std::vector<torch::Tensor>> per_k;
-  for (int64_t k = 0; k < k_out; ++k) {
-    torch::Tensor c = torch::zeros({rows, k_out}, pass.out.options().requires_grad(false));
-    c.select(1, k).fill_(1);
-    per_k.push_back(ev.signals(pass, c, of_logits));
-  }
-  return per_k;
-}
-
-/// Signals for every output k (with `of_logits`, every logit) of a tracked
-/// pass, stacked per layer as [K, R, ...].
-std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const SegmentPass& pass, bool of_logits = false) {
-  const std::vector<std::vector<torch::Tensor>> per_k = per_output_signals(ev, pass, of_logits);
+  for (int64_t k = 0; k < c.size(0); ++k) per_k.push_back(ev.signals(pass, c[k], of_logits));
   std::vector<torch::Tensor> stacked;
   for (size_t l = 0; l < pass.preacts.size(); ++l) {
     std::vector<torch::Tensor> ks;
@@ -70,6 +65,21 @@ std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const Segment
   }
   return stacked;
 }
+
+/// The cotangents e_k of every output k on every row: [K, R, K].
+torch::Tensor unit_cotangents(const SegmentEvaluator& ev, int64_t rows, const torch::TensorOptions& opts) {
+  const int64_t k_out = ev.num_outputs();
+  return torch::eye(k_out, opts).unsqueeze(1).expand({k_out, rows, k_out});
+}
+
+/// Signals for every output k (with `of_logits`, every logit) of a pass,
+/// per layer as [K, R, ...].
+std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const SegmentPass& pass, bool of_logits = false) {
+  return batched_signals(ev, pass, unit_cotangents(ev, pass.out.size(0), pass.out.options()), of_logits);
+}
+
+/// Whether passes must keep an autograd graph for their signals.
+bool track_passes(const SegmentEvaluator& ev) { return !ev.hand_backward(); }
 
 /// A sub-interval [a, b] of one test point's segment.
 struct Piece {
@@ -258,19 +268,16 @@ torch::Tensor softmax_moments(const PieceRound& rd, const torch::Tensor& node_lo
   return v;
 }
 
-/// Folds the log-softmax weights of exact pieces into the logits' signals:
-/// row r (node j, Gauss weight ω_j) of the integral Σ_j (ω_j I − 1 v_jᵀ)
-/// J_z(t_j) becomes signal ω_j δ_r − Σ_k v_{r,k} δ_{k,r} for every output,
-/// with weight 1 (every consumer multiplies by the weight).
-void fold_softmax(std::vector<torch::Tensor>& sig, const torch::Tensor& weight, const torch::Tensor& v) {
-  for (torch::Tensor& s : sig) {
-    std::vector<int64_t> shape(s.dim(), 1);
-    shape[1] = s.size(1);
-    std::vector<int64_t> v_shape = shape;
-    v_shape[0] = s.size(0);
-    const torch::Tensor correction = (s * v.t().reshape(v_shape)).sum(0, /*keepdim=*/true);
-    s = s * weight.view(shape) - correction;
-  }
+/// The logits' signals of exact pieces with the log-softmax weights folded
+/// in: row r (node j, Gauss weight ω_j) of the integral Σ_j (ω_j I − 1 v_jᵀ)
+/// J_z(t_j) has, for every output k, the signal of the cotangent
+/// ω_j e_k − v_r on the logits (the backward pass is linear in it), to be
+/// taken with weight 1 (every consumer multiplies by the weight).
+std::vector<torch::Tensor> folded_signals(const SegmentEvaluator& ev, const SegmentPass& pass,
+                                          const torch::Tensor& weight, const torch::Tensor& v) {
+  const torch::Tensor c = unit_cotangents(ev, weight.size(0), weight.options()) * weight.view({1, -1, 1}) -
+                          v.unsqueeze(0);  // [K, R, K]
+  return batched_signals(ev, pass, c, /*of_logits=*/true);
 }
 
 /// Whether a piece's certificate gap |Σ ω J dw − (f(b) − f(a))| is accepted;
@@ -493,7 +500,7 @@ bool TestFeatures::factored() const {
 
 LayerFeatures::Form layer_form(const SegmentEvaluator& ev, size_t l, const torch::Tensor& a) {
   if (ev.generic() || !factored(ev.param_layers()[l].desc, a)) return Form::Dense;
-  return l == 0 && ev.first_input_is_x() ? Form::Summed : Form::Rows;
+  return l == 0 && ev.first_input_fixed() ? Form::Summed : Form::Rows;
 }
 
 TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q) {
@@ -524,39 +531,37 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   for (size_t l = 0; l < layers; ++l) f.layers[l].form = layer_form(ev, l, p0.inputs[l]);
   std::vector<torch::Tensor> kept_point, kept_weight;
   std::vector<std::vector<torch::Tensor>> kept_inputs(layers), kept_signals(layers);
-  // A first convolution whose input is x: its block is linear in the signals
-  // with the same patches at every node of a point, so the rows' signals
-  // are summed per point (weighted) and the block formed once per point.
-  const bool summed_conv = layers > 0 && f.layers[0].form == Form::Dense && ev.route() == "own" &&
-                           ev.param_layers()[0].desc.kind == Kind::Conv2d && p0.inputs[0].sizes() == x.sizes() &&
-                           torch::equal(p0.inputs[0], x);
-  torch::Tensor conv_signals;  // [K, n, Cout, H', W']: Σ_r ω_r δ_r per test point
+  // The first param layer's input is the same at every node of a test point
+  // (first_input_fixed), and its block is linear in the signals for a fixed
+  // input: the rows' weighted signals are summed per point, Σ_r ω_r δ_r,
+  // [K, n, ...]. A factored layer keeps the sum (Summed); any other's block
+  // (a convolution, an embedding) is formed from it once per point.
+  const bool sum_first = layers > 0 && ev.first_input_fixed();
+  torch::Tensor first_sum;
+  // Keeps the rows `rows` (ascending) of a pass with signals `sig`; `unit`:
+  // their weights are all 1 (folded into the signals).
   auto keep = [&](const SegmentPass& pass, const std::vector<torch::Tensor>& sig, const torch::Tensor& rows,
-                  const torch::Tensor& point, const torch::Tensor& weight) {
-    torch::Tensor pr = point.index_select(0, rows), wr = weight.index_select(0, rows);
+                  const torch::Tensor& point, const torch::Tensor& weight, bool unit) {
+    const bool all = rows.size(0) == point.size(0);  // every row: no copies
+    torch::Tensor pr = all ? point : point.index_select(0, rows), wr = all ? weight : weight.index_select(0, rows);
     for (size_t l = 0; l < layers; ++l) {
-      torch::Tensor a = pass.inputs[l].detach().index_select(0, rows), s = sig[l].index_select(1, rows);
-      LayerFeatures& lf = f.layers[l];
-      switch (lf.form) {
-        case Form::Dense:
-          if (l == 0 && summed_conv) {
-            std::vector<int64_t> sizes = s.sizes().vec(), w_shape(s.dim(), 1);
-            sizes[1] = n;
-            w_shape[1] = s.size(1);
-            if (!conv_signals.defined()) conv_signals = torch::zeros(sizes, s.options());
-            conv_signals.index_add_(1, pr, s * wr.view(w_shape));
-          } else {
-            add_dense(ev, l, f, a, s, pr, wr);
-          }
-          break;
-        case Form::Summed:  // Σ_r ω_r δ_r per test point: the first layer's input is x at every node
-          if (!lf.signals.defined()) lf.signals = torch::zeros({s.size(0), n, s.size(2)}, s.options());
-          lf.signals.index_add_(1, pr, s * wr.view({1, -1, 1}));
-          break;
+      torch::Tensor s = all ? sig[l] : sig[l].index_select(1, rows);
+      if (l == 0 && sum_first) {
+        std::vector<int64_t> sizes = s.sizes().vec(), w_shape(s.dim(), 1);
+        sizes[1] = n;
+        w_shape[1] = s.size(1);
+        if (!first_sum.defined()) first_sum = torch::zeros(sizes, s.options());
+        first_sum.index_add_(1, pr, unit ? s : s * wr.view(w_shape));
+        continue;
+      }
+      torch::Tensor a = all ? pass.inputs[l].detach() : pass.inputs[l].detach().index_select(0, rows);
+      switch (f.layers[l].form) {
+        case Form::Dense: add_dense(ev, l, f, a, s, pr, wr); break;
         case Form::Rows:
           kept_inputs[l].push_back(a);
           kept_signals[l].push_back(s);
           break;
+        case Form::Summed: PK_ASSERT(false && "only the first layer is summed"); break;
       }
     }
     kept_point.push_back(pr);
@@ -566,9 +571,9 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   if (q.spec.kind != QuadratureSpec::Kind::Gauss) {
     QuadratureRule rule = q.spec.kind == QuadratureSpec::Kind::Dpk ? left_point() : riemann(q.spec.nodes);
     auto [point, t, w] = fixed_rows(rule);
-    SegmentPass pass = ev.forward(x.index_select(0, point), t, true);
+    SegmentPass pass = ev.forward(x.index_select(0, point), t, track_passes(ev));
     std::vector<torch::Tensor> sig = all_signals(ev, pass);
-    keep(pass, sig, torch::arange(point.size(0)), point, w);
+    keep(pass, sig, torch::arange(point.size(0)), point, w, false);
     f.evaluations = point.size(0);
   } else {
     // Initial pieces: split [0,1] at every kink that a scan of the segment
@@ -627,14 +632,16 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       const int64_t np = rd.np, rows = rd.rows;
       const std::vector<int64_t>& first = rd.first;
       torch::Tensor point_t = torch::tensor(rd.point, torch::kLong), w_t = torch::tensor(rd.w, opts);
-      SegmentPass pass = ev.forward(x.index_select(0, point_t), torch::tensor(rd.t, opts), true);
+      SegmentPass pass = ev.forward(x.index_select(0, point_t), torch::tensor(rd.t, opts), track_passes(ev));
       SegmentPass pe = ev.forward(x.index_select(0, torch::tensor(rd.end_point, torch::kLong)),
                                   torch::tensor(rd.ends, opts), false);
       f.forward_evaluations += 2 * np;
-      std::vector<torch::Tensor> sig = all_signals(ev, pass, fold);
+      std::vector<torch::Tensor> sig;
       if (fold) {
-        fold_softmax(sig, w_t, softmax_moments(rd, pass.logits.detach(), pe.logits));
+        sig = folded_signals(ev, pass, w_t, softmax_moments(rd, pass.logits.detach(), pe.logits));
         w_t = torch::ones_like(w_t);
+      } else {
+        sig = all_signals(ev, pass);
       }
       f.evaluations += rows;
       // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
@@ -694,26 +701,27 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
           }
         }
       }
-      if (!accepted_rows.empty()) keep(pass, sig, torch::tensor(accepted_rows, torch::kLong), point_t, w_t);
+      if (!accepted_rows.empty()) keep(pass, sig, torch::tensor(accepted_rows, torch::kLong), point_t, w_t, fold);
       pending = std::move(next);
     }
   }
 
   sort_breaks(f);
-  if (conv_signals.defined()) add_dense(ev, 0, f, x, conv_signals, torch::arange(n), torch::ones({n}, opts));
-  // Assemble the kept rows.
+  // Assemble the kept rows and the first layer's sums.
   for (size_t l = 0; l < layers; ++l) {
     LayerFeatures& lf = f.layers[l];
-    switch (lf.form) {
-      case Form::Rows:
-        lf.inputs = torch::cat(kept_inputs[l], 0);
-        lf.signals = torch::cat(kept_signals[l], 1);
-        break;
-      case Form::Summed:
-        lf.inputs = x.flatten(1);
-        break;
-      case Form::Dense:
-        break;
+    if (l == 0 && sum_first) {
+      PK_ASSERT(first_sum.defined());
+      const torch::Tensor a = p0.inputs[0].detach();  // the first layer's input at every node
+      if (lf.form == Form::Summed) {
+        lf.inputs = a;
+        lf.signals = first_sum;
+      } else {
+        add_dense(ev, 0, f, a, first_sum, torch::arange(n), torch::ones({n}, opts));
+      }
+    } else if (lf.form == Form::Rows) {
+      lf.inputs = torch::cat(kept_inputs[l], 0);
+      lf.signals = torch::cat(kept_signals[l], 1);
     }
   }
   f.point = torch::cat(kept_point);
@@ -724,7 +732,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
 
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
                            OutputMap map, LossKind loss, const torch::Tensor& weights) {
-  SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), !ev.generic());
+  SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), !ev.generic() && track_passes(ev));
   const torch::Tensor u = loss_signal(pass.out, y, map, loss, weights);  // c_i u_i, u_i = ∂ℓ_i/∂f
   TrainSignals t;
   if (ev.generic()) {
@@ -732,7 +740,11 @@ TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, c
     t.signals = {ev.module_gradients(x, u)};  // the per-sample gradients g_i [B, P]
     return t;
   }
-  t.signals = ev.signals(pass, u);
+  if (ev.hand_backward()) {
+    for (const torch::Tensor& s : ev.hand_signals(pass, u.detach().unsqueeze(0))) t.signals.push_back(s[0]);
+  } else {
+    t.signals = ev.signals(pass, u);
+  }
   for (auto& a : pass.inputs) t.inputs.push_back(a.detach());
   return t;
 }
@@ -745,11 +757,17 @@ std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const
     for (int64_t k = 0; k < ev.num_outputs(); ++k) out.push_back({{torch::Tensor()}, {jac.select(1, k)}});
     return out;
   }
-  SegmentPass pass = ev.forward(x, t.defined() ? t : torch::zeros({x.size(0)}, x.options()), true);
+  SegmentPass pass =
+      ev.forward(x, t.defined() ? t : torch::zeros({x.size(0)}, x.options()), track_passes(ev));
   std::vector<torch::Tensor> inputs;
   for (auto& a : pass.inputs) inputs.push_back(a.detach());
+  const std::vector<torch::Tensor> sig = all_signals(ev, pass);
   std::vector<TrainSignals> out;
-  for (std::vector<torch::Tensor>& s : per_output_signals(ev, pass)) out.push_back({inputs, std::move(s)});
+  for (int64_t k = 0; k < ev.num_outputs(); ++k) {
+    TrainSignals ts{inputs, {}};
+    for (const torch::Tensor& s : sig) ts.signals.push_back(s[k]);
+    out.push_back(std::move(ts));
+  }
   return out;
 }
 
@@ -842,8 +860,10 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
     torch::Tensor part;
     switch (lf.form) {
       case Form::Summed: {
-        // Σ_r ω_r (δ_r·δ_i)(x·a_i + 1) = (x·a_i + 1)((Σ_r ω_r δ_r)·δ_i): the nodes collapse.
-        torch::Tensor a = torch::addmm(torch::ones({1}, f.weight.options()), lf.inputs, t.inputs[l].t());  // [n, B]
+        // Σ_r ω_r (δ_r·δ_i)(x·a_i + 1) = (x·a_i + 1)((Σ_r ω_r δ_r)·δ_i): the nodes collapse
+        // (without the 1 for a layer without bias).
+        const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;
+        torch::Tensor a = torch::addmm(torch::full({1}, bias, f.weight.options()), lf.inputs, t.inputs[l].t());
         part = torch::matmul(lf.signals, t.signals[l].t()) * a.unsqueeze(0);     // [K, n, B]
         break;
       }

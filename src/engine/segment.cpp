@@ -262,6 +262,7 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
     return pass;
   }
   torch::AutoGradMode grad_mode(track);
+  pass.t = t;
   torch::Tensor h = track ? x.detach().clone().requires_grad_(true) : x;
   size_t l = 0;
   for (const LayerDesc& layer : layers_) {
@@ -322,6 +323,100 @@ std::vector<torch::Tensor> SegmentEvaluator::signals(const SegmentPass& pass, co
     if (!g[l].defined()) g[l] = torch::zeros_like(pass.preacts[l]);
   }
   return g;
+}
+
+std::vector<torch::Tensor> SegmentEvaluator::hand_signals(const SegmentPass& pass, const torch::Tensor& c,
+                                                          bool of_logits) const {
+  using Kind = LayerDesc::Kind;
+  PK_ASSERT(hand_backward() && pass.t.defined() && c.dim() == 3);
+  torch::NoGradGuard no_grad;
+  const int64_t K = c.size(0), R = c.size(1);
+  PK_ASSERT(R == pass.out.size(0) && c.size(2) == pass.out.size(1));
+  // Each parameter-free layer's input, recomputed from the pre-activation
+  // before it (cheap next to the param layers); undefined before the first
+  // param layer, whose input's gradient is never needed.
+  std::vector<torch::Tensor> in(layers_.size());
+  torch::Tensor h;
+  size_t l = 0;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (layers_[i].parameterised()) {
+      h = pass.preacts[l++].detach();
+    } else if (h.defined()) {
+      in[i] = h;
+      h = apply_parameter_free(layers_[i], h);
+    }
+  }
+  // Walk back: g is the gradient at the current layer's output, [K, R, ...]
+  // (the rows' own shape with K in front); the weights at row r are
+  // W_s + t_r dW_s, so every param layer's backward is two products.
+  const torch::Tensor t = pass.t;
+  std::vector<torch::Tensor> sig(params_.size());
+  torch::Tensor g = c;
+  l = params_.size();
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const LayerDesc& d = layers_[i];
+    switch (d.kind) {
+      case Kind::LogSoftmax:
+        if (!of_logits) g = g - pass.out.detach().exp() * g.sum(-1, /*keepdim=*/true);
+        break;
+      case Kind::Linear:
+        sig[--l] = g;
+        if (l == 0) return sig;
+        g = torch::matmul(g, weight_of(w_, l)) + t.view({1, R, 1}) * torch::matmul(g, weight_of(dw_, l));
+        break;
+      case Kind::Conv2d: {
+        sig[--l] = g;
+        if (l == 0) return sig;
+        // The input gradient of a stride-1 convolution, as autograd takes it
+        // (the input only gives its shape, and is never read).
+        const torch::Tensor flat = g.flatten(0, 1), a = pass.inputs[l];
+        const torch::Tensor shape_of_input = torch::empty({K * R, a.size(1), a.size(2), a.size(3)}, a.options());
+        auto back = [&](const torch::Tensor& v) {
+          return std::get<0>(torch::convolution_backward(flat, shape_of_input, weight_of(v, l), c10::nullopt, {1, 1},
+                                                         {d.padding, d.padding}, {1, 1}, false, {0, 0}, 1,
+                                                         {true, false, false}));
+        };
+        g = (back(w_) + t.repeat({K}).view({-1, 1, 1, 1}) * back(dw_)).unflatten(0, {K, R});
+        break;
+      }
+      case Kind::ReLU:
+        // After a max-pool the mask was applied to the pooled gradient.
+        if (i + 1 >= layers_.size() || layers_[i + 1].kind != Kind::MaxPool2d) g = g * (in[i] > 0);
+        break;
+      case Kind::Tanh: {
+        const torch::Tensor y = torch::tanh(in[i]);
+        g = g * (1 - y * y);
+        break;
+      }
+      case Kind::GELU: g = g * torch::gelu_backward(torch::ones_like(in[i]), in[i]); break;
+      case Kind::MaxPool2d: {
+        // Each pooled gradient goes to its window's argmax, found as the
+        // forward pass found it. A ReLU before the pool passes it where the
+        // pooled value is positive: masked here, on the pooled (smaller)
+        // gradient, the same values as masking the unpooled one.
+        auto [pooled, idx] = torch::max_pool2d_with_indices(in[i], d.kernel);  // [R, C, H', W']
+        if (i > 0 && layers_[i - 1].kind == Kind::ReLU) g = g * (pooled > 0);
+        std::vector<int64_t> shape{K};
+        for (int64_t s : in[i].sizes()) shape.push_back(s);
+        g = torch::zeros({K, R, in[i].size(1), in[i].size(2) * in[i].size(3)}, g.options())
+                .scatter_add_(3, idx.flatten(2).unsqueeze(0).expand({K, -1, -1, -1}), g.flatten(3))
+                .view(shape);
+        break;
+      }
+      case Kind::Flatten: {
+        std::vector<int64_t> shape{K};
+        for (int64_t s : in[i].sizes()) shape.push_back(s);
+        g = g.reshape(shape);
+        break;
+      }
+      case Kind::Module:
+      case Kind::LayerNorm:
+      case Kind::Embedding:
+      case Kind::Addend: PK_ASSERT(false && "hand_signals: a layer own networks do not have"); break;
+    }
+  }
+  PK_ASSERT(false && "hand_signals: no param layer");
+  return sig;
 }
 
 }  // namespace pathkernel
