@@ -301,7 +301,7 @@ void sort_breaks(TestFeatures& f) {
 }
 
 /// Adds rows (layer inputs a [r, ...], signals s [K, r, ...], test points
-/// `point` [r], weights `weight` [r]) of a layer kept dense to its block
+/// `point` [r], weights `weight` [r], undefined when all are 1) of a layer kept dense to its block
 /// J̄ [K, n, Q] (weight, then bias). A Conv2d layer is contracted per test
 /// point over its rows and output positions at once; other layers form
 /// their (small) per-row gradients and add them up.
@@ -312,18 +312,21 @@ void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torc
   const int64_t K = s.size(0), q_all = pl.weight_numel + pl.bias_numel;
   torch::Tensor& dense = f.layers[l].block;
   if (!dense.defined()) dense = torch::zeros({K, f.num_points, q_all}, s.options());
+  std::vector<int64_t> w_shape(s.dim(), 1);
+  w_shape[1] = s.size(1);
   if (d.kind != Kind::Conv2d) {
-    std::vector<int64_t> w_shape(s.dim(), 1);
-    w_shape[1] = s.size(1);
-    const torch::Tensor g = sample_gradients(d, a, s * weight.view(w_shape), pl.weight_shape, pl.bias_numel);
-    dense.index_add_(1, point, g);
+    const torch::Tensor ws = weight.defined() ? s * weight.view(w_shape) : s;
+    dense.index_add_(1, point, sample_gradients(d, a, ws, pl.weight_shape, pl.bias_numel));
     return;
   }
-  torch::Tensor order = std::get<1>(point.sort(/*stable=*/true, 0, false));
+  // Rows grouped by test point (they usually come so: no copies then).
+  const bool sorted = point.size(0) < 2 || (point.narrow(0, 1, point.size(0) - 1) >=
+                                            point.narrow(0, 0, point.size(0) - 1)).all().item<bool>();
+  const torch::Tensor order = sorted ? torch::Tensor() : std::get<1>(point.sort(/*stable=*/true, 0, false));
+  auto ordered = [&](const torch::Tensor& v, int64_t dim) { return sorted ? v : v.index_select(dim, order); };
   const int64_t groups = d.groups;
-  torch::Tensor u = conv_patches(d, a.index_select(0, order), pl.weight_shape);            // [r, Cin·k·k, L]
-  torch::Tensor sig = s.index_select(1, order).flatten(3) *
-                      weight.index_select(0, order).view({1, -1, 1, 1});                     // [K, r, Cout, L]
+  torch::Tensor u = conv_patches(d, ordered(a, 0), pl.weight_shape);                          // [r, Cin·k·k, L]
+  torch::Tensor sig = ordered(weight.defined() ? s * weight.view(w_shape) : s, 1).flatten(3);  // [K, r, Cout, L]
   const int64_t cout = sig.size(2), q = u.size(1) / groups, L = u.size(2);
   torch::Tensor counts = torch::bincount(point, {}, f.num_points);
   auto c = counts.accessor<int64_t, 1>();
@@ -556,7 +559,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       }
       torch::Tensor a = all ? pass.inputs[l].detach() : pass.inputs[l].detach().index_select(0, rows);
       switch (f.layers[l].form) {
-        case Form::Dense: add_dense(ev, l, f, a, s, pr, wr); break;
+        case Form::Dense: add_dense(ev, l, f, a, s, pr, unit ? torch::Tensor() : wr); break;
         case Form::Rows:
           kept_inputs[l].push_back(a);
           kept_signals[l].push_back(s);
@@ -717,7 +720,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         lf.inputs = a;
         lf.signals = first_sum;
       } else {
-        add_dense(ev, 0, f, a, first_sum, torch::arange(n), torch::ones({n}, opts));
+        add_dense(ev, 0, f, a, first_sum, torch::arange(n), torch::Tensor());
       }
     } else if (lf.form == Form::Rows) {
       lf.inputs = torch::cat(kept_inputs[l], 0);
