@@ -51,6 +51,8 @@ struct SegmentPass {
   std::vector<torch::Tensor> preacts; ///< per param layer: y_l (rows first)
   std::vector<torch::Tensor> sites;   ///< structured TorchScript route: its ReLUs' inputs [R, U_j]
   torch::Tensor t;                    ///< [R] each row's position on the segment (own networks)
+  std::vector<torch::Tensor> layer_inputs;  ///< own networks: each layer's input, by layer index
+  std::vector<torch::Tensor> argmax;        ///< own networks: a max-pool layer's window argmax, by layer index
 };
 
 /// How a TorchScript module is decomposed (pathkernel's own models have one way).

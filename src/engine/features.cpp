@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include "pathkernel/error.h"
@@ -176,6 +177,46 @@ PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, con
     rd.ends[2 * p + 1] = pc.b;
   }
   return rd;
+}
+
+/// The ends of a round's pieces as rows of three passes laid end to end: the
+/// segment's start (row i: t = 0 of test point i), its end (n + i: t = 1)
+/// and `fresh`, the other distinct (point, t) pairs, each once: neighbouring
+/// pieces share an end, and f is continuous there.
+struct EndRows {
+  std::vector<int64_t> fresh_point;  ///< per fresh row: its test point
+  std::vector<double> fresh_t;       ///< per fresh row: its t
+  std::vector<int64_t> index;        ///< [2 np]: each end's row in (start, end, fresh)
+};
+
+EndRows end_rows(const PieceRound& rd, int64_t n) {
+  EndRows e;
+  std::map<std::pair<int64_t, double>, int64_t> seen;
+  e.index.reserve(rd.ends.size());
+  for (size_t j = 0; j < rd.ends.size(); ++j) {
+    const int64_t i = rd.end_point[j];
+    const double t = rd.ends[j];
+    if (t == 0.0 || t == 1.0) {
+      e.index.push_back(t == 0.0 ? i : n + i);
+      continue;
+    }
+    auto [it, fresh] = seen.emplace(std::make_pair(i, t), 2 * n + static_cast<int64_t>(e.fresh_t.size()));
+    if (fresh) {
+      e.fresh_point.push_back(i);
+      e.fresh_t.push_back(t);
+    }
+    e.index.push_back(it->second);
+  }
+  return e;
+}
+
+/// Rows `index` of tensors `start`, `end` and `fresh` (undefined when no row
+/// is fresh) laid end to end.
+torch::Tensor end_select(const torch::Tensor& start, const torch::Tensor& end, const torch::Tensor& fresh,
+                         const torch::Tensor& index) {
+  std::vector<torch::Tensor> parts{start.detach(), end.detach()};
+  if (fresh.defined()) parts.push_back(fresh.detach());
+  return torch::cat(parts, 0).index_select(0, index);
 }
 
 /// For log-softmax pieces of a piecewise-linear network of degree L, each
@@ -636,12 +677,21 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       const std::vector<int64_t>& first = rd.first;
       torch::Tensor point_t = torch::tensor(rd.point, torch::kLong), w_t = torch::tensor(rd.w, opts);
       SegmentPass pass = ev.forward(x.index_select(0, point_t), torch::tensor(rd.t, opts), track_passes(ev));
-      SegmentPass pe = ev.forward(x.index_select(0, torch::tensor(rd.end_point, torch::kLong)),
-                                  torch::tensor(rd.ends, opts), false);
-      f.forward_evaluations += 2 * np;
+      // The pieces' ends: only those not evaluated yet take a pass.
+      const EndRows er = end_rows(rd, n);
+      const torch::Tensor end_index = torch::tensor(er.index, torch::kLong);
+      SegmentPass pf;
+      if (!er.fresh_t.empty()) {
+        pf = ev.forward(x.index_select(0, torch::tensor(er.fresh_point, torch::kLong)), torch::tensor(er.fresh_t, opts),
+                        false);
+        f.forward_evaluations += static_cast<int64_t>(er.fresh_t.size());
+      }
+      const torch::Tensor end_out = end_select(p0.out, p1.out, pf.out, end_index);  // [2 np, K]
       std::vector<torch::Tensor> sig;
       if (fold) {
-        sig = folded_signals(ev, pass, w_t, softmax_moments(rd, pass.logits.detach(), pe.logits));
+        sig = folded_signals(ev, pass, w_t,
+                             softmax_moments(rd, pass.logits.detach(), end_select(p0.logits, p1.logits, pf.logits,
+                                                                                  end_index)));
         w_t = torch::ones_like(w_t);
       } else {
         sig = all_signals(ev, pass);
@@ -651,7 +701,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       torch::Tensor jdw = row_dot(ev, pass.inputs, sig, ev.direction()).detach();   // [K, R]
       torch::Tensor integral = torch::zeros({np, jdw.size(0)}, opts).index_add_(
           0, torch::tensor(rd.piece_of, torch::kLong), (jdw * w_t.unsqueeze(0)).t());   // [np, K]
-      torch::Tensor fe = pe.out.view({np, 2, -1});
+      torch::Tensor fe = end_out.view({np, 2, -1});
       torch::Tensor gap = (integral - (fe.select(1, 1) - fe.select(1, 0))).abs().amax(1);  // [np]
       std::vector<Piece> failed;
       std::vector<double> failed_gap;
@@ -682,7 +732,11 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       if (!failed.empty()) {
         const std::vector<torch::Tensor>& sites = ev.kink_values(pass);
         std::vector<torch::Tensor> pre(sites.size());
-        for (size_t l = 0; l < pre.size(); ++l) pre[l] = torch::cat({sites[l].detach(), ev.kink_values(pe)[l]}, 0);
+        for (size_t l = 0; l < pre.size(); ++l) {
+          const torch::Tensor fresh = pf.out.defined() ? ev.kink_values(pf)[l] : torch::Tensor();
+          pre[l] = torch::cat(
+              {sites[l].detach(), end_select(ev.kink_values(p0)[l], ev.kink_values(p1)[l], fresh, end_index)}, 0);
+        }
         std::vector<int64_t> row_point(rd.point);
         row_point.insert(row_point.end(), rd.end_point.begin(), rd.end_point.end());
         std::vector<double> row_t(rd.t);
@@ -743,11 +797,7 @@ TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, c
     t.signals = {ev.module_gradients(x, u)};  // the per-sample gradients g_i [B, P]
     return t;
   }
-  if (ev.hand_backward()) {
-    for (const torch::Tensor& s : ev.hand_signals(pass, u.detach().unsqueeze(0))) t.signals.push_back(s[0]);
-  } else {
-    t.signals = ev.signals(pass, u);
-  }
+  for (const torch::Tensor& s : batched_signals(ev, pass, u.detach().unsqueeze(0))) t.signals.push_back(s[0]);
   for (auto& a : pass.inputs) t.inputs.push_back(a.detach());
   return t;
 }

@@ -265,7 +265,10 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
   pass.t = t;
   torch::Tensor h = track ? x.detach().clone().requires_grad_(true) : x;
   size_t l = 0;
-  for (const LayerDesc& layer : layers_) {
+  pass.argmax.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LayerDesc& layer = layers_[i];
+    pass.layer_inputs.push_back(h);
     switch (layer.kind) {
       case Kind::Linear: {
         pass.inputs.push_back(h);
@@ -290,6 +293,10 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
       case Kind::LogSoftmax:
         pass.logits = h;
         h = apply_parameter_free(layer, h);
+        break;
+      case Kind::MaxPool2d:
+        // The argmax comes with the pooled values; the backward walk uses it.
+        std::tie(h, pass.argmax[i]) = torch::max_pool2d_with_indices(h, layer.kernel);
         break;
       default: h = apply_parameter_free(layer, h); break;
     }
@@ -332,27 +339,22 @@ std::vector<torch::Tensor> SegmentEvaluator::hand_signals(const SegmentPass& pas
   torch::NoGradGuard no_grad;
   const int64_t K = c.size(0), R = c.size(1);
   PK_ASSERT(R == pass.out.size(0) && c.size(2) == pass.out.size(1));
-  // Each parameter-free layer's input, recomputed from the pre-activation
-  // before it (cheap next to the param layers); undefined before the first
-  // param layer, whose input's gradient is never needed.
-  std::vector<torch::Tensor> in(layers_.size());
-  torch::Tensor h;
-  size_t l = 0;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    if (layers_[i].parameterised()) {
-      h = pass.preacts[l++].detach();
-    } else if (h.defined()) {
-      in[i] = h;
-      h = apply_parameter_free(layers_[i], h);
-    }
-  }
+  PK_ASSERT(pass.layer_inputs.size() == layers_.size());
+  const std::vector<torch::Tensor>& in = pass.layer_inputs;  // each layer's input, rows first
+  // [K, R, ...] in the shape of layer i's input.
+  auto input_shape = [&](size_t i) {
+    std::vector<int64_t> shape{K};
+    for (int64_t s : in[i].sizes()) shape.push_back(s);
+    return shape;
+  };
+  auto output_of = [&](size_t i) { return i + 1 < layers_.size() ? in[i + 1] : pass.out; };
   // Walk back: g is the gradient at the current layer's output, [K, R, ...]
   // (the rows' own shape with K in front); the weights at row r are
   // W_s + t_r dW_s, so every param layer's backward is two products.
   const torch::Tensor t = pass.t;
   std::vector<torch::Tensor> sig(params_.size());
   torch::Tensor g = c;
-  l = params_.size();
+  size_t l = params_.size();
   for (size_t i = layers_.size(); i-- > 0;) {
     const LayerDesc& d = layers_[i];
     switch (d.kind) {
@@ -384,31 +386,26 @@ std::vector<torch::Tensor> SegmentEvaluator::hand_signals(const SegmentPass& pas
         if (i + 1 >= layers_.size() || layers_[i + 1].kind != Kind::MaxPool2d) g = g * (in[i] > 0);
         break;
       case Kind::Tanh: {
-        const torch::Tensor y = torch::tanh(in[i]);
+        const torch::Tensor& y = output_of(i);
         g = g * (1 - y * y);
         break;
       }
       case Kind::GELU: g = g * torch::gelu_backward(torch::ones_like(in[i]), in[i]); break;
       case Kind::MaxPool2d: {
-        // Each pooled gradient goes to its window's argmax, found as the
-        // forward pass found it. A ReLU before the pool passes it where the
-        // pooled value is positive: masked here, on the pooled (smaller)
-        // gradient, the same values as masking the unpooled one.
-        auto [pooled, idx] = torch::max_pool2d_with_indices(in[i], d.kernel);  // [R, C, H', W']
-        if (i > 0 && layers_[i - 1].kind == Kind::ReLU) g = g * (pooled > 0);
-        std::vector<int64_t> shape{K};
-        for (int64_t s : in[i].sizes()) shape.push_back(s);
+        // Each pooled gradient goes to its window's argmax, kept by the
+        // forward pass. A ReLU before the pool passes it where the pooled
+        // value is positive: masked here, on the pooled (smaller) gradient,
+        // the same values as masking the unpooled one.
+        const torch::Tensor& idx = pass.argmax[i];  // [R, C, H', W']
+        if (i > 0 && layers_[i - 1].kind == Kind::ReLU) {
+          g = g * (output_of(i) > 0);
+        }
         g = torch::zeros({K, R, in[i].size(1), in[i].size(2) * in[i].size(3)}, g.options())
                 .scatter_add_(3, idx.flatten(2).unsqueeze(0).expand({K, -1, -1, -1}), g.flatten(3))
-                .view(shape);
+                .view(input_shape(i));
         break;
       }
-      case Kind::Flatten: {
-        std::vector<int64_t> shape{K};
-        for (int64_t s : in[i].sizes()) shape.push_back(s);
-        g = g.reshape(shape);
-        break;
-      }
+      case Kind::Flatten: g = g.reshape(input_shape(i)); break;
       case Kind::Module:
       case Kind::LayerNorm:
       case Kind::Embedding:
