@@ -644,10 +644,34 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       deep_kinks = deep_kinks || ev.relu_after()[l] || ev.pool_after()[l] > 0;
     }
     if (deep_kinks) {
-      SegmentPass sp = ev.forward(x.index_select(0, torch::tensor(scan_point, torch::kLong)),
-                                  torch::tensor(scan_t, opts), false);
-      f.forward_evaluations += n * (scan + 1);
-      KinkSearch ks = find_kinks(ev, x, ev.kink_values(sp), scan_point, scan_t, scan_brackets, first_relu, q.fit_kinks);
+      // The scan's ends, t = 0 and t = 1, are the passes p0 and p1; only the
+      // points in between take a pass.
+      std::vector<int64_t> inner_point;
+      std::vector<double> inner_t;
+      for (size_t r = 0; r < scan_t.size(); ++r) {
+        if (scan_t[r] == 0.0 || scan_t[r] == 1.0) continue;
+        inner_point.push_back(scan_point[r]);
+        inner_t.push_back(scan_t[r]);
+      }
+      SegmentPass sp;
+      if (!inner_t.empty()) {
+        sp = ev.forward(x.index_select(0, torch::tensor(inner_point, torch::kLong)), torch::tensor(inner_t, opts),
+                        false);
+        f.forward_evaluations += static_cast<int64_t>(inner_t.size());
+      }
+      std::vector<torch::Tensor> scan_sites;
+      for (size_t l = 0; l < ev.kink_values(p0).size(); ++l) {
+        const torch::Tensor s0 = ev.kink_values(p0)[l].detach(), s1 = ev.kink_values(p1)[l].detach();
+        std::vector<torch::Tensor> parts{s0.unsqueeze(1)};
+        if (sp.out.defined()) {
+          std::vector<int64_t> shape{n, scan - 1};
+          for (int64_t d = 1; d < s0.dim(); ++d) shape.push_back(s0.size(d));
+          parts.push_back(ev.kink_values(sp)[l].detach().reshape(shape));
+        }
+        parts.push_back(s1.unsqueeze(1));
+        scan_sites.push_back(torch::cat(parts, 1).flatten(0, 1));  // [n (scan + 1), ...], as scan_point
+      }
+      KinkSearch ks = find_kinks(ev, x, scan_sites, scan_point, scan_t, scan_brackets, first_relu, q.fit_kinks);
       f.forward_evaluations += ks.forward_evaluations;
       f.kinks += static_cast<int64_t>(ks.kinks.size());
       for (const Kink& k : ks.kinks) cuts[k.bracket / scan].push_back(k.t);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -247,12 +248,25 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
   // What the fits need: per row, each site's largest |value| and the pieces.
   std::vector<std::vector<double>> row_scale(flat.size());
   std::vector<std::vector<uint64_t>> pieces;
+  std::map<int64_t, std::vector<int64_t>> rows_of_point;
+  std::vector<int64_t> position(t.size(), -1);
   if (fit_polynomials && !targets.empty()) {
     for (size_t l = 0; l < flat.size(); ++l) {
       const torch::Tensor m = flat[l].abs().amax(1).contiguous();
       row_scale[l].assign(m.data_ptr<double>(), m.data_ptr<double>() + m.numel());
     }
     pieces = upstream_pieces(ev, preacts);
+    // Per test point, its rows in ascending t (one row per t); each row's place there.
+    for (int64_t r = 0; r < static_cast<int64_t>(t.size()); ++r) rows_of_point[point[r]].push_back(r);
+    for (auto& [p, line] : rows_of_point) {
+      std::sort(line.begin(), line.end(), [&](int64_t a, int64_t b) { return t[a] < t[b]; });
+      std::vector<int64_t> distinct;
+      for (int64_t r : line) {
+        if (distinct.empty() || t[distinct.back()] != t[r]) distinct.push_back(r);
+        position[r] = static_cast<int64_t>(distinct.size()) - 1;
+      }
+      line = std::move(distinct);
+    }
   }
   for (Target& k : targets) {
     auto y = flat[k.layer].accessor<double, 2>();
@@ -263,11 +277,29 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
       k.piece_lo = pieces[a_rows[k.bracket]][k.layer];
       k.piece_hi = pieces[b_rows[k.bracket]][k.layer];
     }
-    if (fit_polynomials) k.samples = {{k.lo, k.glo, k.piece_lo}, {k.hi, k.ghi, k.piece_hi}};
     // Site l of pathkernel's own layers is param layer l's pre-activation,
     // of degree l + 1 in t on a piece; a module's sites are taken to be of
     // the degree of their place, up to 4 (a wrong guess costs only speed).
     k.degree = static_cast<int>(std::min<int64_t>(k.layer + 1, 4));
+    if (fit_polynomials) {
+      // The rows beyond either end on the same piece are samples of the same
+      // polynomial: with them a fit needs fewer evaluations, often none.
+      const std::vector<int64_t>& line = rows_of_point[point[a_rows[k.bracket]]];
+      for (int64_t side : {-1, 1}) {
+        const int64_t from = side < 0 ? a_rows[k.bracket] : b_rows[k.bracket];
+        const uint64_t piece = side < 0 ? k.piece_lo : k.piece_hi;
+        int taken = 0;
+        for (int64_t j = position[from] + side; j >= 0 && j < static_cast<int64_t>(line.size()) && taken < k.degree - 1;
+             j += side) {
+          const int64_t r = line[j];
+          if (pieces[r][k.layer] != piece) break;
+          k.samples.push_back({t[r], value(y, r, k), piece});
+          ++taken;
+        }
+      }
+      k.samples.push_back({k.lo, k.glo, k.piece_lo});
+      k.samples.push_back({k.hi, k.ghi, k.piece_hi});
+    }
     if (k.glo == 0) settle(k, k.lo);
     else if (k.ghi == 0) settle(k, k.hi);
   }

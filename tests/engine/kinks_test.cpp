@@ -201,8 +201,9 @@ TEST(FindKinks, SkipsTheClosedFormFirstLayer) {
 }
 
 TEST(FindKinks, FittedPolynomialsLocateTheSameKinksAsFalsePositionInFewerRows) {
-  // On a piece the second layer's pre-activation is a quadratic in t: one
-  // false-position step gives the third sample, the fitted quadratic's root
+  // On a piece the second layer's pre-activation is a quadratic in t: a scan
+  // row beyond the bracket on the same piece, or else one false-position
+  // step, gives the third sample, the fitted quadratic's root
   // is the kink, and a pair of rows either side of it closes the bracket.
   // The reference is Illinois false position alone, on the same brackets.
   for (const char* spec : {"mlp:12,10", "cnn:3,4"}) {
@@ -224,6 +225,47 @@ TEST(FindKinks, FittedPolynomialsLocateTheSameKinksAsFalsePositionInFewerRows) {
           << spec << (skip_first ? ", first layer skipped" : "") << ": " << fit.forward_evaluations << " rows against "
           << ref.forward_evaluations << " for " << fit.kinks.size() << " kinks";
     }
+  }
+}
+
+TEST(FindKinks, StartsItsFitsFromTheRowsBeyondABracketOnTheSamePiece) {
+  // A scan's rows beyond a bracket's ends, on the same piece, are samples of
+  // the unit's polynomial too: with them the fit is there before the first
+  // round, and only the pair around the root is evaluated. The reference is
+  // the same brackets, each searched alone (a test point of its own, so it
+  // has no rows beyond its ends).
+  for (const char* spec : {"mlp:12,10", "cnn:3,4"}) {
+    Scanned s(spec, spec[0] == 'm' ? std::vector<int64_t>{4} : std::vector<int64_t>{1, 8, 8}, 6, 2);
+    const KinkSearch together = s.search(/*skip_first_layer=*/true);
+    std::vector<int64_t> source_row, source_point, point;
+    std::vector<double> t;
+    std::vector<KinkBracket> alone_brackets;
+    for (size_t b = 0; b < s.sc.brackets.size(); ++b) {
+      for (const int64_t r : {s.sc.brackets[b].row_a, s.sc.brackets[b].row_b}) {
+        source_row.push_back(r);
+        point.push_back(static_cast<int64_t>(b));
+        t.push_back(s.sc.t[r]);
+      }
+      source_point.push_back(s.sc.point[s.sc.brackets[b].row_a]);
+      alone_brackets.push_back({static_cast<int64_t>(2 * b), static_cast<int64_t>(2 * b + 1)});
+    }
+    const torch::Tensor rows = torch::tensor(source_row, torch::kLong);
+    std::vector<torch::Tensor> pre;
+    for (const torch::Tensor& y : s.sc.pass.preacts) pre.push_back(y.index_select(0, rows));
+    const torch::Tensor x_alone = s.x.index_select(0, torch::tensor(source_point, torch::kLong));
+    const KinkSearch alone = find_kinks(*s.ev, x_alone, pre, point, t, alone_brackets, true, true);
+    ASSERT_EQ(together.kinks.size(), alone.kinks.size()) << spec;
+    for (size_t i = 0; i < together.kinks.size(); ++i) {
+      EXPECT_EQ(together.kinks[i].bracket, alone.kinks[i].bracket) << spec;
+      EXPECT_NEAR(together.kinks[i].t, alone.kinks[i].t, 1e-12) << spec << " kink " << i;
+    }
+    // The CNN's segment crosses many first-layer kinks, so fewer of its
+    // brackets have a neighbouring row on their own piece.
+    const double at_most = spec[0] == 'm' ? 0.85 : 0.99;
+    EXPECT_LE(static_cast<double>(together.forward_evaluations),
+              at_most * static_cast<double>(alone.forward_evaluations))
+        << spec << ": " << together.forward_evaluations << " rows against " << alone.forward_evaluations << " for "
+        << together.kinks.size() << " kinks";
   }
 }
 
