@@ -179,31 +179,31 @@ PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, con
   return rd;
 }
 
-/// The ends of a round's pieces as rows of three passes laid end to end: the
+/// Rows (point[j], t[j]) as rows of three passes laid end to end: the
 /// segment's start (row i: t = 0 of test point i), its end (n + i: t = 1)
-/// and `fresh`, the other distinct (point, t) pairs, each once: neighbouring
-/// pieces share an end, and f is continuous there.
-struct EndRows {
+/// and `fresh`, the other distinct (point, t) pairs, each once. The scan's
+/// ends and the pieces' ends (neighbouring pieces share one, and f is
+/// continuous there) are found this way.
+struct SharedRows {
   std::vector<int64_t> fresh_point;  ///< per fresh row: its test point
   std::vector<double> fresh_t;       ///< per fresh row: its t
-  std::vector<int64_t> index;        ///< [2 np]: each end's row in (start, end, fresh)
+  std::vector<int64_t> index;        ///< per (point[j], t[j]): its row in (start, end, fresh)
 };
 
-EndRows end_rows(const PieceRound& rd, int64_t n) {
-  EndRows e;
+SharedRows shared_rows(const std::vector<int64_t>& point, const std::vector<double>& t, int64_t n) {
+  SharedRows e;
   std::map<std::pair<int64_t, double>, int64_t> seen;
-  e.index.reserve(rd.ends.size());
-  for (size_t j = 0; j < rd.ends.size(); ++j) {
-    const int64_t i = rd.end_point[j];
-    const double t = rd.ends[j];
-    if (t == 0.0 || t == 1.0) {
-      e.index.push_back(t == 0.0 ? i : n + i);
+  e.index.reserve(t.size());
+  for (size_t j = 0; j < t.size(); ++j) {
+    const int64_t i = point[j];
+    if (t[j] == 0.0 || t[j] == 1.0) {
+      e.index.push_back(t[j] == 0.0 ? i : n + i);
       continue;
     }
-    auto [it, fresh] = seen.emplace(std::make_pair(i, t), 2 * n + static_cast<int64_t>(e.fresh_t.size()));
+    auto [it, fresh] = seen.emplace(std::make_pair(i, t[j]), 2 * n + static_cast<int64_t>(e.fresh_t.size()));
     if (fresh) {
       e.fresh_point.push_back(i);
-      e.fresh_t.push_back(t);
+      e.fresh_t.push_back(t[j]);
     }
     e.index.push_back(it->second);
   }
@@ -612,6 +612,25 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     kept_weight.push_back(wr);
   };
 
+  // The pass of `rows`' fresh rows (undefined when there are none), counted
+  // as forward-only; and the sites of rows `index` of (p0, p1, that pass).
+  auto fresh_pass = [&](const SharedRows& rows) {
+    SegmentPass pf;
+    if (rows.fresh_t.empty()) return pf;
+    pf = ev.forward(x.index_select(0, torch::tensor(rows.fresh_point, torch::kLong)), torch::tensor(rows.fresh_t, opts),
+                    false);
+    f.forward_evaluations += static_cast<int64_t>(rows.fresh_t.size());
+    return pf;
+  };
+  auto shared_sites = [&](const SegmentPass& pf, const torch::Tensor& index) {
+    std::vector<torch::Tensor> out;
+    for (size_t l = 0; l < ev.kink_values(p0).size(); ++l) {
+      const torch::Tensor fresh = pf.out.defined() ? ev.kink_values(pf)[l] : torch::Tensor();
+      out.push_back(end_select(ev.kink_values(p0)[l], ev.kink_values(p1)[l], fresh, index));
+    }
+    return out;
+  };
+
   if (q.spec.kind != QuadratureSpec::Kind::Gauss) {
     QuadratureRule rule = q.spec.kind == QuadratureSpec::Kind::Dpk ? left_point() : riemann(q.spec.nodes);
     auto [point, t, w] = fixed_rows(rule);
@@ -646,31 +665,9 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     if (deep_kinks) {
       // The scan's ends, t = 0 and t = 1, are the passes p0 and p1; only the
       // points in between take a pass.
-      std::vector<int64_t> inner_point;
-      std::vector<double> inner_t;
-      for (size_t r = 0; r < scan_t.size(); ++r) {
-        if (scan_t[r] == 0.0 || scan_t[r] == 1.0) continue;
-        inner_point.push_back(scan_point[r]);
-        inner_t.push_back(scan_t[r]);
-      }
-      SegmentPass sp;
-      if (!inner_t.empty()) {
-        sp = ev.forward(x.index_select(0, torch::tensor(inner_point, torch::kLong)), torch::tensor(inner_t, opts),
-                        false);
-        f.forward_evaluations += static_cast<int64_t>(inner_t.size());
-      }
-      std::vector<torch::Tensor> scan_sites;
-      for (size_t l = 0; l < ev.kink_values(p0).size(); ++l) {
-        const torch::Tensor s0 = ev.kink_values(p0)[l].detach(), s1 = ev.kink_values(p1)[l].detach();
-        std::vector<torch::Tensor> parts{s0.unsqueeze(1)};
-        if (sp.out.defined()) {
-          std::vector<int64_t> shape{n, scan - 1};
-          for (int64_t d = 1; d < s0.dim(); ++d) shape.push_back(s0.size(d));
-          parts.push_back(ev.kink_values(sp)[l].detach().reshape(shape));
-        }
-        parts.push_back(s1.unsqueeze(1));
-        scan_sites.push_back(torch::cat(parts, 1).flatten(0, 1));  // [n (scan + 1), ...], as scan_point
-      }
+      const SharedRows sr = shared_rows(scan_point, scan_t, n);
+      const std::vector<torch::Tensor> scan_sites =
+          shared_sites(fresh_pass(sr), torch::tensor(sr.index, torch::kLong));  // [n (scan + 1), ...]
       KinkSearch ks = find_kinks(ev, x, scan_sites, scan_point, scan_t, scan_brackets, first_relu, q.fit_kinks);
       f.forward_evaluations += ks.forward_evaluations;
       f.kinks += static_cast<int64_t>(ks.kinks.size());
@@ -702,14 +699,9 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       torch::Tensor point_t = torch::tensor(rd.point, torch::kLong), w_t = torch::tensor(rd.w, opts);
       SegmentPass pass = ev.forward(x.index_select(0, point_t), torch::tensor(rd.t, opts), track_passes(ev));
       // The pieces' ends: only those not evaluated yet take a pass.
-      const EndRows er = end_rows(rd, n);
+      const SharedRows er = shared_rows(rd.end_point, rd.ends, n);
       const torch::Tensor end_index = torch::tensor(er.index, torch::kLong);
-      SegmentPass pf;
-      if (!er.fresh_t.empty()) {
-        pf = ev.forward(x.index_select(0, torch::tensor(er.fresh_point, torch::kLong)), torch::tensor(er.fresh_t, opts),
-                        false);
-        f.forward_evaluations += static_cast<int64_t>(er.fresh_t.size());
-      }
+      const SegmentPass pf = fresh_pass(er);
       const torch::Tensor end_out = end_select(p0.out, p1.out, pf.out, end_index);  // [2 np, K]
       std::vector<torch::Tensor> sig;
       if (fold) {
@@ -756,11 +748,8 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       if (!failed.empty()) {
         const std::vector<torch::Tensor>& sites = ev.kink_values(pass);
         std::vector<torch::Tensor> pre(sites.size());
-        for (size_t l = 0; l < pre.size(); ++l) {
-          const torch::Tensor fresh = pf.out.defined() ? ev.kink_values(pf)[l] : torch::Tensor();
-          pre[l] = torch::cat(
-              {sites[l].detach(), end_select(ev.kink_values(p0)[l], ev.kink_values(p1)[l], fresh, end_index)}, 0);
-        }
+        const std::vector<torch::Tensor> end_sites = shared_sites(pf, end_index);
+        for (size_t l = 0; l < pre.size(); ++l) pre[l] = torch::cat({sites[l].detach(), end_sites[l]}, 0);
         std::vector<int64_t> row_point(rd.point);
         row_point.insert(row_point.end(), rd.end_point.begin(), rd.end_point.end());
         std::vector<double> row_t(rd.t);
