@@ -50,12 +50,14 @@ torch::Dtype parse_dtype(const std::string& name);
 std::string dtype_name(torch::Dtype dtype);
 
 /// Keeps the memory LibTorch frees for its next allocations instead of
-/// handing it back to the kernel (glibc's mallopt: mmap threshold 32 MiB,
-/// no trimming, 256 MiB top pad). By default glibc maps every block above a
+/// handing it back to the kernel (glibc's mallopt: no block mapped on its
+/// own, no trimming, 256 MiB top pad). By default glibc maps every block above a
 /// threshold of its own (128 KiB, rising to at most 32 MiB) and unmaps it on
 /// free, and trims the heap's top: each step's large temporaries were then
 /// page-faulted in anew, which made the system time as large as the user
-/// time. Call once at start-up; the peak resident memory stays what it was.
+/// time. Call once at start-up. Freed large blocks then stay in the heap for
+/// reuse: the README CNN's `verify --test 2` peaked at 1.39-1.49 GB against
+/// 1.37 GB (BENCHMARKS.md, "Process overhead").
 void keep_freed_memory();
 
 /// Re-executes the program (argv as given) with OMP_WAIT_POLICY=PASSIVE when

@@ -4,8 +4,9 @@
 //
 // Loading LibTorch costs about 0.35 s of CPU before main() (binding some 290
 // libraries and registering its operators), and its OpenMP runtime reads
-// OMP_WAIT_POLICY only then. Setting the variable here, before the program is
-// loaded, spares the program's own re-exec (a second start-up); and the two
+// OMP_WAIT_POLICY only then (and glibc its tunables, OpenBLAS its thread
+// timeout: pathkernel/process_environment.h). Setting them here, before the
+// program is loaded, spares the program's own re-exec (a second start-up); and the two
 // answers that need nothing of LibTorch come without loading it at all. The
 // texts are the program's own, captured at build time (cmake/launcher_text.cmake).
 #include <unistd.h>
@@ -18,21 +19,9 @@
 #include <string>
 
 #include "launcher_text.h"  // kHelp (with kArgv0Marker for argv[0]) and kVersion
+#include "pathkernel/process_environment.h"
 
 namespace {
-
-/// Idle threads sleep instead of spinning. OpenMP's, between LibTorch's many
-/// small parallel regions (pathkernel::reexec_with_passive_openmp says why).
-/// OpenBLAS's, after 2^16 cycles (tens of microseconds, enough to bridge
-/// back-to-back GEMMs) instead of its default 2^28 (about 0.1 s): a BLAS call
-/// every few milliseconds kept its idle worker calling sched_yield all run
-/// long, a core's worth of system time on an otherwise idle machine (1.6
-/// million calls in the demo's `verify`). OpenBLAS reads the variable as it
-/// loads. A value the user set is kept.
-void prepare_environment() {
-  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-  ::setenv("OPENBLAS_THREAD_TIMEOUT", "16", 0);
-}
 
 /// The program's help text as `argv0` would print it.
 std::string help_text(const char* argv0) {
@@ -65,7 +54,7 @@ int main(int argc, char** argv) {
     std::fputs(kVersion, stdout);
     return 0;
   }
-  prepare_environment();
+  pathkernel::prepare_library_environment();
   const std::string program = own_directory() + "pathkernel_app";
   ::execv(program.c_str(), argv);
   std::fprintf(stderr, "pathkernel: error: cannot run %s: %s (it is built beside %s)\n", program.c_str(),

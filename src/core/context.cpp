@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "pathkernel/error.h"
+#include "pathkernel/process_environment.h"
 
 namespace pathkernel {
 
@@ -85,12 +86,15 @@ void keep_freed_memory() {
   ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
   ::mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
   ::mallopt(M_TOP_PAD, 256 << 20);
+  // Blocks above the threshold (a CNN's test-feature blocks reach hundreds of
+  // MiB) come from the heap too, so their pages stay as well: without it they
+  // were mapped and faulted in anew on every step.
+  ::mallopt(M_MMAP_MAX, 0);
 }
 
 void reexec_with_passive_openmp(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  ::setenv("OPENBLAS_THREAD_TIMEOUT", "16", 0);  // see src/cli/launcher.cpp
+  prepare_library_environment();
   ::execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
 }
 
