@@ -110,12 +110,23 @@ json derive_keys(const std::map<std::string, RowRun>& runs) {
     k["speedup_vs_pytorch_peer"] = (*p)["peer_seconds"].get<double>() / (*p)["pathkernel_seconds"].get<double>();
     k["pytorch_peer_max_rel_error"] = (*p)["peer_max_rel_error"];
   }
+  if (const json* g = row("pytorch_peer_generic")) {
+    k["generic_route_speedup_vs_pytorch_peer"] =
+        (*g)["peer_seconds"].get<double>() / (*g)["pathkernel_seconds"].get<double>();
+    k["generic_route_max_rel_error"] = (*g)["pathkernel_max_rel_error"];
+  }
   if (const json* f = row("full_batch")) {
     const double train = (*f)["training_seconds"].get<double>();
     k["full_batch_attribution_over_training_10"] = (*f)["attribution_seconds_10"].get<double>() / train;
     k["full_batch_attribution_over_training_100"] = (*f)["attribution_seconds_100"].get<double>() / train;
     k["path_storage_ratio"] = (*f)["every_step_bytes"].get<double>() / (*f)["stored_bytes"].get<double>();
     k["replay_over_training"] = (*f)["replay_seconds"].get<double>() / train;
+  }
+  if (const json* s = row("real_size")) {
+    k["real_size_attribution_over_training_100"] =
+        (*s)["attribution_seconds"].get<double>() / (*s)["training_seconds"].get<double>();
+    k["real_size_peak_rss_mb"] = (*s)["peak_rss_mb_after_attribution"];
+    k["real_size_max_rel_error"] = (*s)["max_rel_error"];
   }
   if (const json* q = row("quadrature")) {
     k["gauss_evaluations_per_step"] = (*q)["gauss_evaluations_per_step"];
@@ -166,7 +177,9 @@ void print_table(const json& results) {
   }
   const json& keys = results["keys"];
   for (const char* extra : {"algorithm1_max_rel_error", "pytorch_peer_max_rel_error", "gauss_max_rel_error",
-                            "gram_max_rel_difference"}) {
+                            "gram_max_rel_difference", "generic_route_speedup_vs_pytorch_peer",
+                            "generic_route_max_rel_error", "real_size_attribution_over_training_100",
+                            "real_size_peak_rss_mb", "real_size_max_rel_error"}) {
     if (keys.contains(extra)) std::printf("%-44s %12s\n", extra, format_value(keys[extra]).c_str());
   }
   if (keys.contains("quadrature_max_rel_error")) {

@@ -1,5 +1,6 @@
 // The benchmark rows: each trains the runs it needs and measures one thing
 // side by side, returning its numbers as JSON.
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -87,8 +88,10 @@ double time_decompose(PathReader& reader, const torch::Tensor& x, const Decompos
 
 // --- 1 and 2: Algorithm 1 and its PyTorch peer ------------------------------
 
+/// Sized so that the peers take about a minute or more: on small settings
+/// process start-up and loading decide the ratio.
 struct Algorithm1Setup {
-  int64_t train = 300, steps = 100, test = 10;
+  int64_t train = 600, steps = 300, test = 10;
   int T = 100;
 };
 
@@ -98,9 +101,33 @@ Algorithm1Setup algorithm1_setup(const BenchConfig& c) {
   return s;
 }
 
+/// The model of the peer rows; the generic row exports the same network from PyTorch.
+const std::string kAlgorithm1Model = "mlp:32";
+const int kAlgorithm1Hidden = 32;
+
 RunOptions algorithm1_run(const BenchConfig& c) {
   Algorithm1Setup s = algorithm1_setup(c);
-  return run_options("gaussians3", s.train, "mlp:32", "gd", s.steps, 0, 0.1, run_dir(c, "algorithm1"));
+  return run_options("gaussians3", s.train, kAlgorithm1Model, "gd", s.steps, 0, 0.1, run_dir(c, "algorithm1"));
+}
+
+/// Writes what the Python peer needs into `dir`: every step's weights, the
+/// data, the network's outputs, and pathkernel's contributions; `model` is the
+/// mlp spec the peer builds (its flat parameter order is pathkernel's).
+void export_peer_input(PathReader& reader, const torch::Tensor& x, const Decomposition& d, const std::string& model,
+                       int T, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::vector<torch::Tensor> ws;
+  reader.forward([&](const PathStep& st) { ws.push_back(st.w.clone()); });
+  ws.push_back(reader.weights(reader.steps()));
+  write_npy(dir + "/weights.npy", torch::stack(ws));
+  write_npy(dir + "/x_train.npy", reader.dataset().x_train.to(torch::kFloat64).contiguous());
+  write_npy(dir + "/y_train.npy", reader.dataset().y_train.contiguous());
+  write_npy(dir + "/x_test.npy", x.to(torch::kFloat64).contiguous());
+  write_npy(dir + "/f_final.npy", d.fN.contiguous());
+  write_npy(dir + "/learning_rates.npy", torch::tensor(reader.manifest().learning_rates, torch::kFloat64));
+  write_npy(dir + "/contributions_pathkernel.npy", d.contributions.contiguous());
+  json spec{{"model", model}, {"output", "logsoftmax"}, {"T", T}};
+  write_file_atomic(dir + "/spec.json", spec.dump(2));
 }
 
 json row_algorithm1(const BenchConfig& c) {
@@ -112,21 +139,7 @@ json row_algorithm1(const BenchConfig& c) {
   Decomposition d;
   double pk = time_decompose(reader, x, quiet_decomposition(), c.repeats, d);
   Algorithm1Result a = algorithm1(reader, x, s.T);
-  // What the Python peer needs: every step's weights, the data and the network's outputs.
-  const std::string ex = c.work + "/peer_input";
-  std::filesystem::create_directories(ex);
-  std::vector<torch::Tensor> ws;
-  reader.forward([&](const PathStep& st) { ws.push_back(st.w.clone()); });
-  ws.push_back(reader.weights(reader.steps()));
-  write_npy(ex + "/weights.npy", torch::stack(ws));
-  write_npy(ex + "/x_train.npy", reader.dataset().x_train.to(torch::kFloat64).contiguous());
-  write_npy(ex + "/y_train.npy", reader.dataset().y_train.contiguous());
-  write_npy(ex + "/x_test.npy", x.to(torch::kFloat64).contiguous());
-  write_npy(ex + "/f_final.npy", d.fN.contiguous());
-  write_npy(ex + "/learning_rates.npy", torch::tensor(reader.manifest().learning_rates, torch::kFloat64));
-  write_npy(ex + "/contributions_pathkernel.npy", d.contributions.contiguous());
-  json spec{{"model", reader.manifest().model_spec}, {"output", "logsoftmax"}, {"T", s.T}};
-  write_file_atomic(ex + "/spec.json", spec.dump(2));
+  export_peer_input(reader, x, d, kAlgorithm1Model, s.T, c.work + "/peer_input");
   return json{{"setting", "gaussians3, " + std::to_string(s.train) + " training points, mlp:32, GD, " +
                               std::to_string(s.steps) + " steps, " + std::to_string(s.test) + " test points"},
               {"training_seconds", train},
@@ -151,6 +164,19 @@ std::string run_command(const std::string& cmd) {
   return out;
 }
 
+/// Runs the Python peer on the export in `dir`: its JSON (seconds, versions).
+json run_peer(const BenchConfig& c, const std::string& dir) {
+  PK_CHECK(std::filesystem::exists(dir + "/spec.json"), "no export for the peer in '" << dir << "'");
+  std::string out = run_command("/usr/bin/python3 " + c.source_dir + "/bench/peers/algorithm1_vmap.py " + dir +
+                                " --threads " + std::to_string(current_threads()));
+  return json::parse(out.substr(out.rfind('{')));
+}
+
+std::string peer_versions(const json& peer) {
+  return "Python " + peer["python"].get<std::string>() + ", PyTorch " + peer["torch"].get<std::string>() + ", " +
+         peer["dtype"].get<std::string>();
+}
+
 json row_pytorch_peer(const BenchConfig& c) {
   Algorithm1Setup s = algorithm1_setup(c);
   RunOptions r = algorithm1_run(c);
@@ -161,18 +187,49 @@ json row_pytorch_peer(const BenchConfig& c) {
            "the pytorch_peer row needs the algorithm1 row's export in '" << ex << "': run the algorithm1 row first");
   Decomposition d;
   double pk = time_decompose(reader, x, quiet_decomposition(), c.repeats, d);
-  std::string out = run_command("/usr/bin/python3 " + c.source_dir + "/bench/peers/algorithm1_vmap.py " + ex +
-                                " --threads " + std::to_string(current_threads()));
-  json peer = json::parse(out.substr(out.rfind('{')));
+  json peer = run_peer(c, ex);
   torch::Tensor pc = read_npy(ex + "/contributions_peer.npy");
-  json j{{"setting", "the algorithm1 row's run and test points; Python " + peer["python"].get<std::string>() +
-                        ", PyTorch " + peer["torch"].get<std::string>() + ", " + peer["dtype"].get<std::string>()},
+  json j{{"setting", "the algorithm1 row's run and test points; " + peer_versions(peer)},
          {"pathkernel_seconds", pk},
          {"peer_seconds", peer["seconds"]},
          {"peer", peer},
          {"pathkernel_max_rel_error", max_rel_error(d.prediction(), d.fN)},
          {"peer_max_rel_error", max_rel_error(d.f0 + pc.sum(1), d.fN)}};
   return j;
+}
+
+/// The generic route (autograd alone, as for any TorchScript module) against
+/// the same peer, on the same network exported from PyTorch
+/// (examples/export_model.py mlp) and trained like the algorithm1 row's run.
+json row_pytorch_peer_generic(const BenchConfig& c) {
+  Algorithm1Setup s = algorithm1_setup(c);
+  const std::string module = c.work + "/generic_mlp.pt";
+  std::filesystem::create_directories(c.work);
+  const int64_t inputs = PathReader(algorithm1_run(c).out).dataset().x_train.size(1);  // trained by algorithm1
+  run_command("/usr/bin/python3 " + c.source_dir + "/examples/export_model.py mlp " + module + " --inputs " +
+              std::to_string(inputs) + " --hidden " + std::to_string(kAlgorithm1Hidden) + " --classes 3");
+  RunOptions r = run_options("gaussians3", s.train, "torchscript:" + module, "gd", s.steps, 0, 0.1,
+                             run_dir(c, "generic"));
+  train_seconds(r);
+  PathReader reader(r.out);
+  torch::Tensor x = test_points(reader, s.test);
+  DecompositionOptions o = quiet_decomposition();
+  o.quadrature.route = ModuleRoute::Generic;
+  Decomposition d;
+  double pk = time_decompose(reader, x, o, c.repeats, d);
+  const std::string ex = c.work + "/peer_input_generic";
+  export_peer_input(reader, x, d, kAlgorithm1Model, s.T, ex);
+  json peer = run_peer(c, ex);
+  torch::Tensor pc = read_npy(ex + "/contributions_peer.npy");
+  return json{{"setting", "the algorithm1 row's setting on " + kAlgorithm1Model +
+                              " exported from PyTorch (TorchScript), pathkernel on the generic route; " +
+                              peer_versions(peer)},
+              {"pathkernel_seconds", pk},
+              {"route", engine_route(reader, o).route},
+              {"peer_seconds", peer["seconds"]},
+              {"pathkernel_max_rel_error", max_rel_error(d.prediction(), d.fN)},
+              {"peer_max_rel_error", max_rel_error(d.f0 + pc.sum(1), d.fN)},
+              {"contributions_max_abs_difference", (pc - d.contributions).abs().max().item<double>()}};
 }
 
 // --- 3 and 5: full-batch attribution against training; the stored path ------
@@ -205,6 +262,38 @@ json row_full_batch(const BenchConfig& c) {
               {"every_step_bytes", every_step},
               {"stored_bytes", m.path_bytes()},
               {"checkpoints", m.checkpoints.size()}};
+}
+
+// --- 3b: a real-size run: full Fashion-MNIST, one epoch ----------------------
+
+/// Peak resident memory of this process so far, in MB (ru_maxrss is in KiB).
+double peak_rss_mb() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
+json row_real_size(const BenchConfig& c) {
+  const int64_t n = c.quick ? 4 : 100;
+  RunOptions r = run_options("fashion-mnist", c.quick ? 500 : -1, "mlp:128", "sgd", -1, 128, 0.1,
+                             run_dir(c, "real_size"));
+  r.train.epochs = 1;
+  double train = train_seconds(r);
+  const double training_peak = peak_rss_mb();
+  PathReader reader(r.out);
+  const Manifest& m = reader.manifest();
+  Decomposition d;
+  double attribution = time_decompose(reader, test_points(reader, n), quiet_decomposition(), 1, d);
+  return json{{"setting", "fashion-mnist, " + std::to_string(m.num_train) + " training points, " + m.model_spec +
+                              ", SGD batch 128, lr 0.1, one epoch (" + std::to_string(m.steps) + " steps), " +
+                              std::to_string(n) + " test points"},
+              {"training_seconds", train},
+              {"attribution_seconds", attribution},
+              {"test_points", n},
+              {"max_rel_error", max_rel_error(d.prediction(), d.fN)},
+              {"evaluations_per_step", static_cast<double>(d.evaluations) / static_cast<double>(n * m.steps)},
+              {"peak_rss_mb_after_training", training_peak},
+              {"peak_rss_mb_after_attribution", peak_rss_mb()}};
 }
 
 // --- 4: quadrature on the MNIST CNN ----------------------------------------
@@ -350,7 +439,11 @@ const std::vector<Row>& rows() {
   static const std::vector<Row> all{
       {"algorithm1", "pathkernel vs the paper's Algorithm 1 (per-sample Jacobians, Riemann T=100)", row_algorithm1},
       {"pytorch_peer", "pathkernel vs Algorithm 1 in PyTorch with functorch's vmap", row_pytorch_peer},
+      {"pytorch_peer_generic", "the generic (TorchScript) route vs the same PyTorch peer on the same network",
+       row_pytorch_peer_generic},
       {"full_batch", "attribution of 10 and 100 test points vs training; path storage and replay", row_full_batch},
+      {"real_size", "attribution of 100 test points vs one epoch on full Fashion-MNIST, with peak memory",
+       row_real_size},
       {"quadrature", "gauss evaluations per step vs riemann:T and dpk errors on the MNIST CNN", row_quadrature},
       {"gram", "train x train NTK Gram: structured vs dense Jacobian contraction", row_gram},
       {"threads", "attribution with 2 threads vs 1", row_threads},
