@@ -102,8 +102,8 @@ Algorithm1Setup algorithm1_setup(const BenchConfig& c) {
 }
 
 /// The model of the peer rows; the generic row exports the same network from PyTorch.
-const std::string kAlgorithm1Model = "mlp:32";
 const int kAlgorithm1Hidden = 32;
+const std::string kAlgorithm1Model = "mlp:" + std::to_string(kAlgorithm1Hidden);
 
 RunOptions algorithm1_run(const BenchConfig& c) {
   Algorithm1Setup s = algorithm1_setup(c);
@@ -164,12 +164,23 @@ std::string run_command(const std::string& cmd) {
   return out;
 }
 
-/// Runs the Python peer on the export in `dir`: its JSON (seconds, versions).
-json run_peer(const BenchConfig& c, const std::string& dir) {
+/// Runs a script of the repository (path and arguments) with Debian's Python.
+std::string run_python(const BenchConfig& c, const std::string& script_and_args) {
+  return run_command("/usr/bin/python3 " + c.source_dir + "/" + script_and_args);
+}
+
+/// What the Python peer printed (seconds, versions) and the contributions it wrote.
+struct PeerResult {
+  json info;
+  torch::Tensor contributions;  ///< [n, M, K]
+};
+
+/// Runs the Python peer on the export in `dir`.
+PeerResult run_peer(const BenchConfig& c, const std::string& dir) {
   PK_CHECK(std::filesystem::exists(dir + "/spec.json"), "no export for the peer in '" << dir << "'");
-  std::string out = run_command("/usr/bin/python3 " + c.source_dir + "/bench/peers/algorithm1_vmap.py " + dir +
-                                " --threads " + std::to_string(current_threads()));
-  return json::parse(out.substr(out.rfind('{')));
+  std::string out =
+      run_python(c, "bench/peers/algorithm1_vmap.py " + dir + " --threads " + std::to_string(current_threads()));
+  return {json::parse(out.substr(out.rfind('{'))), read_npy(dir + "/contributions_peer.npy")};
 }
 
 std::string peer_versions(const json& peer) {
@@ -187,14 +198,13 @@ json row_pytorch_peer(const BenchConfig& c) {
            "the pytorch_peer row needs the algorithm1 row's export in '" << ex << "': run the algorithm1 row first");
   Decomposition d;
   double pk = time_decompose(reader, x, quiet_decomposition(), c.repeats, d);
-  json peer = run_peer(c, ex);
-  torch::Tensor pc = read_npy(ex + "/contributions_peer.npy");
-  json j{{"setting", "the algorithm1 row's run and test points; " + peer_versions(peer)},
+  PeerResult peer = run_peer(c, ex);
+  json j{{"setting", "the algorithm1 row's run and test points; " + peer_versions(peer.info)},
          {"pathkernel_seconds", pk},
-         {"peer_seconds", peer["seconds"]},
-         {"peer", peer},
+         {"peer_seconds", peer.info["seconds"]},
+         {"peer", peer.info},
          {"pathkernel_max_rel_error", max_rel_error(d.prediction(), d.fN)},
-         {"peer_max_rel_error", max_rel_error(d.f0 + pc.sum(1), d.fN)}};
+         {"peer_max_rel_error", max_rel_error(d.f0 + peer.contributions.sum(1), d.fN)}};
   return j;
 }
 
@@ -206,8 +216,8 @@ json row_pytorch_peer_generic(const BenchConfig& c) {
   const std::string module = c.work + "/generic_mlp.pt";
   std::filesystem::create_directories(c.work);
   const int64_t inputs = PathReader(algorithm1_run(c).out).dataset().x_train.size(1);  // trained by algorithm1
-  run_command("/usr/bin/python3 " + c.source_dir + "/examples/export_model.py mlp " + module + " --inputs " +
-              std::to_string(inputs) + " --hidden " + std::to_string(kAlgorithm1Hidden) + " --classes 3");
+  run_python(c, "examples/export_model.py mlp " + module + " --inputs " + std::to_string(inputs) + " --hidden " +
+                    std::to_string(kAlgorithm1Hidden) + " --classes 3");
   RunOptions r = run_options("gaussians3", s.train, "torchscript:" + module, "gd", s.steps, 0, 0.1,
                              run_dir(c, "generic"));
   train_seconds(r);
@@ -219,17 +229,17 @@ json row_pytorch_peer_generic(const BenchConfig& c) {
   double pk = time_decompose(reader, x, o, c.repeats, d);
   const std::string ex = c.work + "/peer_input_generic";
   export_peer_input(reader, x, d, kAlgorithm1Model, s.T, ex);
-  json peer = run_peer(c, ex);
-  torch::Tensor pc = read_npy(ex + "/contributions_peer.npy");
+  PeerResult peer = run_peer(c, ex);
   return json{{"setting", "the algorithm1 row's setting on " + kAlgorithm1Model +
                               " exported from PyTorch (TorchScript), pathkernel on the generic route; " +
-                              peer_versions(peer)},
+                              peer_versions(peer.info)},
               {"pathkernel_seconds", pk},
               {"route", engine_route(reader, o).route},
-              {"peer_seconds", peer["seconds"]},
+              {"peer_seconds", peer.info["seconds"]},
               {"pathkernel_max_rel_error", max_rel_error(d.prediction(), d.fN)},
-              {"peer_max_rel_error", max_rel_error(d.f0 + pc.sum(1), d.fN)},
-              {"contributions_max_abs_difference", (pc - d.contributions).abs().max().item<double>()}};
+              {"peer_max_rel_error", max_rel_error(d.f0 + peer.contributions.sum(1), d.fN)},
+              {"contributions_max_abs_difference",
+               (peer.contributions - d.contributions).abs().max().item<double>()}};
 }
 
 // --- 3 and 5: full-batch attribution against training; the stored path ------
