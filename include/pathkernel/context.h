@@ -2,8 +2,9 @@
 //
 // LibTorch defaults to one intra-op thread here; pathkernel uses all cores
 // unless told otherwise. Replay of a recorded path must use the thread count
-// the path was trained with (GEMM blocking, and so rounding, can depend on
-// it): ThreadScope sets it for a block and restores it after.
+// the path was trained with (LibTorch's reductions split their sums by it,
+// and so round by it): OpenMpThreads sets it around each replayed step and
+// restores it after.
 #pragma once
 
 #include <string>
@@ -32,6 +33,25 @@ class ThreadScope {
 
  private:
   int previous_;
+};
+
+/// Sets the calling thread's OpenMP thread count, the one LibTorch's parallel
+/// loops and reductions read, and OpenBLAS's thread count, for the lifetime
+/// of the object, then restores both. Cheap enough for every training step
+/// replayed or every row differentiated, unlike ThreadScope: LibTorch's
+/// set_num_threads also rebuilds a thread pool (new threads) on every call.
+/// Without OpenMP or OpenBLAS in the process (another build) it changes
+/// what there is. n must be >= 1.
+class OpenMpThreads {
+ public:
+  explicit OpenMpThreads(int n);
+  ~OpenMpThreads();
+  OpenMpThreads(const OpenMpThreads&) = delete;
+  OpenMpThreads& operator=(const OpenMpThreads&) = delete;
+
+ private:
+  int previous_openmp_ = 0;
+  int previous_blas_ = 0;
 };
 
 /// Which BLAS library serves dgemm_ in this process.

@@ -18,9 +18,27 @@ namespace pathkernel {
 namespace {
 using SetThreadsFn = void (*)(int);
 
+using GetThreadsFn = int (*)();
+
 SetThreadsFn openblas_set_threads() {
   static SetThreadsFn fn =
       reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  return fn;
+}
+
+GetThreadsFn openblas_get_threads() {
+  static GetThreadsFn fn = reinterpret_cast<GetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return fn;
+}
+
+// libgomp comes with LibTorch; looked up so that another build links without it.
+SetThreadsFn openmp_set_threads() {
+  static SetThreadsFn fn = reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  return fn;
+}
+
+GetThreadsFn openmp_get_threads() {
+  static GetThreadsFn fn = reinterpret_cast<GetThreadsFn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
   return fn;
 }
 }  // namespace
@@ -42,6 +60,23 @@ int current_threads() { return torch::get_num_threads(); }
 
 ThreadScope::ThreadScope(int n) : previous_(current_threads()) { set_threads(n); }
 ThreadScope::~ThreadScope() { set_threads(previous_); }
+
+OpenMpThreads::OpenMpThreads(int n) {
+  PK_CHECK(n >= 1, "thread count must be >= 1 (got " << n << ")");
+  if (openmp_get_threads() != nullptr && openmp_set_threads() != nullptr) {
+    previous_openmp_ = openmp_get_threads()();
+    if (previous_openmp_ != n) openmp_set_threads()(n);
+  }
+  if (openblas_get_threads() != nullptr && openblas_set_threads() != nullptr) {
+    previous_blas_ = openblas_get_threads()();
+    if (previous_blas_ != n) openblas_set_threads()(n);
+  }
+}
+
+OpenMpThreads::~OpenMpThreads() {
+  if (previous_openmp_ > 0 && openmp_get_threads()() != previous_openmp_) openmp_set_threads()(previous_openmp_);
+  if (previous_blas_ > 0 && openblas_get_threads()() != previous_blas_) openblas_set_threads()(previous_blas_);
+}
 
 BlasInfo active_blas() {
   BlasInfo info{"unknown", false};

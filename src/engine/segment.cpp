@@ -1,50 +1,14 @@
 // Functional evaluation of the network along a path segment.
 #include "pathkernel/segment.h"
 
-#include <dlfcn.h>
-
 #include <cmath>
 
+#include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/layer_rules.h"
 #include "pathkernel/script_graph.h"
 
 namespace pathkernel {
-
-namespace {
-
-/// Runs LibTorch's parallel loops on one thread for its lifetime. The generic
-/// route differentiates one row at a time, and each operation on one row is
-/// too small to share: with two threads every one of them woke the sleeping
-/// OpenMP worker and waited for it (a futex round trip each; 29 s of system
-/// time in 126 s on the residual CNN's generic route, which one thread
-/// halves). LibTorch reads the OpenMP count (omp_get_max_threads) at every
-/// parallel loop; setting it is cheap, unlike at::set_num_threads, which
-/// also rebuilds a thread pool and OpenBLAS's threads on every call.
-class OneOpenMpThread {
- public:
-  OneOpenMpThread() {
-    if (get_ != nullptr && set_ != nullptr) {
-      previous_ = get_();
-      set_(1);
-    }
-  }
-  ~OneOpenMpThread() {
-    if (previous_ > 0) set_(previous_);
-  }
-  OneOpenMpThread(const OneOpenMpThread&) = delete;
-  OneOpenMpThread& operator=(const OneOpenMpThread&) = delete;
-
- private:
-  using Get = int (*)();
-  using Set = void (*)(int);
-  // libgomp comes with LibTorch; without it (another build) nothing changes.
-  inline static const Get get_ = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
-  inline static const Set set_ = reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
-  int previous_ = 0;
-};
-
-}  // namespace
 
 Network engine_network(NetworkOptions options) {
   options.dtype = torch::kFloat64;
@@ -199,7 +163,11 @@ void SegmentEvaluator::place_module(double t) const {
 
 torch::Tensor SegmentEvaluator::module_jacobians(const torch::Tensor& x, const torch::Tensor& t) const {
   PK_ASSERT(generic_);
-  OneOpenMpThread one_thread;  // one row at a time: see OneOpenMpThread
+  // One row at a time, each operation too small to share: with two threads
+  // every one of them woke the sleeping OpenMP worker and waited for it (a
+  // futex round trip each; 29 s of system time in 126 s on the residual
+  // CNN's generic route, which one thread halved).
+  OpenMpThreads one_thread(1);
   const int64_t rows = x.size(0), K = num_outputs_;
   torch::Tensor out = torch::empty({rows, K, parameter_count_}, w_.options());
   Network& net = const_cast<Network&>(net_);
@@ -226,7 +194,7 @@ torch::Tensor SegmentEvaluator::module_sites(const torch::Tensor& x, double t) c
 
 torch::Tensor SegmentEvaluator::module_gradients(const torch::Tensor& x, const torch::Tensor& c) const {
   PK_ASSERT(generic_);
-  OneOpenMpThread one_thread;  // one row at a time: see OneOpenMpThread
+  OpenMpThreads one_thread(1);  // one row at a time: see module_jacobians
   const int64_t rows = x.size(0);
   torch::Tensor out = torch::empty({rows, parameter_count_}, w_.options());
   Network& net = const_cast<Network&>(net_);

@@ -115,7 +115,6 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     fn(std::move(step));
     return 0;
   }
-  ThreadScope threads(static_cast<int>(manifest_.threads));
   const int64_t begin = manifest_.checkpoints[k].step, end = manifest_.checkpoints[k + 1].step;
   const torch::Dtype dtype = parse_dtype(manifest_.dtype);
   std::vector<torch::Tensor> params = net_->parameters();
@@ -131,9 +130,14 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     const torch::Tensor& yt = dataset_.y_train;
     LayerTrace trace;
     if (capture_) net_->set_trace(&trace);
-    take_step(net_, *optimizer,
-              {idx.defined() ? xt.index_select(0, idx) : xt, idx.defined() ? yt.index_select(0, idx) : yt,
-               loss_weights(idx), s, manifest_.learning_rates[s]});
+    {
+      // The run's thread count for the step's arithmetic only: the caller's
+      // work on the step (fn) runs with the caller's.
+      OpenMpThreads threads(static_cast<int>(manifest_.threads));
+      take_step(net_, *optimizer,
+                {idx.defined() ? xt.index_select(0, idx) : xt, idx.defined() ? yt.index_select(0, idx) : yt,
+                 loss_weights(idx), s, manifest_.learning_rates[s]});
+    }
     net_->set_trace(nullptr);
     torch::Tensor next = flatten_parameters(net_).to(torch::kFloat64);
     PathStep step;

@@ -1,4 +1,5 @@
 // Tests of thread control, the BLAS check and dtype names.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include "pathkernel/context.h"
@@ -16,6 +17,32 @@ TEST(Context, ThreadScopeSetsAndRestores) {
   EXPECT_EQ(current_threads(), 1);
   EXPECT_THROW(set_threads(0), Error);
   EXPECT_GE(hardware_threads(), 1);
+}
+
+// OpenBLAS's own count, where OpenBLAS serves this process (0 otherwise).
+int openblas_threads() {
+  using Get = int (*)();
+  auto get = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return get != nullptr ? get() : 0;
+}
+
+TEST(Context, OpenMpThreadsSetsTheCountsForABlockAndRestoresThem) {
+  ThreadScope outer(2);
+  const int blas = openblas_threads();
+  {
+    OpenMpThreads one(1);
+    EXPECT_EQ(current_threads(), 1);
+    if (blas > 0) EXPECT_EQ(openblas_threads(), 1);
+    {
+      OpenMpThreads two(2);
+      EXPECT_EQ(current_threads(), 2);
+      if (blas > 0) EXPECT_EQ(openblas_threads(), 2);
+    }
+    EXPECT_EQ(current_threads(), 1);
+  }
+  EXPECT_EQ(current_threads(), 2);
+  EXPECT_EQ(openblas_threads(), blas);
+  EXPECT_THROW(OpenMpThreads(0), Error);
 }
 
 TEST(Context, TheActiveBlasIsOpenBlas) {

@@ -411,6 +411,40 @@ TEST(RunDirectory, AnInterruptedRunIsValidUpToItsLastCheckpoint) {
   EXPECT_EQ(report.steps_replayed, 6);
 }
 
+// Replay runs each training step with the run's thread count, whatever the
+// caller's (LibTorch's reductions split their sums by it, so the bits depend
+// on it), and hands the steps to the caller's work under the caller's count.
+TEST(Replay, StepsUseTheRunsThreadCountAndTheCallerKeepsItsOwn) {
+  TempDir dir("replay_threads");
+  const auto train_with = [&](const std::string& name, int threads) {
+    RunOptions r = small_run(dir / name, "gd", 12, 4);
+    r.data.train_size = 3000;  // enough rows that the reductions split by thread
+    r.model = "mlp:256";
+    ThreadScope scope(threads);
+    train_run(r);
+    return r.out;
+  };
+  PathReader one(train_with("one", 1)), two(train_with("two", 2));
+  const size_t last = one.manifest().checkpoints.size() - 1;
+  if (same_bits(one.checkpoint(last), two.checkpoint(last))) {
+    GTEST_SKIP() << "one and two threads trained the same bits here: the thread count cannot be told apart";
+  }
+  for (int caller : {1, 2}) {
+    ThreadScope scope(caller);
+    for (PathReader* reader : {&one, &two}) {
+      EXPECT_TRUE(reader->check().bitwise_equal) << "caller " << caller << ", run of "
+                                                 << reader->manifest().threads << " thread(s)";
+      int64_t seen = 0;
+      reader->forward([&](const PathStep&) {
+        EXPECT_EQ(current_threads(), caller);
+        ++seen;
+      });
+      EXPECT_EQ(seen, 12);
+      EXPECT_EQ(current_threads(), caller);
+    }
+  }
+}
+
 TEST(RunDirectory, DefaultCheckpointSpacingIsAboutTheSquareRoot) {
   EXPECT_EQ(default_checkpoint_every(1), 1);
   EXPECT_EQ(default_checkpoint_every(300), 17);
