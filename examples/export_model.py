@@ -19,8 +19,10 @@ trained from the weights it was saved with. What to keep in mind:
 - Batch normalisation in training mode couples the examples of a batch, so
   no training point has a gradient of its own: pathkernel refuses it. Use
   LayerNorm or GroupNorm, or call .eval() on the BatchNorm before saving.
-- Dropout: call .eval() on it before saving (random masks are not yet
-  supported for TorchScript modules).
+- Dropout (nn.Dropout, F.dropout): save it in training mode for it to act;
+  pathkernel draws its masks itself, seeded by the step, the dropout site
+  and the example's input, so that replay and the decomposition draw them
+  again. Dropout2d and AlphaDropout are refused in training mode.
 
 This script exports three examples:
 

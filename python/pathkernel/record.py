@@ -33,6 +33,11 @@ the only change to the gradients between ``backward()`` and
 declared with ``rec.step(idx, clip_factor=c)``; the weights change only in
 ``optimizer.step()``. Anything else shows up in ``pathkernel verify`` as a
 rounding term far above rounding, at the step where it happened.
+
+Dropout: while the recorder is open, the model's ``nn.Dropout`` modules draw
+pathkernel's own masks (pathkernel.dropout), which the engine draws again for
+each training point; keep the model in the mode (train or eval) it had when
+the recorder was created.
 """
 import io
 import math
@@ -48,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from . import __version__ as _pathkernel_version
+from .dropout import SeededForward, graph_sites
 from ._files import file_record, json_text, npy_bytes, step_name, sync_files, write_atomic
 
 __all__ = ["Recorder", "RecorderError", "clip_grad_norm_", "SUPPORTED_OPTIMIZERS", "LOSSES"]
@@ -196,7 +202,7 @@ def _coupling_modules(model):
             out.append((name or kind, m, "batch"))
         elif isinstance(m, torch.nn.modules.dropout._DropoutNd) or kind in _DROPOUT_NAMES:
             p = getattr(m, "p", 1.0)
-            if p > 0:
+            if p > 0 and kind != "Dropout":
                 out.append((name or kind, m, "dropout"))
     return out
 
@@ -212,8 +218,27 @@ def _check_modes(coupling, when):
                   "has a gradient of its own, so there is no per-example decomposition. Call .eval() on it "
                   "(it then uses fixed running statistics) or use LayerNorm/GroupNorm" % (when, name))
         if why == "dropout" and m.training:
-            _fail("%s: '%s' is an active Dropout: its random masks are not recorded, so the steps cannot be "
-                  "decomposed. Call .eval() on it (or set p=0)" % (when, name))
+            _fail("%s: '%s' is an active %s: pathkernel draws the masks of nn.Dropout and F.dropout itself, "
+                  "seeded per step and example, and cannot draw this kind's (channel or alpha dropout) again, "
+                  "so the steps could not be decomposed. Use nn.Dropout, or call .eval() on it (or set p=0)"
+                  % (when, name, _kind_name(m)))
+
+
+class _eval_mode:
+    """Puts a module and its submodules in eval mode for a block, then gives
+    each its own mode back."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __enter__(self):
+        self._modes = [(m, m.training) for m in self._module.modules()]
+        self._module.eval()
+
+    def __exit__(self, *exc):
+        for m, mode in self._modes:
+            m.training = mode
+        return False
 
 
 def _hyper_parameters(optimizer, group):
@@ -425,9 +450,10 @@ class Recorder:
         self._numels = [p.numel() for p in self._params]
         self.parameter_count = int(sum(self._numels))
 
-        # The model's output on a probe batch, and the labels.
+        # The model's output on a probe batch, and the labels; dropout off on
+        # both sides (torch's masks are not the engine's).
         probe = self._x[: min(n, 8)]
-        with torch.no_grad():
+        with torch.no_grad(), _eval_mode(model), _eval_mode(script):
             try:
                 out = model(probe)
             except Exception as e:
@@ -465,6 +491,14 @@ class Recorder:
             self._yt = self._check_targets(self._yt, self._xt, "test", K)
         self.num_train, self.num_test = int(n), int(self._xt.shape[0])
 
+        # Dropout: pathkernel draws the masks (pathkernel.dropout), by site.
+        sites, nested = graph_sites(script)
+        if nested > 0 and model.training:
+            _fail("the model's TorchScript forward has %d dropout site(s) inside a branch or a loop (a call of "
+                  "F.dropout from a forward compiles to a branch on `inplace`); pathkernel draws dropout masks "
+                  "itself, numbered by site, and numbers only the sites of the forward's own block in the order "
+                  "they are called. Use nn.Dropout modules, or call .eval() on the model" % nested)
+
         # The directory.
         self._prepare_directory(overwrite)
 
@@ -492,6 +526,7 @@ class Recorder:
         self._module_record = file_record("model.pt", module_bytes)
         # pathkernel's copy, to evaluate the loss at w_s and the accuracies.
         self._eval_module = torch.jit.load(io.BytesIO(module_bytes))
+        self._eval_module.eval()  # metrics without dropout, as pathkernel's own training writes them
         self._eval_params = dict(self._eval_module.named_parameters())
 
         self.steps = 0
@@ -520,6 +555,18 @@ class Recorder:
         self._write_manifest()
         self._install_step_hook(optimizer)
         self._closed = False
+        # Dropout draws the engine's masks while recording (pathkernel.dropout).
+        self._dropout = None
+        if sites > 0:
+            self._modes = [m.training for m in model.modules()]
+
+            def mismatch(called, expected):
+                _fail("step %d: the model's forward called dropout %d time(s), but its TorchScript graph holds %d "
+                      "dropout site(s); pathkernel numbers the sites in graph order and draws their masks "
+                      "itself. Call dropout through nn.Dropout modules or torch.nn.functional.dropout "
+                      "(as F.dropout), outside branches and loops" % (self.steps, called, expected))
+
+            self._dropout = SeededForward(model, 0, lambda: self.steps, sites, mismatch)
         _open_recorders.add(self)
 
     # ---------------------------------------------------------------- set-up
@@ -717,6 +764,10 @@ class Recorder:
                       "a per-step learning rate only (for OneCycleLR pass cycle_momentum=False)"
                       % (s, ", ".join(changed), i, ", ".join("%s=%r" % (k, now.get(k)) for k in changed)))
         _check_modes(self._coupling, "step %d" % s)
+        if self._dropout is not None and [m.training for m in self._model.modules()] != self._modes:
+            _fail("step %d: the model's modes (train/eval) are not those it had when the Recorder was created, "
+                  "which its saved TorchScript keeps; pathkernel draws dropout where the saved module is in "
+                  "training mode. Train in the mode the model had then (model.train() after evaluating)" % s)
         for n_, p in zip(self._names, self._params):
             if p.grad is None:
                 _fail("step %d: parameter '%s' has no gradient, so torch's optimizer skipped it (no weight decay, "
@@ -890,7 +941,13 @@ class Recorder:
                          "test_accuracy": self._accuracy(self._xt, self._yt)}
         self._flush()
         self._closed = True
+        self._release_dropout()
         _open_recorders.discard(self)
+
+    def _release_dropout(self):
+        if getattr(self, "_dropout", None) is not None:
+            self._dropout.remove()
+            self._dropout = None
 
     def close(self):
         """Ends the recording: writes the last batches, the summary and the
@@ -911,6 +968,7 @@ class Recorder:
             self._message = "the training loop raised %s: %s" % (exc_type.__name__, exc)
             self._flush()
             self._closed = True
+            self._release_dropout()
             _open_recorders.discard(self)
         return False
 

@@ -104,5 +104,17 @@ def batches(n, b, steps, seed=1):
     return out[:steps]
 
 
+def record_cross_entropy(run, model, opt, x, y, batch, steps, test=4):
+    """The plainest recorded loop: cross-entropy on the loop's own batches,
+    the first `test` training points as the test set."""
+    with Recorder(run, model, opt, x, y, test_x=x[:test], test_y=y[:test]) as rec:
+        for idx in batches(x.shape[0], batch, steps):
+            opt.zero_grad()
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+            rec.step(idx)
+    return rec
+
+
 def loss_fn(kind):
     return {"cross_entropy": F.cross_entropy, "nll": F.nll_loss, "mse": F.mse_loss}[kind]

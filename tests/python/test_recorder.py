@@ -521,9 +521,34 @@ class Refusals(TempDirTest):
         self.refuse(r"'norm' is a BatchNorm .* couples the examples of a batch.*\.eval\(\)", model, opt, self.x, self.y)
         model.norm.eval()
         Recorder(self.path("eval"), model, opt, self.x, self.y).close()
+        # nn.Dropout draws pathkernel's masks (pathkernel.dropout); channel and
+        # alpha dropout, whose masks it cannot draw, are refused while active.
         model = WithNorm(nn.Dropout(0.5)).double()
+        Recorder(self.path("dropout"), model, torch.optim.SGD(model.parameters(), lr=0.1), self.x, self.y).close()
+        for kind in (nn.Dropout1d(0.5), nn.AlphaDropout(0.5)):
+            model = WithNorm(kind).double()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            self.refuse(r"'norm' is an active %s: .* Use nn.Dropout, or call .eval\(\)" % type(kind).__name__,
+                        model, opt, self.x, self.y)
+
+    def test_functional_dropout_in_training_mode(self):
+        class Functional(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 6)
+                self.out = nn.Linear(6, 3)
+
+            def forward(self, x):
+                return self.out(F.dropout(self.fc(x), 0.3, self.training))
+
+        original = F.dropout
+        model = Functional().double()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        self.refuse(r"'norm' is an active Dropout", model, opt, self.x, self.y)
+        self.refuse(r"2 dropout site\(s\) inside a branch or a loop .* Use nn.Dropout modules", model, opt,
+                    self.x, self.y)
+        self.assertIs(F.dropout, original)
+        model.eval()  # passes its input through: nothing to draw
+        Recorder(self.path("eval"), model, opt, self.x, self.y).close()
 
     def test_mixed_dtypes_and_existing_directory(self):
         model = mlp()

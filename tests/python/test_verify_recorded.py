@@ -6,8 +6,8 @@ These need the engine that reads a recorded path (issue 18's C++ side)."""
 import json
 import re
 
-from _helpers import (F, Recorder, TempDirTest, batches, blobs, cli, clip_grad_norm_, loss_fn, mlp, need_binary, nn,
-                      torch)
+from _helpers import (F, Recorder, TempDirTest, batches, blobs, cli, cli_json, clip_grad_norm_, loss_fn, mlp, need_binary,
+                      nn, record_cross_entropy, torch)
 
 MAX_REL_ERROR = 1e-12
 # |E|, the rounding term, of a loop the declaration describes: rounding of a
@@ -120,12 +120,7 @@ class MoreOutputsThanLabels(TempDirTest):
         model = mlp(k=4)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         run = self.path("k4")
-        with Recorder(run, model, opt, x, y, test_x=x[:4], test_y=y[:4]) as rec:
-            for idx in batches(30, 6, 6):
-                opt.zero_grad()
-                F.cross_entropy(model(x[idx]), y[idx]).backward()
-                opt.step()
-                rec.step(idx)
+        record_cross_entropy(run, model, opt, x, y, 6, 6)
         rc, out, err = cli(["--quiet", "--json", "verify", run, "--test", "3"], cwd=self.tmp)
         self.assertEqual(rc, 0, "verify failed:\n%s\n%s" % (out, err[-3000:]))
         j = json.loads(out[out.find("{"):])
@@ -205,3 +200,86 @@ class ReluModel(TempDirTest):
         j = json.loads(out[out.find("{"):])
         self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
         self.assertTrue(re.match(r"float64", j.get("dtype", "float64")))
+
+
+class Dropout(nn.Module):
+    """Two nn.Dropout sites, one on a ReLU layer, one on a tanh layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 12)
+        self.drop1 = nn.Dropout(0.3)
+        self.fc2 = nn.Linear(12, 12)
+        self.drop2 = nn.Dropout(0.2)
+        self.out = nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.out(self.drop2(torch.tanh(self.fc2(self.drop1(torch.relu(self.fc1(x)))))))
+
+
+class DropoutLoop(TempDirTest):
+    """A loop whose model has dropout: the recorder has it draw pathkernel's
+    own masks, seeded per step, site and example, so the C++ engine computes
+    each training point's gradient under the mask it had, and every recorded
+    update is explained. Drawn by torch instead, the updates are not."""
+
+    def record(self, run, optimizer="momentum"):
+        x, y = blobs(40)
+        torch.manual_seed(3)
+        model = Dropout().double()
+        record_cross_entropy(run, model, OPTIMIZERS[optimizer](model.parameters()), x, y, 8, 12, test=6)
+
+    def verify(self, run):
+        return cli_json(self, ["verify", run, "--test", "3"], cwd=self.tmp)
+
+    def test_masks_are_the_engines(self):
+        need_binary(self)
+        original = F.dropout
+        for optimizer in ("sgd", "momentum", "adamw"):
+            with self.subTest(optimizer=optimizer):
+                run = self.path("drop-" + optimizer)
+                self.record(run, optimizer)
+                j = self.verify(run)
+                self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, j)
+                self.assertLessEqual(j["max_abs_rounding"], MAX_ROUNDING, j)
+                self.assertTrue(j["updates_explained"], j)
+        self.assertIs(F.dropout, original)  # torch's own again once the recorders closed
+
+    def test_torchs_own_masks_leave_the_updates_unexplained(self):
+        need_binary(self)
+        import pathkernel.record as record_module
+
+        class TorchMasks:  # the recorder without pathkernel's masks
+            def __init__(self, *args):
+                pass
+
+            def remove(self):
+                pass
+
+        saved = record_module.SeededForward
+        record_module.SeededForward = TorchMasks
+        try:
+            run = self.path("torch-masks")
+            self.record(run, "sgd")
+        finally:
+            record_module.SeededForward = saved
+        j = self.verify(run)
+        self.assertFalse(j["updates_explained"], j)
+        self.assertEqual(j["first_unexplained_step"], 0, j)
+
+    def test_a_mode_change_is_refused_at_its_step(self):
+        original = F.dropout
+        x, y = blobs(20)
+        model = Dropout().double()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rec = Recorder(self.path("modes"), model, opt, x, y)
+        idx = torch.arange(5)
+        model.eval()  # evaluating, and training on without model.train()
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+        with self.assertRaisesRegex(Exception, r"step 0: the model's modes \(train/eval\) are not those it had"):
+            rec.step(idx)
+        self.assertIsNot(F.dropout, original)  # pathkernel's masks while the recorder is open
+        rec.close()
+        self.assertIs(F.dropout, original)
