@@ -226,7 +226,8 @@ json row_pytorch_peer_generic(const BenchConfig& c) {
   DecompositionOptions o = quiet_decomposition();
   o.quadrature.route = ModuleRoute::Generic;
   Decomposition d;
-  double pk = time_decompose(reader, x, o, c.repeats, d);
+  // Once: about 50 s, not a short measurement (--repeats); three took 212 s of the suite.
+  double pk = time_decompose(reader, x, o, 1, d);
   const std::string ex = c.work + "/peer_input_generic";
   export_peer_input(reader, x, d, kAlgorithm1Model, s.T, ex);
   PeerResult peer = run_peer(c, ex);
