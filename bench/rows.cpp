@@ -215,7 +215,7 @@ json row_pytorch_peer_generic(const BenchConfig& c) {
   Algorithm1Setup s = algorithm1_setup(c);
   const std::string module = c.work + "/generic_mlp.pt";
   std::filesystem::create_directories(c.work);
-  const int64_t inputs = PathReader(algorithm1_run(c).out).dataset().x_train.size(1);  // trained by algorithm1
+  const int64_t inputs = load_dataset(algorithm1_run(c).data).x_train.size(1);  // the row runs alone too
   run_python(c, "examples/export_model.py mlp " + module + " --inputs " + std::to_string(inputs) + " --hidden " +
                     std::to_string(kAlgorithm1Hidden) + " --classes 3");
   RunOptions r = run_options("gaussians3", s.train, "torchscript:" + module, "gd", s.steps, 0, 0.1,
