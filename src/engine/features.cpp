@@ -884,10 +884,73 @@ torch::Tensor tangent_kernel_rows(const SegmentEvaluator& ev, const std::vector<
   return total;
 }
 
+namespace {
+
+/// contract() for the signals of every output of the same training rows
+/// (train_output_signals: one set of inputs, K' sets of signals), at once:
+/// [n, B, K, K']. What depends on the rows' inputs alone, the Summed form's
+/// input products and the Rows form's dense block against the training
+/// inputs, is formed once instead of K' times, and the K' signal sets go
+/// through one product each.
+torch::Tensor contract_outputs(const SegmentEvaluator& ev, const TestFeatures& f, const std::vector<TrainSignals>& ts) {
+  const TrainSignals& t0 = ts.front();
+  const int64_t Kp = static_cast<int64_t>(ts.size());
+  torch::Tensor total;  // [K, n, K', B]
+  for (size_t l = 0; l < f.layers.size(); ++l) {
+    const LayerFeatures& lf = f.layers[l];
+    std::vector<torch::Tensor> sig;  // K' x [B, ...]
+    for (const TrainSignals& t : ts) sig.push_back(t.signals[l]);
+    torch::Tensor part;
+    switch (lf.form) {
+      case Form::Summed: {
+        const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;
+        const torch::Tensor a = torch::addmm(torch::full({1}, bias, f.weight.options()), lf.inputs, t0.inputs[l].t());
+        const torch::Tensor s = torch::cat(sig);                                          // [K'·B, out]
+        const int64_t K = lf.signals.size(0), n = lf.signals.size(1), B = a.size(1);
+        part = torch::matmul(lf.signals, s.t()).view({K, n, Kp, B}) * a.view({1, n, 1, B});
+        break;
+      }
+      case Form::Rows: {
+        const torch::Tensor& s = lf.signals;  // [K, R, out]
+        const int64_t K = s.size(0), R = s.size(1), out = s.size(2), in = lf.inputs.size(1);
+        const int64_t n = f.num_points, B = t0.inputs[l].size(0);
+        const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;
+        if (R * (in + out) > n * in * out) {  // the dense block, as in contract()
+          const int64_t cols = in + (bias ? 1 : 0);
+          torch::Tensor ones = torch::ones({R, 1}, f.weight.options());
+          torch::Tensor rows = bias ? torch::cat({lf.inputs, ones}, 1) : lf.inputs;
+          torch::Tensor block = aggregate(f, s.unsqueeze(3) * rows.unsqueeze(0).unsqueeze(2));  // [K, n, out, in+1]
+          torch::Tensor ai = bias ? torch::cat({t0.inputs[l], torch::ones({B, 1}, ones.options())}, 1)
+                                  : t0.inputs[l];
+          const torch::Tensor y = torch::matmul(block.reshape({K * n * out, cols}), ai.t()).view({K, n, out, B});
+          std::vector<torch::Tensor> per;
+          for (const torch::Tensor& d : sig) per.push_back((y * d.t().view({1, 1, out, B})).sum(2));  // [K, n, B]
+          part = torch::stack(per, 2);
+        } else {
+          const torch::Tensor a =
+              torch::addmm(torch::full({1}, bias, f.weight.options()), lf.inputs, t0.inputs[l].t());  // [R, B]
+          const torch::Tensor dd = torch::matmul(s, torch::cat(sig).t()).view({K, R, Kp, B});
+          part = aggregate(f, dd * a.view({1, R, 1, B}));  // [K, n, K', B]
+        }
+        break;
+      }
+      case Form::Dense: {
+        std::vector<torch::Tensor> g;  // K' x [B, Q]
+        for (const TrainSignals& t : ts) g.push_back(layer_sample_gradients(ev, t, l));
+        const torch::Tensor& b = lf.block;  // [K, n, Q]
+        part = torch::matmul(b, torch::cat(g).t()).view({b.size(0), b.size(1), Kp, -1});
+        break;
+      }
+    }
+    total = total.defined() ? total + part : part;
+  }
+  return total.permute({1, 3, 0, 2}).contiguous();  // [n, B, K, K']
+}
+
+}  // namespace
+
 torch::Tensor output_kernel(const SegmentEvaluator& ev, const TestFeatures& f, const torch::Tensor& x) {
-  std::vector<torch::Tensor> parts;
-  for (const TrainSignals& t : train_output_signals(ev, x)) parts.push_back(contract(ev, f, t));  // [n, B, K]
-  return torch::stack(parts, 3);
+  return contract_outputs(ev, f, train_output_signals(ev, x));
 }
 
 torch::Tensor aggregate(const TestFeatures& f, const torch::Tensor& x) {

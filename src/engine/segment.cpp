@@ -10,6 +10,14 @@
 
 namespace pathkernel {
 
+namespace {
+
+/// Whether every row of a pass is at t = 0, where the weights are w_s alone
+/// and the direction's products (times 0) add nothing.
+bool all_zero(const torch::Tensor& t) { return t.numel() == 0 || !t.ne(0).any().item<bool>(); }
+
+}  // namespace
+
 Network engine_network(NetworkOptions options) {
   options.dtype = torch::kFloat64;
   return build_network(options);
@@ -270,6 +278,8 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
   }
   torch::AutoGradMode grad_mode(track);
   pass.t = t;
+  // Every row at w_s (the training side's passes): one product per layer.
+  const bool at_start = all_zero(t);
   torch::Tensor h = track ? x.detach().clone().requires_grad_(true) : x;
   size_t l = 0;
   pass.argmax.resize(layers_.size());
@@ -279,8 +289,8 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
     switch (layer.kind) {
       case Kind::Linear: {
         pass.inputs.push_back(h);
-        torch::Tensor y = torch::addmm(bias_of(w_, l), h, weight_of(w_, l).t()) +
-                          t.view({-1, 1}) * torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t());
+        torch::Tensor y = torch::addmm(bias_of(w_, l), h, weight_of(w_, l).t());
+        if (!at_start) y = y + t.view({-1, 1}) * torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t());
         pass.preacts.push_back(y);
         h = y;
         ++l;
@@ -291,7 +301,8 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
         auto conv = [&](const torch::Tensor& v) {
           return torch::conv2d(h, weight_of(v, l), bias_of(v, l), 1, layer.padding);
         };
-        torch::Tensor y = conv(w_) + t.view({-1, 1, 1, 1}) * conv(dw_);
+        torch::Tensor y = conv(w_);
+        if (!at_start) y = y + t.view({-1, 1, 1, 1}) * conv(dw_);
         pass.preacts.push_back(y);
         h = y;
         ++l;
@@ -359,6 +370,7 @@ std::vector<torch::Tensor> SegmentEvaluator::hand_signals(const SegmentPass& pas
   // (the rows' own shape with K in front); the weights at row r are
   // W_s + t_r dW_s, so every param layer's backward is two products.
   const torch::Tensor t = pass.t;
+  const bool at_start = all_zero(t);  // one product per layer
   std::vector<torch::Tensor> sig(params_.size());
   torch::Tensor g = c;
   size_t l = params_.size();
@@ -371,7 +383,8 @@ std::vector<torch::Tensor> SegmentEvaluator::hand_signals(const SegmentPass& pas
       case Kind::Linear:
         sig[--l] = g;
         if (l == 0) return sig;
-        g = torch::matmul(g, weight_of(w_, l)) + t.view({1, R, 1}) * torch::matmul(g, weight_of(dw_, l));
+        g = at_start ? torch::matmul(g, weight_of(w_, l))
+                     : torch::matmul(g, weight_of(w_, l)) + t.view({1, R, 1}) * torch::matmul(g, weight_of(dw_, l));
         break;
       case Kind::Conv2d: {
         sig[--l] = g;
@@ -385,7 +398,7 @@ std::vector<torch::Tensor> SegmentEvaluator::hand_signals(const SegmentPass& pas
                                                          {d.padding, d.padding}, {1, 1}, false, {0, 0}, 1,
                                                          {true, false, false}));
         };
-        g = (back(w_) + t.repeat({K}).view({-1, 1, 1, 1}) * back(dw_)).unflatten(0, {K, R});
+        g = (at_start ? back(w_) : back(w_) + t.repeat({K}).view({-1, 1, 1, 1}) * back(dw_)).unflatten(0, {K, R});
         break;
       }
       case Kind::ReLU:

@@ -39,19 +39,48 @@ NetworkOptions options_for(const Case& c, uint64_t seed) {
   return o;
 }
 
+/// A network of the case, a segment w, w + dw of it, 4 test and 5 training inputs.
+struct Segment {
+  NetworkOptions options;
+  Network net{nullptr};
+  int64_t p = 0;
+  torch::Tensor w, dw, x_test, x_train;
+};
+
+Segment segment_for(const Case& c, uint64_t net_seed, uint64_t draw_seed) {
+  Segment s;
+  s.options = options_for(c, net_seed);
+  s.net = build_network(s.options);
+  s.p = parameter_count(s.net);
+  torch::manual_seed(draw_seed);
+  s.w = flatten_parameters(s.net);
+  s.dw = 0.2 * torch::randn({s.p}, torch::kFloat64);
+  std::vector<int64_t> xs{4}, xt{5};
+  xs.insert(xs.end(), c.shape.begin(), c.shape.end());
+  xt.insert(xt.end(), c.shape.begin(), c.shape.end());
+  s.x_test = torch::randn(xs, torch::kFloat64);
+  s.x_train = torch::randn(xt, torch::kFloat64);
+  return s;
+}
+
+/// J̄_k(x) of a riemann:3 rule on the segment, by autograd: [P].
+torch::Tensor riemann3_feature(Network& ref, const Segment& s, const torch::Tensor& x, int64_t k) {
+  torch::Tensor jbar = torch::zeros({s.p}, torch::kFloat64);
+  for (double t : {0.0, 1.0 / 3, 2.0 / 3}) {
+    jbar += flat_grad(ref, s.w + t * s.dw, x, [&](const torch::Tensor& f) { return f[0][k]; }) / 3;
+  }
+  return jbar;
+}
+
 // <J̄_k(x_n), g_i> with a riemann:3 rule, against per-sample autograd Jacobians;
 // also J̄ itself in dense form, and the dense contraction.
 TEST(Features, ContractionMatchesPerSampleAutograd) {
   for (const Case& c : kCases) {
-    NetworkOptions o = options_for(c, 11);
-    Network net = build_network(o);
-    const int64_t p = parameter_count(net);
-    torch::manual_seed(5);
-    torch::Tensor w = flatten_parameters(net), dw = 0.2 * torch::randn({p}, torch::kFloat64);
-    std::vector<int64_t> xs{4}, xt{5};
-    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
-    xt.insert(xt.end(), c.shape.begin(), c.shape.end());
-    torch::Tensor x_test = torch::randn(xs, torch::kFloat64), x_train = torch::randn(xt, torch::kFloat64);
+    Segment sg = segment_for(c, 11, 5);
+    Network& net = sg.net;
+    const NetworkOptions& o = sg.options;
+    const int64_t p = sg.p;
+    const torch::Tensor &w = sg.w, &dw = sg.dw, &x_test = sg.x_test, &x_train = sg.x_train;
     torch::Tensor y_train = torch::tensor({0, 2, 1, 1, 0}, torch::kLong);
 
     SegmentEvaluator ev(net);
@@ -68,10 +97,7 @@ TEST(Features, ContractionMatchesPerSampleAutograd) {
     Network ref = build_network(o);
     for (int64_t n = 0; n < 4; ++n) {
       for (int64_t k = 0; k < 3; ++k) {
-        torch::Tensor jbar = torch::zeros({p}, torch::kFloat64);
-        for (double t : {0.0, 1.0 / 3, 2.0 / 3}) {
-          jbar += flat_grad(ref, w + t * dw, x_test.narrow(0, n, 1), [&](const torch::Tensor& f) { return f[0][k]; }) / 3;
-        }
+        const torch::Tensor jbar = riemann3_feature(ref, sg, x_test.narrow(0, n, 1), k);
         for (int64_t i = 0; i < 5; ++i) {
           torch::Tensor g = flat_grad(ref, w, x_train.narrow(0, i, 1), [&](const torch::Tensor& f) {
             return training_loss(f, y_train.narrow(0, i, 1), c.map);
@@ -89,6 +115,38 @@ TEST(Features, ContractionMatchesPerSampleAutograd) {
     }
     EXPECT_LE((got_dense - got).abs().max().item<double>(), 1e-12 * std::max(1.0, got.abs().max().item<double>()))
         << name(c) << " contract_dense";
+  }
+}
+
+// The kernel blocks J̄_k(x_n) · ∇f_k'(w, x_i) of every output pair, formed for
+// all K' training outputs at once (the Summed, both Rows and the Dense
+// forms), against per-sample autograd Jacobians.
+TEST(Features, OutputKernelMatchesPerSampleAutograd) {
+  for (const Case& c : kCases) {
+    Segment sg = segment_for(c, 13, 7);
+    SegmentEvaluator ev(sg.net);
+    ev.set_segment(sg.w, sg.dw);
+    QuadratureOptions q;
+    q.spec = QuadratureSpec::parse("riemann:3");
+    TestFeatures f = test_features(ev, sg.x_test, q);
+    const torch::Tensor got = output_kernel(ev, f, sg.x_train);  // [4, 5, 3, 3]
+    ASSERT_EQ(got.sizes(), (std::vector<int64_t>{4, 5, 3, 3})) << name(c);
+
+    Network ref = build_network(sg.options);
+    const double scale = std::max(1.0, got.abs().max().item<double>());
+    for (int64_t n = 0; n < 4; ++n) {
+      for (int64_t k = 0; k < 3; ++k) {
+        const torch::Tensor jbar = riemann3_feature(ref, sg, sg.x_test.narrow(0, n, 1), k);
+        for (int64_t i = 0; i < 5; ++i) {
+          for (int64_t k2 = 0; k2 < 3; ++k2) {
+            const torch::Tensor ji =
+                flat_grad(ref, sg.w, sg.x_train.narrow(0, i, 1), [&](const torch::Tensor& f) { return f[0][k2]; });
+            EXPECT_NEAR(got[n][i][k][k2].item<double>(), jbar.dot(ji).item<double>(), 1e-12 * scale)
+                << name(c) << " test " << n << " train " << i << " outputs " << k << ", " << k2;
+          }
+        }
+      }
+    }
   }
 }
 
