@@ -886,12 +886,16 @@ torch::Tensor tangent_kernel_rows(const SegmentEvaluator& ev, const std::vector<
 
 namespace {
 
-/// contract() for the signals of every output of the same training rows
-/// (train_output_signals: one set of inputs, K' sets of signals), at once:
-/// [n, B, K, K']. What depends on the rows' inputs alone, the Summed form's
-/// input products and the Rows form's dense block against the training
-/// inputs, is formed once instead of K' times, and the K' signal sets go
-/// through one product each.
+/// The rows of tensors `v` laid end to end (the one tensor itself, uncopied,
+/// when there is one).
+torch::Tensor end_to_end(const std::vector<torch::Tensor>& v) { return v.size() == 1 ? v[0] : torch::cat(v); }
+
+/// <J̄_k(x_n), ·> against K' sets of training signals of the same rows (one
+/// set of inputs: train_signals' loss signals, or train_output_signals' every
+/// output): [n, B, K, K']. What depends on the rows' inputs alone, the Summed
+/// form's input products and the Rows form's dense block against the
+/// training inputs, is formed once for all K' sets, and each form takes one
+/// product for all of them.
 torch::Tensor contract_outputs(const SegmentEvaluator& ev, const TestFeatures& f, const std::vector<TrainSignals>& ts) {
   const TrainSignals& t0 = ts.front();
   const int64_t Kp = static_cast<int64_t>(ts.size());
@@ -903,33 +907,39 @@ torch::Tensor contract_outputs(const SegmentEvaluator& ev, const TestFeatures& f
     torch::Tensor part;
     switch (lf.form) {
       case Form::Summed: {
+        // Σ_r ω_r (δ_r·δ_i)(x·a_i + 1) = (x·a_i + 1)((Σ_r ω_r δ_r)·δ_i): the nodes collapse
+        // (without the 1 for a layer without bias).
         const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;
         const torch::Tensor a = torch::addmm(torch::full({1}, bias, f.weight.options()), lf.inputs, t0.inputs[l].t());
-        const torch::Tensor s = torch::cat(sig);                                          // [K'·B, out]
         const int64_t K = lf.signals.size(0), n = lf.signals.size(1), B = a.size(1);
-        part = torch::matmul(lf.signals, s.t()).view({K, n, Kp, B}) * a.view({1, n, 1, B});
+        part = torch::matmul(lf.signals, end_to_end(sig).t()).view({K, n, Kp, B}) * a.view({1, n, 1, B});
         break;
       }
       case Form::Rows: {
         const torch::Tensor& s = lf.signals;  // [K, R, out]
         const int64_t K = s.size(0), R = s.size(1), out = s.size(2), in = lf.inputs.size(1);
         const int64_t n = f.num_points, B = t0.inputs[l].size(0);
-        const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;
-        if (R * (in + out) > n * in * out) {  // the dense block, as in contract()
+        const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;  // the bias's "input" 1
+        if (R * (in + out) > n * in * out) {
+          // Few weights, many rows (docs/math.md §8): the dense block
+          // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, n, out, in+1], then
+          // δ_iᵀ J̄ [a_i, 1] for every training row: one GEMM against the
+          // training inputs, which are read once (per-sample gradients are
+          // never formed).
           const int64_t cols = in + (bias ? 1 : 0);
           torch::Tensor ones = torch::ones({R, 1}, f.weight.options());
-          torch::Tensor rows = bias ? torch::cat({lf.inputs, ones}, 1) : lf.inputs;
+          torch::Tensor rows = bias ? torch::cat({lf.inputs, ones}, 1) : lf.inputs;  // [R, in+1]
           torch::Tensor block = aggregate(f, s.unsqueeze(3) * rows.unsqueeze(0).unsqueeze(2));  // [K, n, out, in+1]
           torch::Tensor ai = bias ? torch::cat({t0.inputs[l], torch::ones({B, 1}, ones.options())}, 1)
-                                  : t0.inputs[l];
+                                  : t0.inputs[l];                                                 // [B, in+1]
           const torch::Tensor y = torch::matmul(block.reshape({K * n * out, cols}), ai.t()).view({K, n, out, B});
           std::vector<torch::Tensor> per;
           for (const torch::Tensor& d : sig) per.push_back((y * d.t().view({1, 1, out, B})).sum(2));  // [K, n, B]
-          part = torch::stack(per, 2);
+          part = Kp == 1 ? per[0].unsqueeze(2) : torch::stack(per, 2);
         } else {
           const torch::Tensor a =
               torch::addmm(torch::full({1}, bias, f.weight.options()), lf.inputs, t0.inputs[l].t());  // [R, B]
-          const torch::Tensor dd = torch::matmul(s, torch::cat(sig).t()).view({K, R, Kp, B});
+          const torch::Tensor dd = torch::matmul(s, end_to_end(sig).t()).view({K, R, Kp, B});
           part = aggregate(f, dd * a.view({1, R, 1, B}));  // [K, n, K', B]
         }
         break;
@@ -938,7 +948,7 @@ torch::Tensor contract_outputs(const SegmentEvaluator& ev, const TestFeatures& f
         std::vector<torch::Tensor> g;  // K' x [B, Q]
         for (const TrainSignals& t : ts) g.push_back(layer_sample_gradients(ev, t, l));
         const torch::Tensor& b = lf.block;  // [K, n, Q]
-        part = torch::matmul(b, torch::cat(g).t()).view({b.size(0), b.size(1), Kp, -1});
+        part = torch::matmul(b, end_to_end(g).t()).view({b.size(0), b.size(1), Kp, -1});
         break;
       }
     }
@@ -983,52 +993,7 @@ torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, 
 }
 
 torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const TrainSignals& t) {
-  torch::Tensor total;  // [K, n, B]
-  for (size_t l = 0; l < f.layers.size(); ++l) {
-    const LayerFeatures& lf = f.layers[l];
-    torch::Tensor part;
-    switch (lf.form) {
-      case Form::Summed: {
-        // Σ_r ω_r (δ_r·δ_i)(x·a_i + 1) = (x·a_i + 1)((Σ_r ω_r δ_r)·δ_i): the nodes collapse
-        // (without the 1 for a layer without bias).
-        const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;
-        torch::Tensor a = torch::addmm(torch::full({1}, bias, f.weight.options()), lf.inputs, t.inputs[l].t());
-        part = torch::matmul(lf.signals, t.signals[l].t()) * a.unsqueeze(0);     // [K, n, B]
-        break;
-      }
-      case Form::Rows: {
-        const torch::Tensor& s = lf.signals;                                       // [K, R, out]
-        const int64_t K = s.size(0), R = s.size(1), out = s.size(2), in = lf.inputs.size(1);
-        const int64_t n = f.num_points, B = t.inputs[l].size(0);
-        const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;  // the bias's "input" 1
-        if (R * (in + out) > n * in * out) {
-          // Few weights, many rows (docs/math.md §8): the dense block
-          // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, n, out, in+1], then
-          // δ_iᵀ J̄ [a_i, 1] for every training row: one GEMM against the
-          // training inputs, which are read once (per-sample gradients are
-          // never formed).
-          const int64_t cols = in + (bias ? 1 : 0);
-          torch::Tensor ones = torch::ones({R, 1}, f.weight.options());
-          torch::Tensor rows = bias ? torch::cat({lf.inputs, ones}, 1) : lf.inputs;  // [R, in+1]
-          torch::Tensor block = aggregate(f, s.unsqueeze(3) * rows.unsqueeze(0).unsqueeze(2));  // [K, n, out, in+1]
-          torch::Tensor ai = bias ? torch::cat({t.inputs[l], torch::ones({B, 1}, ones.options())}, 1)
-                                  : t.inputs[l];                                                 // [B, in+1]
-          torch::Tensor y = torch::matmul(block.reshape({K * n * out, cols}), ai.t());           // [K·n·out, B]
-          part = (y.view({K, n, out, B}) * t.signals[l].t().view({1, 1, out, B})).sum(2);        // [K, n, B]
-        } else {
-          torch::Tensor a = torch::addmm(torch::full({1}, bias, f.weight.options()), lf.inputs, t.inputs[l].t());  // [R, B]
-          torch::Tensor dd = torch::matmul(s, t.signals[l].t());                      // [K, R, B]
-          part = aggregate(f, dd * a.unsqueeze(0));                                  // [K, n, B]
-        }
-        break;
-      }
-      case Form::Dense:
-        part = torch::matmul(lf.block, layer_sample_gradients(ev, t, l).t());       // [K, n, B]
-        break;
-    }
-    total = total.defined() ? total + part : part;
-  }
-  return total.permute({1, 2, 0}).contiguous();  // [n, B, K]
+  return contract_outputs(ev, f, {t}).squeeze(3);  // [n, B, K]
 }
 
 torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f) {
