@@ -14,9 +14,11 @@ which the per-example decomposition needs.
 While a Recorder is open on a model with dropout, the model's forward passes
 draw these masks: ``F.dropout`` (which ``nn.Dropout`` calls) is replaced by
 ``seeded_dropout`` inside them, the sites numbered in call order. That is the
-graph's order for a forward whose dropouts are not inside branches or loops;
-the recorder checks that the forward calls dropout as many times as the graph
-holds dropout sites. Outside a recorded model's forward, ``F.dropout`` is
+graph's order when every site is in the forward's own block, as those of
+``nn.Dropout`` modules are; the recorder refuses a model in training mode with
+a site inside a branch or a loop (where ``F.dropout`` called from a forward
+compiles to), and checks that each forward calls dropout as many times as the
+graph holds sites. Outside a recorded model's forward, ``F.dropout`` is
 torch's own.
 """
 import threading
@@ -51,11 +53,12 @@ def row_hashes(x):
     return h
 
 
-def dropout_mask(seed, step, site, x, per_row, p):
+def dropout_mask(seed, step, site, x, per_row, p, hashes=None):
     """The engine's mask of site ``site`` at step ``step`` for the rows of the
-    network's input x: float64 [n, per_row], 1 / (1 - p) where kept, else 0."""
+    network's input x: float64 [n, per_row], 1 / (1 - p) where kept, else 0.
+    ``hashes``: row_hashes(x), when the caller has them already."""
     base = _mix(_mix(_mix(np.array([seed], dtype=np.uint64)) ^ _U64(step)) ^ _U64(site))
-    keys = _mix(base ^ row_hashes(x))
+    keys = _mix(base ^ (row_hashes(x) if hashes is None else hashes))
     with np.errstate(over="ignore"):
         z = _mix(keys[:, None] + np.arange(per_row, dtype=np.uint64)[None, :])
     u = (z >> _U64(11)).astype(np.float64) * 2.0 ** -53
@@ -107,7 +110,9 @@ def seeded_dropout(input, p=0.5, training=True, inplace=False):
     if p == 1:
         return input.mul_(0) if inplace else input * 0
     per_row = input.numel() // max(input.shape[0], 1)
-    mask = torch.from_numpy(dropout_mask(forward.seed, forward.step(), site, x, per_row, p))
+    if forward.hashes is None:  # once per forward, for all its sites
+        forward.hashes = row_hashes(x)
+    mask = torch.from_numpy(dropout_mask(forward.seed, forward.step(), site, x, per_row, p, forward.hashes))
     mask = mask.view(input.shape).to(input.dtype)
     return input.mul_(mask) if inplace else input * mask
 
@@ -121,7 +126,7 @@ class SeededForward:
     def __init__(self, model, seed, step, sites, on_mismatch):
         global _installs
         self.seed, self.step, self.expected, self._on_mismatch = seed, step, sites, on_mismatch
-        self.x, self.sites = None, 0
+        self.x, self.hashes, self.sites = None, None, 0
         self._hooks = [model.register_forward_pre_hook(self._pre), model.register_forward_hook(self._post)]
         with _lock:
             if _installs == 0:
@@ -129,7 +134,7 @@ class SeededForward:
             _installs += 1
 
     def _pre(self, module, args):
-        self.x, self.sites = args[0], 0
+        self.x, self.hashes, self.sites = args[0], None, 0
         _state.forward = self
 
     def _post(self, module, args, output):

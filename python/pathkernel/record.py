@@ -563,8 +563,9 @@ class Recorder:
             def mismatch(called, expected):
                 _fail("step %d: the model's forward called dropout %d time(s), but its TorchScript graph holds %d "
                       "dropout site(s); pathkernel numbers the sites in graph order and draws their masks "
-                      "itself. Call dropout through nn.Dropout modules or torch.nn.functional.dropout "
-                      "(as F.dropout), outside branches and loops" % (self.steps, called, expected))
+                      "itself, counting the calls of F.dropout. Call dropout through nn.Dropout modules "
+                      "(not torch.dropout, nor a dropout imported from torch.nn.functional by name)"
+                      % (self.steps, called, expected))
 
             self._dropout = SeededForward(model, 0, lambda: self.steps, sites, mismatch)
         _open_recorders.add(self)

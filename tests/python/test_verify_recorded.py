@@ -267,6 +267,23 @@ class DropoutLoop(TempDirTest):
         self.assertFalse(j["updates_explained"], j)
         self.assertEqual(j["first_unexplained_step"], 0, j)
 
+    def test_a_dropout_the_recorder_cannot_see_is_refused_at_its_forward(self):
+        class Direct(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 3)
+
+            def forward(self, x):
+                return torch.dropout(self.fc(x), 0.3, self.training)  # a graph site, not a call of F.dropout
+
+        x, y = blobs(20)
+        model = Direct().double()
+        rec = Recorder(self.path("direct"), model, torch.optim.SGD(model.parameters(), lr=0.1), x, y)
+        with self.assertRaisesRegex(Exception, r"step 0: the model's forward called dropout 0 time\(s\), but its "
+                                               r"TorchScript graph holds 1 dropout site\(s\).*nn.Dropout modules"):
+            model(x[:5])
+        rec.close()
+
     def test_a_mode_change_is_refused_at_its_step(self):
         original = F.dropout
         x, y = blobs(20)
