@@ -81,7 +81,7 @@ struct KinkSearch {
 
 /// Kinks inside every bracket. `preacts` are the kink sites of the evaluated
 /// rows (SegmentEvaluator::kink_values: own models' param layer
-/// pre-activations, a TorchScript module's ReLU inputs; rows first), `point` [rows] the test
+/// pre-activations, a TorchScript module's ReLU or fused max-pool inputs; rows first), `point` [rows] the test
 /// point of each row (an index into x) and `t` [rows] its position. Every
 /// unit whose pattern differs at a bracket's ends is located, so a bracket
 /// may yield several kinks; an even number of flips of one unit inside a

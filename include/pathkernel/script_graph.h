@@ -52,7 +52,7 @@ struct ScriptPass {
   torch::Tensor logits;                ///< [R, K], before the output map
   std::vector<torch::Tensor> inputs;   ///< per layer: a_l (Embedding: the token ids)
   std::vector<torch::Tensor> outputs;  ///< per layer: y_l at each row's t
-  std::vector<torch::Tensor> sites;    ///< per ReLU / leaky ReLU: its input, [R, U_j]
+  std::vector<torch::Tensor> sites;    ///< per ReLU / leaky ReLU: its input, [R, U_j] ([R, C, H, W] when pooled)
 };
 
 class ScriptGraph {
@@ -63,12 +63,17 @@ class ScriptGraph {
 
   const std::vector<ScriptLayer>& layers() const { return layers_; }
   int64_t sites() const { return sites_; }
+  /// Per kink site: the window of the max-pool fused with its ReLU, or 0.
+  /// Such a site is the ReLU's (or the pool's) input [R, C, H, W], and the
+  /// argmax switches of its windows are kinks too.
+  const std::vector<int64_t>& site_windows() const { return site_windows_; }
   /// The number of parameterised operations when every other operation of
   /// the graph keeps the network piecewise linear in its input with its
   /// switches at kink sites (ReLU, leaky ReLU, average pooling, sums,
-  /// scaling by constants, shape operations): its logits are then a
-  /// polynomial in t of at most that degree on a piece between kinks. 0
-  /// otherwise (smooth operations, products of activations, max-pool, whose
+  /// scaling by constants, shape operations, max-pooling of non-overlapping
+  /// windows next to a ReLU): its logits are then a polynomial in t of at
+  /// most that degree on a piece between kinks. 0 otherwise (smooth
+  /// operations, products of activations, any other max-pool, whose
   /// switches are not kink sites here, branches).
   int64_t polynomial_degree() const { return degree_; }
 
@@ -82,6 +87,7 @@ class ScriptGraph {
  private:
   std::vector<ScriptLayer> layers_;
   int64_t sites_ = 0;
+  std::vector<int64_t> site_windows_;
   int64_t degree_ = 0;
   std::shared_ptr<torch::jit::Graph> graph_;
   std::unique_ptr<torch::jit::GraphExecutor> executor_;

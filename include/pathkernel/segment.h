@@ -49,7 +49,7 @@ struct SegmentPass {
   torch::Tensor logits;               ///< [R, K] the outputs before the output map (own and structured routes)
   std::vector<torch::Tensor> inputs;  ///< per param layer: a_l (rows first)
   std::vector<torch::Tensor> preacts; ///< per param layer: y_l (rows first)
-  std::vector<torch::Tensor> sites;   ///< structured TorchScript route: its ReLUs' inputs [R, U_j]
+  std::vector<torch::Tensor> sites;   ///< structured TorchScript route: its ReLUs' inputs (ScriptPass::sites)
   torch::Tensor t;                    ///< [R] each row's position on the segment (own networks)
   std::vector<torch::Tensor> layer_inputs;  ///< own networks: each layer's input, by layer index
   std::vector<torch::Tensor> argmax;        ///< own networks: a max-pool layer's window argmax, by layer index
@@ -122,7 +122,7 @@ class SegmentEvaluator {
   /// kink, when the network is piecewise linear in its input (ReLU, max-pool,
   /// Flatten) and each of its L param layers (Linear, Conv2d) is linear in
   /// its weights: L. Their Jacobian then has degree L − 1 there. 0 when the
-  /// network is not of that kind (smooth activations, TorchScript modules).
+  /// network is not of that kind (smooth activations; the generic route).
   int polynomial_degree() const;
   /// Whether the outputs are the log-softmax of the logits.
   bool log_softmax_output() const { return log_softmax_; }
@@ -134,7 +134,8 @@ class SegmentEvaluator {
   /// The kink sites of a pass: tensors [R, ...] whose units' sign changes
   /// (and, with a pool window, argmax switches) are the integrand's kinks.
   /// Own models: every param layer's pre-activation (relu_after() says
-  /// which feed a ReLU); the structured TorchScript route: its ReLUs' inputs.
+  /// which feed a ReLU); the structured TorchScript route: its ReLUs' inputs,
+  /// or their max-pools' (pool_after() gives the window).
   const std::vector<torch::Tensor>& kink_values(const SegmentPass& pass) const {
     return script_structured_ ? pass.sites : pass.preacts;
   }

@@ -47,7 +47,7 @@ SegmentEvaluator::SegmentEvaluator(Network& net, ModuleRoute route) : layers_(ne
       params_.push_back(p);
     }
     relu_after_.assign(static_cast<size_t>(net->script_graph()->sites()), true);
-    pool_after_.assign(relu_after_.size(), 0);
+    pool_after_ = net->script_graph()->site_windows();
     if (script_graph_agrees()) {
       script_structured_ = true;
       return;
@@ -368,9 +368,10 @@ std::vector<torch::Tensor> SegmentEvaluator::hand_signals(const SegmentPass& pas
   auto output_of = [&](size_t i) { return i + 1 < layers_.size() ? in[i + 1] : pass.out; };
   // Walk back: g is the gradient at the current layer's output, [K, R, ...]
   // (the rows' own shape with K in front); the weights at row r are
-  // W_s + t_r dW_s, so every param layer's backward is two products.
+  // W_s + t_r dW_s, so every param layer's backward is two products, or one
+  // when every row is at t = 0 (the training side's passes).
   const torch::Tensor t = pass.t;
-  const bool at_start = all_zero(t);  // one product per layer
+  const bool at_start = all_zero(t);
   std::vector<torch::Tensor> sig(params_.size());
   torch::Tensor g = c;
   size_t l = params_.size();

@@ -71,11 +71,101 @@ struct ParamUse {
   Role role;
 };
 
+/// Folds `c is None` and `c is not None` for a constant c that is not None,
+/// and the branches on them: an optional argument given a value compiles to
+/// such a test (nn.MaxPool2d's `stride is None` in F.max_pool2d), and a
+/// graph with a branch is not read as piecewise linear.
+void fold_none_tests(std::shared_ptr<Graph>& g) {
+  bool folded = false;
+  for (Node* n : g->nodes()) {
+    const bool is = n->kind() == aten("__is__"), is_not = n->kind() == aten("__isnot__");
+    if (!is && !is_not) continue;
+    auto a = constant(n->input(0)), b = constant(n->input(1));
+    if (!a || !b || a->isNone() == b->isNone()) continue;
+    torch::jit::WithInsertPoint guard(n);
+    n->output()->replaceAllUsesWith(g->insertConstant(is_not));
+    folded = true;
+  }
+  if (!folded) return;
+  torch::jit::ConstantPropagation(g);
+  torch::jit::EliminateDeadCode(g);
+}
+
+/// The window k of a max_pool2d that pools non-overlapping k x k windows
+/// (stride k or default, no padding or dilation, floor mode): the windows
+/// the kink search pools with max_pool2d_with_indices(y, k). 0 for any
+/// other max_pool2d and any other operation.
+int64_t plain_window(const Node* n) {
+  if (n->kind() != aten("max_pool2d") || n->inputs().size() != 6) return 0;
+  // A square size: an int, or a list of one or two equal ints; [] is -1.
+  auto square = [](Value* v) -> int64_t {
+    auto iv = constant(v);
+    if (iv && iv->isInt()) return iv->toInt();
+    if (!iv || !iv->isIntList()) return 0;
+    const std::vector<int64_t> l = iv->toIntVector();
+    if (l.empty()) return -1;
+    return l.size() == 1 || (l.size() == 2 && l[0] == l[1]) ? l[0] : 0;
+  };
+  const int64_t k = square(n->input(1)), stride = square(n->input(2));
+  auto ceil_mode = constant(n->input(5));
+  const bool plain = k >= 1 && (stride == k || stride == -1) && square(n->input(3)) == 0 &&
+                     square(n->input(4)) == 1 && ceil_mode && ceil_mode->isBool() && !ceil_mode->toBool();
+  return plain ? k : 0;
+}
+
+bool is_relu(const Node* n) { return n->kind() == aten("relu") || n->kind() == aten("relu_"); }
+
+/// A kink site of the graph: a ReLU or leaky ReLU, and the plain max-pool
+/// it is fused with (ReLU then pool, or pool then ReLU: the two commute),
+/// whose argmax switches are then kinks of the same site.
+struct SiteNodes {
+  Node* activation;
+  Node* pool = nullptr;
+  bool pool_first = false;
+  int64_t window = 0;
+};
+
+std::vector<SiteNodes> site_nodes(Graph& g) {
+  std::vector<SiteNodes> out;
+  std::set<const Node*> taken;  // a pool between two ReLUs goes with the first
+  for (Node* n : g.nodes()) {
+    const c10::Symbol k = n->kind();
+    if (!is_relu(n) && k != aten("leaky_relu") && k != aten("leaky_relu_")) continue;
+    SiteNodes s{n};
+    if (is_relu(n)) {
+      Value* in = n->input(0);
+      Node* before = in->node();
+      const auto& after = n->output()->uses();
+      if (plain_window(before) && !taken.count(before) && in->uses().size() == 1 &&
+          !has_in_place_use(before->input(0))) {
+        // pool then ReLU: the site is the pool's input, read once here.
+        s.pool = before;
+        s.pool_first = true;
+      } else if (after.size() == 1 && after[0].offset == 0 && plain_window(after[0].user) &&
+                 (k == aten("relu") || in->uses().size() == 1)) {
+        // ReLU then pool; an in-place ReLU's input must feed nothing else,
+        // or its other readers would see the ReLU's output unpooled.
+        s.pool = after[0].user;
+      }
+      if (s.pool) {
+        s.window = plain_window(s.pool);
+        taken.insert(s.pool);
+      }
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
 /// Whether every operation of g other than the parameterised `layers` is
 /// piecewise linear with its switches at kink sites (ScriptGraph::
 /// polynomial_degree()). Conservative: an operation not listed makes it
-/// false.
-bool piecewise_linear(Graph& g, const std::vector<Node*>& layers) {
+/// false; a max-pool counts only when it is fused with a ReLU site.
+bool piecewise_linear(Graph& g, const std::vector<Node*>& layers, const std::vector<SiteNodes>& sites) {
+  std::set<const Node*> pools;
+  for (const SiteNodes& s : sites) {
+    if (s.pool) pools.insert(s.pool);
+  }
   static const std::set<std::string> kTensorOps = {
       "relu",  "relu_", "leaky_relu", "leaky_relu_", "avg_pool2d", "adaptive_avg_pool2d", "flatten", "view",
       "reshape", "add", "add_", "sub", "sub_", "neg", "mean", "sum", "cat", "permute", "transpose",
@@ -94,7 +184,7 @@ bool piecewise_linear(Graph& g, const std::vector<Node*>& layers) {
     }
     if (!k.is_aten()) return false;
     const std::string name = k.toUnqualString();
-    if (kTensorOps.count(name)) continue;
+    if (kTensorOps.count(name) || pools.count(n)) continue;
     if (kShapeOps.count(name) && (name != "Int" || n->input(0)->type()->kind() != c10::TypeKind::TensorType)) {
       continue;
     }
@@ -130,6 +220,7 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
   auto out = std::unique_ptr<ScriptGraph>(new ScriptGraph());
   std::shared_ptr<Graph> g = inlined_forward(module);
   torch::jit::EliminateDeadCode(g);
+  fold_none_tests(g);
   if (g->outputs().size() != 1 || g->outputs()[0]->type()->kind() != c10::TypeKind::TensorType) {
     why_not = "its forward does not return one tensor";
     return nullptr;
@@ -193,7 +284,8 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
   std::sort(layer_nodes.begin(), layer_nodes.end(), [](Node* a, Node* b) { return a->isBefore(b); });
   // Each parameter is read once, so the logits' degree in t is at most the
   // number of parameterised operations (read before the rewrite adds its own).
-  out->degree_ = piecewise_linear(*g, layer_nodes) ? static_cast<int64_t>(layer_nodes.size()) : 0;
+  const std::vector<SiteNodes> site_list = site_nodes(*g);
+  out->degree_ = piecewise_linear(*g, layer_nodes, site_list) ? static_cast<int64_t>(layer_nodes.size()) : 0;
 
   // The rewrite: inputs t [R], then each layer's directions; after each
   // layer y = op(a; W_s), insert y + t ⊙ op_dir(a; dW) (t along rows).
@@ -290,16 +382,19 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
     why_not = e.what();
     return nullptr;
   }
-  // Kink sites: the inputs of ReLUs and leaky ReLUs at the top level.
+  // Kink sites: the inputs of ReLUs and leaky ReLUs at the top level, or of
+  // the max-pool fused with one (read after the rewrite, which has replaced
+  // the layers' outputs).
   std::vector<Value*> sites;
-  for (Node* n : g->nodes()) {
-    const c10::Symbol k = n->kind();
-    if (k == aten("relu") || k == aten("leaky_relu")) {
-      sites.push_back(n->input(0));
-    } else if (k == aten("relu_") || k == aten("leaky_relu_")) {
+  for (const SiteNodes& s : site_list) {
+    Node* n = s.pool_first ? s.pool : s.activation;
+    if (in_place(n)) {
       torch::jit::WithInsertPoint guard(n);
       sites.push_back(g->insert(aten("clone"), {n->input(0)}));
+    } else {
+      sites.push_back(n->input(0));
     }
+    out->site_windows_.push_back(s.window);
   }
   std::vector<Value*> values{g->outputs()[0]};
   values.insert(values.end(), captured_inputs.begin(), captured_inputs.end());
@@ -330,7 +425,16 @@ ScriptPass ScriptGraph::run(const torch::jit::Module& module, const torch::Tenso
     pass.inputs.push_back(e[1 + l].toTensor());
     pass.outputs.push_back(e[1 + layers + l].toTensor());
   }
-  for (size_t j = 1 + 2 * layers; j < e.size(); ++j) pass.sites.push_back(e[j].toTensor().reshape({x.size(0), -1}));
+  for (size_t j = 1 + 2 * layers; j < e.size(); ++j) {
+    torch::Tensor site = e[j].toTensor();
+    if (site_windows_[j - 1 - 2 * layers] == 0) {
+      site = site.reshape({x.size(0), -1});
+    } else {
+      PK_CHECK(site.dim() == 4 && site.size(0) == x.size(0),
+               "a max-pooled kink site has shape " << site.sizes() << ", expected [" << x.size(0) << ", C, H, W]");
+    }
+    pass.sites.push_back(site);
+  }
   return pass;
 }
 

@@ -260,6 +260,83 @@ TEST(TorchScript, PiecewiseLinearModulesIntegrateTheirPiecesExactly) {
   EXPECT_EQ(sev.polynomial_degree(), 0);
 }
 
+/// Max-pooling of non-overlapping windows beside a ReLU, in either order
+/// (they commute), is piecewise linear on the structured route: the
+/// argmax switches are kinks of the ReLU's site. A module laid out like
+/// pathkernel's own cnn:4,6 integrates its pieces exactly and agrees with
+/// the own CNN on the same weights. A max-pool whose windows
+/// overlap, or with no ReLU beside it, keeps the adaptive rule.
+TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
+  auto options = [](const std::string& spec) {
+    NetworkOptions o;
+    o.spec = ModelSpec::parse(spec);
+    o.input_shape = {1, 8, 8};
+    o.num_classes = 3;
+    o.output = OutputMap::LogSoftmax;
+    return o;
+  };
+  Network own = engine_network(options("cnn:4,6"));
+  SegmentEvaluator oev(own);
+  torch::manual_seed(17);
+  const int64_t P = parameter_count(own);
+  const torch::Tensor w = flatten_parameters(own), dw = 0.3 * torch::randn({P}, torch::kFloat64);
+  oev.set_segment(w, dw);
+  const torch::Tensor x = torch::randn({3, 1, 8, 8}, torch::kFloat64);
+  QuadratureOptions q;
+  q.min_nodes = q.gauss_nodes;
+  q.max_depth = 6;  // a missed kink fails its piece: stop the splitting early
+  const TestFeatures of = test_features(oev, x, q);
+  ASSERT_GT(of.kinks, 0);
+  ASSERT_LE(of.certificate_gap, 1e-13);
+  std::vector<std::string> specs{"layers:conv(4,3,padding=1),relu,maxpool(2),conv(6,3,padding=1),relu,maxpool(2)",
+                                 "layers:conv(4,3,padding=1),maxpool(2),relu,conv(6,3,padding=1),maxpool(2),relu"};
+  TempDir dir;
+  if (have_python_torch()) {
+    // PyTorch's own modules: an in-place ReLU before nn.MaxPool2d, and a
+    // pool before F.relu.
+    const std::string path = dir.path() + "/cnn.pt";
+    python(dir, "class M(nn.Module):\n"
+                "    def __init__(self):\n"
+                "        super().__init__()\n"
+                "        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)\n"
+                "        self.block = nn.Sequential(nn.ReLU(inplace=True), nn.MaxPool2d(2))\n"
+                "        self.conv2 = nn.Conv2d(4, 6, 3, padding=1)\n"
+                "        self.pool = nn.MaxPool2d(kernel_size=(2, 2), stride=2)\n"
+                "        self.out = nn.Linear(24, 3)\n"
+                "    def forward(self, x):\n"
+                "        h = self.conv2(self.block(self.conv1(x)))\n"
+                "        return self.out(torch.flatten(F.relu(self.pool(h)), 1))\n"
+                "torch.jit.script(M()).save('" + path + "')\n");
+    specs.push_back("torchscript:" + path);
+  }
+  for (const std::string& spec : specs) {
+    Network net = engine_network(options(spec));
+    ASSERT_EQ(parameter_count(net), P) << spec;
+    SegmentEvaluator ev(net);
+    ASSERT_EQ(ev.route(), "structured") << spec << ": " << ev.route_reason();
+    EXPECT_EQ(ev.polynomial_degree(), 3) << spec;
+    EXPECT_EQ(ev.pool_after(), std::vector<int64_t>({2, 2})) << spec;
+    ev.set_segment(w, dw);
+    const TestFeatures f = test_features(ev, x, q);
+    EXPECT_LE(f.certificate_gap, 1e-13) << spec;
+    EXPECT_GT(f.kinks, 0) << spec;
+    EXPECT_EQ(f.evaluations % 3, 0) << spec;
+    EXPECT_LE(max_rel(dense_features(ev, f), dense_features(oev, of)), 1e-12) << spec;
+    QuadratureOptions adaptive = q;
+    adaptive.exact_pieces = false;
+    EXPECT_LT(f.evaluations, test_features(ev, x, adaptive).evaluations) << spec;
+  }
+  for (const std::string spec : {"layers:conv(4,3,padding=1),relu,maxpool(3,2)",
+                                 "layers:conv(4,3,padding=1),maxpool(2),tanh",
+                                 "layers:conv(4,3,padding=1),maxpool(2)"}) {
+    Network net = engine_network(options(spec));
+    SegmentEvaluator ev(net);
+    ASSERT_EQ(ev.route(), "structured") << spec << ": " << ev.route_reason();
+    EXPECT_EQ(ev.polynomial_degree(), 0) << spec;
+    for (int64_t window : ev.pool_after()) EXPECT_EQ(window, 0) << spec;
+  }
+}
+
 TEST(TorchScript, RefusesWhatItCannotDecompose) {
   REQUIRE_PYTHON_TORCH();
   TempDir dir;
