@@ -97,6 +97,10 @@ RunResult train_run(const RunOptions& given) {
   base.schedule = options.train.schedule;
   base.threads = current_threads();
   base.environment = ReplayEnvironment::current(base.threads);
+  // Training runs at the count it records, the BLAS's too: the replay sets
+  // both to it, and a process that never set them can start with them apart
+  // (LibTorch's default and OpenBLAS's differ when OMP_NUM_THREADS is unset).
+  ThreadScope pin(static_cast<int>(base.threads));
   const int64_t steps = options.train.total_steps(m);
   base.checkpoint_every =
       options.checkpoint_every == 0 ? default_checkpoint_every(steps) : options.checkpoint_every;

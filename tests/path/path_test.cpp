@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <dlfcn.h>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -443,6 +444,33 @@ TEST(Replay, StepsUseTheRunsThreadCountAndTheCallerKeepsItsOwn) {
       EXPECT_EQ(current_threads(), caller);
     }
   }
+}
+
+// A process that never sets its thread counts can start with LibTorch's and
+// the BLAS's apart: with OMP_NUM_THREADS unset, LibTorch 1.13 takes 1 thread
+// on this 2-core machine and OpenBLAS 2. Training records LibTorch's count and
+// the replay runs both at it, so training must run the BLAS at it too: a run
+// trained from that state replays bit for bit and has the bits of the same
+// run trained with both counts at 1.
+TEST(Replay, TrainingRunsTheBlasAtTheThreadCountItRecords) {
+  using SetThreads = void (*)(int);
+  auto blas_set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (blas_set == nullptr) GTEST_SKIP() << "LibTorch's BLAS here is not OpenBLAS: its thread count cannot be set apart";
+  TempDir dir("blas_threads");
+  const auto train_from = [&](const std::string& name, int blas_threads) {
+    RunOptions r = small_run(dir / name, "gd", 12, 4);
+    r.data.train_size = 3000;  // enough rows that the products split by thread
+    r.model = "mlp:256";
+    ThreadScope scope(1);
+    blas_set(blas_threads);  // LibTorch at 1, the BLAS at blas_threads
+    train_run(r);
+    return r.out;
+  };
+  PathReader apart(train_from("apart", 2)), pinned(train_from("pinned", 1));
+  EXPECT_EQ(apart.manifest().threads, 1);
+  const size_t last = apart.manifest().checkpoints.size() - 1;
+  EXPECT_TRUE(same_bits(apart.checkpoint(last), pinned.checkpoint(last)));
+  EXPECT_TRUE(apart.check().bitwise_equal);
 }
 
 TEST(RunDirectory, DefaultCheckpointSpacingIsAboutTheSquareRoot) {
