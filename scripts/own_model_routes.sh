@@ -5,17 +5,20 @@
 #                fashion-mnist 2000 train, SGD batch 100, lr 0.05, 100 steps
 #   transformer  examples/export_model.py transformer (embedding, attention,
 #                LayerNorm, GELU MLP), modular addition mod 23 as npy:DIR, AdamW
+#   cnn          layers:conv(8,3,padding=1),relu,maxpool(2),conv(16,3,padding=1),
+#                relu,maxpool(2): the README's MNIST cnn:8,16 as a TorchScript
+#                module, SGD batch 100, lr 0.05, 200 steps
 #   dropout      layers:flatten,linear(128),relu,dropout(0.5) (DROPOUT=P sets
 #                P), fashion-mnist 2000 train, SGD batch 100, lr 0.05, 100 steps
 # Each row: verify --test N on the structured route (the default) and on the
 # generic route (--route generic), their max_rel_error, evaluations and time
 # side by side, and the load average.
-# Usage: scripts/own_model_routes.sh resnet|transformer|dropout [TEST_POINTS] [GENERIC_TEST_POINTS]
+# Usage: scripts/own_model_routes.sh resnet|transformer|cnn|dropout [TEST_POINTS] [GENERIC_TEST_POINTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/pathkernel}
 PY=/usr/bin/python3
-WHICH=${1:?usage: $0 resnet|transformer|dropout [TEST_POINTS] [GENERIC_TEST_POINTS]}
+WHICH=${1:?usage: $0 resnet|transformer|cnn|dropout [TEST_POINTS] [GENERIC_TEST_POINTS]}
 N=${2:-10}
 NG=${3:-$N}
 DIR=runs/own-model/$WHICH${DROPOUT:+-$DROPOUT}
@@ -32,11 +35,15 @@ case "$WHICH" in
     train=(train --model "torchscript:$DIR/tf.pt" --data "npy:$DIR/modadd" --optimizer adamw --lr 3e-3
            --weight-decay 0.1 --batch 64 --steps "${STEPS:-300}")
     ;;
+  cnn)
+    train=(train --model "layers:conv(8,3,padding=1),relu,maxpool(2),conv(16,3,padding=1),relu,maxpool(2)"
+           --data mnist --optimizer sgd --lr 0.05 --batch 100 --steps 200)
+    ;;
   dropout)
     train=(train --model "layers:flatten,linear(128),relu,dropout(${DROPOUT:-0.5})" --data fashion-mnist
            --train-size 2000 --optimizer sgd --lr 0.05 --batch 100 --steps 100)
     ;;
-  *) echo "unknown model '$WHICH': expected resnet, transformer or dropout" >&2; exit 2 ;;
+  *) echo "unknown model '$WHICH': expected resnet, transformer, cnn or dropout" >&2; exit 2 ;;
 esac
 
 echo "\`pathkernel ${train[*]} --out $DIR/run\`"
