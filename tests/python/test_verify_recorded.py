@@ -217,6 +217,46 @@ class Dropout(nn.Module):
         return self.out(self.drop2(torch.tanh(self.fc2(self.drop1(torch.relu(self.fc1(x)))))))
 
 
+class PooledCNN(nn.Module):
+    """Convolutions, ReLU and nn.MaxPool2d(2), as a LeNet-like model has them."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 8, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.out = nn.Linear(8 * 2 * 2, 3)
+
+    def forward(self, x):
+        h = self.pool(torch.relu(self.conv1(x)))
+        h = self.pool(torch.relu(self.conv2(h)))
+        return self.out(torch.flatten(h, 1))
+
+
+class MaxPoolLoop(TempDirTest):
+    """A recorded CNN with max-pooling: its pools' argmax switches are kinks
+    the engine locates, so each step is integrated piece by piece with the
+    exact rule, L = 3 nodes per piece for log-softmax outputs (docs/math.md
+    §7). Without them the pieces would hold unseen switches: the adaptive rule
+    then spends many times that, and the error grows."""
+
+    def test_pieces_are_integrated_exactly(self):
+        need_binary(self)
+        torch.manual_seed(0)
+        x = torch.randn(64, 1, 8, 8, dtype=torch.float64)
+        y = torch.randint(0, 3, (64,))
+        model = PooledCNN().double()
+        run = self.path("cnn")
+        record_cross_entropy(run, model, OPTIMIZERS["momentum"](model.parameters()), x, y, 16, 15, test=4)
+        j = cli_json(self, ["verify", run, "--test", "4"], cwd=self.tmp)
+        self.assertEqual(j["route"], "structured", j)
+        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, j)
+        self.assertTrue(j["updates_explained"], j)
+        self.assertGreater(j["mean_kinks_per_step"], 0, j)
+        # L nodes per piece, and a little more where a piece is taken again.
+        self.assertLessEqual(j["mean_evaluations_per_step"], 4 * (j["mean_kinks_per_step"] + 1), j)
+
+
 class DropoutLoop(TempDirTest):
     """A loop whose model has dropout: the recorder has it draw pathkernel's
     own masks, seeded per step, site and example, so the C++ engine computes
