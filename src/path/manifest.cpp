@@ -8,6 +8,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <zlib.h>
+
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
@@ -492,10 +494,14 @@ torch::Tensor read_clip_factors(const std::string& run_dir, const Manifest& m) {
 }
 
 uint32_t training_data_crc32(const torch::Tensor& x, const torch::Tensor& y) {
-  torch::Tensor xc = x.contiguous(), yc = y.contiguous();
-  std::string bytes(static_cast<const char*>(xc.data_ptr()), xc.numel() * xc.element_size());
-  bytes.append(static_cast<const char*>(yc.data_ptr()), yc.numel() * yc.element_size());
-  return crc32_of(bytes);
+  // The CRC of x's bytes followed by y's, read where they are: a copy into
+  // one string (and its growth for y) took 1.07 GB for Fashion-MNIST.
+  uLong crc = crc32_z(0L, Z_NULL, 0);
+  for (const torch::Tensor& t : {x.contiguous(), y.contiguous()}) {
+    if (t.numel() == 0) continue;  // crc32_z of a null buffer would restart the CRC
+    crc = crc32_z(crc, static_cast<const Bytef*>(t.data_ptr()), static_cast<z_size_t>(t.numel() * t.element_size()));
+  }
+  return static_cast<uint32_t>(crc);
 }
 
 }  // namespace pathkernel

@@ -226,3 +226,27 @@ TEST(HostileRun, PathReaderRefusesNaNCheckpoints) {
 
 }  // namespace
 }  // namespace pathkernel
+
+namespace pathkernel {
+namespace {
+
+// The training data's CRC is the CRC of the inputs' bytes followed by the
+// labels' (what every run's manifest records), computed without a copy.
+TEST(Manifest, TrainingDataCrcIsTheCrcOfInputsThenLabels) {
+  torch::manual_seed(0);
+  const torch::Tensor x = torch::randn({7, 3, 2}, torch::kFloat64), y = torch::randint(0, 4, {7}, torch::kLong);
+  const torch::Tensor xt = x.transpose(1, 2);  // not contiguous: its bytes as laid out contiguously
+  auto bytes = [](const torch::Tensor& t) {
+    const torch::Tensor c = t.contiguous();
+    return std::string(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+  };
+  EXPECT_EQ(training_data_crc32(x, y), crc32_of(bytes(x) + bytes(y)));
+  EXPECT_EQ(training_data_crc32(xt, y), crc32_of(bytes(xt) + bytes(y)));
+  EXPECT_NE(training_data_crc32(x, y), training_data_crc32(xt, y));
+  const torch::Tensor none = torch::empty({0}, torch::kLong);
+  EXPECT_EQ(training_data_crc32(x, none), crc32_of(bytes(x)));
+  EXPECT_EQ(training_data_crc32(x.narrow(0, 0, 0), y), crc32_of(bytes(y)));
+}
+
+}  // namespace
+}  // namespace pathkernel
