@@ -42,4 +42,9 @@ std::string read_file(const std::string& path);
 /// zlib CRC-32 of a byte string.
 uint32_t crc32_of(const std::string& bytes);
 
+/// Extends `crc` (0 to start) by `size` bytes at `data`, read in place:
+/// crc32_update(crc32_update(0, a), b) is the CRC of a followed by b.
+/// An empty block (data may then be null) leaves `crc` unchanged.
+uint32_t crc32_update(uint32_t crc, const void* data, size_t size);
+
 }  // namespace pathkernel

@@ -91,17 +91,13 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-uint32_t crc32_of(const std::string& bytes) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* data = reinterpret_cast<const Bytef*>(bytes.data());
-  size_t left = bytes.size();
-  while (left > 0) {  // zlib takes uInt lengths
-    uInt chunk = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
-    crc = crc32(crc, data, chunk);
-    data += chunk;
-    left -= chunk;
-  }
-  return static_cast<uint32_t>(crc);
+uint32_t crc32_of(const std::string& bytes) { return crc32_update(0, bytes.data(), bytes.size()); }
+
+uint32_t crc32_update(uint32_t crc, const void* data, size_t size) {
+  // zlib restarts the CRC for a null buffer, so an empty block is skipped;
+  // crc32_z takes the length as z_size_t, so no chunking is needed.
+  if (size == 0) return crc;
+  return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), static_cast<z_size_t>(size)));
 }
 
 }  // namespace pathkernel

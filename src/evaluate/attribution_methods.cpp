@@ -44,7 +44,7 @@ torch::Tensor decomposition_scores(PathReader& reader, const std::string& method
   nlohmann::ordered_json arguments{
       {"manifest_crc32", crc32_of(read_file((fs::path(reader.dir()) / "manifest.json").string()))},
       {"method", method},
-      {"inputs_crc32", crc32_of(std::string(static_cast<const char*>(xc.data_ptr()), xc.numel() * 8))},
+      {"inputs_crc32", crc32_update(0, xc.data_ptr(), static_cast<size_t>(xc.numel()) * 8)},
       {"quadrature", q.spec.str()},
       {"tol", q.tol},
       {"gauss_nodes", q.gauss_nodes},

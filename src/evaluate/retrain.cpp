@@ -27,11 +27,11 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-/// CRC-32 of a tensor's bytes (contiguous copy), for the work file's key.
+/// CRC-32 of a tensor's bytes, for the work file's key.
 uint32_t tensor_crc(const torch::Tensor& t) {
   if (!t.defined()) return 0;
   const torch::Tensor c = t.contiguous();
-  return crc32_of(std::string(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size()));
+  return crc32_update(0, c.data_ptr(), static_cast<size_t>(c.numel() * c.element_size()));
 }
 
 }  // namespace

@@ -152,6 +152,16 @@ TEST(Files, Crc32MatchesTheStandardCheckValue) {
   EXPECT_EQ(crc32_of("123456789"), 0xCBF43926u);  // the CRC-32 catalogue's check value
 }
 
+TEST(Files, Crc32UpdateExtendsTheCrcBlockByBlock) {
+  const std::string a = "1234", b = "56789";
+  EXPECT_EQ(crc32_update(0, "123456789", 9), 0xCBF43926u);
+  EXPECT_EQ(crc32_update(crc32_update(0, a.data(), a.size()), b.data(), b.size()), 0xCBF43926u);
+  // An empty block, even a null one, leaves the CRC as it was (zlib alone would restart it).
+  const uint32_t head = crc32_update(0, a.data(), a.size());
+  EXPECT_EQ(crc32_update(head, nullptr, 0), head);
+  EXPECT_EQ(crc32_update(crc32_update(head, nullptr, 0), b.data(), b.size()), 0xCBF43926u);
+}
+
 TEST(SizeArithmetic, DetectsOverflow) {
   EXPECT_EQ(mul_no_overflow(1 << 20, 1 << 20, "x"), int64_t(1) << 40);
   EXPECT_THROW(mul_no_overflow(int64_t(1) << 40, int64_t(1) << 40, "steps x parameters"), Error);
