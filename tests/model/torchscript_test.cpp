@@ -58,6 +58,19 @@ NetworkOptions small_resnet(const TempDir& dir) {
   return o;
 }
 
+/// The exact rule on every piece: short pieces take fewer than L nodes where
+/// they pass the certificate, so a floor of gauss_nodes makes every piece
+/// take the rule's L. A wrong rule or a missed kink fails its piece: the
+/// depth cap stops the splitting early. `exact_pieces = false` turns the
+/// same options into the adaptive rule they are compared with.
+QuadratureOptions exact_rule_options(bool exact_pieces = true) {
+  QuadratureOptions q;
+  q.min_nodes = q.gauss_nodes;
+  q.max_depth = 6;
+  q.exact_pieces = exact_pieces;
+  return q;
+}
+
 /// The generic route (a TorchScript MLP) against the structured route (the
 /// same MLP as pathkernel's own) and against per-example autograd: test
 /// features, contractions with per-sample gradients, and the output kernel,
@@ -234,21 +247,14 @@ TEST(TorchScript, PiecewiseLinearModulesIntegrateTheirPiecesExactly) {
   ev.set_segment(w, dw);
   gev.set_segment(w, dw);
   const torch::Tensor x = torch::randn({3, 1, 8, 8}, torch::kFloat64);
-  // Short pieces take fewer than L nodes where they pass the certificate;
-  // a floor of gauss_nodes makes every piece take the exact rule's L.
-  QuadratureOptions q;
-  q.min_nodes = q.gauss_nodes;
-  q.max_depth = 6;  // a wrong rule fails every piece: stop its splitting early
-  const TestFeatures f = test_features(ev, x, q);
+  const TestFeatures f = test_features(ev, x, exact_rule_options());
   EXPECT_LE(f.certificate_gap, 1e-13);
   EXPECT_EQ(f.evaluations % L, 0);
   QuadratureOptions tight;
   tight.tol = 1e-15;
   const TestFeatures g = test_features(gev, x, tight);
   EXPECT_LE(max_rel(dense_features(ev, f), dense_features(gev, g)), 1e-12);
-  QuadratureOptions adaptive = q;
-  adaptive.exact_pieces = false;
-  const TestFeatures a = test_features(ev, x, adaptive);
+  const TestFeatures a = test_features(ev, x, exact_rule_options(false));
   EXPECT_LT(f.evaluations, a.evaluations) << f.kinks << " kinks";
 
   const std::string tanh_path = dir.path() + "/mlp_tanh.pt";
@@ -282,9 +288,7 @@ TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
   const torch::Tensor w = flatten_parameters(own), dw = 0.3 * torch::randn({P}, torch::kFloat64);
   oev.set_segment(w, dw);
   const torch::Tensor x = torch::randn({3, 1, 8, 8}, torch::kFloat64);
-  QuadratureOptions q;
-  q.min_nodes = q.gauss_nodes;
-  q.max_depth = 6;  // a missed kink fails its piece: stop the splitting early
+  const QuadratureOptions q = exact_rule_options();
   const TestFeatures of = test_features(oev, x, q);
   ASSERT_GT(of.kinks, 0);
   ASSERT_LE(of.certificate_gap, 1e-13);
@@ -322,9 +326,7 @@ TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
     EXPECT_GT(f.kinks, 0) << spec;
     EXPECT_EQ(f.evaluations % 3, 0) << spec;
     EXPECT_LE(max_rel(dense_features(ev, f), dense_features(oev, of)), 1e-12) << spec;
-    QuadratureOptions adaptive = q;
-    adaptive.exact_pieces = false;
-    EXPECT_LT(f.evaluations, test_features(ev, x, adaptive).evaluations) << spec;
+    EXPECT_LT(f.evaluations, test_features(ev, x, exact_rule_options(false)).evaluations) << spec;
   }
   for (const std::string spec : {"layers:conv(4,3,padding=1),relu,maxpool(3,2)",
                                  "layers:conv(4,3,padding=1),maxpool(2),tanh",
