@@ -79,6 +79,21 @@ struct KinkSearch {
   int64_t forward_evaluations = 0;  ///< forward-only rows spent locating
 };
 
+/// What a max-pool of k x k windows after a ReLU sees change between two
+/// samples a and b of its input, ya and yb [R, C, H, W] (row r of each the
+/// same test point): the ReLU flips of units that are their window's
+/// positive maximum at a or at b (the flips of the others are not kinks of
+/// the network), and the argmax switches of windows positive at both ends
+/// (one into or out of a zero window is the flip of the unit that crosses 0).
+/// Units are indexed in a row of y flattened; windows, in a row of the
+/// pooled output flattened.
+struct PooledSwitches {
+  torch::Tensor flips;     ///< [R, C·H·W] bool
+  torch::Tensor switches;  ///< [R, windows] bool
+  torch::Tensor from, to;  ///< [R, windows]: the unit each window passes on at a, and at b
+};
+PooledSwitches pooled_switches(const torch::Tensor& ya, const torch::Tensor& yb, int64_t k);
+
 /// Kinks inside every bracket. `preacts` are the kink sites of the evaluated
 /// rows (SegmentEvaluator::kink_values: own models' param layer
 /// pre-activations, a TorchScript module's ReLU or fused max-pool inputs; rows first), `point` [rows] the test

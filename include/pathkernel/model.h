@@ -144,12 +144,18 @@ class NetworkImpl : public torch::nn::Module {
   bool is_script() const { return script_ != nullptr; }
 
   /// TorchScript only: the outputs [n, K] (after the output map) and the
-  /// inputs of every ReLU the module applies at its top level, each
-  /// flattened per row [n, U_j]: the units whose sign changes are the
-  /// integrand's kinks (its "kink sites"). No autograd graph is kept.
+  /// inputs of every ReLU and leaky ReLU the module applies at its top
+  /// level, or of the max-pool fused with one (script_graph.h,
+  /// kink_site_values): the integrand's kinks are those units' sign changes
+  /// and the pools' argmax switches (its "kink sites"). Each site is
+  /// flattened per row [n, U_j], or [n, C, H, W] when pooled. No autograd
+  /// graph is kept.
   std::pair<torch::Tensor, std::vector<torch::Tensor>> forward_with_sites(const torch::Tensor& x);
   /// TorchScript only: the number of kink sites forward_with_sites() returns.
   int64_t kink_sites() const;
+  /// TorchScript only: per kink site, the window of the max-pool fused with
+  /// it, or 0.
+  const std::vector<int64_t>& kink_site_windows() const;
 
   /// TorchScript only: the module's graph read as parameterised operations
   /// (the structured route, script_graph.h), or nullptr when some parameter

@@ -40,6 +40,21 @@ namespace pathkernel {
 std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module,
                                                    int64_t* dropout_sites = nullptr);
 
+/// The kink sites of an inlined forward graph `g` (inlined_forward), in
+/// graph order: the inputs of its top-level ReLUs and leaky ReLUs, or of the
+/// plain max-pool fused with one (ReLU then pool or pool then ReLU, as
+/// ScriptGraph pairs them), read where the first of the two reads them (a
+/// copy, inserted into g, before an in-place ReLU overwrites it). Per site,
+/// the fused pool's window, or 0, goes to `windows`. Folds g's `is None`
+/// tests of constants first (nn.MaxPool2d's default stride is one).
+std::vector<torch::jit::Value*> kink_site_values(std::shared_ptr<torch::jit::Graph>& g,
+                                                 std::vector<int64_t>& windows);
+
+/// A kink site's value for `rows` rows as the kink search reads it:
+/// flattened per row [rows, U], or, fused with a max-pool (window > 0), as
+/// it is, [rows, C, H, W]. Throws Error if a pooled site has another shape.
+torch::Tensor site_rows(const torch::Tensor& site, int64_t rows, int64_t window);
+
 /// One parameterised operation of the graph, in graph order.
 struct ScriptLayer {
   LayerDesc desc;      ///< kind and geometry; desc.module names the operation

@@ -95,10 +95,13 @@ class SegmentEvaluator {
   /// Module only: per-row gradients of c_r · f(w_s, x_r) for cotangents
   /// c [R, K], [R, P], by one forward and one backward pass per row.
   torch::Tensor module_gradients(const torch::Tensor& x, const torch::Tensor& c) const;
-  /// Module only: the values of its kink sites (the inputs of its ReLUs, all
-  /// units concatenated) for one input x [1, *input_shape] at t: [U], empty
-  /// when the module has none. One forward pass.
-  torch::Tensor module_sites(const torch::Tensor& x, double t) const;
+  /// Module only: the values of its kink sites (Network::forward_with_sites)
+  /// for one input x [1, *input_shape] at t, one tensor per site: [1, U_j],
+  /// or [1, C, H, W] for a site fused with a max-pool (module_site_windows).
+  /// One forward pass.
+  std::vector<torch::Tensor> module_sites(const torch::Tensor& x, double t) const;
+  /// Module only: per kink site, the window of the max-pool fused with it, or 0.
+  const std::vector<int64_t>& module_site_windows() const { return net_->kink_site_windows(); }
   /// Module only: whether the module has kink sites.
   bool module_has_sites() const { return generic_ && net_->kink_sites() > 0; }
 

@@ -402,34 +402,58 @@ void finish(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& dw
 }
 
 /// The kinks of a Module for one test point x [1, ...] inside [a, b]: the
-/// points where one of its ReLU inputs (kink sites) crosses 0. Sign changes
-/// between `intervals` + 1 evenly spaced samples are located on that unit
-/// by the same rounds as find_kinks' (SignBracket: Illinois false position,
-/// a bisection every fourth round, down to 4 ulp of t), each evaluation one
-/// forward pass. An even number of crossings inside one interval is not
-/// seen (the certificate catches it). Sorted, in (a, b).
+/// points where one of its ReLU inputs (kink sites) crosses 0 and, at a
+/// site fused with a max-pool, where a window's argmax switches, counting
+/// only what the pool sees (pooled_switches). Changes between `intervals`
+/// + 1 evenly spaced samples are located by the same rounds as find_kinks'
+/// (SignBracket: Illinois false position, a bisection every fourth round,
+/// down to 4 ulp of t) on the unit, or on the difference of the two units
+/// a window switches between; each evaluation is one forward pass. An even
+/// number of changes of one unit or window inside one interval is not seen
+/// (the certificate catches it). Sorted, in (a, b).
 std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, double a, double b,
                                  int intervals, int64_t& forward_evaluations) {
+  const std::vector<int64_t>& windows = ev.module_site_windows();
   std::vector<double> ts(intervals + 1);
-  std::vector<torch::Tensor> values(intervals + 1);
+  std::vector<std::vector<torch::Tensor>> values(intervals + 1);
   for (int j = 0; j <= intervals; ++j) {
     ts[j] = j == intervals ? b : a + (b - a) * j / intervals;
     values[j] = ev.module_sites(x, ts[j]);
   }
   forward_evaluations += intervals + 1;
   std::vector<double> kinks;
+  // Locates, inside interval j, the sign change of y_plus − y_minus (y_plus
+  // alone when minus < 0) at site i.
+  auto locate = [&](int j, size_t i, int64_t plus, int64_t minus) {
+    auto g = [&](const std::vector<torch::Tensor>& sites) {
+      const torch::Tensor y = sites[i].reshape({-1});
+      return y[plus].item<double>() - (minus >= 0 ? y[minus].item<double>() : 0.0);
+    };
+    SignBracket br;
+    br.lo = ts[j];
+    br.hi = ts[j + 1];
+    br.glo = g(values[j]);
+    br.ghi = g(values[j + 1]);
+    forward_evaluations += br.locate([&](double m) { return g(ev.module_sites(x, m)); }, 400);
+    kinks.push_back(br.midpoint());
+  };
   for (int j = 0; j < intervals; ++j) {
-    const torch::Tensor flipped = torch::nonzero((values[j] > 0) != (values[j + 1] > 0)).flatten();
-    auto units = flipped.accessor<int64_t, 1>();
-    for (int64_t i = 0; i < flipped.size(0); ++i) {
-      const int64_t u = units[i];
-      SignBracket br;
-      br.lo = ts[j];
-      br.hi = ts[j + 1];
-      br.glo = values[j][u].item<double>();
-      br.ghi = values[j + 1][u].item<double>();
-      forward_evaluations += br.locate([&](double m) { return ev.module_sites(x, m)[u].item<double>(); }, 400);
-      kinks.push_back(br.midpoint());
+    for (size_t i = 0; i < windows.size(); ++i) {
+      const torch::Tensor &ya = values[j][i], &yb = values[j + 1][i];
+      torch::Tensor flips;
+      if (windows[i] > 0) {
+        const PooledSwitches sw = pooled_switches(ya, yb, windows[i]);
+        const torch::Tensor hit = sw.switches[0].nonzero().flatten(), to = sw.to[0], from = sw.from[0];
+        auto h = hit.accessor<int64_t, 1>();
+        auto to_a = to.accessor<int64_t, 1>(), from_a = from.accessor<int64_t, 1>();
+        for (int64_t n = 0; n < hit.size(0); ++n) locate(j, i, to_a[h[n]], from_a[h[n]]);
+        flips = sw.flips[0];
+      } else {
+        flips = (ya[0] > 0) != (yb[0] > 0);
+      }
+      const torch::Tensor units = flips.nonzero().flatten();
+      auto u = units.accessor<int64_t, 1>();
+      for (int64_t n = 0; n < units.size(0); ++n) locate(j, i, u[n], -1);
     }
   }
   std::sort(kinks.begin(), kinks.end());

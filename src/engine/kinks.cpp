@@ -150,6 +150,28 @@ std::vector<std::vector<uint64_t>> upstream_pieces(const SegmentEvaluator& ev, c
 
 }  // namespace
 
+PooledSwitches pooled_switches(const torch::Tensor& ya, const torch::Tensor& yb, int64_t k) {
+  PK_CHECK(ya.dim() == 4 && ya.sizes() == yb.sizes(), "pooled_switches: the samples have shapes "
+                                                          << ya.sizes() << " and " << yb.sizes()
+                                                          << ", expected the same [R, C, H, W]");
+  auto unit_and_max = [&](const torch::Tensor& y) {
+    auto [m, ind] = torch::max_pool2d_with_indices(y, k);
+    torch::Tensor plane = torch::arange(y.size(1)).view({1, -1, 1, 1}) * (y.size(2) * y.size(3));
+    return std::make_pair((ind + plane).flatten(1), m.flatten(1));
+  };
+  const auto [ua, ma] = unit_and_max(ya);
+  const auto [ub, mb] = unit_and_max(yb);
+  PooledSwitches out;
+  out.flips = (ya.flatten(1) > 0) != (yb.flatten(1) > 0);
+  torch::Tensor seen_a = torch::zeros_like(out.flips).scatter_(1, ua, ma > 0);
+  torch::Tensor seen_b = torch::zeros_like(out.flips).scatter_(1, ub, mb > 0);
+  out.flips &= seen_a | seen_b;
+  out.switches = (ua != ub) & (ma > 0) & (mb > 0);
+  out.from = ua;
+  out.to = ub;
+  return out;
+}
+
 int SignBracket::narrow(double s, double v) {
   if ((v > 0) == (glo > 0)) {
     lo = s;
@@ -225,25 +247,15 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
   };
   for (size_t l = 0; l < preacts.size(); ++l) {
     if (!ev.relu_after()[l] || (l == 0 && skip_first_layer)) continue;
-    torch::Tensor ya = flat[l].index_select(0, at_a), yb = flat[l].index_select(0, at_b);
-    torch::Tensor flips = (ya > 0) != (yb > 0);
     if (const int64_t k = ev.pool_after()[l]) {
       const torch::Tensor& y = preacts[l].detach();  // [R, C, H, W]
-      auto [m, ind] = torch::max_pool2d_with_indices(y, k);
-      torch::Tensor plane = torch::arange(y.size(1)).view({1, -1, 1, 1}) * (y.size(2) * y.size(3));
-      torch::Tensor unit = (ind + plane).flatten(1), mf = m.flatten(1);
-      torch::Tensor ua = unit.index_select(0, at_a), ub = unit.index_select(0, at_b);
-      torch::Tensor ma = mf.index_select(0, at_a), mb = mf.index_select(0, at_b);
-      // Pooling sees a unit's sign only while it is its window's positive
-      // maximum: the flips of the others are not kinks of the network.
-      torch::Tensor seen_a = torch::zeros_like(flips).scatter_(1, ua, ma > 0);
-      torch::Tensor seen_b = torch::zeros_like(flips).scatter_(1, ub, mb > 0);
-      flips &= seen_a | seen_b;
-      // An argmax switch matters while the window is positive; one into or out
-      // of a zero window is the ReLU kink of the unit that crosses 0.
-      add(static_cast<int64_t>(l), (ua != ub) & (ma > 0) & (mb > 0), ub, ua);
+      const PooledSwitches sw = pooled_switches(y.index_select(0, at_a), y.index_select(0, at_b), k);
+      add(static_cast<int64_t>(l), sw.switches, sw.to, sw.from);
+      add(static_cast<int64_t>(l), sw.flips, torch::Tensor(), torch::Tensor());
+    } else {
+      torch::Tensor ya = flat[l].index_select(0, at_a), yb = flat[l].index_select(0, at_b);
+      add(static_cast<int64_t>(l), (ya > 0) != (yb > 0), torch::Tensor(), torch::Tensor());
     }
-    add(static_cast<int64_t>(l), flips, torch::Tensor(), torch::Tensor());
   }
   // What the fits need: per row, each site's largest |value| and the pieces.
   std::vector<std::vector<double>> row_scale(flat.size());

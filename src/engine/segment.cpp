@@ -193,11 +193,10 @@ torch::Tensor SegmentEvaluator::module_jacobians(const torch::Tensor& x, const t
   return out;
 }
 
-torch::Tensor SegmentEvaluator::module_sites(const torch::Tensor& x, double t) const {
+std::vector<torch::Tensor> SegmentEvaluator::module_sites(const torch::Tensor& x, double t) const {
   PK_ASSERT(generic_ && x.size(0) == 1);
   place_module(t);
-  std::vector<torch::Tensor> sites = const_cast<Network&>(net_)->forward_with_sites(x).second;
-  return sites.empty() ? torch::empty({0}, w_.options()) : torch::cat(sites, 1).flatten();
+  return const_cast<Network&>(net_)->forward_with_sites(x).second;
 }
 
 torch::Tensor SegmentEvaluator::module_gradients(const torch::Tensor& x, const torch::Tensor& c) const {

@@ -91,6 +91,7 @@ struct ScriptModule {
   std::unique_ptr<torch::jit::GraphExecutor> forward;     ///< its inlined graph, when it has dropout
   std::unique_ptr<torch::jit::GraphExecutor> with_sites;
   int64_t sites = 0;
+  std::vector<int64_t> site_windows;  ///< per site: its fused max-pool's window, or 0
   std::unique_ptr<ScriptGraph> graph;  ///< the structured route, if every parameter has a rule
   std::string graph_refusal;           ///< why not, otherwise
 };
@@ -170,9 +171,9 @@ void NetworkImpl::load_script() {
   }
   PK_CHECK(!parameters().empty(), "model '" << path << "' has no parameters to train");
   // The kink sites: the forward graph with submodule calls inlined and
-  // constant branches folded, returning (output, the input of every ReLU at
-  // its top level). ReLUs inside remaining branches or loops are not sites;
-  // the certificate still catches their kinks.
+  // constant branches folded, returning (output, the kink sites at its top
+  // level, kink_site_values). ReLUs inside remaining branches or loops are
+  // not sites; the certificate still catches their kinks.
   // A module with dropout runs its inlined graph, where the masks are
   // seeded; other modules run their own forward.
   int64_t dropout_sites = 0;
@@ -187,15 +188,9 @@ void NetworkImpl::load_script() {
   if (dropout_sites > 0) {
     script_->forward = std::make_unique<torch::jit::GraphExecutor>(g->copy(), "pathkernel_seeded_dropout");
   }
+  const std::vector<torch::jit::Value*> sites = kink_site_values(g, script_->site_windows);
   std::vector<torch::jit::Value*> values{g->outputs()[0]};
-  for (torch::jit::Node* node : g->nodes()) {
-    if (node->kind() == c10::Symbol::fromQualString("aten::relu")) {
-      values.push_back(node->input(0));
-    } else if (node->kind() == c10::Symbol::fromQualString("aten::relu_")) {
-      torch::jit::WithInsertPoint guard(node);  // the in-place ReLU overwrites its input: keep a copy
-      values.push_back(g->insert(c10::Symbol::fromQualString("aten::clone"), {node->input(0)}));
-    }
-  }
+  values.insert(values.end(), sites.begin(), sites.end());
   torch::jit::Node* tuple = g->createTuple(values);
   g->insertNode(tuple);
   g->eraseOutput(0);
@@ -343,8 +338,15 @@ std::pair<torch::Tensor, std::vector<torch::Tensor>> NetworkImpl::forward_with_s
   const auto& elements = tuple->elements();
   torch::Tensor y = elements[0].toTensor();
   std::vector<torch::Tensor> sites;
-  for (size_t i = 1; i < elements.size(); ++i) sites.push_back(elements[i].toTensor().reshape({x.size(0), -1}));
+  for (size_t i = 1; i < elements.size(); ++i) {
+    sites.push_back(site_rows(elements[i].toTensor(), x.size(0), script_->site_windows[i - 1]));
+  }
   return {script_output(y), sites};
+}
+
+const std::vector<int64_t>& NetworkImpl::kink_site_windows() const {
+  PK_ASSERT(script_);
+  return script_->site_windows;
 }
 
 torch::Tensor apply_parameter_free(const LayerDesc& layer, const torch::Tensor& x) {

@@ -157,6 +157,23 @@ std::vector<SiteNodes> site_nodes(Graph& g) {
   return out;
 }
 
+/// The values of `sites` in g: the input of each pair's first operation,
+/// copied before an in-place one overwrites it. Their windows go to `windows`.
+std::vector<Value*> site_values(Graph& g, const std::vector<SiteNodes>& sites, std::vector<int64_t>& windows) {
+  std::vector<Value*> values;
+  for (const SiteNodes& s : sites) {
+    Node* n = s.pool_first ? s.pool : s.activation;
+    if (in_place(n)) {
+      torch::jit::WithInsertPoint guard(n);
+      values.push_back(g.insert(aten("clone"), {n->input(0)}));
+    } else {
+      values.push_back(n->input(0));
+    }
+    windows.push_back(s.window);
+  }
+  return values;
+}
+
 /// Whether every operation of g other than the parameterised `layers` is
 /// piecewise linear with its switches at kink sites (ScriptGraph::
 /// polynomial_degree()). Conservative: an operation not listed makes it
@@ -213,6 +230,18 @@ std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& mod
   const int64_t sites = seed_dropout(*g);
   if (dropout_sites != nullptr) *dropout_sites = sites;
   return g;
+}
+
+std::vector<Value*> kink_site_values(std::shared_ptr<Graph>& g, std::vector<int64_t>& windows) {
+  fold_none_tests(g);
+  return site_values(*g, site_nodes(*g), windows);
+}
+
+torch::Tensor site_rows(const torch::Tensor& site, int64_t rows, int64_t window) {
+  if (window == 0) return site.reshape({rows, -1});
+  PK_CHECK(site.dim() == 4 && site.size(0) == rows,
+           "a max-pooled kink site has shape " << site.sizes() << ", expected [" << rows << ", C, H, W]");
+  return site;
 }
 
 std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module, std::string& why_not) {
@@ -382,20 +411,8 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
     why_not = e.what();
     return nullptr;
   }
-  // Kink sites: the inputs of ReLUs and leaky ReLUs at the top level, or of
-  // the max-pool fused with one (read after the rewrite, which has replaced
-  // the layers' outputs).
-  std::vector<Value*> sites;
-  for (const SiteNodes& s : site_list) {
-    Node* n = s.pool_first ? s.pool : s.activation;
-    if (in_place(n)) {
-      torch::jit::WithInsertPoint guard(n);
-      sites.push_back(g->insert(aten("clone"), {n->input(0)}));
-    } else {
-      sites.push_back(n->input(0));
-    }
-    out->site_windows_.push_back(s.window);
-  }
+  // Kink sites, read after the rewrite, which has replaced the layers' outputs.
+  const std::vector<Value*> sites = site_values(*g, site_list, out->site_windows_);
   std::vector<Value*> values{g->outputs()[0]};
   values.insert(values.end(), captured_inputs.begin(), captured_inputs.end());
   values.insert(values.end(), captured_outputs.begin(), captured_outputs.end());
@@ -426,14 +443,7 @@ ScriptPass ScriptGraph::run(const torch::jit::Module& module, const torch::Tenso
     pass.outputs.push_back(e[1 + layers + l].toTensor());
   }
   for (size_t j = 1 + 2 * layers; j < e.size(); ++j) {
-    torch::Tensor site = e[j].toTensor();
-    if (site_windows_[j - 1 - 2 * layers] == 0) {
-      site = site.reshape({x.size(0), -1});
-    } else {
-      PK_CHECK(site.dim() == 4 && site.size(0) == x.size(0),
-               "a max-pooled kink site has shape " << site.sizes() << ", expected [" << x.size(0) << ", C, H, W]");
-    }
-    pass.sites.push_back(site);
+    pass.sites.push_back(site_rows(e[j].toTensor(), x.size(0), site_windows_[j - 1 - 2 * layers]));
   }
   return pass;
 }

@@ -270,8 +270,9 @@ TEST(TorchScript, PiecewiseLinearModulesIntegrateTheirPiecesExactly) {
 /// (they commute), is piecewise linear on the structured route: the
 /// argmax switches are kinks of the ReLU's site. A module laid out like
 /// pathkernel's own cnn:4,6 integrates its pieces exactly and agrees with
-/// the own CNN on the same weights. A max-pool whose windows
-/// overlap, or with no ReLU beside it, keeps the adaptive rule.
+/// the own CNN on the same weights; the generic route's kink scan sees the
+/// same switches. A max-pool whose windows overlap, or with no ReLU beside
+/// it, keeps the adaptive rule.
 TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
   auto options = [](const std::string& spec) {
     NetworkOptions o;
@@ -327,6 +328,20 @@ TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
     EXPECT_EQ(f.evaluations % 3, 0) << spec;
     EXPECT_LE(max_rel(dense_features(ev, f), dense_features(oev, of)), 1e-12) << spec;
     EXPECT_LT(f.evaluations, test_features(ev, x, exact_rule_options(false)).evaluations) << spec;
+    // The generic route's kink sites are the same pairs: its scan sees the
+    // argmax switches too, so certified Gauss splits there and converges
+    // without refining (a missed switch costs dozens of halvings).
+    EXPECT_EQ(net->kink_site_windows(), std::vector<int64_t>({2, 2})) << spec;
+    const auto sites = net->forward_with_sites(x.narrow(0, 0, 1)).second;
+    ASSERT_EQ(sites.size(), 2u) << spec;
+    EXPECT_EQ(sites[1].sizes(), torch::IntArrayRef({1, 6, 4, 4})) << spec;
+    SegmentEvaluator gev(net, ModuleRoute::Generic);
+    gev.set_segment(w, dw);
+    const QuadratureOptions adaptive;
+    const TestFeatures g = test_features(gev, x, adaptive);
+    EXPECT_LE(g.certificate_gap, 1e-13) << spec;
+    EXPECT_LE(max_rel(dense_features(gev, g), dense_features(oev, of)), 1e-12) << spec;
+    EXPECT_LE(g.evaluations, adaptive.gauss_nodes * (g.kinks + 3)) << spec << ": " << g.kinks << " kinks";
   }
   for (const std::string spec : {"layers:conv(4,3,padding=1),relu,maxpool(3,2)",
                                  "layers:conv(4,3,padding=1),maxpool(2),tanh",
@@ -336,6 +351,7 @@ TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
     ASSERT_EQ(ev.route(), "structured") << spec << ": " << ev.route_reason();
     EXPECT_EQ(ev.polynomial_degree(), 0) << spec;
     for (int64_t window : ev.pool_after()) EXPECT_EQ(window, 0) << spec;
+    for (int64_t window : net->kink_site_windows()) EXPECT_EQ(window, 0) << spec;
   }
 }
 
