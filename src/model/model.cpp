@@ -90,8 +90,7 @@ struct ScriptModule {
   torch::jit::Module module;
   std::unique_ptr<torch::jit::GraphExecutor> forward;     ///< its inlined graph, when it has dropout
   std::unique_ptr<torch::jit::GraphExecutor> with_sites;
-  int64_t sites = 0;
-  std::vector<int64_t> site_windows;  ///< per site: its fused max-pool's window, or 0
+  std::vector<int64_t> site_windows;  ///< per kink site: its fused max-pool's window, or 0
   std::unique_ptr<ScriptGraph> graph;  ///< the structured route, if every parameter has a rule
   std::string graph_refusal;           ///< why not, otherwise
 };
@@ -195,7 +194,6 @@ void NetworkImpl::load_script() {
   g->insertNode(tuple);
   g->eraseOutput(0);
   g->registerOutput(tuple->output());
-  script_->sites = static_cast<int64_t>(values.size()) - 1;
   script_->with_sites = std::make_unique<torch::jit::GraphExecutor>(g, "pathkernel_kink_sites");
   script_->graph = ScriptGraph::read(m, script_->graph_refusal);
   layers_.push_back({LayerDesc::Kind::Module, path, 0, 0, 0, 0});
@@ -309,7 +307,7 @@ torch::Tensor NetworkImpl::script_output(const torch::Tensor& logits) const {
 
 int64_t NetworkImpl::kink_sites() const {
   PK_ASSERT(script_);
-  return script_->sites;
+  return static_cast<int64_t>(script_->site_windows.size());
 }
 
 const ScriptGraph* NetworkImpl::script_graph() const {
