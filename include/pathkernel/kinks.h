@@ -79,9 +79,10 @@ struct KinkSearch {
   int64_t forward_evaluations = 0;  ///< forward-only rows spent locating
 };
 
-/// What a max-pool of k x k windows after a ReLU sees change between two
-/// samples a and b of its input, ya and yb [R, C, H, W] (row r of each the
-/// same test point): the ReLU flips of units that are their window's
+/// What a max-pool of k x k windows after a ReLU sees change between the
+/// pairs of samples of its input y [rows, C, H, W] at rows at_a[r] and
+/// at_b[r] (the same test point; y is pooled once, whichever pairs share
+/// a row): the ReLU flips of units that are their window's
 /// positive maximum at a or at b (the flips of the others are not kinks of
 /// the network), and the argmax switches of windows positive at both ends
 /// (one into or out of a zero window is the flip of the unit that crosses 0).
@@ -92,7 +93,8 @@ struct PooledSwitches {
   torch::Tensor switches;  ///< [R, windows] bool
   torch::Tensor from, to;  ///< [R, windows]: the unit each window passes on at a, and at b
 };
-PooledSwitches pooled_switches(const torch::Tensor& ya, const torch::Tensor& yb, int64_t k);
+PooledSwitches pooled_switches(const torch::Tensor& y, const torch::Tensor& at_a, const torch::Tensor& at_b,
+                               int64_t k);
 
 /// Kinks inside every bracket. `preacts` are the kink sites of the evaluated
 /// rows (SegmentEvaluator::kink_values: own models' param layer

@@ -424,7 +424,7 @@ std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor
   std::vector<double> kinks;
   // Locates, inside interval j, the sign change of y_plus − y_minus (y_plus
   // alone when minus < 0) at site i.
-  auto locate = [&](int j, size_t i, int64_t plus, int64_t minus) {
+  auto locate = [&](int64_t j, size_t i, int64_t plus, int64_t minus) {
     auto g = [&](const std::vector<torch::Tensor>& sites) {
       const torch::Tensor y = sites[i].reshape({-1});
       return y[plus].item<double>() - (minus >= 0 ? y[minus].item<double>() : 0.0);
@@ -437,24 +437,26 @@ std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor
     forward_evaluations += br.locate([&](double m) { return g(ev.module_sites(x, m)); }, 400);
     kinks.push_back(br.midpoint());
   };
-  for (int j = 0; j < intervals; ++j) {
-    for (size_t i = 0; i < windows.size(); ++i) {
-      const torch::Tensor &ya = values[j][i], &yb = values[j + 1][i];
-      torch::Tensor flips;
-      if (windows[i] > 0) {
-        const PooledSwitches sw = pooled_switches(ya, yb, windows[i]);
-        const torch::Tensor hit = sw.switches[0].nonzero().flatten(), to = sw.to[0], from = sw.from[0];
-        auto h = hit.accessor<int64_t, 1>();
-        auto to_a = to.accessor<int64_t, 1>(), from_a = from.accessor<int64_t, 1>();
-        for (int64_t n = 0; n < hit.size(0); ++n) locate(j, i, to_a[h[n]], from_a[h[n]]);
-        flips = sw.flips[0];
-      } else {
-        flips = (ya[0] > 0) != (yb[0] > 0);
-      }
-      const torch::Tensor units = flips.nonzero().flatten();
-      auto u = units.accessor<int64_t, 1>();
-      for (int64_t n = 0; n < units.size(0); ++n) locate(j, i, u[n], -1);
+  // Per site, its samples as rows; interval j lies between rows j and j + 1.
+  const torch::Tensor at_a = torch::arange(intervals), at_b = at_a + 1;
+  for (size_t i = 0; i < windows.size(); ++i) {
+    std::vector<torch::Tensor> samples;
+    for (const auto& v : values) samples.push_back(v[i]);
+    const torch::Tensor y = torch::cat(samples);  // [intervals + 1, ...]
+    torch::Tensor flips;                          // [intervals, units]
+    if (windows[i] > 0) {
+      const PooledSwitches sw = pooled_switches(y, at_a, at_b, windows[i]);
+      const torch::Tensor hits = sw.switches.nonzero();  // [F, 2]: interval, window
+      auto h = hits.accessor<int64_t, 2>();
+      auto to = sw.to.accessor<int64_t, 2>(), from = sw.from.accessor<int64_t, 2>();
+      for (int64_t n = 0; n < hits.size(0); ++n) locate(h[n][0], i, to[h[n][0]][h[n][1]], from[h[n][0]][h[n][1]]);
+      flips = sw.flips;
+    } else {
+      flips = (y.index_select(0, at_a) > 0) != (y.index_select(0, at_b) > 0);
     }
+    const torch::Tensor units = flips.nonzero();  // [F, 2]: interval, unit
+    auto u = units.accessor<int64_t, 2>();
+    for (int64_t n = 0; n < units.size(0); ++n) locate(u[n][0], i, u[n][1], -1);
   }
   std::sort(kinks.begin(), kinks.end());
   return kinks;

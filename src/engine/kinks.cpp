@@ -150,25 +150,21 @@ std::vector<std::vector<uint64_t>> upstream_pieces(const SegmentEvaluator& ev, c
 
 }  // namespace
 
-PooledSwitches pooled_switches(const torch::Tensor& ya, const torch::Tensor& yb, int64_t k) {
-  PK_CHECK(ya.dim() == 4 && ya.sizes() == yb.sizes(), "pooled_switches: the samples have shapes "
-                                                          << ya.sizes() << " and " << yb.sizes()
-                                                          << ", expected the same [R, C, H, W]");
-  auto unit_and_max = [&](const torch::Tensor& y) {
-    auto [m, ind] = torch::max_pool2d_with_indices(y, k);
-    torch::Tensor plane = torch::arange(y.size(1)).view({1, -1, 1, 1}) * (y.size(2) * y.size(3));
-    return std::make_pair((ind + plane).flatten(1), m.flatten(1));
-  };
-  const auto [ua, ma] = unit_and_max(ya);
-  const auto [ub, mb] = unit_and_max(yb);
+PooledSwitches pooled_switches(const torch::Tensor& y, const torch::Tensor& at_a, const torch::Tensor& at_b,
+                               int64_t k) {
+  PK_CHECK(y.dim() == 4, "pooled_switches: a pooled site is [rows, C, H, W], got " << y.sizes());
+  auto [m, ind] = torch::max_pool2d_with_indices(y, k);
+  const torch::Tensor plane = torch::arange(y.size(1)).view({1, -1, 1, 1}) * (y.size(2) * y.size(3));
+  const torch::Tensor unit = (ind + plane).flatten(1), positive = m.flatten(1) > 0, flat = y.flatten(1) > 0;
   PooledSwitches out;
-  out.flips = (ya.flatten(1) > 0) != (yb.flatten(1) > 0);
-  torch::Tensor seen_a = torch::zeros_like(out.flips).scatter_(1, ua, ma > 0);
-  torch::Tensor seen_b = torch::zeros_like(out.flips).scatter_(1, ub, mb > 0);
+  out.from = unit.index_select(0, at_a);
+  out.to = unit.index_select(0, at_b);
+  const torch::Tensor pa = positive.index_select(0, at_a), pb = positive.index_select(0, at_b);
+  out.flips = flat.index_select(0, at_a) != flat.index_select(0, at_b);
+  torch::Tensor seen_a = torch::zeros_like(out.flips).scatter_(1, out.from, pa);
+  torch::Tensor seen_b = torch::zeros_like(out.flips).scatter_(1, out.to, pb);
   out.flips &= seen_a | seen_b;
-  out.switches = (ua != ub) & (ma > 0) & (mb > 0);
-  out.from = ua;
-  out.to = ub;
+  out.switches = (out.from != out.to) & pa & pb;
   return out;
 }
 
@@ -249,7 +245,7 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
     if (!ev.relu_after()[l] || (l == 0 && skip_first_layer)) continue;
     if (const int64_t k = ev.pool_after()[l]) {
       const torch::Tensor& y = preacts[l].detach();  // [R, C, H, W]
-      const PooledSwitches sw = pooled_switches(y.index_select(0, at_a), y.index_select(0, at_b), k);
+      const PooledSwitches sw = pooled_switches(y, at_a, at_b, k);
       add(static_cast<int64_t>(l), sw.switches, sw.to, sw.from);
       add(static_cast<int64_t>(l), sw.flips, torch::Tensor(), torch::Tensor());
     } else {
