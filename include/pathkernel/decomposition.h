@@ -142,6 +142,7 @@ struct Decomposition {
   torch::Tensor gap_abs;
   int64_t evaluations = 0;       ///< integrand evaluations summed over test points and steps
   int64_t forward_evaluations = 0;  ///< forward-only evaluations (kink search, piece ends), summed likewise
+  int64_t moment_evaluations = 0;   ///< moment rows (a forward pass and one backprop), summed likewise
   int64_t kinks = 0;             ///< kinks located, summed likewise
   int64_t steps = 0;
   double seconds = 0;
@@ -193,6 +194,7 @@ struct DecompositionSummary {
   double error_bound = 0;
   double mean_evaluations_per_step = 0;          ///< integrand evaluations per test point and step
   double mean_forward_evaluations_per_step = 0;  ///< forward-only evaluations per test point and step
+  double mean_moment_evaluations_per_step = 0;   ///< moment rows (one backprop each) per test point and step
   double mean_kinks_per_step = 0;                ///< kinks located per test point and step
   double max_abs_run_dtype_difference = 0;       ///< max |fN_run − fN|: 0 for float64 runs
   double seconds = 0;

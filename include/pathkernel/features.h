@@ -96,6 +96,9 @@ struct TestFeatures {
   torch::Tensor f0, f1;                ///< [n, K]: f(w_s, x) and f(w_{s+1}, x)
   int64_t evaluations = 0;             ///< integrand evaluations (rows), including refined-away ones
   int64_t forward_evaluations = 0;     ///< forward-only rows: kink scan and search, piece ends
+  /// moment rows of log-softmax pieces: a forward pass and one backprop each
+  /// (the softmax factor's extra interpolation nodes), including refined-away ones
+  int64_t moment_evaluations = 0;
   int64_t kinks = 0;                   ///< kinks located (ReLU flips and max-pool switches)
   double certificate_gap = 0;          ///< max |J̄ dw − (f1 − f0)| / max(1, |f0|)
   torch::Tensor gap;                   ///< [n, K]: J̄ dw − (f1 − f0), the step's signed certificate gap

@@ -29,8 +29,9 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
       ->capture_default_str();
   cmd->add_option("--pieces", pieces,
                   "gauss: exact (a network of Linear/Conv2d layers with ReLU, max- or average pooling and residual "
-                  "sums takes at most the nodes that integrate each piece between kinks exactly: ceil(L/2) for "
-                  "logits, L for log-softmax, L weight layers) or adaptive (ceil(n*sqrt(h)) nodes on a piece of "
+                  "sums takes at most the nodes that integrate each piece between kinks exactly, L weight layers: "
+                  "ceil(L/2) for logits; for log-softmax, those and floor(L/2) more (L+1 in all for even L) "
+                  "that walk back the softmax factor's one cotangent) or adaptive (ceil(n*sqrt(h)) nodes on a piece of "
                   "length h, for every network)")
       ->check(CLI::IsMember({"exact", "adaptive"}))
       ->capture_default_str();

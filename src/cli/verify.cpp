@@ -57,6 +57,8 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              {"error_bound", s.error_bound},
                              {"mean_evaluations_per_step", s.mean_evaluations_per_step},
                              {"mean_forward_evaluations_per_step", s.mean_forward_evaluations_per_step},
+                             // Nodes that walk back one cotangent (the log-softmax factor's).
+                             {"mean_moment_evaluations_per_step", s.mean_moment_evaluations_per_step},
                              {"mean_kinks_per_step", s.mean_kinks_per_step},
                              {"seconds", s.seconds},
                              // How the network was evaluated: pathkernel's own layers, a

@@ -68,13 +68,14 @@ Share block_share(const Communicator& comm, const std::vector<int64_t>& bounds) 
   return share_of(comm, steps);
 }
 
-/// The counters of every rank's `d` on `out`: evaluations, forward
-/// evaluations and kinks summed, the certificate gap and the seconds the
+/// The counters of every rank's `d` on `out`: evaluations, forward and
+/// moment evaluations and kinks summed, the certificate gap and the seconds the
 /// maximum (a collective: every rank calls it).
 void reduce_counters(const Communicator& comm, const Decomposition& d, Decomposition& out) {
   out.certificate_max_gap = comm.max(d.certificate_max_gap);
   out.evaluations = comm.sum(d.evaluations);
   out.forward_evaluations = comm.sum(d.forward_evaluations);
+  out.moment_evaluations = comm.sum(d.moment_evaluations);
   out.kinks = comm.sum(d.kinks);
   out.seconds = comm.max(d.seconds);
 }
@@ -111,6 +112,7 @@ Decomposition sum_blocks(const Communicator& comm, Decomposition base, Share blo
     Decomposition p = block(k, false);
     local.evaluations += p.evaluations;
     local.forward_evaluations += p.forward_evaluations;
+    local.moment_evaluations += p.moment_evaluations;
     local.kinks += p.kinks;
     local.steps += p.steps;
     local.seconds += p.seconds;

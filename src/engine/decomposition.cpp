@@ -46,6 +46,7 @@ DecompositionSummary summarize(const Decomposition& d) {
   const double point_steps = static_cast<double>(std::max<int64_t>(1, s.test_points * d.steps));
   s.mean_evaluations_per_step = static_cast<double>(d.evaluations) / point_steps;
   s.mean_forward_evaluations_per_step = static_cast<double>(d.forward_evaluations) / point_steps;
+  s.mean_moment_evaluations_per_step = static_cast<double>(d.moment_evaluations) / point_steps;
   s.mean_kinks_per_step = static_cast<double>(d.kinks) / point_steps;
   s.max_abs_run_dtype_difference = d.fN_run.defined() ? (d.fN_run - d.fN).abs().max().item<double>() : 0.0;
   s.seconds = d.seconds;
@@ -327,6 +328,7 @@ struct Walk {
 void tally(Decomposition& d, const TestFeatures& f) {
   d.evaluations += f.evaluations;
   d.forward_evaluations += f.forward_evaluations;
+  d.moment_evaluations += f.moment_evaluations;
   d.kinks += f.kinks;
   d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
 }
@@ -403,6 +405,7 @@ const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomp
   d.certificate_max_gap = p->partial.certificate_max_gap;
   d.evaluations = p->partial.evaluations;
   d.forward_evaluations = p->partial.forward_evaluations;
+  d.moment_evaluations = p->partial.moment_evaluations;
   d.kinks = p->partial.kinks;
   d.residuals = p->partial.residuals;
   return p;

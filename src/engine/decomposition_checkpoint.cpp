@@ -67,6 +67,9 @@ const DecompositionProgress* DirectoryCheckpoint::resume_point() {
     p->partial.certificate_max_gap = json_number<double>(s.at("certificate_max_gap"), "certificate_max_gap");
     p->partial.evaluations = json_number<int64_t>(s.at("evaluations"), "evaluations");
     p->partial.forward_evaluations = json_number<int64_t>(s.at("forward_evaluations"), "forward_evaluations");
+    if (s.contains("moment_evaluations")) {  // absent from progress saved before moment rows
+      p->partial.moment_evaluations = json_number<int64_t>(s.at("moment_evaluations"), "moment_evaluations");
+    }
     p->partial.kinks = json_number<int64_t>(s.at("kinks"), "kinks");
     if (s.contains("residuals")) {
       const auto& r = s.at("residuals");
@@ -138,6 +141,7 @@ void DirectoryCheckpoint::save(const DecompositionProgress& p) {
                            {"certificate_max_gap", p.partial.certificate_max_gap},
                            {"evaluations", p.partial.evaluations},
                            {"forward_evaluations", p.partial.forward_evaluations},
+                           {"moment_evaluations", p.partial.moment_evaluations},
                            {"kinks", p.partial.kinks},
                            {"residuals", {{"max_ratio", p.partial.residuals.max_ratio},
                                           {"max_residual", p.partial.residuals.max_residual},

@@ -131,27 +131,47 @@ int64_t nodes_for(const QuadratureOptions& q, const Piece& pc, int64_t exact) {
 
 /// One round of adaptive Gauss: the pieces it evaluates, laid out as rows.
 /// Piece p owns rows first[p] .. first[p+1]-1 (its nodes) and end rows 2p,
-/// 2p+1 (its ends a and b).
+/// 2p+1 (its ends a and b). With split moments (log-softmax pieces of a
+/// piecewise-linear network), it also owns moment rows mfirst[p] ..
+/// mfirst[p+1]-1: nodes where only the softmax factor's single cotangent
+/// is walked back (softmax_moments).
 struct PieceRound {
-  int64_t np = 0, rows = 0;
+  int64_t np = 0, rows = 0, moment_rows = 0;
   std::vector<int64_t> first;                     ///< [np + 1]
   std::vector<int64_t> point, piece_of;           ///< per row: test point, piece
   std::vector<double> t, w;                       ///< per row: node and weight
   std::vector<int64_t> end_point;                 ///< [2 np]: test point of each end
   std::vector<double> ends;                       ///< [2 np]: a, b of each piece
+  std::vector<int64_t> mfirst;                    ///< [np + 1] (empty without split moments)
+  std::vector<int64_t> mpoint, mpiece_of;         ///< per moment row: test point, piece
+  std::vector<double> mt;                         ///< per moment row: its node
 };
+
+/// A piece's nodes when its log-softmax integrand is split (docs/math.md §7):
+/// of a budget of m interpolation nodes, ⌈m/2⌉ Gauss–Legendre nodes carry
+/// the logits' Jacobian (every output's cotangent) and the others, the
+/// Gauss nodes of the next lower order for odd m and of the next higher for
+/// even m (the zeros of consecutive Legendre polynomials interlace, so no
+/// node repeats), carry the softmax factor alone.
+int64_t logit_nodes(int64_t m) { return (m + 1) / 2; }
+int64_t moment_nodes(int64_t m) { return m < 2 ? 0 : m % 2 ? m / 2 : m / 2 + 1; }
 
 /// Takes the pieces of the next round from the front of `pending`: at most
 /// max_rows nodes, at least one piece. `pending` keeps them, `next` receives
 /// the others (to wait for the next round), so memory stays bounded.
 PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, const QuadratureOptions& q,
-                      int64_t max_rows, int64_t exact_nodes) {
+                      int64_t max_rows, int64_t exact_nodes, bool split_moments) {
   PieceRound rd;
   rd.first = {0};
+  std::vector<int64_t> budget;
+  int64_t taken = 0;
   for (const Piece& pc : pending) {
-    const int64_t nodes = nodes_for(q, pc, exact_nodes);
-    if (rd.first.size() > 1 && rd.first.back() + nodes > max_rows) break;
+    const int64_t m = nodes_for(q, pc, exact_nodes);
+    const int64_t nodes = split_moments ? logit_nodes(m) : m, extra = split_moments ? moment_nodes(m) : 0;
+    if (rd.first.size() > 1 && taken + nodes + extra > max_rows) break;
+    taken += nodes + extra;
     rd.first.push_back(rd.first.back() + nodes);
+    budget.push_back(m);
   }
   rd.np = static_cast<int64_t>(rd.first.size()) - 1;
   next.assign(pending.begin() + rd.np, pending.end());
@@ -163,6 +183,7 @@ PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, con
   rd.w.resize(rd.rows);
   rd.end_point.resize(2 * rd.np);
   rd.ends.resize(2 * rd.np);
+  if (split_moments) rd.mfirst = {0};
   for (int64_t p = 0; p < rd.np; ++p) {
     const Piece& pc = pending[p];
     const QuadratureRule& rule = gauss_legendre(static_cast<int>(rd.first[p + 1] - rd.first[p]), 0.0, 1.0);
@@ -175,7 +196,19 @@ PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, con
     rd.end_point[2 * p] = rd.end_point[2 * p + 1] = pc.point;
     rd.ends[2 * p] = pc.a;
     rd.ends[2 * p + 1] = pc.b;
+    if (split_moments) {
+      const int64_t extra = moment_nodes(budget[p]);
+      if (extra > 0) {
+        for (double u : gauss_legendre(static_cast<int>(extra), 0.0, 1.0).nodes) {
+          rd.mpoint.push_back(pc.point);
+          rd.mpiece_of.push_back(p);
+          rd.mt.push_back(pc.a + (pc.b - pc.a) * u);
+        }
+      }
+      rd.mfirst.push_back(rd.mfirst.back() + extra);
+    }
   }
+  rd.moment_rows = static_cast<int64_t>(rd.mt.size());
   return rd;
 }
 
@@ -220,33 +253,52 @@ torch::Tensor end_select(const torch::Tensor& start, const torch::Tensor& end, c
 }
 
 /// For log-softmax pieces of a piecewise-linear network of degree L, each
-/// row's softmax moment v_r = ∫_a^b ℓ_j(t) p(t) dt [K], where row r is node
-/// t_j of its piece [a, b], ℓ_j the Lagrange basis polynomial of the piece's
-/// L nodes, p = softmax(z) and z the logits. On the piece z is a polynomial
-/// of degree L, interpolated exactly through its values at the nodes and
-/// the ends (`node_logits` [R, K], `end_logits` [2 np, K]); the integral is
-/// taken by composite Gauss–Legendre on sub-intervals, doubled until two
-/// successive sums agree to rounding. No network evaluation is needed.
-torch::Tensor softmax_moments(const PieceRound& rd, const torch::Tensor& node_logits, const torch::Tensor& end_logits) {
+/// node's softmax moment v_j = ∫_a^b ℓ_j(t) p(t) dt [K], where ℓ_j is the
+/// Lagrange basis polynomial of node t_j among all the piece's nodes (its
+/// Gauss rows and its moment rows), p = softmax(z) and z the logits. On the
+/// piece z is a polynomial of degree L, interpolated exactly through its
+/// values at the nodes and the ends (`node_logits` [R, K], `moment_logits`
+/// [R_m, K], undefined when there are none, `end_logits` [2 np, K]); the
+/// integral is taken by composite Gauss–Legendre on sub-intervals, doubled
+/// until two successive sums agree to rounding. No network evaluation is
+/// needed. Returns the moments of the Gauss rows [R, K] and of the moment
+/// rows [R_m, K].
+std::pair<torch::Tensor, torch::Tensor> softmax_moments(const PieceRound& rd, const torch::Tensor& node_logits,
+                                                        const torch::Tensor& moment_logits,
+                                                        const torch::Tensor& end_logits) {
   constexpr int kFine = 16;        // Gauss nodes per sub-interval
   constexpr int kMaxHalvings = 8;  // up to 256 sub-intervals
   const torch::Tensor zn = node_logits.contiguous(), ze = end_logits.contiguous();
+  const torch::Tensor zm = moment_logits.defined() ? moment_logits.contiguous() : torch::Tensor();
   const int64_t K = zn.size(1);
   const double* zn_p = zn.data_ptr<double>();
   const double* ze_p = ze.data_ptr<double>();
-  torch::Tensor v = torch::zeros({rd.rows, K}, zn.options());
-  double* v_p = v.data_ptr<double>();
+  const double* zm_p = zm.defined() ? zm.data_ptr<double>() : nullptr;
+  torch::Tensor v = torch::zeros({rd.rows, K}, zn.options()), vm = torch::zeros({rd.moment_rows, K}, zn.options());
+  std::vector<double*> out;  // per node of the piece: where its moment goes
   std::vector<double> z(K), p(K);
   for (int64_t pc = 0; pc < rd.np; ++pc) {
-    const int64_t r0 = rd.first[pc], m = rd.first[pc + 1] - r0;
+    const int64_t r0 = rd.first[pc], g = rd.first[pc + 1] - r0;
+    const int64_t m0 = rd.mfirst.empty() ? 0 : rd.mfirst[pc], e = rd.mfirst.empty() ? 0 : rd.mfirst[pc + 1] - m0;
+    const int64_t m = g + e;
     const double a = rd.ends[2 * pc], b = rd.ends[2 * pc + 1];
-    // Interpolation points: a, the nodes, b; their values and barycentric weights.
-    std::vector<double> xs{a};
-    std::vector<const double*> zs{ze_p + 2 * pc * K};
-    for (int64_t j = 0; j < m; ++j) {
+    // Interpolation points: the nodes (Gauss rows, then moment rows), a, b;
+    // their values and barycentric weights.
+    std::vector<double> xs;
+    std::vector<const double*> zs;
+    out.clear();
+    for (int64_t j = 0; j < g; ++j) {
       xs.push_back(rd.t[r0 + j]);
       zs.push_back(zn_p + (r0 + j) * K);
+      out.push_back(v.data_ptr<double>() + (r0 + j) * K);
     }
+    for (int64_t j = 0; j < e; ++j) {
+      xs.push_back(rd.mt[m0 + j]);
+      zs.push_back(zm_p + (m0 + j) * K);
+      out.push_back(vm.data_ptr<double>() + (m0 + j) * K);
+    }
+    xs.push_back(a);
+    zs.push_back(ze_p + 2 * pc * K);
     xs.push_back(b);
     zs.push_back(ze_p + (2 * pc + 1) * K);
     std::vector<double> bary(xs.size(), 1.0);
@@ -261,8 +313,8 @@ torch::Tensor softmax_moments(const PieceRound& rd, const torch::Tensor& node_lo
       std::vector<double> cuts(S + 1);
       for (int64_t s = 0; s <= S; ++s) cuts[s] = s == S ? b : a + (b - a) * static_cast<double>(s) / S;
       const QuadratureRule fine = composite_gauss_legendre(kFine, cuts);
-      for (size_t g = 0; g < fine.nodes.size(); ++g) {
-        const double tau = fine.nodes[g], omega = fine.weights[g];
+      for (size_t f = 0; f < fine.nodes.size(); ++f) {
+        const double tau = fine.nodes[f], omega = fine.weights[f];
         // z(τ) by the barycentric formula (exactly a data point if τ is one).
         double den = 0;
         std::fill(z.begin(), z.end(), 0.0);
@@ -284,9 +336,9 @@ torch::Tensor softmax_moments(const PieceRound& rd, const torch::Tensor& node_lo
         double total = 0;
         for (int64_t k = 0; k < K; ++k) total += p[k] = std::exp(z[k] - zmax);
         for (int64_t j = 0; j < m; ++j) {
-          double l = 1;  // ℓ_j(τ) on the nodes alone
+          double l = 1;  // ℓ_j(τ) on the nodes alone (the first m points)
           for (int64_t j2 = 0; j2 < m; ++j2) {
-            if (j2 != j) l *= (tau - xs[1 + j2]) / (xs[1 + j] - xs[1 + j2]);
+            if (j2 != j) l *= (tau - xs[j2]) / (xs[j] - xs[j2]);
           }
           const double scale = omega * l / total;
           for (int64_t k = 0; k < K; ++k) sum[j * K + k] += scale * p[k];
@@ -304,9 +356,9 @@ torch::Tensor softmax_moments(const PieceRound& rd, const torch::Tensor& node_lo
       if (diff <= 4 * kEps * (b - a) || halving >= kMaxHalvings || too_short) break;
       coarse = std::move(finer);
     }
-    std::copy(finer.begin(), finer.end(), v_p + r0 * K);
+    for (int64_t j = 0; j < m; ++j) std::copy(finer.begin() + j * K, finer.begin() + (j + 1) * K, out[j]);
   }
-  return v;
+  return {v, vm};
 }
 
 /// The logits' signals of exact pieces with the log-softmax weights folded
@@ -350,14 +402,20 @@ void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torc
                const torch::Tensor& point, const torch::Tensor& weight) {
   const ParamLayer& pl = ev.param_layers()[l];
   const LayerDesc& d = pl.desc;
+  // s [1, r, ...] (one cotangent for every output) adds to every output's block.
   const int64_t K = s.size(0), q_all = pl.weight_numel + pl.bias_numel;
   torch::Tensor& dense = f.layers[l].block;
-  if (!dense.defined()) dense = torch::zeros({K, f.num_points, q_all}, s.options());
+  if (!dense.defined()) dense = torch::zeros({ev.num_outputs(), f.num_points, q_all}, s.options());
   std::vector<int64_t> w_shape(s.dim(), 1);
   w_shape[1] = s.size(1);
   if (d.kind != Kind::Conv2d) {
     const torch::Tensor ws = weight.defined() ? s * weight.view(w_shape) : s;
-    dense.index_add_(1, point, sample_gradients(d, a, ws, pl.weight_shape, pl.bias_numel));
+    const torch::Tensor g = sample_gradients(d, a, ws, pl.weight_shape, pl.bias_numel);
+    if (K == dense.size(0)) {
+      dense.index_add_(1, point, g);
+    } else {
+      dense.add_(torch::zeros({K, f.num_points, q_all}, s.options()).index_add_(1, point, g));
+    }
     return;
   }
   // Rows grouped by test point (they usually come so: no copies then).
@@ -517,7 +575,7 @@ TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tenso
     auto scale_a = scale.accessor<double, 1>();
     while (!pending.empty()) {
       std::vector<Piece> next;
-      const PieceRound rd = next_round(pending, next, q, max_rows, 0);
+      const PieceRound rd = next_round(pending, next, q, max_rows, 0, false);
       const int64_t np = rd.np;
       const torch::Tensor point_t = torch::tensor(rd.point, torch::kLong), w_t = torch::tensor(rd.w, opts);
       const torch::Tensor jac = ev.module_jacobians(x.index_select(0, point_t), torch::tensor(rd.t, opts));
@@ -609,7 +667,9 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   const bool sum_first = layers > 0 && ev.first_input_fixed();
   torch::Tensor first_sum;
   // Keeps the rows `rows` (ascending) of a pass with signals `sig`; `unit`:
-  // their weights are all 1 (folded into the signals).
+  // their weights are all 1 (folded into the signals). Signals of one
+  // cotangent ([1, R, ...]: moment rows) belong to every output alike.
+  const int64_t k_out = ev.num_outputs();
   auto keep = [&](const SegmentPass& pass, const std::vector<torch::Tensor>& sig, const torch::Tensor& rows,
                   const torch::Tensor& point, const torch::Tensor& weight, bool unit) {
     const bool all = rows.size(0) == point.size(0);  // every row: no copies
@@ -620,8 +680,17 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         std::vector<int64_t> sizes = s.sizes().vec(), w_shape(s.dim(), 1);
         sizes[1] = n;
         w_shape[1] = s.size(1);
-        if (!first_sum.defined()) first_sum = torch::zeros(sizes, s.options());
-        first_sum.index_add_(1, pr, unit ? s : s * wr.view(w_shape));
+        if (!first_sum.defined()) {
+          sizes[0] = k_out;
+          first_sum = torch::zeros(sizes, s.options());
+          sizes[0] = s.size(0);
+        }
+        const torch::Tensor ws = unit ? s : s * wr.view(w_shape);
+        if (s.size(0) == k_out) {
+          first_sum.index_add_(1, pr, ws);
+        } else {
+          first_sum.add_(torch::zeros(sizes, s.options()).index_add_(1, pr, ws));
+        }
         continue;
       }
       torch::Tensor a = all ? pass.inputs[l].detach() : pass.inputs[l].detach().index_select(0, rows);
@@ -629,6 +698,11 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         case Form::Dense: add_dense(ev, l, f, a, s, pr, unit ? torch::Tensor() : wr); break;
         case Form::Rows:
           kept_inputs[l].push_back(a);
+          if (s.size(0) != k_out) {
+            std::vector<int64_t> sizes = s.sizes().vec();
+            sizes[0] = k_out;
+            s = s.expand(sizes);
+          }
           kept_signals[l].push_back(s);
           break;
         case Form::Summed: PK_ASSERT(false && "only the first layer is summed"); break;
@@ -712,14 +786,15 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     torch::Tensor scale = f.f0.abs().amax(1).clamp_min(1.0);  // [n]
     // A piecewise-linear network's pieces are integrated exactly: its logit
     // Jacobian has degree L − 1 on a piece, so ⌈L/2⌉ Gauss nodes for logits;
-    // for log-softmax, (I − 1 pᵀ) J_z with J_z interpolated on L nodes and
-    // the softmax factor integrated over the interpolated logits.
+    // for log-softmax, (I − 1 pᵀ) J_z with J_z interpolated on those nodes
+    // and the moment nodes (next_round), and the softmax factor integrated
+    // over the interpolated logits.
     const int64_t degree = q.exact_pieces ? ev.polynomial_degree() : 0;
     const bool fold = degree > 0 && ev.log_softmax_output();
     const int64_t exact_nodes = degree == 0 ? 0 : fold ? degree : (degree + 1) / 2;
     while (!pending.empty()) {
       std::vector<Piece> next;
-      const PieceRound rd = next_round(pending, next, q, q.max_rows, exact_nodes);
+      const PieceRound rd = next_round(pending, next, q, q.max_rows, exact_nodes, fold);
       const int64_t np = rd.np, rows = rd.rows;
       const std::vector<int64_t>& first = rd.first;
       torch::Tensor point_t = torch::tensor(rd.point, torch::kLong), w_t = torch::tensor(rd.w, opts);
@@ -729,25 +804,39 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       const torch::Tensor end_index = torch::tensor(er.index, torch::kLong);
       const SegmentPass pf = fresh_pass(er);
       const torch::Tensor end_out = end_select(p0.out, p1.out, pf.out, end_index);  // [2 np, K]
-      std::vector<torch::Tensor> sig;
+      // The moment rows' pass, and their point indices (log-softmax pieces).
+      SegmentPass pm;
+      torch::Tensor mpoint_t;
+      if (rd.moment_rows > 0) {
+        mpoint_t = torch::tensor(rd.mpoint, torch::kLong);
+        pm = ev.forward(x.index_select(0, mpoint_t), torch::tensor(rd.mt, opts), track_passes(ev));
+      }
+      std::vector<torch::Tensor> sig, msig;
       if (fold) {
-        sig = folded_signals(ev, pass, w_t,
-                             softmax_moments(rd, pass.logits.detach(), end_select(p0.logits, p1.logits, pf.logits,
-                                                                                  end_index)));
+        auto [v, vm] = softmax_moments(rd, pass.logits.detach(), pm.out.defined() ? pm.logits.detach() : torch::Tensor(),
+                                       end_select(p0.logits, p1.logits, pf.logits, end_index));
+        sig = folded_signals(ev, pass, w_t, v);
+        // A moment row's signal, of the cotangent −v_j, is every output's.
+        if (rd.moment_rows > 0) msig = batched_signals(ev, pm, -vm.unsqueeze(0), /*of_logits=*/true);
         w_t = torch::ones_like(w_t);
       } else {
         sig = all_signals(ev, pass);
       }
       f.evaluations += rows;
+      f.moment_evaluations += rd.moment_rows;
       // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
       torch::Tensor jdw = row_dot(ev, pass.inputs, sig, ev.direction()).detach();   // [K, R]
       torch::Tensor integral = torch::zeros({np, jdw.size(0)}, opts).index_add_(
           0, torch::tensor(rd.piece_of, torch::kLong), (jdw * w_t.unsqueeze(0)).t());   // [np, K]
+      if (rd.moment_rows > 0) {
+        const torch::Tensor mdw = row_dot(ev, pm.inputs, msig, ev.direction()).detach();  // [1, R_m]
+        integral.index_add_(0, torch::tensor(rd.mpiece_of, torch::kLong), mdw.t().expand({rd.moment_rows, jdw.size(0)}));
+      }
       torch::Tensor fe = end_out.view({np, 2, -1});
       torch::Tensor gap = (integral - (fe.select(1, 1) - fe.select(1, 0))).abs().amax(1);  // [np]
       std::vector<Piece> failed;
       std::vector<double> failed_gap;
-      std::vector<int64_t> accepted_rows, bracket_piece;
+      std::vector<int64_t> accepted_rows, accepted_moments, bracket_piece;
       std::vector<KinkBracket> brackets;
       auto gap_a = gap.accessor<double, 1>();
       auto scale_a = scale.accessor<double, 1>();
@@ -755,6 +844,9 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         const Piece& pc = pending[p];
         if (piece_accepted(q, pc, gap_a[p], scale_a[pc.point])) {
           for (int64_t r = first[p]; r < first[p + 1]; ++r) accepted_rows.push_back(r);
+          for (int64_t r = rd.mfirst.empty() ? 0 : rd.mfirst[p]; r < (rd.mfirst.empty() ? 0 : rd.mfirst[p + 1]); ++r) {
+            accepted_moments.push_back(r);
+          }
           f.breaks[pc.point].push_back(pc.a);
           f.breaks[pc.point].push_back(pc.b);
           continue;
@@ -798,6 +890,10 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         }
       }
       if (!accepted_rows.empty()) keep(pass, sig, torch::tensor(accepted_rows, torch::kLong), point_t, w_t, fold);
+      if (!accepted_moments.empty()) {
+        keep(pm, msig, torch::tensor(accepted_moments, torch::kLong), mpoint_t,
+             torch::ones({rd.moment_rows}, opts), true);
+      }
       pending = std::move(next);
     }
   }

@@ -182,7 +182,8 @@ TEST(Distributed, AStepSplitMergesARecordedRunsResidualsAndCounts) {
   EXPECT_EQ(v2["first_unexplained_step"], 2);
   EXPECT_CONTAINS(v2["warning"].get<std::string>(), " 2 step(s) differ");
   for (const std::string key : {"steps", "certificate_max_gap", "mean_evaluations_per_step",
-                                "mean_forward_evaluations_per_step", "mean_kinks_per_step", "updates_explained",
+                                "mean_forward_evaluations_per_step", "mean_moment_evaluations_per_step",
+                                "mean_kinks_per_step", "updates_explained",
                                 "max_update_residual_ratio", "first_unexplained_step", "warning"}) {
     EXPECT_EQ(v1[key], v2[key]) << key;
   }

@@ -186,13 +186,15 @@ TEST(Features, GaussSatisfiesTheCertificate) {
 }
 
 // A piecewise-linear network's pieces are integrated exactly, with ⌈L/2⌉
-// Gauss nodes for logits and L nodes plus the softmax moments for
-// log-softmax (L param layers). The reference is plain: on each of the same
-// pieces a 12-node Gauss rule, and at each node the gradient of each output
-// by autograd.
+// Gauss nodes for logits, and for log-softmax those nodes plus ⌊L/2⌋
+// (L odd) or L/2 + 1 (L even) moment nodes that walk back the softmax
+// factor alone (L param layers). The reference is plain: on each of the
+// same pieces a 12-node Gauss rule, and at each node the gradient of each
+// output by autograd.
 TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
   std::vector<Case> cases = kCases;
   cases.push_back({"mlp:6,5", {4}, OutputMap::Logits});
+  cases.push_back({"mlp:6,5,4", {4}, OutputMap::LogSoftmax});  // L = 4: moment nodes of the higher order
   for (const Case& c : cases) {
     Network net = build_network(options_for(c, 3));
     torch::manual_seed(21);
@@ -211,15 +213,18 @@ TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
     ASSERT_EQ(L, static_cast<int64_t>(ev.param_layers().size())) << name(c);
     QuadratureOptions q;
     q.max_depth = 6;  // a wrong rule fails every piece: stop its splitting early
+    q.min_nodes = std::max<int>(q.min_nodes, static_cast<int>(L));  // every piece takes the exact rule's nodes
     const TestFeatures f = test_features(ev, x, q);
     EXPECT_LE(f.certificate_gap, 1e-13) << name(c);
     // Every piece evaluated took the exact rule's nodes, and no more rows
     // than the adaptive rule.
-    const int64_t nodes = c.map == OutputMap::LogSoftmax ? L : (L + 1) / 2;
+    const bool log_softmax = c.map == OutputMap::LogSoftmax;
+    const int64_t nodes = (L + 1) / 2, moments = !log_softmax ? 0 : L % 2 ? L / 2 : L / 2 + 1;
     int64_t pieces = 0;
     for (const std::vector<double>& b : f.breaks) pieces += static_cast<int64_t>(b.size()) - 1;
     EXPECT_EQ(f.evaluations % nodes, 0) << name(c);
     EXPECT_GE(f.evaluations, nodes * pieces) << name(c);
+    EXPECT_EQ(f.moment_evaluations * nodes, f.evaluations * moments) << name(c);
     q.exact_pieces = false;
     EXPECT_LE(f.evaluations, test_features(ev, x, q).evaluations) << name(c);
 

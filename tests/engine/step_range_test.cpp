@@ -54,6 +54,7 @@ Decomposition sum_of_ranges(PathReader& reader, const torch::Tensor& x, const De
     sum.certificate_max_gap = std::max(sum.certificate_max_gap, d.certificate_max_gap);
     sum.evaluations += d.evaluations;
     sum.forward_evaluations += d.forward_evaluations;
+    sum.moment_evaluations += d.moment_evaluations;
     sum.kinks += d.kinks;
     sum.steps += d.steps;
     // An empty range has no residuals; each other its own steps'.
@@ -78,6 +79,7 @@ void expect_whole(const Decomposition& all, const Decomposition& sum, const std:
   EXPECT_EQ(all.certificate_max_gap, sum.certificate_max_gap) << what;
   EXPECT_EQ(all.evaluations, sum.evaluations) << what;
   EXPECT_EQ(all.forward_evaluations, sum.forward_evaluations) << what;
+  EXPECT_EQ(all.moment_evaluations, sum.moment_evaluations) << what;
   EXPECT_EQ(all.kinks, sum.kinks) << what;
   EXPECT_EQ(all.steps, sum.steps) << what;
   EXPECT_EQ(all.residuals.max_ratio, sum.residuals.max_ratio) << what;

@@ -228,8 +228,9 @@ TEST(TorchScript, FindsTheReLUsOfSubmodulesAsKinkSites) {
 }
 
 /// A residual CNN with average pooling is piecewise linear: on the
-/// structured route its pieces are integrated exactly (L nodes each for
-/// log-softmax, L its parameterised operations), and agree with the generic
+/// structured route its pieces are integrated exactly (for log-softmax,
+/// ⌈L/2⌉ Gauss nodes each and L/2 + 1 moment nodes, L = 4 its parameterised
+/// operations), and agree with the generic
 /// route's adaptive rule; a module with tanh keeps the adaptive rule.
 TEST(TorchScript, PiecewiseLinearModulesIntegrateTheirPiecesExactly) {
   REQUIRE_PYTHON_TORCH();
@@ -249,7 +250,9 @@ TEST(TorchScript, PiecewiseLinearModulesIntegrateTheirPiecesExactly) {
   const torch::Tensor x = torch::randn({3, 1, 8, 8}, torch::kFloat64);
   const TestFeatures f = test_features(ev, x, exact_rule_options());
   EXPECT_LE(f.certificate_gap, 1e-13);
-  EXPECT_EQ(f.evaluations % L, 0);
+  ASSERT_EQ(L, 4);
+  EXPECT_EQ(f.evaluations % 2, 0);
+  EXPECT_EQ(f.moment_evaluations * 2, f.evaluations * 3);
   QuadratureOptions tight;
   tight.tol = 1e-15;
   const TestFeatures g = test_features(gev, x, tight);
@@ -325,7 +328,8 @@ TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
     const TestFeatures f = test_features(ev, x, q);
     EXPECT_LE(f.certificate_gap, 1e-13) << spec;
     EXPECT_GT(f.kinks, 0) << spec;
-    EXPECT_EQ(f.evaluations % 3, 0) << spec;
+    EXPECT_EQ(f.evaluations % 2, 0) << spec;  // L = 3: 2 Gauss nodes and 1 moment node a piece
+    EXPECT_EQ(f.moment_evaluations * 2, f.evaluations) << spec;
     EXPECT_LE(max_rel(dense_features(ev, f), dense_features(oev, of)), 1e-12) << spec;
     EXPECT_LT(f.evaluations, test_features(ev, x, exact_rule_options(false)).evaluations) << spec;
     // The generic route's kink sites are the same pairs: its scan sees the
