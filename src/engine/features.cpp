@@ -156,22 +156,33 @@ struct PieceRound {
 int64_t logit_nodes(int64_t m) { return (m + 1) / 2; }
 int64_t moment_nodes(int64_t m) { return m < 2 ? 0 : m % 2 ? m / 2 : m / 2 + 1; }
 
+/// Whether splitting a piece of m nodes and K outputs saves work, counting
+/// a forward pass and each cotangent walked back as one: m (K + 1) whole,
+/// against ⌈m/2⌉ (K + 1) + 2 · moment nodes split (not for m = 2 and K ≤ 3).
+bool split_pays(int64_t m, int64_t outputs) {
+  return logit_nodes(m) * (outputs + 1) + 2 * moment_nodes(m) < m * (outputs + 1);
+}
+
 /// Takes the pieces of the next round from the front of `pending`: at most
 /// max_rows nodes, at least one piece. `pending` keeps them, `next` receives
 /// the others (to wait for the next round), so memory stays bounded.
+/// `split_outputs` > 0 (log-softmax pieces with that many outputs): pieces
+/// are split into Gauss and moment nodes where that saves work.
 PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, const QuadratureOptions& q,
-                      int64_t max_rows, int64_t exact_nodes, bool split_moments) {
+                      int64_t max_rows, int64_t exact_nodes, int64_t split_outputs) {
+  const bool split_moments = split_outputs > 0;
   PieceRound rd;
   rd.first = {0};
-  std::vector<int64_t> budget;
+  std::vector<int64_t> moments;  // per piece: its moment nodes
   int64_t taken = 0;
   for (const Piece& pc : pending) {
     const int64_t m = nodes_for(q, pc, exact_nodes);
-    const int64_t nodes = split_moments ? logit_nodes(m) : m, extra = split_moments ? moment_nodes(m) : 0;
+    const bool split = split_moments && split_pays(m, split_outputs);
+    const int64_t nodes = split ? logit_nodes(m) : m, extra = split ? moment_nodes(m) : 0;
     if (rd.first.size() > 1 && taken + nodes + extra > max_rows) break;
     taken += nodes + extra;
     rd.first.push_back(rd.first.back() + nodes);
-    budget.push_back(m);
+    moments.push_back(extra);
   }
   rd.np = static_cast<int64_t>(rd.first.size()) - 1;
   next.assign(pending.begin() + rd.np, pending.end());
@@ -197,7 +208,7 @@ PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, con
     rd.ends[2 * p] = pc.a;
     rd.ends[2 * p + 1] = pc.b;
     if (split_moments) {
-      const int64_t extra = moment_nodes(budget[p]);
+      const int64_t extra = moments[p];
       if (extra > 0) {
         for (double u : gauss_legendre(static_cast<int>(extra), 0.0, 1.0).nodes) {
           rd.mpoint.push_back(pc.point);
@@ -575,7 +586,7 @@ TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tenso
     auto scale_a = scale.accessor<double, 1>();
     while (!pending.empty()) {
       std::vector<Piece> next;
-      const PieceRound rd = next_round(pending, next, q, max_rows, 0, false);
+      const PieceRound rd = next_round(pending, next, q, max_rows, 0, 0);
       const int64_t np = rd.np;
       const torch::Tensor point_t = torch::tensor(rd.point, torch::kLong), w_t = torch::tensor(rd.w, opts);
       const torch::Tensor jac = ev.module_jacobians(x.index_select(0, point_t), torch::tensor(rd.t, opts));
@@ -794,7 +805,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     const int64_t exact_nodes = degree == 0 ? 0 : fold ? degree : (degree + 1) / 2;
     while (!pending.empty()) {
       std::vector<Piece> next;
-      const PieceRound rd = next_round(pending, next, q, q.max_rows, exact_nodes, fold);
+      const PieceRound rd = next_round(pending, next, q, q.max_rows, exact_nodes, fold ? ev.num_outputs() : 0);
       const int64_t np = rd.np, rows = rd.rows;
       const std::vector<int64_t>& first = rd.first;
       torch::Tensor point_t = torch::tensor(rd.point, torch::kLong), w_t = torch::tensor(rd.w, opts);
