@@ -329,6 +329,7 @@ json row_quadrature(const BenchConfig& c) {
     rules.push_back(json{{"quadrature", q},
                          {"evaluations_per_step", evals},
                          {"forward_evaluations_per_step", static_cast<double>(d.forward_evaluations) / (n * steps)},
+                         {"moment_evaluations_per_step", static_cast<double>(d.moment_evaluations) / (n * steps)},
                          {"kinks_per_step", static_cast<double>(d.kinks) / (n * steps)},
                          {"max_rel_error", err},
                          {"seconds", t}});
