@@ -116,7 +116,17 @@ struct TestFeatures {
 struct TrainSignals {
   std::vector<torch::Tensor> inputs;   ///< per param layer: a_i [B, ...]
   std::vector<torch::Tensor> signals;  ///< per param layer: δ_i [B, ...]
+  /// Per param layer: the per-sample gradients g_i [B, Q] where
+  /// form_sample_gradients formed them, else empty or undefined (the
+  /// contractions then form them for themselves).
+  std::vector<torch::Tensor> gradients;
 };
+
+/// Forms t's per-sample gradients for the layers whose contractions need
+/// them (those not factored: convolutions, embeddings, Linear layers on
+/// unflattened inputs), so that contracting t against several sets of test
+/// features forms them once. Returns the doubles they take.
+int64_t form_sample_gradients(const SegmentEvaluator& ev, TrainSignals& t);
 
 /// Test features of the segment set in `ev` for test inputs x [n, *input_shape].
 TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& options);

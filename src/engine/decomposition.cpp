@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <sstream>
+#include <utility>
 
 #include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
@@ -265,7 +267,8 @@ struct Walk {
         ev(net64, options.quadrature.route),
         map(grad64->options().output),
         loss(grad64->options().loss),
-        captured(use_capture(m, options)) {}
+        captured(use_capture(m, options)),
+        keep_doubles(options.memory_doubles / 4) {}
 
   /// Step st's batch: its training rows, their loss weights (undefined: all
   /// 1), the rows themselves where signals are recomputed (and where
@@ -295,20 +298,44 @@ struct Walk {
   template <typename Contract, typename Use>
   void train_chunks(const PathStep& st, const Batch& bt, int64_t chunk, double factor, Contract&& contract_with,
                     Use&& use) const {
+    const double scale = captured ? factor : factor * st.clip / static_cast<double>(bt.b);
     for (int64_t r0 = 0; r0 < bt.b; r0 += chunk) {
       const int64_t nr = std::min(chunk, bt.b - r0);
       const DropoutStep dropout(m.init_seed, st.step);
-      torch::Tensor part;
-      if (captured) {
-        part = contract_with(captured_signals(st, r0, nr));
-        if (factor != 1) part = part * factor;
-      } else {
-        part = contract_with(train_signals(ev, bt.xb.narrow(0, r0, nr), bt.yb.narrow(0, r0, nr), map, loss,
-                                           rows(bt.wb, r0, nr))) *
-               (factor * st.clip / static_cast<double>(bt.b));
-      }
-      use(r0, nr, part);
+      torch::Tensor part = contract_with(chunk_signals(st, bt, r0, nr));
+      use(r0, nr, scale != 1 ? part * scale : part);
     }
+  }
+
+  /// Training rows r0 .. r0+nr of step st's batch (under the step's dropout
+  /// masks, which the caller sets), with the per-sample
+  /// gradients their contractions need formed. A step's chunks are kept
+  /// while they fit in `keep_doubles`, so that the step's other blocks of
+  /// test points contract against them without forming them again (a
+  /// convolution's per-sample gradients; every signal when they are not the
+  /// replay's).
+  TrainSignals chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr) const {
+    if (kept_step != st.step) {
+      kept.clear();
+      kept_step = st.step;
+      kept_doubles = 0;
+    }
+    const auto found = kept.find({r0, nr});
+    if (found != kept.end()) return found->second;
+    TrainSignals t;
+    int64_t doubles = 0;
+    if (captured) {
+      t = captured_signals(st, r0, nr);  // views of the replay's own
+    } else {
+      t = train_signals(ev, bt.xb.narrow(0, r0, nr), bt.yb.narrow(0, r0, nr), map, loss, rows(bt.wb, r0, nr));
+      for (size_t l = 0; l < t.inputs.size(); ++l) doubles += t.inputs[l].numel() + t.signals[l].numel();
+    }
+    doubles += form_sample_gradients(ev, t);
+    if (kept_doubles + doubles <= keep_doubles) {
+      kept.emplace(std::make_pair(r0, nr), t);
+      kept_doubles += doubles;
+    }
+    return t;
   }
 
   const Manifest& m;
@@ -322,6 +349,12 @@ struct Walk {
   const OutputMap map;
   const LossKind loss;
   const bool captured;
+  /// Memory for the training rows kept across a step's blocks of test points.
+  int64_t keep_doubles = 0;
+  /// The step whose training rows are kept, and its chunks by (first row, rows).
+  mutable int64_t kept_step = -1;
+  mutable std::map<std::pair<int64_t, int64_t>, TrainSignals> kept;
+  mutable int64_t kept_doubles = 0;
 };
 
 /// Adds the test features' counts and certificate to d's.

@@ -24,6 +24,7 @@ using Form = LayerFeatures::Form;
 torch::Tensor layer_sample_gradients(const SegmentEvaluator& ev, const TrainSignals& t, size_t l) {
   const ParamLayer& p = ev.param_layers()[l];
   if (p.desc.kind == Kind::Module) return t.signals[l];
+  if (l < t.gradients.size() && t.gradients[l].defined()) return t.gradients[l];
   return sample_gradients_one(p.desc, t.inputs[l], t.signals[l], p.weight_shape, p.bias_numel);
 }
 
@@ -133,8 +134,8 @@ int64_t nodes_for(const QuadratureOptions& q, const Piece& pc, int64_t exact) {
 /// Piece p owns rows first[p] .. first[p+1]-1 (its nodes) and end rows 2p,
 /// 2p+1 (its ends a and b). With split moments (log-softmax pieces of a
 /// piecewise-linear network), it also owns moment rows mfirst[p] ..
-/// mfirst[p+1]-1: nodes where only the softmax factor's single cotangent
-/// is walked back (softmax_moments).
+/// mfirst[p+1]-1 (none for a piece that is not split): nodes where only the
+/// softmax factor's single cotangent is walked back (softmax_moments).
 struct PieceRound {
   int64_t np = 0, rows = 0, moment_rows = 0;
   std::vector<int64_t> first;                     ///< [np + 1]
@@ -142,7 +143,7 @@ struct PieceRound {
   std::vector<double> t, w;                       ///< per row: node and weight
   std::vector<int64_t> end_point;                 ///< [2 np]: test point of each end
   std::vector<double> ends;                       ///< [2 np]: a, b of each piece
-  std::vector<int64_t> mfirst;                    ///< [np + 1] (empty without split moments)
+  std::vector<int64_t> mfirst;                    ///< [np + 1]
   std::vector<int64_t> mpoint, mpiece_of;         ///< per moment row: test point, piece
   std::vector<double> mt;                         ///< per moment row: its node
 };
@@ -170,14 +171,13 @@ bool split_pays(int64_t m, int64_t outputs) {
 /// are split into Gauss and moment nodes where that saves work.
 PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, const QuadratureOptions& q,
                       int64_t max_rows, int64_t exact_nodes, int64_t split_outputs) {
-  const bool split_moments = split_outputs > 0;
   PieceRound rd;
   rd.first = {0};
   std::vector<int64_t> moments;  // per piece: its moment nodes
   int64_t taken = 0;
   for (const Piece& pc : pending) {
     const int64_t m = nodes_for(q, pc, exact_nodes);
-    const bool split = split_moments && split_pays(m, split_outputs);
+    const bool split = split_outputs > 0 && split_pays(m, split_outputs);
     const int64_t nodes = split ? logit_nodes(m) : m, extra = split ? moment_nodes(m) : 0;
     if (rd.first.size() > 1 && taken + nodes + extra > max_rows) break;
     taken += nodes + extra;
@@ -194,7 +194,7 @@ PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, con
   rd.w.resize(rd.rows);
   rd.end_point.resize(2 * rd.np);
   rd.ends.resize(2 * rd.np);
-  if (split_moments) rd.mfirst = {0};
+  rd.mfirst = {0};
   for (int64_t p = 0; p < rd.np; ++p) {
     const Piece& pc = pending[p];
     const QuadratureRule& rule = gauss_legendre(static_cast<int>(rd.first[p + 1] - rd.first[p]), 0.0, 1.0);
@@ -207,19 +207,17 @@ PieceRound next_round(std::vector<Piece>& pending, std::vector<Piece>& next, con
     rd.end_point[2 * p] = rd.end_point[2 * p + 1] = pc.point;
     rd.ends[2 * p] = pc.a;
     rd.ends[2 * p + 1] = pc.b;
-    if (split_moments) {
-      const int64_t extra = moments[p];
-      if (extra > 0) {
-        for (double u : gauss_legendre(static_cast<int>(extra), 0.0, 1.0).nodes) {
-          rd.mpoint.push_back(pc.point);
-          rd.mpiece_of.push_back(p);
-          rd.mt.push_back(pc.a + (pc.b - pc.a) * u);
-        }
+    const int64_t extra = moments[p];
+    if (extra > 0) {
+      for (double u : gauss_legendre(static_cast<int>(extra), 0.0, 1.0).nodes) {
+        rd.mpoint.push_back(pc.point);
+        rd.mpiece_of.push_back(p);
+        rd.mt.push_back(pc.a + (pc.b - pc.a) * u);
       }
-      rd.mfirst.push_back(rd.mfirst.back() + extra);
     }
+    rd.mfirst.push_back(rd.mfirst.back() + extra);
   }
-  rd.moment_rows = static_cast<int64_t>(rd.mt.size());
+  rd.moment_rows = rd.mfirst.back();
   return rd;
 }
 
@@ -290,7 +288,7 @@ std::pair<torch::Tensor, torch::Tensor> softmax_moments(const PieceRound& rd, co
   std::vector<double> z(K), p(K);
   for (int64_t pc = 0; pc < rd.np; ++pc) {
     const int64_t r0 = rd.first[pc], g = rd.first[pc + 1] - r0;
-    const int64_t m0 = rd.mfirst.empty() ? 0 : rd.mfirst[pc], e = rd.mfirst.empty() ? 0 : rd.mfirst[pc + 1] - m0;
+    const int64_t m0 = rd.mfirst[pc], e = rd.mfirst[pc + 1] - m0;
     const int64_t m = g + e;
     const double a = rd.ends[2 * pc], b = rd.ends[2 * pc + 1];
     // Interpolation points: the nodes (Gauss rows, then moment rows), a, b;
@@ -409,11 +407,23 @@ void sort_breaks(TestFeatures& f) {
 /// J̄ [K, n, Q] (weight, then bias). A Conv2d layer is contracted per test
 /// point over its rows and output positions at once; other layers form
 /// their (small) per-row gradients and add them up.
+/// Signals of one cotangent ([1, R, ...]: moment rows, which belong to every
+/// output alike) as every output's: a view [k_out, R, ...], not a copy.
+/// Signals of every output are returned as they are.
+torch::Tensor every_output(const torch::Tensor& s, int64_t k_out) {
+  if (s.size(0) == k_out) return s;
+  std::vector<int64_t> sizes = s.sizes().vec();
+  sizes[0] = k_out;
+  return s.expand(sizes);
+}
+
 void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torch::Tensor& a, const torch::Tensor& s,
                const torch::Tensor& point, const torch::Tensor& weight) {
   const ParamLayer& pl = ev.param_layers()[l];
   const LayerDesc& d = pl.desc;
-  // s [1, r, ...] (one cotangent for every output) adds to every output's block.
+  // s [1, r, ...] (one cotangent for every output) adds to every output's
+  // block: the convolution's per-point products are formed once and
+  // broadcast.
   const int64_t K = s.size(0), q_all = pl.weight_numel + pl.bias_numel;
   torch::Tensor& dense = f.layers[l].block;
   if (!dense.defined()) dense = torch::zeros({ev.num_outputs(), f.num_points, q_all}, s.options());
@@ -421,12 +431,7 @@ void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torc
   w_shape[1] = s.size(1);
   if (d.kind != Kind::Conv2d) {
     const torch::Tensor ws = weight.defined() ? s * weight.view(w_shape) : s;
-    const torch::Tensor g = sample_gradients(d, a, ws, pl.weight_shape, pl.bias_numel);
-    if (K == dense.size(0)) {
-      dense.index_add_(1, point, g);
-    } else {
-      dense.add_(torch::zeros({K, f.num_points, q_all}, s.options()).index_add_(1, point, g));
-    }
+    dense.index_add_(1, point, every_output(sample_gradients(d, a, ws, pl.weight_shape, pl.bias_numel), dense.size(0)));
     return;
   }
   // Rows grouped by test point (they usually come so: no copies then).
@@ -688,20 +693,15 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
     for (size_t l = 0; l < layers; ++l) {
       torch::Tensor s = all ? sig[l] : sig[l].index_select(1, rows);
       if (l == 0 && sum_first) {
-        std::vector<int64_t> sizes = s.sizes().vec(), w_shape(s.dim(), 1);
-        sizes[1] = n;
+        std::vector<int64_t> w_shape(s.dim(), 1);
         w_shape[1] = s.size(1);
         if (!first_sum.defined()) {
+          std::vector<int64_t> sizes = s.sizes().vec();
           sizes[0] = k_out;
+          sizes[1] = n;
           first_sum = torch::zeros(sizes, s.options());
-          sizes[0] = s.size(0);
         }
-        const torch::Tensor ws = unit ? s : s * wr.view(w_shape);
-        if (s.size(0) == k_out) {
-          first_sum.index_add_(1, pr, ws);
-        } else {
-          first_sum.add_(torch::zeros(sizes, s.options()).index_add_(1, pr, ws));
-        }
+        first_sum.index_add_(1, pr, every_output(unit ? s : s * wr.view(w_shape), k_out));
         continue;
       }
       torch::Tensor a = all ? pass.inputs[l].detach() : pass.inputs[l].detach().index_select(0, rows);
@@ -709,12 +709,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         case Form::Dense: add_dense(ev, l, f, a, s, pr, unit ? torch::Tensor() : wr); break;
         case Form::Rows:
           kept_inputs[l].push_back(a);
-          if (s.size(0) != k_out) {
-            std::vector<int64_t> sizes = s.sizes().vec();
-            sizes[0] = k_out;
-            s = s.expand(sizes);
-          }
-          kept_signals[l].push_back(s);
+          kept_signals[l].push_back(every_output(s, k_out));
           break;
         case Form::Summed: PK_ASSERT(false && "only the first layer is summed"); break;
       }
@@ -855,9 +850,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
         const Piece& pc = pending[p];
         if (piece_accepted(q, pc, gap_a[p], scale_a[pc.point])) {
           for (int64_t r = first[p]; r < first[p + 1]; ++r) accepted_rows.push_back(r);
-          for (int64_t r = rd.mfirst.empty() ? 0 : rd.mfirst[p]; r < (rd.mfirst.empty() ? 0 : rd.mfirst[p + 1]); ++r) {
-            accepted_moments.push_back(r);
-          }
+          for (int64_t r = rd.mfirst[p]; r < rd.mfirst[p + 1]; ++r) accepted_moments.push_back(r);
           f.breaks[pc.point].push_back(pc.a);
           f.breaks[pc.point].push_back(pc.b);
           continue;
@@ -953,7 +946,7 @@ std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const
   if (ev.generic()) {
     const torch::Tensor jac = ev.module_jacobians(x, t.defined() ? t : torch::zeros({x.size(0)}, x.options()));
     std::vector<TrainSignals> out;
-    for (int64_t k = 0; k < ev.num_outputs(); ++k) out.push_back({{torch::Tensor()}, {jac.select(1, k)}});
+    for (int64_t k = 0; k < ev.num_outputs(); ++k) out.push_back({{torch::Tensor()}, {jac.select(1, k)}, {}});
     return out;
   }
   SegmentPass pass =
@@ -963,11 +956,23 @@ std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const
   const std::vector<torch::Tensor> sig = all_signals(ev, pass);
   std::vector<TrainSignals> out;
   for (int64_t k = 0; k < ev.num_outputs(); ++k) {
-    TrainSignals ts{inputs, {}};
+    TrainSignals ts{inputs, {}, {}};
     for (const torch::Tensor& s : sig) ts.signals.push_back(s[k]);
     out.push_back(std::move(ts));
   }
   return out;
+}
+
+int64_t form_sample_gradients(const SegmentEvaluator& ev, TrainSignals& t) {
+  int64_t doubles = 0;
+  t.gradients.resize(t.inputs.size());
+  for (size_t l = 0; l < t.inputs.size(); ++l) {
+    const LayerDesc& d = ev.param_layers()[l].desc;
+    if (d.kind == Kind::Module || factored(d, t.inputs[l]) || t.gradients[l].defined()) continue;
+    t.gradients[l] = layer_sample_gradients(ev, t, l);
+    doubles += t.gradients[l].numel();
+  }
+  return doubles;
 }
 
 namespace {
@@ -1023,6 +1028,26 @@ namespace {
 /// when there is one).
 torch::Tensor end_to_end(const std::vector<torch::Tensor>& v) { return v.size() == 1 ? v[0] : torch::cat(v); }
 
+/// Σ_r ω_r s_r c_rᵀ per test point, for a Rows layer's signals s [K, R, out]
+/// and per-row columns c [R, cols]: [K, n, out, cols]. One product per test
+/// point over its rows, so the [K, R, out, cols] outer products (hundreds
+/// of MB for a CNN's last layer) are never formed.
+torch::Tensor point_outer_sums(const TestFeatures& f, const torch::Tensor& s, const torch::Tensor& c) {
+  const int64_t K = s.size(0), out = s.size(2), cols = c.size(1), n = f.num_points;
+  // Rows grouped by test point (kept rows come round by round, so sort them).
+  const torch::Tensor order = std::get<1>(f.point.sort(/*stable=*/true, 0, false));
+  const torch::Tensor st = s.index_select(1, order).permute({0, 2, 1});                // [K, out, R]
+  const torch::Tensor ct = (c * f.weight.view({-1, 1})).index_select(0, order);         // [R, cols]
+  const torch::Tensor counts = torch::bincount(f.point, {}, n);
+  auto cnt = counts.accessor<int64_t, 1>();
+  torch::Tensor sums = torch::zeros({K, n, out, cols}, s.options());
+  for (int64_t p = 0, first = 0; p < n; first += cnt[p], ++p) {
+    if (cnt[p] == 0) continue;
+    sums.select(1, p).copy_(torch::matmul(st.narrow(2, first, cnt[p]), ct.narrow(0, first, cnt[p])));
+  }
+  return sums;
+}
+
 /// <J̄_k(x_n), ·> against K' sets of training signals of the same rows (one
 /// set of inputs: train_signals' loss signals, or train_output_signals' every
 /// output): [n, B, K, K']. What depends on the rows' inputs alone, the Summed
@@ -1062,7 +1087,7 @@ torch::Tensor contract_outputs(const SegmentEvaluator& ev, const TestFeatures& f
           const int64_t cols = in + (bias ? 1 : 0);
           torch::Tensor ones = torch::ones({R, 1}, f.weight.options());
           torch::Tensor rows = bias ? torch::cat({lf.inputs, ones}, 1) : lf.inputs;  // [R, in+1]
-          torch::Tensor block = aggregate(f, s.unsqueeze(3) * rows.unsqueeze(0).unsqueeze(2));  // [K, n, out, in+1]
+          torch::Tensor block = point_outer_sums(f, s, rows);  // [K, n, out, in+1]
           torch::Tensor ai = bias ? torch::cat({t0.inputs[l], torch::ones({B, 1}, ones.options())}, 1)
                                   : t0.inputs[l];                                                 // [B, in+1]
           const torch::Tensor y = torch::matmul(block.reshape({K * n * out, cols}), ai.t()).view({K, n, out, B});
@@ -1145,13 +1170,10 @@ torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f) 
         weight = (lf.signals.unsqueeze(3) * lf.inputs.unsqueeze(0).unsqueeze(2)).flatten(2);
         bias = lf.signals;
         break;
-      case Form::Rows: {
-        torch::Tensor s = lf.signals * f.weight.view({1, -1, 1});                                 // [K, R, out]
-        torch::Tensor outer = (s.unsqueeze(3) * lf.inputs.unsqueeze(0).unsqueeze(2)).flatten(2);  // [K, R, out·in]
-        weight = torch::zeros({K, n, outer.size(2)}, s.options()).index_add_(1, f.point, outer);
-        bias = torch::zeros({K, n, s.size(2)}, s.options()).index_add_(1, f.point, s);
+      case Form::Rows:
+        weight = point_outer_sums(f, lf.signals, lf.inputs).flatten(2);  // [K, n, out·in]
+        bias = aggregate(f, lf.signals);
         break;
-      }
     }
     out.narrow(2, pl.weight_offset, pl.weight_numel).copy_(weight.transpose(0, 1));
     if (pl.bias_numel) out.narrow(2, pl.bias_offset, pl.bias_numel).copy_(bias.transpose(0, 1));

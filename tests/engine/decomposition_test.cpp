@@ -185,6 +185,41 @@ TEST(TrainingChunks, AnyChunkingOfTheBatchGivesTheSameDecomposition) {
   }
 }
 
+// A step's training rows, with their per-sample convolution gradients, are
+// formed once and kept across the step's blocks of test points. Kept (the
+// default budget) or formed for every block (a budget of nothing), every
+// block gets the same contributions: for the replay's signals and for
+// recomputed ones, walking forward (sgd) and in reverse (momentum), with the
+// batch in several chunks of rows.
+TEST(TrainingChunks, RowsKeptAcrossBlocksOfTestPointsGiveTheSameDecomposition) {
+  for (const std::string optimizer : {"sgd", "momentum"}) {
+    for (const bool replay_signals : {true, false}) {
+      testing::TempDir dir(optimizer);
+      RunOptions r = testing::small_run(dir / "run", optimizer, 3, 3);
+      r.data.spec = "mnist";
+      r.data.train_size = 40;
+      r.model = "cnn:2,3";
+      train_run(r);
+      PathReader reader(r.out);
+      const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+      DecompositionOptions options;
+      options.progress = false;
+      options.quadrature.spec = QuadratureSpec::parse("riemann:3");
+      options.replay_signals = replay_signals;
+      options.point_block = 1;  // three blocks a step
+      options.train_chunk = 7;  // the batch of 16 in chunks of 7, 7 and 2
+      const Decomposition kept = decompose(reader, x, options);
+      options.memory_doubles = 1;  // nothing kept: one point per walk, rows formed for each
+      const Decomposition formed = decompose(reader, x, options);
+      const double scale = formed.contributions.abs().max().item<double>();
+      SCOPED_TRACE(optimizer + (replay_signals ? " replayed" : " recomputed"));
+      EXPECT_GT(scale, 1e-6);
+      EXPECT_LE((kept.contributions - formed.contributions).abs().max().item<double>(), 1e-13 * scale);
+      EXPECT_LE((kept.rounding - formed.rounding).abs().max().item<double>(), 1e-13);
+    }
+  }
+}
+
 // A float32 run is decomposed against the float64 network at its float32
 // weights and inputs (exactly representable in float64): f(w_0), f(w_N) and
 // the rounding term are float64, so the kernel machine matches that network

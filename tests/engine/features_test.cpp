@@ -73,7 +73,10 @@ torch::Tensor riemann3_feature(Network& ref, const Segment& s, const torch::Tens
 }
 
 // <J̄_k(x_n), g_i> with a riemann:3 rule, against per-sample autograd Jacobians;
-// also J̄ itself in dense form, and the dense contraction.
+// also J̄ itself in dense form, and the dense contraction. The contraction
+// against signals whose per-sample gradients were formed beforehand
+// (form_sample_gradients, as a decomposition keeps them across blocks of
+// test points) too, and those gradients themselves.
 TEST(Features, ContractionMatchesPerSampleAutograd) {
   for (const Case& c : kCases) {
     Segment sg = segment_for(c, 11, 5);
@@ -93,6 +96,15 @@ TEST(Features, ContractionMatchesPerSampleAutograd) {
     torch::Tensor got_apply = apply_features(ev, f, v);                                // [4, 3]
     torch::Tensor dense = dense_features(ev, f);                                       // [4, 3, P]
     torch::Tensor got_dense = contract_dense(ev, dense, train_signals(ev, x_train, y_train, c.map));
+    TrainSignals formed = train_signals(ev, x_train, y_train, c.map);
+    const int64_t formed_doubles = form_sample_gradients(ev, formed);
+    const torch::Tensor got_formed = contract(ev, f, formed);
+    const torch::Tensor got_formed_dense = contract_dense(ev, dense, formed);
+    int64_t formed_numel = 0;
+    for (const torch::Tensor& g : formed.gradients) formed_numel += g.defined() ? g.numel() : 0;
+    EXPECT_EQ(formed_doubles, formed_numel) << name(c);
+    // Convolutions' per-sample gradients are formed; Linear layers on flat rows stay factored.
+    EXPECT_EQ(formed_doubles > 0, c.spec.rfind("cnn", 0) == 0) << name(c);
 
     Network ref = build_network(o);
     for (int64_t n = 0; n < 4; ++n) {
@@ -105,6 +117,19 @@ TEST(Features, ContractionMatchesPerSampleAutograd) {
           double expect = jbar.dot(g).item<double>(), actual = got[n][i][k].item<double>();
           EXPECT_NEAR(actual, expect, 1e-12 * std::max(1.0, std::abs(expect)))
               << name(c) << " test " << n << " train " << i << " output " << k;
+          EXPECT_NEAR(got_formed[n][i][k].item<double>(), expect, 1e-12 * std::max(1.0, std::abs(expect)))
+              << name(c) << " formed gradients, test " << n << " train " << i << " output " << k;
+          EXPECT_NEAR(got_formed_dense[n][i][k].item<double>(), expect, 1e-12 * std::max(1.0, std::abs(expect)))
+              << name(c) << " formed gradients, dense, test " << n << " train " << i << " output " << k;
+          if (n > 0 || k > 0) continue;
+          for (size_t l = 0; l < formed.gradients.size(); ++l) {  // g_i itself, layer by layer
+            if (!formed.gradients[l].defined()) continue;
+            const ParamLayer& pl = ev.param_layers()[l];
+            const torch::Tensor gl =
+                torch::cat({g.narrow(0, pl.weight_offset, pl.weight_numel), g.narrow(0, pl.bias_offset, pl.bias_numel)});
+            EXPECT_LE((formed.gradients[l][i] - gl).abs().max().item<double>(), 1e-12 * std::max(1.0, gl.abs().max().item<double>()))
+                << name(c) << " formed per-sample gradient, layer " << l << " train " << i;
+          }
         }
         double expect = jbar.dot(v).item<double>();
         EXPECT_NEAR(got_apply[n][k].item<double>(), expect, 1e-12 * std::max(1.0, std::abs(expect)))
