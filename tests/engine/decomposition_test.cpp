@@ -193,20 +193,20 @@ TEST(TrainingChunks, AnyChunkingOfTheBatchGivesTheSameDecomposition) {
 // batch in several chunks of rows.
 TEST(TrainingChunks, RowsKeptAcrossBlocksOfTestPointsGiveTheSameDecomposition) {
   for (const std::string optimizer : {"sgd", "momentum"}) {
+    testing::TempDir dir(optimizer);
+    RunOptions r = testing::small_run(dir / "run", optimizer, 3, 3);
+    r.data.spec = "mnist";
+    r.data.train_size = 40;
+    r.model = "cnn:2,3";
+    train_run(r);
+    PathReader reader(r.out);
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
     for (const bool replay_signals : {true, false}) {
-      testing::TempDir dir(optimizer);
-      RunOptions r = testing::small_run(dir / "run", optimizer, 3, 3);
-      r.data.spec = "mnist";
-      r.data.train_size = 40;
-      r.model = "cnn:2,3";
-      train_run(r);
-      PathReader reader(r.out);
-      const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
       DecompositionOptions options;
       options.progress = false;
       options.quadrature.spec = QuadratureSpec::parse("riemann:3");
       options.replay_signals = replay_signals;
-      options.point_block = 1;  // three blocks a step
+      options.point_block = 1;  // two blocks a step
       options.train_chunk = 7;  // the batch of 16 in chunks of 7, 7 and 2
       const Decomposition kept = decompose(reader, x, options);
       options.memory_doubles = 1;  // nothing kept: one point per walk, rows formed for each
