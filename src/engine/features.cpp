@@ -402,11 +402,6 @@ void sort_breaks(TestFeatures& f) {
   }
 }
 
-/// Adds rows (layer inputs a [r, ...], signals s [K, r, ...], test points
-/// `point` [r], weights `weight` [r], undefined when all are 1) of a layer kept dense to its block
-/// J̄ [K, n, Q] (weight, then bias). A Conv2d layer is contracted per test
-/// point over its rows and output positions at once; other layers form
-/// their (small) per-row gradients and add them up.
 /// Signals of one cotangent ([1, R, ...]: moment rows, which belong to every
 /// output alike) as every output's: a view [k_out, R, ...], not a copy.
 /// Signals of every output are returned as they are.
@@ -417,6 +412,11 @@ torch::Tensor every_output(const torch::Tensor& s, int64_t k_out) {
   return s.expand(sizes);
 }
 
+/// Adds rows (layer inputs a [r, ...], signals s [K, r, ...], test points
+/// `point` [r], weights `weight` [r], undefined when all are 1) of a layer kept dense to its block
+/// J̄ [K, n, Q] (weight, then bias). A Conv2d layer is contracted per test
+/// point over its rows and output positions at once; other layers form
+/// their (small) per-row gradients and add them up.
 void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torch::Tensor& a, const torch::Tensor& s,
                const torch::Tensor& point, const torch::Tensor& weight) {
   const ParamLayer& pl = ev.param_layers()[l];
