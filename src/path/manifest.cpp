@@ -228,7 +228,8 @@ Manifest Manifest::load(const std::string& run_dir) {
   ojson j;
   try {
     j = ojson::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error for bad syntax, out_of_range for a number beyond double (1e400).
     PK_THROW("manifest '" << path.string() << "' is not valid JSON: " << e.what());
   }
   try {

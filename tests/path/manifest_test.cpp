@@ -184,6 +184,24 @@ TEST(HostileRun, NumbersTheirFieldsCannotHoldAreRefusedWithAClearError) {
   }
 }
 
+// A number beyond double's range fails in the JSON parser itself (nlohmann
+// throws out_of_range, not parse_error): still a clear pathkernel Error.
+TEST(HostileRun, ANumberBeyondDoubleIsRefusedAsInvalidJson) {
+  TempDir dir("hostile_overflow");
+  const std::string source = train_source(dir);
+  std::string text = read_file(source + "/manifest.json");
+  const std::string steps = "\"steps\": ";
+  const size_t at = text.find(steps);
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at + steps.size(), "1e400, \"unused\": ");
+  const std::string run = dir.file("edited");
+  fs::copy(source, run, fs::copy_options::recursive);
+  write_file_atomic(run + "/manifest.json", text);
+  const std::string message = error_message([&] { Manifest::load(run); });
+  EXPECT_NE(message.find("is not valid JSON"), std::string::npos) << message;
+  EXPECT_NE(message.find("1e400"), std::string::npos) << message;
+}
+
 TEST(HostileRun, ManifestSymlinkedOutOfTheRunIsRefused) {
   TempDir dir("manifest_link");
   const std::string source = train_source(dir);
