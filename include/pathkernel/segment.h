@@ -49,6 +49,11 @@ struct SegmentPass {
   torch::Tensor logits;               ///< [R, K] the outputs before the output map (own and structured routes)
   std::vector<torch::Tensor> inputs;  ///< per param layer: a_l (rows first)
   std::vector<torch::Tensor> preacts; ///< per param layer: y_l (rows first)
+  /// Own networks, rows off the segment's start: per param layer the
+  /// output's change along the segment, layer(a_l; dW) + db (the forward
+  /// pass forms it for y_l), which the certificate's J dw reuses. Empty
+  /// otherwise.
+  std::vector<torch::Tensor> directions;
   std::vector<torch::Tensor> sites;   ///< structured TorchScript route: its ReLUs' inputs (ScriptPass::sites)
   torch::Tensor t;                    ///< [R] each row's position on the segment (own networks)
   std::vector<torch::Tensor> layer_inputs;  ///< own networks: each layer's input, by layer index

@@ -35,11 +35,13 @@ torch::Tensor layer_direction(const SegmentEvaluator& ev, size_t l, const torch:
 
 /// Per-row directional derivatives J(w(t_r), x_r) v: [K, R].
 /// Layers are param layers first_layer, first_layer + 1, ...
+/// `directions`, when given, holds each layer's layer_direction(a_l, v) already.
 torch::Tensor row_dot(const SegmentEvaluator& ev, const std::vector<torch::Tensor>& inputs,
-                      const std::vector<torch::Tensor>& signals, const torch::Tensor& v, size_t first_layer = 0) {
+                      const std::vector<torch::Tensor>& signals, const torch::Tensor& v, size_t first_layer = 0,
+                      const std::vector<torch::Tensor>* directions = nullptr) {
   torch::Tensor total;
   for (size_t l = 0; l < inputs.size(); ++l) {
-    const torch::Tensor z = layer_direction(ev, first_layer + l, inputs[l], v);  // [R, ...]
+    const torch::Tensor z = directions ? (*directions)[l] : layer_direction(ev, first_layer + l, inputs[l], v);  // [R, ...]
     // Per row r, [K, D] times [D]: no [K, R, D] product is formed.
     const torch::Tensor s = torch::bmm(signals[l].flatten(2).transpose(0, 1),
                                        z.expand(signals[l].sizes().slice(1)).flatten(1).unsqueeze(2))
@@ -48,6 +50,14 @@ torch::Tensor row_dot(const SegmentEvaluator& ev, const std::vector<torch::Tenso
     total = total.defined() ? total + s : s;
   }
   return total;
+}
+
+/// Per-row J(w(t_r), x_r) dw of a pass, [K, R], for its signals: the
+/// directions its forward pass formed where it kept them.
+torch::Tensor segment_dot(const SegmentEvaluator& ev, const SegmentPass& pass,
+                          const std::vector<torch::Tensor>& signals) {
+  const bool kept = pass.directions.size() == pass.inputs.size();
+  return row_dot(ev, pass.inputs, signals, ev.direction(), 0, kept ? &pass.directions : nullptr);
 }
 
 /// Signals of a pass for K cotangents at once, c [K, R, K_out]: per param
@@ -831,11 +841,11 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
       f.evaluations += rows;
       f.moment_evaluations += rd.moment_rows;
       // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
-      torch::Tensor jdw = row_dot(ev, pass.inputs, sig, ev.direction()).detach();   // [K, R]
+      torch::Tensor jdw = segment_dot(ev, pass, sig).detach();   // [K, R]
       torch::Tensor integral = torch::zeros({np, jdw.size(0)}, opts).index_add_(
           0, torch::tensor(rd.piece_of, torch::kLong), (jdw * w_t.unsqueeze(0)).t());   // [np, K]
       if (rd.moment_rows > 0) {
-        const torch::Tensor mdw = row_dot(ev, pm.inputs, msig, ev.direction()).detach();  // [1, R_m]
+        const torch::Tensor mdw = segment_dot(ev, pm, msig).detach();  // [1, R_m]
         integral.index_add_(0, torch::tensor(rd.mpiece_of, torch::kLong), mdw.t().expand({rd.moment_rows, jdw.size(0)}));
       }
       torch::Tensor fe = end_out.view({np, 2, -1});

@@ -289,7 +289,10 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
       case Kind::Linear: {
         pass.inputs.push_back(h);
         torch::Tensor y = torch::addmm(bias_of(w_, l), h, weight_of(w_, l).t());
-        if (!at_start) y = y + t.view({-1, 1}) * torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t());
+        if (!at_start) {
+          pass.directions.push_back(torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t()));
+          y = y + t.view({-1, 1}) * pass.directions.back();
+        }
         pass.preacts.push_back(y);
         h = y;
         ++l;
@@ -301,7 +304,10 @@ SegmentPass SegmentEvaluator::forward(const torch::Tensor& x, const torch::Tenso
           return torch::conv2d(h, weight_of(v, l), bias_of(v, l), 1, layer.padding);
         };
         torch::Tensor y = conv(w_);
-        if (!at_start) y = y + t.view({-1, 1, 1, 1}) * conv(dw_);
+        if (!at_start) {
+          pass.directions.push_back(conv(dw_));
+          y = y + t.view({-1, 1, 1, 1}) * pass.directions.back();
+        }
         pass.preacts.push_back(y);
         h = y;
         ++l;

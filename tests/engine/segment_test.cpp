@@ -23,24 +23,40 @@ const std::vector<Case> kCases = {
     {"cnn:3", {2, 6, 6}, OutputMap::Logits},
 };
 
+/// Case c's network, with a random segment from its weights and R random
+/// inputs, drawn after torch::manual_seed(seed).
+struct SegmentCase {
+  NetworkOptions options;
+  Network net = nullptr;
+  torch::Tensor w, dw, x;
+};
+
+SegmentCase segment_case(const Case& c, int64_t rows, uint64_t seed) {
+  SegmentCase s;
+  s.options.spec = ModelSpec::parse(c.spec);
+  s.options.input_shape = c.shape;
+  s.options.num_classes = 3;
+  s.options.output = c.map;
+  s.options.seed = seed;
+  s.net = engine_network(s.options);
+  torch::manual_seed(seed + 4);
+  s.w = flatten_parameters(s.net);
+  s.dw = 0.4 * torch::randn_like(s.w);
+  std::vector<int64_t> xs{rows};
+  xs.insert(xs.end(), c.shape.begin(), c.shape.end());
+  s.x = torch::randn(xs, torch::kFloat64);
+  return s;
+}
+
 TEST(Segment, HandSignalsMatchAutogradThroughThePass) {
   for (const Case& c : kCases) {
-    NetworkOptions o;
-    o.spec = ModelSpec::parse(c.spec);
-    o.input_shape = c.shape;
-    o.num_classes = 3;
-    o.output = c.map;
-    o.seed = 4;
-    Network net = engine_network(o);
-    torch::manual_seed(8);
-    const torch::Tensor w = flatten_parameters(net), dw = 0.4 * torch::randn_like(w);
-    SegmentEvaluator ev(net);
-    ev.set_segment(w, dw);
-    ASSERT_TRUE(ev.hand_backward()) << c.spec;
     const int64_t R = 7, K = 4;
-    std::vector<int64_t> xs{R};
-    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
-    const torch::Tensor x = torch::randn(xs, torch::kFloat64), t = torch::rand({R}, torch::kFloat64);
+    SegmentCase s = segment_case(c, R, 4);
+    SegmentEvaluator ev(s.net);
+    ev.set_segment(s.w, s.dw);
+    ASSERT_TRUE(ev.hand_backward()) << c.spec;
+    const torch::Tensor& x = s.x;
+    const torch::Tensor t = torch::rand({R}, torch::kFloat64);
     // Any cotangents, one set of R per k (not only the unit vectors).
     const torch::Tensor cot = torch::randn({K, R, 3}, torch::kFloat64);
     const SegmentPass tracked = ev.forward(x, t, true), untracked = ev.forward(x, t, false);
@@ -58,6 +74,44 @@ TEST(Segment, HandSignalsMatchAutogradThroughThePass) {
         }
       }
     }
+  }
+}
+
+// A pass's directions are its layers' output changes along the segment, so
+// Σ_l <δ_l, directions_l> is the outputs' derivative in t, here against a
+// central difference of the network's outputs at the formed weights. Rows
+// all at t = 0 keep none.
+TEST(Segment, DirectionsGiveTheOutputsDerivativeAlongTheSegment) {
+  for (const Case& c : kCases) {
+    const int64_t R = 6, K = 3;
+    SegmentCase s = segment_case(c, R, 5);
+    SegmentEvaluator ev(s.net);
+    ev.set_segment(s.w, s.dw);
+    const torch::Tensor& x = s.x;
+    const torch::Tensor t = 0.1 + 0.8 * torch::rand({R}, torch::kFloat64);
+    const SegmentPass pass = ev.forward(x, t, false);
+    ASSERT_EQ(pass.directions.size(), pass.inputs.size()) << c.spec;
+    const std::vector<torch::Tensor> sig =
+        ev.hand_signals(pass, torch::eye(K, x.options()).unsqueeze(1).expand({K, R, K}));
+    torch::Tensor dfdt = torch::zeros({R, K}, x.options());
+    for (size_t l = 0; l < sig.size(); ++l) {
+      ASSERT_EQ(pass.directions[l].sizes(), pass.preacts[l].sizes()) << c.spec << " layer " << l;
+      dfdt += (sig[l] * pass.directions[l].unsqueeze(0)).flatten(2).sum(2).t();
+    }
+    // The network itself at the formed weights w + t dw, row by row.
+    Network ref = engine_network(s.options);
+    auto at = [&](const torch::Tensor& at_t) {
+      std::vector<torch::Tensor> rows;
+      for (int64_t r = 0; r < R; ++r) {
+        set_flat_parameters(ref, s.w + at_t[r].item<double>() * s.dw);
+        rows.push_back(ref->forward(x.narrow(0, r, 1)).detach());
+      }
+      return torch::cat(rows);
+    };
+    const double h = 1e-6;
+    const torch::Tensor fd = (at(t + h) - at(t - h)) / (2 * h);
+    EXPECT_LE((dfdt - fd).abs().max().item<double>(), 1e-6 * std::max(1.0, fd.abs().max().item<double>())) << c.spec;
+    EXPECT_TRUE(ev.forward(x, torch::zeros({R}, x.options()), false).directions.empty()) << c.spec;
   }
 }
 
