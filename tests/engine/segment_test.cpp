@@ -23,8 +23,8 @@ const std::vector<Case> kCases = {
     {"cnn:3", {2, 6, 6}, OutputMap::Logits},
 };
 
-/// Case c's network, with a random segment from its weights and R random
-/// inputs, drawn after torch::manual_seed(seed).
+/// Case c's network (initialised from `seed`), with a random segment from its
+/// weights and `rows` random inputs, drawn after torch::manual_seed(seed + 4).
 struct SegmentCase {
   NetworkOptions options;
   Network net = nullptr;
