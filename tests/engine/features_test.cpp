@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "../test_util.h"
+#include "pathkernel/context.h"
 #include "pathkernel/decomposition.h"
 #include "pathkernel/features.h"
 
@@ -271,6 +272,55 @@ TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
                   1e-12 * std::max(1.0, jbar.abs().max().item<double>()))
             << name(c) << " test " << n << " output " << k << ", " << f.breaks[n].size() - 1 << " pieces";
       }
+    }
+  }
+}
+
+// Own networks split a call's test points into one group per thread, each
+// computed on a thread of its own, and join the groups' features. The joined
+// features must act as one thread's: every row keeps its test point, every
+// block and sum its place. Compared through what consumers take: J̄ v for a
+// random v, the dense J̄, the contraction with training signals, the ends.
+TEST(Features, ThreadGroupsGiveTheFeaturesOfOneThread) {
+  for (const Case& c : kCases) {
+    Network net = build_network(options_for(c, 5));
+    torch::manual_seed(31);
+    const torch::Tensor w = flatten_parameters(net), dw = 0.3 * torch::randn_like(w), v = torch::randn_like(w);
+    std::vector<int64_t> xs{5}, ts{3};
+    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
+    ts.insert(ts.end(), c.shape.begin(), c.shape.end());
+    const torch::Tensor x = torch::randn(xs, torch::kFloat64), x_train = torch::randn(ts, torch::kFloat64);
+    const torch::Tensor y_train = torch::tensor({0, 2, 1}, torch::kLong);
+    SegmentEvaluator ev(net);
+    ev.set_segment(w, dw);
+    const QuadratureOptions q;
+    auto close = [&](const torch::Tensor& got, const torch::Tensor& expect, const std::string& what) {
+      ASSERT_EQ(got.sizes(), expect.sizes()) << name(c) << " " << what;
+      EXPECT_LE((got - expect).abs().max().item<double>(), 1e-12 * std::max(1.0, expect.abs().max().item<double>()))
+          << name(c) << " " << what;
+    };
+    TestFeatures one;
+    {
+      ThreadScope threads(1);
+      one = test_features(ev, x, q);
+    }
+    const TrainSignals t = train_signals(ev, x_train, y_train, c.map);
+    for (int threads : {2, 3}) {  // groups of points [0,2) [2,5), and [0,1) [1,3) [3,5)
+      TestFeatures split;
+      {
+        ThreadScope scope(threads);
+        split = test_features(ev, x, q);
+      }
+      const std::string at = std::to_string(threads) + " threads";
+      EXPECT_EQ(split.num_points, 5) << name(c) << " " << at;
+      EXPECT_EQ(split.breaks.size(), 5u) << name(c) << " " << at;
+      EXPECT_EQ(split.point.size(0), split.weight.size(0)) << name(c) << " " << at;
+      EXPECT_LE(split.certificate_gap, 1e-13) << name(c) << " " << at;
+      close(split.f0, one.f0, at + ": f0");
+      close(split.f1, one.f1, at + ": f1");
+      close(apply_features(ev, split, v), apply_features(ev, one, v), at + ": J v");
+      close(dense_features(ev, split), dense_features(ev, one), at + ": dense J");
+      close(contract(ev, split, t), contract(ev, one, t), at + ": contraction");
     }
   }
 }
