@@ -1013,7 +1013,10 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   std::vector<std::exception_ptr> failed(groups);
   auto work = [&](int64_t g) {
     try {
-      OpenMpThreads one(1);  // this thread's (OpenMP's count is per thread)
+      // OpenMP's count is per thread, and LibTorch sets a thread's to the
+      // process's on its first query: query first, then set one.
+      (void)torch::get_num_threads();
+      OpenMpThreads one(1);
       const int64_t first = g * n / groups, last = (g + 1) * n / groups;
       parts[g] = point_features(ev, x.narrow(0, first, last - first), q);
     } catch (...) {
