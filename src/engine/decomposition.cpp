@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include "pathkernel/error.h"
 #include "pathkernel/progress.h"
 #include "pathkernel/update_rule.h"
+#include "point_groups.h"
 
 namespace pathkernel {
 
@@ -315,6 +317,9 @@ struct Walk {
   /// convolution's per-sample gradients; every signal when they are not the
   /// replay's).
   TrainSignals chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr) const {
+    // Groups of test points ask concurrently: the first forms a chunk, the
+    // others wait and take it if kept.
+    std::lock_guard<std::mutex> lock(kept_mutex);
     if (kept_step != st.step) {
       kept.clear();
       kept_step = st.step;
@@ -355,6 +360,7 @@ struct Walk {
   mutable int64_t kept_step = -1;
   mutable std::map<std::pair<int64_t, int64_t>, TrainSignals> kept;
   mutable int64_t kept_doubles = 0;
+  mutable std::mutex kept_mutex;
 };
 
 /// Adds the test features' counts and certificate to d's.
@@ -717,26 +723,44 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     d.residuals.add(st.step, max_abs(e), update_bound(m, st));
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
       const int64_t nc = std::min(chunk, n - c0);
-      TestFeatures f = test_features(ev, x.narrow(0, c0, nc), options.quadrature);
-      tally(d, f);
-      blk.gap_abs.narrow(0, c0, nc).add_(f.gap.abs());
-      if (lambda != 0) blk.regularization.narrow(0, c0, nc).add_(apply_features(ev, f, rho));
-      blk.rounding.narrow(0, c0, nc).add_(apply_features(ev, f, e));
-      torch::Tensor step_c = options.on_step ? torch::empty({nc, bt.b, K}, torch::kFloat64) : torch::Tensor();
-      const int64_t rows = contraction_rows(options, f, K, bt.b);
-      w.train_chunks(
-          st, bt, rows, -st.lr, [&](const TrainSignals& t) { return contract(ev, f, t); },
-          [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [nc, nr, K]
-            const torch::Tensor at = block_index(bt.idx.narrow(0, r0, nr));
-            blk.contributions.narrow(0, c0, nc).index_add_(1, at, part);
-            if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
-            if (options.kernel) {
-              blk.kernel.narrow(0, c0, nc).index_add_(1, at, output_kernel(ev, f, bt.xb.narrow(0, r0, nr)));
-            }
-          });
-      if (options.on_step) {
-        const torch::Tensor xc = x.narrow(0, c0, nc);
-        options.on_step({st.step, c0, &ev, &xc, &f, bt.idx, step_c});
+      // The chunk's points in one group per thread (point_groups.h): each
+      // group's features and contractions on its own thread; counts, and the
+      // caller's view of each group, after all of them, in point order.
+      struct Group {
+        int64_t first = 0, count = 0;
+        TestFeatures f;
+        torch::Tensor step_c;
+      };
+      const int64_t groups = point_groups(ev, nc);
+      std::vector<Group> parts(groups);
+      run_point_groups(groups, [&](int64_t g) {
+        Group& p = parts[g];
+        p.first = c0 + group_start(g, groups, nc);
+        p.count = c0 + group_start(g + 1, groups, nc) - p.first;
+        p.f = test_features(ev, x.narrow(0, p.first, p.count), options.quadrature);
+        const TestFeatures& f = p.f;
+        blk.gap_abs.narrow(0, p.first, p.count).add_(f.gap.abs());
+        if (lambda != 0) blk.regularization.narrow(0, p.first, p.count).add_(apply_features(ev, f, rho));
+        blk.rounding.narrow(0, p.first, p.count).add_(apply_features(ev, f, e));
+        if (options.on_step) p.step_c = torch::empty({p.count, bt.b, K}, torch::kFloat64);
+        const int64_t rows = contraction_rows(options, f, K, bt.b);
+        w.train_chunks(
+            st, bt, rows, -st.lr, [&](const TrainSignals& t) { return contract(ev, f, t); },
+            [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [count, nr, K]
+              const torch::Tensor at = block_index(bt.idx.narrow(0, r0, nr));
+              blk.contributions.narrow(0, p.first, p.count).index_add_(1, at, part);
+              if (p.step_c.defined()) p.step_c.narrow(1, r0, nr).copy_(part);
+              if (options.kernel) {
+                blk.kernel.narrow(0, p.first, p.count).index_add_(1, at, output_kernel(ev, f, bt.xb.narrow(0, r0, nr)));
+              }
+            });
+      });
+      for (const Group& p : parts) {
+        tally(d, p.f);
+        if (options.on_step) {
+          const torch::Tensor xc = x.narrow(0, p.first, p.count);
+          options.on_step({st.step, p.first, &ev, &xc, &p.f, bt.idx, p.step_c});
+        }
       }
     }
     const int64_t walked = st.step + 1 - options.first_step;

@@ -2,21 +2,15 @@
 #include "pathkernel/features.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <condition_variable>
-#include <exception>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <utility>
 
-#include <ATen/Parallel.h>
-
-#include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/kinks.h"
 #include "pathkernel/layer_rules.h"
+#include "point_groups.h"
 
 namespace pathkernel {
 
@@ -1002,56 +996,15 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   if (ev.generic()) return module_test_features(ev, x, q);
   const int64_t n = x.size(0);
   // Test points are independent: own networks split them into one group per
-  // thread, each group's operations one-threaded (docs/math.md §12). Their
-  // passes are many operations, too small for threads to share well: on
-  // the MNIST CNN, 10 points, 2 threads, the groups took 0.75 of the time
-  // of every operation shared. The structured TorchScript route runs the
-  // module's graph and stays on the calling thread.
-  const int64_t groups = ev.hand_backward() ? std::min<int64_t>(current_threads(), n) : 1;
+  // thread (point_groups.h, docs/math.md §12). On the MNIST CNN, 10 points,
+  // 2 threads, the groups took 0.75 of the time of every operation shared.
+  const int64_t groups = point_groups(ev, n);
   if (groups < 2) return point_features(ev, x, q);
   std::vector<TestFeatures> parts(groups);
-  std::vector<std::exception_ptr> failed(groups);
-  auto work = [&](int64_t g) {
-    try {
-      // OpenMP's count is per thread, and LibTorch sets a thread's to the
-      // process's on its first query: query first, then set one.
-      (void)torch::get_num_threads();
-      OpenMpThreads one(1);
-      const int64_t first = g * n / groups, last = (g + 1) * n / groups;
-      parts[g] = point_features(ev, x.narrow(0, first, last - first), q);
-    } catch (...) {
-      failed[g] = std::current_exception();
-    }
-  };
-  {
-    OpenMpThreads one(1);  // OpenBLAS's count is the process's: one for every group
-    // The groups are taken in turn by this thread and by tasks on LibTorch's
-    // inter-op pool (threads that stay: a new thread costs LibTorch a
-    // thread-pool rebuild on its first operation). This thread waits only
-    // for groups taken, so a task that never starts (a busy pool) is no
-    // wait: this thread takes its group.
-    struct Turns {
-      std::atomic<int64_t> next{0};
-      std::mutex m;
-      std::condition_variable cv;
-      int64_t done = 0;
-    };
-    auto turns = std::make_shared<Turns>();
-    auto take = [turns, groups, &work] {
-      for (int64_t g; (g = turns->next++) < groups;) {
-        work(g);
-        std::lock_guard<std::mutex> lock(turns->m);
-        if (++turns->done == groups) turns->cv.notify_all();
-      }
-    };
-    for (int64_t g = 1; g < groups; ++g) at::launch(take);
-    take();
-    std::unique_lock<std::mutex> lock(turns->m);
-    turns->cv.wait(lock, [&] { return turns->done == groups; });
-  }
-  for (const std::exception_ptr& e : failed) {
-    if (e) std::rethrow_exception(e);
-  }
+  run_point_groups(groups, [&](int64_t g) {
+    const int64_t first = group_start(g, groups, n), last = group_start(g + 1, groups, n);
+    parts[g] = point_features(ev, x.narrow(0, first, last - first), q);
+  });
   return join_features(parts);
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "../test_util.h"
+#include "pathkernel/context.h"
 #include "pathkernel/decomposition.h"
 #include "pathkernel/update_rule.h"
 
@@ -216,6 +217,80 @@ TEST(TrainingChunks, RowsKeptAcrossBlocksOfTestPointsGiveTheSameDecomposition) {
       EXPECT_GT(scale, 1e-6);
       EXPECT_LE((kept.contributions - formed.contributions).abs().max().item<double>(), 1e-13 * scale);
       EXPECT_LE((kept.rounding - formed.rounding).abs().max().item<double>(), 1e-13);
+    }
+  }
+}
+
+// The forward walk splits each block of test points into one group per
+// thread (src/engine/point_groups.h): each group forms its features and
+// contracts them with the training rows on its own thread, and the rows a
+// step forms are shared between the groups. With 3 threads (groups [0,1)
+// [1,3) [3,5) of each block of 5) the decomposition is that of one thread,
+// and so are the per-step observations, which arrive once per group: for
+// the replay's signals and recomputed ones, on an MLP with weight decay and
+// the kernel output and on a CNN whose rows carry per-sample gradients.
+TEST(PointGroups, GiveTheDecompositionOfOneThread) {
+  struct Case {
+    std::string optimizer, data, model;
+  };
+  for (const Case& c : {Case{"gd", "gaussians3", "mlp:6,5"}, Case{"sgd", "gaussians3", "mlp:6,5"},
+                        Case{"sgd", "mnist", "cnn:2,3"}}) {
+    testing::TempDir dir(c.optimizer);
+    RunOptions r = testing::small_run(dir / "run", c.optimizer, 4, 2);
+    r.data.spec = c.data;
+    r.data.train_size = 40;
+    r.model = c.model;
+    r.train.optimizer.weight_decay = 1e-2;
+    train_run(r);
+    PathReader reader(r.out);
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 10);
+    const int64_t M = reader.manifest().num_train, K = reader.manifest().num_classes;
+    for (const bool replay_signals : {true, false}) {
+      DecompositionOptions options;
+      options.progress = false;
+      options.point_block = 5;
+      options.train_chunk = 7;
+      options.replay_signals = replay_signals;
+      options.kernel = c.data == "gaussians3";
+      struct Walked {
+        Decomposition d;
+        torch::Tensor observed;  // the observations' contributions, summed over steps
+        int64_t calls = 0;
+      };
+      auto walk = [&](int threads) {
+        ThreadScope scope(threads);
+        Walked w;
+        w.observed = torch::zeros({x.size(0), M, K}, torch::kFloat64);
+        DecompositionOptions o = options;
+        o.on_step = [&](const StepObservation& ob) {
+          ++w.calls;
+          EXPECT_EQ(ob.x->size(0), ob.contributions.size(0));
+          EXPECT_TRUE(torch::equal(*ob.x, x.narrow(0, ob.first_point, ob.x->size(0))));
+          w.observed.narrow(0, ob.first_point, ob.contributions.size(0))
+              .index_add_(1, ob.train_index, ob.contributions);
+        };
+        w.d = decompose(reader, x, o);
+        return w;
+      };
+      const Walked one = walk(1), groups = walk(3);
+      SCOPED_TRACE(c.optimizer + " " + c.model + (replay_signals ? " replayed" : " recomputed"));
+      EXPECT_EQ(one.calls, 4 * 2);       // steps x blocks
+      EXPECT_EQ(groups.calls, 4 * 2 * 3);  // steps x blocks x groups
+      const double scale = one.d.contributions.abs().max().item<double>();
+      EXPECT_GT(scale, 1e-6);
+      auto close = [](const torch::Tensor& got, const torch::Tensor& expect, double scale, const char* what) {
+        ASSERT_EQ(got.sizes(), expect.sizes()) << what;
+        EXPECT_LE((got - expect).abs().max().item<double>(), 1e-12 * std::max(1.0, scale)) << what;
+      };
+      close(groups.d.contributions, one.d.contributions, scale, "contributions");
+      close(groups.d.rounding, one.d.rounding, 1, "rounding");
+      close(groups.d.regularization, one.d.regularization, 1, "regularization");
+      close(groups.d.f0, one.d.f0, 1, "f0");
+      close(groups.d.fN, one.d.fN, 1, "fN");
+      if (options.kernel) close(groups.d.kernel, one.d.kernel, one.d.kernel.abs().max().item<double>(), "kernel");
+      close(groups.observed, one.d.contributions, scale, "observed contributions");
+      close(one.observed, one.d.contributions, scale, "observed contributions, one thread");
+      EXPECT_LT(summarize(groups.d).max_rel_error, 1e-12);
     }
   }
 }

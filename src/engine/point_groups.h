@@ -1,0 +1,34 @@
+// Test points in one group per thread (docs/math.md §12). A step's work on
+// its test points (their features, and their contractions with the training
+// rows) is independent from point to point; split into consecutive groups,
+// one per thread, each group's operations run on that thread alone. Their
+// operations are many and small: shared between threads, each would pay the
+// threads' wake-up and wait.
+//
+// Internal to the engine (features.cpp, decomposition.cpp).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace pathkernel {
+
+class SegmentEvaluator;
+
+/// The groups n test points take on ev: one per thread of the caller, at
+/// most n, and one where the evaluator runs a module's graph (the structured
+/// and generic TorchScript routes) or where the caller's thread is itself
+/// one-threaded (inside a group).
+int64_t point_groups(const SegmentEvaluator& ev, int64_t n);
+
+/// The first of n points that group g of `groups` takes (g = groups: n).
+inline int64_t group_start(int64_t g, int64_t groups, int64_t n) { return g * n / groups; }
+
+/// Runs work(g) for every g in [0, groups), each call on one thread with
+/// LibTorch's and OpenBLAS's thread counts at one: the calling thread and
+/// tasks on LibTorch's inter-op pool take the groups in turn. Returns once
+/// every group is done; rethrows the first group's exception, if any. One
+/// group runs on the calling thread at its own thread count.
+void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work);
+
+}  // namespace pathkernel
