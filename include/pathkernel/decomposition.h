@@ -116,8 +116,9 @@ struct StepResiduals {
   void merge(const StepResiduals& o);
 };
 
-/// Shapes: n test points, M training points, K outputs.
-struct Decomposition {
+/// Shapes: n test points, M training points, K outputs. The counts
+/// (QuadratureCounts) are summed over test points and steps.
+struct Decomposition : QuadratureCounts {
   /// The network's outputs, evaluated in float64 at the recorded weights
   /// (a float32 run's weights and inputs are exactly representable in
   /// float64, so for such a run these are the float64 network at the float32
@@ -140,10 +141,6 @@ struct Decomposition {
   /// gaps in absolute value. The prediction's error against f(w_N) is the sum
   /// of the signed gaps (up to the rounding of the sums), so this bounds it.
   torch::Tensor gap_abs;
-  int64_t evaluations = 0;       ///< integrand evaluations summed over test points and steps
-  int64_t forward_evaluations = 0;  ///< forward-only evaluations (kink search, piece ends), summed likewise
-  int64_t moment_evaluations = 0;   ///< moment rows (a forward pass and one backprop), summed likewise
-  int64_t kinks = 0;             ///< kinks located, summed likewise
   int64_t steps = 0;
   double seconds = 0;
   StepResiduals residuals;       ///< how well the declared updates explain the recorded ones

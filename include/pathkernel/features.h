@@ -87,19 +87,32 @@ struct LayerFeatures {
   torch::Tensor block;    ///< Dense: J̄ [K, n, Q], weight then bias; else undefined
 };
 
-/// Test features of one step for n test points.
-struct TestFeatures {
+/// What certifying test features cost and found, summed over test points
+/// (and, in a Decomposition, over steps).
+struct QuadratureCounts {
+  int64_t evaluations = 0;          ///< integrand evaluations (rows), including refined-away ones
+  int64_t forward_evaluations = 0;  ///< forward-only rows: kink scan and search, piece ends
+  /// moment rows of log-softmax pieces: a forward pass and one backprop each
+  /// (the softmax factor's extra interpolation nodes), including refined-away ones
+  int64_t moment_evaluations = 0;
+  int64_t kinks = 0;                ///< kinks located (ReLU flips and max-pool switches)
+
+  /// Adds another's counts to these.
+  void add_counts(const QuadratureCounts& o) {
+    evaluations += o.evaluations;
+    forward_evaluations += o.forward_evaluations;
+    moment_evaluations += o.moment_evaluations;
+    kinks += o.kinks;
+  }
+};
+
+/// Test features of one step for n test points, with their counts.
+struct TestFeatures : QuadratureCounts {
   int64_t num_points = 0;
   torch::Tensor point;                 ///< [R] int64: the test point of row r
   torch::Tensor weight;                ///< [R]: the quadrature weight ω_r of row r
   std::vector<LayerFeatures> layers;   ///< per param layer (one Dense layer on the generic route)
   torch::Tensor f0, f1;                ///< [n, K]: f(w_s, x) and f(w_{s+1}, x)
-  int64_t evaluations = 0;             ///< integrand evaluations (rows), including refined-away ones
-  int64_t forward_evaluations = 0;     ///< forward-only rows: kink scan and search, piece ends
-  /// moment rows of log-softmax pieces: a forward pass and one backprop each
-  /// (the softmax factor's extra interpolation nodes), including refined-away ones
-  int64_t moment_evaluations = 0;
-  int64_t kinks = 0;                   ///< kinks located (ReLU flips and max-pool switches)
   double certificate_gap = 0;          ///< max |J̄ dw − (f1 − f0)| / max(1, |f0|)
   torch::Tensor gap;                   ///< [n, K]: J̄ dw − (f1 − f0), the step's signed certificate gap
   /// gauss: per test point, the sorted ends of its accepted pieces (0, the

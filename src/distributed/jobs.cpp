@@ -110,10 +110,7 @@ Decomposition sum_blocks(const Communicator& comm, Decomposition base, Share blo
   std::vector<Decomposition> held;
   for (int64_t k = blocks.begin; k < blocks.end; ++k) {
     Decomposition p = block(k, false);
-    local.evaluations += p.evaluations;
-    local.forward_evaluations += p.forward_evaluations;
-    local.moment_evaluations += p.moment_evaluations;
-    local.kinks += p.kinks;
+    local.add_counts(p);
     local.steps += p.steps;
     local.seconds += p.seconds;
     local.certificate_max_gap = std::max(local.certificate_max_gap, p.certificate_max_gap);

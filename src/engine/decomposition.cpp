@@ -365,10 +365,7 @@ struct Walk {
 
 /// Adds the test features' counts and certificate to d's.
 void tally(Decomposition& d, const TestFeatures& f) {
-  d.evaluations += f.evaluations;
-  d.forward_evaluations += f.forward_evaluations;
-  d.moment_evaluations += f.moment_evaluations;
-  d.kinks += f.kinks;
+  d.add_counts(f);
   d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
 }
 
@@ -442,10 +439,7 @@ const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomp
   }
   if (kernel) d.kernel = p->partial.kernel.clone();
   d.certificate_max_gap = p->partial.certificate_max_gap;
-  d.evaluations = p->partial.evaluations;
-  d.forward_evaluations = p->partial.forward_evaluations;
-  d.moment_evaluations = p->partial.moment_evaluations;
-  d.kinks = p->partial.kinks;
+  static_cast<QuadratureCounts&>(d) = p->partial;
   d.residuals = p->partial.residuals;
   return p;
 }

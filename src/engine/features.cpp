@@ -953,10 +953,7 @@ TestFeatures join_features(std::vector<TestFeatures>& parts) {
     f1.push_back(p.f1);
     gap.push_back(p.gap);
     f.num_points += p.num_points;
-    f.evaluations += p.evaluations;
-    f.forward_evaluations += p.forward_evaluations;
-    f.moment_evaluations += p.moment_evaluations;
-    f.kinks += p.kinks;
+    f.add_counts(p);
     f.certificate_gap = std::max(f.certificate_gap, p.certificate_gap);
     f.breaks.insert(f.breaks.end(), std::make_move_iterator(p.breaks.begin()), std::make_move_iterator(p.breaks.end()));
   }
