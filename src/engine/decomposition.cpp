@@ -715,22 +715,33 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     torch::Tensor rho = -st.lr * lambda * st.w;
     torch::Tensor e = st.delta + st.lr * (bt.gradient + lambda * st.w);
     d.residuals.add(st.step, max_abs(e), update_bound(m, st));
+    // Each chunk's points in one group per thread (point_groups.h), each
+    // group's features and contractions on one thread. The groups of all
+    // chunks are taken in turn, so a thread done with its group takes the
+    // next, of any chunk, instead of waiting for the rest of its chunk (the
+    // points' kinks, and so their work, differ). Counts, and the caller's
+    // view of each group, come after the groups, in point order. With an
+    // observer (on_step), one chunk's groups at a time, which keep their
+    // features until it has seen them; without, a group keeps its counts.
+    struct Group {
+      int64_t chunk = 0, first = 0, count = 0;
+      TestFeatures f;
+      torch::Tensor step_c;
+    };
+    std::vector<Group> parts;
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
-      const int64_t nc = std::min(chunk, n - c0);
-      // The chunk's points in one group per thread (point_groups.h): each
-      // group's features and contractions on its own thread; counts, and the
-      // caller's view of each group, after all of them, in point order.
-      struct Group {
-        int64_t first = 0, count = 0;
-        TestFeatures f;
-        torch::Tensor step_c;
-      };
-      const int64_t groups = point_groups(ev, nc);
-      std::vector<Group> parts(groups);
-      run_point_groups(groups, [&](int64_t g) {
-        Group& p = parts[g];
+      const int64_t nc = std::min(chunk, n - c0), groups = point_groups(ev, nc);
+      for (int64_t g = 0; g < groups; ++g) {
+        Group& p = parts.emplace_back();
+        p.chunk = c0;
         p.first = c0 + group_start(g, groups, nc);
         p.count = c0 + group_start(g + 1, groups, nc) - p.first;
+      }
+    }
+    for (size_t u0 = 0, u1 = 0; u0 < parts.size(); u0 = u1) {
+      for (u1 = u0 + 1; u1 < parts.size() && (!options.on_step || parts[u1].chunk == parts[u0].chunk);) ++u1;
+      run_point_groups(static_cast<int64_t>(u1 - u0), [&](int64_t g) {
+        Group& p = parts[u0 + static_cast<size_t>(g)];
         p.f = test_features(ev, x.narrow(0, p.first, p.count), options.quadrature);
         const TestFeatures& f = p.f;
         blk.gap_abs.narrow(0, p.first, p.count).add_(f.gap.abs());
@@ -748,13 +759,22 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
                 blk.kernel.narrow(0, p.first, p.count).index_add_(1, at, output_kernel(ev, f, bt.xb.narrow(0, r0, nr)));
               }
             });
-      });
-      for (const Group& p : parts) {
+        if (!options.on_step) {  // the counts alone: the features' memory goes now
+          TestFeatures counts;
+          static_cast<QuadratureCounts&>(counts) = p.f;
+          counts.certificate_gap = p.f.certificate_gap;
+          p.f = std::move(counts);
+        }
+      }, point_groups(ev, n));
+      for (size_t u = u0; u < u1; ++u) {
+        Group& p = parts[u];
         tally(d, p.f);
         if (options.on_step) {
           const torch::Tensor xc = x.narrow(0, p.first, p.count);
           options.on_step({st.step, p.first, &ev, &xc, &p.f, bt.idx, p.step_c});
         }
+        p.f = TestFeatures();
+        p.step_c = torch::Tensor();
       }
     }
     const int64_t walked = st.step + 1 - options.first_step;

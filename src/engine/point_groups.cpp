@@ -24,7 +24,8 @@ int64_t point_groups(const SegmentEvaluator& ev, int64_t n) {
   return std::max<int64_t>(1, std::min<int64_t>(current_threads(), n));
 }
 
-void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work) {
+void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work, int64_t workers) {
+  if (workers <= 0) workers = groups;
   std::vector<std::exception_ptr> failed(static_cast<size_t>(groups));
   auto one = [&](int64_t g) {
     try {
@@ -37,8 +38,8 @@ void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work) 
       failed[static_cast<size_t>(g)] = std::current_exception();
     }
   };
-  if (groups == 1) {
-    work(0);  // one group: the caller's own thread count
+  if (workers == 1) {
+    for (int64_t g = 0; g < groups; ++g) work(g);  // one worker: the caller, at its own thread count
     return;
   }
   {
@@ -62,7 +63,7 @@ void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work) 
         if (++turns->done == groups) turns->cv.notify_all();
       }
     };
-    for (int64_t g = 1; g < groups; ++g) at::launch(take);
+    for (int64_t t = 1; t < std::min(workers, groups); ++t) at::launch(take);
     take();
     std::unique_lock<std::mutex> lock(turns->m);
     turns->cv.wait(lock, [&] { return turns->done == groups; });

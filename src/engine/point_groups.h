@@ -26,9 +26,13 @@ inline int64_t group_start(int64_t g, int64_t groups, int64_t n) { return g * n 
 
 /// Runs work(g) for every g in [0, groups), each call on one thread with
 /// LibTorch's and OpenBLAS's thread counts at one: the calling thread and
-/// tasks on LibTorch's inter-op pool take the groups in turn. Returns once
-/// every group is done; rethrows the first group's exception, if any. One
-/// group runs on the calling thread at its own thread count.
-void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work);
+/// tasks on LibTorch's inter-op pool, up to `workers` in all (0: one per
+/// group), take the groups in turn, each the next not yet taken. Returns
+/// once every group is done; rethrows the first group's exception, if any.
+/// With one worker (workers = 1, or one group and workers 0) the calling
+/// thread runs the groups in order at its own thread count; a single group
+/// with more workers allowed still runs one-threaded, as it would beside
+/// others (so a point's bits do not depend on how the groups were batched).
+void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work, int64_t workers = 0);
 
 }  // namespace pathkernel

@@ -225,10 +225,12 @@ TEST(TrainingChunks, RowsKeptAcrossBlocksOfTestPointsGiveTheSameDecomposition) {
 // thread (src/engine/point_groups.h): each group forms its features and
 // contracts them with the training rows on its own thread, and the rows a
 // step forms are shared between the groups. With 3 threads (groups [0,1)
-// [1,3) [3,5) of each block of 5) the decomposition is that of one thread,
-// and so are the per-step observations, which arrive once per group: for
-// the replay's signals and recomputed ones, on an MLP with weight decay and
-// the kernel output and on a CNN whose rows carry per-sample gradients.
+// [1,3) [3,5) of each block of 5, and one of the last point) the
+// decomposition is that of one thread, and so are the per-step
+// observations, which arrive once per group: for the replay's signals and
+// recomputed ones, on an MLP with weight decay and the kernel output and on
+// a CNN whose rows carry per-sample gradients. Without an observer, the
+// groups of every block are taken in one turn, with the same bits.
 TEST(PointGroups, GiveTheDecompositionOfOneThread) {
   struct Case {
     std::string optimizer, data, model;
@@ -243,7 +245,7 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
     r.train.optimizer.weight_decay = 1e-2;
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 10);
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 11);
     const int64_t M = reader.manifest().num_train, K = reader.manifest().num_classes;
     for (const bool replay_signals : {true, false}) {
       DecompositionOptions options;
@@ -257,12 +259,12 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
         torch::Tensor observed;  // the observations' contributions, summed over steps
         int64_t calls = 0;
       };
-      auto walk = [&](int threads) {
+      auto walk = [&](int threads, bool observe = true) {
         ThreadScope scope(threads);
         Walked w;
         w.observed = torch::zeros({x.size(0), M, K}, torch::kFloat64);
         DecompositionOptions o = options;
-        o.on_step = [&](const StepObservation& ob) {
+        if (observe) o.on_step = [&](const StepObservation& ob) {
           ++w.calls;
           EXPECT_EQ(ob.x->size(0), ob.contributions.size(0));
           EXPECT_TRUE(torch::equal(*ob.x, x.narrow(0, ob.first_point, ob.x->size(0))));
@@ -272,10 +274,10 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
         w.d = decompose(reader, x, o);
         return w;
       };
-      const Walked one = walk(1), groups = walk(3);
+      const Walked one = walk(1), groups = walk(3), unobserved = walk(3, false);
       SCOPED_TRACE(c.optimizer + " " + c.model + (replay_signals ? " replayed" : " recomputed"));
-      EXPECT_EQ(one.calls, 4 * 2);       // steps x blocks
-      EXPECT_EQ(groups.calls, 4 * 2 * 3);  // steps x blocks x groups
+      EXPECT_EQ(one.calls, 4 * 3);             // steps x blocks (5, 5, 1 points)
+      EXPECT_EQ(groups.calls, 4 * (3 + 3 + 1));  // steps x groups of the blocks
       const double scale = one.d.contributions.abs().max().item<double>();
       EXPECT_GT(scale, 1e-6);
       auto close = [](const torch::Tensor& got, const torch::Tensor& expect, double scale, const char* what) {
@@ -291,6 +293,20 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
       close(groups.observed, one.d.contributions, scale, "observed contributions");
       close(one.observed, one.d.contributions, scale, "observed contributions, one thread");
       EXPECT_LT(summarize(groups.d).max_rel_error, 1e-12);
+      // Without an observer the threads take the groups of all blocks in
+      // turn (not one block's at a time): the same groups, each one-threaded
+      // (the last block's one point too), so the same bits.
+      EXPECT_EQ(unobserved.calls, 0);
+      EXPECT_TRUE(torch::equal(unobserved.d.contributions, groups.d.contributions));
+      EXPECT_TRUE(torch::equal(unobserved.d.rounding, groups.d.rounding));
+      EXPECT_TRUE(torch::equal(unobserved.d.regularization, groups.d.regularization));
+      EXPECT_TRUE(torch::equal(unobserved.d.gap_abs, groups.d.gap_abs));
+      if (options.kernel) EXPECT_TRUE(torch::equal(unobserved.d.kernel, groups.d.kernel));
+      EXPECT_EQ(unobserved.d.evaluations, groups.d.evaluations);
+      EXPECT_EQ(unobserved.d.forward_evaluations, groups.d.forward_evaluations);
+      EXPECT_EQ(unobserved.d.moment_evaluations, groups.d.moment_evaluations);
+      EXPECT_EQ(unobserved.d.kinks, groups.d.kinks);
+      EXPECT_EQ(unobserved.d.certificate_max_gap, groups.d.certificate_max_gap);
     }
   }
 }
