@@ -84,6 +84,10 @@ class PathReader {
   /// them), float64; undefined when every weight is 1.
   torch::Tensor loss_weights(const torch::Tensor& idx) const;
   const std::string& dir() const { return dir_; }
+  /// CRC-32 of the run's manifest.json as it is on disk now: what saved
+  /// progress on the run (resumable scores, explanations, retrainings) is
+  /// keyed by, so that progress on another or a changed run is not resumed.
+  uint32_t manifest_crc32() const;
 
   /// w at checkpoint i of manifest().checkpoints, float64 [P].
   torch::Tensor checkpoint(size_t i) const;

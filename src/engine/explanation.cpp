@@ -115,7 +115,7 @@ DecompositionOptions explain_decomposition_options(const Manifest& m, int64_t n,
 
 ojson explain_progress_arguments(PathReader& reader, const torch::Tensor& test_index,
                                  const DecompositionOptions& dopt) {
-  return ojson{{"manifest_crc32", crc32_of(read_file((fs::path(reader.dir()) / "manifest.json").string()))},
+  return ojson{{"manifest_crc32", reader.manifest_crc32()},
                {"test_indices", std::vector<int64_t>(test_index.data_ptr<int64_t>(),
                                                      test_index.data_ptr<int64_t>() + test_index.numel())},
                {"quadrature", dopt.quadrature.spec.str()},

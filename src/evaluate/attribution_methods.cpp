@@ -42,7 +42,7 @@ torch::Tensor decomposition_scores(PathReader& reader, const std::string& method
   if (options.progress_dir.empty()) return select_output(decompose(reader, x, d).contributions, output);
   const torch::Tensor xc = x.to(torch::kFloat64).contiguous();
   nlohmann::ordered_json arguments{
-      {"manifest_crc32", crc32_of(read_file((fs::path(reader.dir()) / "manifest.json").string()))},
+      {"manifest_crc32", reader.manifest_crc32()},
       {"method", method},
       {"inputs_crc32", crc32_update(0, xc.data_ptr(), static_cast<size_t>(xc.numel()) * 8)},
       {"quadrature", q.spec.str()},

@@ -225,7 +225,7 @@ Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const s
   }
   const torch::Tensor output = chosen_outputs(fN, data.y_test.index_select(0, test_index), options.output);
   const torch::Tensor predicted = fN.argmax(1);
-  const ojson key{{"manifest_crc32", crc32_of(read_file((fs::path(reader.dir()) / "manifest.json").string()))},
+  const ojson key{{"manifest_crc32", reader.manifest_crc32()},
                   {"test_indices", to_indices(test_index)},
                   {"quadrature", options.attribution.quadrature.spec.str()},
                   {"tol", options.attribution.quadrature.tol},

@@ -145,7 +145,7 @@ torch::Tensor Retrainer::outputs(const std::vector<RetrainJob>& jobs, const torc
     jobs_crc = crc32_of(std::to_string(jobs_crc) + ":" + std::to_string(tensor_crc(job.keep)) + ":" +
                         std::to_string(tensor_crc(job.labels)) + ":" + std::to_string(tensor_crc(job.weights)));
   }
-  const ojson key{{"manifest_crc32", crc32_of(read_file((fs::path(reader_.dir()) / "manifest.json").string()))},
+  const ojson key{{"manifest_crc32", reader_.manifest_crc32()},
                   {"scaling", removal_scaling_name(options.scaling)},
                   {"threads_per_retrain", options.threads_per_retrain},
                   {"jobs", J},

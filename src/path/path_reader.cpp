@@ -7,6 +7,7 @@
 
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
+#include "pathkernel/files.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/progress.h"
 #include "pathkernel/trainer.h"
@@ -186,6 +187,10 @@ void PathReader::require_equal(size_t k, double diff) const {
   PK_CHECK(diff == 0, "run '" << dir_ << "': replay does not reproduce checkpoint step "
                               << manifest_.checkpoints[k + 1].step << " bit for bit (max |diff| " << diff
                               << "); " << replay_mismatch_reason(manifest_, machine_differences(manifest_)));
+}
+
+uint32_t PathReader::manifest_crc32() const {
+  return crc32_of(read_file((fs::path(dir_) / "manifest.json").string()));
 }
 
 torch::Tensor PathReader::weights(int64_t s) {

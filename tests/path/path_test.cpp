@@ -8,6 +8,8 @@
 #include <fstream>
 #include <functional>
 
+#include <zlib.h>
+
 #include "../test_util.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
@@ -248,6 +250,23 @@ TEST(Manifest, SaveLoadSaveGivesIdenticalBytes) {
   EXPECT_EQ(m.parameters.front().shape, (std::vector<int64_t>{6, 100}));
   EXPECT_EQ(m.checkpoints.back().optimizer_buffers.count("exp_avg_sq"), 1u);
   EXPECT_EQ(m.checkpoints.back().optimizer_step, 5);
+}
+
+// Saved progress on a run is keyed by its manifest's CRC-32: zlib's of the
+// file's bytes as they are on disk, the same from a second reader, another
+// once the file changes.
+TEST(Manifest, Crc32IsZlibsOfTheFileOnDisk) {
+  TempDir dir("manifest_crc");
+  RunOptions r = small_run(dir / "run", "sgd", 2, 1);
+  train_run(r);
+  const std::string bytes = read_file(dir / "run/manifest.json");
+  const auto expect = static_cast<uint32_t>(
+      ::crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+  PathReader reader(r.out);
+  EXPECT_EQ(reader.manifest_crc32(), expect);
+  EXPECT_EQ(PathReader(r.out).manifest_crc32(), expect);
+  std::ofstream(dir / "run/manifest.json", std::ios::app) << "\n";  // the same JSON, other bytes
+  EXPECT_NE(reader.manifest_crc32(), expect);
 }
 
 TEST(RunDirectory, CheckpointsAreNumpyFilesInManifestOrder) {
