@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake pkg-config
+  # The compiler cache every build directory uses when present (cmake/ccache.cmake).
+  ccache
   libtorch-dev libopenblas0-pthread
   libcli11-dev nlohmann-json3-dev zlib1g-dev libstb-dev libsvm-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -23,7 +23,7 @@ namespace {
 using Output = testing::CommandOutput;
 
 Output run(const std::string& args) {
-  return testing::run_shell(std::string(PATHKERNEL_BINARY) + " --threads 1 " + args);
+  return testing::run_shell(pathkernel::testing::binary_path() + " --threads 1 " + args);
 }
 
 /// The last line of the output parsed as JSON.
@@ -103,7 +103,7 @@ TEST(Cli, NumpyLoadsARunWithoutPathkernel) {
   testing::TempDir dir("numpy");
   std::string r = dir / "R";
   ASSERT_EQ(run("train --data gaussians3 --train-size 90 --model mlp:5 --optimizer adam --batch 30 --steps 12 --quiet --out " + r).status, 0);
-  std::string cmd = "/usr/bin/python3 " PATHKERNEL_SOURCE_DIR "/examples/load_path.py " + r;
+  std::string cmd = "/usr/bin/python3 " + pathkernel::testing::source_dir() + "/examples/load_path.py " + r;
   FILE* pipe = popen(cmd.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   char buf[4096] = {0};

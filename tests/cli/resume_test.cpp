@@ -54,7 +54,7 @@ std::vector<std::string> words(const std::string& s) {
 /// Starts `pathkernel --threads 1 ARGS` with its output in `log`; `pause`
 /// sets PATHKERNEL_TEST_PAUSE_IN_WRITE.
 pid_t spawn(const std::string& args, const std::string& log, const std::string& pause = "") {
-  std::vector<std::string> argv = {PATHKERNEL_BINARY, "--threads", "1"};
+  std::vector<std::string> argv = {pathkernel::testing::binary_path(), "--threads", "1"};
   for (auto& w : words(args)) argv.push_back(w);
   pid_t pid = fork();
   if (pid == 0) {
@@ -206,7 +206,7 @@ TEST(Resume, KilledRunsResumeByteForByte) {
 using Output = testing::CommandOutput;
 
 Output run_cli(const std::string& args, const std::string& globals = "--threads 1") {
-  return testing::run_shell(std::string(PATHKERNEL_BINARY) + " " + globals + " " + args);
+  return testing::run_shell(pathkernel::testing::binary_path() + " " + globals + " " + args);
 }
 
 TEST(Resume, RefusesWhatItCannotResume) {

@@ -40,7 +40,7 @@ const std::string kMpirun =
 const std::string kMpirun;
 #endif
 
-const std::string kBinary = std::string(PATHKERNEL_BINARY) + " --threads 1 ";
+const std::string kBinary = pathkernel::testing::binary_path() + " --threads 1 ";
 
 Output one_process(const std::string& args) { return testing::run_shell(kBinary + args); }
 Output two_ranks(const std::string& args) { return testing::run_shell(kMpirun + " -np 2 " + kBinary + args); }

@@ -84,7 +84,7 @@ TEST(Evaluate, CommandLinePrintsTheTableAndJson) {
   TempDir dir;
   SmallData(30).write(dir / "data");
   cli_train(dir / "data", dir / "run", "--model mlp:6 --seed 3 --steps 25 --optimizer sgd --batch 8 --lr 0.1");
-  const std::string bin = PATHKERNEL_BINARY;
+  const std::string bin = pathkernel::testing::binary_path();
   const CommandOutput text = run_shell(bin + " evaluate " + (dir / "run") +
                                        " --quiet --test 2 --methods epk,random --metrics loo,lds --loo-extremes 2 "
                                        "--loo-random 3 --lds-subsets 4");

@@ -39,7 +39,7 @@ struct SmallData {
 
 /// Trains with the CLI on one thread: `pathkernel train --data npy:DATA ARGS --out RUN`.
 inline void cli_train(const std::string& data, const std::string& run, const std::string& args) {
-  const CommandOutput r = run_shell(std::string(PATHKERNEL_BINARY) + " train --quiet --threads 1 --data npy:" + data +
+  const CommandOutput r = run_shell(pathkernel::testing::binary_path() + " train --quiet --threads 1 --data npy:" + data +
                                     " " + args + " --out " + run);
   ASSERT_EQ(r.status, 0) << r.out;
 }

@@ -50,7 +50,7 @@ NetworkOptions options_for(const ModelSpec& spec, int64_t in, int64_t k, OutputM
 /// classes, exported into `dir`, with log-softmax outputs.
 NetworkOptions small_resnet(const TempDir& dir) {
   const std::string path = dir.path() + "/resnet.pt";
-  const auto r = run_shell(kPython + " " PATHKERNEL_SOURCE_DIR "/examples/export_model.py resnet " + path +
+  const auto r = run_shell(kPython + " " + pathkernel::testing::source_dir() + "/examples/export_model.py resnet " + path +
                            " --size 8 --width 2 --classes 3");
   EXPECT_EQ(r.status, 0) << r.out;
   NetworkOptions o = options_for(ModelSpec::parse("torchscript:" + path), 0, 3, OutputMap::LogSoftmax);
@@ -153,7 +153,7 @@ TEST(TorchScript, TransformerTrainsReplaysAndDecomposesExactly) {
   REQUIRE_PYTHON_TORCH();
   TempDir dir;
   const std::string model = dir.path() + "/tf.pt", data = dir.path() + "/modadd";
-  const auto r = run_shell(kPython + " " PATHKERNEL_SOURCE_DIR "/examples/export_model.py transformer " + model +
+  const auto r = run_shell(kPython + " " + pathkernel::testing::source_dir() + "/examples/export_model.py transformer " + model +
                            " --p 5 --dim 8 --data-dir " + data);
   ASSERT_EQ(r.status, 0) << r.out;
   RunOptions o;

@@ -26,7 +26,7 @@ using Output = testing::CommandOutput;
 
 Output shell(const std::string& cmd) { return testing::run_shell(cmd); }
 
-Output pathkernel(const std::string& args) { return shell(std::string(PATHKERNEL_BINARY) + " --threads 1 " + args); }
+Output pathkernel(const std::string& args) { return shell(pathkernel::testing::binary_path() + " --threads 1 " + args); }
 
 /// The JSON the page plots, cut out of the HTML.
 nlohmann::json page_data(const std::string& html) {
