@@ -500,6 +500,36 @@ int64_t chunk_size(const DecompositionOptions& options, int64_t per_point, int64
   return std::min(fit, blocks) * block;
 }
 
+/// The reverse walk's accumulator Ã of a chunk of test points, [nc, K, P], as
+/// one allocation per block of points. A BLAS may round a row's product by
+/// where the row lies in memory (OpenBLAS's AVX-512 matrix-vector kernel does,
+/// by 1e-14, for a view that starts part-way into a buffer): in a buffer of
+/// its own, each block's rows lie alike whichever blocks come before it, so a
+/// block of points gets the same bits alone as among others (docs/math.md §12).
+class AccumulatorBlocks {
+ public:
+  AccumulatorBlocks(int64_t nc, int64_t block, int64_t K, int64_t P) : block_(block) {
+    for (int64_t b0 = 0; b0 < nc; b0 += block)
+      blocks_.push_back(torch::zeros({std::min(block, nc - b0), K, P}, torch::kFloat64));
+  }
+  /// The block of points starting at b0 (a multiple of the block size).
+  torch::Tensor& block(int64_t b0) { return blocks_[static_cast<size_t>(b0 / block_)]; }
+  /// All blocks, joined in point order (saved progress).
+  torch::Tensor joined() const { return torch::cat(blocks_, 0); }
+  /// Takes the values of `all`, [nc, K, P] (restored progress).
+  void assign(const torch::Tensor& all) {
+    int64_t b0 = 0;
+    for (torch::Tensor& b : blocks_) {
+      b.copy_(all.narrow(0, b0, b.size(0)));
+      b0 += b.size(0);
+    }
+  }
+
+ private:
+  int64_t block_;
+  std::vector<torch::Tensor> blocks_;
+};
+
 /// Reverse accumulation (docs/math.md §4) for optimizers with a buffer. For each
 /// chunk of test points, walking s = N−1 .. 0 with one [n, K, P]
 /// accumulator Ã_s = κ_s J̄_s P_s + β Ã_{s+1}:
@@ -535,12 +565,13 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       continue;
     }
     const torch::Tensor xc = x.narrow(0, c0, nc);
-    torch::Tensor acc = torch::zeros({nc, K, P}, torch::kFloat64);  // Ã_{s+1}, 0 after the last step
+    AccumulatorBlocks acc(nc, block, K, P);  // Ã_{s+1}, 0 after the last step
     int64_t steps_done = 0;
     if (resumed && c0 == resumed->chunk_start) {
-      PK_CHECK(resumed->acc.defined() && resumed->acc.sizes() == acc.sizes(),
-               "the saved progress has no accumulator of shape " << acc.sizes() << "; delete it to start over");
-      acc = resumed->acc.clone();
+      PK_CHECK(resumed->acc.defined() && resumed->acc.sizes() == torch::IntArrayRef({nc, K, P}),
+               "the saved progress has no accumulator of shape [" << nc << ", " << K << ", " << P
+                                                                  << "]; delete it to start over");
+      acc.assign(resumed->acc);
       steps_done = resumed->steps_done;
       done += steps_done;
     }
@@ -561,7 +592,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
       for (int64_t b0 = 0; b0 < nc; b0 += block) {  // the chunk's blocks of test points
         const int64_t nb = std::min(block, nc - b0), p0 = c0 + b0;
         const torch::Tensor xb_test = xc.narrow(0, b0, nb);
-        torch::Tensor acc_b = acc.narrow(0, b0, nb);  // a view: updated in place
+        torch::Tensor acc_b = acc.block(b0);  // updated in place
         torch::Tensor erow = torch::zeros({nb, K}, torch::kFloat64);
         // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
         if (buf.defined()) erow -= beta * torch::matmul(acc_b, buf);
@@ -599,7 +630,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
         p.chunk_start = c0;
         p.steps_done = steps_done;
         p.partial = d;
-        p.acc = acc;
+        p.acc = acc.joined();
         checkpoint->save(p);
       }
     });
