@@ -6,8 +6,12 @@
 log=${PATHKERNEL_COMPILE_TIMES:?PATHKERNEL_COMPILE_TIMES must name the log file}
 object=?
 args=("$@")
-for ((i = 0; i < ${#args[@]} - 1; i++)); do
-  [[ ${args[i]} == -o ]] && object=${args[i + 1]}
+for ((i = 0; i < ${#args[@]}; i++)); do
+  if [[ ${args[i]} == -o ]] && ((i + 1 < ${#args[@]})); then
+    object=${args[i + 1]}
+  elif [[ ${args[i]} == */link.txt ]]; then  # a link: cmake -E cmake_link_script DIR/link.txt
+    object="link ${args[i]%/link.txt}"
+  fi
 done
 start=$(date +%s.%N)
 "$@"

