@@ -6,6 +6,8 @@
 #include <cmath>
 #include <sstream>
 
+#include <torch/nn/init.h>
+
 #include "pathkernel/error.h"
 
 namespace pathkernel {
