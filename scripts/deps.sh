@@ -17,8 +17,9 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   dataset-fashion-mnist
   python3-numpy gnuplot-nox
-  # pip install ./python (python/pyproject.toml), offline; tests/python/test_engine.py.
-  python3-pip python3-setuptools
+  # pip install ./python (python/pyproject.toml), offline, in a virtual
+  # environment (README); tests/python/test_engine.py.
+  python3-pip python3-setuptools python3-venv
   # PyTorch for Python: exports users' models (examples/export_model.py) in
   # the tests, and runs the benchmark's peer (bench/peers).
   python3-torch
