@@ -18,7 +18,7 @@ PACKAGES=(
   dataset-fashion-mnist
   python3-numpy gnuplot-nox
   # pip install ./python (python/pyproject.toml), offline, in a virtual
-  # environment (README); tests/python/test_engine.py.
+  # environment (README, "Install the Python package"); tests/python/test_engine.py.
   python3-pip python3-setuptools python3-venv
   # PyTorch for Python: exports users' models (examples/export_model.py) in
   # the tests, and runs the benchmark's peer (bench/peers).

@@ -19,7 +19,7 @@ MPIRUN="mpirun --oversubscribe -np 2"
 [[ -f $RUNS/demo-mnist/manifest.json ]] ||
   "$BIN" --threads 1 --quiet train --data mnist --model mlp:64 --optimizer sgd --lr 0.1 --batch 100 --steps 300 \
     --seed 0 --out "$RUNS/demo-mnist"
-# The README's CNN (mnist, cnn:8,16, SGD batch 100, lr 0.05), its first 10 steps.
+# docs/measurements.md's CNN (mnist, cnn:8,16, SGD batch 100, lr 0.05), its first 10 steps.
 [[ -f $RUNS/cnn-mnist-10/manifest.json ]] ||
   "$BIN" --threads 1 --quiet train --data mnist --model cnn:8,16 --optimizer sgd --lr 0.05 --batch 100 --steps 10 \
     --seed 0 --out "$RUNS/cnn-mnist-10"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The metagradient's measured row (README, docs/attribution-quality.md): on
+# The metagradient's measured row (docs/cli.md, docs/attribution-quality.md): on
 # MNIST mlp:64 (SGD, batch 100, lr 0.1, 300 steps, the demo's run), times
 # `explain --method metagradient` on 10 test points (their predicted classes)
 # against training, and checks it on the 5 training points of largest

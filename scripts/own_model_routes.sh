@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The "Your own model" rows of the README: users' TorchScript modules trained,
+# The rows of docs/own-model.md, "Measured: the two routes": users' TorchScript modules trained,
 # verified on both routes (structured and generic), and explained.
 #   resnet       examples/export_model.py resnet (residual CNN, average pooling),
 #                fashion-mnist 2000 train, SGD batch 100, lr 0.05, 100 steps
 #   transformer  examples/export_model.py transformer (embedding, attention,
 #                LayerNorm, GELU MLP), modular addition mod 23 as npy:DIR, AdamW
 #   cnn          layers:conv(8,3,padding=1),relu,maxpool(2),conv(16,3,padding=1),
-#                relu,maxpool(2): the README's MNIST cnn:8,16 as a TorchScript
+#                relu,maxpool(2): docs/cli.md's MNIST cnn:8,16 as a TorchScript
 #                module, SGD batch 100, lr 0.05, 200 steps
 #   dropout      layers:flatten,linear(128),relu,dropout(0.5) (DROPOUT=P sets
 #                P), fashion-mnist 2000 train, SGD batch 100, lr 0.05, 100 steps

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Measures the exact kernel machine against the network in the settings the
-# README quotes: the paper's §4.1 (gaussians3, mlp:32, full-batch GD) with
+# docs/measurements.md quotes ("Measured exactness"): the paper's §4.1 (gaussians3, mlp:32, full-batch GD) with
 # gauss, riemann:100 and dpk, and MNIST with mlp:64 and cnn:8,16 under
 # minibatch SGD. Prints one JSON line per verify run.
 #   usage: scripts/verify_exactness.sh [BUILD_DIR] [RUNS_DIR]

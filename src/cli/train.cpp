@@ -84,7 +84,7 @@ void add_train_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--data-seed", r.data.seed, "Seed of synthetic data and subsets")->capture_default_str();
   cmd->add_option("--model", r.model, "Model spec: mlp:H1[,H2...][:relu|tanh|gelu], cnn:C1[,C2...], torchscript:PATH (a PyTorch module "
                   "saved as TorchScript) or layers:L1,L2,... (e.g. layers:conv(8,3,padding=1),relu,"
-                  "res(conv(8,3,padding=1),relu),avgpool(2); the README lists the layers)")
+                  "res(conv(8,3,padding=1),relu),avgpool(2); docs/own-model.md lists the layers)")
       ->capture_default_str();
   cmd->add_option("--output", args->output,
                   "Output map, the function explained: logsoftmax (log-probabilities) or logits (the model's own "
