@@ -92,8 +92,8 @@ $PY - "$WORK/old" "$WORK/new" << 'PYEOF'
 import json, os, re, sys
 
 old_root, new_root = sys.argv[1], sys.argv[2]
-# Keys whose values are measurements of time or of the machine, or name the
-# side's own directory: left out of the comparison of JSON files.
+# Keys whose values measure time or the machine: left out of the comparison
+# of JSON files (strings naming a side's own directory read "<side>").
 VOLATILE = re.compile(r"(seconds|^cpu|^load|elapsed|^time$|^wall)")
 
 def strip(value, root):
