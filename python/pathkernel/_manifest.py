@@ -89,8 +89,9 @@ class ParamInfo:
     def from_json(cls, j: Any) -> "ParamInfo":
         name = field(j, "name", "a parameter tensor", str)
         where = f"parameter '{name}'"
-        return cls(name, tuple(field(j, "shape", where, list)), field(j, "offset", where, int),
-                   field(j, "numel", where, int))
+        numel = field(j, "numel", where, int)
+        offset = field(j, "offset", where, int)
+        return cls(name, tuple(field(j, "shape", where, list)), offset, numel)
 
 
 def parameter_layout(names: Sequence[str], shapes: Sequence[Sequence[int]]) -> List[ParamInfo]:

@@ -22,6 +22,7 @@ import os
 import numpy as np
 
 from ._files import RunFormatError, parse_npy, read_listed
+from ._manifest import MANIFEST_FILE, BatchRecord, CheckpointRecord, ParamInfo, check_header, field
 
 __all__ = ["Run", "Explanation", "read_run", "read_explain"]
 
@@ -38,15 +39,6 @@ def _load_json(path, what):
         raise RunFormatError("%s '%s' is not valid JSON (%s)" % (what, path, e)) from e
 
 
-def _field(obj, key, where, kind=None):
-    if not isinstance(obj, dict) or key not in obj:
-        raise RunFormatError("manifest: %s has no field '%s'" % (where, key))
-    value = obj[key]
-    if kind is not None and not isinstance(value, kind):
-        raise RunFormatError("manifest: field '%s' of %s has the wrong type (%r)" % (key, where, value))
-    return value
-
-
 class Run:
     """A run directory (``pathkernel train`` or ``pathkernel.record``)."""
 
@@ -54,23 +46,12 @@ class Run:
         self.directory = os.fspath(directory)
         if not os.path.isdir(self.directory):
             raise RunFormatError("run directory '%s' does not exist" % self.directory)
-        path = os.path.join(self.directory, "manifest.json")
+        path = os.path.join(self.directory, MANIFEST_FILE)
         if not os.path.isfile(path):
             raise RunFormatError("run directory '%s' has no manifest.json: was it written by 'pathkernel train' "
                                  "or pathkernel.record?" % self.directory)
         m = _load_json(path, "manifest")
-        if not isinstance(m, dict):
-            raise RunFormatError("manifest '%s' is not a JSON object" % path)
-        fmt = _field(m, "format", "the manifest", str)
-        if fmt != "pathkernel-run":
-            raise RunFormatError("manifest: format is '%s', expected 'pathkernel-run'" % fmt)
-        version = _field(m, "format_version", "the manifest", int)
-        if version != 1:
-            raise RunFormatError("manifest: format_version %d is not supported (expected 1)" % version)
-        for key, kind in (("status", str), ("steps", int), ("data", dict), ("model", dict), ("dtype", str),
-                          ("parameters", dict), ("optimizer", dict), ("training", dict),
-                          ("learning_rates", list), ("checkpoints", list), ("batches", list), ("metrics", str)):
-            _field(m, key, "the manifest", kind)
+        check_header(m, path)
         self.manifest = m
         self.status = m["status"]
         self.steps = m["steps"]
@@ -78,25 +59,23 @@ class Run:
         self.optimizer = m["optimizer"]
         self.training = m["training"]
         self.summary = m.get("summary")
-        self.parameter_count = _field(m["parameters"], "count", "parameters", int)
-        self.parameters = _field(m["parameters"], "tensors", "parameters", list)
+        self.parameter_count = field(m["parameters"], "count", "parameters", int)
+        self.parameters = field(m["parameters"], "tensors", "parameters", list)
         offset = 0
         for t in self.parameters:
-            name = _field(t, "name", "a parameter tensor", str)
-            numel = _field(t, "numel", "parameter '%s'" % name, int)
-            if _field(t, "offset", "parameter '%s'" % name, int) != offset or \
-                    int(np.prod(_field(t, "shape", "parameter '%s'" % name, list), dtype=np.int64)) != numel:
-                raise RunFormatError("manifest: parameter '%s' has offset %r, shape %r and numel %r; expected "
-                                     "offset %d and numel the product of the shape"
-                                     % (name, t["offset"], t["shape"], numel, offset))
-            offset += numel
+            info = ParamInfo.from_json(t)
+            if info.offset != offset or int(np.prod(info.shape, dtype=np.int64)) != info.numel:
+                raise RunFormatError(f"manifest: parameter '{info.name}' has offset {t['offset']!r}, shape "
+                                     f"{t['shape']!r} and numel {info.numel!r}; expected offset {offset} and numel "
+                                     f"the product of the shape")
+            offset += info.numel
         if offset != self.parameter_count:
             raise RunFormatError("manifest: parameter tensors hold %d values, count says %d"
                                  % (offset, self.parameter_count))
         self.learning_rates = np.asarray(m["learning_rates"], dtype=np.float64)[: self.steps]
         self._checkpoints = {}
         for c in m["checkpoints"]:
-            self._checkpoints[_field(c, "step", "a checkpoint", int)] = c
+            self._checkpoints[CheckpointRecord.step_of(c)] = c
         self.checkpoint_steps = sorted(self._checkpoints)
         if not self.checkpoint_steps or self.checkpoint_steps[0] != 0:
             raise RunFormatError("run '%s': the first checkpoint must be step 0" % self.directory)
@@ -146,9 +125,9 @@ class Run:
         """The optimizer's state at checkpoint ``step`` (the state the step
         starts from): ``{"step": count, "buffers": {name: float64 [P]}}``."""
         c = self._checkpoint(step)
-        st = _field(c, "optimizer_state", "checkpoint %d" % step, dict)
+        st = field(c, "optimizer_state", f"checkpoint {step}", dict)
         buffers = {name: self._vector(f, "checkpoint %d %s" % (step, name))
-                   for name, f in _field(st, "buffers", "checkpoint %d optimizer_state" % step, dict).items()}
+                   for name, f in field(st, "buffers", f"checkpoint {step} optimizer_state", dict).items()}
         return {"step": st.get("step", 0), "buffers": buffers}
 
     @property
@@ -158,7 +137,7 @@ class Run:
         if self._batches is None:
             out = []
             for b in self.manifest["batches"]:
-                first = _field(b, "first_step", "a batch log", int)
+                first = BatchRecord.first_step_of(b)
                 if first != len(out):
                     raise RunFormatError("run '%s': batch log starts at step %d, expected %d"
                                          % (self.directory, first, len(out)))
