@@ -17,6 +17,8 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   dataset-fashion-mnist
   python3-numpy gnuplot-nox
+  # The figure of examples/quickstart.py (and its test, tests/python/test_quickstart.py).
+  python3-matplotlib
   # pip install ./python (python/pyproject.toml), offline, in a virtual
   # environment (README, "Install the Python package"); tests/python/test_engine.py.
   python3-pip python3-setuptools python3-venv
