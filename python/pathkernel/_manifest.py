@@ -2,9 +2,10 @@
 
 The types mirror pathkernel's C++ ``Manifest`` (include/pathkernel/manifest.h):
 the recorder builds a :class:`Manifest` and writes ``Manifest.to_json()``;
-read.py checks a manifest's fields with :data:`REQUIRED_FIELDS`,
-:func:`field`, :meth:`ParamInfo.from_json`, :meth:`CheckpointRecord.from_json`
-and :meth:`BatchRecord.from_json`. numpy and the standard library only.
+read.py checks a manifest with :func:`check_header` (the required fields),
+:func:`field` and the records' ``from_json``; ``Manifest.from_json`` parses
+a whole one (a recorded run's manifest -> Manifest -> the same bytes).
+The standard library only.
 
 Key order is the recorder's, as every recorded run has it; it is the C++
 writer's but for ``training.recorded``, which the recorder writes before
@@ -72,6 +73,14 @@ class FileRecord:
     def to_json(self) -> JsonObject:
         return {"file": self.file, "bytes": self.bytes, "crc32": self.crc32}
 
+    @classmethod
+    def from_json(cls, j: Any, where: str) -> "FileRecord":
+        return cls(field(j, "file", where, str), field(j, "bytes", where, int), field(j, "crc32", where, int))
+
+
+def _optional_file(j: JsonObject, key: str, where: str) -> Optional[FileRecord]:
+    return FileRecord.from_json(field(j, key, where, dict), f"{where} {key}") if key in j else None
+
 
 @dataclass(frozen=True)
 class ParamInfo:
@@ -128,6 +137,15 @@ class CheckpointRecord:
         """The step of a checkpoint entry (read.py reads the rest lazily)."""
         return field(j, "step", "a checkpoint", int)
 
+    @classmethod
+    def from_json(cls, j: Any) -> "CheckpointRecord":
+        step = cls.step_of(j)
+        where = f"checkpoint {step}"
+        state = field(j, "optimizer_state", where, dict)
+        buffers = field(state, "buffers", f"{where} optimizer_state", dict)
+        return cls(step, FileRecord.from_json(j, where), field(state, "step", f"{where} optimizer_state", int),
+                   {name: FileRecord.from_json(f, f"{where} buffer {name}") for name, f in buffers.items()})
+
 
 @dataclass
 class BatchRecord:
@@ -145,6 +163,11 @@ class BatchRecord:
     @staticmethod
     def first_step_of(j: Any) -> int:
         return field(j, "first_step", "a batch log", int)
+
+    @classmethod
+    def from_json(cls, j: Any) -> "BatchRecord":
+        first = cls.first_step_of(j)
+        return cls(first, field(j, "steps", "a batch log", int), FileRecord.from_json(j, f"batch log at step {first}"))
 
 
 @dataclass
@@ -173,6 +196,17 @@ class DataInfo:
             out["integer_inputs"] = True
         return out
 
+    @classmethod
+    def from_json(cls, j: JsonObject) -> "DataInfo":
+        def get(key: str, kind: JsonType) -> Any:
+            return field(j, key, "data", kind)
+        return cls(num_train=get("num_train", int), num_test=get("num_test", int),
+                   input_shape=get("input_shape", list), num_classes=get("num_classes", int),
+                   source=get("source", dict), train_crc32=get("train_crc32", int),
+                   integer_inputs=bool(j.get("integer_inputs", False)), spec=get("spec", str),
+                   train_size=get("train_size", int), test_size=get("test_size", int), seed=get("seed", int),
+                   normalization=get("normalization", dict))
+
 
 @dataclass
 class ModelInfo:
@@ -190,6 +224,12 @@ class ModelInfo:
             out["module"] = self.module.to_json()
         return out
 
+    @classmethod
+    def from_json(cls, j: JsonObject) -> "ModelInfo":
+        return cls(output=field(j, "output", "model", str), module=_optional_file(j, "module", "model"),
+                   spec=field(j, "spec", "model", str), zero_last_layer=field(j, "zero_last_layer", "model", bool),
+                   init_seed=field(j, "init_seed", "model", int))
+
 
 @dataclass
 class TrainingInfo:
@@ -202,6 +242,7 @@ class TrainingInfo:
     checkpoint_every: int = 1
     recorded: bool = True
     clip_factors: Optional[FileRecord] = None
+    loss_weights: Optional[FileRecord] = None  # pathkernel train --loss-weights
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {"batch_size": self.batch_size, "batch_seed": self.batch_seed,
@@ -212,7 +253,19 @@ class TrainingInfo:
         out["loss"] = self.loss
         if self.clip_factors is not None:
             out["clip_factors"] = self.clip_factors.to_json()
+        if self.loss_weights is not None:
+            out["loss_weights"] = self.loss_weights.to_json()
         return out
+
+    @classmethod
+    def from_json(cls, j: JsonObject) -> "TrainingInfo":
+        def get(key: str, kind: JsonType) -> Any:
+            return field(j, key, "training", kind)
+        return cls(loss=j.get("loss", "cross_entropy"), batch_size=get("batch_size", int),
+                   batch_seed=get("batch_seed", int), schedule=get("schedule", str), threads=get("threads", int),
+                   checkpoint_every=get("checkpoint_every", int), recorded=bool(j.get("recorded", False)),
+                   clip_factors=_optional_file(j, "clip_factors", "training"),
+                   loss_weights=_optional_file(j, "loss_weights", "training"))
 
 
 @dataclass
@@ -230,6 +283,13 @@ class Environment:
         return {"cpu": self.cpu, "cpu_capability": self.cpu_capability, "blas": self.blas,
                 "blas_kernels": self.blas_kernels, "libtorch": self.libtorch, "threads": self.threads}
 
+    @classmethod
+    def from_json(cls, j: Any) -> "Environment":
+        def get(key: str, kind: JsonType) -> Any:
+            return field(j, key, "environment", kind)
+        return cls(cpu=get("cpu", str), cpu_capability=get("cpu_capability", str), libtorch=get("libtorch", str),
+                   threads=get("threads", int), blas=get("blas", str), blas_kernels=get("blas_kernels", str))
+
 
 @dataclass
 class Manifest:
@@ -244,7 +304,7 @@ class Manifest:
     parameters: List[ParamInfo]
     optimizer: JsonObject  # the optimizer's declaration (src/train/optimizer.cpp's fields)
     training: TrainingInfo
-    environment: Environment
+    environment: Optional[Environment]  # None in runs written before it was recorded
     status: str = "running"
     message: str = ""
     steps: int = 0
@@ -274,10 +334,27 @@ class Manifest:
             "parameters": {"count": self.parameter_count, "tensors": [p.to_json() for p in self.parameters]},
             "optimizer": dict(self.optimizer),
             "training": self.training.to_json(),
-            "environment": self.environment.to_json(),
+            **({"environment": self.environment.to_json()} if self.environment is not None else {}),
             "learning_rates": self.learning_rates[:steps],
             "checkpoints": [c.to_json() for c in self.checkpoints[:steps + 1]],
             "batches": [b.to_json() for b in self.batches],
             "metrics": self.metrics,
             "summary": self.summary,
         }
+
+    @classmethod
+    def from_json(cls, j: Any, path: str = MANIFEST_FILE) -> "Manifest":
+        """Parses a manifest read from ``path``; raises RunFormatError naming
+        the first missing or mistyped field."""
+        check_header(j, path)
+        parameters = [ParamInfo.from_json(t) for t in field(j["parameters"], "tensors", "parameters", list)]
+        environment = Environment.from_json(j["environment"]) if "environment" in j else None
+        return cls(pathkernel_version=field(j, "pathkernel_version", "the manifest", str),
+                   libtorch_version=field(j, "libtorch_version", "the manifest", str),
+                   data=DataInfo.from_json(j["data"]), model=ModelInfo.from_json(j["model"]), dtype=j["dtype"],
+                   parameters=parameters, optimizer=j["optimizer"], training=TrainingInfo.from_json(j["training"]),
+                   environment=environment, status=j["status"], message=field(j, "message", "the manifest", str),
+                   steps=j["steps"], learning_rates=j["learning_rates"],
+                   checkpoints=[CheckpointRecord.from_json(c) for c in j["checkpoints"]],
+                   batches=[BatchRecord.from_json(b) for b in j["batches"]], metrics=j["metrics"],
+                   summary=field(j, "summary", "the manifest"))

@@ -48,6 +48,11 @@ class ReadCliRuns(TempDirTest):
         self.assertIsNone(run.clip_factors)
         arrays = run.data()
         self.assertEqual(arrays["train_x"].shape, (40, 4))
+        # The Python schema holds every field of pathkernel train's manifest.
+        from pathkernel._manifest import Manifest
+        parsed = Manifest.from_json(run.manifest)
+        self.assertEqual((parsed.training.recorded, parsed.training.checkpoint_every), (False, 3))
+        self.assertEqual(parsed.to_json(), run.manifest)
         # w_0 is the module's initial weights.
         module = torch.jit.load(run.module_path)
         self.assertTrue(np.array_equal(torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy(),

@@ -129,6 +129,21 @@ class RecordedRunFormat(TempDirTest):
         w0 = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy()
         self.assertTrue(np.array_equal(w0, pathkernel.read_run(d).weights(0)))
 
+    def test_manifest_round_trips_through_the_schema(self):
+        # manifest.json -> pathkernel._manifest.Manifest -> the same bytes.
+        from pathkernel._files import json_text
+        from pathkernel._manifest import Manifest
+        model = mlp()
+        opt = torch.optim.Adam(model.parameters(), lr=0.02)
+        d = self.path("run")
+        record_loop(d, model, opt, self.x, self.y, steps=7, clip=0.3, test_x=self.xt, test_y=self.yt)
+        with open(os.path.join(d, "manifest.json"), "rb") as f:
+            text = f.read()
+        m = Manifest.from_json(json.loads(text))
+        self.assertEqual((m.steps, len(m.checkpoints), m.training.clip_factors.file), (7, 8, "clip_factors.npy"))
+        self.assertEqual(sorted(m.checkpoints[7].optimizer_buffers), ["exp_avg", "exp_avg_sq"])
+        self.assertEqual(json_text(m.to_json()).encode(), text)
+
     def test_sgd_kinds(self):
         cases = [(dict(lr=0.1), {"name": "sgd", "lr": 0.1, "weight_decay": 0.0}, []),
                  (dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=1e-3),
