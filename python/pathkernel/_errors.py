@@ -3,3 +3,6 @@
 
 class RecorderError(ValueError):
     """The recorder refuses a model, optimizer, data or step it cannot record exactly."""
+
+    # Shown (and pickled) as pathkernel.record.RecorderError, where users import it from.
+    __module__ = "pathkernel.record"
