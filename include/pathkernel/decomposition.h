@@ -25,6 +25,7 @@
 
 #include <torch/torch.h>
 
+#include "pathkernel/decomposition_result.h"
 #include "pathkernel/features.h"
 #include "pathkernel/path.h"
 
@@ -90,66 +91,6 @@ struct DecompositionOptions {
   int64_t end_step = -1;
   /// Called after each step and chunk of test points (unset: not called).
   std::function<void(const StepObservation&)> on_step;
-};
-
-/// How well each step's recorded update is explained by the declared loss,
-/// optimizer and clip factors: the update's residual e_s (and, for optimizers
-/// with a buffer, the buffer's b_s − β b_{s−1} − γ_s d_s) against a bound on
-/// rounding, 1000 ε (‖w_s‖_∞ + ‖w_{s+1}‖_∞) for the update and 1000 ε
-/// (‖b_s‖_∞ + β‖b_{s−1}‖_∞ + γ_s‖d_s‖_∞) for the buffer, ε the run dtype's
-/// machine epsilon. A step above its bound did something the run does not
-/// describe (an undeclared loss term, a clip factor not recorded, another
-/// optimizer); the rounding term E then carries the difference, so the
-/// kernel machine still matches the network, but E is not attributed to
-/// training points.
-struct StepResiduals {
-  double max_ratio = 0;      ///< max over steps of residual / bound
-  double max_residual = 0;   ///< the residual (max |.|) of the step with max_ratio
-  double bound = 0;          ///< that step's bound
-  int64_t worst_step = -1;   ///< the step with max_ratio
-  int64_t first_step = -1;   ///< the first step whose residual exceeds its bound (-1: none)
-  int64_t steps_over = 0;    ///< steps whose residual exceeds their bound
-
-  /// Adds step s's residual r against its bound.
-  void add(int64_t s, double r, double bound);
-  /// Merges another walk's findings (e.g. saved progress).
-  void merge(const StepResiduals& o);
-};
-
-/// Shapes: n test points, M training points, K outputs. The counts
-/// (QuadratureCounts) are summed over test points and steps.
-struct Decomposition : QuadratureCounts {
-  /// The network's outputs, evaluated in float64 at the recorded weights
-  /// (a float32 run's weights and inputs are exactly representable in
-  /// float64, so for such a run these are the float64 network at the float32
-  /// path, the function the decomposition is exact for).
-  torch::Tensor f0;              ///< [n, K] f(w_0, x)
-  torch::Tensor fN;              ///< [n, K] f(w_N, x)
-  /// [n, K] f(w_N, x) as the run's own network computes it, in the run's
-  /// dtype (equal to fN for a float64 run; a float32 run's differs from fN
-  /// by float32 rounding).
-  torch::Tensor fN_run;
-  torch::Tensor contributions;   ///< [n, M, K] C_i(x)
-  torch::Tensor regularization;  ///< [n, K] R(x)
-  torch::Tensor rounding;        ///< [n, K] E(x)
-  /// [n, M, K, K] when requested: Σ_{s: i∈B_s} K_s(x, x_i), K_s = J̄_s(x) J(w_s, x_i)^T.
-  /// With log-softmax + NLL and constant η/|B_s| (Thm. 3.7):
-  /// C_i(x) = (η/|B|) kernel[x, i, :, y_i], a single kernel machine.
-  torch::Tensor kernel;
-  double certificate_max_gap = 0;
-  /// [n, K]: Σ_s |J̄_s Δw_s − (f(w_{s+1}) − f(w_s))|, the steps' certificate
-  /// gaps in absolute value. The prediction's error against f(w_N) is the sum
-  /// of the signed gaps (up to the rounding of the sums), so this bounds it.
-  torch::Tensor gap_abs;
-  int64_t steps = 0;
-  double seconds = 0;
-  StepResiduals residuals;       ///< how well the declared updates explain the recorded ones
-
-  /// f(w_0) + Σ_i C_i + R + E: the kernel machine's prediction, [n, K].
-  torch::Tensor prediction() const;
-  /// f(w_N) − f(w_0) − Σ_i C_i − R, which completeness says is E up to
-  /// quadrature error: [n, K].
-  torch::Tensor completeness_gap() const;
 };
 
 /// The kernel machine's error against the network, the headline figure of

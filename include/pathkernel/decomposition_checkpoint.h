@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "pathkernel/decomposition.h"
+#include "pathkernel/decomposition_result.h"
 
 namespace pathkernel {
 

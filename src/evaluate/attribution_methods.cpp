@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pathkernel/context.h"
+#include "pathkernel/decomposition.h"
 #include "pathkernel/decomposition_checkpoint.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"

@@ -1,7 +1,8 @@
 // A forward walk's saved progress inside a block of steps (step_blocks):
 // the totals and the block's own sums so far, which hold only the training
 // rows the block's batches touch; resumed from it, the walk ends with the
-// bits of an uninterrupted one.
+// bits of an uninterrupted one. A reverse walk's saved progress inside a
+// later chunk of test points, with the chunk's accumulator Ã: the same.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
+#include "pathkernel/decomposition.h"
 #include "pathkernel/decomposition_checkpoint.h"
 #include "pathkernel/files.h"
 #include "pathkernel/npy.h"
@@ -82,6 +84,54 @@ TEST(DecompositionCheckpoint, AForwardWalkResumedInsideABlockOfStepsEndsWithTheS
     DirectoryCheckpoint(damaged, {{"test", 1}}, 0).save(lost);
     DirectoryCheckpoint partial(damaged, {{"test", 1}}, 1e9);
     EXPECT_FALSE(torch::equal(whole.contributions, decompose(reader, x, options, &partial).contributions)) << opt;
+  }
+}
+
+TEST(DecompositionCheckpoint, AReverseWalkResumedInsideALaterChunkEndsWithTheSameBits) {
+  for (const std::string opt : {"momentum", "adam"}) {
+    testing::TempDir dir(opt);
+    RunOptions r = testing::small_run(dir / "run", opt, 12, 4);
+    train_run(r);
+    PathReader reader(r.out);
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    DecompositionOptions options;
+    options.progress = false;
+    options.memory_doubles = 1;  // one test point per chunk: three walks of the path
+    const Decomposition whole = decompose(reader, x, options);
+
+    // A chunk saves after each of its steps 11 .. 1: the 15th save is the
+    // second chunk's (test point 1) 4th step.
+    const std::string progress = dir / "progress";
+    {
+      StoppingCheckpoint stopping(progress, 15);
+      EXPECT_THROW(decompose(reader, x, options, &stopping), Stop) << opt;
+    }
+    const nlohmann::json state = nlohmann::json::parse(read_file(progress + "/state.json"));
+    ASSERT_EQ(state["chunk"], 1) << opt;
+    ASSERT_EQ(state["chunk_start"], 1) << opt;
+    ASSERT_EQ(state["steps_done"], 4) << opt;
+    ASSERT_TRUE(state["files"].contains("acc")) << opt << ": " << state.dump();
+    ASSERT_FALSE(state["files"].contains("block_contributions")) << opt << ": " << state.dump();
+
+    DirectoryCheckpoint again(progress, {{"test", 1}}, 1e9);
+    ASSERT_NE(again.resume_point(), nullptr) << again.message();
+    const Decomposition resumed = decompose(reader, x, options, &again);
+    EXPECT_TRUE(torch::equal(whole.contributions, resumed.contributions)) << opt;
+    EXPECT_TRUE(torch::equal(whole.regularization, resumed.regularization)) << opt;
+    EXPECT_TRUE(torch::equal(whole.rounding, resumed.rounding)) << opt;
+    EXPECT_TRUE(torch::equal(whole.gap_abs, resumed.gap_abs)) << opt;
+    EXPECT_EQ(whole.evaluations, resumed.evaluations) << opt;
+    EXPECT_EQ(whole.residuals.worst_step, resumed.residuals.worst_step) << opt;
+    EXPECT_EQ(whole.residuals.max_ratio, resumed.residuals.max_ratio) << opt;
+
+    // Resumed with the accumulator of another chunk size, the walk refuses.
+    DecompositionProgress other = *again.resume_point();
+    other.acc = torch::zeros({2, other.acc.size(1), other.acc.size(2)}, torch::kFloat64);
+    const std::string damaged = dir / "damaged";
+    DirectoryCheckpoint(damaged, {{"test", 1}}, 0).save(other);
+    DirectoryCheckpoint wrong(damaged, {{"test", 1}}, 1e9);
+    const std::string message = testing::error_message([&] { decompose(reader, x, options, &wrong); });
+    EXPECT_NE(message.find("no accumulator of shape [1, 3, "), std::string::npos) << opt << ": " << message;
   }
 }
 

@@ -1,0 +1,275 @@
+// The forward walk of the decomposition (decomposition.h, docs/math.md §4),
+// for gd and sgd: the path walked once from step 0, every test point at every
+// step, each block of steps' sums added to the totals at the block's end.
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "decomposition_walk.h"
+#include "pathkernel/progress.h"
+#include "point_groups.h"
+
+namespace pathkernel::decomposition_walk {
+
+namespace {
+
+/// Training rows per contraction of the forward walk: options.train_chunk,
+/// or more, up to the whole batch of b rows, when every layer's features are
+/// factored (Rows or Summed) and no kernel is asked for. contract()'s
+/// temporaries then take at most about 4·K·R doubles per training row (R the
+/// features' rows), and the chunk is as many rows as fit the memory budget:
+/// fewer, wider products, and the Rows form's block formed fewer times.
+int64_t contraction_rows(const DecompositionOptions& options, const TestFeatures& f, int64_t K, int64_t b) {
+  if (options.kernel || !f.factored()) return options.train_chunk;
+  const int64_t per_row = 4 * K * std::max<int64_t>(1, f.point.size(0));
+  return std::max(options.train_chunk, std::min(b, options.memory_doubles / per_row));
+}
+
+/// The sums of the block of steps in progress (step_blocks(), cut to the
+/// range [first_step, end_step)), each block from zero, added to the totals
+/// at the block's end. Its training side holds only the rows its batches
+/// touch (`rows`, at row_pos_; all M rows, undefined, for full-batch gd): the
+/// same additions, in the same order, as an [n, M, K] block would make, for
+/// less memory.
+class StepBlock {
+ public:
+  StepBlock(PathReader& reader, int64_t first_step, int64_t end_step, int64_t n, int64_t M, int64_t K, bool kernel)
+      : reader_(reader),
+        bounds_(step_blocks(reader.manifest())),
+        first_step_(first_step),
+        end_step_(end_step),
+        n_(n),
+        M_(M),
+        K_(K),
+        kernel_(kernel) {}
+
+  /// The start of the block that holds step s.
+  int64_t start(int64_t s) const {
+    return std::max(first_step_, *(std::upper_bound(bounds_.begin(), bounds_.end(), s) - 1));
+  }
+  /// Its end.
+  int64_t end(int64_t s) const { return std::min(end_step_, *std::upper_bound(bounds_.begin(), bounds_.end(), s)); }
+
+  /// Zero sums for the block that holds step s.
+  void open(int64_t s) {
+    std::vector<torch::Tensor> batches;
+    bool all = false;
+    for (int64_t t = start(s); t < end(s) && !all; ++t) {
+      const torch::Tensor b = reader_.batch(t);
+      all = !b.defined();
+      batches.push_back(b);
+    }
+    rows = all ? torch::Tensor() : std::get<0>(torch::_unique(torch::cat(batches), /*sorted=*/true));
+    if (rows.defined() && rows.size(0) == M_) rows = torch::Tensor();
+    row_pos_ = torch::Tensor();
+    if (rows.defined()) {
+      row_pos_ = torch::full({M_}, -1, torch::kLong);
+      row_pos_.index_copy_(0, rows, torch::arange(rows.size(0), torch::kLong));
+    }
+    const int64_t count = rows.defined() ? rows.size(0) : M_;
+    sums.contributions = torch::zeros({n_, count, K_}, torch::kFloat64);
+    sums.regularization = torch::zeros({n_, K_}, torch::kFloat64);
+    sums.rounding = torch::zeros({n_, K_}, torch::kFloat64);
+    sums.gap_abs = torch::zeros({n_, K_}, torch::kFloat64);
+    if (kernel_) sums.kernel = torch::zeros({n_, count, K_, K_}, torch::kFloat64);
+  }
+
+  /// The block's rows of a step's batch rows idx.
+  torch::Tensor index(const torch::Tensor& idx) const {
+    return row_pos_.defined() ? row_pos_.index_select(0, idx) : idx;
+  }
+
+  Decomposition sums;  ///< the block's terms of C_i (its rows), R, E, gap_abs and the kernel so far
+  torch::Tensor rows;  ///< int64: training point of each row of the block's sums; undefined: all M
+
+ private:
+  PathReader& reader_;
+  const std::vector<int64_t> bounds_;
+  const int64_t first_step_, end_step_, n_, M_, K_;
+  const bool kernel_;
+  torch::Tensor row_pos_;  ///< int64 [M]: each training point's row in the block's sums (−1: none)
+};
+
+/// A group of consecutive test points [first, first + count) of the chunk
+/// starting at `chunk` (point_groups.h), with its test features and, for an
+/// observer, its share of the step's contributions [count, b, K].
+struct PointGroup {
+  int64_t chunk = 0, first = 0, count = 0;
+  TestFeatures f;
+  torch::Tensor step_c;
+};
+
+/// What step s gives every group of test points: its batch and the
+/// directions of regularisation ρ_s and rounding e_s, [P].
+struct ForwardStep {
+  Walk::Batch bt;
+  torch::Tensor rho, e;
+};
+
+/// The forward walk's state across its steps: the totals d it adds to, the
+/// block of steps in progress, the progress bar and the saved progress.
+class ForwardWalk {
+ public:
+  ForwardWalk(PathReader& reader, const DecompositionOptions& options, DecompositionCheckpoint* checkpoint, Walk& w,
+              Decomposition& d, StepBlock& blk, ProgressBar& bar, int64_t chunk, int64_t end_step)
+      : reader_(reader),
+        m_(reader.manifest()),
+        options_(options),
+        checkpoint_(checkpoint),
+        w_(w),
+        d_(d),
+        blk_(blk),
+        bar_(bar),
+        chunk_(chunk),
+        end_step_(end_step),
+        lambda_(m_.optimizer.weight_decay) {}
+
+  /// Step st for every test point. Each chunk's points in one group per
+  /// thread (point_groups.h), each group's features and contractions on one
+  /// thread. The groups of all chunks are taken in turn, so a thread done
+  /// with its group takes the next, of any chunk, instead of waiting for the
+  /// rest of its chunk (the points' kinks, and so their work, differ).
+  /// Counts, and the caller's view of each group, come after the groups, in
+  /// point order. With an observer (on_step), one chunk's groups at a time,
+  /// which keep their features until it has seen them; without, a group
+  /// keeps its counts.
+  void step(const PathStep& st) {
+    w_.ev.set_segment(st.w, st.delta);
+    const ForwardStep t = step_terms(st);
+    std::vector<PointGroup> parts = groups();
+    for (size_t u0 = 0, u1 = 0; u0 < parts.size(); u0 = u1) {
+      for (u1 = u0 + 1; u1 < parts.size() && (!options_.on_step || parts[u1].chunk == parts[u0].chunk);) ++u1;
+      run_point_groups(
+          static_cast<int64_t>(u1 - u0), [&](int64_t g) { group_terms(st, t, parts[u0 + static_cast<size_t>(g)]); },
+          point_groups(w_.ev, w_.n));
+      for (size_t u = u0; u < u1; ++u) take_group(st, t, parts[u]);
+    }
+    end_of_step(st);
+  }
+
+ private:
+  /// The step's batch and directions, and its residual added to d's.
+  ForwardStep step_terms(const PathStep& st) {
+    ForwardStep t;
+    t.bt = w_.batch(reader_, st, options_.kernel);  // the kernel needs the batch's rows
+    // Regularisation and rounding directions of this step.
+    t.rho = -st.lr * lambda_ * st.w;
+    t.e = st.delta + st.lr * (t.bt.gradient + lambda_ * st.w);
+    d_.residuals.add(st.step, max_abs(t.e), update_bound(m_, st));
+    return t;
+  }
+
+  /// The groups of every chunk of test points, in point order.
+  std::vector<PointGroup> groups() const {
+    std::vector<PointGroup> parts;
+    for (int64_t c0 = 0; c0 < w_.n; c0 += chunk_) {
+      const int64_t nc = std::min(chunk_, w_.n - c0), groups = point_groups(w_.ev, nc);
+      for (int64_t g = 0; g < groups; ++g) {
+        PointGroup& p = parts.emplace_back();
+        p.chunk = c0;
+        p.first = c0 + group_start(g, groups, nc);
+        p.count = c0 + group_start(g + 1, groups, nc) - p.first;
+      }
+    }
+    return parts;
+  }
+
+  /// Group p's test features and its terms of the block's sums (on one thread).
+  void group_terms(const PathStep& st, const ForwardStep& t, PointGroup& p) {
+    SegmentEvaluator& ev = w_.ev;
+    const Walk::Batch& bt = t.bt;
+    Decomposition& blk = blk_.sums;
+    const int64_t K = w_.K;
+    p.f = test_features(ev, w_.x.narrow(0, p.first, p.count), options_.quadrature);
+    const TestFeatures& f = p.f;
+    blk.gap_abs.narrow(0, p.first, p.count).add_(f.gap.abs());
+    if (lambda_ != 0) blk.regularization.narrow(0, p.first, p.count).add_(apply_features(ev, f, t.rho));
+    blk.rounding.narrow(0, p.first, p.count).add_(apply_features(ev, f, t.e));
+    if (options_.on_step) p.step_c = torch::empty({p.count, bt.b, K}, torch::kFloat64);
+    const int64_t rows = contraction_rows(options_, f, K, bt.b);
+    w_.train_chunks(
+        st, bt, rows, -st.lr, [&](const TrainSignals& tr) { return contract(ev, f, tr); },
+        [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [count, nr, K]
+          const torch::Tensor at = blk_.index(bt.idx.narrow(0, r0, nr));
+          blk.contributions.narrow(0, p.first, p.count).index_add_(1, at, part);
+          if (p.step_c.defined()) p.step_c.narrow(1, r0, nr).copy_(part);
+          if (options_.kernel) {
+            blk.kernel.narrow(0, p.first, p.count).index_add_(1, at, output_kernel(ev, f, bt.xb.narrow(0, r0, nr)));
+          }
+        });
+    if (!options_.on_step) {  // the counts alone: the features' memory goes now
+      TestFeatures counts;
+      static_cast<QuadratureCounts&>(counts) = p.f;
+      counts.certificate_gap = p.f.certificate_gap;
+      p.f = std::move(counts);
+    }
+  }
+
+  /// Group p's counts added to d's and shown to the observer, in point order.
+  void take_group(const PathStep& st, const ForwardStep& t, PointGroup& p) {
+    tally(d_, p.f);
+    if (options_.on_step) {
+      const torch::Tensor xc = w_.x.narrow(0, p.first, p.count);
+      options_.on_step({st.step, p.first, &w_.ev, &xc, &p.f, t.bt.idx, p.step_c});
+    }
+    p.f = TestFeatures();
+    p.step_c = torch::Tensor();
+  }
+
+  /// The bar; at a block's end its sums added to d's; the saved progress.
+  void end_of_step(const PathStep& st) {
+    const int64_t walked = st.step + 1 - options_.first_step;
+    bar_.update(walked, status_line(d_, w_.n * walked));
+    const bool block_done = st.step + 1 == blk_.end(st.step);
+    if (block_done) {  // d += the block's sums, in the block's rows
+      add_step_block(d_, blk_.sums, blk_.rows);
+      if (st.step + 1 < end_step_) blk_.open(st.step + 1);
+    }
+    if (save_due(checkpoint_, st.step + 1 < end_step_)) {  // forward: one position (chunk n) for all chunks
+      save_progress(*checkpoint_, d_, w_.n, 0, st.step + 1, block_done ? Decomposition() : blk_.sums,
+                    torch::Tensor());
+    }
+  }
+
+  PathReader& reader_;
+  const Manifest& m_;
+  const DecompositionOptions& options_;
+  DecompositionCheckpoint* checkpoint_;
+  Walk& w_;
+  Decomposition& d_;
+  StepBlock& blk_;
+  ProgressBar& bar_;
+  const int64_t chunk_, end_step_;
+  const double lambda_;
+};
+
+}  // namespace
+
+Decomposition decompose_forward(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
+                                int64_t end_step, DecompositionCheckpoint* checkpoint) {
+  auto t0 = std::chrono::steady_clock::now();
+  Walk w(reader, x_in, options);
+  // Forward, the path is replayed once whatever the chunk: one block at a time.
+  const int64_t chunk = point_budget(w.ev, reader, w.x, options, false).block;
+  Decomposition d = start(reader, w.grad64, w.x, chunk);
+  d.steps = end_step - options.first_step;
+  if (options.kernel) d.kernel = torch::zeros({w.n, w.M, w.K, w.K}, torch::kFloat64);
+  StepBlock blk(reader, options.first_step, end_step, w.n, w.M, w.K, options.kernel);
+  CaptureScope capture(reader, w.captured);
+
+  // Steps s < first are done (or not asked for), and so are s >= end_step;
+  // the reader replays only the segments of the others.
+  const DecompositionProgress* saved = checkpoint ? checkpoint->resume_point() : nullptr;
+  const int64_t first =
+      std::min(end_step, std::max(options.first_step, saved ? saved->steps_done : int64_t{0}));
+  if (first < end_step) blk.open(first);
+  restore(checkpoint, d, w.n, options.kernel, &blk.sums);
+  ProgressBar bar(d.steps, "decompose", options.progress);
+  ForwardWalk walk(reader, options, checkpoint, w, d, blk, bar, chunk, end_step);
+  reader.forward([&](const PathStep& st) { walk.step(st); }, first, end_step);
+  bar.finish();
+  d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return d;
+}
+
+}  // namespace pathkernel::decomposition_walk

@@ -1,0 +1,41 @@
+// The result of decompose() (decomposition_result.h).
+#include "pathkernel/decomposition_result.h"
+
+#include <limits>
+
+namespace pathkernel {
+
+torch::Tensor Decomposition::prediction() const {
+  return f0 + contributions.sum(1) + regularization + rounding;
+}
+
+torch::Tensor Decomposition::completeness_gap() const {
+  return fN - f0 - contributions.sum(1) - regularization;
+}
+
+void StepResiduals::add(int64_t s, double r, double b) {
+  const double ratio = r <= b ? (b > 0 ? r / b : 0.0) : (b > 0 ? r / b : std::numeric_limits<double>::infinity());
+  if (ratio > max_ratio || worst_step < 0) {
+    max_ratio = ratio;
+    max_residual = r;
+    bound = b;
+    worst_step = s;
+  }
+  if (r > b) {
+    ++steps_over;
+    if (first_step < 0 || s < first_step) first_step = s;
+  }
+}
+
+void StepResiduals::merge(const StepResiduals& o) {
+  if (o.worst_step >= 0 && (o.max_ratio > max_ratio || worst_step < 0)) {
+    max_ratio = o.max_ratio;
+    max_residual = o.max_residual;
+    bound = o.bound;
+    worst_step = o.worst_step;
+  }
+  steps_over += o.steps_over;
+  if (o.first_step >= 0 && (first_step < 0 || o.first_step < first_step)) first_step = o.first_step;
+}
+
+}  // namespace pathkernel

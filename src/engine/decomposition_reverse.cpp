@@ -1,0 +1,285 @@
+// The reverse walk of the decomposition (decomposition.h, docs/math.md §4),
+// for optimizers with a buffer: chunk by chunk of test points, the path
+// walked backwards with a dense test-side accumulator per point.
+#include <algorithm>
+#include <chrono>
+
+#include "decomposition_walk.h"
+#include "pathkernel/error.h"
+#include "pathkernel/progress.h"
+
+namespace pathkernel::decomposition_walk {
+
+namespace {
+
+/// The residuals of a reverse walk's steps (StepResiduals). With a buffer,
+/// step s's is the larger (against its bound) of the update's and the
+/// buffer's b_s − β b_{s−1} − γ_s d_s; the walk meets b_{s−1} after b_s, so
+/// each step is added once the next one visited brings it.
+class ReverseResiduals {
+ public:
+  ReverseResiduals(const Manifest& m, double beta, StepResiduals& out)
+      : eps_(kRoundingSlack * run_epsilon(m)), beta_(beta), out_(out) {}
+
+  /// Step s: its update residual r against `bound`; b_s and γ_s d_s (undefined without a buffer).
+  void visit(int64_t s, double r, double bound, const torch::Tensor& b, const torch::Tensor& gd) {
+    if (!b.defined()) {
+      out_.add(s, r, bound);
+      return;
+    }
+    // Steps skipped on resuming leave the pending one without its b_{s−1}: only its update counts.
+    if (pending_ >= 0) finish(pending_ == s + 1 ? b : torch::Tensor());
+    pending_ = s;
+    r_ = r;
+    bound_ = bound;
+    b_ = b;
+    gd_ = gd;
+  }
+  /// After the walk: the pending step 0 has b_{−1} = 0.
+  void finish_walk() {
+    if (pending_ == 0) finish(torch::zeros_like(b_));
+    else if (pending_ > 0) finish(torch::Tensor());
+    pending_ = -1;
+  }
+
+ private:
+  void finish(const torch::Tensor& prev) {
+    double r = r_, bound = bound_;
+    if (prev.defined()) {
+      const double rb = max_abs(b_ - beta_ * prev - gd_);
+      const double bb = eps_ * (max_abs(b_) + beta_ * max_abs(prev) + max_abs(gd_));
+      if (rb * bound > r * bb) {  // rb / bb > r / bound, without dividing by zero
+        r = rb;
+        bound = bb;
+      }
+    }
+    out_.add(pending_, r, bound);
+  }
+
+  double eps_, beta_;
+  StepResiduals& out_;
+  int64_t pending_ = -1;
+  double r_ = 0, bound_ = 0;
+  torch::Tensor b_, gd_;
+};
+
+/// Test points per chunk of the reverse walk (one replay of the path each):
+/// as many whole blocks as fit in the budget, at most n rounded up to a block.
+int64_t chunk_size(const DecompositionOptions& options, int64_t per_point, int64_t n, int64_t block) {
+  const int64_t fit = std::max<int64_t>(1, options.memory_doubles / std::max<int64_t>(1, per_point) / block);
+  const int64_t blocks = (std::max<int64_t>(1, n) + block - 1) / block;
+  return std::min(fit, blocks) * block;
+}
+
+/// The reverse walk's accumulator Ã of a chunk of test points, [nc, K, P], as
+/// one allocation per block of points. A BLAS may round a row's product by
+/// where the row lies in memory (OpenBLAS's AVX-512 matrix-vector kernel does,
+/// by 1e-14, for a view that starts part-way into a buffer): in a buffer of
+/// its own, each block's rows lie alike whichever blocks come before it, so a
+/// block of points gets the same bits alone as among others (docs/math.md §12).
+class AccumulatorBlocks {
+ public:
+  AccumulatorBlocks(int64_t nc, int64_t block, int64_t K, int64_t P) : block_(block) {
+    for (int64_t b0 = 0; b0 < nc; b0 += block)
+      blocks_.push_back(torch::zeros({std::min(block, nc - b0), K, P}, torch::kFloat64));
+  }
+  /// The block of points starting at b0 (a multiple of the block size).
+  torch::Tensor& block(int64_t b0) { return blocks_[static_cast<size_t>(b0 / block_)]; }
+  /// All blocks, joined in point order (saved progress).
+  torch::Tensor joined() const { return torch::cat(blocks_, 0); }
+  /// Takes the values of `all`, [nc, K, P] (restored progress).
+  void assign(const torch::Tensor& all) {
+    int64_t b0 = 0;
+    for (torch::Tensor& b : blocks_) {
+      b.copy_(all.narrow(0, b0, b.size(0)));
+      b0 += b.size(0);
+    }
+  }
+
+ private:
+  int64_t block_;
+  std::vector<torch::Tensor> blocks_;
+};
+
+/// A chunk of test points of the reverse walk, [c0, c0 + nc): its inputs,
+/// its accumulator Ã_{s+1} (0 after the last step) and the steps of it done.
+struct ReverseChunk {
+  ReverseChunk(const Walk& w, int64_t c0, int64_t nc, int64_t block, int64_t P)
+      : c0(c0), nc(nc), xc(w.x.narrow(0, c0, nc)), acc(nc, block, w.K, P) {}
+  int64_t c0, nc;
+  torch::Tensor xc;
+  AccumulatorBlocks acc;
+  int64_t steps_done = 0;
+};
+
+/// What step s gives every block of test points: its batch, d_s = c_s G_s +
+/// λ_c w_s, the update's coefficients, the buffer b_s (undefined without one)
+/// and the update's residual e_s.
+struct ReverseStep {
+  Walk::Batch bt;
+  torch::Tensor dvec;
+  StepCoefficients c;
+  torch::Tensor buf, residual;
+};
+
+/// The reverse walk's state across its chunks of test points: the totals d
+/// it adds to, the progress bar and the saved progress.
+class ReverseWalk {
+ public:
+  ReverseWalk(PathReader& reader, const DecompositionOptions& options, const UpdateRule& rule,
+              DecompositionCheckpoint* checkpoint, Walk& w, Decomposition& d, ProgressBar& bar, int64_t block,
+              int64_t chunk)
+      : reader_(reader),
+        m_(reader.manifest()),
+        options_(options),
+        rule_(rule),
+        checkpoint_(checkpoint),
+        w_(w),
+        d_(d),
+        bar_(bar),
+        block_(block),
+        chunk_(chunk),
+        K_(w.K),
+        P_(m_.parameter_count),
+        beta_(rule.beta()),
+        lambda_(rule.coupled_decay()) {}
+
+  /// Walks the path backwards for the chunk of test points starting at c0,
+  /// from the saved progress `resumed` when it stopped in this chunk.
+  void walk_chunk(int64_t c0, const DecompositionProgress* resumed) {
+    ReverseChunk ch(w_, c0, std::min(chunk_, w_.n - c0), block_, P_);
+    if (resumed && c0 == resumed->chunk_start) {
+      PK_CHECK(resumed->acc.defined() && resumed->acc.sizes() == torch::IntArrayRef({ch.nc, K_, P_}),
+               "the saved progress has no accumulator of shape [" << ch.nc << ", " << K_ << ", " << P_
+                                                                  << "]; delete it to start over");
+      ch.acc.assign(resumed->acc);
+      ch.steps_done = resumed->steps_done;
+      done += ch.steps_done;
+    }
+    const int64_t skip_from = m_.steps - ch.steps_done;  // steps s >= skip_from are done
+    ReverseResiduals residuals(m_, beta_, d_.residuals);
+    reader_.reverse([&](const PathStep& st) {
+      if (st.step >= skip_from) return;
+      step(st, ch, residuals);
+    });
+    residuals.finish_walk();
+  }
+
+  int64_t done = 0;  ///< steps walked, summed over the chunks (the progress bar's)
+
+ private:
+  /// Step st for the chunk's blocks of test points, then the bar and the saved progress.
+  void step(const PathStep& st, ReverseChunk& ch, ReverseResiduals& residuals) {
+    w_.ev.set_segment(st.w, st.delta);
+    const ReverseStep t = step_terms(st);
+    if (ch.c0 == 0) {  // the steps' residuals, once (they do not depend on the test points)
+      residuals.visit(st.step, max_abs(t.residual), update_bound(m_, st), t.buf,
+                      t.buf.defined() ? t.c.gamma * t.dvec : torch::Tensor());
+    }
+    for (int64_t b0 = 0; b0 < ch.nc; b0 += block_) point_block(st, t, ch, b0);  // the chunk's blocks of test points
+    bar_.update(++done, status_line(d_, ch.c0 * m_.steps + ch.nc * (m_.steps - st.step)));
+    ++ch.steps_done;
+    if (save_due(checkpoint_, st.step > 0)) {
+      save_progress(*checkpoint_, d_, chunk_, ch.c0, ch.steps_done, Decomposition(), ch.acc.joined());
+    }
+  }
+
+  ReverseStep step_terms(const PathStep& st) {
+    ReverseStep t;
+    t.bt = w_.batch(reader_, st, false);
+    t.dvec = t.bt.gradient + lambda_ * st.w;  // d_s = c_s G_s + λ_c w_s
+    t.c = rule_.step(st.step, st.lr, st.w, st.state);
+    t.buf = rule_.buffer(st.state);
+    t.residual = st.delta - UpdateRule::update(t.c, t.dvec, t.buf);
+    return t;
+  }
+
+  /// Step st's terms for the chunk's block of test points starting at b0:
+  /// Ã updated in place, A_s, and their shares of C_i, R and E.
+  void point_block(const PathStep& st, const ReverseStep& t, ReverseChunk& ch, int64_t b0) {
+    SegmentEvaluator& ev = w_.ev;
+    const Walk::Batch& bt = t.bt;
+    const int64_t nb = std::min(block_, ch.nc - b0), p0 = ch.c0 + b0;
+    const torch::Tensor xb_test = ch.xc.narrow(0, b0, nb);
+    torch::Tensor acc_b = ch.acc.block(b0);  // updated in place
+    torch::Tensor erow = torch::zeros({nb, K_}, torch::kFloat64);
+    // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
+    if (t.buf.defined()) erow -= beta_ * torch::matmul(acc_b, t.buf);
+
+    TestFeatures f = test_features(ev, xb_test, options_.quadrature);
+    tally(d_, f);
+    d_.gap_abs.narrow(0, p0, nb).add_(f.gap.abs());
+    erow += apply_features(ev, f, t.residual);
+    if (t.c.rho.defined()) d_.regularization.narrow(0, p0, nb).add_(apply_features(ev, f, t.c.rho));
+    torch::Tensor jp = dense_features(ev, f);  // [nb, K, P]
+    if (t.c.metric.defined()) jp.mul_(t.c.metric);
+    torch::Tensor a = t.c.alpha * jp;
+    if (t.buf.defined()) {
+      acc_b.mul_(beta_).add_(jp, t.c.kappa);
+      a.add_(acc_b, t.c.gamma);
+      erow += torch::matmul(acc_b, t.buf - t.c.gamma * t.dvec);
+    }
+    jp = torch::Tensor();
+    d_.rounding.narrow(0, p0, nb).add_(erow);
+    if (lambda_ != 0) d_.regularization.narrow(0, p0, nb).add_(lambda_ * torch::matmul(a, st.w));
+    torch::Tensor step_c = options_.on_step ? torch::empty({nb, bt.b, K_}, torch::kFloat64) : torch::Tensor();
+    w_.train_chunks(
+        st, bt, options_.train_chunk, 1.0, [&](const TrainSignals& tr) { return contract_dense(ev, a, tr); },
+        [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [nb, nr, K]
+          d_.contributions.narrow(0, p0, nb).index_add_(1, bt.idx.narrow(0, r0, nr), part);
+          if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
+        });
+    if (options_.on_step) options_.on_step({st.step, p0, &ev, &xb_test, &f, bt.idx, step_c});
+  }
+
+  PathReader& reader_;
+  const Manifest& m_;
+  const DecompositionOptions& options_;
+  const UpdateRule& rule_;
+  DecompositionCheckpoint* checkpoint_;
+  Walk& w_;
+  Decomposition& d_;
+  ProgressBar& bar_;
+  const int64_t block_, chunk_, K_, P_;
+  const double beta_, lambda_;
+};
+
+}  // namespace
+
+/// Reverse accumulation (docs/math.md §4) for optimizers with a buffer. For each
+/// chunk of test points, walking s = N−1 .. 0 with one [n, K, P]
+/// accumulator Ã_s = κ_s J̄_s P_s + β Ã_{s+1}:
+///   A_s = α_s J̄_s P_s + γ_s Ã_s,  C_i += A_s g_{i,s} / |B_s|,  R += λ_c A_s w_s + J̄_s ρ_s,
+/// and, with the recorded buffers b_s and the step residuals e_s,
+///   E = Σ_s J̄_s e_s + Σ_s Ã_s (b_s − β b_{s−1} − γ_s d_s),
+/// so that completeness holds exactly up to quadrature.
+Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
+                                const UpdateRule& rule, DecompositionCheckpoint* checkpoint) {
+  auto t0 = std::chrono::steady_clock::now();
+  const Manifest& m = reader.manifest();
+  PK_CHECK(!options.kernel, "the kernel output is built for gd and sgd runs; run '"
+                                << reader.dir() << "' used '" << m.optimizer.name << "' (turn the kernel off)");
+  Walk w(reader, x_in, options);
+  const PointBudget budget = point_budget(w.ev, reader, w.x, options, true);
+  const int64_t block = budget.block;
+  Decomposition d = start(reader, w.grad64, w.x, block);
+  const int64_t chunk = chunk_size(options, budget.per_point, w.n, block);
+  const int64_t chunks = (w.n + chunk - 1) / chunk;
+  CaptureScope capture(reader, w.captured);
+
+  const DecompositionProgress* resumed = restore(checkpoint, d, chunk, false);
+  ProgressBar bar(m.steps * chunks, "decompose", options.progress);
+  ReverseWalk walk(reader, options, rule, checkpoint, w, d, bar, block, chunk);
+  for (int64_t c0 = 0; c0 < w.n; c0 += chunk) {
+    if (resumed && c0 < resumed->chunk_start) {  // finished before the interruption
+      walk.done += m.steps;
+      continue;
+    }
+    walk.walk_chunk(c0, resumed);
+  }
+  bar.finish();
+  d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return d;
+}
+
+}  // namespace pathkernel::decomposition_walk

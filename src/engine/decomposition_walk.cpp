@@ -1,0 +1,231 @@
+// What the decomposition's walks of the path share (decomposition_walk.h).
+#include "decomposition_walk.h"
+
+#include <cstdio>
+#include <limits>
+
+#include "pathkernel/error.h"
+
+namespace pathkernel::decomposition_walk {
+
+namespace {
+
+/// c_s G_s: the batch's mean-loss gradient at step st's w_s as the optimizer
+/// received it (times the clip factor of a recorded run), computed in float64
+/// by a float64 network (engine_network) under the step's dropout masks: the
+/// same arithmetic the contributions' per-sample gradients use. [P]. For a
+/// float64 run it is the gradient training computed; for a float32 run it
+/// differs from training's by float32 rounding, which the rounding term E then
+/// holds.
+torch::Tensor mean_gradient(Network& net64, const Manifest& m, const PathStep& st, const torch::Tensor& x,
+                            const torch::Tensor& y, const torch::Tensor& weights) {
+  const DropoutStep dropout(m.init_seed, st.step);  // the training side sees the step's masks
+  set_flat_parameters(net64, st.w);
+  for (auto& p : net64->parameters()) p.mutable_grad() = torch::Tensor();
+  training_loss(net64->forward(x.to(torch::kFloat64)), y, net64->options().output, net64->options().loss, weights)
+      .backward();
+  std::vector<torch::Tensor> grads;
+  for (auto& p : net64->parameters()) grads.push_back(p.grad().reshape({-1}));
+  return st.clip * torch::cat(grads);
+}
+
+torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tensor& x) {
+  torch::NoGradGuard guard;
+  set_flat_parameters(net, w.to(net->parameters()[0].scalar_type()));
+  return net->forward(x.to(net->parameters()[0].scalar_type())).to(torch::kFloat64);
+}
+
+/// Whether the replay's own captured signals serve the contractions: the
+/// engine works in float64, so only a float64 run's signals are exact enough,
+/// and a TorchScript module's per-sample gradients are not captured.
+bool use_capture(const Manifest& m, const DecompositionOptions& o) {
+  return o.replay_signals && !m.recorded && m.dtype == "float64" &&
+         !ModelSpec::parse(m.model_spec).is_module();
+}
+
+/// Rows r0 .. r0+nr of t, or undefined when t is.
+torch::Tensor rows(const torch::Tensor& t, int64_t r0, int64_t nr) { return t.defined() ? t.narrow(0, r0, nr) : t; }
+
+/// Training rows r0 .. r0+nr of the step's batch as the replay computed them
+/// (PathReader::set_capture): layer inputs and the mean loss's signals, that
+/// is, the per-sample signals δ_i divided by |B_s|.
+TrainSignals captured_signals(const PathStep& st, int64_t r0, int64_t nr) {
+  TrainSignals t;
+  for (size_t l = 0; l < st.layer_inputs.size(); ++l) {
+    t.inputs.push_back(st.layer_inputs[l].narrow(0, r0, nr));
+    t.signals.push_back(st.layer_signals[l].narrow(0, r0, nr));
+  }
+  return t;
+}
+
+}  // namespace
+
+double max_abs(const torch::Tensor& t) { return t.defined() && t.numel() > 0 ? t.abs().max().item<double>() : 0.0; }
+
+double run_epsilon(const Manifest& m) {
+  return m.dtype == "float64" ? std::numeric_limits<double>::epsilon() : std::numeric_limits<float>::epsilon();
+}
+
+double update_bound(const Manifest& m, const PathStep& st) {
+  return kRoundingSlack * run_epsilon(m) * (max_abs(st.w) + max_abs(st.w + st.delta));
+}
+
+Walk::Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options)
+    : m(reader.manifest()),
+      x(x_in.to(torch::kFloat64)),
+      x_train(reader.dataset().x_train),
+      y_train(reader.dataset().y_train),
+      x_train64(x_train.to(torch::kFloat64)),
+      n(x.size(0)),
+      M(x_train.size(0)),
+      K(m.num_classes),
+      grad64(engine_network(m.network_options())),
+      net64(engine_network(m.network_options())),
+      ev(net64, options.quadrature.route),
+      map(grad64->options().output),
+      loss(grad64->options().loss),
+      captured(use_capture(m, options)),
+      keep_doubles(options.memory_doubles / 4) {}
+
+Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x) {
+  Batch out;
+  out.idx = st.batch.defined() ? st.batch : torch::arange(M);
+  out.b = out.idx.size(0);
+  if (!captured || need_x) out.xb = x_train64.index_select(0, out.idx);
+  if (!captured) out.yb = y_train.index_select(0, out.idx);
+  out.wb = reader.loss_weights(out.idx);
+  out.gradient = captured ? st.gradient : mean_gradient(grad64, m, st, out.xb, out.yb, out.wb);
+  return out;
+}
+
+TrainSignals Walk::chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr) const {
+  // Groups of test points ask concurrently: the first forms a chunk, the
+  // others wait and take it if kept.
+  std::lock_guard<std::mutex> lock(kept_mutex);
+  if (kept_step != st.step) {
+    kept.clear();
+    kept_step = st.step;
+    kept_doubles = 0;
+  }
+  const auto found = kept.find({r0, nr});
+  if (found != kept.end()) return found->second;
+  TrainSignals t;
+  int64_t doubles = 0;
+  if (captured) {
+    t = captured_signals(st, r0, nr);  // views of the replay's own
+  } else {
+    t = train_signals(ev, bt.xb.narrow(0, r0, nr), bt.yb.narrow(0, r0, nr), map, loss, rows(bt.wb, r0, nr));
+    for (size_t l = 0; l < t.inputs.size(); ++l) doubles += t.inputs[l].numel() + t.signals[l].numel();
+  }
+  doubles += form_sample_gradients(ev, t);
+  if (kept_doubles + doubles <= keep_doubles) {
+    kept.emplace(std::make_pair(r0, nr), t);
+    kept_doubles += doubles;
+  }
+  return t;
+}
+
+void tally(Decomposition& d, const TestFeatures& f) {
+  d.add_counts(f);
+  d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
+}
+
+std::string status_line(const Decomposition& d, int64_t point_steps) {
+  char status[96];
+  std::snprintf(status, sizeof status, "certificate gap %.1e, %.1f evaluations/step", d.certificate_max_gap,
+                static_cast<double>(d.evaluations) / static_cast<double>(point_steps));
+  return status;
+}
+
+Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x, int64_t block) {
+  const Manifest& m = reader.manifest();
+  const int64_t n = x.size(0), M = reader.dataset().x_train.size(0), K = m.num_classes;
+  Decomposition d;
+  d.steps = m.steps;
+  const torch::Tensor w0 = reader.checkpoint(0), wN = reader.checkpoint(m.checkpoints.size() - 1);
+  Network net = m.dtype == "float64" ? Network(nullptr) : build_network(m.network_options());
+  std::vector<torch::Tensor> f0, fN, fN_run;
+  for (int64_t b0 = 0; b0 < n; b0 += block) {  // block by block, like the rest
+    const torch::Tensor xb = x.narrow(0, b0, std::min(block, n - b0));
+    f0.push_back(outputs_at(net64, w0, xb));
+    fN.push_back(outputs_at(net64, wN, xb));
+    // A float64 run's network is net64's twin.
+    fN_run.push_back(m.dtype == "float64" ? fN.back() : outputs_at(net, wN, xb));
+  }
+  d.f0 = torch::cat(f0);
+  d.fN = torch::cat(fN);
+  d.fN_run = torch::cat(fN_run);
+  d.contributions = torch::zeros({n, M, K}, torch::kFloat64);
+  d.regularization = torch::zeros({n, K}, torch::kFloat64);
+  d.rounding = torch::zeros({n, K}, torch::kFloat64);
+  d.gap_abs = torch::zeros({n, K}, torch::kFloat64);
+  return d;
+}
+
+const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomposition& d, int64_t chunk,
+                                     bool kernel, Decomposition* block) {
+  const DecompositionProgress* p = checkpoint ? checkpoint->resume_point() : nullptr;
+  if (p == nullptr) return nullptr;
+  // A forward walk saved in the middle of a block of steps also holds that block's sums so far.
+  if (p->block.contributions.defined()) {
+    PK_CHECK(block != nullptr && block->contributions.defined() &&
+                 p->block.contributions.sizes() == block->contributions.sizes() &&
+                 p->block.regularization.defined() && p->block.rounding.defined() && p->block.gap_abs.defined() &&
+                 p->block.kernel.defined() == kernel,
+             "the saved progress holds sums of a block of steps that do not fit this decomposition; delete it to "
+             "start over");
+    block->contributions.copy_(p->block.contributions);
+    block->regularization.copy_(p->block.regularization);
+    block->rounding.copy_(p->block.rounding);
+    block->gap_abs.copy_(p->block.gap_abs);
+    if (kernel) block->kernel.copy_(p->block.kernel);
+  }
+  PK_CHECK(p->chunk == chunk && p->partial.contributions.sizes() == d.contributions.sizes() &&
+               p->partial.regularization.sizes() == d.regularization.sizes() &&
+               p->partial.rounding.sizes() == d.rounding.sizes() && p->partial.kernel.defined() == kernel,
+           "the saved progress does not fit this decomposition (chunk " << p->chunk << ", expected " << chunk
+                                                                       << "); delete it to start over");
+  d.contributions = p->partial.contributions.clone();
+  d.regularization = p->partial.regularization.clone();
+  d.rounding = p->partial.rounding.clone();
+  if (p->partial.gap_abs.defined() && p->partial.gap_abs.sizes() == d.gap_abs.sizes()) {
+    d.gap_abs = p->partial.gap_abs.clone();
+  }
+  if (kernel) d.kernel = p->partial.kernel.clone();
+  d.certificate_max_gap = p->partial.certificate_max_gap;
+  static_cast<QuadratureCounts&>(d) = p->partial;
+  d.residuals = p->partial.residuals;
+  return p;
+}
+
+void save_progress(DecompositionCheckpoint& checkpoint, const Decomposition& d, int64_t chunk, int64_t chunk_start,
+                   int64_t steps_done, const Decomposition& block, const torch::Tensor& acc) {
+  DecompositionProgress p;
+  p.chunk = chunk;
+  p.chunk_start = chunk_start;
+  p.steps_done = steps_done;
+  p.partial = d;
+  p.block = block;
+  p.acc = acc;
+  checkpoint.save(p);
+}
+
+PointBudget point_budget(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,
+                         const DecompositionOptions& options, bool reverse) {
+  PK_CHECK(options.point_block >= 0, "the test points computed together must be >= 1, or 0 for automatic (got "
+                                         << options.point_block << ")");
+  const Manifest& m = reader.manifest();
+  const QuadratureSpec& spec = options.quadrature.spec;
+  const int64_t rows_per_point = spec.kind == QuadratureSpec::Kind::Riemann ? spec.nodes
+                                 : spec.kind == QuadratureSpec::Kind::Dpk   ? 1
+                                                                            : 8 * options.quadrature.gauss_nodes;
+  ev.set_segment(reader.checkpoint(0), torch::zeros({m.parameter_count}, torch::kFloat64));
+  const FeatureLayout layout = feature_layout(ev, x.narrow(0, 0, std::min<int64_t>(x.size(0), 1)));
+  PointBudget budget;
+  budget.per_point = (reverse ? 3 * m.num_classes * m.parameter_count : 0) + rows_per_point * layout.doubles_per_row;
+  const int64_t asked = options.point_block > 0 ? options.point_block : layout.factored ? 32 : 4;
+  budget.block = std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, budget.per_point), 1, asked);
+  return budget;
+}
+
+}  // namespace pathkernel::decomposition_walk

@@ -1,0 +1,178 @@
+// What the decomposition's two walks of the path share (decomposition.h):
+// the test points and training set in float64 with the networks that
+// evaluate them (Walk), the decomposition's outputs before any step, saved
+// progress restored and saved, the step residuals' bound and how many test
+// points are computed together. The forward walk (gd, sgd) is in
+// decomposition_forward.cpp, the reverse walk (optimizers with a buffer) in
+// decomposition_reverse.cpp.
+//
+// Internal to the engine (decomposition*.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include "pathkernel/decomposition.h"
+#include "pathkernel/decomposition_checkpoint.h"
+#include "pathkernel/dropout.h"
+#include "pathkernel/features.h"
+#include "pathkernel/path.h"
+#include "pathkernel/update_rule.h"
+
+namespace pathkernel::decomposition_walk {
+
+/// max |t|, 0 for an undefined or empty t.
+double max_abs(const torch::Tensor& t);
+
+/// How far above machine epsilon rounding may take a step's residual (StepResiduals).
+constexpr double kRoundingSlack = 1000;
+
+/// The run dtype's machine epsilon.
+double run_epsilon(const Manifest& m);
+
+/// The rounding bound of step s's update residual (StepResiduals).
+double update_bound(const Manifest& m, const PathStep& st);
+
+/// Turns the reader's capture on for a scope.
+class CaptureScope {
+ public:
+  CaptureScope(PathReader& reader, bool on) : reader_(reader) { reader_.set_capture(on); }
+  ~CaptureScope() { reader_.set_capture(false); }
+
+ private:
+  PathReader& reader_;
+};
+
+/// What both walks of the path share: the test points and the training set
+/// in float64, two float64 networks of the run's own (the reader's is busy
+/// replaying the path: one for the batch gradient, one for the evaluator)
+/// and whether the replay's captured signals serve the contractions.
+struct Walk {
+  Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options);
+
+  /// Step st's batch: its training rows, their loss weights (undefined: all
+  /// 1), the rows themselves where signals are recomputed (and where
+  /// `need_x`) and c_s G_s, the batch gradient as the optimizer received it
+  /// (clipped in a recorded run).
+  struct Batch {
+    torch::Tensor idx, xb, yb, wb, gradient;
+    int64_t b = 0;
+  };
+  Batch batch(PathReader& reader, const PathStep& st, bool need_x);
+
+  /// The batch's training rows in chunks of `chunk`, each chunk's signals
+  /// contracted by `contract_with` (TrainSignals -> [points, rows, K]) and
+  /// scaled to the mean loss's (the captured signals are already divided by
+  /// |B_s|) times the clip factor and `factor`; `use(r0, nr, part)` takes
+  /// them. Under the step's dropout masks, which the training rows' signals
+  /// (and the kernel's training side) must see.
+  template <typename Contract, typename Use>
+  void train_chunks(const PathStep& st, const Batch& bt, int64_t chunk, double factor, Contract&& contract_with,
+                    Use&& use) const {
+    const double scale = captured ? factor : factor * st.clip / static_cast<double>(bt.b);
+    for (int64_t r0 = 0; r0 < bt.b; r0 += chunk) {
+      const int64_t nr = std::min(chunk, bt.b - r0);
+      const DropoutStep dropout(m.init_seed, st.step);
+      torch::Tensor part = contract_with(chunk_signals(st, bt, r0, nr));
+      use(r0, nr, scale != 1 ? part * scale : part);
+    }
+  }
+
+  /// Training rows r0 .. r0+nr of step st's batch (under the step's dropout
+  /// masks, which the caller sets), with the per-sample
+  /// gradients their contractions need formed. A step's chunks are kept
+  /// while they fit in `keep_doubles`, so that the step's other blocks of
+  /// test points contract against them without forming them again (a
+  /// convolution's per-sample gradients; every signal when they are not the
+  /// replay's).
+  TrainSignals chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr) const;
+
+  const Manifest& m;
+  const torch::Tensor x;
+  const torch::Tensor& x_train;
+  const torch::Tensor& y_train;
+  const torch::Tensor x_train64;
+  const int64_t n, M, K;
+  Network grad64, net64;
+  SegmentEvaluator ev;
+  const OutputMap map;
+  const LossKind loss;
+  const bool captured;
+  /// Memory for the training rows kept across a step's blocks of test points.
+  int64_t keep_doubles = 0;
+  /// The step whose training rows are kept, and its chunks by (first row, rows).
+  mutable int64_t kept_step = -1;
+  mutable std::map<std::pair<int64_t, int64_t>, TrainSignals> kept;
+  mutable int64_t kept_doubles = 0;
+  mutable std::mutex kept_mutex;
+};
+
+/// Adds the test features' counts and certificate to d's.
+void tally(Decomposition& d, const TestFeatures& f);
+
+/// The progress bar's status: the certificate and the integrand evaluations
+/// per test point and step over the `point_steps` walked so far.
+std::string status_line(const Decomposition& d, int64_t point_steps);
+
+/// The decomposition's outputs before any step: f(w_0), f(w_N) in float64
+/// (by net64, an engine_network of the run), f(w_N) as the run's own network
+/// computes it, and zeros.
+Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x, int64_t block);
+
+/// Continues from saved progress: its accumulators replace d's. Returns the
+/// progress, or null when there is none.
+const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomposition& d, int64_t chunk,
+                                     bool kernel, Decomposition* block = nullptr);
+
+/// Whether a walk saves its progress now: it has a checkpoint, steps remain
+/// (`more`) and the checkpoint says a save is due.
+inline bool save_due(DecompositionCheckpoint* checkpoint, bool more) {
+  return checkpoint && more && checkpoint->due();
+}
+
+/// Saves where a walk stands (DecompositionProgress): the totals d after
+/// `steps_done` steps of the chunk of test points starting at `chunk_start`,
+/// chunks of `chunk` points; a forward walk inside a block of steps also
+/// saves that block's sums (`block`), a reverse walk its accumulator Ã
+/// (`acc`); undefined otherwise.
+void save_progress(DecompositionCheckpoint& checkpoint, const Decomposition& d, int64_t chunk, int64_t chunk_start,
+                   int64_t steps_done, const Decomposition& block, const torch::Tensor& acc);
+
+/// What one test point costs in memory, and how many are computed together.
+struct PointBudget {
+  /// Doubles per test point: its test features (a guess at its rows) and,
+  /// in the reverse walk, the accumulators Ã, A and J̄ P (three K x P
+  /// matrices).
+  int64_t per_point = 0;
+  /// Test points computed together: options.point_block, or when it is 0
+  /// (automatic) 32 for a network whose test features are all factored (its
+  /// decomposition is mostly thin GEMMs of the block's features against the
+  /// training rows, which wider blocks make fewer and wider) and 4 otherwise
+  /// (convolutions, sequences, modules: the test features are most of the
+  /// work, and small blocks were measured faster; see BENCHMARKS.md); fewer
+  /// when per_point doubles each would not fit in the budget. It does not
+  /// depend on n, so a point's block (and its numbers) are the same in any
+  /// split at block boundaries.
+  int64_t block = 1;
+};
+
+PointBudget point_budget(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,
+                         const DecompositionOptions& options, bool reverse);
+
+/// The forward walk (gd, sgd) over steps [options.first_step, end_step)
+/// (decomposition_forward.cpp).
+Decomposition decompose_forward(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
+                                int64_t end_step, DecompositionCheckpoint* checkpoint);
+
+/// The reverse walk (optimizers with a buffer, or options.reverse) over the
+/// whole path (decomposition_reverse.cpp).
+Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
+                                const UpdateRule& rule, DecompositionCheckpoint* checkpoint);
+
+}  // namespace pathkernel::decomposition_walk
