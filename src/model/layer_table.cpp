@@ -191,6 +191,20 @@ GradientFactors conv_gradients(const LayerDesc& d, const torch::Tensor& a, const
   return g;
 }
 
+torch::Tensor conv1d_direction(const LayerDesc& d, const torch::Tensor& a, const torch::Tensor& vw,
+                               const torch::Tensor& vb) {
+  return torch::conv1d(a, vw, vb, d.stride, d.padding2, d.dilation, d.groups);
+}
+
+/// The patches of a [R, C_in, L] as those of [R, C_in, 1, L] for a 1 x k kernel.
+torch::Tensor conv1d_patches(const LayerDesc& d, const torch::Tensor& a, const std::vector<int64_t>& weight_shape) {
+  namespace F = torch::nn::functional;
+  return F::unfold(a.unsqueeze(2), F::UnfoldFuncOptions({1, weight_shape[2]})
+                                       .padding({0, d.padding2[0]})
+                                       .stride({1, d.stride[0]})
+                                       .dilation({1, d.dilation[0]}));
+}
+
 torch::Tensor layer_norm_direction(const LayerDesc& d, const torch::Tensor& a, const torch::Tensor& vw,
                                    const torch::Tensor& vb) {
   torch::Tensor y = torch::layer_norm(a, d.norm_shape, {}, {}, d.eps) * vw;
@@ -278,6 +292,10 @@ std::vector<LayerRule> make_layer_table() {
                                    conv2d_direction, conv_gradients);
   conv2d.patches = conv2d_patches;
   t.push_back(conv2d);
+  LayerRule conv1d = parameterised(Kind::Conv1d, "conv1d", "aten::conv1d", weight_then_bias, read_conv, rewrite_conv,
+                                   conv1d_direction, conv_gradients);
+  conv1d.patches = conv1d_patches;
+  t.push_back(conv1d);
   LayerRule norm = parameterised(Kind::LayerNorm, "layer_norm", "aten::layer_norm", layer_norm_params,
                                  read_layer_norm, rewrite_layer_norm, layer_norm_direction, layer_norm_gradients);
   norm.piecewise_linear = false;
@@ -311,14 +329,25 @@ std::vector<LayerRule> make_layer_table() {
 /// A max-pool over the last two dimensions: the site as it is, [R, C, H, W].
 torch::Tensor pool2d_rows(const torch::Tensor& site, int64_t) { return site; }
 
+/// A max-pool over the last dimension: a site [R, C, L] as [R, C, k, m k]
+/// (m = L / k windows, floor mode), every row the site's first m k values,
+/// so that a k x k window holds one window of the pool k times and its
+/// argmax (the first of equal values) is the pool's, in the first row.
+torch::Tensor pool1d_rows(const torch::Tensor& site, int64_t window) {
+  const int64_t length = site.size(2) / window * window;
+  return site.narrow(2, 0, length).unsqueeze(2).expand({site.size(0), site.size(1), window, length}).contiguous();
+}
+
 std::vector<GraphOpRule> make_graph_op_table() {
   std::vector<GraphOpRule> t;
   for (const char* op : {"relu", "relu_", "leaky_relu", "leaky_relu_", "avg_pool2d", "adaptive_avg_pool2d",
                          "flatten", "view", "reshape", "add", "add_", "sub", "sub_", "neg", "mean", "sum", "cat",
-                         "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "select", "slice", "clone"}) {
+                         "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "select", "slice", "clone",
+                         "avg_pool1d", "adaptive_avg_pool1d"}) {
     t.push_back({op});
   }
   t.push_back({"max_pool2d", false, 2, pool2d_rows});
+  t.push_back({"max_pool1d", false, 1, pool1d_rows});
   return t;
 }
 

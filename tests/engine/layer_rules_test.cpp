@@ -66,6 +66,9 @@ std::vector<Row> rows() {
   r.push_back({"conv2d", conv(Kind::Conv2d, {2, 1}, {1, 0}, {1, 2}, 2), {2, 6, 7}, {4, 1, 3, 2}, {4},
                [](auto& a, auto& w, auto& b) { return torch::conv2d(a, w, b, {2, 1}, {1, 0}, {1, 2}, 2); },
                "torch.conv2d(x, self.w, self.b, [2, 1], [1, 0], [1, 2], 2)"});
+  r.push_back({"conv1d", conv(Kind::Conv1d, {2}, {1}, {1}, 2), {2, 9}, {4, 1, 3}, {4},
+               [](auto& a, auto& w, auto& b) { return torch::conv1d(a, w, b, {2}, {1}, {1}, 2); },
+               "torch.conv1d(x, self.w, self.b, [2], [1], [1], 2)"});
   LayerDesc own = desc(Kind::Conv2d);  // pathkernel's own: kernel 3, padding 1, no graph
   own.kernel = 3;
   own.padding = 1;
