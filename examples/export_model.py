@@ -24,7 +24,7 @@ trained from the weights it was saved with. What to keep in mind:
   and the example's input, so that replay and the decomposition draw them
   again. Dropout2d and AlphaDropout are refused in training mode.
 
-This script exports three examples:
+This script exports four examples:
 
     python3 examples/export_model.py resnet model.pt [--channels 1 --size 28 --classes 10]
         a residual CNN with average pooling, for image data such as fashion-mnist
@@ -34,6 +34,10 @@ This script exports three examples:
         writes the task as DIR/{train,test}_{x,y}.npy for --data npy:DIR.
     python3 examples/export_model.py mlp model.pt --inputs 100 --hidden 64 --classes 3
         the same network as pathkernel's own --model mlp:64 (for comparing routes)
+    python3 examples/export_model.py conv1d model.pt --data-dir DIR [--length 16 --classes 3]
+        a 1-D CNN (Conv1d, ReLU, MaxPool1d, Linear) for sequences [channels, length]:
+        noisy waves whose class is their frequency. --data-dir also writes the
+        task as DIR/{train,test}_{x,y}.npy for --data npy:DIR.
 """
 import argparse
 import os
@@ -116,6 +120,33 @@ class MLP(nn.Module):
         return self.out(F.relu(self.fc1(torch.flatten(x, 1))))
 
 
+class Conv1dNet(nn.Module):
+    """Conv1d, ReLU, MaxPool1d, Linear over sequences [channels, length]."""
+
+    def __init__(self, channels: int, length: int, width: int, classes: int):
+        super().__init__()
+        self.conv = nn.Conv1d(channels, width, 3, padding=1)
+        self.pool = nn.MaxPool1d(2)
+        self.out = nn.Linear(width * (length // 2), classes)
+
+    def forward(self, x):
+        return self.out(torch.flatten(self.pool(F.relu(self.conv(x))), 1))
+
+
+def waves(classes: int, length: int, train: int, test: int, seed: int):
+    """Sequences [1, length]: a sine of frequency k + 1 (k the class) with a
+    random phase and amplitude, plus noise."""
+    rng = np.random.default_rng(seed)
+    n = train + test
+    y = rng.integers(0, classes, n)
+    phase = rng.uniform(0, 2 * np.pi, n)
+    amplitude = rng.uniform(0.5, 1.5, n)
+    t = np.arange(length) / length
+    x = amplitude[:, None] * np.sin(2 * np.pi * (y[:, None] + 1) * t[None, :] + phase[:, None])
+    x = (x + 0.3 * rng.standard_normal((n, length)))[:, None, :]
+    return x[:train], y[:train].astype(np.int64), x[train:], y[train:].astype(np.int64)
+
+
 def modular_addition(p: int, train_fraction: float, seed: int):
     """All pairs (a, b) as tokens [a, b, p] ("=" is token p), labels (a+b) mod p,
     split at random into train and test."""
@@ -129,18 +160,19 @@ def modular_addition(p: int, train_fraction: float, seed: int):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("model", choices=["resnet", "transformer", "mlp"])
+    parser.add_argument("model", choices=["resnet", "transformer", "mlp", "conv1d"])
     parser.add_argument("path", help="where to save the TorchScript module")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed")
     parser.add_argument("--channels", type=int, default=1, help="resnet: input channels")
     parser.add_argument("--size", type=int, default=28, help="resnet: input height and width")
-    parser.add_argument("--width", type=int, default=4, help="resnet: channels of the hidden layers")
-    parser.add_argument("--classes", type=int, default=10, help="resnet, mlp: classes")
+    parser.add_argument("--width", type=int, default=4, help="resnet, conv1d: channels of the hidden layers")
+    parser.add_argument("--classes", type=int, default=10, help="resnet, mlp, conv1d: classes")
+    parser.add_argument("--length", type=int, default=16, help="conv1d: sequence length")
     parser.add_argument("--inputs", type=int, default=784, help="mlp: input features")
     parser.add_argument("--hidden", type=int, default=64, help="mlp: hidden width")
     parser.add_argument("--p", type=int, default=23, help="transformer: the modulus")
     parser.add_argument("--dim", type=int, default=32, help="transformer: model width")
-    parser.add_argument("--data-dir", help="transformer: also write the modular-addition data here")
+    parser.add_argument("--data-dir", help="transformer, conv1d: also write the task's data here")
     parser.add_argument("--train-fraction", type=float, default=0.6, help="transformer: share of pairs to train on")
     args = parser.parse_args()
 
@@ -149,6 +181,8 @@ def main():
         model = ResidualCNN(args.channels, args.size, args.width, args.classes)
     elif args.model == "mlp":
         model = MLP(args.inputs, args.hidden, args.classes)
+    elif args.model == "conv1d":
+        model = Conv1dNet(1, args.length, args.width, args.classes)
     else:
         model = TinyTransformer(vocab=args.p + 1, classes=args.p, dim=args.dim)
     torch.jit.script(model).save(args.path)
@@ -156,10 +190,15 @@ def main():
 
     if args.data_dir:
         os.makedirs(args.data_dir, exist_ok=True)
-        arrays = modular_addition(args.p, args.train_fraction, args.seed)
+        if args.model == "conv1d":
+            arrays = waves(args.classes, args.length, 300, 50, args.seed)
+            task = f"waves of {args.classes} frequencies, length {args.length}"
+        else:
+            arrays = modular_addition(args.p, args.train_fraction, args.seed)
+            task = f"modular addition mod {args.p}"
         for name, array in zip(["train_x", "train_y", "test_x", "test_y"], arrays):
             np.save(os.path.join(args.data_dir, name + ".npy"), array)
-        print(f"wrote modular addition mod {args.p} ({len(arrays[0])} train, {len(arrays[2])} test) to {args.data_dir}")
+        print(f"wrote {task} ({len(arrays[0])} train, {len(arrays[2])} test) to {args.data_dir}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 // The engine's rule for each kind of parameterised layer (docs/math.md §8):
 // how its output moves along a parameter direction, and its per-sample
-// gradient from the layer's input a and backprop signal δ = ∂(c·f)/∂y.
+// gradient from the layer's input a and backprop signal δ = ∂(c·f)/∂y. Each
+// kind's rule is its entry of the layer table (layer_table.h); these
+// functions look the entry up.
 //
 // Every parameterised layer is linear in its own parameters, y = op(a; W, b),
 // so along a segment y(t) = op(a; W_s, b_s) + t op_dir(a; dW, db), and the
 // gradient of c·f with respect to (W, b) is a function of a and δ alone:
 //   Linear      δ aᵀ (summed over any leading token dimensions), δ
-//   Conv2d      Σ_positions δ ⊗ patch (im2col, per group), Σ_positions δ
+//   Conv        Σ_positions δ ⊗ patch (im2col, per group), Σ_positions δ
 //   LayerNorm   Σ δ ⊙ â with â the normalised input, Σ δ
 //   Embedding   δ added into the rows of the token ids (none for the padding row)
 //   Addend      δ summed over the dimensions the parameter is broadcast along
@@ -30,7 +32,7 @@ torch::Tensor layer_direction(const LayerDesc& d, const torch::Tensor& a, const 
                               const torch::Tensor& vb);
 
 /// Whether the layer's per-sample gradients stay factored as (δ, a): a
-/// Linear layer whose input is rows [R, in].
+/// Linear layer whose input is rows [R, in] (LayerRule::factored_rows).
 bool factored(const LayerDesc& d, const torch::Tensor& a);
 
 /// Per-sample gradients [K, R, Qw + Qb] (weight flattened, then bias) for
@@ -43,8 +45,12 @@ torch::Tensor sample_gradients(const LayerDesc& d, const torch::Tensor& a, const
 torch::Tensor sample_gradients_one(const LayerDesc& d, const torch::Tensor& a, const torch::Tensor& delta,
                                    const std::vector<int64_t>& weight_shape, int64_t bias_numel);
 
-/// Conv2d only: the patches of input a [R, C_in, H, W] for weight_shape
-/// [C_out, C_in/groups, kh, kw]: [R, C_in·kh·kw, L] (im2col).
+/// Whether the layer is a convolution, contracted through its patches.
+bool has_patches(const LayerDesc& d);
+
+/// A convolution only: the patches of input a [R, C_in, ...] for
+/// weight_shape [C_out, C_in/groups, kernel...]: [R, C_in·kernel, L]
+/// (im2col; Conv2d: [R, C_in, H, W] and [C_out, C_in/groups, kh, kw]).
 torch::Tensor conv_patches(const LayerDesc& d, const torch::Tensor& a, const std::vector<int64_t>& weight_shape);
 
 }  // namespace pathkernel

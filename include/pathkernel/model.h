@@ -54,12 +54,12 @@ struct ModelSpec {
 /// One layer as the engine sees it. Parameterised layers name their module.
 struct LayerDesc {
   /// Parameterised: Linear, Conv2d, and, in a TorchScript module's graph
-  /// (script_graph.h), LayerNorm, Embedding and Addend (a parameter added to
+  /// (script_graph.h), Conv1d, LayerNorm, Embedding and Addend (a parameter added to
   /// a tensor). Module: a whole TorchScript module the engine does not look
   /// inside; its parameters are one block, taken by autograd (the generic
   /// route).
   enum class Kind {
-    Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax, Module, LayerNorm, Embedding, Addend
+    Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax, Module, LayerNorm, Embedding, Addend, Conv1d
   };
   LayerDesc() = default;
   LayerDesc(Kind kind, std::string module, int64_t in, int64_t out, int64_t kernel, int64_t padding)

@@ -10,6 +10,7 @@
 #include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
 #include "pathkernel/layer_spec.h"
+#include "pathkernel/layer_table.h"
 #include "pathkernel/script_graph.h"
 #include "pathkernel/text.h"
 
@@ -348,23 +349,9 @@ const std::vector<int64_t>& NetworkImpl::kink_site_windows() const {
 }
 
 torch::Tensor apply_parameter_free(const LayerDesc& layer, const torch::Tensor& x) {
-  using Kind = LayerDesc::Kind;
-  switch (layer.kind) {
-    case Kind::ReLU: return torch::relu(x);
-    case Kind::Tanh: return torch::tanh(x);
-    case Kind::GELU: return torch::gelu(x);
-    case Kind::MaxPool2d: return torch::max_pool2d(x, layer.kernel);
-    case Kind::Flatten: return x.flatten(1);
-    case Kind::LogSoftmax: return torch::log_softmax(x, 1);
-    case Kind::Linear:
-    case Kind::Conv2d:
-    case Kind::Module:
-    case Kind::LayerNorm:
-    case Kind::Embedding:
-    case Kind::Addend: break;
-  }
-  PK_ASSERT(false && "apply_parameter_free called on a parameterised layer");
-  return x;
+  const LayerRule& rule = layer_rule(layer.kind);
+  PK_ASSERT(rule.apply && "apply_parameter_free called on a parameterised layer");
+  return rule.apply(layer, x);
 }
 
 Network build_network(const NetworkOptions& options) {

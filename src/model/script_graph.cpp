@@ -15,6 +15,7 @@
 
 #include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
+#include "pathkernel/layer_table.h"
 
 namespace pathkernel {
 
@@ -44,12 +45,6 @@ std::string attribute_path(Value* v, Value* self) {
 /// A constant input's value, or None when it is not a constant.
 c10::optional<c10::IValue> constant(Value* v) { return torch::jit::toIValue(v); }
 
-std::vector<int64_t> int_list(Value* v, const std::string& what) {
-  auto iv = constant(v);
-  PK_CHECK(iv && iv->isIntList(), what << " is not a constant list of integers");
-  return iv->toIntVector();
-}
-
 /// Whether an operation with this kind modifies its first input in place.
 bool in_place(const Node* n) {
   const std::string name = n->kind().toUnqualString();
@@ -62,14 +57,6 @@ bool has_in_place_use(Value* v) {
   }
   return false;
 }
-
-/// The operation kinds a parameter may enter through, and at which input.
-enum class Role { Weight, Bias };
-
-struct ParamUse {
-  Node* node;
-  Role role;
-};
 
 /// Folds `c is None` and `c is not None` for a constant c that is not None,
 /// and the branches on them: an optional argument given a value compiles to
@@ -91,12 +78,14 @@ void fold_none_tests(std::shared_ptr<Graph>& g) {
   torch::jit::EliminateDeadCode(g);
 }
 
-/// The window k of a max_pool2d that pools non-overlapping k x k windows
-/// (stride k or default, no padding or dilation, floor mode): the windows
-/// the kink search pools with max_pool2d_with_indices(y, k). 0 for any
-/// other max_pool2d and any other operation.
+/// The window k of a max-pool of the graph op table (max_pool2d) that pools
+/// non-overlapping windows of k per dimension (stride k or default, no
+/// padding or dilation, floor mode): the windows the kink search pools
+/// (GraphOpRule::kink_rows). 0 for any other max-pool and any other
+/// operation.
 int64_t plain_window(const Node* n) {
-  if (n->kind() != aten("max_pool2d") || n->inputs().size() != 6) return 0;
+  const GraphOpRule* rule = n->kind().is_aten() ? graph_op_rule(n->kind().toUnqualString()) : nullptr;
+  if (rule == nullptr || rule->pool_dims == 0 || n->inputs().size() != 6) return 0;
   // A square size: an int, or a list of one or two equal ints; [] is -1.
   auto square = [](Value* v) -> int64_t {
     auto iv = constant(v);
@@ -174,24 +163,31 @@ std::vector<Value*> site_values(Graph& g, const std::vector<SiteNodes>& sites, s
   return values;
 }
 
+/// A parameterised operation of the graph: its entry of the layer table,
+/// the parameters it reads, and the input that holds the weight.
+struct LayerUse {
+  Node* node;
+  const LayerRule* rule;
+  std::string weight, bias;
+  size_t weight_input = 0;
+};
+
 /// Whether every operation of g other than the parameterised `layers` is
 /// piecewise linear with its switches at kink sites (ScriptGraph::
-/// polynomial_degree()). Conservative: an operation not listed makes it
-/// false; a max-pool counts only when it is fused with a ReLU site.
-bool piecewise_linear(Graph& g, const std::vector<Node*>& layers, const std::vector<SiteNodes>& sites) {
+/// polynomial_degree()). Conservative: an operation not in the graph op
+/// table makes it false; a max-pool counts only when it is fused with a
+/// ReLU site.
+bool piecewise_linear(Graph& g, const std::vector<LayerUse>& layers, const std::vector<SiteNodes>& sites) {
   std::set<const Node*> pools;
   for (const SiteNodes& s : sites) {
     if (s.pool) pools.insert(s.pool);
   }
-  static const std::set<std::string> kTensorOps = {
-      "relu",  "relu_", "leaky_relu", "leaky_relu_", "avg_pool2d", "adaptive_avg_pool2d", "flatten", "view",
-      "reshape", "add", "add_", "sub", "sub_", "neg", "mean", "sum", "cat", "permute", "transpose",
-      "contiguous", "squeeze", "unsqueeze", "select", "slice", "clone"};
   static const std::set<std::string> kShapeOps = {"size", "dim", "len", "__getitem__", "floordiv", "Int"};
   for (Node* n : g.nodes()) {
     if (!n->blocks().empty()) return false;
-    if (std::find(layers.begin(), layers.end(), n) != layers.end()) {
-      if (n->kind() == aten("layer_norm")) return false;
+    auto layer = std::find_if(layers.begin(), layers.end(), [&](const LayerUse& l) { return l.node == n; });
+    if (layer != layers.end()) {
+      if (!layer->rule->piecewise_linear) return false;
       continue;
     }
     const c10::Symbol k = n->kind();
@@ -201,7 +197,8 @@ bool piecewise_linear(Graph& g, const std::vector<Node*>& layers, const std::vec
     }
     if (!k.is_aten()) return false;
     const std::string name = k.toUnqualString();
-    if (kTensorOps.count(name) || pools.count(n)) continue;
+    const GraphOpRule* op = graph_op_rule(name);
+    if ((op && op->piecewise_linear) || pools.count(n)) continue;
     if (kShapeOps.count(name) && (name != "Int" || n->input(0)->type()->kind() != c10::TypeKind::TensorType)) {
       continue;
     }
@@ -211,6 +208,114 @@ bool piecewise_linear(Graph& g, const std::vector<Node*>& layers, const std::vec
     return false;
   }
   return true;
+}
+
+/// The layer table's entry for use `u` of parameter `name`, and its role
+/// there (0 weight, 1 bias). Throws Error when no rule covers the use.
+std::pair<const LayerRule*, int> rule_of_use(const torch::jit::Use& u, const std::string& name) {
+  const c10::Symbol k = u.user->kind();
+  const LayerRule* rule = layer_rule_for_op(k.toQualString());
+  const int role = rule ? rule->param_input(u.user, u.offset, name) : -1;
+  PK_CHECK(role >= 0, "parameter '" << name << "' is used by " << k.toQualString() << " (input " << u.offset
+                                    << "), which has no rule");
+  return {rule, role};
+}
+
+/// Every operation of g's top level that reads a parameter of `module`, in
+/// graph order. Throws Error, naming the parameter, when one is used in a
+/// way no rule covers, by two operations, or not at the top level.
+std::vector<LayerUse> parameter_layers(Graph& g, const torch::jit::Module& module) {
+  std::set<std::string> params;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) params.insert(p.name);
+  Value* self = g.inputs()[0];
+  std::map<std::string, size_t> uses;
+  std::map<Node*, LayerUse> layers;
+  for (Node* n : g.nodes()) {
+    if (n->kind() != c10::prim::GetAttr) continue;
+    const std::string name = attribute_path(n->output(), self);
+    if (!params.count(name)) continue;
+    for (const torch::jit::Use& u : n->output()->uses()) {
+      const auto [rule, role] = rule_of_use(u, name);
+      ++uses[name];
+      const auto [it, fresh] = layers.emplace(u.user, LayerUse{u.user, rule});
+      LayerUse& l = it->second;
+      PK_CHECK(fresh || (role == 1 ? l.bias.empty() : l.weight.empty()),
+               "operation " << u.user->kind().toQualString() << " reads two parameters in one place");
+      if (role == 0) {
+        l.weight = name;
+        l.weight_input = u.offset;
+      } else {
+        l.bias = name;
+      }
+    }
+  }
+  for (const std::string& p : params) {
+    PK_CHECK(uses.count(p), "parameter '" << p << "' is not read by the top level of the forward graph "
+                                           << "(it is used inside a branch or loop, or not at all)");
+    PK_CHECK(uses[p] == 1, "parameter '" << p << "' is used by " << uses[p] << " operations (tied or reused weights)");
+  }
+  std::vector<LayerUse> out;
+  for (const auto& entry : layers) out.push_back(entry.second);
+  std::sort(out.begin(), out.end(), [](const LayerUse& a, const LayerUse& b) { return a.node->isBefore(b.node); });
+  return out;
+}
+
+/// Rewrites layer `l` of g to y + t ⊙ op_dir(a; dW) (t along the rows),
+/// with new graph inputs for its weight's and bias's directions. The
+/// layer's input a and its output at t go to `inputs` and `outputs`.
+/// Throws Error when an argument of the operation has no rule.
+ScriptLayer rewrite_layer(Graph& g, const LayerUse& l, Value* t, std::vector<Value*>& inputs,
+                          std::vector<Value*>& outputs) {
+  Node* n = l.node;
+  PK_CHECK(!l.weight.empty(), "operation " << n->kind().toQualString() << " has parameter '" << l.bias
+                                           << "' as its bias but no parameter weight");
+  ScriptLayer layer;
+  layer.weight = l.weight;
+  layer.bias = l.bias;
+  LayerDesc& d = layer.desc;
+  d.module = l.weight.substr(0, l.weight.rfind('.') == std::string::npos ? 0 : l.weight.rfind('.'));
+  Value* dw = g.addInput();
+  dw->setType(c10::TensorType::get());
+  Value* db = nullptr;
+  if (!l.bias.empty()) {
+    db = g.addInput();
+    db->setType(c10::TensorType::get());
+  }
+  Value* y = n->output();
+  torch::jit::WithInsertPoint guard(n->next());
+  Value* none = g.insertConstant(c10::IValue());
+  d.kind = l.rule->kind;
+  l.rule->read(n, d);
+  const DirectionValues v = l.rule->rewrite({&g, n, dw, db, none, l.weight_input});
+  Value* a = v.input;
+  // y + t ⊙ dir with t along the rows: rows moved last, scaled, moved back.
+  Value* moved = g.insert(aten("movedim"), {v.direction, 0, -1});
+  Value* scaled = g.insert(aten("movedim"), {g.insert(aten("mul"), {moved, t}), -1, 0});
+  Value* y_t = g.insert(aten("add"), {y, scaled});
+  y->replaceAllUsesAfterNodeWith(y_t->node(), y_t);
+  // Captured values must not change after the capture: an in-place use
+  // downstream gets a copy instead.
+  if (has_in_place_use(y_t)) {
+    Value* copy = g.insert(aten("clone"), {y_t});
+    y_t->replaceAllUsesAfterNodeWith(copy->node(), copy);
+  }
+  if (has_in_place_use(a)) {
+    torch::jit::WithInsertPoint before(n);
+    Value* copy = g.insert(aten("clone"), {a});
+    a->replaceAllUsesAfterNodeWith(copy->node(), copy);
+    a = copy;
+  }
+  inputs.push_back(a);
+  outputs.push_back(y_t);
+  return layer;
+}
+
+/// Makes g return `values` as one tuple, in place of its output.
+void return_tuple(Graph& g, const std::vector<Value*>& values) {
+  Node* tuple = g.createTuple(values);
+  g.insertNode(tuple);
+  g.eraseOutput(0);
+  g.registerOutput(tuple->output());
 }
 
 }  // namespace
@@ -239,13 +344,15 @@ std::vector<Value*> kink_site_values(std::shared_ptr<Graph>& g, std::vector<int6
 
 torch::Tensor site_rows(const torch::Tensor& site, int64_t rows, int64_t window) {
   if (window == 0) return site.reshape({rows, -1});
-  PK_CHECK(site.dim() == 4 && site.size(0) == rows,
-           "a max-pooled kink site has shape " << site.sizes() << ", expected [" << rows << ", C, H, W]");
-  return site;
+  for (const GraphOpRule& pool : graph_op_table()) {
+    if (pool.pool_dims > 0 && site.dim() == 2 + pool.pool_dims && site.size(0) == rows) {
+      return pool.kink_rows(site, window);
+    }
+  }
+  PK_THROW("a max-pooled kink site has shape " << site.sizes() << ", expected [" << rows << ", C, H, W]");
 }
 
 std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module, std::string& why_not) {
-  using Kind = LayerDesc::Kind;
   auto out = std::unique_ptr<ScriptGraph>(new ScriptGraph());
   std::shared_ptr<Graph> g = inlined_forward(module);
   torch::jit::EliminateDeadCode(g);
@@ -254,67 +361,17 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
     why_not = "its forward does not return one tensor";
     return nullptr;
   }
-
-  std::set<std::string> params;
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) params.insert(p.name);
-  Value* self = g->inputs()[0];
-
-  // Every use of every parameter, by the top-level operations that read it.
-  std::map<std::string, std::vector<ParamUse>> uses;
-  std::map<Node*, std::pair<std::string, std::string>> layer_params;  // node -> weight, bias
-  std::vector<Node*> layer_nodes;
+  std::vector<LayerUse> layers;
   try {
-    for (Node* n : g->nodes()) {
-      if (n->kind() != c10::prim::GetAttr) continue;
-      const std::string name = attribute_path(n->output(), self);
-      if (!params.count(name)) continue;
-      for (const torch::jit::Use& u : n->output()->uses()) {
-        const c10::Symbol k = u.user->kind();
-        Role role;
-        if ((k == aten("linear") || k == aten("conv2d")) && (u.offset == 1 || u.offset == 2)) {
-          role = u.offset == 1 ? Role::Weight : Role::Bias;
-        } else if (k == aten("layer_norm") && (u.offset == 2 || u.offset == 3)) {
-          role = u.offset == 2 ? Role::Weight : Role::Bias;
-        } else if (k == aten("embedding") && u.offset == 0) {
-          role = Role::Weight;
-        } else if (k == aten("add") && u.offset <= 1 && u.user->inputs().size() == 3 &&
-                   u.user->input(1 - u.offset)->type()->kind() == c10::TypeKind::TensorType &&
-                   u.user->input(1 - u.offset)->node()->kind() != c10::prim::GetAttr) {
-          auto alpha = constant(u.user->input(2));
-          PK_CHECK(alpha && alpha->isInt() && alpha->toInt() == 1,
-                   "parameter '" << name << "' is added with a scale other than 1");
-          role = Role::Weight;
-        } else {
-          PK_THROW("parameter '" << name << "' is used by " << k.toQualString() << " (input " << u.offset
-                                 << "), which has no rule");
-        }
-        uses[name].push_back({u.user, role});
-        auto& wb = layer_params[u.user];
-        if (!wb.first.empty() || !wb.second.empty()) {
-          PK_CHECK(role == Role::Bias ? wb.second.empty() : wb.first.empty(),
-                   "operation " << k.toQualString() << " reads two parameters in one place");
-        } else {
-          layer_nodes.push_back(u.user);
-        }
-        (role == Role::Weight ? wb.first : wb.second) = name;
-      }
-    }
-    for (const std::string& p : params) {
-      PK_CHECK(uses.count(p), "parameter '" << p << "' is not read by the top level of the forward graph "
-                                             << "(it is used inside a branch or loop, or not at all)");
-      PK_CHECK(uses[p].size() == 1, "parameter '" << p << "' is used by " << uses[p].size()
-                                                   << " operations (tied or reused weights)");
-    }
+    layers = parameter_layers(*g, module);
   } catch (const Error& e) {
     why_not = e.what();
     return nullptr;
   }
-  // Layers in graph order.
-  std::sort(layer_nodes.begin(), layer_nodes.end(), [](Node* a, Node* b) { return a->isBefore(b); });
   // Each parameter is read once, so the logits' degree in t is at most the
   // number of parameterised operations (read before the rewrite adds its own).
   const std::vector<SiteNodes> site_list = site_nodes(*g);
-  out->degree_ = piecewise_linear(*g, layer_nodes, site_list) ? static_cast<int64_t>(layer_nodes.size()) : 0;
+  out->degree_ = piecewise_linear(*g, layers, site_list) ? static_cast<int64_t>(layers.size()) : 0;
 
   // The rewrite: inputs t [R], then each layer's directions; after each
   // layer y = op(a; W_s), insert y + t ⊙ op_dir(a; dW) (t along rows).
@@ -322,91 +379,7 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
   t->setType(c10::TensorType::get());
   std::vector<Value*> captured_inputs, captured_outputs;
   try {
-    for (Node* n : layer_nodes) {
-      const auto& [weight, bias] = layer_params.at(n);
-      PK_CHECK(!weight.empty(), "operation " << n->kind().toQualString() << " has parameter '" << bias
-                                             << "' as its bias but no parameter weight");
-      const c10::Symbol k = n->kind();
-      ScriptLayer layer;
-      layer.weight = weight;
-      layer.bias = bias;
-      LayerDesc& d = layer.desc;
-      d.module = weight.substr(0, weight.rfind('.') == std::string::npos ? 0 : weight.rfind('.'));
-      Value* dw = g->addInput();
-      dw->setType(c10::TensorType::get());
-      Value* db = nullptr;
-      if (!bias.empty()) {
-        db = g->addInput();
-        db->setType(c10::TensorType::get());
-      }
-      Value* y = n->output();
-      Value* a = nullptr;
-      torch::jit::WithInsertPoint guard(n->next());
-      Value* none = g->insertConstant(c10::IValue());
-      Value* dir = nullptr;
-      if (k == aten("linear")) {
-        d.kind = Kind::Linear;
-        a = n->input(0);
-        dir = g->insert(aten("linear"), {a, dw, db ? db : none});
-      } else if (k == aten("conv2d")) {
-        d.kind = Kind::Conv2d;
-        a = n->input(0);
-        d.stride = int_list(n->input(3), "conv2d's stride");
-        d.padding2 = int_list(n->input(4), "conv2d's padding (a string padding has no rule)");
-        d.dilation = int_list(n->input(5), "conv2d's dilation");
-        auto groups = constant(n->input(6));
-        PK_CHECK(groups && groups->isInt(), "conv2d's groups is not a constant");
-        d.groups = groups->toInt();
-        dir = g->insert(aten("conv2d"), {a, dw, db ? db : none, n->input(3), n->input(4), n->input(5), n->input(6)});
-      } else if (k == aten("layer_norm")) {
-        d.kind = Kind::LayerNorm;
-        a = n->input(0);
-        d.norm_shape = int_list(n->input(1), "layer_norm's normalized shape");
-        auto eps = constant(n->input(4));
-        PK_CHECK(eps && eps->isDouble(), "layer_norm's eps is not a constant");
-        d.eps = eps->toDouble();
-        PK_CHECK(n->input(2)->node()->kind() == c10::prim::GetAttr,
-                 "layer_norm with a bias parameter and no weight parameter has no rule");
-        Value* xhat = g->insert(aten("layer_norm"), {a, n->input(1), none, none, n->input(4), n->input(5)});
-        dir = g->insert(aten("mul"), {xhat, dw});
-        if (db) dir = g->insert(aten("add"), {dir, db});
-      } else if (k == aten("embedding")) {
-        d.kind = Kind::Embedding;
-        a = n->input(1);
-        auto padding_idx = constant(n->input(2)), scale = constant(n->input(3));
-        PK_CHECK(padding_idx && padding_idx->isInt(), "embedding's padding_idx is not a constant");
-        PK_CHECK(scale && scale->isBool() && !scale->toBool(),
-                 "embedding with scale_grad_by_freq has no rule (its gradient depends on the batch)");
-        d.padding_index = padding_idx->toInt();
-        dir = g->insert(aten("embedding"), {dw, a, n->input(2), n->input(3), n->input(4)});
-      } else {  // aten::add of a parameter
-        d.kind = Kind::Addend;
-        const bool first = n->input(0)->node()->kind() == c10::prim::GetAttr &&
-                           attribute_path(n->input(0), self) == weight;
-        a = n->input(first ? 1 : 0);
-        dir = g->insert(aten("expand_as"), {dw, y});
-      }
-      // y + t ⊙ dir with t along the rows: rows moved last, scaled, moved back.
-      Value* moved = g->insert(aten("movedim"), {dir, 0, -1});
-      Value* scaled = g->insert(aten("movedim"), {g->insert(aten("mul"), {moved, t}), -1, 0});
-      Value* y_t = g->insert(aten("add"), {y, scaled});
-      y->replaceAllUsesAfterNodeWith(y_t->node(), y_t);
-      // Captured values must not change after the capture: an in-place use
-      // downstream gets a copy instead.
-      if (has_in_place_use(y_t)) {
-        Value* copy = g->insert(aten("clone"), {y_t});
-        y_t->replaceAllUsesAfterNodeWith(copy->node(), copy);
-      }
-      if (has_in_place_use(a)) {
-        torch::jit::WithInsertPoint before(n);
-        Value* copy = g->insert(aten("clone"), {a});
-        a->replaceAllUsesAfterNodeWith(copy->node(), copy);
-        a = copy;
-      }
-      captured_inputs.push_back(a);
-      captured_outputs.push_back(y_t);
-      out->layers_.push_back(std::move(layer));
-    }
+    for (const LayerUse& l : layers) out->layers_.push_back(rewrite_layer(*g, l, t, captured_inputs, captured_outputs));
   } catch (const Error& e) {
     why_not = e.what();
     return nullptr;
@@ -417,10 +390,7 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
   values.insert(values.end(), captured_inputs.begin(), captured_inputs.end());
   values.insert(values.end(), captured_outputs.begin(), captured_outputs.end());
   values.insert(values.end(), sites.begin(), sites.end());
-  Node* tuple = g->createTuple(values);
-  g->insertNode(tuple);
-  g->eraseOutput(0);
-  g->registerOutput(tuple->output());
+  return_tuple(*g, values);
   out->sites_ = static_cast<int64_t>(sites.size());
   out->graph_ = g;
   out->executor_ = std::make_unique<torch::jit::GraphExecutor>(g, "pathkernel_segment");
