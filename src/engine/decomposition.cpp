@@ -13,6 +13,7 @@
 
 #include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/progress.h"
 #include "pathkernel/update_rule.h"
 #include "point_groups.h"
