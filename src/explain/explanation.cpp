@@ -1,4 +1,5 @@
-// Explaining test predictions: the explain directory, written and read back.
+// Explaining test predictions: explain() and explain_metagradient() compute
+// and fill the explain directory's records (explain_directory.h).
 #include "pathkernel/explanation.h"
 
 #include <algorithm>
@@ -8,9 +9,6 @@
 #include "pathkernel/decomposition_checkpoint.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
-#include "pathkernel/json_number.h"
-#include "pathkernel/image.h"
-#include "pathkernel/npy.h"
 
 namespace pathkernel {
 
@@ -24,48 +22,82 @@ std::vector<double> values_of(const torch::Tensor& t) {
   return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
 }
 
-/// Point i's label: its class, or its regression target [K].
-ojson label_of(const torch::Tensor& labels, int64_t i) {
-  if (is_regression_target(labels)) return values_of(labels[i].to(torch::kFloat64));
-  return labels[i].item<int64_t>();
+/// Point n of decomposition d, test point test_index, its sides ranked by
+/// the contributions to its predicted class.
+ExplainedPoint exact_point(PathReader& reader, const Decomposition& d, const torch::Tensor& gap, int64_t n,
+                           int64_t test_index, int64_t top) {
+  const torch::Tensor& y_train = reader.dataset().y_train;
+  ExplainedPoint p;
+  p.predicted = d.fN[n].argmax().item<int64_t>();
+  p.output = p.predicted;
+  const torch::Tensor c = d.contributions[n].select(1, p.predicted);  // [M]
+  p.test_index = test_index;
+  p.label = label_at(reader.dataset().y_test, test_index);
+  p.f_final = values_of(d.fN[n]);
+  p.f_initial = values_of(d.f0[n]);
+  p.contributions_sum = values_of(d.contributions[n].sum(0));
+  p.regularization = values_of(d.regularization[n]);
+  p.rounding = values_of(d.rounding[n]);
+  p.completeness_error = gap[n].abs().max().item<double>();
+  p.proponents = ranked_points(c, y_train, top, true);
+  p.opponents = ranked_points(c, y_train, top, false);
+  return p;
 }
 
-/// The k training points with the largest (or smallest) contributions c [M].
-ojson extremes(const torch::Tensor& c, const torch::Tensor& labels, int64_t k, bool largest) {
-  auto [values, index] = c.topk(std::min<int64_t>(k, c.size(0)), 0, largest);
-  ojson out = ojson::array();
-  for (int64_t j = 0; j < index.size(0); ++j) {
-    int64_t i = index[j].item<int64_t>();
-    out.push_back({{"index", i}, {"label", label_of(labels, i)}, {"value", values[j].item<double>()}});
-  }
-  return out;
+/// Point n of metagradient g, test point test_index, its sides ranked by the
+/// output differentiated (the predicted class when all were).
+ExplainedPoint metagradient_point(PathReader& reader, const Metagradient& g, int64_t n, int64_t test_index,
+                                  int64_t top) {
+  const torch::Tensor& y_train = reader.dataset().y_train;
+  ExplainedPoint p;
+  p.predicted = g.fN[n].argmax().item<int64_t>();
+  p.output = g.outputs.defined() ? g.outputs[n].item<int64_t>() : p.predicted;
+  const torch::Tensor c = g.values[n].select(1, p.output);  // [M]
+  p.test_index = test_index;
+  p.label = label_at(reader.dataset().y_test, test_index);
+  p.f_final = values_of(g.fN[n]);
+  p.metagradient_sum = values_of(g.values[n].sum(0));
+  p.proponents = ranked_points(c, y_train, top, true);
+  p.opponents = ranked_points(c, y_train, top, false);
+  return p;
 }
 
-/// Image data: each test image (blue) beside its top eight proponents (green,
-/// top row) and opponents (red, bottom row). Returns the files written.
-std::vector<std::string> write_images(PathReader& reader, const torch::Tensor& test_index, const ojson& points,
-                                      const std::string& out) {
-  std::vector<std::string> pngs;
-  const torch::Tensor& x_train = reader.dataset().x_train;
-  const torch::Tensor& x_test = reader.dataset().x_test;
+/// mse's loss derivative 2(f − t)/K moves with f along training, so the
+/// contributions are a sum of per-step kernel machines, never one machine
+/// with fixed coefficients.
+std::string explanation_form(const Manifest& m) {
+  return m.loss == "mse" ? "ensemble (mse: the loss derivative changes along training)"
+                         : is_single_kernel_machine(m) ? "kernel machine" : "ensemble";
+}
+
+/// explain.json of decomposition d of test_index (its points, then the rest).
+ExplainDocument exact_document(PathReader& reader, const torch::Tensor& test_index, const DecompositionOptions& dopt,
+                               const ExplainOptions& options, const Decomposition& d) {
+  const Manifest& m = reader.manifest();
+  const torch::Tensor gap = d.completeness_gap();
+  ExplainDocument doc;
   for (int64_t n = 0; n < test_index.size(0); ++n) {
-    std::vector<std::vector<GridTile>> rows(2);
-    rows[0].push_back({x_test[test_index[n].item<int64_t>()], Rgb{40, 90, 220}});
-    rows[1].push_back({torch::Tensor(), std::nullopt});
-    const char* sides[] = {"proponents", "opponents"};
-    const Rgb colours[] = {Rgb{30, 160, 60}, Rgb{210, 40, 40}};
-    for (int side = 0; side < 2; ++side) {
-      int shown = 0;
-      for (const auto& e : points[n][sides[side]]) {
-        if (shown++ == 8) break;
-        rows[side].push_back({x_train[json_number<int64_t>(e["index"], "a training index")], colours[side]});
-      }
-    }
-    const std::string name = "explain_" + std::to_string(test_index[n].item<int64_t>()) + ".png";
-    write_png_grid((fs::path(out) / name).string(), rows);
-    pngs.push_back(name);
+    doc.points.push_back(exact_point(reader, d, gap, n, test_index[n].item<int64_t>(), options.top));
   }
-  return pngs;
+  const int64_t n = test_index.size(0), M = d.contributions.size(1), K = d.contributions.size(2);
+  const bool single = is_single_kernel_machine(m);
+  const double batch = static_cast<double>(m.batch_size == 0 ? m.num_train : m.batch_size);
+  doc.run = reader.dir();
+  doc.method = ExplainMethod::Exact;
+  doc.quadrature = dopt.quadrature.spec.str();
+  doc.steps = d.steps;
+  doc.certificate_max_gap = d.certificate_max_gap;
+  doc.loss = m.loss;
+  doc.form = explanation_form(m);
+  doc.recorded = m.recorded;
+  doc.updates_explained = d.residuals.first_step < 0;
+  doc.contributions_shape = {n, M, K};
+  if (dopt.kernel) {
+    doc.kernel = ExplainKernelFile{{n, M, m.num_classes, m.num_classes}, single, std::nullopt};
+    if (single) doc.kernel->weight = m.optimizer.lr / batch;
+  }
+  doc.warning = unexplained_update_message(d.residuals);
+  return doc;
 }
 
 }  // namespace
@@ -149,61 +181,16 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
 void write_explanation(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
                        const DecompositionOptions& dopt, const ExplainOptions& options, Decomposition decomposition,
                        Explanation& e) {
-  const Manifest& m = reader.manifest();
   e.dir = out;
   e.test_index = test_index;
   e.decomposition = std::move(decomposition);
-  const Decomposition& d = e.decomposition;
   e.kernel = dopt.kernel;
-
-  fs::create_directories(out);
-  write_npy((fs::path(out) / "contributions.npy").string(), d.contributions);
-  if (e.kernel) write_npy((fs::path(out) / "kernel.npy").string(), d.kernel);
-  const bool single = is_single_kernel_machine(m);
-  const double batch = static_cast<double>(m.batch_size == 0 ? m.num_train : m.batch_size);
-  const torch::Tensor& y_train = reader.dataset().y_train;
-  const torch::Tensor gap = d.completeness_gap();
-  ojson points = ojson::array();
-  for (int64_t n = 0; n < test_index.size(0); ++n) {
-    const int64_t predicted = d.fN[n].argmax().item<int64_t>();
-    const torch::Tensor c = d.contributions[n].select(1, predicted);  // [M]
-    points.push_back({{"test_index", test_index[n].item<int64_t>()},
-                      {"label", label_of(reader.dataset().y_test, test_index[n].item<int64_t>())},
-                      {"predicted", predicted},
-                      {"f_final", values_of(d.fN[n])},
-                      {"f_initial", values_of(d.f0[n])},
-                      {"contributions_sum", values_of(d.contributions[n].sum(0))},
-                      {"regularization", values_of(d.regularization[n])},
-                      {"rounding", values_of(d.rounding[n])},
-                      {"completeness_error", gap[n].abs().max().item<double>()},
-                      {"proponents", extremes(c, y_train, options.top, true)},
-                      {"opponents", extremes(c, y_train, options.top, false)}});
+  const Decomposition& d = e.decomposition;
+  e.document = exact_document(reader, test_index, dopt, options, d);
+  write_explain_directory(out, e.document, d.contributions, e.kernel ? d.kernel : torch::Tensor());
+  if (options.images && reader.manifest().input_shape.size() == 3) {
+    e.images = write_explain_images(out, reader.dataset(), e.document.points);
   }
-  const int64_t n = test_index.size(0), M = d.contributions.size(1), K = d.contributions.size(2);
-  e.json = ojson{{"run", reader.dir()},
-                 {"method", "exact"},
-                 {"quadrature", dopt.quadrature.spec.str()},
-                 {"steps", d.steps},
-                 {"certificate_max_gap", d.certificate_max_gap},
-                 {"loss", m.loss},
-                 // mse's loss derivative 2(f − t)/K moves with f along training, so the
-                 // contributions are a sum of per-step kernel machines, never one machine
-                 // with fixed coefficients.
-                 {"form", m.loss == "mse" ? "ensemble (mse: the loss derivative changes along training)"
-                                          : single ? "kernel machine" : "ensemble"},
-                 {"recorded", m.recorded},
-                 {"updates_explained", d.residuals.first_step < 0},
-                 {"contributions", {{"file", "contributions.npy"}, {"shape", {n, M, K}}}},
-                 {"kernel", e.kernel ? ojson{{"file", "kernel.npy"},
-                                             {"shape", {n, M, m.num_classes, m.num_classes}},
-                                             {"single_kernel", single},
-                                             {"weight", single ? ojson(m.optimizer.lr / batch) : ojson(nullptr)}}
-                                     : ojson(nullptr)},
-                 {"points", points}};
-  const std::string unexplained = unexplained_update_message(d.residuals);
-  if (!unexplained.empty()) e.json["warning"] = unexplained;
-  write_file_atomic((fs::path(out) / "explain.json").string(), e.json.dump(2) + "\n");
-  if (options.images && m.input_shape.size() == 3) e.images = write_images(reader, test_index, points, out);
 }
 
 MetagradientOutputs parse_metagradient_outputs(const std::string& name) {
@@ -212,106 +199,43 @@ MetagradientOutputs parse_metagradient_outputs(const std::string& name) {
   PK_THROW("metagradient outputs '" << name << "' is not one of predicted, all");
 }
 
-Explanation explain_metagradient(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
-                                 const ExplainOptions& options, MetagradientOutputs which) {
+MetagradientExplanation explain_metagradient(PathReader& reader, const torch::Tensor& test_index,
+                                             const std::string& out, const ExplainOptions& options,
+                                             MetagradientOutputs which) {
   check_explain_indices(reader, test_index, options);
   const Manifest& m = reader.manifest();
   const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
   MetagradientOptions mopt;
   mopt.progress = options.decomposition.progress;
   if (which == MetagradientOutputs::Predicted) mopt.outputs = reader.outputs(m.steps, x).argmax(1);
-  Explanation e;
+  MetagradientExplanation e;
   e.dir = out;
   e.test_index = test_index;
   e.metagradient = metagradient(reader, x, mopt);
   const Metagradient& g = e.metagradient;
-  fs::create_directories(out);
-  write_npy((fs::path(out) / "contributions.npy").string(), g.values);
-  const torch::Tensor& y_train = reader.dataset().y_train;
-  ojson points = ojson::array();
+  ExplainDocument& doc = e.document;
   for (int64_t n = 0; n < test_index.size(0); ++n) {
-    const int64_t predicted = g.fN[n].argmax().item<int64_t>();
-    const int64_t shown = g.outputs.defined() ? g.outputs[n].item<int64_t>() : predicted;
-    const torch::Tensor c = g.values[n].select(1, shown);  // [M]
-    points.push_back({{"test_index", test_index[n].item<int64_t>()},
-                      {"label", label_of(reader.dataset().y_test, test_index[n].item<int64_t>())},
-                      {"predicted", predicted},
-                      {"output", shown},
-                      {"f_final", values_of(g.fN[n])},
-                      {"metagradient_sum", values_of(g.values[n].sum(0))},
-                      {"proponents", extremes(c, y_train, options.top, true)},
-                      {"opponents", extremes(c, y_train, options.top, false)}});
+    doc.points.push_back(metagradient_point(reader, g, n, test_index[n].item<int64_t>(), options.top));
   }
-  const int64_t n = test_index.size(0), M = g.values.size(1), K = g.values.size(2);
-  e.json = ojson{{"run", reader.dir()},
-                 {"method", "metagradient"},
-                 {"meaning", "d f(w_N, x) / d c_i: how the trained network's output moves per unit of training "
-                             "point i's loss weight, the whole run retrained (first order)"},
-                 {"outputs", g.outputs.defined() ? "predicted" : "all"},
-                 {"steps", g.steps},
-                 {"adjoints", g.adjoints},
-                 {"hessian_vector_products", g.hessian_vector_products},
-                 {"seconds", g.seconds},
-                 {"loss", m.loss},
-                 {"recorded", m.recorded},
-                 {"loss_weights", m.loss_weights.file.empty() ? ojson(nullptr) : ojson(m.loss_weights.file)},
-                 {"contributions", {{"file", "contributions.npy"}, {"shape", {n, M, K}},
-                                    {"not_differentiated", g.outputs.defined() ? "NaN" : "none"}}},
-                 {"kernel", nullptr},
-                 {"points", points}};
-  write_file_atomic((fs::path(out) / "explain.json").string(), e.json.dump(2) + "\n");
-  if (options.images && m.input_shape.size() == 3) e.images = write_images(reader, test_index, points, out);
+  doc.run = reader.dir();
+  doc.method = ExplainMethod::Metagradient;
+  doc.outputs_predicted = g.outputs.defined();
+  doc.steps = g.steps;
+  doc.adjoints = g.adjoints;
+  doc.hessian_vector_products = g.hessian_vector_products;
+  doc.seconds = g.seconds;
+  doc.loss = m.loss;
+  doc.recorded = m.recorded;
+  if (!m.loss_weights.file.empty()) doc.loss_weights = m.loss_weights.file;
+  doc.contributions_shape = {test_index.size(0), g.values.size(1), g.values.size(2)};
+  write_explain_directory(out, doc, g.values);
+  if (options.images && m.input_shape.size() == 3) e.images = write_explain_images(out, reader.dataset(), doc.points);
   return e;
 }
 
-ExplainOutput read_explain_output(const std::string& dir, const Manifest& m) {
-  using json = nlohmann::json;
-  ExplainOutput e;
-  PK_CHECK(fs::is_directory(dir), "explain directory '" << dir
-                                                        << "' does not exist: expected the directory explain() writes "
-                                                        << "('pathkernel explain')");
-  const std::string jpath = (fs::path(dir) / "explain.json").string();
-  PK_CHECK(fs::exists(jpath),
-           "explain directory '" << dir << "' has no explain.json: was it written by 'pathkernel explain'?");
-  json j;
-  try {
-    j = json::parse(read_file(jpath));
-  } catch (const json::exception& ex) {
-    PK_THROW("'" << jpath << "' is not valid JSON (" << ex.what() << "): was it written by 'pathkernel explain'?");
-  }
-  PK_CHECK(j.is_object() && j.contains("points") && j["points"].is_array() && !j["points"].empty(),
-           "'" << jpath << "' has no \"points\" list: expected the output of 'pathkernel explain'");
-  const std::string cpath = (fs::path(dir) / "contributions.npy").string();
-  PK_CHECK(fs::exists(cpath), "explain directory '" << dir << "' has no contributions.npy");
-  e.contributions = read_npy(cpath).to(torch::kFloat64);
-  const int64_t count = static_cast<int64_t>(j["points"].size());
-  PK_CHECK(e.contributions.dim() == 3 && e.contributions.size(0) == count && e.contributions.size(1) == m.num_train &&
-               e.contributions.size(2) == m.num_classes,
-           "'" << cpath << "' has shape " << e.contributions.sizes() << "; expected [" << count << ", " << m.num_train
-               << ", " << m.num_classes << "] (explained points, training points, classes): was it explained from "
-               << "this run?");
-  std::vector<int64_t> idx;
-  for (const auto& p : j["points"]) {
-    PK_CHECK(p.is_object() && p.contains("test_index") && p.contains("proponents") && p.contains("opponents") &&
-                 p.contains("predicted"),
-             "'" << jpath << "' has a point without test_index, predicted, proponents or opponents: " << p.dump());
-    const int64_t i = json_number<int64_t>(p["test_index"], "'" + jpath + "': a point's test_index");
-    PK_CHECK(i >= 0 && i < m.num_test, "'" << jpath << "' explains test point " << i << ", but the run has "
-                                            << m.num_test << " test points");
-    for (const char* side : {"proponents", "opponents"}) {
-      for (const auto& t : p[side]) {
-        PK_CHECK(t.is_object() && t.contains("index"),
-                 "'" << jpath << "' lists an entry without an index among the " << side << ": " << t.dump());
-        const int64_t ti = json_number<int64_t>(t["index"], "'" + jpath + "': an index among the " + side);
-        PK_CHECK(ti >= 0 && ti < m.num_train, "'" << jpath << "' lists training point " << ti << " among the "
-                                                  << side << "; the run has " << m.num_train << " training points");
-      }
-    }
-    idx.push_back(i);
-  }
-  e.points = j["points"];
-  e.test_index = torch::tensor(idx, torch::kInt64);
-  return e;
+void record_check(MetagradientExplanation& e, const MetagradientCheck& c, double h) {
+  e.document.check = check_entry(c, h);
+  write_explain_json(e.dir, e.document);
 }
 
 }  // namespace pathkernel
