@@ -104,7 +104,7 @@ torch::Tensor relative_error(const torch::Tensor& kernel, const torch::Tensor& n
 /// terms of C_i, R, E, gap_abs and the kernel from zero, and adds the
 /// block's sums to its totals at the block's end, in step order
 /// (add_step_block). The blocks depend on the run alone, so a split of the
-/// steps at block boundaries (across processes: distributed_jobs.h) that
+/// steps at block boundaries (across processes: across_ranks.h) that
 /// adds each block's own decomposition (a range of one block) to the totals
 /// in the same order gives the same bits as one walk.
 std::vector<int64_t> step_blocks(const Manifest& m);

@@ -31,8 +31,8 @@
 // (its log-probability for a log-softmax network) or, with output "label",
 // its true label's.
 //
-// `evaluate()` writes OUT/evaluate.json (ordered JSON, described at
-// Evaluation::json) and OUT/scores_<method>.npy (float64 [n, M]); work in
+// `evaluate()` returns an EvaluateResult and writes it as OUT/evaluate.json
+// and OUT/scores_<method>.npy (float64 [n, M]) (evaluate_result.h); work in
 // progress (scores, finished retrainings, decomposition progress, the
 // mislabel run) lives in OUT/.work, is reused by a rerun with the same
 // arguments, and is removed at the end.
@@ -43,10 +43,10 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "pathkernel/attribution_methods.h"
+#include "pathkernel/evaluate_result.h"
 #include "pathkernel/manifest.h"
 #include "pathkernel/path.h"
 #include "pathkernel/retrain.h"
@@ -75,7 +75,7 @@ struct EvaluateOptions {
   std::function<void(const std::string&)> on_note;
   /// Runs one set of retrainings, returning what Retrainer::outputs(jobs, x,
   /// options) returns, float64 [J, n, K]; unset: that call, in this process.
-  /// Under mpirun the CLI passes retrain_outputs_across (distributed_jobs.h),
+  /// Under mpirun the CLI passes retrain_outputs_across (across_ranks.h),
   /// which splits the jobs across the ranks.
   std::function<torch::Tensor(const Retrainer& retrainer, const std::vector<RetrainJob>& jobs, const torch::Tensor& x,
                               const RetrainOptions& options)>
@@ -86,28 +86,9 @@ struct EvaluateOptions {
   void validate(int64_t num_train, int64_t num_classes) const;
 };
 
-struct Evaluation {
-  /// evaluate.json: {run, test_indices, output, methods, metrics, retrain:
-  /// {scaling, workers, threads_per_retrain, baseline_reproduces_run,
-  /// baseline_max_abs_diff, retrainings, seconds}, table: {method: {metric
-  /// column: value}}, loo: {...}, lds: {...}, brittleness: {...}, mislabel:
-  /// {...}, seconds: {phase: s}}; a metric's entry holds its per-test-point
-  /// values.
-  nlohmann::ordered_json json;
-  std::vector<std::string> columns;  ///< the table's columns, in order
-};
-
 /// Evaluates the methods on test points `test_index` (int64 [n] into the
 /// run's test set) and writes the directory `out`. Throws Error on bad input.
-Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
-                    const EvaluateOptions& options);
-
-/// Reads the evaluate.json that evaluate() wrote into `dir`, checked against
-/// the run it evaluated (manifest m): the methods, the table, and, when
-/// leave-one-out was run, each test point's entry (a test index and output
-/// of the run, removed training points of the run, and as many effects and
-/// scores of every method as removed points; a NaN score reads as null).
-/// Throws Error naming the file and what is wrong.
-Evaluation read_evaluation(const std::string& dir, const Manifest& m);
+EvaluateResult evaluate(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+                        const EvaluateOptions& options);
 
 }  // namespace pathkernel

@@ -1,26 +1,8 @@
 // Explaining test predictions: the exact split of chosen test points'
-// outputs into per-training-point contributions, written as an explain
-// directory and read back. This header owns the explain directory's format:
-//
-//   contributions.npy  float64 [n, M, K]: C_i(x) of every training point i
-//   kernel.npy         float64 [n, M, K, K] (gd and sgd, when written):
-//                      Σ_{s: i∈B_s} K_s(x, x_i)
-//   explain.json       {run, method ("exact"), quadrature, steps, certificate_max_gap,
-//                      contributions: {file, shape}, kernel: {file, shape,
-//                      single_kernel, weight} or null, points: [{test_index,
-//                      label, predicted, f_final, f_initial,
-//                      contributions_sum, regularization, rounding,
-//                      completeness_error, proponents, opponents}]}
-//   explain_<i>.png    image data: test point i beside its top proponents
-//                      and opponents
-//   .progress/         saved accumulators while running (DirectoryCheckpoint)
-//
-// The metagradient (explain_metagradient) writes the same files:
-// contributions.npy holds d f(w_N, x)/d c_i [n, M, K] (NaN in the outputs
-// not differentiated), and explain.json says "method": "metagradient", which
-// outputs were differentiated, and per point the same fields as above that
-// do not belong to the decomposition (no regularization, rounding or
-// completeness error).
+// outputs into per-training-point contributions (explain), or the
+// metagradient of each output in each training point's loss weight
+// (explain_metagradient), each written as an explain directory
+// (explain_directory.h, which owns the files' format and reads them back).
 //
 // n test points, M training points, K outputs.
 #pragma once
@@ -30,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "pathkernel/decomposition.h"
+#include "pathkernel/explain_directory.h"
 #include "pathkernel/metagradient.h"
 #include "pathkernel/path.h"
 
@@ -63,9 +45,17 @@ struct Explanation {
   bool kernel = false;                 ///< kernel.npy was written
   std::string kernel_note;             ///< why an Auto kernel was not written ("" otherwise)
   std::string progress_note;           ///< what became of saved progress ("" when there was none)
-  nlohmann::ordered_json json;         ///< explain.json as written
+  ExplainDocument document;            ///< explain.json as written
   std::vector<std::string> images;     ///< PNG files written, relative to dir
-  Metagradient metagradient;           ///< explain_metagradient's result (empty for explain())
+};
+
+/// What explain_metagradient() computed and wrote.
+struct MetagradientExplanation {
+  std::string dir;                     ///< the explain directory written
+  torch::Tensor test_index;            ///< int64 [n]
+  Metagradient metagradient;           ///< d f(w_N, x)/d c_i and its counters (metagradient.h)
+  ExplainDocument document;            ///< explain.json as written
+  std::vector<std::string> images;     ///< PNG files written, relative to dir
 };
 
 /// Which outputs explain_metagradient differentiates.
@@ -74,10 +64,14 @@ enum class MetagradientOutputs { Predicted, All };
 MetagradientOutputs parse_metagradient_outputs(const std::string& name);
 
 /// The metagradient of test points `test_index` (metagradient.h), written as
-/// an explain directory `out` (see the top of this header). With Predicted,
-/// each point's predicted class only: one adjoint per point instead of K.
-Explanation explain_metagradient(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+/// an explain directory `out` (explain_directory.h). With Predicted, each
+/// point's predicted class only: one adjoint per point instead of K.
+MetagradientExplanation explain_metagradient(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
                                  const ExplainOptions& options, MetagradientOutputs outputs);
+
+/// Records check c (made with step h) of e's metagradient in e.document and
+/// rewrites e.dir/explain.json with it.
+void record_check(MetagradientExplanation& e, const MetagradientCheck& c, double h);
 
 /// Whether the run is one kernel machine (paper Thm. 3.7): log-softmax output
 /// with the NLL loss (so u_i = −e_{y_i}), a constant learning rate and equal
@@ -91,7 +85,7 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
                     const ExplainOptions& options);
 
 /// explain() in its parts, for a caller that decomposes the test points
-/// itself (several processes share them: distributed_jobs.h). explain() is
+/// itself (several processes share them: across_ranks.h). explain() is
 /// check_explain_indices, explain_decomposition_options, decompose() with a
 /// DirectoryCheckpoint of explain_progress_arguments, then write_explanation.
 ///
@@ -109,20 +103,9 @@ nlohmann::ordered_json explain_progress_arguments(PathReader& reader, const torc
 /// Writes the explain directory `out` of d, the decomposition of test_index
 /// (kernel.npy when dopt.kernel; the PNG grids of image data when
 /// options.images), and fills e (dir, test_index, decomposition, kernel,
-/// json, images).
+/// document, images).
 void write_explanation(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
                        const DecompositionOptions& dopt, const ExplainOptions& options, Decomposition d,
                        Explanation& e);
-
-/// An explain directory read back and checked against the run it explains.
-struct ExplainOutput {
-  nlohmann::json points = nlohmann::json::array();  ///< explain.json's points
-  torch::Tensor test_index;                         ///< int64 [n]
-  torch::Tensor contributions;                      ///< [n, M, K]
-};
-
-/// Reads DIR/explain.json and DIR/contributions.npy. Throws Error naming the
-/// file when one is missing, malformed, or does not fit the run `m`.
-ExplainOutput read_explain_output(const std::string& dir, const Manifest& m);
 
 }  // namespace pathkernel

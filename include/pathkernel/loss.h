@@ -1,10 +1,7 @@
-// What a run explains and what it trains on: the output map (the function f
-// the decomposition is exact for) and the loss (what the training steps
-// descend). One definition of both, shared by training, replay and the engine.
+// The losses a run trains on, computed: the batch loss, the per-example
+// signal and the per-example losses of outputs f (after the output map,
+// objective.h, which also names the loss kinds).
 //
-// Output maps:
-//   logsoftmax  f = log_softmax(z) of the model's raw output z (default)
-//   logits      f = z
 // Losses, per example, on f (the batch loss is their mean):
 //   cross_entropy  ℓ = −log softmax(f)_y   (with logsoftmax: ℓ = −f_y)
 //   nll            ℓ = −f_y, for a model whose output is already log-probabilities
@@ -22,26 +19,9 @@
 
 #include <torch/torch.h>
 
+#include "pathkernel/objective.h"
+
 namespace pathkernel {
-
-enum class OutputMap { LogSoftmax, Logits };
-OutputMap parse_output_map(const std::string& name);
-std::string output_map_name(OutputMap map);
-
-enum class LossKind { CrossEntropy, Nll, Mse };
-
-/// Parses "cross_entropy" (or "cross-entropy"), "nll" or "mse"; throws Error
-/// listing the valid names.
-LossKind parse_loss_kind(const std::string& name);
-/// The name manifests record: "cross_entropy", "nll" or "mse".
-std::string loss_name(LossKind loss);
-/// The names parse_loss_kind accepts, as manifests write them.
-std::vector<std::string> loss_names();
-
-/// Throws Error when `loss` cannot be trained on the output map `map` (nll
-/// and mse need the logits map: on log_softmax(z) they would not be the loss
-/// the user asked for).
-void check_loss_output(LossKind loss, OutputMap map);
 
 /// Whether labels y are regression targets [n, K] (floating point) rather
 /// than class numbers [n] (int64).

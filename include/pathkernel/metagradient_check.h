@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "pathkernel/metagradient.h"
@@ -46,14 +45,25 @@ std::vector<int64_t> strongest_points(const Metagradient& g, int64_t count);
 MetagradientCheck check_metagradient(PathReader& reader, const torch::Tensor& x, const Metagradient& g,
                                      const std::vector<int64_t>& points, const MetagradientCheckOptions& options);
 
-/// The check as explain.json's "check" entry: h, the errors, the retrainings
-/// and each point's metagradient beside its differences (the entries
+/// The check as the explain directory records it (explain_directory.h,
+/// explain.json's "check" entry): the step, the errors, the retrainings and
+/// each point's metagradient beside its differences (the entries
 /// differentiated, test points then outputs).
-nlohmann::ordered_json check_json(const MetagradientCheck& c, double h);
+struct MetagradientCheckEntry {
+  struct Point {
+    int64_t index = 0;                    ///< the training point
+    std::vector<double> metagradient;     ///< the entries differentiated
+    std::vector<double> finite_differences;  ///< Richardson's estimate of the same entries
+  };
+  double h = 0;
+  double max_rel_error = 0;
+  double max_rel_spread = 0;
+  int64_t retrainings = 0;
+  double seconds = 0;
+  std::vector<Point> points;
+};
 
-/// Adds check_json(c, h) to explain_json, the explain.json of explain_dir,
-/// and rewrites the file atomically.
-void record_check(const std::string& explain_dir, nlohmann::ordered_json& explain_json, const MetagradientCheck& c,
-                  double h);
+/// The entry of check c, made with step h.
+MetagradientCheckEntry check_entry(const MetagradientCheck& c, double h);
 
 }  // namespace pathkernel

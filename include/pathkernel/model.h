@@ -26,7 +26,7 @@
 
 #include <torch/torch.h>
 
-#include "pathkernel/loss.h"
+#include "pathkernel/objective.h"
 
 namespace pathkernel {
 

@@ -13,14 +13,17 @@
 #include "pathkernel/environment.h"     // the machine bit-for-bit replay depends on
 #include "pathkernel/error.h"           // pathkernel::Error, thrown for every user error
 #include "pathkernel/evaluate.h"        // attribution methods tested against retraining
+#include "pathkernel/explain_directory.h"  // explain.json and contributions.npy, typed, written and read
+#include "pathkernel/explanation.h"     // explain(), explain_metagradient()
 #include "pathkernel/gp.h"              // Gaussian-process regression on a kernel
 #include "pathkernel/gram.h"            // EPK / DPK / NTK Gram matrices
 #include "pathkernel/infinite_width.h"  // the infinite-width NTK / NNGP
 #include "pathkernel/kernel_regression.h"
-#include "pathkernel/loss.h"              // output maps and losses (cross_entropy, nll, mse)
+#include "pathkernel/loss.h"            // the losses (cross_entropy, nll, mse), computed
 #include "pathkernel/manifest.h"        // manifest.json
 #include "pathkernel/model.h"           // model specs and networks
 #include "pathkernel/npy.h"             // reading and writing .npy
+#include "pathkernel/objective.h"       // output maps and loss kinds, by name
 #include "pathkernel/optimizer.h"       // optimizer options
 #include "pathkernel/path.h"            // PathReader: exact replay of a recorded path
 #include "pathkernel/run.h"             // train_run(), resume_run()

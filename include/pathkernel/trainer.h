@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "pathkernel/loss.h"
 #include "pathkernel/model.h"
 #include "pathkernel/optimizer.h"
 

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "pathkernel/distributed_jobs.h"
+#include "pathkernel/across_ranks.h"
 #include "pathkernel/explanation.h"
 #include "pathkernel/metagradient_check.h"
 
@@ -19,43 +19,54 @@ namespace pathkernel::cli {
 namespace {
 
 /// A point's top five proponents and opponents, a line each.
-void print_sides(const nlohmann::ordered_json& p) {
-  for (const char* side : {"proponents", "opponents"}) {
+void print_sides(const ExplainedPoint& p) {
+  const std::pair<const char*, const std::vector<RankedPoint>*> sides[] = {{"proponents", &p.proponents},
+                                                                          {"opponents", &p.opponents}};
+  for (const auto& [side, list] : sides) {
     std::printf("  %-10s", side);
     int shown = 0;
-    for (const auto& e : p[side]) {
+    for (const RankedPoint& e : *list) {
       if (shown++ == 5) break;
       // A label is a class number, or a regression target's row.
-      std::printf(" #%lld(label %s) %+.3g", static_cast<long long>(e["index"].get<int64_t>()),
-                  e["label"].dump().c_str(), e["value"].get<double>());
+      std::printf(" #%lld(label %s) %+.3g", static_cast<long long>(e.index), e.label.str().c_str(), e.value);
     }
     std::printf("\n");
   }
 }
 
 /// The top five proponents and opponents of each explained point, as text.
-void print_points(const nlohmann::ordered_json& points) {
-  for (const auto& p : points) {
-    std::printf("test %lld (label %s) predicted %lld; completeness error %.2e\n",
-                static_cast<long long>(p["test_index"].get<int64_t>()), p["label"].dump().c_str(),
-                static_cast<long long>(p["predicted"].get<int64_t>()), p["completeness_error"].get<double>());
+void print_points(const std::vector<ExplainedPoint>& points) {
+  for (const ExplainedPoint& p : points) {
+    std::printf("test %lld (label %s) predicted %lld; completeness error %.2e\n", static_cast<long long>(p.test_index),
+                p.label.str().c_str(), static_cast<long long>(p.predicted), p.completeness_error);
     print_sides(p);
   }
 }
 
-/// Each rank's test points and decomposition time, and their sum (the work
-/// one process would do, if the shares cost the same alone as side by side).
-nlohmann::ordered_json ranks_json(const ExplainAcross& a) {
-  double work = 0, wall = 0;
+/// The slowest rank's decomposition time and the sum over the ranks (the
+/// work one process would do, if the shares cost the same alone as side by side).
+struct RankSeconds {
+  double slowest = 0;
+  double sum = 0;
+};
+
+RankSeconds rank_seconds(const ExplainAcross& a) {
+  RankSeconds t;
   for (double s : a.rank_seconds) {
-    work += s;
-    wall = std::max(wall, s);
+    t.sum += s;
+    t.slowest = std::max(t.slowest, s);
   }
+  return t;
+}
+
+/// Each rank's test points and decomposition time, and their slowest and sum.
+nlohmann::ordered_json ranks_json(const ExplainAcross& a) {
+  const RankSeconds t = rank_seconds(a);
   return {{"count", a.rank_seconds.size()},
           {"points", a.rank_points},
           {"seconds", a.rank_seconds},
-          {"seconds_max", wall},
-          {"seconds_sum", work}};
+          {"seconds_max", t.slowest},
+          {"seconds_sum", t.sum}};
 }
 
 void print_ranks(const ExplainAcross& a) {
@@ -63,25 +74,119 @@ void print_ranks(const ExplainAcross& a) {
   for (size_t r = 0; r < a.rank_seconds.size(); ++r) {
     std::printf(" rank %zu: %lld points in %.2f s;", r, static_cast<long long>(a.rank_points[r]), a.rank_seconds[r]);
   }
-  const nlohmann::ordered_json j = ranks_json(a);
-  std::printf(" slowest %.2f s of %.2f s in all\n", j["seconds_max"].get<double>(), j["seconds_sum"].get<double>());
+  const RankSeconds t = rank_seconds(a);
+  std::printf(" slowest %.2f s of %.2f s in all\n", t.slowest, t.sum);
+}
+
+/// What --json prints: explain.json, with where it went and the PNG grids.
+nlohmann::ordered_json summary_json(const ExplainDocument& doc, const std::string& out,
+                                    const std::vector<std::string>& images) {
+  nlohmann::ordered_json summary = explain_json(doc);
+  summary["out"] = out;
+  summary["images"] = images;
+  return summary;
+}
+
+/// The arguments of `pathkernel explain`.
+struct ExplainArgs {
+  std::string run, out;
+  TestPointArgs points;
+  std::string kernel = "auto";
+  std::string method = "exact";
+  std::string outputs = "predicted";
+  int64_t check = 0;
+  double fd_step = 1e-5;
+  ExplainOptions explain;
+  QuadratureArgs q;
+};
+
+/// The metagradient's text: its counters, each point's sides, the check.
+void print_metagradient(const MetagradientExplanation& e, const std::string& outputs, const std::string& out) {
+  const Metagradient& g = e.metagradient;
+  std::printf("metagradient d f(w_N, x)/d(loss weight of training point i), %s output(s), %lld adjoint(s) "
+              "through %lld steps in %.2f s\n",
+              outputs.c_str(), static_cast<long long>(g.adjoints), static_cast<long long>(g.steps), g.seconds);
+  for (const ExplainedPoint& p : e.document.points) {
+    std::printf("test %lld (label %s) predicted %lld; output %lld\n", static_cast<long long>(p.test_index),
+                p.label.str().c_str(), static_cast<long long>(p.predicted), static_cast<long long>(p.output));
+    print_sides(p);
+  }
+  if (e.document.check) {
+    const MetagradientCheckEntry& c = *e.document.check;
+    std::printf("check on %zu training points: max relative error %.2e against finite differences of "
+                "retraining (which resolve %.1e), %lld retrainings in %.1f s\n",
+                c.points.size(), c.max_rel_error, c.max_rel_spread, static_cast<long long>(c.retrainings), c.seconds);
+  }
+  const torch::Tensor& c = g.values;
+  std::printf("wrote %s/contributions.npy [%lld, %lld, %lld] (metagradient%s) and %s/explain.json\n", out.c_str(),
+              static_cast<long long>(c.size(0)), static_cast<long long>(c.size(1)), static_cast<long long>(c.size(2)),
+              g.outputs.defined() ? "; NaN in outputs not differentiated" : "", out.c_str());
+}
+
+/// explain --method metagradient, in one process, with its check when asked.
+void run_metagradient(const ExplainArgs& args, const ExplainOptions& options, const Globals& globals) {
+  const Communicator& world = Communicator::world();
+  PK_CHECK(world.size() == 1, "explain --method metagradient runs in one process (got " << world.size() << " ranks)");
+  PathReader reader(args.run);
+  const torch::Tensor idx = args.points.indices(reader.dataset().y_test, 1);
+  const std::string out = args.out.empty() ? (std::filesystem::path(args.run) / "metagradient").string() : args.out;
+  MetagradientExplanation e =
+      explain_metagradient(reader, idx, out, options, parse_metagradient_outputs(args.outputs));
+  if (args.check > 0) {
+    MetagradientCheckOptions copt;
+    copt.h = args.fd_step;
+    copt.retrain.progress = !globals.quiet;
+    copt.retrain.label = "check";
+    const MetagradientCheck c = check_metagradient(reader, reader.dataset().x_test.index_select(0, idx),
+                                                   e.metagradient, strongest_points(e.metagradient, args.check), copt);
+    record_check(e, c, copt.h);
+  }
+  if (globals.json) {
+    globals.print(summary_json(e.document, out, e.images), "");
+    return;
+  }
+  print_metagradient(e, args.outputs, out);
+}
+
+/// explain --method exact; under mpirun each rank explains a share of the
+/// points (across_ranks.h).
+void run_exact(const ExplainArgs& args, const ExplainOptions& options, const Globals& globals) {
+  const Communicator& world = Communicator::world();
+  std::optional<PathReader> reader;
+  torch::Tensor idx;
+  world.agree([&] {
+    reader.emplace(args.run);
+    idx = args.points.indices(reader->dataset().y_test, 1);
+  });
+  const std::string out = args.out.empty() ? (std::filesystem::path(args.run) / "explain").string() : args.out;
+  const ExplainAcross across = explain_across(world, *reader, idx, out, options);
+  if (!world.root()) return;
+  const Explanation& e = across.explanation;
+  if (!e.document.warning.empty()) {  // updates the run does not describe (decomposition.h, StepResiduals)
+    std::fprintf(stderr, "pathkernel: warning: %s\n", e.document.warning.c_str());
+  }
+  if (globals.json) {
+    nlohmann::ordered_json summary = summary_json(e.document, out, e.images);
+    if (world.size() > 1) summary["ranks"] = ranks_json(across);
+    globals.print(summary, "");
+    return;
+  }
+  print_points(e.document.points);
+  if (world.size() > 1) print_ranks(across);
+  const torch::Tensor& c = e.decomposition.contributions;
+  std::printf("wrote %s/contributions.npy [%lld, %lld, %lld]%s and %s/explain.json\n", out.c_str(),
+              static_cast<long long>(c.size(0)), static_cast<long long>(c.size(1)), static_cast<long long>(c.size(2)),
+              e.kernel ? ", kernel.npy" : "", out.c_str());
+  if (!e.images.empty()) {
+    std::printf("wrote %zu PNG grids (test image in blue; proponents green, top row; opponents red, bottom row): "
+                "%s/%s ...\n", e.images.size(), out.c_str(), e.images.front().c_str());
+  }
 }
 
 }  // namespace
 
 void add_explain_command(CLI::App& app, Globals& globals) {
-  struct Args {
-    std::string run, out;
-    TestPointArgs points;
-    std::string kernel = "auto";
-    std::string method = "exact";
-    std::string outputs = "predicted";
-    int64_t check = 0;
-    double fd_step = 1e-5;
-    ExplainOptions explain;
-    QuadratureArgs q;
-  };
-  auto args = std::make_shared<Args>();
+  auto args = std::make_shared<ExplainArgs>();
   CLI::App* cmd = app.add_subcommand(
       "explain", "Split test predictions exactly into per-training-point contributions");
   cmd->add_option("RUN", args->run, "Run directory")->required();
@@ -129,89 +234,8 @@ void add_explain_command(CLI::App& app, Globals& globals) {
       const bool kernel = note.rfind("kernel.npy", 0) == 0;
       std::fprintf(stderr, "pathkernel: %s%s\n", note.c_str(), kernel ? " (use --kernel on to force)" : "");
     };
-    const Communicator& world = Communicator::world();
-    if (args->method == "metagradient") {
-      PK_CHECK(world.size() == 1, "explain --method metagradient runs in one process (got " << world.size()
-                                                                                               << " ranks)");
-      PathReader reader(args->run);
-      const torch::Tensor idx = args->points.indices(reader.dataset().y_test, 1);
-      const std::string out =
-          args->out.empty() ? (std::filesystem::path(args->run) / "metagradient").string() : args->out;
-      Explanation e = explain_metagradient(reader, idx, out, options, parse_metagradient_outputs(args->outputs));
-      if (args->check > 0) {
-        MetagradientCheckOptions copt;
-        copt.h = args->fd_step;
-        copt.retrain.progress = !globals.quiet;
-        copt.retrain.label = "check";
-        const MetagradientCheck c =
-            check_metagradient(reader, reader.dataset().x_test.index_select(0, idx), e.metagradient,
-                               strongest_points(e.metagradient, args->check), copt);
-        record_check(out, e.json, c, copt.h);
-      }
-      if (globals.json) {
-        nlohmann::ordered_json summary = e.json;
-        summary["out"] = out;
-        summary["images"] = e.images;
-        globals.print(summary, "");
-        return;
-      }
-      std::printf("metagradient d f(w_N, x)/d(loss weight of training point i), %s output(s), %lld adjoint(s) "
-                  "through %lld steps in %.2f s\n",
-                  args->outputs.c_str(), static_cast<long long>(e.metagradient.adjoints),
-                  static_cast<long long>(e.metagradient.steps), e.metagradient.seconds);
-      for (const auto& p : e.json["points"]) {
-        std::printf("test %lld (label %s) predicted %lld; output %lld\n",
-                    static_cast<long long>(p["test_index"].get<int64_t>()), p["label"].dump().c_str(),
-                    static_cast<long long>(p["predicted"].get<int64_t>()),
-                    static_cast<long long>(p["output"].get<int64_t>()));
-        print_sides(p);
-      }
-      if (e.json.contains("check")) {
-        const auto& c = e.json["check"];
-        std::printf("check on %zu training points: max relative error %.2e against finite differences of "
-                    "retraining (which resolve %.1e), %lld retrainings in %.1f s\n",
-                    c["points"].size(), c["max_rel_error"].get<double>(), c["max_rel_spread"].get<double>(),
-                    static_cast<long long>(c["retrainings"].get<int64_t>()), c["seconds"].get<double>());
-      }
-      const torch::Tensor& c = e.metagradient.values;
-      std::printf("wrote %s/contributions.npy [%lld, %lld, %lld] (metagradient%s) and %s/explain.json\n", out.c_str(),
-                  static_cast<long long>(c.size(0)), static_cast<long long>(c.size(1)),
-                  static_cast<long long>(c.size(2)), e.metagradient.outputs.defined() ? "; NaN in outputs not differentiated" : "",
-                  out.c_str());
-      return;
-    }
-    // Under mpirun each rank explains a share of the points (distributed_jobs.h).
-    std::optional<PathReader> reader;
-    torch::Tensor idx;
-    world.agree([&] {
-      reader.emplace(args->run);
-      idx = args->points.indices(reader->dataset().y_test, 1);
-    });
-    const std::string out = args->out.empty() ? (std::filesystem::path(args->run) / "explain").string() : args->out;
-    const ExplainAcross across = explain_across(world, *reader, idx, out, options);
-    if (!world.root()) return;
-    const Explanation& e = across.explanation;
-    if (e.json.contains("warning")) {  // updates the run does not describe (decomposition.h, StepResiduals)
-      std::fprintf(stderr, "pathkernel: warning: %s\n", e.json["warning"].get<std::string>().c_str());
-    }
-    if (globals.json) {
-      nlohmann::ordered_json summary = e.json;
-      summary["out"] = out;
-      summary["images"] = e.images;
-      if (world.size() > 1) summary["ranks"] = ranks_json(across);
-      globals.print(summary, "");
-      return;
-    }
-    print_points(e.json["points"]);
-    if (world.size() > 1) print_ranks(across);
-    const torch::Tensor& c = e.decomposition.contributions;
-    std::printf("wrote %s/contributions.npy [%lld, %lld, %lld]%s and %s/explain.json\n", out.c_str(),
-                static_cast<long long>(c.size(0)), static_cast<long long>(c.size(1)),
-                static_cast<long long>(c.size(2)), e.kernel ? ", kernel.npy" : "", out.c_str());
-    if (!e.images.empty()) {
-      std::printf("wrote %zu PNG grids (test image in blue; proponents green, top row; opponents red, bottom row): "
-                  "%s/%s ...\n", e.images.size(), out.c_str(), e.images.front().c_str());
-    }
+    if (args->method == "metagradient") run_metagradient(*args, options, globals);
+    else run_exact(*args, options, globals);
   });
 }
 

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "pathkernel/distributed_jobs.h"
+#include "pathkernel/across_ranks.h"
 #include "pathkernel/gram_file.h"
 
 namespace pathkernel::cli {
@@ -45,7 +45,7 @@ void add_gram_command(CLI::App& app, Globals& globals) {
     globals.apply();
     GramOptions options = args->k.options();
     options.trace = args->outputs == "trace";
-    // Under mpirun each rank computes a share of the test side (distributed_jobs.h).
+    // Under mpirun each rank computes a share of the test side (across_ranks.h).
     const Communicator& world = Communicator::world();
     std::optional<PathReader> reader_storage;
     world.agree([&] { reader_storage.emplace(args->run); });

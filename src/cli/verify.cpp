@@ -8,7 +8,7 @@
 
 #include "commands.h"
 #include "pathkernel/decomposition.h"
-#include "pathkernel/distributed_jobs.h"
+#include "pathkernel/across_ranks.h"
 #include "pathkernel/error.h"
 
 namespace pathkernel::cli {
@@ -29,7 +29,7 @@ void add_verify_command(CLI::App& app, Globals& globals) {
   cmd->callback([args, &globals] {
     globals.apply();
     DecompositionOptions options = args->q.options();
-    // Under mpirun each rank decomposes a share of the points (distributed_jobs.h).
+    // Under mpirun each rank decomposes a share of the points (across_ranks.h).
     const Communicator& world = Communicator::world();
     std::optional<PathReader> reader_storage;
     torch::Tensor idx;

@@ -8,6 +8,8 @@
 
 #include "decomposition_walk.h"
 #include "pathkernel/error.h"
+#include "pathkernel/loss.h"
+#include "pathkernel/progress.h"
 #include "pathkernel/update_rule.h"
 
 namespace pathkernel {

@@ -21,6 +21,7 @@
 #include "pathkernel/decomposition.h"
 #include "pathkernel/decomposition_checkpoint.h"
 #include "pathkernel/dropout.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/features.h"
 #include "pathkernel/path.h"
 #include "pathkernel/update_rule.h"

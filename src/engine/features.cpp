@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "pathkernel/error.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/kinks.h"
 #include "pathkernel/layer_rules.h"
 #include "point_groups.h"

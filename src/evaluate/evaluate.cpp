@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <set>
 
 #include "pathkernel/context.h"
@@ -36,8 +38,9 @@ std::vector<int64_t> top_abs(const torch::Tensor& s, int64_t k) {
 /// path responding), per test point: their rank and linear correlations, how
 /// many of the top k by |score| they share, and the points in one's top k and
 /// not the other's.
-ojson compare_views(const torch::Tensor& epk, const torch::Tensor& mg, const torch::Tensor& y_train, int64_t k) {
-  ojson points = ojson::array();
+ViewComparison compare_views(const torch::Tensor& epk, const torch::Tensor& mg, const torch::Tensor& y_train,
+                             int64_t k) {
+  ViewComparison views;
   std::vector<double> rank_corr, overlap;
   for (int64_t p = 0; p < epk.size(0); ++p) {
     const torch::Tensor a = epk[p].contiguous(), b = mg[p].contiguous();
@@ -45,36 +48,28 @@ ojson compare_views(const torch::Tensor& epk, const torch::Tensor& mg, const tor
     const std::vector<double> vb(b.data_ptr<double>(), b.data_ptr<double>() + b.numel());
     const std::vector<int64_t> ta = top_abs(a, k), tb = top_abs(b, k);
     auto row = [&](int64_t i) {
-      return ojson{{"index", i},
-                   {"label", is_regression_target(y_train) ? ojson(nullptr) : ojson(y_train[i].item<int64_t>())},
-                   {"epk", va[static_cast<size_t>(i)]},
-                   {"metagradient", vb[static_cast<size_t>(i)]}};
+      return ViewPoint{i,
+                       is_regression_target(y_train) ? std::nullopt : std::optional(y_train[i].item<int64_t>()),
+                       va[static_cast<size_t>(i)], vb[static_cast<size_t>(i)]};
     };
-    ojson only_mg = ojson::array(), only_epk = ojson::array();
-    int64_t shared = 0;
+    ViewTestPoint point;
     for (int64_t i : tb) {
-      if (std::find(ta.begin(), ta.end(), i) == ta.end()) only_mg.push_back(row(i));
-      else ++shared;
+      if (std::find(ta.begin(), ta.end(), i) == ta.end()) point.counterfactual_only.push_back(row(i));
+      else ++point.top_shared;
     }
     for (int64_t i : ta) {
-      if (std::find(tb.begin(), tb.end(), i) == tb.end()) only_epk.push_back(row(i));
+      if (std::find(tb.begin(), tb.end(), i) == tb.end()) point.decomposition_only.push_back(row(i));
     }
     rank_corr.push_back(spearman(va, vb));
-    overlap.push_back(static_cast<double>(shared) / static_cast<double>(ta.size()));
-    points.push_back({{"spearman", rank_corr.back()},
-                      {"pearson", pearson(va, vb)},
-                      {"top_shared", shared},
-                      {"counterfactual_only", only_mg},
-                      {"decomposition_only", only_epk}});
+    overlap.push_back(static_cast<double>(point.top_shared) / static_cast<double>(ta.size()));
+    point.spearman = rank_corr.back();
+    point.pearson = pearson(va, vb);
+    views.per_test.push_back(std::move(point));
   }
-  return {{"top", k},
-          {"meaning", "epk: the exact contribution, the training path held fixed; metagradient: the first-order "
-                      "change when the point's loss weight goes to 0, the whole run responding. "
-                      "counterfactual_only lists points in the metagradient's top by |score| but not the exact "
-                      "contribution's; decomposition_only the reverse"},
-          {"median_spearman", median_finite(rank_corr)},
-          {"mean_top_shared_fraction", mean_finite(overlap)},
-          {"per_test", points}};
+  views.top = k;
+  views.median_spearman = median_finite(rank_corr);
+  views.mean_top_shared_fraction = mean_finite(overlap);
+  return views;
 }
 
 
@@ -91,9 +86,6 @@ std::vector<int64_t> to_indices(const torch::Tensor& t) {
   const torch::Tensor c = t.to(torch::kLong).contiguous();
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
-
-/// NaN as JSON null (JSON has no NaN).
-ojson number(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
 
 bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
@@ -192,13 +184,82 @@ void EvaluateOptions::validate(int64_t num_train, int64_t num_classes) const {
   }
 }
 
-Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
-                    const EvaluateOptions& options) {
-  const auto t_start = std::chrono::steady_clock::now();
+namespace {
+
+/// One evaluate() call: its inputs, what is shared between the metrics (the
+/// scores, the baseline retraining), and the result as it fills up. Each
+/// metric is a step of its own.
+class Evaluator {
+ public:
+  Evaluator(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+            const EvaluateOptions& options);
+  EvaluateResult run();
+
+ private:
+  void note(const std::string& s) const {
+    if (options_.on_note) options_.on_note(s);
+  }
+  bool wants(const char* metric) const { return contains(options_.metrics, metric); }
+  void add_seconds(const std::string& phase, double s) { r_.seconds.emplace_back(phase, s); }
+  /// Adds a column with each method's value.
+  template <typename Value>
+  void add_column(const std::string& column, Value value);
+  /// Runs one set of retrainings: their outputs, float64 [J, n, K].
+  torch::Tensor retrain(const std::vector<RetrainJob>& jobs, const std::string& name);
+
+  void start();
+  void score_test_points();
+  void retrain_baseline();
+  /// Each test point's removed points: its extremes by the first method, plus the random points.
+  std::vector<std::vector<int64_t>> loo_sample(const torch::Tensor& random) const;
+  LooTestPoint loo_test_point(int64_t t, const std::vector<int64_t>& s, const torch::Tensor& f,
+                              const torch::Tensor& base, const std::map<int64_t, int64_t>& row,
+                              const std::set<int64_t>& random_set) const;
+  void leave_one_out();
+  void linear_datamodeling();
+  void brittleness();
+  /// Trains the run with `labels` in the work directory (or reuses it): its directory.
+  std::string train_flipped_run(const torch::Tensor& labels, int64_t count);
+  void mislabel();
+  void finish(const std::chrono::steady_clock::time_point t_start);
+
+  PathReader& reader_;
+  const torch::Tensor test_index_;
+  const std::string out_;
+  const EvaluateOptions& options_;
+  const Manifest& m_;
+  const Dataset& data_;
+  const int64_t M_, K_, n_;
+  const std::string work_;
+  torch::Tensor x_;       ///< the test inputs [n, ...]
+  torch::Tensor fN_;      ///< [n, K], on the retrainings' thread count
+  torch::Tensor output_;  ///< the chosen output per test point [n]
+  ojson key_;             ///< what the scores depend on
+  AttributionOptions aopt_;
+  std::map<std::string, torch::Tensor> scores_;  ///< per method [n, M]
+  std::optional<Retrainer> retrainer_;  ///< made once the scores are in (a recorded run cannot retrain)
+  RetrainOptions ropt_;
+  torch::Tensor f_base_;  ///< [n, K]: the retraining that removes nothing
+  EvaluateResult r_;
+};
+
+Evaluator::Evaluator(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+                     const EvaluateOptions& options)
+    : reader_(reader),
+      test_index_(test_index),
+      out_(out),
+      options_(options),
+      m_(reader.manifest()),
+      data_(reader.dataset()),
+      M_(m_.num_train),
+      K_(m_.num_classes),
+      n_(test_index.size(0)),
+      work_((fs::path(out) / ".work").string()) {}
+
+void check_evaluate_inputs(PathReader& reader, const torch::Tensor& test_index, const EvaluateOptions& options) {
   const Manifest& m = reader.manifest();
   const Dataset& data = reader.dataset();
-  const int64_t M = m.num_train, K = m.num_classes;
-  options.validate(M, K);
+  options.validate(m.num_train, m.num_classes);
   const bool regression = is_regression_target(data.y_train);
   PK_CHECK(!(regression && options.output == "label"),
            "evaluate: --output label needs class labels; run '" << reader.dir() << "' trains on regression targets");
@@ -208,423 +269,350 @@ Evaluation evaluate(PathReader& reader, const torch::Tensor& test_index, const s
            "evaluate: test indices must be a non-empty int64 list (got " << test_index.sizes() << ")");
   PK_CHECK(test_index.min().item<int64_t>() >= 0 && test_index.max().item<int64_t>() < data.x_test.size(0),
            "evaluate: test indices must lie in [0, " << data.x_test.size(0) << ")");
-  auto note = [&](const std::string& s) {
-    if (options.on_note) options.on_note(s);
-  };
-  const std::vector<std::string>& methods = options.methods;
-  auto wants = [&](const char* metric) { return contains(options.metrics, metric); };
-  const std::string work = (fs::path(out) / ".work").string();
-  fs::create_directories(work);
-
-  const int64_t n = test_index.size(0);
-  const torch::Tensor x = data.x_test.index_select(0, test_index);
-  torch::Tensor fN;  // [n, K], on the retrainings' thread count, so a retraining that reproduces w_N reproduces it
-  {
-    ThreadScope threads(options.retrain.threads_per_retrain);
-    fN = reader.outputs(m.steps, x);
-  }
-  const torch::Tensor output = chosen_outputs(fN, data.y_test.index_select(0, test_index), options.output);
-  const torch::Tensor predicted = fN.argmax(1);
-  const ojson key{{"manifest_crc32", reader.manifest_crc32()},
-                  {"test_indices", to_indices(test_index)},
-                  {"quadrature", options.attribution.quadrature.spec.str()},
-                  {"tol", options.attribution.quadrature.tol},
-                  {"gauss_nodes", options.attribution.quadrature.gauss_nodes},
-                  {"seed", options.attribution.seed},
-                  {"threads", current_threads()}};
-  ScoreCache cache(work, key);
-  AttributionOptions aopt = options.attribution;
-  aopt.progress = options.progress;
-
-  Evaluation ev;
-  ojson& j = ev.json;
-  j["run"] = reader.dir();
-  j["test_indices"] = to_indices(test_index);
-  j["output"] = options.output;
-  j["outputs"] = to_indices(output);
-  j["methods"] = methods;
-  j["metrics"] = options.metrics;
-  ojson seconds = ojson::object();
-  ojson table = ojson::object();
-  for (const std::string& meth : methods) table[meth] = ojson::object();
-
-  // Scores on the test points, for every metric but mislabel.
-  std::map<std::string, torch::Tensor> scores;
-  if (wants("loo") || wants("lds") || wants("brittleness")) {
-    for (const std::string& meth : methods) {
-      const auto t0 = std::chrono::steady_clock::now();
-      note("scores: " + meth + " on " + std::to_string(n) + " test points");
-      scores[meth] = cache.get(reader, meth, "test", x, output, aopt);
-      seconds["scores_" + meth] = seconds_since(t0);
-    }
-  }
-
-  if (scores.count("epk") && scores.count("metagradient")) {
-    j["views"] = compare_views(scores.at("epk"), scores.at("metagradient"), data.y_train, kViewTop);
-  }
-
-  Retrainer retrainer(reader);
-  RetrainOptions ropt = options.retrain;
-  ropt.progress = options.progress;
-  int64_t retrainings = 0;
-  double retrain_seconds = 0;
-  auto retrain = [&](const std::vector<RetrainJob>& jobs, const std::string& name) {
-    const auto t0 = std::chrono::steady_clock::now();
-    RetrainOptions o = ropt;
-    o.work_file = (fs::path(work) / ("retrain_" + name)).string();
-    o.label = name;
-    note("retraining: " + std::to_string(jobs.size()) + " " + name + " runs");
-    torch::Tensor f = options.retrain_outputs ? options.retrain_outputs(retrainer, jobs, x, o)
-                                              : retrainer.outputs(jobs, x, o);
-    retrainings += static_cast<int64_t>(jobs.size());
-    retrain_seconds += seconds_since(t0);
-    seconds["retrain_" + name] = seconds_since(t0);
-    return f;
-  };
-
-  torch::Tensor f_base;  // [n, K]: the retraining that removes nothing
-  if (wants("loo") || wants("brittleness")) {
-    f_base = retrain({RetrainJob{}}, "baseline")[0];
-    const bool same = torch::equal(f_base, fN);
-    j["retrain"]["baseline_reproduces_run"] = same;
-    j["retrain"]["baseline_max_abs_diff"] = (f_base - fN).abs().max().item<double>();
-    if (!same) {
-      char text[256];
-      std::snprintf(text, sizeof text,
-                    "the retraining that removes nothing differs from the run (max |diff| %.1e; the run used %lld "
-                    "threads, each retraining %d): effects are measured against it, not the run",
-                    (f_base - fN).abs().max().item<double>(), static_cast<long long>(m.threads),
-                    ropt.threads_per_retrain);
-      note(text);
-    }
-  }
-
-  if (wants("loo")) {
-    // The sample: each test point's extremes by the first method, plus random points.
-    auto gen = at::detail::createCPUGenerator(options.seed * 1000003ull + 17);
-    const torch::Tensor random = torch::randperm(M, gen, torch::kLong).narrow(0, 0, options.loo_random);
-    const torch::Tensor& select = scores.at(methods.front());
-    std::vector<std::vector<int64_t>> sample(static_cast<size_t>(n));
-    std::set<int64_t> all;
-    for (int64_t t = 0; t < n; ++t) {
-      std::set<int64_t> mine;
-      if (options.loo_extremes > 0) {
-        for (bool largest : {true, false}) {
-          for (int64_t i : to_indices(std::get<1>(select[t].topk(options.loo_extremes, 0, largest)))) mine.insert(i);
-        }
-      }
-      for (int64_t i : to_indices(random)) mine.insert(i);
-      sample[static_cast<size_t>(t)].assign(mine.begin(), mine.end());
-      all.insert(mine.begin(), mine.end());
-    }
-    const std::vector<int64_t> removed(all.begin(), all.end());
-    std::vector<RetrainJob> jobs;
-    for (int64_t i : removed) jobs.push_back(removal_job(M, torch::tensor({i}, torch::kLong)));
-    const torch::Tensor f = at_outputs(retrain(jobs, "loo"), output);  // [R, n]
-    const torch::Tensor base = f_base.gather(1, output.view({n, 1})).squeeze(1);  // [n]
-    std::map<int64_t, int64_t> row;
-    for (size_t r = 0; r < removed.size(); ++r) row[removed[r]] = static_cast<int64_t>(r);
-    const std::vector<int64_t> random_list = to_indices(random);
-    const std::set<int64_t> random_set(random_list.begin(), random_list.end());
-    ojson per_test = ojson::array();
-    std::map<std::string, std::vector<double>> sp, pe, sp_random, slopes;
-    for (int64_t t = 0; t < n; ++t) {
-      const std::vector<int64_t>& s = sample[static_cast<size_t>(t)];
-      std::vector<double> effect, effect_random;
-      for (int64_t i : s) {
-        const double e = base[t].item<double>() - f[row[i]][t].item<double>();
-        effect.push_back(e);
-        if (random_set.count(i)) effect_random.push_back(e);
-      }
-      ojson entry{{"test_index", test_index[t].item<int64_t>()}, {"output", output[t].item<int64_t>()},
-                  {"sample", s}, {"effect", effect}};
-      for (const std::string& meth : methods) {
-        std::vector<double> sc, sc_random;
-        for (int64_t i : s) {
-          const double v = scores[meth][t][i].item<double>();
-          sc.push_back(v);
-          if (random_set.count(i)) sc_random.push_back(v);
-        }
-        const double rs = spearman(sc, effect), rp = pearson(sc, effect), slope = slope_through_origin(sc, effect);
-        const double rr = sc_random.size() >= 2 ? spearman(sc_random, effect_random) : std::nan("");
-        sp[meth].push_back(rs);
-        pe[meth].push_back(rp);
-        sp_random[meth].push_back(rr);
-        slopes[meth].push_back(slope);
-        entry["scores"][meth] = sc;
-        entry["spearman"][meth] = number(rs);
-        entry["pearson"][meth] = number(rp);
-        entry["spearman_random"][meth] = number(rr);
-        entry["slope"][meth] = number(slope);
-      }
-      per_test.push_back(entry);
-    }
-    ojson mean;
-    for (const std::string& meth : methods) {
-      mean[meth] = {{"spearman", number(mean_finite(sp[meth]))},
-                    {"pearson", number(mean_finite(pe[meth]))},
-                    {"spearman_random", number(mean_finite(sp_random[meth]))},
-                    {"slope", number(median_finite(slopes[meth]))}};
-      table[meth]["loo_spearman"] = mean[meth]["spearman"];
-      table[meth]["loo_pearson"] = mean[meth]["pearson"];
-      table[meth]["loo_spearman_random"] = mean[meth]["spearman_random"];
-      table[meth]["loo_slope"] = mean[meth]["slope"];
-    }
-    ev.columns.insert(ev.columns.end(), {"loo_spearman", "loo_pearson", "loo_spearman_random", "loo_slope"});
-    j["loo"] = {{"selection_method", methods.front()},
-                {"extremes", options.loo_extremes},
-                {"random", to_indices(random)},
-                {"removed", removed},
-                {"base", to_vector(base)},
-                {"mean", mean},
-                {"per_test", per_test}};
-  }
-
-  if (wants("lds")) {
-    const int64_t size = std::max<int64_t>(1, std::llround(options.lds_fraction * static_cast<double>(M)));
-    std::vector<RetrainJob> jobs;
-    std::vector<torch::Tensor> masks;
-    for (int64_t s = 0; s < options.lds_subsets; ++s) {
-      auto gen = at::detail::createCPUGenerator(options.seed * 1000003ull + 1000 + static_cast<uint64_t>(s));
-      RetrainJob job;
-      job.keep = torch::zeros({M}, torch::kBool);
-      job.keep.index_fill_(0, torch::randperm(M, gen, torch::kLong).narrow(0, 0, size), true);
-      masks.push_back(job.keep.to(torch::kFloat64));
-      jobs.push_back(job);
-    }
-    const torch::Tensor f = at_outputs(retrain(jobs, "lds"), output);  // [S, n]
-    const torch::Tensor mask = torch::stack(masks);                     // [S, M]
-    ojson per_test = ojson::object();
-    for (const std::string& meth : methods) {
-      const torch::Tensor predicted_sum = mask.matmul(scores[meth].t());  // [S, n]
-      std::vector<double> per;
-      for (int64_t t = 0; t < n; ++t) per.push_back(spearman(to_vector(predicted_sum.select(1, t)),
-                                                             to_vector(f.select(1, t))));
-      per_test[meth] = ojson::array();
-      for (double v : per) per_test[meth].push_back(number(v));
-      table[meth]["lds"] = number(mean_finite(per));
-    }
-    ev.columns.push_back("lds");
-    j["lds"] = {{"subsets", options.lds_subsets}, {"fraction", options.lds_fraction}, {"subset_size", size},
-                {"per_test", per_test}};
-  }
-
-  if (wants("brittleness")) {
-    const std::vector<int64_t>& grid = options.brittleness_grid;
-    std::vector<RetrainJob> jobs;
-    for (const std::string& meth : methods) {
-      for (int64_t t = 0; t < n; ++t) {
-        const torch::Tensor order = std::get<1>(scores[meth][t].topk(grid.back(), 0, true));
-        for (int64_t k : grid) jobs.push_back(removal_job(M, order.narrow(0, 0, k)));
-      }
-    }
-    const torch::Tensor f = retrain(jobs, "brittleness");  // [methods * n * grid, n, K]
-    const torch::Tensor base_class = f_base.argmax(1);
-    ojson per_test = ojson::object();
-    size_t r = 0;
-    for (const std::string& meth : methods) {
-      per_test[meth] = ojson::array();
-      int64_t flipped = 0;
-      std::vector<double> ks;
-      for (int64_t t = 0; t < n; ++t) {
-        ojson smallest = nullptr;
-        for (int64_t k : grid) {
-          const bool flip = f[static_cast<int64_t>(r++)][t].argmax().item<int64_t>() != base_class[t].item<int64_t>();
-          if (flip && smallest.is_null()) smallest = k;
-        }
-        if (!smallest.is_null()) {
-          ++flipped;
-          ks.push_back(smallest.get<double>());
-        }
-        per_test[meth].push_back(smallest);
-      }
-      std::sort(ks.begin(), ks.end());
-      table[meth]["brittleness_flipped"] = static_cast<double>(flipped) / static_cast<double>(n);
-      table[meth]["brittleness_median_k"] = ks.empty() ? ojson(nullptr) : ojson(ks[ks.size() / 2]);
-    }
-    ev.columns.insert(ev.columns.end(), {"brittleness_flipped", "brittleness_median_k"});
-    j["brittleness"] = {{"grid", grid}, {"per_test", per_test}};
-  }
-
-  if (wants("mislabel")) {
-    const auto t0 = std::chrono::steady_clock::now();
-    // Flip a seeded fraction of the labels to another class, seeded.
-    const int64_t count = std::llround(options.mislabel_fraction * static_cast<double>(M));
-    auto gen = at::detail::createCPUGenerator(options.seed * 1000003ull + 99);
-    const torch::Tensor flipped = torch::randperm(M, gen, torch::kLong).narrow(0, 0, count);
-    torch::Tensor labels = data.y_train.clone();
-    const torch::Tensor shift = torch::randint(1, K, {count}, gen, torch::kLong);
-    labels.index_put_({flipped}, (labels.index_select(0, flipped) + shift).remainder(K));
-    // The flipped run: the same options on the same inputs with these labels.
-    const std::string data_dir = (fs::path(work) / "mislabel-data").string();
-    const std::string run_dir = (fs::path(work) / "mislabel-run").string();
-    bool reuse = false;
-    if (fs::exists(fs::path(run_dir) / "manifest.json")) {
-      try {
-        const Manifest prior = Manifest::load(run_dir);
-        reuse = prior.status == "complete" && read_file((fs::path(data_dir) / "train_y.npy").string()) ==
-                                                   npy_bytes(labels);
-      } catch (const std::exception&) {
-        reuse = false;
-      }
-    }
-    if (!reuse) {
-      fs::create_directories(data_dir);
-      write_npy((fs::path(data_dir) / "train_x.npy").string(), data.x_train.contiguous());
-      write_npy((fs::path(data_dir) / "test_x.npy").string(), data.x_test.contiguous());
-      write_npy((fs::path(data_dir) / "test_y.npy").string(), data.y_test.contiguous());
-      write_npy((fs::path(data_dir) / "train_y.npy").string(), labels);
-      RunOptions ro = run_options_from_manifest(m, reader.dir());
-      ro.data.spec = "npy:" + data_dir;
-      ro.data.train_size = -1;
-      ro.data.test_size = -1;
-      ro.out = run_dir;
-      ro.force = true;
-      ro.train.progress = options.progress;
-      note("mislabel: training with " + std::to_string(count) + " of " + std::to_string(M) + " labels flipped");
-      ThreadScope threads(static_cast<int>(m.threads));
-      train_run(ro);
-    }
-    PathReader flipped_reader(run_dir);
-    // Candidates: half flipped, half not, seeded.
-    torch::Tensor is_flipped = torch::zeros({M}, torch::kBool);
-    is_flipped.index_fill_(0, flipped, true);
-    const int64_t half = options.mislabel_candidates / 2;
-    const torch::Tensor clean = torch::arange(M, torch::kLong).masked_select(is_flipped.logical_not());
-    const torch::Tensor pick_clean = clean.index_select(0, torch::randperm(clean.size(0), gen, torch::kLong)
-                                                               .narrow(0, 0, options.mislabel_candidates - half));
-    const torch::Tensor candidates = torch::cat({flipped.narrow(0, 0, half), pick_clean});
-    std::vector<bool> positive;
-    for (int64_t c = 0; c < candidates.size(0); ++c) positive.push_back(c < half);
-    const torch::Tensor xc = flipped_reader.dataset().x_train.index_select(0, candidates);
-    const torch::Tensor yc = labels.index_select(0, candidates);
-    ScoreCache flipped_cache(work, ojson{{"mislabel_run", key}, {"fraction", options.mislabel_fraction},
-                                         {"candidates", to_indices(candidates)}});
-    ojson auc = ojson::object(), self = ojson::object();
-    for (const std::string& meth : methods) {
-      const auto t1 = std::chrono::steady_clock::now();
-      note("mislabel: " + meth + " self-attribution of " + std::to_string(candidates.size(0)) + " training points");
-      const torch::Tensor s = flipped_cache.get(flipped_reader, meth, "mislabel", xc, yc, aopt);  // [c, M]
-      const std::vector<double> v = to_vector(s.gather(1, candidates.view({-1, 1})).squeeze(1));
-      const double a = roc_auc(v, positive);
-      auc[meth] = a;
-      self[meth] = v;
-      table[meth]["mislabel_auc"] = a;
-      seconds["mislabel_" + meth] = seconds_since(t1);
-    }
-    ev.columns.push_back("mislabel_auc");
-    j["mislabel"] = {{"fraction", options.mislabel_fraction},
-                     {"flipped", count},
-                     {"candidates", to_indices(candidates)},
-                     {"flipped_candidates", half},
-                     {"auc", auc},
-                     {"self_attribution", self}};
-    seconds["mislabel"] = seconds_since(t0);
-  }
-
-  j["retrain"]["scaling"] = removal_scaling_name(ropt.scaling);
-  j["retrain"]["workers"] = ropt.workers == 0 ? hardware_threads() : ropt.workers;
-  j["retrain"]["threads_per_retrain"] = ropt.threads_per_retrain;
-  j["retrain"]["retrainings"] = retrainings;
-  j["retrain"]["seconds"] = retrain_seconds;
-  j["table"] = table;
-  j["columns"] = ev.columns;
-  seconds["total"] = seconds_since(t_start);
-  j["seconds"] = seconds;
-
-  fs::create_directories(out);
-  for (const auto& [meth, s] : scores) write_npy((fs::path(out) / ("scores_" + meth + ".npy")).string(), s);
-  write_file_atomic((fs::path(out) / "evaluate.json").string(), j.dump(2) + "\n");
-  std::error_code ignored;
-  fs::remove_all(work, ignored);
-  return ev;
 }
 
-Evaluation read_evaluation(const std::string& dir, const Manifest& m) {
-  PK_CHECK(fs::is_directory(dir), "evaluate directory '" << dir << "' does not exist: expected the directory "
-                                                         << "'pathkernel evaluate' writes (its --out)");
-  const std::string path = (fs::path(dir) / "evaluate.json").string();
-  PK_CHECK(fs::exists(path),
-           "evaluate directory '" << dir << "' has no evaluate.json: was it written by 'pathkernel evaluate'?");
-  Evaluation ev;
-  ojson& j = ev.json;
-  try {
-    j = ojson::parse(read_file(path));
-  } catch (const ojson::exception& ex) {
-    PK_THROW("'" << path << "' is not valid JSON (" << ex.what() << "): was it written by 'pathkernel evaluate'?");
+template <typename Value>
+void Evaluator::add_column(const std::string& column, Value value) {
+  for (size_t i = 0; i < r_.table.size(); ++i) r_.table[i].values.push_back(value(i));
+  r_.columns.push_back(column);
+}
+
+torch::Tensor Evaluator::retrain(const std::vector<RetrainJob>& jobs, const std::string& name) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RetrainOptions o = ropt_;
+  o.work_file = (fs::path(work_) / ("retrain_" + name)).string();
+  o.label = name;
+  note("retraining: " + std::to_string(jobs.size()) + " " + name + " runs");
+  torch::Tensor f = options_.retrain_outputs ? options_.retrain_outputs(*retrainer_, jobs, x_, o)
+                                             : retrainer_->outputs(jobs, x_, o);
+  r_.retrain.retrainings += static_cast<int64_t>(jobs.size());
+  r_.retrain.seconds += seconds_since(t0);
+  add_seconds("retrain_" + name, seconds_since(t0));
+  return f;
+}
+
+void Evaluator::start() {
+  fs::create_directories(work_);
+  x_ = data_.x_test.index_select(0, test_index_);
+  {
+    ThreadScope threads(options_.retrain.threads_per_retrain);
+    fN_ = reader_.outputs(m_.steps, x_);
   }
-  auto strings = [](const ojson& v) {
-    if (!v.is_array()) return false;
-    for (const auto& e : v) {
-      if (!e.is_string()) return false;
-    }
-    return true;
-  };
-  PK_CHECK(j.is_object() && j.contains("methods") && strings(j["methods"]) && !j["methods"].empty() &&
-               j.contains("columns") && strings(j["columns"]) && j.contains("table") && j["table"].is_object(),
-           "'" << path << "' has no \"methods\", \"columns\" and \"table\": expected the output of "
-               << "'pathkernel evaluate'");
-  const std::vector<std::string> methods = j["methods"];
-  ev.columns = j["columns"].get<std::vector<std::string>>();
-  auto in_range = [](const ojson& v, int64_t hi) {
-    return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < hi;
-  };
-  auto numbers = [](const ojson& v, size_t count) {  // numbers, or null for NaN
-    if (!v.is_array() || v.size() != count) return false;
-    for (const auto& e : v) {
-      if (!e.is_number() && !e.is_null()) return false;
-    }
-    return true;
-  };
-  for (const std::string& meth : methods) {
-    PK_CHECK(j["table"].contains(meth) && j["table"][meth].is_object(),
-             "'" << path << "' lists method '" << meth << "' but its table has no row for it");
+  output_ = chosen_outputs(fN_, data_.y_test.index_select(0, test_index_), options_.output);
+  key_ = ojson{{"manifest_crc32", reader_.manifest_crc32()},
+               {"test_indices", to_indices(test_index_)},
+               {"quadrature", options_.attribution.quadrature.spec.str()},
+               {"tol", options_.attribution.quadrature.tol},
+               {"gauss_nodes", options_.attribution.quadrature.gauss_nodes},
+               {"seed", options_.attribution.seed},
+               {"threads", current_threads()}};
+  aopt_ = options_.attribution;
+  aopt_.progress = options_.progress;
+  ropt_ = options_.retrain;
+  ropt_.progress = options_.progress;
+  r_.run = reader_.dir();
+  r_.test_indices = to_indices(test_index_);
+  r_.output = options_.output;
+  r_.outputs = to_indices(output_);
+  r_.methods = options_.methods;
+  r_.metrics = options_.metrics;
+  for (const std::string& meth : options_.methods) r_.table.push_back({meth, {}});
+}
+
+/// Scores on the test points, for every metric but mislabel.
+void Evaluator::score_test_points() {
+  if (!(wants("loo") || wants("lds") || wants("brittleness"))) return;
+  ScoreCache cache(work_, key_);
+  for (const std::string& meth : options_.methods) {
+    const auto t0 = std::chrono::steady_clock::now();
+    note("scores: " + meth + " on " + std::to_string(n_) + " test points");
+    scores_[meth] = cache.get(reader_, meth, "test", x_, output_, aopt_);
+    add_seconds("scores_" + meth, seconds_since(t0));
   }
-  if (j.contains("loo")) {
-    const ojson& loo = j["loo"];
-    PK_CHECK(loo.is_object() && loo.contains("per_test") && loo["per_test"].is_array() && loo.contains("random") &&
-                 loo["random"].is_array(),
-             "'" << path << "' has a \"loo\" entry without \"per_test\" and \"random\" lists");
-    for (const auto& i : loo["random"]) {
-      PK_CHECK(in_range(i, m.num_train), "'" << path << "' lists training point " << i.dump()
-                                             << " among the leave-one-out random points; the run has " << m.num_train
-                                             << " training points");
-    }
-    for (size_t t = 0; t < loo["per_test"].size(); ++t) {
-      const ojson& e = loo["per_test"][t];
-      PK_CHECK(e.is_object() && e.contains("test_index") && in_range(e["test_index"], m.num_test),
-               "'" << path << "': leave-one-out entry " << t << " has test_index "
-                   << (e.is_object() && e.contains("test_index") ? e["test_index"].dump() : "(none)") << "; the run has "
-                   << m.num_test << " test points");
-      PK_CHECK(e.contains("output") && in_range(e["output"], m.num_classes),
-               "'" << path << "': leave-one-out entry " << t << " has output "
-                   << (e.contains("output") ? e["output"].dump() : "(none)") << "; the run has " << m.num_classes
-                   << " outputs");
-      PK_CHECK(e.contains("sample") && e["sample"].is_array() && !e["sample"].empty(),
-               "'" << path << "': leave-one-out entry " << t << " has no \"sample\" of removed points");
-      const size_t count = e["sample"].size();
-      for (const auto& i : e["sample"]) {
-        PK_CHECK(in_range(i, m.num_train), "'" << path << "': leave-one-out entry " << t << " removes training point "
-                                               << i.dump() << "; the run has " << m.num_train << " training points");
+  if (scores_.count("epk") && scores_.count("metagradient")) {
+    r_.views = compare_views(scores_.at("epk"), scores_.at("metagradient"), data_.y_train, kViewTop);
+  }
+}
+
+void Evaluator::retrain_baseline() {
+  if (!(wants("loo") || wants("brittleness"))) return;
+  f_base_ = retrain({RetrainJob{}}, "baseline")[0];
+  const bool same = torch::equal(f_base_, fN_);
+  r_.retrain.baseline_reproduces_run = same;
+  r_.retrain.baseline_max_abs_diff = (f_base_ - fN_).abs().max().item<double>();
+  if (!same) {
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "the retraining that removes nothing differs from the run (max |diff| %.1e; the run used %lld "
+                  "threads, each retraining %d): effects are measured against it, not the run",
+                  (f_base_ - fN_).abs().max().item<double>(), static_cast<long long>(m_.threads),
+                  ropt_.threads_per_retrain);
+    note(text);
+  }
+}
+
+std::vector<std::vector<int64_t>> Evaluator::loo_sample(const torch::Tensor& random) const {
+  const torch::Tensor& select = scores_.at(options_.methods.front());
+  std::vector<std::vector<int64_t>> sample(static_cast<size_t>(n_));
+  for (int64_t t = 0; t < n_; ++t) {
+    std::set<int64_t> mine;
+    if (options_.loo_extremes > 0) {
+      for (bool largest : {true, false}) {
+        for (int64_t i : to_indices(std::get<1>(select[t].topk(options_.loo_extremes, 0, largest)))) mine.insert(i);
       }
-      // What a list holds, for the messages: "7 entries", or its JSON type.
-      auto held = [](const ojson& parent, const std::string& name) {
-        if (!parent.is_object() || !parent.contains(name)) return std::string("none");
-        const ojson& v = parent[name];
-        return v.is_array() ? std::to_string(v.size()) + " entries" : std::string("a ") + v.type_name();
-      };
-      PK_CHECK(e.contains("effect") && numbers(e["effect"], count),
-               "'" << path << "': leave-one-out entry " << t << " needs " << count
-                   << " numbers in \"effect\", one per removed point (got " << held(e, "effect") << ")");
-      for (const std::string& meth : methods) {
-        PK_CHECK(e.contains("scores") && e["scores"].contains(meth) && numbers(e["scores"][meth], count),
-                 "'" << path << "': leave-one-out entry " << t << " needs " << count << " scores of method '" << meth
-                     << "', one per removed point (got "
-                     << (e.contains("scores") ? held(e["scores"], meth) : std::string("none")) << ")");
-      }
+    }
+    for (int64_t i : to_indices(random)) mine.insert(i);
+    sample[static_cast<size_t>(t)].assign(mine.begin(), mine.end());
+  }
+  return sample;
+}
+
+/// Test point t's effects of removing its sample s (retrained outputs f [R, n]
+/// in the rows `row` of the removed points) and each method's correlations.
+LooTestPoint Evaluator::loo_test_point(int64_t t, const std::vector<int64_t>& s, const torch::Tensor& f,
+                                       const torch::Tensor& base, const std::map<int64_t, int64_t>& row,
+                                       const std::set<int64_t>& random_set) const {
+  LooTestPoint entry;
+  entry.test_index = test_index_[t].item<int64_t>();
+  entry.output = output_[t].item<int64_t>();
+  entry.sample = s;
+  std::vector<double> effect_random;
+  for (int64_t i : s) {
+    const double e = base[t].item<double>() - f[row.at(i)][t].item<double>();
+    entry.effect.push_back(e);
+    if (random_set.count(i)) effect_random.push_back(e);
+  }
+  for (const std::string& meth : options_.methods) {
+    std::vector<double> sc, sc_random;
+    for (int64_t i : s) {
+      const double v = scores_.at(meth)[t][i].item<double>();
+      sc.push_back(v);
+      if (random_set.count(i)) sc_random.push_back(v);
+    }
+    LooStatistics st;
+    st.spearman = spearman(sc, entry.effect);
+    st.pearson = pearson(sc, entry.effect);
+    st.slope = slope_through_origin(sc, entry.effect);
+    st.spearman_random = sc_random.size() >= 2 ? spearman(sc_random, effect_random) : std::nan("");
+    entry.scores.push_back(std::move(sc));
+    entry.statistics.push_back(st);
+  }
+  return entry;
+}
+
+void Evaluator::leave_one_out() {
+  if (!wants("loo")) return;
+  auto gen = at::detail::createCPUGenerator(options_.seed * 1000003ull + 17);
+  const torch::Tensor random = torch::randperm(M_, gen, torch::kLong).narrow(0, 0, options_.loo_random);
+  const std::vector<std::vector<int64_t>> sample = loo_sample(random);
+  std::set<int64_t> all;
+  for (const std::vector<int64_t>& s : sample) all.insert(s.begin(), s.end());
+  LooResult loo;
+  loo.removed.assign(all.begin(), all.end());
+  std::vector<RetrainJob> jobs;
+  for (int64_t i : loo.removed) jobs.push_back(removal_job(M_, torch::tensor({i}, torch::kLong)));
+  const torch::Tensor f = at_outputs(retrain(jobs, "loo"), output_);                   // [R, n]
+  const torch::Tensor base = f_base_.gather(1, output_.view({n_, 1})).squeeze(1);  // [n]
+  std::map<int64_t, int64_t> row;
+  for (size_t r = 0; r < loo.removed.size(); ++r) row[loo.removed[r]] = static_cast<int64_t>(r);
+  loo.random = to_indices(random);
+  const std::set<int64_t> random_set(loo.random.begin(), loo.random.end());
+  for (int64_t t = 0; t < n_; ++t) {
+    loo.per_test.push_back(loo_test_point(t, sample[static_cast<size_t>(t)], f, base, row, random_set));
+  }
+  for (size_t i = 0; i < options_.methods.size(); ++i) {
+    std::vector<double> sp, pe, sp_random, slopes;
+    for (const LooTestPoint& e : loo.per_test) {
+      sp.push_back(e.statistics[i].spearman);
+      pe.push_back(e.statistics[i].pearson);
+      sp_random.push_back(e.statistics[i].spearman_random);
+      slopes.push_back(e.statistics[i].slope);
+    }
+    loo.mean.push_back({mean_finite(sp), mean_finite(pe), mean_finite(sp_random), median_finite(slopes)});
+  }
+  add_column("loo_spearman", [&](size_t i) { return loo.mean[i].spearman; });
+  add_column("loo_pearson", [&](size_t i) { return loo.mean[i].pearson; });
+  add_column("loo_spearman_random", [&](size_t i) { return loo.mean[i].spearman_random; });
+  add_column("loo_slope", [&](size_t i) { return loo.mean[i].slope; });
+  loo.selection_method = options_.methods.front();
+  loo.extremes = options_.loo_extremes;
+  loo.base = to_vector(base);
+  r_.loo = std::move(loo);
+}
+
+void Evaluator::linear_datamodeling() {
+  if (!wants("lds")) return;
+  LdsResult lds;
+  lds.subsets = options_.lds_subsets;
+  lds.fraction = options_.lds_fraction;
+  lds.subset_size = std::max<int64_t>(1, std::llround(options_.lds_fraction * static_cast<double>(M_)));
+  std::vector<RetrainJob> jobs;
+  std::vector<torch::Tensor> masks;
+  for (int64_t s = 0; s < options_.lds_subsets; ++s) {
+    auto gen = at::detail::createCPUGenerator(options_.seed * 1000003ull + 1000 + static_cast<uint64_t>(s));
+    RetrainJob job;
+    job.keep = torch::zeros({M_}, torch::kBool);
+    job.keep.index_fill_(0, torch::randperm(M_, gen, torch::kLong).narrow(0, 0, lds.subset_size), true);
+    masks.push_back(job.keep.to(torch::kFloat64));
+    jobs.push_back(job);
+  }
+  const torch::Tensor f = at_outputs(retrain(jobs, "lds"), output_);  // [S, n]
+  const torch::Tensor mask = torch::stack(masks);                      // [S, M]
+  for (const std::string& meth : options_.methods) {
+    const torch::Tensor predicted_sum = mask.matmul(scores_.at(meth).t());  // [S, n]
+    std::vector<double> per;
+    for (int64_t t = 0; t < n_; ++t) {
+      per.push_back(spearman(to_vector(predicted_sum.select(1, t)), to_vector(f.select(1, t))));
+    }
+    lds.per_test.push_back(per);
+  }
+  add_column("lds", [&](size_t i) { return mean_finite(lds.per_test[i]); });
+  r_.lds = std::move(lds);
+}
+
+void Evaluator::brittleness() {
+  if (!wants("brittleness")) return;
+  BrittlenessResult b;
+  b.grid = options_.brittleness_grid;
+  const std::vector<int64_t>& grid = b.grid;
+  std::vector<RetrainJob> jobs;
+  for (const std::string& meth : options_.methods) {
+    for (int64_t t = 0; t < n_; ++t) {
+      const torch::Tensor order = std::get<1>(scores_.at(meth)[t].topk(grid.back(), 0, true));
+      for (int64_t k : grid) jobs.push_back(removal_job(M_, order.narrow(0, 0, k)));
     }
   }
-  return ev;
+  const torch::Tensor f = retrain(jobs, "brittleness");  // [methods * n * grid, n, K]
+  const torch::Tensor base_class = f_base_.argmax(1);
+  std::vector<double> flipped_fraction, median_k;
+  size_t r = 0;
+  for (size_t i = 0; i < options_.methods.size(); ++i) {
+    std::vector<std::optional<int64_t>> per;
+    std::vector<double> ks;
+    for (int64_t t = 0; t < n_; ++t) {
+      std::optional<int64_t> smallest;
+      for (int64_t k : grid) {
+        const bool flip = f[static_cast<int64_t>(r++)][t].argmax().item<int64_t>() != base_class[t].item<int64_t>();
+        if (flip && !smallest) smallest = k;
+      }
+      if (smallest) ks.push_back(static_cast<double>(*smallest));
+      per.push_back(smallest);
+    }
+    std::sort(ks.begin(), ks.end());
+    flipped_fraction.push_back(static_cast<double>(ks.size()) / static_cast<double>(n_));
+    median_k.push_back(ks.empty() ? std::nan("") : ks[ks.size() / 2]);
+    b.per_test.push_back(std::move(per));
+  }
+  add_column("brittleness_flipped", [&](size_t i) { return flipped_fraction[i]; });
+  add_column("brittleness_median_k", [&](size_t i) { return median_k[i]; });
+  r_.brittleness = std::move(b);
+}
+
+std::string Evaluator::train_flipped_run(const torch::Tensor& labels, int64_t count) {
+  const std::string data_dir = (fs::path(work_) / "mislabel-data").string();
+  const std::string run_dir = (fs::path(work_) / "mislabel-run").string();
+  bool reuse = false;
+  if (fs::exists(fs::path(run_dir) / "manifest.json")) {
+    try {
+      const Manifest prior = Manifest::load(run_dir);
+      reuse = prior.status == "complete" &&
+              read_file((fs::path(data_dir) / "train_y.npy").string()) == npy_bytes(labels);
+    } catch (const std::exception&) {
+      reuse = false;
+    }
+  }
+  if (reuse) return run_dir;
+  fs::create_directories(data_dir);
+  write_npy((fs::path(data_dir) / "train_x.npy").string(), data_.x_train.contiguous());
+  write_npy((fs::path(data_dir) / "test_x.npy").string(), data_.x_test.contiguous());
+  write_npy((fs::path(data_dir) / "test_y.npy").string(), data_.y_test.contiguous());
+  write_npy((fs::path(data_dir) / "train_y.npy").string(), labels);
+  RunOptions ro = run_options_from_manifest(m_, reader_.dir());
+  ro.data.spec = "npy:" + data_dir;
+  ro.data.train_size = -1;
+  ro.data.test_size = -1;
+  ro.out = run_dir;
+  ro.force = true;
+  ro.train.progress = options_.progress;
+  note("mislabel: training with " + std::to_string(count) + " of " + std::to_string(M_) + " labels flipped");
+  ThreadScope threads(static_cast<int>(m_.threads));
+  train_run(ro);
+  return run_dir;
+}
+
+void Evaluator::mislabel() {
+  if (!wants("mislabel")) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  MislabelResult r;
+  r.fraction = options_.mislabel_fraction;
+  // Flip a seeded fraction of the labels to another class, seeded.
+  r.flipped = std::llround(options_.mislabel_fraction * static_cast<double>(M_));
+  auto gen = at::detail::createCPUGenerator(options_.seed * 1000003ull + 99);
+  const torch::Tensor flipped = torch::randperm(M_, gen, torch::kLong).narrow(0, 0, r.flipped);
+  torch::Tensor labels = data_.y_train.clone();
+  const torch::Tensor shift = torch::randint(1, K_, {r.flipped}, gen, torch::kLong);
+  labels.index_put_({flipped}, (labels.index_select(0, flipped) + shift).remainder(K_));
+  // The flipped run: the same options on the same inputs with these labels.
+  PathReader flipped_reader(train_flipped_run(labels, r.flipped));
+  // Candidates: half flipped, half not, seeded.
+  torch::Tensor is_flipped = torch::zeros({M_}, torch::kBool);
+  is_flipped.index_fill_(0, flipped, true);
+  r.flipped_candidates = options_.mislabel_candidates / 2;
+  const int64_t half = r.flipped_candidates;
+  const torch::Tensor clean = torch::arange(M_, torch::kLong).masked_select(is_flipped.logical_not());
+  const torch::Tensor pick_clean = clean.index_select(0, torch::randperm(clean.size(0), gen, torch::kLong)
+                                                             .narrow(0, 0, options_.mislabel_candidates - half));
+  const torch::Tensor candidates = torch::cat({flipped.narrow(0, 0, half), pick_clean});
+  r.candidates = to_indices(candidates);
+  std::vector<bool> positive;
+  for (int64_t c = 0; c < candidates.size(0); ++c) positive.push_back(c < half);
+  const torch::Tensor xc = flipped_reader.dataset().x_train.index_select(0, candidates);
+  const torch::Tensor yc = labels.index_select(0, candidates);
+  ScoreCache flipped_cache(work_, ojson{{"mislabel_run", key_}, {"fraction", options_.mislabel_fraction},
+                                        {"candidates", r.candidates}});
+  for (const std::string& meth : options_.methods) {
+    const auto t1 = std::chrono::steady_clock::now();
+    note("mislabel: " + meth + " self-attribution of " + std::to_string(candidates.size(0)) + " training points");
+    const torch::Tensor s = flipped_cache.get(flipped_reader, meth, "mislabel", xc, yc, aopt_);  // [c, M]
+    r.self_attribution.push_back(to_vector(s.gather(1, candidates.view({-1, 1})).squeeze(1)));
+    r.auc.push_back(roc_auc(r.self_attribution.back(), positive));
+    add_seconds("mislabel_" + meth, seconds_since(t1));
+  }
+  add_column("mislabel_auc", [&](size_t i) { return r.auc[i]; });
+  r_.mislabel = std::move(r);
+  add_seconds("mislabel", seconds_since(t0));
+}
+
+void Evaluator::finish(const std::chrono::steady_clock::time_point t_start) {
+  r_.retrain.scaling = removal_scaling_name(ropt_.scaling);
+  r_.retrain.workers = ropt_.workers == 0 ? hardware_threads() : ropt_.workers;
+  r_.retrain.threads_per_retrain = ropt_.threads_per_retrain;
+  add_seconds("total", seconds_since(t_start));
+  write_evaluate_directory(out_, r_, std::vector<std::pair<std::string, torch::Tensor>>(scores_.begin(), scores_.end()));
+  std::error_code ignored;
+  fs::remove_all(work_, ignored);
+}
+
+EvaluateResult Evaluator::run() {
+  const auto t_start = std::chrono::steady_clock::now();
+  start();
+  score_test_points();
+  retrainer_.emplace(reader_);
+  retrain_baseline();
+  leave_one_out();
+  linear_datamodeling();
+  brittleness();
+  mislabel();
+  finish(t_start);
+  return std::move(r_);
+}
+
+}  // namespace
+
+EvaluateResult evaluate(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+                        const EvaluateOptions& options) {
+  check_evaluate_inputs(reader, test_index, options);
+  return Evaluator(reader, test_index, out, options).run();
 }
 
 }  // namespace pathkernel

@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "pathkernel/error.h"
-#include "pathkernel/files.h"
 
 namespace pathkernel {
 
@@ -60,31 +59,21 @@ MetagradientCheck check_metagradient(PathReader& reader, const torch::Tensor& x,
   return c;
 }
 
-nlohmann::ordered_json check_json(const MetagradientCheck& c, double h) {
-  nlohmann::ordered_json points = nlohmann::ordered_json::array();
+MetagradientCheckEntry check_entry(const MetagradientCheck& c, double h) {
+  MetagradientCheckEntry entry;
+  entry.h = h;
+  entry.max_rel_error = c.max_rel_error;
+  entry.max_rel_spread = c.max_rel_spread;
+  entry.retrainings = c.retrainings;
+  entry.seconds = c.seconds;
   for (size_t j = 0; j < c.points.size(); ++j) {
     const torch::Tensor known = ~torch::isnan(c.metagradient.select(1, static_cast<int64_t>(j)));
     const torch::Tensor mg = c.metagradient.select(1, static_cast<int64_t>(j)).masked_select(known);
-    const torch::Tensor fd = c.differences.select(1, static_cast<int64_t>(j)).masked_select(known);
-    points.push_back({{"index", c.points[j]},
-                      {"metagradient", std::vector<double>(mg.data_ptr<double>(), mg.data_ptr<double>() + mg.numel())},
-                      {"finite_differences",
-                       std::vector<double>(fd.contiguous().data_ptr<double>(), fd.contiguous().data_ptr<double>() + fd.numel())}});
+    const torch::Tensor fd = c.differences.select(1, static_cast<int64_t>(j)).masked_select(known).contiguous();
+    entry.points.push_back({c.points[j], std::vector<double>(mg.data_ptr<double>(), mg.data_ptr<double>() + mg.numel()),
+                            std::vector<double>(fd.data_ptr<double>(), fd.data_ptr<double>() + fd.numel())});
   }
-  return {{"method", "central finite differences of retraining with the loss weight at c_i ± h and c_i ± h/2, "
-                     "Richardson-combined"},
-          {"h", h},
-          {"max_rel_error", c.max_rel_error},
-          {"max_rel_spread", c.max_rel_spread},
-          {"retrainings", c.retrainings},
-          {"seconds", c.seconds},
-          {"points", points}};
-}
-
-void record_check(const std::string& explain_dir, nlohmann::ordered_json& explain_json, const MetagradientCheck& c,
-                  double h) {
-  explain_json["check"] = check_json(c, h);
-  write_file_atomic(explain_dir + "/explain.json", explain_json.dump(2) + "\n");
+  return entry;
 }
 
 }  // namespace pathkernel

@@ -12,6 +12,7 @@
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 #include "pathkernel/json_number.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/npy.h"
 
 namespace pathkernel {

@@ -1,6 +1,6 @@
 // The one-rank world (no launcher, as in this test binary) and the split of
 // work by cost; the collectives of several ranks are exercised under mpirun
-// by jobs_test.cpp.
+// by across_ranks_test.cpp.
 #include <gtest/gtest.h>
 
 #include <numeric>

@@ -6,6 +6,7 @@
 #include "../test_util.h"
 #include "pathkernel/context.h"
 #include "pathkernel/decomposition.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/update_rule.h"
 
 namespace pathkernel {

@@ -6,6 +6,7 @@
 #include "pathkernel/context.h"
 #include "pathkernel/decomposition.h"
 #include "pathkernel/features.h"
+#include "pathkernel/loss.h"
 
 namespace pathkernel {
 namespace {

@@ -1,7 +1,7 @@
 // A test point's decomposition depends only on the block of points it is
 // computed with (DecompositionOptions::point_block, docs/math.md §12): split
 // at block boundaries, the test points give the same bits as all at once.
-// Splitting the test points across processes (distributed_jobs.h) relies on it.
+// Splitting the test points across processes (across_ranks.h) relies on it.
 #include <gtest/gtest.h>
 
 #include "../test_util.h"

@@ -115,7 +115,7 @@ TEST(StepRange, RangesOfGdAndSgdAddUpToTheWhole) {
 // The blocks of steps (the checkpoint segments, [0, 2), [2, 4) .. [8, 9) of
 // a 9-step run stored every 2 steps), each decomposed alone and added to
 // zeros in block order by add_step_block: the whole walk's bits, which is
-// what lets any number of processes split the steps (distributed_jobs.h).
+// what lets any number of processes split the steps (across_ranks.h).
 TEST(StepRange, BlocksAddedInOrderAreTheWholeBitForBit) {
   for (const std::string opt : {"gd", "sgd"}) {
     testing::TempDir dir(opt);

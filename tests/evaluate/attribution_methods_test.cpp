@@ -4,6 +4,7 @@
 #include "pathkernel/attribution_methods.h"
 
 #include "evaluate_util.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/model.h"
 
 using namespace pathkernel;

@@ -7,6 +7,7 @@
 
 #include "evaluate_util.h"
 #include "pathkernel/decomposition.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/model.h"
 
 using namespace pathkernel;

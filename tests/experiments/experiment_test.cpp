@@ -8,6 +8,7 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/files.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/path.h"
 #include "pathkernel/segment.h"

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "pathkernel/error.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/model.h"
 
 namespace pathkernel {

@@ -157,8 +157,8 @@ TEST(Report, ShowsTheMetagradientBesideTheExactContributions) {
   eo.images = false;
   const torch::Tensor idx = torch::tensor(std::vector<int64_t>{2, 5}, torch::kLong);
   const Explanation exact = explain(reader, idx, dir / "E", eo);
-  const Explanation mg = explain_metagradient(reader, idx.narrow(0, 1, 1), dir / "MG", eo,
-                                              MetagradientOutputs::Predicted);
+  const MetagradientExplanation mg = explain_metagradient(reader, idx.narrow(0, 1, 1), dir / "MG", eo,
+                                                          MetagradientOutputs::Predicted);
   ReportOptions o;
   o.test_points = 2;
   o.gram_points = 0;
@@ -169,7 +169,7 @@ TEST(Report, ShowsTheMetagradientBesideTheExactContributions) {
   ASSERT_EQ(data["views"].size(), 1u);  // the one point both explain
   const auto& v = data["views"][0];
   EXPECT_EQ(v["test_index"], 5);
-  const int64_t k = mg.json["points"][0]["output"];
+  const int64_t k = mg.document.points[0].output;
   EXPECT_EQ(v["output"], k);
   ASSERT_EQ(v["epk"].size(), 60u);
   // The page's numbers are rounded to 4 significant digits.

@@ -1,6 +1,6 @@
 // explain, verify and gram across the ranks of a job, split by test points
-// (distributed_jobs.h).
-#include "pathkernel/distributed_jobs.h"
+// (across_ranks.h).
+#include "pathkernel/across_ranks.h"
 
 #include <algorithm>
 #include <chrono>

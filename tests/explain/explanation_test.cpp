@@ -1,4 +1,4 @@
-// Tests of explain() and the explain directory's reader: a round trip, the
+// Tests of explain() and the explain directory (explain_directory.h): a round trip, the
 // single-kernel condition, and bad input.
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 namespace pathkernel {
 namespace {
 
-// What explain() writes, read_explain_output() reads back; the contributions
+// What explain() writes, read_explain_directory() reads back; the contributions
 // are the decomposition's and sum, with f(w_0), R and E, to f(w_N).
 TEST(Explanation, WritesWhatTheReaderReadsBack) {
   testing::TempDir dir("explain");
@@ -31,23 +31,26 @@ TEST(Explanation, WritesWhatTheReaderReadsBack) {
   EXPECT_TRUE(notes.empty());
   EXPECT_FALSE(std::filesystem::exists(dir / "ex/.progress"));
 
-  const ExplainOutput back = read_explain_output(dir / "ex", reader.manifest());
+  const ExplainDirectory back = read_explain_directory(dir / "ex", reader.manifest());
   EXPECT_TRUE(torch::equal(back.test_index, idx));
   EXPECT_TRUE(torch::equal(back.contributions, e.decomposition.contributions));
-  ASSERT_EQ(back.points.size(), 2u);
-  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "ex/explain.json")), nlohmann::json::parse(e.json.dump()));
+  ASSERT_EQ(back.document.points.size(), 2u);
+  // The file is what the document spells, and the document read back spells it again.
+  EXPECT_EQ(read_file(dir / "ex/explain.json"), explain_json(e.document).dump(2) + "\n");
+  EXPECT_EQ(explain_json(back.document).dump(2), explain_json(e.document).dump(2));
+  ASSERT_TRUE(back.document.kernel.has_value());
+  EXPECT_EQ(back.document.kernel->shape, (std::vector<int64_t>{2, 60, 3, 3}));
   EXPECT_EQ(read_npy(dir / "ex/kernel.npy").sizes(), (std::vector<int64_t>{2, 60, 3, 3}));
   for (size_t n = 0; n < 2; ++n) {
-    const auto& p = back.points[n];
-    ASSERT_EQ(p["proponents"].size(), 4u);
+    const ExplainedPoint& p = back.document.points[n];
+    ASSERT_EQ(p.proponents.size(), 4u);
     // The listed proponents are the largest contributions to the predicted class, in order.
-    const torch::Tensor c = back.contributions[n].select(1, p["predicted"].get<int64_t>());
+    const torch::Tensor c = back.contributions[static_cast<int64_t>(n)].select(1, p.predicted);
     const torch::Tensor best = std::get<0>(c.topk(4));
-    for (int j = 0; j < 4; ++j) EXPECT_EQ(p["proponents"][j]["value"].get<double>(), best[j].item<double>());
-    for (int k = 0; k < 3; ++k) {
-      const double total = p["f_initial"][k].get<double>() + p["contributions_sum"][k].get<double>() +
-                           p["regularization"][k].get<double>() + p["rounding"][k].get<double>();
-      EXPECT_NEAR(total, p["f_final"][k].get<double>(), 1e-12 * std::max(1.0, std::abs(total)));
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(p.proponents[j].value, best[j].item<double>());
+    for (size_t k = 0; k < 3; ++k) {
+      const double total = p.f_initial[k] + p.contributions_sum[k] + p.regularization[k] + p.rounding[k];
+      EXPECT_NEAR(total, p.f_final[k], 1e-12 * std::max(1.0, std::abs(total)));
     }
   }
   // An automatic kernel over the limit is not written, and the note says so.
@@ -89,10 +92,10 @@ TEST(Explanation, BadInputGetsAClearError) {
   EXPECT_CONTAINS(testing::error_message([&] { explain(reader, torch::tensor({30}, torch::kLong), dir / "x", options); }),
                   "test indices must lie in [0, 30)");
   EXPECT_CONTAINS(testing::error_message([&] { parse_kernel_output("maybe"); }), "not one of auto, on, off");
-  EXPECT_CONTAINS(testing::error_message([&] { read_explain_output(dir / "none", reader.manifest()); }),
+  EXPECT_CONTAINS(testing::error_message([&] { read_explain_directory(dir / "none", reader.manifest()); }),
                   "does not exist");
   std::filesystem::create_directories(dir / "empty");
-  EXPECT_CONTAINS(testing::error_message([&] { read_explain_output(dir / "empty", reader.manifest()); }),
+  EXPECT_CONTAINS(testing::error_message([&] { read_explain_directory(dir / "empty", reader.manifest()); }),
                   "has no explain.json");
 
   // A real output, then hand edits of one point: each is refused by name.
@@ -102,7 +105,7 @@ TEST(Explanation, BadInputGetsAClearError) {
   write.top = 2;
   explain(reader, torch::tensor({4, 1}, torch::kLong), dir / "good", write);
   const nlohmann::json good = nlohmann::json::parse(read_file(dir / "good/explain.json"));
-  EXPECT_NO_THROW(read_explain_output(dir / "good", reader.manifest()));
+  EXPECT_NO_THROW(read_explain_directory(dir / "good", reader.manifest()));
   struct Edit {
     std::string name, message;
     std::function<void(nlohmann::json&)> apply;
@@ -128,7 +131,7 @@ TEST(Explanation, BadInputGetsAClearError) {
     nlohmann::json j = good;
     c.apply(j["points"][1]);
     write_file_atomic(edited / "explain.json", j.dump());
-    EXPECT_CONTAINS(testing::error_message([&] { read_explain_output(edited, reader.manifest()); }), c.message)
+    EXPECT_CONTAINS(testing::error_message([&] { read_explain_directory(edited, reader.manifest()); }), c.message)
         << c.name;
   }
 }

@@ -1,0 +1,160 @@
+// The explain directory: what `pathkernel explain` writes (by either method,
+// explanation.h), as typed records, written and read back here alone.
+//
+//   contributions.npy  float64 [n, M, K]: C_i(x) of every training point i
+//                      (exact), or d f(w_N, x)/d c_i (metagradient; NaN in
+//                      the outputs not differentiated)
+//   kernel.npy         float64 [n, M, K, K] (exact, gd and sgd, when written):
+//                      Σ_{s: i∈B_s} K_s(x, x_i)
+//   explain.json       ExplainDocument, as explain_json() spells it:
+//                      exact:        {run, method "exact", quadrature, steps,
+//                                    certificate_max_gap, loss, form, recorded,
+//                                    updates_explained, contributions: {file,
+//                                    shape}, kernel: {file, shape,
+//                                    single_kernel, weight} or null, points,
+//                                    warning (only when some updates are not
+//                                    explained)}
+//                      metagradient: {run, method "metagradient", meaning,
+//                                    outputs, steps, adjoints,
+//                                    hessian_vector_products, seconds, loss,
+//                                    recorded, loss_weights, contributions:
+//                                    {file, shape, not_differentiated}, kernel
+//                                    null, points, check (with --check)}
+//                      points: [{test_index, label, predicted, (metagradient:
+//                      output,) f_final, exact: f_initial, contributions_sum,
+//                      regularization, rounding, completeness_error;
+//                      metagradient: metagradient_sum; proponents, opponents:
+//                      [{index, label, value}]}]
+//   explain_<i>.png    image data: test point i beside its top proponents
+//                      and opponents
+//
+// n test points, M training points, K outputs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "pathkernel/dataset.h"
+#include "pathkernel/manifest.h"
+#include "pathkernel/metagradient_check.h"
+#include "pathkernel/path.h"
+
+namespace pathkernel {
+
+/// A point's label: its class, or its regression target [K].
+struct Label {
+  int64_t class_index = 0;     ///< the class, when target is empty
+  std::vector<double> target;  ///< a regression target [K]; empty for a class label
+  bool is_class() const { return target.empty(); }
+  /// As explain.json spells it: "3", or "[0.5,-1.0]".
+  std::string str() const;
+};
+
+/// Point i's label in `labels` (int64 classes [n], or targets [n, K]).
+Label label_at(const torch::Tensor& labels, int64_t i);
+
+/// A training point listed among a test point's proponents or opponents.
+struct RankedPoint {
+  int64_t index = 0;  ///< into the training set
+  Label label;
+  double value = 0;   ///< its contribution (or metagradient) to the ranked output
+};
+
+/// The `k` training points of largest (largest = true) or smallest
+/// contributions c [M] with their labels, in that order.
+std::vector<RankedPoint> ranked_points(const torch::Tensor& c, const torch::Tensor& labels, int64_t k,
+                                       bool largest);
+
+/// One explained test point. K outputs.
+struct ExplainedPoint {
+  int64_t test_index = 0;
+  Label label;
+  int64_t predicted = 0;  ///< argmax of f_final
+  /// The output whose contributions rank the sides: the predicted class
+  /// (exact), or the output differentiated (metagradient).
+  int64_t output = 0;
+  std::vector<double> f_final;  ///< f(w_N, x) [K]
+  // Exact only (empty, and 0, for the metagradient):
+  std::vector<double> f_initial;          ///< f(w_0, x) [K]
+  std::vector<double> contributions_sum;  ///< Σ_i C_i(x) [K]
+  std::vector<double> regularization;     ///< R(x) [K]
+  std::vector<double> rounding;           ///< E(x) [K]
+  double completeness_error = 0;          ///< max_k |f_final − (f_initial + Σ C + R + E)|
+  // Metagradient only (empty for exact):
+  std::vector<double> metagradient_sum;   ///< Σ_i d f/d c_i [K] (NaN where not differentiated)
+  std::vector<RankedPoint> proponents;    ///< largest first
+  std::vector<RankedPoint> opponents;     ///< smallest first
+};
+
+enum class ExplainMethod { Exact, Metagradient };
+
+/// explain.json's "kernel" entry: kernel.npy, written for gd and sgd runs.
+struct ExplainKernelFile {
+  std::vector<int64_t> shape;    ///< [n, M, K, K]
+  bool single_kernel = false;    ///< one kernel machine (is_single_kernel_machine)
+  std::optional<double> weight;  ///< η/|B| when single_kernel
+};
+
+/// explain.json, typed. Fields marked exact or metagradient belong to that
+/// method's file only.
+struct ExplainDocument {
+  std::string run;                         ///< the run directory explained
+  ExplainMethod method = ExplainMethod::Exact;
+  int64_t steps = 0;
+  std::string loss;                        ///< the manifest's loss name
+  bool recorded = false;                   ///< the run is a recorded loop
+  std::vector<int64_t> contributions_shape;  ///< [n, M, K]
+  std::vector<ExplainedPoint> points;      ///< in the order of contributions.npy
+
+  // Exact:
+  std::string quadrature;                  ///< the quadrature spec
+  double certificate_max_gap = 0;
+  std::string form;                        ///< "kernel machine", "ensemble", or mse's ensemble
+  bool updates_explained = true;           ///< every update the run took is described
+  std::optional<ExplainKernelFile> kernel; ///< kernel.npy, when written
+  std::string warning;                     ///< updates the run does not describe ("" when none)
+
+  // Metagradient:
+  bool outputs_predicted = true;           ///< "predicted" (one output per point) or "all"
+  int64_t adjoints = 0;
+  int64_t hessian_vector_products = 0;
+  double seconds = 0;
+  std::optional<std::string> loss_weights; ///< the run's loss-weights file, when it has one
+  std::optional<MetagradientCheckEntry> check;  ///< the check against retraining, when run
+};
+
+/// explain.json's text content, ordered as written (what --json prints).
+nlohmann::ordered_json explain_json(const ExplainDocument& doc);
+
+/// Writes DIR/explain.json of doc atomically.
+void write_explain_json(const std::string& dir, const ExplainDocument& doc);
+
+/// Writes the explain directory `dir`: contributions.npy, kernel.npy when
+/// `kernel` is defined, then explain.json.
+void write_explain_directory(const std::string& dir, const ExplainDocument& doc, const torch::Tensor& contributions,
+                             const torch::Tensor& kernel = {});
+
+/// Image data: each test image (blue) beside its top eight proponents (green,
+/// top row) and opponents (red, bottom row), as DIR/explain_<i>.png. Returns
+/// the files written, relative to dir.
+std::vector<std::string> write_explain_images(const std::string& dir, const Dataset& data,
+                                              const std::vector<ExplainedPoint>& points);
+
+/// An explain directory read back and checked against the run it explains.
+/// kernel.npy is described by document.kernel and not read.
+struct ExplainDirectory {
+  ExplainDocument document;
+  torch::Tensor test_index;     ///< int64 [n]
+  torch::Tensor contributions;  ///< [n, M, K]
+};
+
+/// Reads DIR/explain.json and DIR/contributions.npy. Throws Error naming the
+/// file when one is missing, malformed, or does not fit the run `m`.
+ExplainDirectory read_explain_directory(const std::string& dir, const Manifest& m);
+
+}  // namespace pathkernel

@@ -1,0 +1,241 @@
+// Explaining test predictions: explain() and explain_metagradient() compute
+// and fill the explain directory's records (explain_directory.h).
+#include "pathkernel/explanation.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "pathkernel/context.h"
+#include "pathkernel/decomposition_checkpoint.h"
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+
+namespace pathkernel {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+std::vector<double> values_of(const torch::Tensor& t) {
+  const torch::Tensor c = t.contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+/// Point n of decomposition d, test point test_index, its sides ranked by
+/// the contributions to its predicted class.
+ExplainedPoint exact_point(PathReader& reader, const Decomposition& d, const torch::Tensor& gap, int64_t n,
+                           int64_t test_index, int64_t top) {
+  const torch::Tensor& y_train = reader.dataset().y_train;
+  ExplainedPoint p;
+  p.predicted = d.fN[n].argmax().item<int64_t>();
+  p.output = p.predicted;
+  const torch::Tensor c = d.contributions[n].select(1, p.predicted);  // [M]
+  p.test_index = test_index;
+  p.label = label_at(reader.dataset().y_test, test_index);
+  p.f_final = values_of(d.fN[n]);
+  p.f_initial = values_of(d.f0[n]);
+  p.contributions_sum = values_of(d.contributions[n].sum(0));
+  p.regularization = values_of(d.regularization[n]);
+  p.rounding = values_of(d.rounding[n]);
+  p.completeness_error = gap[n].abs().max().item<double>();
+  p.proponents = ranked_points(c, y_train, top, true);
+  p.opponents = ranked_points(c, y_train, top, false);
+  return p;
+}
+
+/// Point n of metagradient g, test point test_index, its sides ranked by the
+/// output differentiated (the predicted class when all were).
+ExplainedPoint metagradient_point(PathReader& reader, const Metagradient& g, int64_t n, int64_t test_index,
+                                  int64_t top) {
+  const torch::Tensor& y_train = reader.dataset().y_train;
+  ExplainedPoint p;
+  p.predicted = g.fN[n].argmax().item<int64_t>();
+  p.output = g.outputs.defined() ? g.outputs[n].item<int64_t>() : p.predicted;
+  const torch::Tensor c = g.values[n].select(1, p.output);  // [M]
+  p.test_index = test_index;
+  p.label = label_at(reader.dataset().y_test, test_index);
+  p.f_final = values_of(g.fN[n]);
+  p.metagradient_sum = values_of(g.values[n].sum(0));
+  p.proponents = ranked_points(c, y_train, top, true);
+  p.opponents = ranked_points(c, y_train, top, false);
+  return p;
+}
+
+/// mse's loss derivative 2(f − t)/K moves with f along training, so the
+/// contributions are a sum of per-step kernel machines, never one machine
+/// with fixed coefficients.
+std::string explanation_form(const Manifest& m) {
+  return m.loss == "mse" ? "ensemble (mse: the loss derivative changes along training)"
+                         : is_single_kernel_machine(m) ? "kernel machine" : "ensemble";
+}
+
+/// explain.json of decomposition d of test_index (its points, then the rest).
+ExplainDocument exact_document(PathReader& reader, const torch::Tensor& test_index, const DecompositionOptions& dopt,
+                               const ExplainOptions& options, const Decomposition& d) {
+  const Manifest& m = reader.manifest();
+  const torch::Tensor gap = d.completeness_gap();
+  ExplainDocument doc;
+  for (int64_t n = 0; n < test_index.size(0); ++n) {
+    doc.points.push_back(exact_point(reader, d, gap, n, test_index[n].item<int64_t>(), options.top));
+  }
+  const int64_t n = test_index.size(0), M = d.contributions.size(1), K = d.contributions.size(2);
+  const bool single = is_single_kernel_machine(m);
+  const double batch = static_cast<double>(m.batch_size == 0 ? m.num_train : m.batch_size);
+  doc.run = reader.dir();
+  doc.method = ExplainMethod::Exact;
+  doc.quadrature = dopt.quadrature.spec.str();
+  doc.steps = d.steps;
+  doc.certificate_max_gap = d.certificate_max_gap;
+  doc.loss = m.loss;
+  doc.form = explanation_form(m);
+  doc.recorded = m.recorded;
+  doc.updates_explained = d.residuals.first_step < 0;
+  doc.contributions_shape = {n, M, K};
+  if (dopt.kernel) {
+    doc.kernel = ExplainKernelFile{{n, M, m.num_classes, m.num_classes}, single, std::nullopt};
+    if (single) doc.kernel->weight = m.optimizer.lr / batch;
+  }
+  doc.warning = unexplained_update_message(d.residuals);
+  return doc;
+}
+
+}  // namespace
+
+KernelOutput parse_kernel_output(const std::string& name) {
+  if (name == "auto") return KernelOutput::Auto;
+  if (name == "on") return KernelOutput::On;
+  if (name == "off") return KernelOutput::Off;
+  PK_THROW("kernel output '" << name << "' is not one of auto, on, off");
+}
+
+bool is_single_kernel_machine(const Manifest& m) {
+  const bool even_batches = m.batch_size == 0 || m.num_train % m.batch_size == 0;
+  return m.output == "logsoftmax" && m.loss == "cross_entropy" && m.schedule == "constant" && !m.recorded &&
+         even_batches;
+}
+
+void check_explain_indices(PathReader& reader, const torch::Tensor& test_index, const ExplainOptions& options) {
+  const torch::Tensor& x_test = reader.dataset().x_test;
+  PK_CHECK(test_index.dim() == 1 && test_index.numel() > 0 && test_index.scalar_type() == torch::kLong,
+           "explain: test indices must be a non-empty int64 list (got " << test_index.sizes() << " "
+                                                                        << test_index.scalar_type() << ")");
+  PK_CHECK(test_index.min().item<int64_t>() >= 0 && test_index.max().item<int64_t>() < x_test.size(0),
+           "explain: test indices must lie in [0, " << x_test.size(0) << ")");
+  PK_CHECK(options.top >= 1, "explain: the number of proponents and opponents listed must be >= 1 (got "
+                                 << options.top << ")");
+}
+
+DecompositionOptions explain_decomposition_options(const Manifest& m, int64_t n, const ExplainOptions& options,
+                                                   std::string* kernel_note) {
+  DecompositionOptions dopt = options.decomposition;
+  // The summed kernel is the ensemble form of gd and sgd runs.
+  const bool kernel_form = !m.optimizer.traits().has_buffer;
+  const double kernel_bytes = 8.0 * static_cast<double>(n) * static_cast<double>(m.num_train) *
+                              static_cast<double>(m.num_classes * m.num_classes);
+  dopt.kernel = options.kernel == KernelOutput::On ||
+                (options.kernel == KernelOutput::Auto && kernel_form && kernel_bytes <= options.kernel_max_bytes);
+  if (kernel_note) kernel_note->clear();
+  if (options.kernel == KernelOutput::Auto && kernel_form && !dopt.kernel && kernel_note) {
+    char note[160];
+    std::snprintf(note, sizeof note, "kernel.npy would take %.1f GiB, more than the automatic limit of %.1f GiB; not written",
+                  kernel_bytes / (1 << 30), options.kernel_max_bytes / (1 << 30));
+    *kernel_note = note;
+  }
+  return dopt;
+}
+
+ojson explain_progress_arguments(PathReader& reader, const torch::Tensor& test_index,
+                                 const DecompositionOptions& dopt) {
+  return ojson{{"manifest_crc32", reader.manifest_crc32()},
+               {"test_indices", std::vector<int64_t>(test_index.data_ptr<int64_t>(),
+                                                     test_index.data_ptr<int64_t>() + test_index.numel())},
+               {"quadrature", dopt.quadrature.spec.str()},
+               {"tol", dopt.quadrature.tol},
+               {"run_tol", dopt.quadrature.run_tol},
+               {"gauss_nodes", dopt.quadrature.gauss_nodes},
+               {"kernel", dopt.kernel},
+               {"point_block", dopt.point_block},
+               {"memory_doubles", dopt.memory_doubles},
+               {"threads", current_threads()}};
+}
+
+Explanation explain(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+                    const ExplainOptions& options) {
+  check_explain_indices(reader, test_index, options);
+  Explanation e;
+  const DecompositionOptions dopt =
+      explain_decomposition_options(reader.manifest(), test_index.size(0), options, &e.kernel_note);
+  if (options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
+  DirectoryCheckpoint progress((fs::path(out) / ".progress").string(),
+                               explain_progress_arguments(reader, test_index, dopt), options.checkpoint_seconds);
+  progress.resume_point();
+  e.progress_note = progress.message();
+  if (options.on_note && !e.progress_note.empty()) options.on_note(e.progress_note);
+  Decomposition d = decompose(reader, reader.dataset().x_test.index_select(0, test_index), dopt, &progress);
+  write_explanation(reader, test_index, out, dopt, options, std::move(d), e);
+  progress.finish();
+  return e;
+}
+
+void write_explanation(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
+                       const DecompositionOptions& dopt, const ExplainOptions& options, Decomposition decomposition,
+                       Explanation& e) {
+  e.dir = out;
+  e.test_index = test_index;
+  e.decomposition = std::move(decomposition);
+  e.kernel = dopt.kernel;
+  const Decomposition& d = e.decomposition;
+  e.document = exact_document(reader, test_index, dopt, options, d);
+  write_explain_directory(out, e.document, d.contributions, e.kernel ? d.kernel : torch::Tensor());
+  if (options.images && reader.manifest().input_shape.size() == 3) {
+    e.images = write_explain_images(out, reader.dataset(), e.document.points);
+  }
+}
+
+MetagradientOutputs parse_metagradient_outputs(const std::string& name) {
+  if (name == "predicted") return MetagradientOutputs::Predicted;
+  if (name == "all") return MetagradientOutputs::All;
+  PK_THROW("metagradient outputs '" << name << "' is not one of predicted, all");
+}
+
+MetagradientExplanation explain_metagradient(PathReader& reader, const torch::Tensor& test_index,
+                                             const std::string& out, const ExplainOptions& options,
+                                             MetagradientOutputs which) {
+  check_explain_indices(reader, test_index, options);
+  const Manifest& m = reader.manifest();
+  const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
+  MetagradientOptions mopt;
+  mopt.progress = options.decomposition.progress;
+  if (which == MetagradientOutputs::Predicted) mopt.outputs = reader.outputs(m.steps, x).argmax(1);
+  MetagradientExplanation e;
+  e.dir = out;
+  e.test_index = test_index;
+  e.metagradient = metagradient(reader, x, mopt);
+  const Metagradient& g = e.metagradient;
+  ExplainDocument& doc = e.document;
+  for (int64_t n = 0; n < test_index.size(0); ++n) {
+    doc.points.push_back(metagradient_point(reader, g, n, test_index[n].item<int64_t>(), options.top));
+  }
+  doc.run = reader.dir();
+  doc.method = ExplainMethod::Metagradient;
+  doc.outputs_predicted = g.outputs.defined();
+  doc.steps = g.steps;
+  doc.adjoints = g.adjoints;
+  doc.hessian_vector_products = g.hessian_vector_products;
+  doc.seconds = g.seconds;
+  doc.loss = m.loss;
+  doc.recorded = m.recorded;
+  if (!m.loss_weights.file.empty()) doc.loss_weights = m.loss_weights.file;
+  doc.contributions_shape = {test_index.size(0), g.values.size(1), g.values.size(2)};
+  write_explain_directory(out, doc, g.values);
+  if (options.images && m.input_shape.size() == 3) e.images = write_explain_images(out, reader.dataset(), doc.points);
+  return e;
+}
+
+void record_check(MetagradientExplanation& e, const MetagradientCheck& c, double h) {
+  e.document.check = check_entry(c, h);
+  write_explain_json(e.dir, e.document);
+}
+
+}  // namespace pathkernel
