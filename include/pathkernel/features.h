@@ -27,42 +27,6 @@
 
 namespace pathkernel {
 
-struct QuadratureOptions {
-  QuadratureSpec spec;  ///< gauss (default), riemann:T, dpk
-  double tol = 1e-14;   ///< certificate tolerance per step, relative to max(1, |f(w_s, x)|)
-  /// When > 0, the certificate budget of a whole run, relative to max(1, |f|):
-  /// each of its N steps gets run_tol / N in place of tol (for_run). The
-  /// kernel machine's error is the sum of the steps' signed certificate gaps,
-  /// so the budget bounds it, up to the floor of 8 ε per step below which a
-  /// gap is the rounding of f itself (docs/math.md §7).
-  double run_tol = 1e-12;
-  int gauss_nodes = 8;  ///< Gauss–Legendre nodes on a piece of length 1 (ceil(n·√h) on length h)
-  int min_nodes = 3;    ///< fewest nodes on a short piece
-  /// For a piecewise-linear network (SegmentEvaluator::polynomial_degree()
-  /// L > 0), integrate each piece exactly with the nodes its polynomial
-  /// structure needs, whatever its length: ⌈L/2⌉ Gauss nodes for logits,
-  /// and for log-softmax L nodes with weights that integrate the softmax
-  /// factor over the interpolated logits (docs/math.md §7); fewer on a
-  /// short piece where the rule below takes fewer, all of them if that
-  /// fails the certificate. false: the ⌈gauss_nodes·√h⌉ rule for every network.
-  bool exact_pieces = true;
-  int scan_intervals = 16;  ///< forward-only scan of [0,1] for kinks before integrating
-  /// Locate kinks as roots of the fitted pre-activation polynomials (kinks.h):
-  /// 40% fewer forward rows on the MNIST CNN at the same error, since the
-  /// exact pieces and the run's budget (docs/math.md §7). false: Illinois
-  /// false position alone, to a 4-ulp bracket (the reference).
-  bool fit_kinks = true;
-  int64_t max_rows = 512;  ///< integrand evaluations per batched pass (bounds memory)
-  int max_depth = 30;   ///< halvings of a piece before it is accepted as is
-  /// TorchScript modules: the structured route where every parameter has a
-  /// rule (Auto), or autograd alone (Generic), as a reference or a fallback.
-  ModuleRoute route = ModuleRoute::Auto;
-
-  /// These options for a run of `steps` steps: tol = run_tol / steps when
-  /// run_tol > 0, else unchanged.
-  QuadratureOptions for_run(int64_t steps) const;
-};
-
 /// One parameterised layer's part of J̄, in the form its rule keeps it. The
 /// form is fixed per layer when the features are built (by the layer's kind
 /// and input); every consumer switches on it.

@@ -32,6 +32,7 @@
 #include <torch/torch.h>
 
 #include "pathkernel/model.h"
+#include "pathkernel/module_route.h"
 
 namespace pathkernel {
 
@@ -58,12 +59,6 @@ struct SegmentPass {
   torch::Tensor t;                    ///< [R] each row's position on the segment (own networks)
   std::vector<torch::Tensor> layer_inputs;  ///< own networks: each layer's input, by layer index
   std::vector<torch::Tensor> argmax;        ///< own networks: a max-pool layer's window argmax, by layer index
-};
-
-/// How a TorchScript module is decomposed (pathkernel's own models have one way).
-enum class ModuleRoute {
-  Auto,     ///< structured where every parameter has a rule, else generic
-  Generic,  ///< autograd alone, whatever the module holds
 };
 
 /// The network `options` describe, built in float64 whatever its training

@@ -204,43 +204,65 @@ int SignBracket::locate(const std::function<double(double)>& g, int max_rounds) 
   return round;
 }
 
-KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
-                      const std::vector<int64_t>& point, const std::vector<double>& t,
-                      const std::vector<KinkBracket>& brackets, bool skip_first_layer, bool fit_polynomials,
-                      int64_t rows_per_pass) {
-  PK_ASSERT(preacts.size() == ev.relu_after().size() && point.size() == t.size() && rows_per_pass > 0);
+namespace {
+
+/// One kink search (find_kinks): its rows, targets and what the fits need.
+struct Search {
+  const SegmentEvaluator& ev;
+  const torch::Tensor& x;
+  const std::vector<torch::Tensor>& preacts;
+  const std::vector<int64_t>& point;
+  const std::vector<double>& t;
+  const bool fit_polynomials;
+  const int64_t rows_per_pass;
+  std::vector<int64_t> a_rows, b_rows;  ///< per bracket: its two rows
+  std::vector<Target> targets;
+  std::vector<torch::Tensor> flat;      ///< per site: its values at the rows, flattened per row
   KinkSearch out;
-  if (brackets.empty()) return out;
-  std::vector<int64_t> a_rows, b_rows;
+
+  void detect(const std::vector<KinkBracket>& brackets, bool skip_first_layer);
+  void add(int64_t l, const torch::Tensor& hits, const torch::Tensor& plus, const torch::Tensor& minus);
+  void prepare();
+  void locate();
+  /// One round of location: the rows it evaluates (per row its target and
+  /// t), and which targets take a pair around a fitted root.
+  void plan(int iter, const std::vector<size_t>& active, std::vector<size_t>& row_target, std::vector<double>& row_t,
+            std::vector<bool>& paired);
+  void evaluate(const std::vector<size_t>& row_target, const std::vector<double>& row_t);
+  void review(const std::vector<size_t>& active, const std::vector<bool>& paired);
+};
+
+/// Adds a target per hit (bracket, column) of site l: the unit itself, or
+/// with a pool the windows' units `plus` and `minus`.
+void Search::add(int64_t l, const torch::Tensor& hits, const torch::Tensor& plus, const torch::Tensor& minus) {
+  torch::Tensor nz = hits.nonzero();  // [F, 2]: bracket, column
+  auto nz_a = nz.accessor<int64_t, 2>();
+  const bool pool = plus.defined();
+  torch::Tensor p = pool ? plus.contiguous() : nz, m = pool ? minus.contiguous() : nz;
+  auto p_a = p.accessor<int64_t, 2>(), m_a = m.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < nz.size(0); ++i) {
+    const int64_t b = nz_a[i][0], c = nz_a[i][1];
+    Target k;
+    k.bracket = b;
+    k.layer = l;
+    k.plus = pool ? p_a[b][c] : c;
+    k.minus = pool ? m_a[b][c] : -1;
+    k.lo = t[a_rows[b]];
+    k.hi = t[b_rows[b]];
+    targets.push_back(std::move(k));
+  }
+}
+
+/// Detection: every unit whose pattern differs at the two ends of a bracket.
+void Search::detect(const std::vector<KinkBracket>& brackets, bool skip_first_layer) {
   for (const KinkBracket& b : brackets) {
     PK_ASSERT(t[b.row_a] < t[b.row_b] && point[b.row_a] == point[b.row_b]);
     a_rows.push_back(b.row_a);
     b_rows.push_back(b.row_b);
   }
   const torch::Tensor at_a = torch::tensor(a_rows, torch::kLong), at_b = torch::tensor(b_rows, torch::kLong);
-
-  // Detection: every unit whose pattern differs at the two ends of a bracket.
-  std::vector<Target> targets;
-  std::vector<torch::Tensor> flat(preacts.size());
+  flat.resize(preacts.size());
   for (size_t l = 0; l < preacts.size(); ++l) flat[l] = preacts[l].detach().flatten(1).contiguous();
-  auto add = [&](int64_t l, const torch::Tensor& hits, const torch::Tensor& plus, const torch::Tensor& minus) {
-    torch::Tensor nz = hits.nonzero();  // [F, 2]: bracket, column
-    auto nz_a = nz.accessor<int64_t, 2>();
-    const bool pool = plus.defined();
-    torch::Tensor p = pool ? plus.contiguous() : nz, m = pool ? minus.contiguous() : nz;
-    auto p_a = p.accessor<int64_t, 2>(), m_a = m.accessor<int64_t, 2>();
-    for (int64_t i = 0; i < nz.size(0); ++i) {
-      const int64_t b = nz_a[i][0], c = nz_a[i][1];
-      Target k;
-      k.bracket = b;
-      k.layer = l;
-      k.plus = pool ? p_a[b][c] : c;
-      k.minus = pool ? m_a[b][c] : -1;
-      k.lo = t[a_rows[b]];
-      k.hi = t[b_rows[b]];
-      targets.push_back(std::move(k));
-    }
-  };
   for (size_t l = 0; l < preacts.size(); ++l) {
     if (!ev.relu_after()[l] || (l == 0 && skip_first_layer)) continue;
     if (const int64_t k = ev.pool_after()[l]) {
@@ -253,6 +275,11 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
       add(static_cast<int64_t>(l), (ya > 0) != (yb > 0), torch::Tensor(), torch::Tensor());
     }
   }
+}
+
+/// The targets' values at their bracket's ends and, for the fits, their
+/// scale, pieces and the samples beyond either end on the same piece.
+void Search::prepare() {
   // What the fits need: per row, each site's largest |value| and the pieces.
   std::vector<std::vector<double>> row_scale(flat.size());
   std::vector<std::vector<uint64_t>> pieces;
@@ -311,7 +338,88 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
     if (k.glo == 0) settle(k, k.lo);
     else if (k.ghi == 0) settle(k, k.hi);
   }
+}
 
+void Search::plan(int iter, const std::vector<size_t>& active, std::vector<size_t>& row_target,
+                  std::vector<double>& row_t, std::vector<bool>& paired) {
+  for (size_t i : active) {
+    Target& k = targets[i];
+    double slope = 0;
+    const double r =
+        !fit_polynomials || iter % 4 == 3 ? std::numeric_limits<double>::quiet_NaN() : fitted_root(k, slope);
+    if (std::isfinite(r) && slope != 0 && std::isfinite(slope)) {
+      // δ: a few ulp of t, or the t over which the unit's rounding
+      // (2 ε of its layer's largest value) moves it, if that is more.
+      const double delta =
+          k.widen * std::max(1.5 * kEps * std::abs(r), 2 * kEps * k.scale / std::abs(slope));
+      const double a = std::max(r - delta, std::nextafter(k.lo, k.hi));
+      const double b = std::min(r + delta, std::nextafter(k.hi, k.lo));
+      row_target.push_back(i);
+      row_t.push_back(a);
+      if (b > a) {
+        row_target.push_back(i);
+        row_t.push_back(b);
+      }
+      paired[i] = true;
+      k.pair_a = a;
+      k.pair_b = b;
+      continue;
+    }
+    row_target.push_back(i);
+    row_t.push_back(k.next(iter));
+  }
+}
+
+/// Evaluates the round's rows, rows_per_pass per forward pass, and moves
+/// each row's target's bracket.
+void Search::evaluate(const std::vector<size_t>& row_target, const std::vector<double>& row_t) {
+  for (size_t c0 = 0; c0 < row_t.size(); c0 += static_cast<size_t>(rows_per_pass)) {
+    const size_t nc = std::min(row_t.size() - c0, static_cast<size_t>(rows_per_pass));
+    std::vector<int64_t> rows(nc);
+    for (size_t j = 0; j < nc; ++j) rows[j] = point[a_rows[targets[row_target[c0 + j]].bracket]];
+    const std::vector<double> ts(row_t.begin() + static_cast<std::ptrdiff_t>(c0),
+                                 row_t.begin() + static_cast<std::ptrdiff_t>(c0 + nc));
+    SegmentPass pm = ev.forward(x.index_select(0, torch::tensor(rows, torch::kLong)), torch::tensor(ts, x.options()),
+                                false);
+    out.forward_evaluations += static_cast<int64_t>(nc);
+    const std::vector<torch::Tensor>& sites = ev.kink_values(pm);
+    std::vector<torch::Tensor> pf(sites.size());
+    for (size_t l = 0; l < sites.size(); ++l) pf[l] = sites[l].flatten(1).contiguous();
+    std::vector<std::vector<uint64_t>> round_pieces;
+    if (fit_polynomials) round_pieces = upstream_pieces(ev, sites);
+    for (size_t j = 0; j < nc; ++j) {
+      Target& k = targets[row_target[c0 + j]];
+      const double v = value(pf[k.layer].accessor<double, 2>(), static_cast<int64_t>(j), k);
+      PK_CHECK(std::isfinite(v), "kink search: non-finite pre-activation at t = " << ts[j]);
+      if (fit_polynomials) {
+        k.samples.push_back({ts[j], v, round_pieces[j][k.layer]});
+        if (k.samples.size() > 8) k.samples.erase(k.samples.begin());
+      }
+      update(k, ts[j], v, fit_polynomials ? round_pieces[j][k.layer] : 0);
+    }
+  }
+}
+
+void Search::review(const std::vector<size_t>& active, const std::vector<bool>& paired) {
+  // A pair that missed the root (the fit's rounding is above a few ulp)
+  // is placed wider next time; one that caught it, at the width again.
+  for (size_t i : active) {
+    Target& k = targets[i];
+    if (!paired[i] || k.done) continue;
+    const bool caught = k.lo >= k.pair_a && k.hi <= k.pair_b;
+    // Near its root a unit's value is rounding as much as slope, so the
+    // sign the network gives is noisy within about δ of the true root: a
+    // pair a few δ wide that catches the sign change locates the kink as
+    // well as bisecting inside that noise would.
+    if (caught && k.widen <= 16) {
+      settle(k, 0.5 * (k.lo + k.hi));
+    } else {
+      k.widen = caught ? 1 : 4 * k.widen;
+    }
+  }
+}
+
+void Search::locate() {
   // Location, on every bracket at once (one forward pass per round): an
   // Illinois false-position step, and every fourth round a bisection, so
   // each bracket at least halves every four rounds. With fit_polynomials,
@@ -328,80 +436,31 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
     std::vector<size_t> row_target;
     std::vector<double> row_t;
     std::vector<bool> paired(targets.size(), false);
-    for (size_t i : active) {
-      Target& k = targets[i];
-      double slope = 0;
-      const double r =
-          !fit_polynomials || iter % 4 == 3 ? std::numeric_limits<double>::quiet_NaN() : fitted_root(k, slope);
-      if (std::isfinite(r) && slope != 0 && std::isfinite(slope)) {
-        // δ: a few ulp of t, or the t over which the unit's rounding
-        // (2 ε of its layer's largest value) moves it, if that is more.
-        const double delta =
-            k.widen * std::max(1.5 * kEps * std::abs(r), 2 * kEps * k.scale / std::abs(slope));
-        const double a = std::max(r - delta, std::nextafter(k.lo, k.hi));
-        const double b = std::min(r + delta, std::nextafter(k.hi, k.lo));
-        row_target.push_back(i);
-        row_t.push_back(a);
-        if (b > a) {
-          row_target.push_back(i);
-          row_t.push_back(b);
-        }
-        paired[i] = true;
-        k.pair_a = a;
-        k.pair_b = b;
-        continue;
-      }
-      row_target.push_back(i);
-      row_t.push_back(k.next(iter));
-    }
-    for (size_t c0 = 0; c0 < row_t.size(); c0 += static_cast<size_t>(rows_per_pass)) {
-      const size_t nc = std::min(row_t.size() - c0, static_cast<size_t>(rows_per_pass));
-      std::vector<int64_t> rows(nc);
-      for (size_t j = 0; j < nc; ++j) rows[j] = point[a_rows[targets[row_target[c0 + j]].bracket]];
-      const std::vector<double> ts(row_t.begin() + static_cast<std::ptrdiff_t>(c0),
-                                   row_t.begin() + static_cast<std::ptrdiff_t>(c0 + nc));
-      SegmentPass pm = ev.forward(x.index_select(0, torch::tensor(rows, torch::kLong)), torch::tensor(ts, x.options()),
-                                  false);
-      out.forward_evaluations += static_cast<int64_t>(nc);
-      const std::vector<torch::Tensor>& sites = ev.kink_values(pm);
-      std::vector<torch::Tensor> pf(sites.size());
-      for (size_t l = 0; l < sites.size(); ++l) pf[l] = sites[l].flatten(1).contiguous();
-      std::vector<std::vector<uint64_t>> round_pieces;
-      if (fit_polynomials) round_pieces = upstream_pieces(ev, sites);
-      for (size_t j = 0; j < nc; ++j) {
-        Target& k = targets[row_target[c0 + j]];
-        const double v = value(pf[k.layer].accessor<double, 2>(), static_cast<int64_t>(j), k);
-        PK_CHECK(std::isfinite(v), "kink search: non-finite pre-activation at t = " << ts[j]);
-        if (fit_polynomials) {
-          k.samples.push_back({ts[j], v, round_pieces[j][k.layer]});
-          if (k.samples.size() > 8) k.samples.erase(k.samples.begin());
-        }
-        update(k, ts[j], v, fit_polynomials ? round_pieces[j][k.layer] : 0);
-      }
-    }
-    // A pair that missed the root (the fit's rounding is above a few ulp)
-    // is placed wider next time; one that caught it, at the width again.
-    for (size_t i : active) {
-      Target& k = targets[i];
-      if (!paired[i] || k.done) continue;
-      const bool caught = k.lo >= k.pair_a && k.hi <= k.pair_b;
-      // Near its root a unit's value is rounding as much as slope, so the
-      // sign the network gives is noisy within about δ of the true root: a
-      // pair a few δ wide that catches the sign change locates the kink as
-      // well as bisecting inside that noise would.
-      if (caught && k.widen <= 16) {
-        settle(k, 0.5 * (k.lo + k.hi));
-      } else {
-        k.widen = caught ? 1 : 4 * k.widen;
-      }
-    }
+    plan(iter, active, row_target, row_t, paired);
+    evaluate(row_target, row_t);
+    review(active, paired);
   }
-  for (const Target& k : targets) {
+}
+
+}  // namespace
+
+KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
+                      const std::vector<int64_t>& point, const std::vector<double>& t,
+                      const std::vector<KinkBracket>& brackets, bool skip_first_layer, bool fit_polynomials,
+                      int64_t rows_per_pass) {
+  PK_ASSERT(preacts.size() == ev.relu_after().size() && point.size() == t.size() && rows_per_pass > 0);
+  if (brackets.empty()) return {};
+  Search search{ev, x, preacts, point, t, fit_polynomials, rows_per_pass, {}, {}, {}, {}, {}};
+  search.detect(brackets, skip_first_layer);
+  search.prepare();
+  search.locate();
+  KinkSearch& out = search.out;
+  for (const Target& k : search.targets) {
     out.kinks.push_back({k.bracket, k.done ? k.root : 0.5 * (k.lo + k.hi), k.layer, k.plus, k.minus});
   }
   std::sort(out.kinks.begin(), out.kinks.end(),
             [](const Kink& p, const Kink& q) { return p.bracket != q.bracket ? p.bracket < q.bracket : p.t < q.t; });
-  return out;
+  return std::move(out);
 }
 
 std::vector<double> first_layer_kinks(const SegmentEvaluator& ev, const torch::Tensor& y0, const torch::Tensor& y1) {

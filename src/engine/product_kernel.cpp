@@ -5,20 +5,15 @@
 #include <cmath>
 
 #include "pathkernel/error.h"
-#include "pathkernel/quadrature.h"
+#include "pathkernel/integrator.h"
 
 namespace pathkernel {
 
 namespace {
 
-/// Pieces closer than this in t are merged (as in the features' quadrature).
-constexpr double kMinPiece = 64 * 2.220446049250313e-16;
-
-/// Nodes for the product on a piece of length h: twice the features' count.
-int product_nodes(const QuadratureOptions& q, double h) {
-  const double n_h = std::ceil(q.gauss_nodes * std::sqrt(h));
-  return 2 * static_cast<int>(std::clamp<double>(n_h, std::min(q.min_nodes, q.gauss_nodes), q.gauss_nodes));
-}
+/// Nodes for the product on a piece of length h: twice the features' count
+/// (adaptive_nodes).
+int product_nodes(const QuadratureOptions& q, double h) { return 2 * static_cast<int>(adaptive_nodes(q, h)); }
 
 /// Appends the product rule on the pieces between sorted `breaks` to t and w.
 void piece_rule(const std::vector<double>& breaks, const QuadratureOptions& q, std::vector<double>& t,
@@ -28,11 +23,6 @@ void piece_rule(const std::vector<double>& breaks, const QuadratureOptions& q, s
     t.insert(t.end(), r.nodes.begin(), r.nodes.end());
     w.insert(w.end(), r.weights.begin(), r.weights.end());
   }
-}
-
-/// The fixed rule of a riemann:T or dpk spec.
-QuadratureRule fixed_rule(const QuadratureSpec& spec) {
-  return spec.kind == QuadratureSpec::Kind::Dpk ? left_point() : riemann(spec.nodes);
 }
 
 /// Rows [start, start + count) of every output's signals.

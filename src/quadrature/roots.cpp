@@ -11,6 +11,48 @@
 
 namespace pathkernel {
 
+namespace {
+
+/// One step of Brent's method from the best estimate b, the previous one a
+/// and the bracket's other end c (their values fa, fb, fc), with the
+/// half-bracket m and tolerance tol: sets the step d (and e, the step
+/// before), interpolating where that is safe and bisecting otherwise.
+void brent_step(double a, double b, double c, double fa, double fb, double fc, double m, double tol, double& d,
+                double& e) {
+  if (std::fabs(e) >= tol && std::fabs(fa) > std::fabs(fb)) {
+    // Interpolate: secant when only two points are distinct, else inverse quadratic.
+    const double s = fb / fa;
+    double p, q;
+    if (a == c) {
+      p = 2 * m * s;
+      q = 1 - s;
+    } else {
+      const double qa = fa / fc, r = fb / fc;
+      p = s * (2 * m * qa * (qa - r) - (b - a) * (r - 1));
+      q = (qa - 1) * (r - 1) * (s - 1);
+    }
+    if (p > 0) {
+      q = -q;
+    } else {
+      p = -p;
+    }
+    // Accept the step only if it stays well inside the bracket and shrinks
+    // faster than the step before last; otherwise bisect.
+    if (2 * p < 3 * m * q - std::fabs(tol * q) && p < std::fabs(0.5 * e * q)) {
+      e = d;
+      d = p / q;
+    } else {
+      d = m;
+      e = m;
+    }
+  } else {
+    d = m;
+    e = m;
+  }
+}
+
+}  // namespace
+
 double find_root(const std::function<double(double)>& g, double a, double b, int* evaluations) {
   PK_CHECK(std::isfinite(a) && std::isfinite(b) && a <= b,
            "find_root: bad interval [" << a << ", " << b << "]: expected finite ends with a <= b");
@@ -62,36 +104,7 @@ double find_root(const std::function<double(double)>& g, double a, double b, int
     const double tol = 2 * u * std::fabs(b) + 0.5 * floor_tol;
     const double m = 0.5 * (c - b);
     if (std::fabs(m) <= tol || fb == 0.0) return b;
-    if (std::fabs(e) >= tol && std::fabs(fa) > std::fabs(fb)) {
-      // Interpolate: secant when only two points are distinct, else inverse quadratic.
-      const double s = fb / fa;
-      double p, q;
-      if (a == c) {
-        p = 2 * m * s;
-        q = 1 - s;
-      } else {
-        const double qa = fa / fc, r = fb / fc;
-        p = s * (2 * m * qa * (qa - r) - (b - a) * (r - 1));
-        q = (qa - 1) * (r - 1) * (s - 1);
-      }
-      if (p > 0) {
-        q = -q;
-      } else {
-        p = -p;
-      }
-      // Accept the step only if it stays well inside the bracket and shrinks
-      // faster than the step before last; otherwise bisect.
-      if (2 * p < 3 * m * q - std::fabs(tol * q) && p < std::fabs(0.5 * e * q)) {
-        e = d;
-        d = p / q;
-      } else {
-        d = m;
-        e = m;
-      }
-    } else {
-      d = m;
-      e = m;
-    }
+    brent_step(a, b, c, fa, fb, fc, m, tol, d, e);
     a = b;
     fa = fb;
     b += std::fabs(d) > tol ? d : (m > 0 ? tol : -tol);

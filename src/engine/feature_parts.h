@@ -1,0 +1,48 @@
+// The parts of test features shared by their integrands (features.cpp,
+// layered_features.cpp, module_features.cpp): internal to the engine.
+#pragma once
+
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pathkernel/features.h"
+#include "pathkernel/segment.h"
+
+namespace pathkernel {
+
+/// Per-row J(w(t_r), x_r) dw of a pass, [K, R], for its signals: the
+/// directions its forward pass formed where it kept them.
+torch::Tensor segment_dot(const SegmentEvaluator& ev, const SegmentPass& pass,
+                          const std::vector<torch::Tensor>& signals);
+
+/// Signals of a pass for K cotangents at once, c [K, R, K_out] (on the
+/// outputs, or with `of_logits` on the logits): per param layer [K, R, ...].
+std::vector<torch::Tensor> batched_signals(const SegmentEvaluator& ev, const SegmentPass& pass,
+                                           const torch::Tensor& c, bool of_logits = false);
+
+/// The cotangents e_k of every output k on every row: [K, R, K].
+torch::Tensor unit_cotangents(const SegmentEvaluator& ev, int64_t rows, const torch::TensorOptions& opts);
+
+/// Signals for every output k (with `of_logits`, every logit) of a pass,
+/// per layer as [K, R, ...].
+std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const SegmentPass& pass, bool of_logits = false);
+
+/// Whether passes must keep an autograd graph for their signals.
+bool track_passes(const SegmentEvaluator& ev);
+
+/// Measures the certificate of assembled features f along dw [P]: f.gap
+/// [n, K] = J̄ dw − (f1 − f0), and its largest entry relative to
+/// max(1, |f0|) in f.certificate_gap.
+void measure_certificate(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& dw);
+
+/// Test features of points x [n, ...] on a route whose layers give their
+/// signals (own networks, the structured TorchScript route), all on this
+/// thread (layered_features.cpp).
+TestFeatures layered_test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q);
+
+/// Test features of points x [n, ...] on the generic route: per-row
+/// Jacobians by autograd, one dense block (module_features.cpp).
+TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q);
+
+}  // namespace pathkernel

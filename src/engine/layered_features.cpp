@@ -1,0 +1,457 @@
+// Test features of networks evaluated layer by layer (pathkernel's own
+// networks and the structured TorchScript route) as an integrand of the
+// certified integrator: each round's rows are one batched pass, their
+// signals are kept per layer in the form the layer's rule keeps them, and
+// failed pieces are searched for kinks between their evaluated rows.
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "feature_parts.h"
+#include "pathkernel/error.h"
+#include "pathkernel/integrator.h"
+#include "pathkernel/kinks.h"
+#include "pathkernel/layer_rules.h"
+#include "softmax_moments.h"
+
+namespace pathkernel {
+
+namespace {
+
+using Kind = LayerDesc::Kind;
+using Form = LayerFeatures::Form;
+
+/// Rows (point[j], t[j]) as rows of three passes laid end to end: the
+/// segment's start (row i: t = 0 of test point i), its end (n + i: t = 1)
+/// and `fresh`, the other distinct (point, t) pairs, each once. The scan's
+/// ends and the pieces' ends (neighbouring pieces share one, and f is
+/// continuous there) are found this way.
+struct SharedRows {
+  std::vector<int64_t> fresh_point;  ///< per fresh row: its test point
+  std::vector<double> fresh_t;       ///< per fresh row: its t
+  std::vector<int64_t> index;        ///< per (point[j], t[j]): its row in (start, end, fresh)
+};
+
+SharedRows shared_rows(const std::vector<int64_t>& point, const std::vector<double>& t, int64_t n) {
+  SharedRows e;
+  std::map<std::pair<int64_t, double>, int64_t> seen;
+  e.index.reserve(t.size());
+  for (size_t j = 0; j < t.size(); ++j) {
+    const int64_t i = point[j];
+    if (t[j] == 0.0 || t[j] == 1.0) {
+      e.index.push_back(t[j] == 0.0 ? i : n + i);
+      continue;
+    }
+    auto [it, fresh] = seen.emplace(std::make_pair(i, t[j]), 2 * n + static_cast<int64_t>(e.fresh_t.size()));
+    if (fresh) {
+      e.fresh_point.push_back(i);
+      e.fresh_t.push_back(t[j]);
+    }
+    e.index.push_back(it->second);
+  }
+  return e;
+}
+
+/// Rows `index` of tensors `start`, `end` and `fresh` (undefined when no row
+/// is fresh) laid end to end.
+torch::Tensor end_select(const torch::Tensor& start, const torch::Tensor& end, const torch::Tensor& fresh,
+                         const torch::Tensor& index) {
+  std::vector<torch::Tensor> parts{start.detach(), end.detach()};
+  if (fresh.defined()) parts.push_back(fresh.detach());
+  return torch::cat(parts, 0).index_select(0, index);
+}
+/// The logits' signals of exact pieces with the log-softmax weights folded
+/// in: row r (node j, Gauss weight ω_j) of the integral Σ_j (ω_j I − 1 v_jᵀ)
+/// J_z(t_j) has, for every output k, the signal of the cotangent
+/// ω_j e_k − v_r on the logits (the backward pass is linear in it), to be
+/// taken with weight 1 (every consumer multiplies by the weight).
+std::vector<torch::Tensor> folded_signals(const SegmentEvaluator& ev, const SegmentPass& pass,
+                                          const torch::Tensor& weight, const torch::Tensor& v) {
+  const torch::Tensor c = unit_cotangents(ev, weight.size(0), weight.options()) * weight.view({1, -1, 1}) -
+                          v.unsqueeze(0);  // [K, R, K]
+  return batched_signals(ev, pass, c, /*of_logits=*/true);
+}
+
+/// Whether a piece's certificate gap |Σ ω J dw − (f(b) − f(a))| is accepted;
+/// Signals of one cotangent ([1, R, ...]: moment rows, which belong to every
+/// output alike) as every output's: a view [k_out, R, ...], not a copy.
+/// Signals of every output are returned as they are.
+torch::Tensor every_output(const torch::Tensor& s, int64_t k_out) {
+  if (s.size(0) == k_out) return s;
+  std::vector<int64_t> sizes = s.sizes().vec();
+  sizes[0] = k_out;
+  return s.expand(sizes);
+}
+
+/// Adds rows (layer inputs a [r, ...], signals s [K, r, ...], test points
+/// `point` [r], weights `weight` [r], undefined when all are 1) of a layer kept dense to its block
+/// J̄ [K, n, Q] (weight, then bias). A Conv2d layer is contracted per test
+/// point over its rows and output positions at once; other layers form
+/// their (small) per-row gradients and add them up.
+void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torch::Tensor& a, const torch::Tensor& s,
+               const torch::Tensor& point, const torch::Tensor& weight) {
+  const ParamLayer& pl = ev.param_layers()[l];
+  const LayerDesc& d = pl.desc;
+  // s [1, r, ...] (one cotangent for every output) adds to every output's
+  // block: the convolution's per-point products are formed once and
+  // broadcast.
+  const int64_t K = s.size(0), q_all = pl.weight_numel + pl.bias_numel;
+  torch::Tensor& dense = f.layers[l].block;
+  if (!dense.defined()) dense = torch::zeros({ev.num_outputs(), f.num_points, q_all}, s.options());
+  std::vector<int64_t> w_shape(s.dim(), 1);
+  w_shape[1] = s.size(1);
+  if (d.kind != Kind::Conv2d) {
+    const torch::Tensor ws = weight.defined() ? s * weight.view(w_shape) : s;
+    dense.index_add_(1, point, every_output(sample_gradients(d, a, ws, pl.weight_shape, pl.bias_numel), dense.size(0)));
+    return;
+  }
+  // Rows grouped by test point (they usually come so: no copies then).
+  const bool sorted = point.size(0) < 2 || (point.narrow(0, 1, point.size(0) - 1) >=
+                                            point.narrow(0, 0, point.size(0) - 1)).all().item<bool>();
+  const torch::Tensor order = sorted ? torch::Tensor() : std::get<1>(point.sort(/*stable=*/true, 0, false));
+  auto ordered = [&](const torch::Tensor& v, int64_t dim) { return sorted ? v : v.index_select(dim, order); };
+  const int64_t groups = d.groups;
+  torch::Tensor u = conv_patches(d, ordered(a, 0), pl.weight_shape);                          // [r, Cin·k·k, L]
+  torch::Tensor sig = ordered(weight.defined() ? s * weight.view(w_shape) : s, 1).flatten(3);  // [K, r, Cout, L]
+  const int64_t cout = sig.size(2), q = u.size(1) / groups, L = u.size(2);
+  torch::Tensor counts = torch::bincount(point, {}, f.num_points);
+  auto c = counts.accessor<int64_t, 1>();
+  for (int64_t p = 0, first = 0; p < f.num_points; first += c[p], ++p) {
+    if (c[p] == 0) continue;
+    torch::Tensor sp = sig.narrow(1, first, c[p]), up = u.narrow(0, first, c[p]);
+    torch::Tensor gw = groups == 1 ? torch::einsum("krcl,rql->kcq", {sp, up})               // [K, Cout, Cin·k·k]
+                                   : torch::einsum("krgcl,rgql->kgcq", {sp.reshape({K, c[p], groups, cout / groups, L}),
+                                                                        up.reshape({c[p], groups, q, L})});
+    torch::Tensor block = gw.reshape({K, -1});
+    if (pl.bias_numel) block = torch::cat({block, sp.sum({1, 3})}, 1);
+    dense.select(1, p).add_(block);
+  }
+}
+/// The integrand: test features of points x [n, ...] on the segment set in ev.
+class LayeredFeatures final : public Integrand {
+ public:
+  LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q, TestFeatures& f);
+
+  int64_t points() const override { return n_; }
+  void integrate_fixed(const QuadratureRule& rule) override;
+  std::vector<double> scales() override;
+  std::vector<std::vector<double>> initial_kinks() override;
+  int64_t exact_nodes() const override { return exact_nodes_; }
+  int64_t split_outputs() const override { return fold_ ? ev_.num_outputs() : 0; }
+  int64_t max_rows() const override { return q_.max_rows; }
+  std::vector<double> certificate_gaps(const PieceRound& rd) override;
+  std::vector<std::vector<double>> kinks_in(const PieceRound& rd, const std::vector<int64_t>& failed) override;
+  void accept(const PieceRound& rd, const std::vector<int64_t>& accepted) override;
+
+  /// Assembles the kept rows and the first layer's sums into f's layers,
+  /// and measures the certificate.
+  void assemble();
+
+ private:
+  void keep(const SegmentPass& pass, const std::vector<torch::Tensor>& sig, const torch::Tensor& rows,
+            const torch::Tensor& point, const torch::Tensor& weight, bool unit);
+  void keep_first(const torch::Tensor& s, const torch::Tensor& pr, const torch::Tensor& wr, bool unit);
+  SegmentPass fresh_pass(const SharedRows& rows);
+  std::vector<torch::Tensor> shared_sites(const SegmentPass& pf, const torch::Tensor& index) const;
+  void evaluate_round(const PieceRound& rd);
+
+  const SegmentEvaluator& ev_;
+  const torch::Tensor& x_;
+  const QuadratureOptions& q_;
+  TestFeatures& f_;
+  const int64_t n_, k_out_;
+  const torch::TensorOptions opts_;
+  SegmentPass p0_, p1_;  ///< every point at t = 0 and t = 1
+  size_t layers_ = 0;
+  /// The first param layer's input is the same at every node of a test point
+  /// (first_input_fixed), and its block is linear in the signals for a fixed
+  /// input: the rows' weighted signals are summed per point, Σ_r ω_r δ_r,
+  /// [K, n, ...]. A factored layer keeps the sum (Summed); any other's block
+  /// (a convolution, an embedding) is formed from it once per point.
+  bool sum_first_ = false;
+  torch::Tensor first_sum_;
+  std::vector<torch::Tensor> kept_point_, kept_weight_;
+  std::vector<std::vector<torch::Tensor>> kept_inputs_, kept_signals_;
+  bool first_relu_ = false;
+  /// A piecewise-linear network's pieces are integrated exactly: its logit
+  /// Jacobian has degree L − 1 on a piece, so ⌈L/2⌉ Gauss nodes for logits;
+  /// for log-softmax, (I − 1 pᵀ) J_z with J_z interpolated on those nodes
+  /// and the moment nodes (next_round), and the softmax factor integrated
+  /// over the interpolated logits.
+  bool fold_ = false;
+  int64_t exact_nodes_ = 0;
+  // The current round: its passes (nodes, fresh ends, moment rows), signals
+  // and rows.
+  SegmentPass pass_, pf_, pm_;
+  std::vector<torch::Tensor> sig_, msig_;
+  torch::Tensor point_t_, w_t_, mpoint_t_, end_index_;
+};
+
+LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q,
+                                 TestFeatures& f)
+    : ev_(ev), x_(x), q_(q), f_(f), n_(x.size(0)), k_out_(ev.num_outputs()), opts_(x.options()) {
+  f.num_points = n_;
+  p0_ = ev.forward(x, torch::zeros({n_}, opts_), false);
+  p1_ = ev.forward(x, torch::ones({n_}, opts_), false);
+  f.f0 = p0_.out;
+  f.f1 = p1_.out;
+  // Each layer's form (LayerFeatures): accepted rows go straight into the
+  // Dense blocks and the Summed first layer; only Rows layers keep them.
+  layers_ = ev.param_layers().size();
+  f.layers.resize(layers_);
+  for (size_t l = 0; l < layers_; ++l) f.layers[l].form = layer_form(ev, l, p0_.inputs[l]);
+  kept_inputs_.resize(layers_);
+  kept_signals_.resize(layers_);
+  sum_first_ = layers_ > 0 && ev.first_input_fixed();
+  first_relu_ = ev.first_site_affine();
+  const int64_t degree = q.exact_pieces ? ev.polynomial_degree() : 0;
+  fold_ = degree > 0 && ev.log_softmax_output();
+  exact_nodes_ = degree == 0 ? 0 : fold_ ? degree : (degree + 1) / 2;
+}
+
+void LayeredFeatures::keep_first(const torch::Tensor& s, const torch::Tensor& pr, const torch::Tensor& wr,
+                                 bool unit) {
+  std::vector<int64_t> w_shape(s.dim(), 1);
+  w_shape[1] = s.size(1);
+  if (!first_sum_.defined()) {
+    std::vector<int64_t> sizes = s.sizes().vec();
+    sizes[0] = k_out_;
+    sizes[1] = n_;
+    first_sum_ = torch::zeros(sizes, s.options());
+  }
+  first_sum_.index_add_(1, pr, every_output(unit ? s : s * wr.view(w_shape), k_out_));
+}
+
+/// Keeps the rows `rows` (ascending) of a pass with signals `sig`; `unit`:
+/// their weights are all 1 (folded into the signals). Signals of one
+/// cotangent ([1, R, ...]: moment rows) belong to every output alike.
+void LayeredFeatures::keep(const SegmentPass& pass, const std::vector<torch::Tensor>& sig, const torch::Tensor& rows,
+                           const torch::Tensor& point, const torch::Tensor& weight, bool unit) {
+  const bool all = rows.size(0) == point.size(0);  // every row: no copies
+  torch::Tensor pr = all ? point : point.index_select(0, rows), wr = all ? weight : weight.index_select(0, rows);
+  for (size_t l = 0; l < layers_; ++l) {
+    torch::Tensor s = all ? sig[l] : sig[l].index_select(1, rows);
+    if (l == 0 && sum_first_) {
+      keep_first(s, pr, wr, unit);
+      continue;
+    }
+    torch::Tensor a = all ? pass.inputs[l].detach() : pass.inputs[l].detach().index_select(0, rows);
+    switch (f_.layers[l].form) {
+      case Form::Dense: add_dense(ev_, l, f_, a, s, pr, unit ? torch::Tensor() : wr); break;
+      case Form::Rows:
+        kept_inputs_[l].push_back(a);
+        kept_signals_[l].push_back(every_output(s, k_out_));
+        break;
+      case Form::Summed: PK_ASSERT(false && "only the first layer is summed"); break;
+    }
+  }
+  kept_point_.push_back(pr);
+  kept_weight_.push_back(wr);
+}
+
+/// The pass of `rows`' fresh rows (undefined when there are none), counted
+/// as forward-only.
+SegmentPass LayeredFeatures::fresh_pass(const SharedRows& rows) {
+  SegmentPass pf;
+  if (rows.fresh_t.empty()) return pf;
+  pf = ev_.forward(x_.index_select(0, torch::tensor(rows.fresh_point, torch::kLong)),
+                   torch::tensor(rows.fresh_t, opts_), false);
+  f_.forward_evaluations += static_cast<int64_t>(rows.fresh_t.size());
+  return pf;
+}
+
+/// The sites of rows `index` of (p0, p1, pf).
+std::vector<torch::Tensor> LayeredFeatures::shared_sites(const SegmentPass& pf, const torch::Tensor& index) const {
+  std::vector<torch::Tensor> out;
+  for (size_t l = 0; l < ev_.kink_values(p0_).size(); ++l) {
+    const torch::Tensor fresh = pf.out.defined() ? ev_.kink_values(pf)[l] : torch::Tensor();
+    out.push_back(end_select(ev_.kink_values(p0_)[l], ev_.kink_values(p1_)[l], fresh, index));
+  }
+  return out;
+}
+
+void LayeredFeatures::integrate_fixed(const QuadratureRule& rule) {
+  // Every test point gets the same nodes.
+  const int64_t t_count = static_cast<int64_t>(rule.nodes.size());
+  torch::Tensor point = torch::arange(n_).repeat_interleave(t_count);
+  torch::Tensor t = torch::tensor(rule.nodes, opts_).repeat({n_});
+  torch::Tensor w = torch::tensor(rule.weights, opts_).repeat({n_});
+  SegmentPass pass = ev_.forward(x_.index_select(0, point), t, track_passes(ev_));
+  std::vector<torch::Tensor> sig = all_signals(ev_, pass);
+  keep(pass, sig, torch::arange(point.size(0)), point, w, false);
+  f_.evaluations = point.size(0);
+}
+
+std::vector<double> LayeredFeatures::scales() {
+  const torch::Tensor scale = f_.f0.abs().amax(1).clamp_min(1.0);  // [n]
+  return std::vector<double>(scale.data_ptr<double>(), scale.data_ptr<double>() + scale.numel());
+}
+
+std::vector<std::vector<double>> LayeredFeatures::initial_kinks() {
+  // Split [0,1] at every kink that a scan of the segment sees. The first
+  // layer's kinks are closed-form (its pre-activation is affine in t);
+  // deeper ReLU kinks and max-pool switches are detected between scan
+  // points and located by root finding.
+  const int64_t scan = std::max(1, q_.scan_intervals);
+  std::vector<int64_t> scan_point(n_ * (scan + 1));
+  std::vector<double> scan_t(n_ * (scan + 1));
+  std::vector<KinkBracket> scan_brackets;
+  for (int64_t i = 0; i < n_; ++i) {
+    for (int64_t j = 0; j <= scan; ++j) {
+      scan_point[i * (scan + 1) + j] = i;
+      scan_t[i * (scan + 1) + j] = j == scan ? 1.0 : static_cast<double>(j) / static_cast<double>(scan);
+      if (j < scan) scan_brackets.push_back({i * (scan + 1) + j, i * (scan + 1) + j + 1});
+    }
+  }
+  std::vector<std::vector<double>> cuts(n_);
+  // Only layers after the first can have kinks a scan must find: with one
+  // hidden ReLU layer (or smooth activations) every kink is closed-form.
+  bool deep_kinks = false;
+  for (size_t l = first_relu_ ? 1 : 0; l < ev_.relu_after().size(); ++l) {
+    deep_kinks = deep_kinks || ev_.relu_after()[l] || ev_.pool_after()[l] > 0;
+  }
+  if (deep_kinks) {
+    // The scan's ends, t = 0 and t = 1, are the passes p0 and p1; only the
+    // points in between take a pass.
+    const SharedRows sr = shared_rows(scan_point, scan_t, n_);
+    const std::vector<torch::Tensor> scan_sites =
+        shared_sites(fresh_pass(sr), torch::tensor(sr.index, torch::kLong));  // [n (scan + 1), ...]
+    KinkSearch ks = find_kinks(ev_, x_, scan_sites, scan_point, scan_t, scan_brackets, first_relu_, q_.fit_kinks);
+    f_.forward_evaluations += ks.forward_evaluations;
+    f_.kinks += static_cast<int64_t>(ks.kinks.size());
+    for (const Kink& k : ks.kinks) cuts[k.bracket / scan].push_back(k.t);
+  }
+  for (int64_t i = 0; first_relu_ && i < n_; ++i) {
+    std::vector<double> c = first_layer_kinks(ev_, p0_.preacts[0][i], p1_.preacts[0][i]);
+    f_.kinks += static_cast<int64_t>(c.size());
+    cuts[i].insert(cuts[i].end(), c.begin(), c.end());
+  }
+  return cuts;
+}
+
+/// Evaluates a round: its nodes' pass and signals, its fresh ends, its
+/// moment rows'.
+void LayeredFeatures::evaluate_round(const PieceRound& rd) {
+  pass_ = pf_ = SegmentPass();  // the last round's, freed first
+  sig_.clear();
+  point_t_ = torch::tensor(rd.point, torch::kLong);
+  w_t_ = torch::tensor(rd.w, opts_);
+  pass_ = ev_.forward(x_.index_select(0, point_t_), torch::tensor(rd.t, opts_), track_passes(ev_));
+  // The pieces' ends: only those not evaluated yet take a pass.
+  const SharedRows er = shared_rows(rd.end_point, rd.ends, n_);
+  end_index_ = torch::tensor(er.index, torch::kLong);
+  pf_ = fresh_pass(er);
+  // The moment rows' pass, and their point indices (log-softmax pieces).
+  pm_ = SegmentPass();
+  mpoint_t_ = torch::Tensor();
+  if (rd.moment_rows > 0) {
+    mpoint_t_ = torch::tensor(rd.mpoint, torch::kLong);
+    pm_ = ev_.forward(x_.index_select(0, mpoint_t_), torch::tensor(rd.mt, opts_), track_passes(ev_));
+  }
+  msig_.clear();
+  if (fold_) {
+    auto [v, vm] = softmax_moments(rd, pass_.logits.detach(), pm_.out.defined() ? pm_.logits.detach() : torch::Tensor(),
+                                   end_select(p0_.logits, p1_.logits, pf_.logits, end_index_));
+    sig_ = folded_signals(ev_, pass_, w_t_, v);
+    // A moment row's signal, of the cotangent −v_j, is every output's.
+    if (rd.moment_rows > 0) msig_ = batched_signals(ev_, pm_, -vm.unsqueeze(0), /*of_logits=*/true);
+    w_t_ = torch::ones_like(w_t_);
+  } else {
+    sig_ = all_signals(ev_, pass_);
+  }
+  f_.evaluations += rd.rows;
+  f_.moment_evaluations += rd.moment_rows;
+}
+
+std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
+  evaluate_round(rd);
+  const torch::Tensor end_out = end_select(p0_.out, p1_.out, pf_.out, end_index_);  // [2 np, K]
+  // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
+  torch::Tensor jdw = segment_dot(ev_, pass_, sig_).detach();  // [K, R]
+  torch::Tensor integral = torch::zeros({rd.np, jdw.size(0)}, opts_).index_add_(
+      0, torch::tensor(rd.piece_of, torch::kLong), (jdw * w_t_.unsqueeze(0)).t());  // [np, K]
+  if (rd.moment_rows > 0) {
+    const torch::Tensor mdw = segment_dot(ev_, pm_, msig_).detach();  // [1, R_m]
+    integral.index_add_(0, torch::tensor(rd.mpiece_of, torch::kLong), mdw.t().expand({rd.moment_rows, jdw.size(0)}));
+  }
+  torch::Tensor fe = end_out.view({rd.np, 2, -1});
+  torch::Tensor gap = (integral - (fe.select(1, 1) - fe.select(1, 0))).abs().amax(1).contiguous();  // [np]
+  return std::vector<double>(gap.data_ptr<double>(), gap.data_ptr<double>() + gap.numel());
+}
+
+std::vector<std::vector<double>> LayeredFeatures::kinks_in(const PieceRound& rd, const std::vector<int64_t>& failed) {
+  // Search a, nodes..., b of each failed piece for kinks that the scan missed.
+  std::vector<KinkBracket> brackets;
+  std::vector<int64_t> bracket_piece;
+  for (size_t i = 0; i < failed.size(); ++i) {
+    const int64_t p = failed[i];
+    int64_t prev = rd.rows + 2 * p;
+    for (int64_t r = rd.first[p]; r <= rd.first[p + 1]; ++r) {
+      const int64_t next = r < rd.first[p + 1] ? r : rd.rows + 2 * p + 1;
+      brackets.push_back({prev, next});
+      bracket_piece.push_back(static_cast<int64_t>(i));
+      prev = next;
+    }
+  }
+  const std::vector<torch::Tensor>& sites = ev_.kink_values(pass_);
+  std::vector<torch::Tensor> pre(sites.size());
+  const std::vector<torch::Tensor> end_sites = shared_sites(pf_, end_index_);
+  for (size_t l = 0; l < pre.size(); ++l) pre[l] = torch::cat({sites[l].detach(), end_sites[l]}, 0);
+  std::vector<int64_t> row_point(rd.point);
+  row_point.insert(row_point.end(), rd.end_point.begin(), rd.end_point.end());
+  std::vector<double> row_t(rd.t);
+  row_t.insert(row_t.end(), rd.ends.begin(), rd.ends.end());
+  KinkSearch ks = find_kinks(ev_, x_, pre, row_point, row_t, brackets, first_relu_, q_.fit_kinks);
+  f_.forward_evaluations += ks.forward_evaluations;
+  f_.kinks += static_cast<int64_t>(ks.kinks.size());
+  // Kinks come sorted by bracket, then t, and a piece's brackets ascend in t.
+  std::vector<std::vector<double>> piece_cuts(failed.size());
+  for (const Kink& k : ks.kinks) piece_cuts[bracket_piece[k.bracket]].push_back(k.t);
+  return piece_cuts;
+}
+
+void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& accepted) {
+  std::vector<int64_t> rows, moments;
+  for (int64_t p : accepted) {
+    for (int64_t r = rd.first[p]; r < rd.first[p + 1]; ++r) rows.push_back(r);
+    for (int64_t r = rd.mfirst[p]; r < rd.mfirst[p + 1]; ++r) moments.push_back(r);
+  }
+  if (!rows.empty()) keep(pass_, sig_, torch::tensor(rows, torch::kLong), point_t_, w_t_, fold_);
+  if (!moments.empty()) {
+    keep(pm_, msig_, torch::tensor(moments, torch::kLong), mpoint_t_, torch::ones({rd.moment_rows}, opts_), true);
+  }
+}
+
+void LayeredFeatures::assemble() {
+  for (size_t l = 0; l < layers_; ++l) {
+    LayerFeatures& lf = f_.layers[l];
+    if (l == 0 && sum_first_) {
+      PK_ASSERT(first_sum_.defined());
+      const torch::Tensor a = p0_.inputs[0].detach();  // the first layer's input at every node
+      if (lf.form == Form::Summed) {
+        lf.inputs = a;
+        lf.signals = first_sum_;
+      } else {
+        add_dense(ev_, 0, f_, a, first_sum_, torch::arange(n_), torch::Tensor());
+      }
+    } else if (lf.form == Form::Rows) {
+      lf.inputs = torch::cat(kept_inputs_[l], 0);
+      lf.signals = torch::cat(kept_signals_[l], 1);
+    }
+  }
+  f_.point = torch::cat(kept_point_);
+  f_.weight = torch::cat(kept_weight_);
+  measure_certificate(ev_, f_, ev_.direction());
+}
+
+}  // namespace
+
+TestFeatures layered_test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q) {
+  TestFeatures f;
+  LayeredFeatures integrand(ev, x, q, f);
+  f.breaks = integrate(integrand, q);
+  integrand.assemble();
+  return f;
+}
+
+}  // namespace pathkernel
