@@ -21,8 +21,8 @@
 #include "pathkernel/decomposition.h"
 #include "pathkernel/decomposition_checkpoint.h"
 #include "pathkernel/dropout.h"
-#include "pathkernel/loss.h"
 #include "pathkernel/features.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/path.h"
 #include "pathkernel/update_rule.h"
 
