@@ -433,6 +433,7 @@ std::vector<torch::Tensor> SegmentEvaluator::hand_signals(const SegmentPass& pas
       }
       case Kind::Flatten: g = g.reshape(input_shape(i)); break;
       case Kind::Module:
+      case Kind::Conv1d:
       case Kind::LayerNorm:
       case Kind::Embedding:
       case Kind::Addend: PK_ASSERT(false && "hand_signals: a layer own networks do not have"); break;

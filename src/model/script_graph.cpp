@@ -237,7 +237,7 @@ std::vector<LayerUse> parameter_layers(Graph& g, const torch::jit::Module& modul
     for (const torch::jit::Use& u : n->output()->uses()) {
       const auto [rule, role] = rule_of_use(u, name);
       ++uses[name];
-      const auto [it, fresh] = layers.emplace(u.user, LayerUse{u.user, rule});
+      const auto [it, fresh] = layers.emplace(u.user, LayerUse{u.user, rule, {}, {}});
       LayerUse& l = it->second;
       PK_CHECK(fresh || (role == 1 ? l.bias.empty() : l.weight.empty()),
                "operation " << u.user->kind().toQualString() << " reads two parameters in one place");
