@@ -26,9 +26,22 @@
 
 #include <torch/torch.h>
 
-#include "pathkernel/segment.h"
-
 namespace pathkernel {
+
+/// What the kink search evaluates: the kink sites of rows along a segment
+/// (tensors [R, ...] whose units' sign changes, and with a pool window
+/// argmax switches, are the integrand's kinks) and what is known of them.
+/// The engine's segments implement it (segment.h).
+class KinkSites {
+ public:
+  virtual ~KinkSites() = default;
+  /// Per kink site: whether it feeds a ReLU.
+  virtual const std::vector<bool>& relu_after() const = 0;
+  /// Per kink site: the max-pool window following its ReLU, or 0.
+  virtual const std::vector<int64_t>& pool_after() const = 0;
+  /// The kink sites of rows x [R, *input_shape] at t [R], rows first.
+  virtual std::vector<torch::Tensor> sites_at(const torch::Tensor& x, const torch::Tensor& t) const = 0;
+};
 
 /// A pair of evaluated rows of the same test point, t_a < t_b, to search for kinks.
 struct KinkBracket {
@@ -97,7 +110,7 @@ PooledSwitches pooled_switches(const torch::Tensor& y, const torch::Tensor& at_a
                                int64_t k);
 
 /// Kinks inside every bracket. `preacts` are the kink sites of the evaluated
-/// rows (SegmentEvaluator::kink_values: own models' param layer
+/// rows (KinkSites: own models' param layer
 /// pre-activations, a TorchScript module's ReLU or fused max-pool inputs; rows first), `point` [rows] the test
 /// point of each row (an index into x) and `t` [rows] its position. Every
 /// unit whose pattern differs at a bracket's ends is located, so a bracket
@@ -106,7 +119,7 @@ PooledSwitches pooled_switches(const torch::Tensor& y, const torch::Tensor& at_a
 /// the first layer's units are left out. Without `fit_polynomials` every
 /// round is Illinois false position (the reference the fits are tested
 /// against). Evaluates at most `rows_per_pass` rows per forward pass.
-KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
+KinkSearch find_kinks(const KinkSites& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
                       const std::vector<int64_t>& point, const std::vector<double>& t,
                       const std::vector<KinkBracket>& brackets, bool skip_first_layer, bool fit_polynomials = false,
                       int64_t rows_per_pass = 512);
@@ -119,6 +132,6 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
 /// switches while positive. Sorted, in (0, 1), no duplicates; empty when no
 /// ReLU follows the layer. Throws Error on mismatched shapes or non-finite
 /// values.
-std::vector<double> first_layer_kinks(const SegmentEvaluator& ev, const torch::Tensor& y0, const torch::Tensor& y1);
+std::vector<double> first_layer_kinks(const KinkSites& ev, const torch::Tensor& y0, const torch::Tensor& y1);
 
 }  // namespace pathkernel

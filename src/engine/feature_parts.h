@@ -41,8 +41,26 @@ void measure_certificate(const SegmentEvaluator& ev, TestFeatures& f, const torc
 /// thread (layered_features.cpp).
 TestFeatures layered_test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q);
 
-/// Test features of points x [n, ...] on the generic route: per-row
-/// Jacobians by autograd, one dense block (module_features.cpp).
-TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q);
+/// layered_test_features of x in one group of points per thread where the
+/// route allows it (point_groups.h), joined.
+TestFeatures layered_features_in_groups(const SegmentEvaluator& ev, const torch::Tensor& x,
+                                       const QuadratureOptions& q);
+
+/// Layered routes' training signals for loss cotangents u [B, K] of a pass at t = 0.
+TrainSignals layered_loss_signals(const SegmentEvaluator& ev, const SegmentPass& pass, const torch::Tensor& u);
+
+/// Layered routes' training signals for every output of rows x at t [B].
+std::vector<TrainSignals> layered_output_signals(const SegmentEvaluator& ev, const torch::Tensor& x,
+                                                 const torch::Tensor& t);
+
+/// Layered routes' feature layout (features.h).
+FeatureLayout layered_feature_layout(const SegmentEvaluator& ev, const torch::Tensor& example);
+
+class AutogradRoute;
+
+/// Test features of points x [n, ...] on the generic route `route` (ev's):
+/// per-row Jacobians by autograd, one dense block (module_features.cpp).
+TestFeatures module_test_features(const SegmentEvaluator& ev, const AutogradRoute& route, const torch::Tensor& x,
+                                  const QuadratureOptions& q);
 
 }  // namespace pathkernel

@@ -66,21 +66,10 @@ torch::Tensor segment_dot(const SegmentEvaluator& ev, const SegmentPass& pass,
 }
 
 /// Signals of a pass for K cotangents at once, c [K, R, K_out]: per param
-/// layer [K, R, ...]. Own networks walk their layers back once over all K·R
-/// rows (the pass may be untracked); other routes take one autograd
-/// backward per k through the pass's graph.
+/// layer [K, R, ...], the route's way.
 std::vector<torch::Tensor> batched_signals(const SegmentEvaluator& ev, const SegmentPass& pass,
                                            const torch::Tensor& c, bool of_logits) {
-  if (ev.hand_backward()) return ev.hand_signals(pass, c, of_logits);
-  std::vector<std::vector<torch::Tensor>> per_k;
-  for (int64_t k = 0; k < c.size(0); ++k) per_k.push_back(ev.signals(pass, c[k], of_logits));
-  std::vector<torch::Tensor> stacked;
-  for (size_t l = 0; l < pass.preacts.size(); ++l) {
-    std::vector<torch::Tensor> ks;
-    for (auto& s : per_k) ks.push_back(s[l]);
-    stacked.push_back(torch::stack(ks));
-  }
-  return stacked;
+  return ev.batched_signals(pass, c, of_logits);
 }
 
 /// The cotangents e_k of every output k on every row: [K, R, K].
@@ -96,7 +85,7 @@ std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const Segment
 }
 
 /// Whether passes must keep an autograd graph for their signals.
-bool track_passes(const SegmentEvaluator& ev) { return !ev.hand_backward(); }
+bool track_passes(const SegmentEvaluator& ev) { return ev.path_route().needs_graph(); }
 
 /// Measures the certificate of the assembled features.
 void measure_certificate(const SegmentEvaluator& ev, TestFeatures& f, const torch::Tensor& dw) {
@@ -112,7 +101,7 @@ bool TestFeatures::factored() const {
 }
 
 LayerFeatures::Form layer_form(const SegmentEvaluator& ev, size_t l, const torch::Tensor& a) {
-  if (ev.generic() || !factored(ev.param_layers()[l].desc, a)) return Form::Dense;
+  if (!factored(ev.param_layers()[l].desc, a)) return Form::Dense;
   return l == 0 && ev.first_input_fixed() ? Form::Summed : Form::Rows;
 }
 
@@ -168,8 +157,8 @@ TestFeatures join_features(std::vector<TestFeatures>& parts) {
 
 }  // namespace
 
-TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q) {
-  if (ev.generic()) return module_test_features(ev, x, q);
+TestFeatures layered_features_in_groups(const SegmentEvaluator& ev, const torch::Tensor& x,
+                                       const QuadratureOptions& q) {
   const int64_t n = x.size(0);
   // Test points are independent: own networks split them into one group per
   // thread (point_groups.h, docs/math.md §12). On the MNIST CNN, 10 points,
@@ -184,16 +173,19 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
   return join_features(parts);
 }
 
+TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q) {
+  return ev.path_route().test_features(ev, x, q);
+}
+
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
                            OutputMap map, LossKind loss, const torch::Tensor& weights) {
-  SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), !ev.generic() && track_passes(ev));
+  SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), track_passes(ev));
   const torch::Tensor u = loss_signal(pass.out, y, map, loss, weights);  // c_i u_i, u_i = ∂ℓ_i/∂f
+  return ev.path_route().loss_signals(ev, x, pass, u);
+}
+
+TrainSignals layered_loss_signals(const SegmentEvaluator& ev, const SegmentPass& pass, const torch::Tensor& u) {
   TrainSignals t;
-  if (ev.generic()) {
-    t.inputs = {torch::Tensor()};
-    t.signals = {ev.module_gradients(x, u)};  // the per-sample gradients g_i [B, P]
-    return t;
-  }
   for (const torch::Tensor& s : batched_signals(ev, pass, u.detach().unsqueeze(0))) t.signals.push_back(s[0]);
   for (auto& a : pass.inputs) t.inputs.push_back(a.detach());
   return t;
@@ -201,14 +193,12 @@ TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, c
 
 std::vector<TrainSignals> train_output_signals(const SegmentEvaluator& ev, const torch::Tensor& x,
                                                const torch::Tensor& t) {
-  if (ev.generic()) {
-    const torch::Tensor jac = ev.module_jacobians(x, t.defined() ? t : torch::zeros({x.size(0)}, x.options()));
-    std::vector<TrainSignals> out;
-    for (int64_t k = 0; k < ev.num_outputs(); ++k) out.push_back({{torch::Tensor()}, {jac.select(1, k)}, {}});
-    return out;
-  }
-  SegmentPass pass =
-      ev.forward(x, t.defined() ? t : torch::zeros({x.size(0)}, x.options()), track_passes(ev));
+  return ev.path_route().output_signals(ev, x, t.defined() ? t : torch::zeros({x.size(0)}, x.options()));
+}
+
+std::vector<TrainSignals> layered_output_signals(const SegmentEvaluator& ev, const torch::Tensor& x,
+                                                 const torch::Tensor& t) {
+  SegmentPass pass = ev.forward(x, t, track_passes(ev));
   std::vector<torch::Tensor> inputs;
   for (auto& a : pass.inputs) inputs.push_back(a.detach());
   const std::vector<torch::Tensor> sig = all_signals(ev, pass);
@@ -465,8 +455,10 @@ torch::Tensor contract_dense(const SegmentEvaluator& ev, const torch::Tensor& a,
 }
 
 FeatureLayout feature_layout(const SegmentEvaluator& ev, const torch::Tensor& example) {
-  // A Module's rows are summed into a dense block as they are evaluated.
-  if (ev.generic()) return {(ev.num_outputs() + 2) * ev.parameter_count(), false};
+  return ev.path_route().feature_layout(ev, example);
+}
+
+FeatureLayout layered_feature_layout(const SegmentEvaluator& ev, const torch::Tensor& example) {
   const SegmentPass pass = ev.forward(example, torch::zeros({example.size(0)}, example.options()), false);
   FeatureLayout layout;
   layout.factored = true;

@@ -6,6 +6,7 @@
 // at kinks found by a finer search of the piece, else at its midpoint.
 #include <algorithm>
 
+#include "autograd_route.h"
 #include "feature_parts.h"
 #include "pathkernel/error.h"
 #include "pathkernel/integrator.h"
@@ -25,14 +26,14 @@ namespace {
 /// a window switches between; each evaluation is one forward pass. An even
 /// number of changes of one unit or window inside one interval is not seen
 /// (the certificate catches it). Sorted, in (a, b).
-std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, double a, double b,
+std::vector<double> module_kinks(const AutogradRoute& ev, const torch::Tensor& x, double a, double b,
                                  int intervals, int64_t& forward_evaluations) {
-  const std::vector<int64_t>& windows = ev.module_site_windows();
+  const std::vector<int64_t>& windows = ev.site_windows();
   std::vector<double> ts(intervals + 1);
   std::vector<std::vector<torch::Tensor>> values(intervals + 1);
   for (int j = 0; j <= intervals; ++j) {
     ts[j] = j == intervals ? b : a + (b - a) * j / intervals;
-    values[j] = ev.module_sites(x, ts[j]);
+    values[j] = ev.sites_at(x, ts[j]);
   }
   forward_evaluations += intervals + 1;
   std::vector<double> kinks;
@@ -48,7 +49,7 @@ std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor
     br.hi = ts[j + 1];
     br.glo = g(values[j]);
     br.ghi = g(values[j + 1]);
-    forward_evaluations += br.locate([&](double m) { return g(ev.module_sites(x, m)); }, 400);
+    forward_evaluations += br.locate([&](double m) { return g(ev.sites_at(x, m)); }, 400);
     kinks.push_back(br.midpoint());
   };
   // Per site, its samples as rows; interval j lies between rows j and j + 1.
@@ -79,7 +80,8 @@ std::vector<double> module_kinks(const SegmentEvaluator& ev, const torch::Tensor
 /// The integrand: test features of points x [n, ...] on the segment set in ev.
 class ModuleFeatures final : public Integrand {
  public:
-  ModuleFeatures(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q, TestFeatures& f);
+  ModuleFeatures(const SegmentEvaluator& ev, const AutogradRoute& route, const torch::Tensor& x,
+                 const QuadratureOptions& q, TestFeatures& f);
 
   int64_t points() const override { return n_; }
   void integrate_fixed(const QuadratureRule& rule) override;
@@ -98,6 +100,7 @@ class ModuleFeatures final : public Integrand {
             const torch::Tensor& weight);
 
   const SegmentEvaluator& ev_;
+  const AutogradRoute& route_;
   const torch::Tensor& x_;
   const QuadratureOptions& q_;
   TestFeatures& f_;
@@ -109,9 +112,9 @@ class ModuleFeatures final : public Integrand {
   torch::Tensor jac_, point_t_, w_t_;  ///< the current round's Jacobians [R, K, P], points and weights
 };
 
-ModuleFeatures::ModuleFeatures(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q,
-                               TestFeatures& f)
-    : ev_(ev), x_(x), q_(q), f_(f), n_(x.size(0)), K_(ev.num_outputs()), P_(ev.parameter_count()),
+ModuleFeatures::ModuleFeatures(const SegmentEvaluator& ev, const AutogradRoute& route, const torch::Tensor& x,
+                               const QuadratureOptions& q, TestFeatures& f)
+    : ev_(ev), route_(route), x_(x), q_(q), f_(f), n_(x.size(0)), K_(ev.num_outputs()), P_(ev.parameter_count()),
       opts_(x.options()) {
   f.num_points = n_;
   f.f0 = ev.forward(x, torch::zeros({n_}, opts_), false).out;
@@ -120,7 +123,7 @@ ModuleFeatures::ModuleFeatures(const SegmentEvaluator& ev, const torch::Tensor& 
   f.layers[0].block = torch::zeros({K_, n_, P_}, opts_);
   // Jacobian rows per round: at most max_rows, and at most 2^24 doubles.
   max_rows_ = std::clamp<int64_t>((int64_t(1) << 24) / std::max<int64_t>(1, K_ * P_), 1, q.max_rows);
-  sites_ = ev.module_has_sites();
+  sites_ = route.has_sites();
 }
 
 /// Adds rows' weighted Jacobians J [r, K, P] to their test points' blocks.
@@ -139,7 +142,7 @@ void ModuleFeatures::integrate_fixed(const QuadratureRule& rule) {
     for (int64_t j0 = 0; j0 < nodes; j0 += max_rows_) {
       const int64_t nj = std::min(max_rows_, nodes - j0);
       torch::Tensor point = torch::full({nj}, i, torch::kLong);
-      torch::Tensor jac = ev_.module_jacobians(x_.index_select(0, point), t_all.narrow(0, j0, nj));
+      torch::Tensor jac = route_.row_jacobians(x_.index_select(0, point), t_all.narrow(0, j0, nj));
       keep(jac, torch::arange(nj), point, w_all.narrow(0, j0, nj));
       f_.evaluations += nj;
     }
@@ -155,7 +158,7 @@ std::vector<std::vector<double>> ModuleFeatures::initial_kinks() {
   // [0, 1] split at the kinks of the module's ReLUs.
   std::vector<std::vector<double>> cuts(n_);
   for (int64_t i = 0; i < n_ && sites_; ++i) {
-    cuts[i] = module_kinks(ev_, x_.narrow(0, i, 1), 0.0, 1.0, q_.scan_intervals, f_.forward_evaluations);
+    cuts[i] = module_kinks(route_, x_.narrow(0, i, 1), 0.0, 1.0, q_.scan_intervals, f_.forward_evaluations);
     f_.kinks += static_cast<int64_t>(cuts[i].size());
   }
   return cuts;
@@ -165,7 +168,7 @@ std::vector<double> ModuleFeatures::certificate_gaps(const PieceRound& rd) {
   jac_ = torch::Tensor();  // the last round's, freed first
   point_t_ = torch::tensor(rd.point, torch::kLong);
   w_t_ = torch::tensor(rd.w, opts_);
-  jac_ = ev_.module_jacobians(x_.index_select(0, point_t_), torch::tensor(rd.t, opts_));
+  jac_ = route_.row_jacobians(x_.index_select(0, point_t_), torch::tensor(rd.t, opts_));
   f_.evaluations += rd.rows;
   // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
   const torch::Tensor jdw = torch::matmul(jac_, ev_.direction());  // [R, K]
@@ -185,7 +188,7 @@ std::vector<std::vector<double>> ModuleFeatures::kinks_in(const PieceRound& rd, 
   std::vector<std::vector<double>> cuts(failed.size());
   for (size_t i = 0; i < failed.size() && sites_; ++i) {
     const int64_t p = failed[i];
-    cuts[i] = module_kinks(ev_, x_.narrow(0, rd.end_point[2 * p], 1), rd.ends[2 * p], rd.ends[2 * p + 1], 4,
+    cuts[i] = module_kinks(route_, x_.narrow(0, rd.end_point[2 * p], 1), rd.ends[2 * p], rd.ends[2 * p + 1], 4,
                            f_.forward_evaluations);
     f_.kinks += static_cast<int64_t>(cuts[i].size());
   }
@@ -208,9 +211,10 @@ void ModuleFeatures::assemble() {
 
 }  // namespace
 
-TestFeatures module_test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q) {
+TestFeatures module_test_features(const SegmentEvaluator& ev, const AutogradRoute& route, const torch::Tensor& x,
+                                  const QuadratureOptions& q) {
   TestFeatures f;
-  ModuleFeatures integrand(ev, x, q, f);
+  ModuleFeatures integrand(ev, route, x, q, f);
   f.breaks = integrate(integrand, q);
   integrand.assemble();
   return f;

@@ -20,7 +20,7 @@ int64_t point_groups(const SegmentEvaluator& ev, int64_t n) {
   // The structured TorchScript route runs the module's graph: concurrent
   // runs of it were measured mixed (0.98 and 0.81 of the time on a CNN) and
   // are not made.
-  if (!ev.hand_backward()) return 1;
+  if (!ev.path_route().concurrent_points()) return 1;
   return std::max<int64_t>(1, std::min<int64_t>(current_threads(), n));
 }
 

@@ -54,14 +54,14 @@ TEST(Segment, HandSignalsMatchAutogradThroughThePass) {
     SegmentCase s = segment_case(c, R, 4);
     SegmentEvaluator ev(s.net);
     ev.set_segment(s.w, s.dw);
-    ASSERT_TRUE(ev.hand_backward()) << c.spec;
+    ASSERT_EQ(ev.route(), "own") << c.spec;
     const torch::Tensor& x = s.x;
     const torch::Tensor t = torch::rand({R}, torch::kFloat64);
     // Any cotangents, one set of R per k (not only the unit vectors).
     const torch::Tensor cot = torch::randn({K, R, 3}, torch::kFloat64);
     const SegmentPass tracked = ev.forward(x, t, true), untracked = ev.forward(x, t, false);
     for (bool of_logits : {false, true}) {
-      const std::vector<torch::Tensor> got = ev.hand_signals(untracked, cot, of_logits);
+      const std::vector<torch::Tensor> got = ev.batched_signals(untracked, cot, of_logits);
       ASSERT_EQ(got.size(), ev.param_layers().size()) << c.spec;
       for (int64_t k = 0; k < K; ++k) {
         const std::vector<torch::Tensor> expect = ev.signals(tracked, cot[k], of_logits);
@@ -92,7 +92,7 @@ TEST(Segment, DirectionsGiveTheOutputsDerivativeAlongTheSegment) {
     const SegmentPass pass = ev.forward(x, t, false);
     ASSERT_EQ(pass.directions.size(), pass.inputs.size()) << c.spec;
     const std::vector<torch::Tensor> sig =
-        ev.hand_signals(pass, torch::eye(K, x.options()).unsqueeze(1).expand({K, R, K}));
+        ev.batched_signals(pass, torch::eye(K, x.options()).unsqueeze(1).expand({K, R, K}));
     torch::Tensor dfdt = torch::zeros({R, K}, x.options());
     for (size_t l = 0; l < sig.size(); ++l) {
       ASSERT_EQ(pass.directions[l].sizes(), pass.preacts[l].sizes()) << c.spec << " layer " << l;

@@ -101,7 +101,7 @@ TEST(TorchScript, GenericRouteAgreesWithStructuredRouteAndAutograd) {
       gev.set_segment(w, dw);
       sev.set_segment(w, dw);
       tev.set_segment(w, dw);
-      EXPECT_TRUE(gev.generic());
+      EXPECT_EQ(gev.route(), "generic");
       EXPECT_EQ(tev.route(), "structured");
       // A fixed rule: the same nodes on both routes; and the reference:
       // per-example autograd at those nodes.

@@ -119,7 +119,7 @@ void update(Target& k, double s, double v, uint64_t piece) {
 /// activation pattern of the sites before l, [rows][sites]: the signs of
 /// the ReLU units, and per max-pool window the unit it passes on (or none).
 /// Two rows with the same hash at l are on the same piece for site l's units.
-std::vector<std::vector<uint64_t>> upstream_pieces(const SegmentEvaluator& ev, const std::vector<torch::Tensor>& sites) {
+std::vector<std::vector<uint64_t>> upstream_pieces(const KinkSites& ev, const std::vector<torch::Tensor>& sites) {
   const int64_t rows = sites.empty() ? 0 : sites[0].size(0);
   std::vector<std::vector<uint64_t>> h(rows, std::vector<uint64_t>(sites.size(), 0));
   std::vector<uint64_t> acc(rows, 0x9e3779b97f4a7c15ull);
@@ -208,7 +208,7 @@ namespace {
 
 /// One kink search (find_kinks): its rows, targets and what the fits need.
 struct Search {
-  const SegmentEvaluator& ev;
+  const KinkSites& ev;
   const torch::Tensor& x;
   const std::vector<torch::Tensor>& preacts;
   const std::vector<int64_t>& point;
@@ -379,10 +379,9 @@ void Search::evaluate(const std::vector<size_t>& row_target, const std::vector<d
     for (size_t j = 0; j < nc; ++j) rows[j] = point[a_rows[targets[row_target[c0 + j]].bracket]];
     const std::vector<double> ts(row_t.begin() + static_cast<std::ptrdiff_t>(c0),
                                  row_t.begin() + static_cast<std::ptrdiff_t>(c0 + nc));
-    SegmentPass pm = ev.forward(x.index_select(0, torch::tensor(rows, torch::kLong)), torch::tensor(ts, x.options()),
-                                false);
+    const std::vector<torch::Tensor> sites =
+        ev.sites_at(x.index_select(0, torch::tensor(rows, torch::kLong)), torch::tensor(ts, x.options()));
     out.forward_evaluations += static_cast<int64_t>(nc);
-    const std::vector<torch::Tensor>& sites = ev.kink_values(pm);
     std::vector<torch::Tensor> pf(sites.size());
     for (size_t l = 0; l < sites.size(); ++l) pf[l] = sites[l].flatten(1).contiguous();
     std::vector<std::vector<uint64_t>> round_pieces;
@@ -444,7 +443,7 @@ void Search::locate() {
 
 }  // namespace
 
-KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
+KinkSearch find_kinks(const KinkSites& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,
                       const std::vector<int64_t>& point, const std::vector<double>& t,
                       const std::vector<KinkBracket>& brackets, bool skip_first_layer, bool fit_polynomials,
                       int64_t rows_per_pass) {
@@ -463,7 +462,7 @@ KinkSearch find_kinks(const SegmentEvaluator& ev, const torch::Tensor& x, const 
   return std::move(out);
 }
 
-std::vector<double> first_layer_kinks(const SegmentEvaluator& ev, const torch::Tensor& y0, const torch::Tensor& y1) {
+std::vector<double> first_layer_kinks(const KinkSites& ev, const torch::Tensor& y0, const torch::Tensor& y1) {
   PK_CHECK(y0.sizes() == y1.sizes(), "first_layer_kinks: pre-activations at t = 0 " << y0.sizes()
                                          << " and t = 1 " << y1.sizes() << " differ in shape");
   if (!ev.relu_after()[0]) return {};

@@ -1,0 +1,174 @@
+// A route: one way of evaluating a network along a straight path segment
+// w(t) = w_s + t dw_s, many (input, t) rows at once, with what the exact-
+// kernel engine needs of it: the rows' outputs and per-layer inputs and
+// pre-activations, the backprop signals for cotangents on the outputs, the
+// kink sites and what is known of them, and the parameter layers.
+//
+// Three routes, one file each, chosen by make_route():
+//  - own (own_route.cpp): pathkernel's own networks, their layers walked
+//    forward and back by hand (every param layer is linear in its weights,
+//    so a layer at w(t) is layer(a; W_s) + t layer(a; dW));
+//  - structured (script_route.cpp): a TorchScript module whose graph reads
+//    as parameterised operations with rules (script_graph.h), every row
+//    evaluated at its own t in one pass of the rewritten graph; signals by
+//    autograd through it;
+//  - generic (autograd_route.cpp): any TorchScript module, one param layer
+//    of kind Module whose "weight" is the whole flat vector [P]; rows are
+//    evaluated by the module at the formed weights, and per-row Jacobians
+//    come from autograd, one row at a time.
+//
+// Layouts (rows first): for each parameterised layer l a pass keeps its
+// input a_l (Linear [R, in], Conv2d [R, C_in, H, W]) and its pre-activation
+// output y_l (Linear [R, out], Conv2d [R, C_out, H', W']); signals
+// δ_l = d(c · f)/d y_l have y_l's shape, with the cotangents first.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pathkernel/model.h"
+#include "pathkernel/module_route.h"
+
+namespace pathkernel {
+
+class SegmentEvaluator;
+struct QuadratureOptions;
+struct TestFeatures;
+struct TrainSignals;
+struct FeatureLayout;
+
+/// One parameterised layer's place in the flat parameter vector.
+struct ParamLayer {
+  LayerDesc desc;
+  int64_t weight_offset = 0, weight_numel = 0;
+  int64_t bias_offset = 0, bias_numel = 0;
+  std::vector<int64_t> weight_shape;
+};
+
+/// The outcome of evaluating rows.
+struct SegmentPass {
+  torch::Tensor out;                  ///< [R, K] network outputs
+  torch::Tensor logits;               ///< [R, K] the outputs before the output map (own and structured routes)
+  std::vector<torch::Tensor> inputs;  ///< per param layer: a_l (rows first)
+  std::vector<torch::Tensor> preacts; ///< per param layer: y_l (rows first)
+  /// Own networks, rows off the segment's start: per param layer the
+  /// output's change along the segment, layer(a_l; dW) + db (the forward
+  /// pass forms it for y_l), which the certificate's J dw reuses. Empty
+  /// otherwise.
+  std::vector<torch::Tensor> directions;
+  std::vector<torch::Tensor> sites;   ///< structured TorchScript route: its ReLUs' inputs (ScriptPass::sites)
+  torch::Tensor t;                    ///< [R] each row's position on the segment (own networks)
+  std::vector<torch::Tensor> layer_inputs;  ///< own networks: each layer's input, by layer index
+  std::vector<torch::Tensor> argmax;        ///< own networks: a max-pool layer's window argmax, by layer index
+};
+
+/// What is known of a route's kink sites (the tensors whose units' sign
+/// changes, and with a pool window argmax switches, are the integrand's
+/// kinks), for the kink search (kinks.h) and the exact pieces.
+struct KinkHints {
+  /// Per kink site: whether it feeds a ReLU.
+  std::vector<bool> relu_after;
+  /// Per kink site: the max-pool window following its ReLU, or 0.
+  std::vector<int64_t> pool_after;
+  /// The degree in t of the logits on a piece of the segment that crosses no
+  /// kink, when the network is piecewise linear in its input (ReLU, max-pool,
+  /// Flatten) and each of its L param layers is linear in its weights: L.
+  /// 0 when it is not of that kind (smooth activations; the generic route).
+  int polynomial_degree = 0;
+  /// Whether the first kink site is the first layer's pre-activation of the
+  /// input itself, affine in t, so that its kinks are closed-form.
+  bool first_site_affine = false;
+  /// Whether the first param layer's input is the same at every point of a
+  /// test point's segment: no parameter comes before it, so its input is a
+  /// function of x alone.
+  bool first_input_fixed = false;
+};
+
+class Route {
+ public:
+  virtual ~Route() = default;
+
+  /// "own", "structured" or "generic" (for the JSON a run writes).
+  virtual std::string name() const = 0;
+  /// Why a TorchScript module took the generic route under ModuleRoute::Auto ("" otherwise).
+  const std::string& reason() const { return reason_; }
+
+  /// Sets the segment: w [P] and dw [P], in the network's dtype.
+  void set_segment(const torch::Tensor& w, const torch::Tensor& dw);
+  /// The segment's start w [P] and direction dw [P].
+  const torch::Tensor& start() const { return w_; }
+  const torch::Tensor& direction() const { return dw_; }
+
+  /// Evaluates rows x [R, *input_shape] at t [R]. With `track`, the pass
+  /// keeps an autograd graph so SegmentEvaluator::signals() can be taken
+  /// (not on the generic route: its pass has outputs only).
+  virtual SegmentPass forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const = 0;
+  /// Whether signals() needs the pass tracked (autograd through it).
+  virtual bool needs_graph() const = 0;
+  /// The signals of a pass for K cotangents at once, c [K, R, K_out] (on
+  /// the outputs, or with `of_logits` on the logits): per param layer
+  /// [K, R, ...]. The generic route has none (throws).
+  virtual std::vector<torch::Tensor> signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits) const;
+  /// The kink sites of a pass: tensors [R, ...] (KinkHints).
+  virtual const std::vector<torch::Tensor>& kink_sites(const SegmentPass& pass) const { return pass.preacts; }
+  const KinkHints& hints() const { return hints_; }
+  /// Whether a step's test points may be integrated in concurrent groups
+  /// (point_groups.h).
+  virtual bool concurrent_points() const { return false; }
+
+  /// Test features of the segment for test inputs x [n, ...] (features.h).
+  virtual TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x,
+                                     const QuadratureOptions& q) const = 0;
+  /// Training signals of rows x [B, ...] for the loss cotangents u [B, K] on
+  /// the outputs of their pass at t = 0 (from forward(x, 0, needs_graph())).
+  virtual TrainSignals loss_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const SegmentPass& pass,
+                                    const torch::Tensor& u) const = 0;
+  /// Training signals for every output's cotangent of rows x [B, ...] at t [B].
+  virtual std::vector<TrainSignals> output_signals(const SegmentEvaluator& ev, const torch::Tensor& x,
+                                                   const torch::Tensor& t) const = 0;
+  /// What one evaluated row of test features holds (features.h).
+  virtual FeatureLayout feature_layout(const SegmentEvaluator& ev, const torch::Tensor& example) const = 0;
+
+  const std::vector<ParamLayer>& param_layers() const { return params_; }
+  int64_t num_outputs() const { return num_outputs_; }
+  int64_t parameter_count() const { return parameter_count_; }
+  /// Whether the outputs are the log-softmax of the logits.
+  bool log_softmax_output() const { return log_softmax_; }
+  /// Views of flat vector v [P] as param layer l's weight and bias (bias:
+  /// empty [0] when the layer has none).
+  torch::Tensor weight_of(const torch::Tensor& v, size_t l) const;
+  torch::Tensor bias_of(const torch::Tensor& v, size_t l) const;
+  /// The bias view, undefined when the layer has none.
+  torch::Tensor bias_or_none(const torch::Tensor& v, size_t l) const;
+
+ protected:
+  explicit Route(Network& net);
+  /// Called when the segment changes.
+  virtual void segment_changed() const {}
+
+  std::vector<ParamLayer> params_;
+  KinkHints hints_;
+  std::string reason_;
+  int64_t num_outputs_ = 0, parameter_count_ = 0;
+  bool log_softmax_ = false;
+  torch::Tensor w_, dw_;
+};
+
+/// The signals of a tracked pass for one cotangent c [R, K] on its outputs,
+/// or with `of_logits` on its logits, by autograd: one tensor per param
+/// layer, shaped like preacts (zeros for a layer the outputs do not depend
+/// on). Keeps the graph for more calls.
+std::vector<torch::Tensor> autograd_signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits = false);
+
+/// The route for `net` (see above): pathkernel's own networks take the own
+/// route; a TorchScript module the structured route under ModuleRoute::Auto
+/// where its graph reads as rules and agrees with the module, else the
+/// generic route (with the reason). A TorchScript module's route sets the
+/// network's weights to points of the segment: give each route a network of
+/// its own.
+std::unique_ptr<Route> make_route(Network& net, ModuleRoute choice);
+
+}  // namespace pathkernel

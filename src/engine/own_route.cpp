@@ -1,0 +1,228 @@
+// The own route: pathkernel's own networks, walked forward and back layer by
+// layer by hand.
+#include <tuple>
+
+#include "layered_route.h"
+#include "pathkernel/error.h"
+#include "pathkernel/layer_rules.h"
+#include "routes.h"
+
+namespace pathkernel {
+
+namespace {
+
+using Kind = LayerDesc::Kind;
+
+/// Whether every row of a pass is at t = 0, where the weights are w_s alone
+/// and the direction's products (times 0) add nothing.
+bool all_zero(const torch::Tensor& t) { return t.numel() == 0 || !t.ne(0).any().item<bool>(); }
+
+bool has_params(const LayerDesc& d) { return d.kind == Kind::Linear || d.kind == Kind::Conv2d; }
+
+class OwnRoute final : public LayeredRoute {
+ public:
+  explicit OwnRoute(Network& net);
+
+  std::string name() const override { return "own"; }
+  SegmentPass forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const override;
+  bool needs_graph() const override { return false; }
+  /// By one backward walk through the layers over all K·R rows: the same
+  /// values as K autograd backward passes. The pass may be untracked.
+  std::vector<torch::Tensor> signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits) const override;
+  bool concurrent_points() const override { return true; }
+
+ private:
+  /// Param layer l's pre-activation at rows h, each at its t (at_start: all
+  /// at t = 0), keeping its input and direction in the pass.
+  torch::Tensor param_forward(const LayerDesc& layer, size_t l, const torch::Tensor& h, const torch::Tensor& t,
+                              bool at_start, SegmentPass& pass) const;
+  /// The gradient at param layer l's input from g at its output, [K, R, ...].
+  torch::Tensor param_backward(const LayerDesc& d, size_t l, const torch::Tensor& g, const SegmentPass& pass,
+                               bool at_start) const;
+  /// The gradient at parameter-free layer i's input from g at its output.
+  torch::Tensor free_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass, bool of_logits) const;
+
+  std::vector<LayerDesc> layers_;
+};
+
+OwnRoute::OwnRoute(Network& net) : LayeredRoute(net), layers_(net->layers()) {
+  std::vector<ParamInfo> layout = parameter_layout(net);
+  for (const LayerDesc& d : layers_) {
+    if (!has_params(d)) continue;
+    ParamLayer p;
+    p.desc = d;
+    for (const ParamInfo& info : layout) {
+      if (info.name == d.module + ".weight") {
+        p.weight_offset = info.offset;
+        p.weight_numel = info.numel;
+        p.weight_shape = info.shape;
+      } else if (info.name == d.module + ".bias") {
+        p.bias_offset = info.offset;
+        p.bias_numel = info.numel;
+      }
+    }
+    PK_ASSERT(p.weight_numel > 0 && p.bias_numel > 0);
+    params_.push_back(p);
+  }
+  bool piecewise_linear = true;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Kind k = layers_[i].kind;
+    piecewise_linear = piecewise_linear && (has_params(layers_[i]) || k == Kind::ReLU || k == Kind::MaxPool2d ||
+                                            k == Kind::Flatten || k == Kind::LogSoftmax);
+    if (!has_params(layers_[i])) continue;
+    bool relu = i + 1 < layers_.size() && layers_[i + 1].kind == Kind::ReLU;
+    bool pool = relu && i + 2 < layers_.size() && layers_[i + 2].kind == Kind::MaxPool2d;
+    hints_.relu_after.push_back(relu);
+    hints_.pool_after.push_back(pool ? layers_[i + 2].kernel : 0);
+  }
+  hints_.polynomial_degree = piecewise_linear ? static_cast<int>(params_.size()) : 0;
+  hints_.first_site_affine = !hints_.relu_after.empty() && hints_.relu_after[0];
+  hints_.first_input_fixed = true;
+}
+
+torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const torch::Tensor& h,
+                                      const torch::Tensor& t, bool at_start, SegmentPass& pass) const {
+  pass.inputs.push_back(h);
+  torch::Tensor y;
+  if (layer.kind == Kind::Linear) {
+    y = torch::addmm(bias_of(w_, l), h, weight_of(w_, l).t());
+    if (!at_start) {
+      pass.directions.push_back(torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t()));
+      y = y + t.view({-1, 1}) * pass.directions.back();
+    }
+  } else {
+    auto conv = [&](const torch::Tensor& v) { return torch::conv2d(h, weight_of(v, l), bias_of(v, l), 1, layer.padding); };
+    y = conv(w_);
+    if (!at_start) {
+      pass.directions.push_back(conv(dw_));
+      y = y + t.view({-1, 1, 1, 1}) * pass.directions.back();
+    }
+  }
+  pass.preacts.push_back(y);
+  return y;
+}
+
+SegmentPass OwnRoute::forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const {
+  PK_ASSERT(w_.defined());
+  PK_CHECK(t.dim() == 1 && t.size(0) == x.size(0),
+           "segment rows: " << x.size(0) << " inputs but t has shape " << t.sizes());
+  SegmentPass pass;
+  torch::AutoGradMode grad_mode(track);
+  pass.t = t;
+  // Every row at w_s (the training side's passes): one product per layer.
+  const bool at_start = all_zero(t);
+  torch::Tensor h = track ? x.detach().clone().requires_grad_(true) : x;
+  size_t l = 0;
+  pass.argmax.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LayerDesc& layer = layers_[i];
+    pass.layer_inputs.push_back(h);
+    switch (layer.kind) {
+      case Kind::Linear:
+      case Kind::Conv2d: h = param_forward(layer, l++, h, t, at_start, pass); break;
+      case Kind::LogSoftmax:
+        pass.logits = h;
+        h = apply_parameter_free(layer, h);
+        break;
+      case Kind::MaxPool2d:
+        // The argmax comes with the pooled values; the backward walk uses it.
+        std::tie(h, pass.argmax[i]) = torch::max_pool2d_with_indices(h, layer.kernel);
+        break;
+      default: h = apply_parameter_free(layer, h); break;
+    }
+  }
+  pass.out = h;
+  if (!pass.logits.defined()) pass.logits = h;
+  return pass;
+}
+
+torch::Tensor OwnRoute::param_backward(const LayerDesc& d, size_t l, const torch::Tensor& g, const SegmentPass& pass,
+                                       bool at_start) const {
+  const torch::Tensor& t = pass.t;
+  const int64_t K = g.size(0), R = g.size(1);
+  if (d.kind == Kind::Linear) {
+    return at_start ? torch::matmul(g, weight_of(w_, l))
+                    : torch::matmul(g, weight_of(w_, l)) + t.view({1, R, 1}) * torch::matmul(g, weight_of(dw_, l));
+  }
+  // The input gradient of a stride-1 convolution, as autograd takes it
+  // (the input only gives its shape, and is never read).
+  const torch::Tensor flat = g.flatten(0, 1), a = pass.inputs[l];
+  const torch::Tensor shape_of_input = torch::empty({K * R, a.size(1), a.size(2), a.size(3)}, a.options());
+  auto back = [&](const torch::Tensor& v) {
+    return std::get<0>(torch::convolution_backward(flat, shape_of_input, weight_of(v, l), c10::nullopt, {1, 1},
+                                                   {d.padding, d.padding}, {1, 1}, false, {0, 0}, 1,
+                                                   {true, false, false}));
+  };
+  return (at_start ? back(w_) : back(w_) + t.repeat({K}).view({-1, 1, 1, 1}) * back(dw_)).unflatten(0, {K, R});
+}
+
+torch::Tensor OwnRoute::free_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass,
+                                      bool of_logits) const {
+  const std::vector<torch::Tensor>& in = pass.layer_inputs;  // each layer's input, rows first
+  const int64_t K = g.size(0);
+  // [K, R, ...] in the shape of layer i's input.
+  auto input_shape = [&](size_t j) {
+    std::vector<int64_t> shape{K};
+    for (int64_t s : in[j].sizes()) shape.push_back(s);
+    return shape;
+  };
+  auto output_of = [&](size_t j) { return j + 1 < layers_.size() ? in[j + 1] : pass.out; };
+  switch (layers_[i].kind) {
+    case Kind::LogSoftmax: return of_logits ? g : g - pass.out.detach().exp() * g.sum(-1, /*keepdim=*/true);
+    case Kind::ReLU:
+      // After a max-pool the mask was applied to the pooled gradient.
+      if (i + 1 >= layers_.size() || layers_[i + 1].kind != Kind::MaxPool2d) return g * (in[i] > 0);
+      return g;
+    case Kind::Tanh: {
+      const torch::Tensor& y = output_of(i);
+      return g * (1 - y * y);
+    }
+    case Kind::GELU: return g * torch::gelu_backward(torch::ones_like(in[i]), in[i]);
+    case Kind::MaxPool2d: {
+      // Each pooled gradient goes to its window's argmax, kept by the
+      // forward pass. A ReLU before the pool passes it where the pooled
+      // value is positive: masked here, on the pooled (smaller) gradient,
+      // the same values as masking the unpooled one.
+      const torch::Tensor& idx = pass.argmax[i];  // [R, C, H', W']
+      torch::Tensor gm = i > 0 && layers_[i - 1].kind == Kind::ReLU ? g * (output_of(i) > 0) : g;
+      return torch::zeros({K, gm.size(1), in[i].size(1), in[i].size(2) * in[i].size(3)}, gm.options())
+          .scatter_add_(3, idx.flatten(2).unsqueeze(0).expand({K, -1, -1, -1}), gm.flatten(3))
+          .view(input_shape(i));
+    }
+    case Kind::Flatten: return g.reshape(input_shape(i));
+    default: PK_ASSERT(false && "own route: a layer own networks do not have"); return g;
+  }
+}
+
+std::vector<torch::Tensor> OwnRoute::signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits) const {
+  PK_ASSERT(pass.t.defined() && c.dim() == 3);
+  torch::NoGradGuard no_grad;
+  PK_ASSERT(c.size(1) == pass.out.size(0) && c.size(2) == pass.out.size(1));
+  PK_ASSERT(pass.layer_inputs.size() == layers_.size());
+  // Walk back: g is the gradient at the current layer's output, [K, R, ...]
+  // (the rows' own shape with K in front); the weights at row r are
+  // W_s + t_r dW_s, so every param layer's backward is two products, or one
+  // when every row is at t = 0 (the training side's passes).
+  const bool at_start = all_zero(pass.t);
+  std::vector<torch::Tensor> sig(params_.size());
+  torch::Tensor g = c;
+  size_t l = params_.size();
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const LayerDesc& d = layers_[i];
+    if (!has_params(d)) {
+      g = free_backward(i, g, pass, of_logits);
+      continue;
+    }
+    sig[--l] = g;
+    if (l == 0) return sig;
+    g = param_backward(d, l, g, pass, at_start);
+  }
+  PK_ASSERT(false && "own route: no param layer");
+  return sig;
+}
+
+}  // namespace
+
+std::unique_ptr<Route> make_own_route(Network& net) { return std::make_unique<OwnRoute>(net); }
+
+}  // namespace pathkernel
