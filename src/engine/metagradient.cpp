@@ -94,119 +94,202 @@ std::string metagradient_unsupported(const Manifest& m) {
   return "";
 }
 
+namespace {
+
+/// Checks the outputs differentiated (MetagradientOptions::outputs) for n
+/// test points and K outputs.
+void check_outputs(const torch::Tensor& outputs, int64_t n, int64_t K) {
+  PK_CHECK(n >= 1, "metagradient: no test points given");
+  if (!outputs.defined()) return;
+  PK_CHECK(outputs.dim() == 1 && outputs.size(0) == n && outputs.scalar_type() == torch::kLong,
+           "metagradient: the outputs differentiated must be int64 [" << n << "], one per test point (got "
+                                                                       << outputs.sizes() << " "
+                                                                       << outputs.scalar_type() << ")");
+  PK_CHECK(outputs.min().item<int64_t>() >= 0 && outputs.max().item<int64_t>() < K,
+           "metagradient: output numbers must lie in [0, " << K << ") (got " << outputs.min().item<int64_t>()
+                                                           << " .. " << outputs.max().item<int64_t>() << ")");
+}
+
+/// What the adjoints differentiate: adjoint j is output output[j] at test
+/// point point[j], one per point (outputs given) or K per point.
+struct AdjointTargets {
+  std::vector<int64_t> point, output;
+
+  AdjointTargets(const torch::Tensor& outputs, int64_t n, int64_t K) {
+    for (int64_t p = 0; p < n; ++p) {
+      if (outputs.defined()) {
+        point.push_back(p);
+        output.push_back(outputs[p].item<int64_t>());
+      } else {
+        for (int64_t k = 0; k < K; ++k) {
+          point.push_back(p);
+          output.push_back(k);
+        }
+      }
+    }
+  }
+  int64_t count() const { return static_cast<int64_t>(point.size()); }
+};
+
+/// One step of the path as a graph: the weights and the optimizer state
+/// after the step (`outputs`) as functions of the weights, the state before
+/// it (when there is one) and the batch's loss weights c (`inputs`).
+struct StepGraph {
+  torch::Tensor idx;  ///< int64 [b]: the batch's training points
+  bool state_before = false;
+  std::vector<torch::Tensor> outputs, inputs;
+};
+
+/// The adjoints carried back along the path, each step pulled back through
+/// the step's graph: λ of the weights [J, P], λ of the optimizer state after
+/// the step, and the loss weights' gradients so far [J, M].
+class AdjointWalk {
+ public:
+  AdjointWalk(PathReader& reader, const torch::Tensor& x, AdjointTargets targets, torch::Tensor& fN)
+      : reader_(reader),
+        m_(reader.manifest()),
+        net_(engine_network(m_.network_options())),
+        params_(net_->parameters()),
+        P_(m_.parameter_count),
+        targets_(std::move(targets)),
+        J_(targets_.count()),
+        lw_(final_adjoints(x, fN)),
+        names_(state_names(m_.optimizer.traits())),
+        lstate_(static_cast<size_t>(J_)),
+        values_(torch::zeros({J_, m_.num_train}, torch::kFloat64)),
+        x_train_(reader.dataset().x_train.to(torch::kFloat64)),
+        y_train_(reader.dataset().y_train),
+        map_(net_->options().output),
+        loss_(net_->options().loss) {}
+
+  /// Step st of the path, given the optimizer state before it (empty before
+  /// the first step): every adjoint pulled back through it.
+  void step(const PathStep& st, const Buffers& before_values) {
+    const StepGraph graph = step_graph(st, before_values);
+    for (int64_t j = 0; j < J_; ++j) pull_back(j, graph);
+  }
+
+  /// [n, M, K]: the loss weights' gradients by test point and output (NaN where not differentiated).
+  torch::Tensor values(int64_t n, int64_t K) const {
+    torch::Tensor out = torch::full({n, m_.num_train, K}, std::nan(""), torch::kFloat64);
+    for (int64_t j = 0; j < J_; ++j) out[targets_.point[j]].select(1, targets_.output[j]).copy_(values_[j]);
+    return out;
+  }
+
+ private:
+  /// The adjoints λ_N = ∂f_k(w_N, x_p)/∂w, [J, P]; fN becomes f(w_N, x).
+  torch::Tensor final_adjoints(const torch::Tensor& x, torch::Tensor& fN) {
+    torch::Tensor lw = torch::empty({J_, P_}, torch::kFloat64);  // λ of the weights
+    set_flat_parameters(net_, reader_.checkpoint(m_.checkpoints.size() - 1));
+    const torch::Tensor f = net_->forward(x);
+    fN = f.detach().clone();
+    for (int64_t j = 0; j < J_; ++j) {
+      std::vector<torch::Tensor> g =
+          torch::autograd::grad({f[targets_.point[j]][targets_.output[j]]}, params_, {}, true);
+      lw[j].copy_(flat_in_graph(g));
+    }
+    return lw;
+  }
+
+  StepGraph step_graph(const PathStep& st, const Buffers& before_values) {
+    StepGraph graph;
+    graph.idx = st.batch.defined() ? st.batch : torch::arange(m_.num_train);
+    const torch::Tensor run_weights = reader_.loss_weights(graph.idx);
+    const torch::Tensor c =
+        (run_weights.defined() ? run_weights.clone() : torch::ones({graph.idx.size(0)}, torch::kFloat64))
+            .requires_grad_(true);
+    {
+      torch::NoGradGuard no_grad;
+      set_flat_parameters(net_, st.w);
+    }
+    Buffers before;
+    for (const auto& [name, b] : before_values) before[name] = b.to(torch::kFloat64).detach().requires_grad_(true);
+    const torch::Tensor batch_loss = [&] {
+      const DropoutStep dropout(net_->options().seed, st.step);  // the step's masks, for its loss only
+      return training_loss(net_->forward(x_train_.index_select(0, graph.idx)), y_train_.index_select(0, graph.idx),
+                           map_, loss_, c) *
+             st.clip;
+    }();
+    const torch::Tensor w = flat_in_graph(params_);
+    const torch::Tensor g = flat_in_graph(torch::autograd::grad({batch_loss}, params_, {}, true, true));
+    auto [w_next, after] = update(m_.optimizer, st.lr, st.state.step, w, g, before);
+    graph.outputs = {w_next};
+    graph.inputs.assign(params_.begin(), params_.end());
+    for (const std::string& name : names_) graph.outputs.push_back(after.at(name));
+    for (const std::string& name : names_) {
+      if (!before.empty()) graph.inputs.push_back(before.at(name));
+    }
+    graph.inputs.push_back(c);
+    graph.state_before = !before.empty();
+    return graph;
+  }
+
+  /// Adjoint j pulled back through the step: λ of the weights and state
+  /// before it, and the loss weights' gradient added to its values.
+  void pull_back(int64_t j, const StepGraph& graph) {
+    std::vector<torch::Tensor> grad_outputs{lw_[j]};
+    for (const std::string& name : names_) {
+      auto it = lstate_[j].find(name);
+      grad_outputs.push_back(it == lstate_[j].end() ? torch::zeros({P_}, torch::kFloat64) : it->second);
+    }
+    std::vector<torch::Tensor> grads = torch::autograd::grad(graph.outputs, graph.inputs, grad_outputs,
+                                                             /*retain_graph=*/true, false, /*allow_unused=*/true);
+    std::vector<torch::Tensor> wg(grads.begin(), grads.begin() + static_cast<int64_t>(params_.size()));
+    for (size_t l = 0; l < wg.size(); ++l) {
+      if (!wg[l].defined()) wg[l] = torch::zeros_like(params_[l]);
+    }
+    size_t next = params_.size();
+    lw_[j].copy_(flat_in_graph(wg));
+    lstate_[j].clear();
+    if (graph.state_before) {
+      for (const std::string& name : names_) {
+        const torch::Tensor& gs = grads[next++];
+        lstate_[j][name] = gs.defined() ? gs.detach() : torch::zeros({P_}, torch::kFloat64);
+      }
+    }
+    const torch::Tensor& gc = grads[next];
+    if (gc.defined()) values_[j].index_add_(0, graph.idx, gc.detach());
+  }
+
+  PathReader& reader_;
+  const Manifest& m_;
+  Network net_;
+  std::vector<torch::Tensor> params_;
+  const int64_t P_;
+  const AdjointTargets targets_;
+  const int64_t J_;
+  torch::Tensor lw_;                   ///< [J, P]: λ of the weights
+  const std::vector<std::string> names_;
+  std::vector<Buffers> lstate_;        ///< per adjoint: λ of the optimizer state after the step (empty: 0)
+  torch::Tensor values_;               ///< [J, M]
+  const torch::Tensor x_train_;
+  const torch::Tensor& y_train_;
+  const OutputMap map_;
+  const LossKind loss_;
+};
+
+}  // namespace
+
 Metagradient metagradient(PathReader& reader, const torch::Tensor& x_in, const MetagradientOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   const Manifest& m = reader.manifest();
   const std::string why = metagradient_unsupported(m);
   PK_CHECK(why.empty(), "cannot compute the metagradient of run '" << reader.dir() << "': " << why);
-  const int64_t n = x_in.size(0), M = m.num_train, K = m.num_classes;
-  PK_CHECK(n >= 1, "metagradient: no test points given");
-  if (options.outputs.defined()) {
-    PK_CHECK(options.outputs.dim() == 1 && options.outputs.size(0) == n &&
-                 options.outputs.scalar_type() == torch::kLong,
-             "metagradient: the outputs differentiated must be int64 [" << n << "], one per test point (got "
-                                                                         << options.outputs.sizes() << " "
-                                                                         << options.outputs.scalar_type() << ")");
-    PK_CHECK(options.outputs.min().item<int64_t>() >= 0 && options.outputs.max().item<int64_t>() < K,
-             "metagradient: output numbers must lie in [0, " << K << ") (got " << options.outputs.min().item<int64_t>()
-                                                             << " .. " << options.outputs.max().item<int64_t>() << ")");
-  }
+  const int64_t n = x_in.size(0), K = m.num_classes;
+  check_outputs(options.outputs, n, K);
   torch::AutoGradMode gradients_needed(true);
   const torch::Tensor x = x_in.to(torch::kFloat64);
-  Network net = engine_network(m.network_options());
-  std::vector<torch::Tensor> params = net->parameters();
-  const int64_t P = m.parameter_count;
-
-  // The adjoints λ_N = ∂f_k(w_N, x_p)/∂w: one per test point p and output k.
-  std::vector<int64_t> point, output;
-  for (int64_t p = 0; p < n; ++p) {
-    if (options.outputs.defined()) {
-      point.push_back(p);
-      output.push_back(options.outputs[p].item<int64_t>());
-    } else {
-      for (int64_t k = 0; k < K; ++k) {
-        point.push_back(p);
-        output.push_back(k);
-      }
-    }
-  }
-  const int64_t J = static_cast<int64_t>(point.size());
   Metagradient result;
+  AdjointTargets targets(options.outputs, n, K);
   result.outputs = options.outputs;
-  result.adjoints = J;
+  result.adjoints = targets.count();
   result.steps = m.steps;
-  torch::Tensor lw = torch::empty({J, P}, torch::kFloat64);  // λ of the weights
-  {
-    set_flat_parameters(net, reader.checkpoint(m.checkpoints.size() - 1));
-    const torch::Tensor f = net->forward(x);
-    result.fN = f.detach().clone();
-    for (int64_t j = 0; j < J; ++j) {
-      std::vector<torch::Tensor> g = torch::autograd::grad({f[point[j]][output[j]]}, params, {}, true);
-      lw[j].copy_(flat_in_graph(g));
-    }
-  }
-  const std::vector<std::string> names = state_names(m.optimizer.traits());
-  std::vector<Buffers> lstate(static_cast<size_t>(J));  // λ of the optimizer state after the step (empty: 0)
-  torch::Tensor values = torch::zeros({J, M}, torch::kFloat64);
-
-  const torch::Tensor x_train = reader.dataset().x_train.to(torch::kFloat64);
-  const torch::Tensor& y_train = reader.dataset().y_train;
-  const OutputMap map = net->options().output;
-  const LossKind loss = net->options().loss;
+  AdjointWalk walk(reader, x, std::move(targets), result.fN);
   ProgressBar bar(m.steps, "metagradient", options.progress);
   int64_t done = 0;
-
-  // Step s of the path, given the optimizer state before it (empty before the first step).
-  auto backward_step = [&](const PathStep& st, const Buffers& before_values) {
-    const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
-    const torch::Tensor run_weights = reader.loss_weights(idx);
-    const torch::Tensor c = (run_weights.defined() ? run_weights.clone() : torch::ones({idx.size(0)}, torch::kFloat64))
-                                .requires_grad_(true);
-    {
-      torch::NoGradGuard no_grad;
-      set_flat_parameters(net, st.w);
-    }
-    Buffers before;
-    for (const auto& [name, b] : before_values) before[name] = b.to(torch::kFloat64).detach().requires_grad_(true);
-    const torch::Tensor batch_loss = [&] {
-      const DropoutStep dropout(net->options().seed, st.step);  // the step's masks, for its loss only
-      return training_loss(net->forward(x_train.index_select(0, idx)), y_train.index_select(0, idx), map, loss, c) *
-             st.clip;
-    }();
-    const torch::Tensor w = flat_in_graph(params);
-    const torch::Tensor g = flat_in_graph(torch::autograd::grad({batch_loss}, params, {}, true, true));
-    auto [w_next, after] = update(m.optimizer, st.lr, st.state.step, w, g, before);
-    std::vector<torch::Tensor> outputs{w_next}, inputs(params.begin(), params.end());
-    for (const std::string& name : names) outputs.push_back(after.at(name));
-    for (const std::string& name : names) {
-      if (!before.empty()) inputs.push_back(before.at(name));
-    }
-    inputs.push_back(c);
-    for (int64_t j = 0; j < J; ++j) {
-      std::vector<torch::Tensor> grad_outputs{lw[j]};
-      for (const std::string& name : names) {
-        auto it = lstate[j].find(name);
-        grad_outputs.push_back(it == lstate[j].end() ? torch::zeros({P}, torch::kFloat64) : it->second);
-      }
-      std::vector<torch::Tensor> grads =
-          torch::autograd::grad(outputs, inputs, grad_outputs, /*retain_graph=*/true, false, /*allow_unused=*/true);
-      std::vector<torch::Tensor> wg(grads.begin(), grads.begin() + static_cast<int64_t>(params.size()));
-      for (size_t l = 0; l < wg.size(); ++l) {
-        if (!wg[l].defined()) wg[l] = torch::zeros_like(params[l]);
-      }
-      size_t next = params.size();
-      lw[j].copy_(flat_in_graph(wg));
-      lstate[j].clear();
-      if (!before.empty()) {
-        for (const std::string& name : names) {
-          const torch::Tensor& gs = grads[next++];
-          lstate[j][name] = gs.defined() ? gs.detach() : torch::zeros({P}, torch::kFloat64);
-        }
-      }
-      const torch::Tensor& gc = grads[next];
-      if (gc.defined()) values[j].index_add_(0, idx, gc.detach());
-    }
-    result.hessian_vector_products += J;
+  const auto take_step = [&](const PathStep& st, const Buffers& before) {
+    walk.step(st, before);
+    result.hessian_vector_products += result.adjoints;
     bar.update(++done);
   };
 
@@ -214,14 +297,13 @@ Metagradient metagradient(PathReader& reader, const torch::Tensor& x_in, const M
   // state before: each step is taken once the one before it arrives.
   std::optional<PathStep> pending;
   reader.reverse([&](const PathStep& st) {
-    if (pending) backward_step(*pending, st.state.buffers);
+    if (pending) take_step(*pending, st.state.buffers);
     pending = st;
   });
-  if (pending) backward_step(*pending, Buffers{});
+  if (pending) take_step(*pending, Buffers{});
   bar.finish();
 
-  result.values = torch::full({n, M, K}, std::nan(""), torch::kFloat64);
-  for (int64_t j = 0; j < J; ++j) result.values[point[j]].select(1, output[j]).copy_(values[j]);
+  result.values = walk.values(n, K);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }
