@@ -11,7 +11,9 @@
 
 #include "pathkernel/error.h"
 #include "pathkernel/kinks.h"
+#include "pathkernel/model.h"
 #include "pathkernel/quadrature.h"
+#include "pathkernel/segment.h"
 
 namespace pathkernel {
 namespace {
