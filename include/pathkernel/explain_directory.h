@@ -175,10 +175,13 @@ void write_explain_directory(const std::string& dir, const ExplainDocument& doc,
                              const torch::Tensor& kernel = {}, const torch::Tensor& layers = {});
 
 /// Image data: each test image (blue) beside its top eight proponents (green,
-/// top row) and opponents (red, bottom row), as DIR/explain_<i>.png. Returns
-/// the files written, relative to dir.
+/// top row) and opponents (red, bottom row), as DIR/explain_<i>.png. With
+/// `inputs` (the points' own inputs, in order: --inputs) those are the test
+/// images, as DIR/explain_input_<i>.png. Returns the files written, relative
+/// to dir.
 std::vector<std::string> write_explain_images(const std::string& dir, const Dataset& data,
-                                              const std::vector<ExplainedPoint>& points);
+                                              const std::vector<ExplainedPoint>& points,
+                                              const torch::Tensor& inputs = {});
 
 /// An explain directory read back and checked against the run it explains.
 /// kernel.npy is described by document.kernel and not read.
