@@ -202,9 +202,10 @@ ExplainedPoint read_point(const JsonFile& f, const json& p, const Manifest& m, c
   ExplainedPoint e;
   e.test_index = json_number<int64_t>(p["test_index"], where + "test_index");
   const int64_t count = doc.inputs ? doc.inputs->shape.at(0) : m.num_test;
-  PK_CHECK(e.test_index >= 0 && e.test_index < count, "'" << f.path << "' explains " << (doc.inputs ? "input " : "test point ")
-                                                          << e.test_index << ", but there are " << count
-                                                          << (doc.inputs ? " inputs" : " test points in the run"));
+  PK_CHECK(e.test_index >= 0 && e.test_index < count,
+           "'" << f.path << "' explains " << (doc.inputs ? "input " : "test point ") << e.test_index << ", but "
+               << (doc.inputs ? "the inputs have " : "the run has ") << count
+               << (doc.inputs ? " rows" : " test points"));
   e.predicted = json_number<int64_t>(p["predicted"], where + "predicted");
   e.output = p.contains("output") ? json_number<int64_t>(p["output"], where + "output") : e.predicted;
   if (p.contains("label") && p["label"].is_null()) e.labelled = false;
