@@ -98,7 +98,8 @@ TEST(LayerSplit, SumsToTheContributionsOnBothWalks) {
   struct Case {
     std::string optimizer, data, model;
   };
-  for (const Case& c : {Case{"sgd", "gaussians3", "mlp:5,4"}, Case{"adamw", "gaussians3", "mlp:6"},
+  for (const Case& c : {Case{"gd", "gaussians3", "mlp:5,4"}, Case{"sgd", "gaussians3", "mlp:5,4"},
+                        Case{"adamw", "gaussians3", "mlp:6"},
                         Case{"sgd", "mnist", "cnn:2,3"}, Case{"nesterov", "mnist", "cnn:2,3"}}) {
     testing::TempDir dir(c.optimizer);
     RunOptions r = testing::small_run(dir / "run", c.optimizer, 4, 2);
