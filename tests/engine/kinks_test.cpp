@@ -12,6 +12,7 @@
 #include "pathkernel/error.h"
 #include "pathkernel/kinks.h"
 #include "pathkernel/quadrature.h"
+#include "pathkernel/segment.h"
 
 namespace pathkernel {
 namespace {
