@@ -4,11 +4,13 @@
 // on both walks, every route and the layer forms (Summed, Rows, Dense).
 #include <gtest/gtest.h>
 
-#include "../model/torchscript_util.h"
+#include <filesystem>
+
 #include "../test_util.h"
 #include "pathkernel/decomposition.h"
 #include "pathkernel/layer_split.h"
 #include "pathkernel/loss.h"
+#include "pathkernel/npy.h"
 #include "pathkernel/update_rule.h"
 
 namespace pathkernel {
@@ -123,40 +125,65 @@ TEST(LayerSplit, SumsToTheContributionsOnBothWalks) {
   }
 }
 
-// A TorchScript module on the structured route (its layers' weight and bias)
-// and on the generic route (one flat vector cut at the layout's tensors):
-// both sum to their contributions, and the two splits agree.
+/// Trains `model` with SGD on npy:DIR/data: token ids [30, 4] in [0, 10)
+/// (integer codes) or images [30, 1, 4, 4], 3 classes; the run is DIR/run.
+std::string train_npy_run(const testing::TempDir& dir, const std::string& model, bool tokens) {
+  const std::string data = dir / "data";
+  std::filesystem::create_directories(data);
+  torch::manual_seed(5);
+  auto x = [&](int64_t n) {
+    return tokens ? torch::randint(0, 10, {n, 4}, torch::kLong) : torch::randn({n, 1, 4, 4}, torch::kFloat64);
+  };
+  write_npy(data + "/train_x.npy", x(30));
+  write_npy(data + "/train_y.npy", torch::randint(0, 3, {30}, torch::kLong));
+  write_npy(data + "/test_x.npy", x(6));
+  write_npy(data + "/test_y.npy", torch::randint(0, 3, {6}, torch::kLong));
+  RunOptions o;
+  o.data.spec = "npy:" + data;
+  o.model = model;
+  o.train.optimizer.name = "sgd";
+  o.train.optimizer.lr = 0.2;
+  o.train.batch = 10;
+  o.train.steps = 6;
+  o.train.progress = false;
+  o.checkpoint_every = 3;
+  o.out = dir / "run";
+  train_run(o);
+  return o.out;
+}
+
+// A TorchScript module (a layers: network, which pathkernel compiles to
+// one) on the structured route (its layers' weights and biases: a
+// convolution, Linear layers, an embedding, a layer norm) and on the generic
+// route (one flat vector cut at the layout's tensors): both sum to their
+// contributions, the two splits agree, and every tensor carries a part.
 TEST(LayerSplit, StructuredAndGenericRoutesAgree) {
-  using namespace testing::script;
-  REQUIRE_PYTHON_TORCH();
-  testing::TempDir dir("script");
-  const std::string path = dir.path() + "/cnn.pt";
-  python(dir, "class M(nn.Module):\n"
-              "    def __init__(self):\n"
-              "        super().__init__()\n"
-              "        self.conv = nn.Conv2d(1, 3, 3, padding=1)\n"
-              "        self.fc = nn.Linear(48, 5)\n"
-              "        self.out = nn.Linear(5, 3)\n"
-              "    def forward(self, x):\n"
-              "        return self.out(torch.tanh(self.fc(torch.flatten(F.relu(self.conv(x)), 1))))\n"
-              "torch.manual_seed(1)\n"
-              "torch.jit.script(M()).save('" + path + "')\n");
-  train_small_image_run(dir, "torchscript:" + path);
-  PathReader reader(dir.path() + "/run");
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
-  DecompositionOptions options;
-  options.progress = false;
-  options.by_layer = true;
-  ASSERT_EQ(engine_route(reader, options).route, "structured") << engine_route(reader, options).reason;
-  const Decomposition structured = decompose(reader, x, options);
-  options.quadrature.route = ModuleRoute::Generic;
-  const Decomposition generic = decompose(reader, x, options);
-  expect_sums_to_contributions(structured, reader.manifest());
-  expect_sums_to_contributions(generic, reader.manifest());
-  const double scale = structured.contributions.abs().max().item<double>();
-  EXPECT_LE((structured.layer_contributions - generic.layer_contributions).abs().max().item<double>(), 1e-12 * scale);
-  for (int64_t t = 0; t < structured.layer_contributions.size(3); ++t) {
-    EXPECT_GT(structured.layer_contributions.select(3, t).abs().max().item<double>(), 0) << t;
+  struct Case {
+    std::string model;
+    bool tokens;
+  };
+  for (const Case& c : {Case{"layers:conv(3,3,padding=1),relu,flatten,linear(5),tanh,layernorm", false},
+                        Case{"layers:embed(10,3),flatten,linear(5),relu", true}}) {
+    testing::TempDir dir("routes");
+    PathReader reader(train_npy_run(dir, c.model, c.tokens));
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+    DecompositionOptions options;
+    options.progress = false;
+    options.by_layer = true;
+    SCOPED_TRACE(c.model);
+    ASSERT_EQ(engine_route(reader, options).route, "structured") << engine_route(reader, options).reason;
+    const Decomposition structured = decompose(reader, x, options);
+    options.quadrature.route = ModuleRoute::Generic;
+    const Decomposition generic = decompose(reader, x, options);
+    expect_sums_to_contributions(structured, reader.manifest());
+    expect_sums_to_contributions(generic, reader.manifest());
+    const double scale = structured.contributions.abs().max().item<double>();
+    EXPECT_LE((structured.layer_contributions - generic.layer_contributions).abs().max().item<double>(),
+              1e-12 * scale);
+    for (int64_t t = 0; t < structured.layer_contributions.size(3); ++t) {
+      EXPECT_GT(structured.layer_contributions.select(3, t).abs().max().item<double>(), 0)
+          << reader.manifest().parameters[static_cast<size_t>(t)].name;
+    }
   }
 }
 

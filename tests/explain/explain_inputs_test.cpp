@@ -51,6 +51,39 @@ TEST(ExplainInputs, TheRunsTestInputsGiveTheSameContributionsBitForBit) {
   }
 }
 
+// A model on integer codes (an embedding first) takes token ids: the run's
+// own test tokens, as int32 ids in a file, give the contributions of
+// explaining them by index bit for bit; float inputs are refused.
+TEST(ExplainInputs, TokenIdsForAnEmbedding) {
+  testing::TempDir dir("tokens");
+  const std::string data = dir / "data";
+  std::filesystem::create_directories(data);
+  torch::manual_seed(2);
+  write_npy(data + "/train_x.npy", torch::randint(0, 10, {24, 4}, torch::kLong));
+  write_npy(data + "/train_y.npy", torch::randint(0, 3, {24}, torch::kLong));
+  write_npy(data + "/test_x.npy", torch::randint(0, 10, {5, 4}, torch::kLong));
+  write_npy(data + "/test_y.npy", torch::randint(0, 3, {5}, torch::kLong));
+  RunOptions r = testing::small_run(dir / "run", "sgd", 4, 2);
+  r.data.spec = "npy:" + data;
+  r.data.train_size = -1;
+  r.data.test_size = -1;
+  r.model = "layers:embed(10,3),flatten,linear(5),relu";
+  r.train.batch = 8;
+  train_run(r);
+  PathReader reader(r.out);
+  ExplainOptions options;
+  options.decomposition.progress = false;
+  const torch::Tensor idx = torch::tensor({4, 1}, torch::kLong);
+  const Explanation by_index = explain(reader, idx, dir / "by_index", options);
+  write_npy(dir / "ids.npy", reader.dataset().x_test.index_select(0, idx).to(torch::kInt));
+  const Explanation by_file =
+      explain_inputs(reader, read_explain_inputs(reader, dir / "ids.npy", ""), dir / "by_file", options);
+  EXPECT_EQ(read_file(dir / "by_file/contributions.npy"), read_file(dir / "by_index/contributions.npy"));
+  write_npy(dir / "floats.npy", torch::zeros({2, 4}, torch::kFloat64));
+  EXPECT_CONTAINS(testing::error_message([&] { read_explain_inputs(reader, dir / "floats.npy", ""); }),
+                  "expected integer codes (int64 or int32) such as token ids");
+}
+
 // Without labels a point's label is null, and its row may lie past the
 // run's test points.
 TEST(ExplainInputs, UnlabelledInputsReadBack) {
