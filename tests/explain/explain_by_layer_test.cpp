@@ -23,7 +23,8 @@ TEST(ExplainByLayer, WritesTheSplitThatSumsToTheContributions) {
   const torch::Tensor idx = torch::tensor({4, 0}, torch::kLong);
   const Explanation plain = explain(reader, idx, dir / "plain", options);
   EXPECT_FALSE(std::filesystem::exists(dir / "plain/layer_contributions.npy"));
-  EXPECT_EQ(read_file(dir / "plain/explain.json").find("layer"), std::string::npos);
+  EXPECT_EQ(read_file(dir / "plain/explain.json").find("layer_contributions"), std::string::npos);
+  EXPECT_EQ(read_file(dir / "plain/explain.json").find("\"layers\""), std::string::npos);
   options.by_layer = true;
   const Explanation e = explain(reader, idx, dir / "split", options);
   EXPECT_EQ(read_file(dir / "split/contributions.npy"), read_file(dir / "plain/contributions.npy"));
