@@ -57,6 +57,10 @@ struct DecompositionOptions {
   /// Also accumulate the kernel Σ_{s: i∈B_s} K_s(x, x_i) (K extra
   /// backprops per training point and step; n·M·K·K doubles).
   bool kernel = false;
+  /// Also accumulate Decomposition::layer_contributions, C_i(x) split over
+  /// the parameter tensors (a second contraction per training chunk).
+  /// Not with a checkpoint (its progress is not saved).
+  bool by_layer = false;
   /// Walk the path backwards with dense test-side accumulators (docs/math.md §4).
   /// Always so for optimizers with a buffer (momentum, nesterov, adam,
   /// adamw); for gd and sgd it is an independent second route to the same

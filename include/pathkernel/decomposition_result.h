@@ -57,6 +57,10 @@ struct Decomposition : QuadratureCounts {
   /// With log-softmax + NLL and constant η/|B_s| (Thm. 3.7):
   /// C_i(x) = (η/|B|) kernel[x, i, :, y_i], a single kernel machine.
   torch::Tensor kernel;
+  /// [n, M, K, L] with DecompositionOptions::by_layer: C_i(x) split over the
+  /// network's L parameter tensors (layer_split.h); sums over its last axis
+  /// to contributions up to rounding. Undefined otherwise.
+  torch::Tensor layer_contributions;
   double certificate_max_gap = 0;
   /// [n, K]: Σ_s |J̄_s Δw_s − (f(w_{s+1}) − f(w_s))|, the steps' certificate
   /// gaps in absolute value. The prediction's error against f(w_N) is the sum

@@ -26,7 +26,17 @@
 //                      metagradient: metagradient_sum; proponents, opponents:
 //                      [{index, label, value}]}]
 //   explain_<i>.png    image data: test point i beside its top proponents
-//                      and opponents
+//                      and opponents (explain_input_<i>.png: row i of --inputs)
+//   layer_contributions.npy  float64 [n, M, K, L] (exact, --by-layer): C_i(x)
+//                      split over the L parameter tensors (layer_split.h);
+//                      explain.json then has "layer_contributions": {file,
+//                      shape, tensors: [{name, shape}]} and each proponent
+//                      and opponent its split, "layers" [L]
+//   inputs.npy         (exact, --inputs) a copy of the inputs explained, and
+//                      labels.npy of their labels when given; explain.json
+//                      then has "inputs": {file, source, shape, labels,
+//                      labels_source}, and a point's test_index is its row
+//                      of the inputs (its label null without labels)
 //
 // n test points, M training points, K outputs.
 #pragma once
@@ -63,6 +73,8 @@ struct RankedPoint {
   int64_t index = 0;  ///< into the training set
   Label label;
   double value = 0;   ///< its contribution (or metagradient) to the ranked output
+  /// With --by-layer: value split over the parameter tensors [L]; else empty.
+  std::vector<double> layers;
 };
 
 /// The `k` training points of largest (largest = true) or smallest
@@ -72,8 +84,9 @@ std::vector<RankedPoint> ranked_points(const torch::Tensor& c, const torch::Tens
 
 /// One explained test point. K outputs.
 struct ExplainedPoint {
-  int64_t test_index = 0;
+  int64_t test_index = 0;  ///< the run's test point, or with --inputs the row of the inputs
   Label label;
+  bool labelled = true;    ///< false: inputs given without labels (label null)
   int64_t predicted = 0;  ///< argmax of f_final
   /// The output whose contributions rank the sides: the predicted class
   /// (exact), or the output differentiated (metagradient).
@@ -100,6 +113,25 @@ struct ExplainKernelFile {
   std::optional<double> weight;  ///< η/|B| when single_kernel
 };
 
+/// One parameter tensor of explain.json's "layer_contributions".
+struct ExplainLayerTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+/// explain.json's "layer_contributions" entry (--by-layer).
+struct ExplainLayerFile {
+  std::vector<int64_t> shape;               ///< [n, M, K, L]
+  std::vector<ExplainLayerTensor> tensors;  ///< the L parameter tensors, in order
+};
+
+/// explain.json's "inputs" entry (--inputs): inputs given in a file.
+struct ExplainInputsEntry {
+  std::string source;         ///< the file given
+  std::vector<int64_t> shape; ///< [n, *input_shape]
+  std::string labels_source;  ///< the labels file given ("" when none)
+};
+
 /// explain.json, typed. Fields marked exact or metagradient belong to that
 /// method's file only.
 struct ExplainDocument {
@@ -118,6 +150,8 @@ struct ExplainDocument {
   bool updates_explained = true;           ///< every update the run took is described
   std::optional<ExplainKernelFile> kernel; ///< kernel.npy, when written
   std::string warning;                     ///< updates the run does not describe ("" when none)
+  std::optional<ExplainLayerFile> layers;  ///< layer_contributions.npy, when written
+  std::optional<ExplainInputsEntry> inputs;  ///< inputs.npy: the points are its rows, not test points
 
   // Metagradient:
   bool outputs_predicted = true;           ///< "predicted" (one output per point) or "all"
@@ -135,15 +169,19 @@ nlohmann::ordered_json explain_json(const ExplainDocument& doc);
 void write_explain_json(const std::string& dir, const ExplainDocument& doc);
 
 /// Writes the explain directory `dir`: contributions.npy, kernel.npy when
-/// `kernel` is defined, then explain.json.
+/// `kernel` is defined, layer_contributions.npy when `layers` is, then
+/// explain.json.
 void write_explain_directory(const std::string& dir, const ExplainDocument& doc, const torch::Tensor& contributions,
-                             const torch::Tensor& kernel = {});
+                             const torch::Tensor& kernel = {}, const torch::Tensor& layers = {});
 
 /// Image data: each test image (blue) beside its top eight proponents (green,
-/// top row) and opponents (red, bottom row), as DIR/explain_<i>.png. Returns
-/// the files written, relative to dir.
+/// top row) and opponents (red, bottom row), as DIR/explain_<i>.png. With
+/// `inputs` (the points' own inputs, in order: --inputs) those are the test
+/// images, as DIR/explain_input_<i>.png. Returns the files written, relative
+/// to dir.
 std::vector<std::string> write_explain_images(const std::string& dir, const Dataset& data,
-                                              const std::vector<ExplainedPoint>& points);
+                                              const std::vector<ExplainedPoint>& points,
+                                              const torch::Tensor& inputs = {});
 
 /// An explain directory read back and checked against the run it explains.
 /// kernel.npy is described by document.kernel and not read.
@@ -151,6 +189,9 @@ struct ExplainDirectory {
   ExplainDocument document;
   torch::Tensor test_index;     ///< int64 [n]
   torch::Tensor contributions;  ///< [n, M, K]
+  /// With document.inputs: DIR/inputs.npy, the points' inputs [n, ...]
+  /// (and DIR/labels.npy, when written); undefined otherwise.
+  torch::Tensor inputs, labels;
 };
 
 /// Reads DIR/explain.json and DIR/contributions.npy. Throws Error naming the

@@ -33,6 +33,9 @@ struct ExplainOptions {
   int64_t top = 10;                 ///< proponents and opponents listed per point
   double checkpoint_seconds = 60;   ///< spacing of the saved progress (0: after every step)
   bool images = true;               ///< image data: write explain_<i>.png
+  /// Also write layer_contributions.npy, C_i(x) split over the parameter
+  /// tensors (layer_split.h; exact method only). Progress is then not saved.
+  bool by_layer = false;
   /// Called with a note for the user as it arises (the kernel output's size,
   /// resuming from saved progress); unset: not called.
   std::function<void(const std::string&)> on_note;
@@ -48,6 +51,17 @@ struct Explanation {
   ExplainDocument document;            ///< explain.json as written
   std::vector<std::string> images;     ///< PNG files written, relative to dir
 };
+
+/// Inputs given in a file (explain --inputs) instead of the run's test points.
+struct ExplainInputs {
+  std::string file;         ///< the inputs' .npy file (read_inputs, input_file.h)
+  std::string labels_file;  ///< their labels' file ("" when none)
+  torch::Tensor x;          ///< [n, *input_shape], as read_inputs() returns them
+  torch::Tensor labels;     ///< as read_input_labels() returns them; undefined without
+};
+
+/// Reads `file` (and `labels_file`, unless "") for the run: input_file.h's checks.
+ExplainInputs read_explain_inputs(PathReader& reader, const std::string& file, const std::string& labels_file);
 
 /// What explain_metagradient() computed and wrote.
 struct MetagradientExplanation {
@@ -83,6 +97,13 @@ bool is_single_kernel_machine(const Manifest& m);
 /// with the same arguments. Throws Error on bad input.
 Explanation explain(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
                     const ExplainOptions& options);
+
+/// explain() of inputs given in a file: decomposed like test points (the
+/// same numbers, bit for bit, as explaining the same test points by index),
+/// written with a copy of the inputs (and labels) in `out`; point n's
+/// test_index is its row. Progress is not saved.
+Explanation explain_inputs(PathReader& reader, const ExplainInputs& inputs, const std::string& out,
+                           const ExplainOptions& options);
 
 /// explain() in its parts, for a caller that decomposes the test points
 /// itself (several processes share them: across_ranks.h). explain() is

@@ -274,7 +274,7 @@ class Explanation:
                 raise RunFormatError("'%s' has shape %s; the run '%s' has %s training points and %s classes: was "
                                      "it explained from this run?" % (cpath, list(c.shape), r.directory,
                                                                       d.get("num_train"), d.get("num_classes")))
-            for p in self.points:
+            for p in self.points if "inputs" not in j else ():  # --inputs: a row of inputs.npy
                 if not 0 <= p["test_index"] < d.get("num_test", 0):
                     raise RunFormatError("'%s' explains test point %d, but the run has %s test points"
                                          % (jpath, p["test_index"], d.get("num_test")))
@@ -286,10 +286,12 @@ class Explanation:
                                              "have %d training points" % (jpath, t.get("index"), side, c.shape[1]))
         self.test_indices = np.asarray([p["test_index"] for p in self.points], dtype=np.int64)
         self.predicted = np.asarray([p["predicted"] for p in self.points], dtype=np.int64)
-        self.labels = np.asarray([p.get("label", -1) for p in self.points], dtype=np.int64)
+        self.labels = np.asarray([-1 if p.get("label") is None else p["label"] for p in self.points],
+                                 dtype=np.int64)
         self.proponents = [p["proponents"] for p in self.points]
         self.opponents = [p["opponents"] for p in self.points]
         self._kernel = None
+        self._arrays = {}
 
     def __repr__(self):
         return "Explanation(%r: %d test points, %d training points, %d outputs)" % (
@@ -330,6 +332,36 @@ class Explanation:
                 raise RunFormatError("'%s' has shape %s, explain.json says %s"
                                      % (path, list(self._kernel.shape), k.get("shape")))
         return self._kernel
+
+    def _entry_array(self, key):
+        """The .npy file explain.json's entry ``key`` names (None without the entry), its shape checked."""
+        e = self.json.get(key)
+        if not e:
+            return None
+        if key not in self._arrays:
+            path = os.path.join(self.directory, e.get("file", key + ".npy"))
+            try:
+                a = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as ex:
+                raise RunFormatError("cannot read '%s' (%s)" % (path, ex)) from ex
+            if list(a.shape) != e.get("shape", list(a.shape)):
+                raise RunFormatError("'%s' has shape %s, explain.json says %s" % (path, list(a.shape), e.get("shape")))
+            self._arrays[key] = a
+        return self._arrays[key]
+
+    @property
+    def layer_contributions(self):
+        """layer_contributions.npy (float64 [n, M, K, L]: each contribution
+        split over the parameter tensors, named in
+        ``json["layer_contributions"]["tensors"]``) when explain --by-layer
+        wrote it, else None."""
+        return self._entry_array("layer_contributions")
+
+    @property
+    def inputs(self):
+        """inputs.npy (the inputs explained, one per point) when explain
+        --inputs wrote it, else None; a point's test_index is then its row."""
+        return self._entry_array("inputs")
 
 
 def read_run(directory):

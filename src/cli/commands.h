@@ -71,6 +71,16 @@ struct TestPointArgs {
   std::vector<CLI::Option*> options_;
 };
 
+/// --inputs X.npy and --labels Y.npy (verify, explain): inputs given in a
+/// file instead of the run's test points (input_file.h).
+struct InputArgs {
+  std::string inputs, labels;
+  /// Declares both on cmd (after TestPointArgs::add_to: --inputs excludes
+  /// the test-point options; --labels needs --inputs).
+  void add_to(CLI::App* cmd, const std::string& what);
+  bool given() const { return !inputs.empty(); }
+};
+
 /// The quadrature options of the commands that decompose a run (verify,
 /// explain): declared once, checked once.
 struct QuadratureArgs {

@@ -114,6 +114,15 @@ void TestPointArgs::add_to(CLI::App* cmd, const std::string& what) {
   cmd->add_option("--subset-seed", selection.seed, "Seed of the class-balanced subsets")->capture_default_str();
 }
 
+void InputArgs::add_to(CLI::App* cmd, const std::string& what) {
+  CLI::Option* in = cmd->add_option("--inputs", inputs,
+                                    "A .npy file of inputs " + what + " instead of test points: [n, *input_shape], "
+                                    "float (integer token ids for a model on integer codes)");
+  for (const char* name : {"--test", "--test-balanced", "--test-index", "--test-file"}) in->excludes(name);
+  cmd->add_option("--labels", labels, "A .npy file of the inputs' labels: int class labels [n] (mse: targets [n, K])")
+      ->needs(in);
+}
+
 void TestPointArgs::add_deprecated_balanced(CLI::App* cmd, const std::string& old_name) {
   CLI::Option* old = add_deprecated_option(cmd, old_name, selection.balanced, "--test-balanced N");
   old->check(CLI::PositiveNumber);

@@ -38,7 +38,7 @@ void print_sides(const ExplainedPoint& p) {
 void print_points(const std::vector<ExplainedPoint>& points) {
   for (const ExplainedPoint& p : points) {
     std::printf("test %lld (label %s) predicted %lld; completeness error %.2e\n", static_cast<long long>(p.test_index),
-                p.label.str().c_str(), static_cast<long long>(p.predicted), p.completeness_error);
+                p.labelled ? p.label.str().c_str() : "none", static_cast<long long>(p.predicted), p.completeness_error);
     print_sides(p);
   }
 }
@@ -91,6 +91,7 @@ nlohmann::ordered_json summary_json(const ExplainDocument& doc, const std::strin
 struct ExplainArgs {
   std::string run, out;
   TestPointArgs points;
+  InputArgs inputs;
   std::string kernel = "auto";
   std::string method = "exact";
   std::string outputs = "predicted";
@@ -148,19 +149,9 @@ void run_metagradient(const ExplainArgs& args, const ExplainOptions& options, co
   print_metagradient(e, args.outputs, out);
 }
 
-/// explain --method exact; under mpirun each rank explains a share of the
-/// points (across_ranks.h).
-void run_exact(const ExplainArgs& args, const ExplainOptions& options, const Globals& globals) {
+/// What explain --method exact wrote, as text or JSON.
+void print_explanation(const ExplainAcross& across, const std::string& out, const Globals& globals) {
   const Communicator& world = Communicator::world();
-  std::optional<PathReader> reader;
-  torch::Tensor idx;
-  world.agree([&] {
-    reader.emplace(args.run);
-    idx = args.points.indices(reader->dataset().y_test, 1);
-  });
-  const std::string out = args.out.empty() ? (std::filesystem::path(args.run) / "explain").string() : args.out;
-  const ExplainAcross across = explain_across(world, *reader, idx, out, options);
-  if (!world.root()) return;
   const Explanation& e = across.explanation;
   if (!e.document.warning.empty()) {  // updates the run does not describe (decomposition.h, StepResiduals)
     std::fprintf(stderr, "pathkernel: warning: %s\n", e.document.warning.c_str());
@@ -174,13 +165,41 @@ void run_exact(const ExplainArgs& args, const ExplainOptions& options, const Glo
   print_points(e.document.points);
   if (world.size() > 1) print_ranks(across);
   const torch::Tensor& c = e.decomposition.contributions;
-  std::printf("wrote %s/contributions.npy [%lld, %lld, %lld]%s and %s/explain.json\n", out.c_str(),
+  std::printf("wrote %s/contributions.npy [%lld, %lld, %lld]%s%s and %s/explain.json\n", out.c_str(),
               static_cast<long long>(c.size(0)), static_cast<long long>(c.size(1)), static_cast<long long>(c.size(2)),
-              e.kernel ? ", kernel.npy" : "", out.c_str());
+              e.kernel ? ", kernel.npy" : "", e.document.layers ? ", layer_contributions.npy" : "", out.c_str());
   if (!e.images.empty()) {
     std::printf("wrote %zu PNG grids (test image in blue; proponents green, top row; opponents red, bottom row): "
                 "%s/%s ...\n", e.images.size(), out.c_str(), e.images.front().c_str());
   }
+}
+
+/// explain --method exact; under mpirun each rank explains a share of the
+/// points (across_ranks.h).
+void run_exact(const ExplainArgs& args, const ExplainOptions& options, const Globals& globals) {
+  const Communicator& world = Communicator::world();
+  std::optional<PathReader> reader;
+  torch::Tensor idx;
+  world.agree([&] {
+    reader.emplace(args.run);
+    idx = args.points.indices(reader->dataset().y_test, 1);
+  });
+  const std::string out = args.out.empty() ? (std::filesystem::path(args.run) / "explain").string() : args.out;
+  const ExplainAcross across = explain_across(world, *reader, idx, out, options);
+  if (!world.root()) return;
+  print_explanation(across, out, globals);
+}
+
+/// explain --inputs: the inputs of a file, in one process.
+void run_inputs(const ExplainArgs& args, const ExplainOptions& options, const Globals& globals) {
+  const Communicator& world = Communicator::world();
+  PK_CHECK(world.size() == 1, "explain --inputs runs in one process (got " << world.size() << " ranks)");
+  PathReader reader(args.run);
+  const ExplainInputs in = read_explain_inputs(reader, args.inputs.inputs, args.inputs.labels);
+  const std::string out = args.out.empty() ? (std::filesystem::path(args.run) / "explain").string() : args.out;
+  ExplainAcross across;
+  across.explanation = explain_inputs(reader, in, out, options);
+  print_explanation(across, out, globals);
 }
 
 }  // namespace
@@ -191,6 +210,10 @@ void add_explain_command(CLI::App& app, Globals& globals) {
       "explain", "Split test predictions exactly into per-training-point contributions");
   cmd->add_option("RUN", args->run, "Run directory")->required();
   args->points.add_to(cmd, "to explain (default: test point 0)");
+  args->inputs.add_to(cmd, "to explain");
+  cmd->add_flag("--by-layer", args->explain.by_layer,
+                "Also write layer_contributions.npy [n, M, K, L]: each contribution split over the network's L "
+                "parameter tensors (exact method; progress is not saved)");
   cmd->add_option("--top", args->explain.top, "Proponents and opponents to list")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
@@ -234,8 +257,16 @@ void add_explain_command(CLI::App& app, Globals& globals) {
       const bool kernel = note.rfind("kernel.npy", 0) == 0;
       std::fprintf(stderr, "pathkernel: %s%s\n", note.c_str(), kernel ? " (use --kernel on to force)" : "");
     };
-    if (args->method == "metagradient") run_metagradient(*args, options, globals);
-    else run_exact(*args, options, globals);
+    if (args->method == "metagradient") {
+      PK_CHECK(!args->inputs.given() && !options.by_layer,
+               "explain --method metagradient explains the run's test points as a whole: --inputs and --by-layer "
+               "belong to --method exact");
+      run_metagradient(*args, options, globals);
+    } else if (args->inputs.given()) {
+      run_inputs(*args, options, globals);
+    } else {
+      run_exact(*args, options, globals);
+    }
   });
 }
 

@@ -10,20 +10,39 @@
 #include "pathkernel/decomposition.h"
 #include "pathkernel/across_ranks.h"
 #include "pathkernel/error.h"
+#include "pathkernel/input_file.h"
 
 namespace pathkernel::cli {
 
+namespace {
+
+struct VerifyArgs {
+  std::string run;
+  TestPointArgs points;
+  InputArgs inputs;
+  QuadratureArgs q;
+  double fail_above = -1;
+};
+
+/// The inputs checked: the test points chosen, or a file's inputs with their
+/// labels, if given (input_file.h).
+void choose_points(const VerifyArgs& args, const Dataset& data, torch::Tensor& x, torch::Tensor& labels) {
+  if (!args.inputs.given()) {
+    x = data.x_test.index_select(0, args.points.indices(data.y_test, 100));
+    return;
+  }
+  x = read_inputs(args.inputs.inputs, data);
+  if (!args.inputs.labels.empty()) labels = read_input_labels(args.inputs.labels, data, x.size(0));
+}
+
+}  // namespace
+
 void add_verify_command(CLI::App& app, Globals& globals) {
-  struct Args {
-    std::string run;
-    TestPointArgs points;
-    QuadratureArgs q;
-    double fail_above = -1;
-  };
-  auto args = std::make_shared<Args>();
+  auto args = std::make_shared<VerifyArgs>();
   CLI::App* cmd = app.add_subcommand("verify", "Check the exact kernel machine against the network on test points");
   cmd->add_option("RUN", args->run, "Run directory")->required();
   args->points.add_to(cmd, "to check (default: the first 100)");
+  args->inputs.add_to(cmd, "to check");
   args->q.add_to(cmd, globals);
   cmd->add_option("--fail-above", args->fail_above, "Exit non-zero if max_rel_error exceeds this");
   cmd->callback([args, &globals] {
@@ -32,13 +51,13 @@ void add_verify_command(CLI::App& app, Globals& globals) {
     // Under mpirun each rank decomposes a share of the points (across_ranks.h).
     const Communicator& world = Communicator::world();
     std::optional<PathReader> reader_storage;
-    torch::Tensor idx;
+    torch::Tensor x, labels;
     world.agree([&] {
       reader_storage.emplace(args->run);
-      idx = args->points.indices(reader_storage->dataset().y_test, 100);
+      choose_points(*args, reader_storage->dataset(), x, labels);
     });
     PathReader& reader = *reader_storage;
-    Decomposition d = decompose_across(world, reader, reader.dataset().x_test.index_select(0, idx), options);
+    Decomposition d = decompose_across(world, reader, x, options);
     if (!world.root()) return;
     const DecompositionSummary s = summarize(d);
     const EngineRoute route = engine_route(reader, options);
@@ -76,6 +95,12 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                                                             ? nlohmann::ordered_json(nullptr)
                                                             : nlohmann::ordered_json(s.residuals.first_step)}};
     if (!route.reason.empty()) j["route_reason"] = route.reason;
+    if (args->inputs.given()) {
+      j["inputs"] = args->inputs.inputs;
+      if (labels.defined() && labels.dim() == 1) {  // class labels: how many the network gets right
+        j["accuracy"] = d.fN.argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>();
+      }
+    }
     const std::string unexplained = unexplained_update_message(s.residuals);
     if (!unexplained.empty()) j["warning"] = unexplained;
     std::string text = "kernel machine vs network on " + std::to_string(s.test_points) + " test points, " +

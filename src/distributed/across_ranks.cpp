@@ -274,7 +274,11 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
     r.rank_points = {test_index.size(0)};
     return r;
   }
-  comm.agree([&] { check_explain_indices(reader, test_index, options); });
+  comm.agree([&] {
+    check_explain_indices(reader, test_index, options);
+    PK_CHECK(!options.by_layer, "explain --by-layer runs in one process (got " << comm.size()
+                                    << " ranks): run it without mpirun");
+  });
   const Manifest& m = reader.manifest();
   const int64_t n = test_index.size(0);
   const DecompositionOptions dopt = explain_decomposition_options(m, n, options, &e.kernel_note);

@@ -74,6 +74,12 @@ std::vector<int64_t> step_blocks(const Manifest& m) {
 void add_step_block(Decomposition& total, const Decomposition& block, const torch::Tensor& rows) {
   PK_CHECK(total.kernel.defined() == block.kernel.defined(),
            "add_step_block: the kernel is in one decomposition and not in the other");
+  PK_CHECK(total.layer_contributions.defined() == block.layer_contributions.defined(),
+           "add_step_block: the contributions by layer are in one decomposition and not in the other");
+  if (block.layer_contributions.defined()) {
+    if (rows.defined()) total.layer_contributions.index_add_(1, rows, block.layer_contributions);
+    else total.layer_contributions.add_(block.layer_contributions);
+  }
   if (rows.defined()) {
     total.contributions.index_add_(1, rows, block.contributions);
     if (block.kernel.defined()) total.kernel.index_add_(1, rows, block.kernel);
@@ -115,6 +121,8 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   PK_CHECK(options.first_step >= 0 && options.first_step <= end_step && end_step <= m.steps,
            "the steps to decompose must be a range within [0, " << m.steps << "] (got [" << options.first_step
                                                                 << ", " << end_step << "))");
+  PK_CHECK(!options.by_layer || !checkpoint,
+           "the contributions by layer are not saved with the progress: decompose them without a checkpoint");
   if (rule.has_buffer() || options.reverse) {
     PK_CHECK(options.first_step == 0 && end_step == m.steps,
              "a range of steps is decomposed alone for gd and sgd runs only; run '"

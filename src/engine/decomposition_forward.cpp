@@ -33,7 +33,8 @@ int64_t contraction_rows(const DecompositionOptions& options, const TestFeatures
 /// less memory.
 class StepBlock {
  public:
-  StepBlock(PathReader& reader, int64_t first_step, int64_t end_step, int64_t n, int64_t M, int64_t K, bool kernel)
+  StepBlock(PathReader& reader, int64_t first_step, int64_t end_step, int64_t n, int64_t M, int64_t K, bool kernel,
+            int64_t layers)
       : reader_(reader),
         bounds_(step_blocks(reader.manifest())),
         first_step_(first_step),
@@ -41,7 +42,8 @@ class StepBlock {
         n_(n),
         M_(M),
         K_(K),
-        kernel_(kernel) {}
+        kernel_(kernel),
+        layers_(layers) {}
 
   /// The start of the block that holds step s.
   int64_t start(int64_t s) const {
@@ -72,6 +74,7 @@ class StepBlock {
     sums.rounding = torch::zeros({n_, K_}, torch::kFloat64);
     sums.gap_abs = torch::zeros({n_, K_}, torch::kFloat64);
     if (kernel_) sums.kernel = torch::zeros({n_, count, K_, K_}, torch::kFloat64);
+    if (layers_) sums.layer_contributions = torch::zeros({n_, count, K_, layers_}, torch::kFloat64);
   }
 
   /// The block's rows of a step's batch rows idx.
@@ -87,6 +90,7 @@ class StepBlock {
   const std::vector<int64_t> bounds_;
   const int64_t first_step_, end_step_, n_, M_, K_;
   const bool kernel_;
+  const int64_t layers_;  ///< L, the parameter tensors of the contributions by layer; 0: none kept
   torch::Tensor row_pos_;  ///< int64 [M]: each training point's row in the block's sums (−1: none)
 };
 
@@ -197,6 +201,14 @@ class ForwardWalk {
             blk.kernel.narrow(0, p.first, p.count).index_add_(1, at, output_kernel(ev, f, bt.xb.narrow(0, r0, nr)));
           }
         });
+    if (options_.by_layer) {  // the same terms split by parameter tensor, into their own sums
+      w_.train_chunks(
+          st, bt, options_.train_chunk, -st.lr,
+          [&](const TrainSignals& tr) { return contract_by_tensor(ev, f, tr, w_.layout); },
+          [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [count, nr, K, L]
+            blk.layer_contributions.narrow(0, p.first, p.count).index_add_(1, blk_.index(bt.idx.narrow(0, r0, nr)), part);
+          });
+    }
     if (!options_.on_step) {  // the counts alone: the features' memory goes now
       TestFeatures counts;
       static_cast<QuadratureCounts&>(counts) = p.f;
@@ -254,7 +266,9 @@ Decomposition decompose_forward(PathReader& reader, const torch::Tensor& x_in, c
   Decomposition d = start(reader, w.grad64, w.x, chunk);
   d.steps = end_step - options.first_step;
   if (options.kernel) d.kernel = torch::zeros({w.n, w.M, w.K, w.K}, torch::kFloat64);
-  StepBlock blk(reader, options.first_step, end_step, w.n, w.M, w.K, options.kernel);
+  const int64_t layers = options.by_layer ? static_cast<int64_t>(w.layout.size()) : 0;
+  if (layers) d.layer_contributions = torch::zeros({w.n, w.M, w.K, layers}, torch::kFloat64);
+  StepBlock blk(reader, options.first_step, end_step, w.n, w.M, w.K, options.kernel, layers);
   CaptureScope capture(reader, w.captured);
 
   // Steps s < first are done (or not asked for), and so are s >= end_step;

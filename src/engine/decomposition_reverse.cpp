@@ -229,6 +229,14 @@ class ReverseWalk {
           d_.contributions.narrow(0, p0, nb).index_add_(1, bt.idx.narrow(0, r0, nr), part);
           if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
         });
+    if (options_.by_layer) {  // the same terms split by parameter tensor
+      w_.train_chunks(
+          st, bt, options_.train_chunk, 1.0,
+          [&](const TrainSignals& tr) { return contract_dense_by_tensor(ev, a, tr, w_.layout); },
+          [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [nb, nr, K, L]
+            d_.layer_contributions.narrow(0, p0, nb).index_add_(1, bt.idx.narrow(0, r0, nr), part);
+          });
+    }
     if (options_.on_step) options_.on_step({st.step, p0, &ev, &xb_test, &f, bt.idx, step_c});
   }
 
@@ -263,6 +271,10 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   const PointBudget budget = point_budget(w.ev, reader, w.x, options, true);
   const int64_t block = budget.block;
   Decomposition d = start(reader, w.grad64, w.x, block);
+  if (options.by_layer) {
+    d.layer_contributions =
+        torch::zeros({w.n, w.M, w.K, static_cast<int64_t>(w.layout.size())}, torch::kFloat64);
+  }
   const int64_t chunk = chunk_size(options, budget.per_point, w.n, block);
   const int64_t chunks = (w.n + chunk - 1) / chunk;
   CaptureScope capture(reader, w.captured);

@@ -85,6 +85,7 @@ Walk::Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOpt
       map(grad64->options().output),
       loss(grad64->options().loss),
       captured(use_capture(m, options)),
+      layout(parameter_layout(net64)),
       keep_doubles(options.memory_doubles / 4) {}
 
 Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x) {

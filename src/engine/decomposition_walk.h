@@ -22,6 +22,7 @@
 #include "pathkernel/decomposition_checkpoint.h"
 #include "pathkernel/dropout.h"
 #include "pathkernel/features.h"
+#include "pathkernel/layer_split.h"
 #include "pathkernel/loss.h"
 #include "pathkernel/path.h"
 #include "pathkernel/update_rule.h"
@@ -105,6 +106,8 @@ struct Walk {
   const OutputMap map;
   const LossKind loss;
   const bool captured;
+  /// The parameter tensors the contributions by layer are split over (layer_split.h).
+  const std::vector<ParamInfo> layout;
   /// Memory for the training rows kept across a step's blocks of test points.
   int64_t keep_doubles = 0;
   /// The step whose training rows are kept, and its chunks by (first row, rows).

@@ -34,7 +34,11 @@ ojson label_json(const Label& label) {
 
 ojson ranked_json(const std::vector<RankedPoint>& side) {
   ojson out = ojson::array();
-  for (const RankedPoint& r : side) out.push_back({{"index", r.index}, {"label", label_json(r.label)}, {"value", r.value}});
+  for (const RankedPoint& r : side) {
+    ojson e{{"index", r.index}, {"label", label_json(r.label)}, {"value", r.value}};
+    if (!r.layers.empty()) e["layers"] = r.layers;
+    out.push_back(std::move(e));
+  }
   return out;
 }
 
@@ -50,7 +54,7 @@ ojson point_json(const ExplainedPoint& p, ExplainMethod method) {
             {"opponents", ranked_json(p.opponents)}};
   }
   return {{"test_index", p.test_index},
-          {"label", label_json(p.label)},
+          {"label", p.labelled ? label_json(p.label) : ojson(nullptr)},
           {"predicted", p.predicted},
           {"f_final", p.f_final},
           {"f_initial", p.f_initial},
@@ -102,6 +106,18 @@ ojson exact_json(const ExplainDocument& doc) {
                        : ojson(nullptr)},
           {"points", points_json(doc)}};
   if (!doc.warning.empty()) j["warning"] = doc.warning;
+  if (doc.inputs) {
+    j["inputs"] = {{"file", "inputs.npy"},
+                   {"source", doc.inputs->source},
+                   {"shape", doc.inputs->shape},
+                   {"labels", doc.inputs->labels_source.empty() ? ojson(nullptr) : ojson("labels.npy")},
+                   {"labels_source", doc.inputs->labels_source.empty() ? ojson(nullptr) : ojson(doc.inputs->labels_source)}};
+  }
+  if (doc.layers) {
+    ojson tensors = ojson::array();
+    for (const ExplainLayerTensor& t : doc.layers->tensors) tensors.push_back({{"name", t.name}, {"shape", t.shape}});
+    j["layer_contributions"] = {{"file", "layer_contributions.npy"}, {"shape", doc.layers->shape}, {"tensors", tensors}};
+  }
   return j;
 }
 
@@ -171,23 +187,29 @@ std::vector<RankedPoint> read_side(const JsonFile& f, const json& p, const char*
                                                         << " training points");
     if (t.contains("label")) r.label = read_label(t["label"], "'" + f.path + "': a label among the " + side);
     if (t.contains("value")) r.value = number_or_nan(t["value"], "'" + f.path + "': a value among the " + side);
+    if (t.contains("layers")) r.layers = numbers_or_nan(t["layers"], "'" + f.path + "': layers among the " + side);
     out.push_back(std::move(r));
   }
   return out;
 }
 
-ExplainedPoint read_point(const JsonFile& f, const json& p, const Manifest& m) {
+/// A point's test_index lies among the run's test points, or with --inputs the rows of the inputs.
+ExplainedPoint read_point(const JsonFile& f, const json& p, const Manifest& m, const ExplainDocument& doc) {
   PK_CHECK(p.is_object() && p.contains("test_index") && p.contains("proponents") && p.contains("opponents") &&
                p.contains("predicted"),
            "'" << f.path << "' has a point without test_index, predicted, proponents or opponents: " << p.dump());
   const std::string where = "'" + f.path + "': a point's ";
   ExplainedPoint e;
   e.test_index = json_number<int64_t>(p["test_index"], where + "test_index");
-  PK_CHECK(e.test_index >= 0 && e.test_index < m.num_test, "'" << f.path << "' explains test point " << e.test_index
-                                                               << ", but the run has " << m.num_test << " test points");
+  const int64_t count = doc.inputs ? doc.inputs->shape.at(0) : m.num_test;
+  PK_CHECK(e.test_index >= 0 && e.test_index < count,
+           "'" << f.path << "' explains " << (doc.inputs ? "input " : "test point ") << e.test_index << ", but "
+               << (doc.inputs ? "the inputs have " : "the run has ") << count
+               << (doc.inputs ? " rows" : " test points"));
   e.predicted = json_number<int64_t>(p["predicted"], where + "predicted");
   e.output = p.contains("output") ? json_number<int64_t>(p["output"], where + "output") : e.predicted;
-  if (p.contains("label")) e.label = read_label(p["label"], where + "label");
+  if (p.contains("label") && p["label"].is_null()) e.labelled = false;
+  else if (p.contains("label")) e.label = read_label(p["label"], where + "label");
   auto numbers = [&](const char* key) {
     return field_or(p, key, std::vector<double>(), [&](const json& v) { return numbers_or_nan(v, where + key); });
   };
@@ -264,6 +286,50 @@ void read_header(const JsonFile& f, ExplainDocument& doc) {
   doc.seconds = field_or(j, "seconds", 0.0, [&](const json& v) { return json_number<double>(v, where + "seconds"); });
   if (j.contains("loss_weights") && j["loss_weights"].is_string()) doc.loss_weights = j["loss_weights"].get<std::string>();
   if (j.contains("check")) doc.check = read_check(f, j["check"]);
+  if (j.contains("layer_contributions")) {
+    const json& l = j["layer_contributions"];
+    PK_CHECK(l.is_object() && l.contains("shape") && l.contains("tensors") && l["tensors"].is_array(),
+             where << "\"layer_contributions\" must be an object with a shape and tensors, got " << l.dump());
+    ExplainLayerFile file;
+    file.shape = json_numbers<int64_t>(l["shape"], where + "the layer contributions' shape");
+    for (const json& t : l["tensors"]) {
+      PK_CHECK(t.is_object() && t.contains("name") && t["name"].is_string() && t.contains("shape"),
+               where << "a tensor of \"layer_contributions\" needs a name and a shape, got " << t.dump());
+      file.tensors.push_back({t["name"].get<std::string>(), json_numbers<int64_t>(t["shape"], where + "a tensor's shape")});
+    }
+    doc.layers = std::move(file);
+  }
+}
+
+/// explain.json's "inputs" entry, when it has one.
+std::optional<ExplainInputsEntry> read_inputs_entry(const JsonFile& f) {
+  if (!f.j.contains("inputs")) return std::nullopt;
+  const json& in = f.j["inputs"];
+  const std::string where = "'" + f.path + "': ";
+  PK_CHECK(in.is_object() && in.contains("shape"), where << "\"inputs\" must be an object with a shape, got " << in.dump());
+  ExplainInputsEntry e;
+  e.source = in.value("source", std::string());
+  e.shape = json_numbers<int64_t>(in["shape"], where + "the inputs' shape");
+  PK_CHECK(!e.shape.empty() && e.shape[0] >= 1, where << "the inputs' shape " << in["shape"].dump()
+                                                      << " has no rows, expected [n, ...] with n >= 1");
+  if (in.contains("labels_source") && in["labels_source"].is_string()) e.labels_source = in["labels_source"].get<std::string>();
+  return e;
+}
+
+/// DIR/inputs.npy (and labels.npy, when the document names labels), checked against the document.
+void read_inputs_copy(const std::string& dir, ExplainDirectory& e) {
+  const std::string path = (fs::path(dir) / "inputs.npy").string();
+  PK_CHECK(fs::exists(path), "explain directory '" << dir << "' explains inputs but has no inputs.npy");
+  e.inputs = read_npy(path);
+  PK_CHECK(e.inputs.sizes().vec() == e.document.inputs->shape,
+           "'" << path << "' has shape " << e.inputs.sizes() << "; explain.json says "
+               << ojson(e.document.inputs->shape).dump());
+  if (e.document.inputs->labels_source.empty()) return;
+  const std::string lpath = (fs::path(dir) / "labels.npy").string();
+  PK_CHECK(fs::exists(lpath), "explain directory '" << dir << "' explains labelled inputs but has no labels.npy");
+  e.labels = read_npy(lpath);
+  PK_CHECK(e.labels.dim() >= 1 && e.labels.size(0) == e.inputs.size(0),
+           "'" << lpath << "' has shape " << e.labels.sizes() << ", expected " << e.inputs.size(0) << " labels");
 }
 
 JsonFile read_explain_json(const std::string& dir) {
@@ -301,7 +367,7 @@ std::vector<RankedPoint> ranked_points(const torch::Tensor& c, const torch::Tens
   std::vector<RankedPoint> out;
   for (int64_t j = 0; j < index.size(0); ++j) {
     const int64_t i = index[j].item<int64_t>();
-    out.push_back({i, label_at(labels, i), values[j].item<double>()});
+    out.push_back({i, label_at(labels, i), values[j].item<double>(), {}});
   }
   return out;
 }
@@ -315,20 +381,23 @@ void write_explain_json(const std::string& dir, const ExplainDocument& doc) {
 }
 
 void write_explain_directory(const std::string& dir, const ExplainDocument& doc, const torch::Tensor& contributions,
-                             const torch::Tensor& kernel) {
+                             const torch::Tensor& kernel, const torch::Tensor& layers) {
   fs::create_directories(dir);
   write_npy((fs::path(dir) / "contributions.npy").string(), contributions);
   if (kernel.defined()) write_npy((fs::path(dir) / "kernel.npy").string(), kernel);
+  if (layers.defined()) write_npy((fs::path(dir) / "layer_contributions.npy").string(), layers);
   write_explain_json(dir, doc);
 }
 
 std::vector<std::string> write_explain_images(const std::string& dir, const Dataset& data,
-                                              const std::vector<ExplainedPoint>& points) {
+                                              const std::vector<ExplainedPoint>& points, const torch::Tensor& inputs) {
   std::vector<std::string> pngs;
   const Rgb colours[] = {Rgb{30, 160, 60}, Rgb{210, 40, 40}};
-  for (const ExplainedPoint& p : points) {
+  for (size_t n = 0; n < points.size(); ++n) {
+    const ExplainedPoint& p = points[n];
     std::vector<std::vector<GridTile>> rows(2);
-    rows[0].push_back({data.x_test[p.test_index], Rgb{40, 90, 220}});
+    const torch::Tensor x = inputs.defined() ? inputs[static_cast<int64_t>(n)] : data.x_test[p.test_index];
+    rows[0].push_back({x, Rgb{40, 90, 220}});
     rows[1].push_back({torch::Tensor(), std::nullopt});
     const std::vector<RankedPoint>* sides[] = {&p.proponents, &p.opponents};
     for (int side = 0; side < 2; ++side) {
@@ -338,7 +407,8 @@ std::vector<std::string> write_explain_images(const std::string& dir, const Data
         rows[side].push_back({data.x_train[r.index], colours[side]});
       }
     }
-    const std::string name = "explain_" + std::to_string(p.test_index) + ".png";
+    const std::string name =
+        std::string(inputs.defined() ? "explain_input_" : "explain_") + std::to_string(p.test_index) + ".png";
     write_png_grid((fs::path(dir) / name).string(), rows);
     pngs.push_back(name);
   }
@@ -358,11 +428,13 @@ ExplainDirectory read_explain_directory(const std::string& dir, const Manifest& 
                << ", " << m.num_classes << "] (explained points, training points, classes): was it explained from "
                << "this run?");
   std::vector<int64_t> idx;
+  e.document.inputs = read_inputs_entry(f);
   for (const auto& p : f.j["points"]) {
-    e.document.points.push_back(read_point(f, p, m));
+    e.document.points.push_back(read_point(f, p, m, e.document));
     idx.push_back(e.document.points.back().test_index);
   }
   read_header(f, e.document);
+  if (e.document.inputs) read_inputs_copy(dir, e);
   e.test_index = torch::tensor(idx, torch::kInt64);
   return e;
 }

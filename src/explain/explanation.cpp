@@ -9,6 +9,8 @@
 #include "pathkernel/decomposition_checkpoint.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
+#include "pathkernel/input_file.h"
+#include "pathkernel/npy.h"
 
 namespace pathkernel {
 
@@ -22,17 +24,31 @@ std::vector<double> values_of(const torch::Tensor& t) {
   return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
 }
 
-/// Point n of decomposition d, test point test_index, its sides ranked by
-/// the contributions to its predicted class.
+/// The points explained: the run's test points by index, or the rows of
+/// inputs given in a file.
+struct PointSource {
+  torch::Tensor index;                   ///< int64 [n]: test indices, or the inputs' rows
+  torch::Tensor labels;                  ///< the points' labels, in order; undefined: none
+  const ExplainInputs* inputs = nullptr; ///< the file's inputs, or null for test points
+};
+
+/// Each ranked training point's contribution split over the parameter tensors.
+void add_layers(std::vector<RankedPoint>& side, const torch::Tensor& layers) {  // layers [M, L]
+  for (RankedPoint& r : side) r.layers = values_of(layers[r.index]);
+}
+
+/// Point n of decomposition d, with its sides ranked by the contributions to
+/// its predicted class.
 ExplainedPoint exact_point(PathReader& reader, const Decomposition& d, const torch::Tensor& gap, int64_t n,
-                           int64_t test_index, int64_t top) {
+                           const PointSource& src, int64_t top) {
   const torch::Tensor& y_train = reader.dataset().y_train;
   ExplainedPoint p;
   p.predicted = d.fN[n].argmax().item<int64_t>();
   p.output = p.predicted;
   const torch::Tensor c = d.contributions[n].select(1, p.predicted);  // [M]
-  p.test_index = test_index;
-  p.label = label_at(reader.dataset().y_test, test_index);
+  p.test_index = src.index[n].item<int64_t>();
+  p.labelled = src.labels.defined();
+  if (p.labelled) p.label = label_at(src.labels, n);
   p.f_final = values_of(d.fN[n]);
   p.f_initial = values_of(d.f0[n]);
   p.contributions_sum = values_of(d.contributions[n].sum(0));
@@ -41,6 +57,11 @@ ExplainedPoint exact_point(PathReader& reader, const Decomposition& d, const tor
   p.completeness_error = gap[n].abs().max().item<double>();
   p.proponents = ranked_points(c, y_train, top, true);
   p.opponents = ranked_points(c, y_train, top, false);
+  if (d.layer_contributions.defined()) {
+    const torch::Tensor layers = d.layer_contributions[n].select(1, p.predicted);  // [M, L]
+    add_layers(p.proponents, layers);
+    add_layers(p.opponents, layers);
+  }
   return p;
 }
 
@@ -70,16 +91,25 @@ std::string explanation_form(const Manifest& m) {
                          : is_single_kernel_machine(m) ? "kernel machine" : "ensemble";
 }
 
-/// explain.json of decomposition d of test_index (its points, then the rest).
-ExplainDocument exact_document(PathReader& reader, const torch::Tensor& test_index, const DecompositionOptions& dopt,
+/// explain.json's entries for layer_contributions.npy and the inputs, when written.
+void add_optional_entries(const Manifest& m, const PointSource& src, const Decomposition& d, ExplainDocument& doc) {
+  if (d.layer_contributions.defined()) {
+    ExplainLayerFile layers;
+    layers.shape = d.layer_contributions.sizes().vec();
+    for (const ParamInfo& p : m.parameters) layers.tensors.push_back({p.name, p.shape});
+    doc.layers = std::move(layers);
+  }
+  if (src.inputs) doc.inputs = ExplainInputsEntry{src.inputs->file, src.inputs->x.sizes().vec(), src.inputs->labels_file};
+}
+
+/// explain.json of decomposition d of the points src (its points, then the rest).
+ExplainDocument exact_document(PathReader& reader, const PointSource& src, const DecompositionOptions& dopt,
                                const ExplainOptions& options, const Decomposition& d) {
   const Manifest& m = reader.manifest();
   const torch::Tensor gap = d.completeness_gap();
   ExplainDocument doc;
-  for (int64_t n = 0; n < test_index.size(0); ++n) {
-    doc.points.push_back(exact_point(reader, d, gap, n, test_index[n].item<int64_t>(), options.top));
-  }
-  const int64_t n = test_index.size(0), M = d.contributions.size(1), K = d.contributions.size(2);
+  for (int64_t n = 0; n < src.index.size(0); ++n) doc.points.push_back(exact_point(reader, d, gap, n, src, options.top));
+  const int64_t n = src.index.size(0), M = d.contributions.size(1), K = d.contributions.size(2);
   const bool single = is_single_kernel_machine(m);
   const double batch = static_cast<double>(m.batch_size == 0 ? m.num_train : m.batch_size);
   doc.run = reader.dir();
@@ -97,7 +127,31 @@ ExplainDocument exact_document(PathReader& reader, const torch::Tensor& test_ind
     if (single) doc.kernel->weight = m.optimizer.lr / batch;
   }
   doc.warning = unexplained_update_message(d.residuals);
+  add_optional_entries(m, src, d, doc);
   return doc;
+}
+
+/// Writes the explain directory `out` of d, the decomposition of the points
+/// src, and fills e (write_explanation's work, for either kind of point).
+void write_points(PathReader& reader, const PointSource& src, const std::string& out, const DecompositionOptions& dopt,
+                  const ExplainOptions& options, Decomposition decomposition, Explanation& e) {
+  e.dir = out;
+  e.test_index = src.index;
+  e.decomposition = std::move(decomposition);
+  e.kernel = dopt.kernel;
+  const Decomposition& d = e.decomposition;
+  e.document = exact_document(reader, src, dopt, options, d);
+  if (src.inputs) {  // the inputs explained travel with their explanation (explain.json last)
+    fs::create_directories(out);
+    write_npy((fs::path(out) / "inputs.npy").string(), src.inputs->x);
+    if (src.labels.defined()) write_npy((fs::path(out) / "labels.npy").string(), src.labels);
+  }
+  write_explain_directory(out, e.document, d.contributions, e.kernel ? d.kernel : torch::Tensor(),
+                          d.layer_contributions);
+  if (options.images && reader.manifest().input_shape.size() == 3) {
+    e.images = write_explain_images(out, reader.dataset(), e.document.points,
+                                    src.inputs ? src.inputs->x : torch::Tensor());
+  }
 }
 
 }  // namespace
@@ -133,6 +187,7 @@ DecompositionOptions explain_decomposition_options(const Manifest& m, int64_t n,
   const bool kernel_form = !m.optimizer.traits().has_buffer;
   const double kernel_bytes = 8.0 * static_cast<double>(n) * static_cast<double>(m.num_train) *
                               static_cast<double>(m.num_classes * m.num_classes);
+  dopt.by_layer = options.by_layer;
   dopt.kernel = options.kernel == KernelOutput::On ||
                 (options.kernel == KernelOutput::Auto && kernel_form && kernel_bytes <= options.kernel_max_bytes);
   if (kernel_note) kernel_note->clear();
@@ -167,30 +222,51 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
   const DecompositionOptions dopt =
       explain_decomposition_options(reader.manifest(), test_index.size(0), options, &e.kernel_note);
   if (options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
+  const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
+  if (options.by_layer) {  // the contributions by layer are not saved with the progress
+    write_explanation(reader, test_index, out, dopt, options, decompose(reader, x, dopt), e);
+    return e;
+  }
   DirectoryCheckpoint progress((fs::path(out) / ".progress").string(),
                                explain_progress_arguments(reader, test_index, dopt), options.checkpoint_seconds);
   progress.resume_point();
   e.progress_note = progress.message();
   if (options.on_note && !e.progress_note.empty()) options.on_note(e.progress_note);
-  Decomposition d = decompose(reader, reader.dataset().x_test.index_select(0, test_index), dopt, &progress);
+  Decomposition d = decompose(reader, x, dopt, &progress);
   write_explanation(reader, test_index, out, dopt, options, std::move(d), e);
   progress.finish();
+  return e;
+}
+
+ExplainInputs read_explain_inputs(PathReader& reader, const std::string& file, const std::string& labels_file) {
+  ExplainInputs in;
+  in.file = file;
+  in.labels_file = labels_file;
+  in.x = read_inputs(file, reader.dataset());
+  if (!labels_file.empty()) in.labels = read_input_labels(labels_file, reader.dataset(), in.x.size(0));
+  return in;
+}
+
+Explanation explain_inputs(PathReader& reader, const ExplainInputs& inputs, const std::string& out,
+                           const ExplainOptions& options) {
+  PK_CHECK(inputs.x.defined() && inputs.x.dim() >= 2 && inputs.x.size(0) >= 1,
+           "explain: the inputs must be [n, ...] with n >= 1 (read them with read_explain_inputs)");
+  PK_CHECK(options.top >= 1, "explain: the number of proponents and opponents listed must be >= 1 (got "
+                                 << options.top << ")");
+  Explanation e;
+  const DecompositionOptions dopt =
+      explain_decomposition_options(reader.manifest(), inputs.x.size(0), options, &e.kernel_note);
+  if (options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
+  const PointSource src{torch::arange(inputs.x.size(0), torch::kLong), inputs.labels, &inputs};
+  write_points(reader, src, out, dopt, options, decompose(reader, inputs.x, dopt), e);
   return e;
 }
 
 void write_explanation(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
                        const DecompositionOptions& dopt, const ExplainOptions& options, Decomposition decomposition,
                        Explanation& e) {
-  e.dir = out;
-  e.test_index = test_index;
-  e.decomposition = std::move(decomposition);
-  e.kernel = dopt.kernel;
-  const Decomposition& d = e.decomposition;
-  e.document = exact_document(reader, test_index, dopt, options, d);
-  write_explain_directory(out, e.document, d.contributions, e.kernel ? d.kernel : torch::Tensor());
-  if (options.images && reader.manifest().input_shape.size() == 3) {
-    e.images = write_explain_images(out, reader.dataset(), e.document.points);
-  }
+  const PointSource src{test_index, reader.dataset().y_test.index_select(0, test_index), nullptr};
+  write_points(reader, src, out, dopt, options, std::move(decomposition), e);
 }
 
 MetagradientOutputs parse_metagradient_outputs(const std::string& name) {

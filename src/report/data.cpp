@@ -192,6 +192,32 @@ std::vector<int64_t> traced_test_points(const ExplainDirectory* ex, const Datase
   return test_idx;
 }
 
+/// The points the report traces: the run's test points (index into x_test),
+/// or an explain directory's own inputs (explain --inputs; index its rows).
+struct TracedPoints {
+  std::vector<int64_t> index;
+  torch::Tensor x;       ///< [n, ...] their inputs
+  torch::Tensor labels;  ///< their labels, in order; undefined: none
+  bool own_inputs = false;
+};
+
+TracedPoints traced_points(const ExplainDirectory* ex, const Dataset& data, const Manifest& m,
+                           const ReportOptions& options) {
+  TracedPoints t;
+  if (ex && ex->document.inputs) {
+    t.own_inputs = true;
+    for (int64_t i = 0; i < ex->inputs.size(0); ++i) t.index.push_back(i);
+    t.x = ex->inputs.to(data.x_test.scalar_type());
+    t.labels = ex->labels;
+    return t;
+  }
+  t.index = traced_test_points(ex, data, m, options);
+  const torch::Tensor idx = torch::tensor(t.index, torch::kInt64);
+  t.x = data.x_test.index_select(0, idx);
+  t.labels = data.y_test.index_select(0, idx);
+  return t;
+}
+
 /// The proponents and opponents shown, whose per-step terms are kept, and
 /// each one's slot among them.
 struct Tracked {
@@ -218,15 +244,16 @@ Tracked tracked_points(const ExplainDirectory* ex, int64_t per_side) {
 
 /// The kernel machine against the network, the per-step certificate and
 /// evaluations, the contribution mass and the DPK angle, into out.
-void add_trace(json& out, const StepTrace& tr, const std::vector<int64_t>& test_idx, const Dataset& data,
-               const ReportOptions& options) {
+void add_trace(json& out, const StepTrace& tr, const TracedPoints& traced, const ReportOptions& options) {
+  const std::vector<int64_t>& test_idx = traced.index;
   const torch::Tensor tidx = torch::tensor(test_idx, torch::kInt64);
   const Decomposition& d = tr.decomposition;
   const torch::Tensor pred = d.prediction();
   const torch::Tensor diff = (pred - d.fN).abs();
   const torch::Tensor rel = relative_error(pred, d.fN);
   out["kernel_machine"] = {{"test_index", test_idx},
-                           {"label", to_json(data.y_test.index_select(0, tidx))},
+                           {"label", traced.labels.defined() ? to_json(traced.labels)
+                                                             : json(std::vector<std::nullptr_t>(test_idx.size()))},
                            {"network", to_json(d.fN)},
                            {"kernel", to_json(pred)},
                            {"max_abs_error", diff.max().item<double>()},
@@ -250,8 +277,9 @@ void add_trace(json& out, const StepTrace& tr, const std::vector<int64_t>& test_
 }
 
 /// Each explained point: its input, classes, proponents and opponents with their curves.
-json explained_points(const ExplainDirectory& ex, const StepTrace& tr, const std::vector<int64_t>& test_idx,
+json explained_points(const ExplainDirectory& ex, const StepTrace& tr, const TracedPoints& traced,
                       const Tracked& tracked, const Dataset& data, const Manifest& m, int64_t per_side) {
+  const std::vector<int64_t>& test_idx = traced.index;
   json points = json::array();
   for (size_t e = 0; e < ex.document.points.size(); ++e) {
     const ExplainedPoint& p = ex.document.points[e];
@@ -259,10 +287,14 @@ json explained_points(const ExplainDirectory& ex, const StepTrace& tr, const std
     const int64_t n = static_cast<int64_t>(std::find(test_idx.begin(), test_idx.end(), ti) - test_idx.begin());
     const int64_t k = p.predicted;
     json pj = {{"test_index", ti},
-               {"label", p.label.is_class() ? p.label.class_index : data.y_test[ti].item<int64_t>()},
+               {"source", traced.own_inputs ? "input" : "test"},
+               {"label", !p.labelled          ? json(nullptr)
+                        : p.label.is_class() ? json(p.label.class_index)
+                        : traced.own_inputs  ? json(p.label.str())
+                                             : json(data.y_test[ti].item<int64_t>())},
                {"predicted", k},
                {"completeness_error", p.completeness_error},
-               {"input", input_view(m, data.x_test[ti])}};
+               {"input", input_view(m, traced.x[n])}};
     const std::pair<const char*, const std::vector<RankedPoint>*> sides[] = {{"proponents", &p.proponents},
                                                                             {"opponents", &p.opponents}};
     for (const auto& [side, ranked] : sides) {
@@ -278,6 +310,7 @@ json explained_points(const ExplainDirectory& ex, const StepTrace& tr, const std
                         {"total", ex.contributions[static_cast<int64_t>(e)][i][k].item<double>()},
                         {"per_step", to_json(curve)},
                         {"input", input_view(m, data.x_train[i])}});
+        if (!t.layers.empty()) list.back()["layers"] = to_json(torch::tensor(t.layers, torch::kFloat64));
       }
       pj[side] = list;
     }
@@ -383,17 +416,21 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
     evaluation = evaluation_view(options.evaluate_dir, m, options.evaluate_tests, options.evaluate_points);
   }
   const ExplainDirectory* explained = ex ? &*ex : nullptr;
-  const std::vector<int64_t> test_idx = traced_test_points(explained, data, m, options);
+  const TracedPoints traced = traced_points(explained, data, m, options);
   const Tracked tracked = tracked_points(explained, options.tracked);
   DecompositionOptions dopt;
   dopt.quadrature = options.quadrature;
   dopt.progress = options.progress;
-  const StepTrace tr = trace_steps(reader, data.x_test.index_select(0, torch::tensor(test_idx, torch::kInt64)),
-                                   torch::tensor(tracked.index, torch::kInt64), dopt);
-  add_trace(out, tr, test_idx, data, options);
-  out["points"] = ex ? explained_points(*ex, tr, test_idx, tracked, data, m, options.tracked) : json::array();
+  const StepTrace tr = trace_steps(reader, traced.x, torch::tensor(tracked.index, torch::kInt64), dopt);
+  add_trace(out, tr, traced, options);
+  out["points"] = ex ? explained_points(*ex, tr, traced, tracked, data, m, options.tracked) : json::array();
+  if (ex && ex->document.layers) {  // explain --by-layer: the parameter tensors each split is over
+    json names = json::array();
+    for (const ExplainLayerTensor& t : ex->document.layers->tensors) names.push_back(t.name);
+    out["layer_tensors"] = names;
+  }
   json views = json::array();
-  if (ex && !options.metagradient_dir.empty()) {
+  if (ex && !ex->document.inputs && !options.metagradient_dir.empty()) {  // the same test points in both
     views = contribution_views(*ex, read_explain_directory(options.metagradient_dir, m), data);
   }
   out["views"] = views;

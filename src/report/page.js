@@ -118,9 +118,10 @@
       const head = el("div", { class: "point-head" });
       head.appendChild(inputView(p.input, "test", "test-input"));
       head.appendChild(el("div", { class: "point-facts" }, [
-        el("h3", { text: "test #" + p.test_index }),
-        el("p", { text: "true class " + p.label + ", predicted " + p.predicted +
-                  (p.label === p.predicted ? " (correct)" : " (wrong)") }),
+        el("h3", { text: (p.source === "input" ? "input #" : "test #") + p.test_index }),
+        el("p", { text: p.label === null ? "no label, predicted " + p.predicted
+                  : "true class " + p.label + ", predicted " + p.predicted +
+                    (p.label === p.predicted ? " (correct)" : " (wrong)") }),
         el("p", { class: "note", text: "completeness error " + fmt(p.completeness_error, 2) })]));
       card.appendChild(head);
       const detail = el("div", { class: "detail" });
@@ -138,6 +139,7 @@
           tile.appendChild(inputView(t.input, side, ""));
           tile.appendChild(el("div", { class: "caption", text: "#" + t.index + " · " + t.label }));
           tile.appendChild(el("div", { class: "value", text: (t.value >= 0 ? "+" : "") + fmt(t.value, 3) }));
+          if (t.layers) tile.appendChild(layerBar(t));
           const show = () => showCurve(p, t, side, detailText, detailPlot);
           tile.addEventListener("mouseenter", show);
           tile.addEventListener("click", show);
@@ -262,10 +264,36 @@
     div.title = input.dimensions + " features" + (input.dimensions > f.length ? " (first " + f.length + " shown)" : "");
     return div;
   }
+  // explain --by-layer: which parameter tensors carried a training point's
+  // contribution, a bar per tensor (width its share of Σ|parts|, green up,
+  // red down), the largest named below.
+  function layerParts(t) {
+    return t.layers.map((v, j) => ({ name: (data.layer_tensors || [])[j] || "tensor " + j, value: v }));
+  }
+  function layerBar(t) {
+    const parts = layerParts(t);
+    const total = parts.reduce((a, q) => a + Math.abs(q.value), 0) || 1;
+    const div = el("div", { class: "layers" });
+    const w = 64, h = 8;
+    let x = 0;
+    const rects = parts.map((q, j) => {
+      const width = w * Math.abs(q.value) / total;
+      const r = '<rect x="' + x + '" y="0" width="' + width + '" height="' + h + '" fill="' +
+                (q.value >= 0 ? palette[2] : palette[3]) + '" fill-opacity="' + (1 - 0.6 * (j % 2)) + '"/>';
+      x += width;
+      return r;
+    }).join("");
+    div.innerHTML = '<svg width="' + w + '" height="' + h + '">' + rects + "</svg>";
+    const top = parts.slice().sort((a, b) => Math.abs(b.value) - Math.abs(a.value))[0];
+    div.appendChild(el("div", { class: "caption", text: top.name + " " + Math.round(100 * Math.abs(top.value) / total) + "%" }));
+    div.title = parts.map((q) => q.name + ": " + fmt(q.value, 3)).join("\n");
+    return div;
+  }
   function showCurve(p, t, side, text, div) {
     text.textContent = "training #" + t.index + ", label " + t.label + ", " + side.slice(0, -1) +
       ": contribution " + fmt(t.value, 4) + " to class " + p.predicted + " (per-step terms sum to " +
-      fmt(t.per_step.reduce((a, b) => a + b, 0), 4) + ")";
+      fmt(t.per_step.reduce((a, b) => a + b, 0), 4) + ")" +
+      (t.layers ? "; by parameter tensor: " + layerParts(t).map((q) => q.name + " " + fmt(q.value, 3)).join(", ") : "");
     let acc = 0;
     const cum = t.per_step.map((v) => (acc += v));
     const x = stepAxis(t.per_step.length);

@@ -146,6 +146,42 @@ TEST(Report, HtmlIsSelfContained) {
   }
 }
 
+/// An explain output of inputs given in a file (explain --inputs), split by
+/// layer (--by-layer): the report traces those inputs and gives each listed
+/// training point its split over the parameter tensors.
+TEST(Report, ShowsInputsFromAFileAndTheirLayers) {
+  testing::TempDir dir;
+  train_run(testing::small_run(dir / "R", "sgd", 6, 3));
+  PathReader reader(dir / "R");
+  ExplainOptions eo;
+  eo.decomposition.progress = false;
+  eo.by_layer = true;
+  eo.top = 3;
+  write_npy(dir / "x.npy", torch::randn({2, 100}, torch::kFloat64));
+  const Explanation e = explain_inputs(reader, read_explain_inputs(reader, dir / "x.npy", ""), dir / "E", eo);
+  ReportOptions o;
+  o.test_points = 5;
+  o.gram_points = 0;
+  o.progress = false;
+  o.explain_dir = dir / "E";
+  const nlohmann::ordered_json data = report_data(reader, o);
+  ASSERT_EQ(data["points"].size(), 2u);
+  const auto& p = data["points"][1];
+  EXPECT_EQ(p["source"], "input");
+  EXPECT_EQ(p["test_index"], 1);
+  EXPECT_TRUE(p["label"].is_null());
+  // The network traced is the network at the file's inputs.
+  EXPECT_NEAR(data["kernel_machine"]["network"][1][0].get<double>(), e.decomposition.fN[1][0].item<double>(),
+              1e-3 * std::abs(e.decomposition.fN[1][0].item<double>()));
+  ASSERT_EQ(data["layer_tensors"].size(), reader.manifest().parameters.size());
+  EXPECT_EQ(data["layer_tensors"][0], reader.manifest().parameters[0].name);
+  ASSERT_EQ(p["proponents"][0]["layers"].size(), reader.manifest().parameters.size());
+  double sum = 0;
+  for (const auto& v : p["proponents"][0]["layers"]) sum += v.get<double>();
+  const double value = p["proponents"][0]["value"].get<double>();
+  EXPECT_NEAR(sum, value, 1e-3 * std::abs(value));
+}
+
 /// With both outputs, each explained point's exact contributions beside its
 /// metagradient over every training point, for the output differentiated.
 TEST(Report, ShowsTheMetagradientBesideTheExactContributions) {
