@@ -259,7 +259,7 @@ int drive(const std::string& self, const BenchConfig& c, const std::vector<std::
 int main(int argc, char** argv) {
   using namespace pathkernel;
   using namespace pathkernel::bench;
-  reexec_with_passive_openmp(argv);
+  reexec_with_library_environment(argc, argv);
   keep_freed_memory();
   CLI::App app{"pathkernel's benchmark suite: every ratio measured side by side in one run"};
   BenchConfig c;

@@ -81,7 +81,9 @@ std::string dtype_name(torch::Dtype dtype);
 void keep_freed_memory();
 
 /// Re-executes the program (argv as given) with OMP_WAIT_POLICY=PASSIVE when
-/// that variable is unset; returns only if it is set already or exec fails.
+/// that variable is unset, and with OPENBLAS_CORETYPE when the user did not
+/// set it and pathkernel chooses the kernels (blas_kernels.h); returns only
+/// if nothing was to be set or exec fails.
 /// LibTorch runs many small OpenMP regions, and by default idle workers
 /// spin between them: on a busy 2-core machine that spinning took the cores
 /// from the main thread and made a small explain 7x slower. The policy is
@@ -89,6 +91,6 @@ void keep_freed_memory();
 /// LibTorch start-up (about 0.35 s of CPU). The `pathkernel` launcher
 /// (src/cli/launcher.cpp) sets the variable before the program loads, so this
 /// re-executes only a program run directly (pathkernel_app, the benchmark).
-void reexec_with_passive_openmp(char** argv);
+void reexec_with_library_environment(int argc, char** argv);
 
 }  // namespace pathkernel

@@ -1,7 +1,7 @@
 // The environment pathkernel sets for the libraries it loads, before they load.
 // Header-only and libc-only: the `pathkernel` launcher (src/cli/launcher.cpp)
 // uses it without linking LibTorch, and the program itself uses it when it
-// re-executes to set it (pathkernel::reexec_with_passive_openmp).
+// re-executes to set it (pathkernel::reexec_with_library_environment).
 #pragma once
 
 #include <algorithm>
@@ -27,7 +27,7 @@ inline std::string with_tunable(const char* current, const std::string& name, co
 /// Sets, unless the user set them, what the libraries read as they load:
 /// - OMP_WAIT_POLICY=PASSIVE: OpenMP's idle threads sleep between LibTorch's
 ///   many small parallel regions instead of spinning
-///   (pathkernel::reexec_with_passive_openmp says why).
+///   (pathkernel::reexec_with_library_environment says why).
 /// - OPENBLAS_THREAD_TIMEOUT=16: OpenBLAS's idle worker sleeps after 2^16
 ///   cycles (tens of microseconds, enough to bridge back-to-back GEMMs)
 ///   instead of its default 2^28 (about 0.1 s): a BLAS call every few

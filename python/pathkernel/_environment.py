@@ -1,6 +1,8 @@
 """The machine a loop is recorded on, as the manifest's ``environment``
 describes it (the C++ side: src/core/environment.cpp)."""
+import ctypes
 import re
+from typing import Tuple
 
 import torch
 
@@ -42,7 +44,31 @@ def libtorch_version() -> str:
     return m.group(0) if m else torch.__version__
 
 
+def openblas() -> Tuple[str, str]:
+    """The OpenBLAS this process loaded (torch's BLAS), as the C++ side names
+    it: its configuration and the kernels it picked for this CPU (what
+    OPENBLAS_CORETYPE names), or ("", "") when no OpenBLAS is loaded. A run
+    is replayed with the kernels it was recorded with: kernels differ in
+    their rounding (include/pathkernel/blas_kernels.h)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line and ".so" in line}
+    except OSError:
+        return "", ""
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)  # the library already loaded: no second copy
+            lib.openblas_get_config.restype = ctypes.c_char_p
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            return lib.openblas_get_config().decode().strip(), lib.openblas_get_corename().decode().strip()
+        except (OSError, AttributeError):
+            continue
+    return "", ""
+
+
 def environment() -> Environment:
     """This process's environment, its intra-op threads as they are now."""
+    blas, kernels = openblas()
     return Environment(cpu=cpu_model(), cpu_capability=torch_config_value("CPU capability usage:"),
-                       libtorch=libtorch_version(), threads=torch.get_num_threads())
+                       libtorch=libtorch_version(), threads=torch.get_num_threads(), blas=blas,
+                       blas_kernels=kernels)

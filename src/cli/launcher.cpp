@@ -19,6 +19,7 @@
 #include <string>
 
 #include "launcher_text.h"  // kHelp (with kArgv0Marker for argv[0]) and kVersion
+#include "pathkernel/blas_kernels.h"
 #include "pathkernel/process_environment.h"
 
 namespace {
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   pathkernel::prepare_library_environment();
+  pathkernel::choose_blas_kernels(argc, argv);
   const std::string program = own_directory() + "pathkernel_app";
   ::execv(program.c_str(), argv);
   std::fprintf(stderr, "pathkernel: error: cannot run %s: %s (it is built beside %s)\n", program.c_str(),

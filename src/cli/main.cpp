@@ -8,7 +8,7 @@
 #include "pathkernel/distributed.h"
 
 int main(int argc, char** argv) {
-  pathkernel::reexec_with_passive_openmp(argv);
+  pathkernel::reexec_with_library_environment(argc, argv);
   pathkernel::keep_freed_memory();
 #ifdef PATHKERNEL_TEST_HOOKS
   pathkernel::cli::install_test_write_hook();

@@ -10,6 +10,7 @@
 #include <limits>
 #include <thread>
 
+#include "pathkernel/blas_kernels.h"
 #include "pathkernel/error.h"
 #include "pathkernel/process_environment.h"
 
@@ -127,10 +128,13 @@ void keep_freed_memory() {
   ::mallopt(M_MMAP_MAX, 0);
 }
 
-void reexec_with_passive_openmp(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  prepare_library_environment();
-  ::execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
+void reexec_with_library_environment(int argc, char** argv) {
+  bool changed = choose_blas_kernels(argc, argv);
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    prepare_library_environment();
+    changed = true;
+  }
+  if (changed) ::execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
 }
 
 }  // namespace pathkernel
