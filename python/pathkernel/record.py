@@ -59,7 +59,7 @@ from ._checks import (LOSSES, SUPPORTED_OPTIMIZERS, RecordSpec, check_gradients,
 from ._environment import environment, libtorch_version
 from ._errors import RecorderError
 from ._manifest import DataInfo, FileRecord, Manifest, ModelInfo, TrainingInfo, parameter_layout
-from ._metrics import Metrics
+from ._metrics import Metrics, outputs_loss_and_accuracy
 from ._schedule import CheckpointSchedule
 from ._writer import RunWriter
 from .dropout import SeededForward
@@ -151,6 +151,9 @@ class Recorder:
       expected_steps: about how many steps the loop will take; the
         checkpoints are then every ⌈√expected_steps⌉ steps. Without it their
         spacing grows like √step (about 2√N checkpoints after N steps).
+      summary_accuracy: compute the summary's train and test accuracy at
+        close, a forward pass over both sets (on a large training set, as
+        long as a third of an epoch); False leaves them null.
 
     Call ``rec.step(idx)`` right after every ``optimizer.step()`` (before
     ``scheduler.step()``), and ``rec.close()`` at the end (or use ``with``).
@@ -168,10 +171,11 @@ class Recorder:
                  optimizer: torch.optim.Optimizer, train_x: Any, train_y: Any, test_x: Any = None,
                  test_y: Any = None, loss: str = "cross_entropy", output: Optional[str] = None,
                  script: Optional[torch.jit.ScriptModule] = None, overwrite: bool = False,
-                 every_step: bool = False, expected_steps: Optional[int] = None):
+                 every_step: bool = False, expected_steps: Optional[int] = None, summary_accuracy: bool = True):
         self.directory = os.fspath(directory)
         self._closed = True  # until construction succeeds
         self._schedule = CheckpointSchedule.choose(every_step, expected_steps)
+        self._summary_accuracy = summary_accuracy
         spec = check_record(model, optimizer, train_x, train_y, test_x, test_y, loss, output, script)
         # Every step in float64 (the uncompressed format), else the model's dtype.
         self._store_dtype = torch.float64 if self._schedule.every_step else spec.params[0].dtype
@@ -204,6 +208,7 @@ class Recorder:
         self._install_step_hook(optimizer)
         self._closed = False
         self._install_dropout(model, spec.dropout_sites)
+        self._install_output_hook(model, spec.dropout_sites)
         _open_recorders.add(self)
 
     # ---------------------------------------------------------------- set-up
@@ -230,6 +235,30 @@ class Recorder:
         # A scheduler created later sees a counted step and leaves it as is.
         step._with_counter = True
         optimizer.step = types.MethodType(step, optimizer)
+
+    def _install_output_hook(self, model: torch.nn.Module, sites: int) -> None:
+        """Keeps the outputs of the loop's last forward with gradients on, so
+        metrics.csv's batch loss and accuracy need no forward of their own.
+        Without dropout, that forward at w_s on the step's batch is what the
+        saved module in eval mode computes (BatchNorm stays in eval mode)."""
+        self._outputs: Optional[torch.Tensor] = None
+        self._output_hook = None
+        if sites > 0:
+            return  # the loop's forward drew dropout masks; metrics use the module in eval mode
+
+        def keep(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            if torch.is_grad_enabled() and isinstance(output, torch.Tensor):
+                self._outputs = output.detach()
+        self._output_hook = model.register_forward_hook(keep)
+
+    def _batch_metrics(self, idx: np.ndarray) -> Tuple[float, float]:
+        """The batch loss and accuracy at w_s: from the loop's own forward
+        when it was on this batch, else by the saved module."""
+        out, self._outputs = self._outputs, None
+        y = self._spec.data.y
+        if out is not None and out.dim() >= 1 and out.shape[0] == idx.size:
+            return outputs_loss_and_accuracy(out, y.index_select(0, torch.from_numpy(idx)), self.loss)
+        return self._metrics.batch(self._w, self._spec.data.x, y, idx)
 
     def _install_dropout(self, model: torch.nn.Module, sites: int) -> None:
         """While the recorder is open, the model's dropout draws the engine's
@@ -310,7 +339,7 @@ class Recorder:
         idx = flat_indices(idx, self.num_train)
         lr, clip_factor = self._check_step(s, clip_factor)
         if loss is None or accuracy is None:
-            batch_loss, batch_accuracy = self._metrics.batch(self._w, self._spec.data.x, self._spec.data.y, idx)
+            batch_loss, batch_accuracy = self._batch_metrics(idx)
             loss = batch_loss if loss is None else loss
             accuracy = batch_accuracy if accuracy is None else accuracy
         loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
@@ -342,13 +371,19 @@ class Recorder:
     def _finish(self, status: str, message: Optional[str] = None) -> None:
         self._metrics.load(self._w)  # the weights of the last recorded step
         d = self._spec.data
-        summary = {"final_batch_loss": self._writer.last_loss, "train_accuracy": self._metrics.accuracy(d.x, d.y),
-                   "test_accuracy": self._metrics.accuracy(d.test_x, d.test_y)}
+        summary: Dict[str, Optional[float]] = {"final_batch_loss": self._writer.last_loss, "train_accuracy": None,
+                                               "test_accuracy": None}
+        if self._summary_accuracy:
+            summary["train_accuracy"] = self._metrics.accuracy(d.x, d.y)
+            summary["test_accuracy"] = self._metrics.accuracy(d.test_x, d.test_y)
         self._writer.stop(status, message, summary)
         self._close_hooks()
 
     def _close_hooks(self) -> None:
         self._closed = True
+        if getattr(self, "_output_hook", None) is not None:
+            self._output_hook.remove()
+            self._output_hook = None
         if getattr(self, "_dropout", None) is not None:
             self._dropout.remove()
             self._dropout = None
