@@ -243,8 +243,9 @@ class Recorder:
         saved module in eval mode computes (BatchNorm stays in eval mode)."""
         self._outputs: Optional[torch.Tensor] = None
         self._output_hook = None
-        if sites > 0:
-            return  # the loop's forward drew dropout masks; metrics use the module in eval mode
+        if sites > 0 or isinstance(model, torch.jit.ScriptModule):
+            # The loop's forward drew dropout masks (or takes no hooks): the saved module computes the metrics.
+            return
 
         def keep(module: torch.nn.Module, inputs: Any, output: Any) -> None:
             if torch.is_grad_enabled() and isinstance(output, torch.Tensor):
