@@ -2,6 +2,7 @@
 // and what that means for the decomposition, in plain words.
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 #include "pathkernel/path.h"
 
@@ -33,11 +34,12 @@ std::string replay_drift_message(const ReplayDrift& drift, double weight_scale) 
   char buf[1024];
   const long long n = static_cast<long long>(drift.steps.size());
   if (drift.max() == 0) {
+    const long long bits = static_cast<long long>(drift.bit_for_bit());
+    const std::string how = bits == n ? "bit for bit" : std::to_string(bits) + " bit for bit, the rest equal in value";
     std::snprintf(buf, sizeof buf,
-                  "replay reproduced all %lld recorded checkpoints (%lld bit for bit, the rest equal in value): the "
-                  "replayed steps are the loop's own, and each C_i is the training point's contribution along the "
-                  "path the loop took",
-                  n, static_cast<long long>(drift.bit_for_bit()));
+                  "replay reproduced all %lld recorded checkpoints (%s): the replayed steps are the loop's own, and "
+                  "each C_i is the training point's contribution along the path the loop took",
+                  n, how.c_str());
     return buf;
   }
   const double rel = drift.max() / std::max(weight_scale, 1e-300);
