@@ -11,6 +11,7 @@
 
 #include "pathkernel/error.h"
 #include "pathkernel/kinks.h"
+#include "pathkernel/segment.h"
 #include "pathkernel/quadrature.h"
 
 namespace pathkernel {
