@@ -31,7 +31,7 @@ int64_t ReplayDrift::bit_for_bit() const {
 }
 
 std::string replay_drift_message(const ReplayDrift& drift, double weight_scale) {
-  char buf[1024];
+  char buf[1536];
   const long long n = static_cast<long long>(drift.steps.size());
   if (drift.max() == 0) {
     const long long bits = static_cast<long long>(drift.bit_for_bit());
@@ -43,14 +43,20 @@ std::string replay_drift_message(const ReplayDrift& drift, double weight_scale) 
     return buf;
   }
   const double rel = drift.max() / std::max(weight_scale, 1e-300);
+  const int64_t worst = drift.worst_step();
+  int64_t from = 0;  // the checkpoint the worst segment was replayed from
+  for (size_t i = 1; i < drift.steps.size(); ++i) {
+    if (drift.steps[i] == worst) from = drift.steps[i - 1];
+  }
   std::snprintf(buf, sizeof buf,
                 "replay drifted from the recorded weights by up to %.3g (%.3g relative to max |w_N| %.3g), worst at "
-                "the checkpoint of step %lld; %lld of %lld checkpoints were reproduced bit for bit. Between "
+                "the checkpoint of step %lld (replayed from step %lld: a step of the loop in between did what the "
+                "replay did not, or ran other arithmetic); %lld of %lld checkpoints were reproduced bit for bit. Between "
                 "checkpoints the decomposition follows the replayed steps and rejoins the recorded weights at each "
                 "checkpoint, carrying the difference into E, so f(w_0) + sum C_i + R + E still equals f(w_N) at the "
                 "recorded final weights; each C_i is the contribution along the replayed steps, which differ from "
                 "the loop's by up to that much in the weights",
-                drift.max(), rel, weight_scale, static_cast<long long>(drift.worst_step()),
+                drift.max(), rel, weight_scale, static_cast<long long>(worst), static_cast<long long>(from),
                 static_cast<long long>(drift.bit_for_bit()), n);
   return buf;
 }
