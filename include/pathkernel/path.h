@@ -7,9 +7,16 @@
 // for bit; every checkpoint the replay reaches is compared, and a difference
 // throws Error (check() reports instead of throwing).
 //
-// A run recorded from a user's own training loop (Manifest::recorded) stores
-// every step's weights and optimizer state instead: nothing is replayed, and
-// each step is read from its files.
+// A run recorded from a user's own training loop (Manifest::recorded) either
+// stores every step's weights and optimizer state (nothing is replayed, each
+// step is read from its files), or is compact: checkpoints every ~√N steps,
+// and the steps between are replayed with the run's TorchScript module,
+// LibTorch's optimizer, the recorded batches, rates and clip factors. The
+// loop ran in Python, so replay may drift from its checkpoints: the replayed
+// path is the one handed out, and at each checkpoint it rejoins the recorded
+// weights and state (the last step of a segment ends at the recorded
+// checkpoint), so the difference lands in that step's residual, i.e. in E.
+// The drift is measured per checkpoint (replay_drift()), never an error.
 //
 // All weight vectors are flat float64 [P] in the manifest's parameter order.
 #pragma once
@@ -50,8 +57,10 @@ struct ReplayReport {
   int64_t checkpoints_compared = 0;
   int64_t mismatches = 0;
   int64_t first_mismatch_step = -1;
-  /// The run was recorded from a training loop: there is nothing to replay,
-  /// every step's weights are stored (and were checked against their CRC-32s).
+  /// The run was recorded from a training loop. With steps_replayed 0 every
+  /// step's weights are stored (and were checked against their CRC-32s);
+  /// otherwise it is a compact recording, and a mismatch is replay drift,
+  /// which the decomposition carries into E (not an error).
   bool recorded = false;
   double max_abs_diff = 0;
   bool bitwise_equal = true;
@@ -59,6 +68,26 @@ struct ReplayReport {
   /// (ReplayEnvironment::differences); filled in when a checkpoint differs.
   std::vector<std::string> environment_differences;
 };
+
+/// How far the replay of a compact recorded run drifted from its recorded
+/// checkpoints: max |replayed - recorded| of the weights at each checkpoint
+/// after step 0, in checkpoint order.
+struct ReplayDrift {
+  std::vector<int64_t> steps;        ///< the checkpoints' steps
+  std::vector<double> max_abs_diff;  ///< per checkpoint; 0 when values agree
+  /// Bytes of the replayed weights differ at the checkpoint (+0 vs -0 counts
+  /// as agreeing in max_abs_diff but not here).
+  std::vector<bool> bitwise_equal;
+  double max() const;
+  /// The step of the checkpoint with the largest drift (-1: none drifted).
+  int64_t worst_step() const;
+  int64_t bit_for_bit() const;  ///< checkpoints reproduced bit for bit
+};
+
+/// verify's plain-words account of `drift` for a run whose weights are of
+/// order `weight_scale` (max |w_N|): how far replay drifted, and what that
+/// means for each contribution C_i.
+std::string replay_drift_message(const ReplayDrift& drift, double weight_scale);
 
 /// Why a replay may not reproduce a run's checkpoints on this machine, as one
 /// sentence: `differences` (ReplayReport::environment_differences, the
@@ -125,6 +154,14 @@ class PathReader {
   /// log covers s or the recorded batch is bad.
   torch::Tensor batch(int64_t s) { return batch_indices(s); }
 
+  /// Whether the run is a compact recording (recorded, with steps between
+  /// checkpoints that are replayed).
+  bool replays_recorded() const;
+
+  /// The drift of every checkpoint of a compact recorded run, replaying the
+  /// segments not replayed yet; empty for every other run.
+  ReplayDrift replay_drift();
+
  private:
   /// Replays checkpoint segment k (steps c_k .. c_{k+1}-1), calling fn per
   /// step, then compares with checkpoint k+1. Returns the max |diff| there
@@ -133,6 +170,12 @@ class PathReader {
   torch::Tensor batch_indices(int64_t s);
   OptimizerState checkpoint_state(size_t k) const;
   void require_equal(size_t k, double diff) const;
+  /// Segment k of a run that stores every step: read, not replayed.
+  void read_stored_step(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state);
+  /// The end of the last replayed step of segment k of a compact recorded
+  /// run: notes the drift of `replayed` from checkpoint k+1 and returns the
+  /// recorded checkpoint, which the path rejoins.
+  torch::Tensor rejoin_checkpoint(size_t k, const torch::Tensor& replayed);
 
   std::string dir_;
   Manifest manifest_;
@@ -144,6 +187,10 @@ class PathReader {
   bool capture_ = false;
   torch::Tensor clip_;  ///< c_s of every step, float64 [N]
   torch::Tensor loss_weights_;  ///< float64 [M], or undefined (all 1)
+  /// Compact recorded runs: the drift at checkpoint k+1, per segment k
+  /// replayed so far (NaN: not yet), and whether its bytes agreed.
+  std::vector<double> drift_;
+  std::vector<bool> drift_bitwise_;
 };
 
 }  // namespace pathkernel

@@ -89,11 +89,13 @@ struct StepBatch {
   int64_t step = 0;       ///< the step's index: it seeds the step's dropout masks (dropout.h)
   double lr = 0;          ///< the step's learning rate
   double scale = 1;       ///< the loss is multiplied by this (retraining with points removed, kept weights)
+  double clip = 1;        ///< the gradients are multiplied by this before the update (a recorded loop's clipping)
 };
 
 /// One optimisation step on `batch`: forward, loss, backward,
 /// optimizer.step(), with the step's dropout masks on for exactly this
-/// (DropoutStep(net's seed, batch.step)). If `accept(loss)` returns false the
+/// (DropoutStep(net's seed, batch.step)); gradients are multiplied by
+/// batch.clip before the optimizer's step when it is not 1. If `accept(loss)` returns false the
 /// update is not made. Gradients are reset to undefined before backward, so
 /// training and replay accumulate identically. The loss reported is the
 /// weighted, scaled one.

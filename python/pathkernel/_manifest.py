@@ -117,9 +117,9 @@ def parameter_layout(names: Sequence[str], shapes: Sequence[Sequence[int]]) -> L
 
 @dataclass
 class CheckpointRecord:
-    """w_step (a flat float64 [P] .npy) and the optimizer's state the step
-    starts from: its step count and buffers (each a flat [P] .npy; none at
-    step 0)."""
+    """w_step (a flat [P] .npy: float64, or the run's dtype in a compact
+    recording) and the optimizer's state the step starts from: its step count
+    and buffers (each a flat [P] .npy of the same dtype; none at step 0)."""
     step: int
     weights: FileRecord
     optimizer_step: int = 0
@@ -294,7 +294,9 @@ class Environment:
 @dataclass
 class Manifest:
     """manifest.json: everything needed to read the run without pathkernel.
-    ``checkpoints`` holds w_0 .. w_steps, ``learning_rates`` one rate per
+    ``checkpoints`` holds w_0 .. w_steps (every step, or a compact
+    recording's checkpoints, whose steps between are replayed),
+    ``learning_rates`` one rate per
     step, ``batches`` the batch logs covering the steps."""
     pathkernel_version: str
     libtorch_version: str
@@ -336,7 +338,7 @@ class Manifest:
             "training": self.training.to_json(),
             **({"environment": self.environment.to_json()} if self.environment is not None else {}),
             "learning_rates": self.learning_rates[:steps],
-            "checkpoints": [c.to_json() for c in self.checkpoints[:steps + 1]],
+            "checkpoints": [c.to_json() for c in self.checkpoints if c.step <= steps],
             "batches": [b.to_json() for b in self.batches],
             "metrics": self.metrics,
             "summary": self.summary,

@@ -11,6 +11,21 @@ import torch.nn.functional as F
 from ._manifest import ParamInfo
 
 
+def outputs_loss_and_accuracy(out: torch.Tensor, y: torch.Tensor, loss: str) -> Tuple[float, float]:
+    """The declared loss (the batch mean) and the accuracy of outputs ``out``
+    on targets ``y``."""
+    with torch.no_grad():
+        if loss == "cross_entropy":
+            value = F.cross_entropy(out, y)
+        elif loss == "nll":
+            value = F.nll_loss(out, y)
+        else:
+            # Regression targets have no classes: accuracy 0, as pathkernel's
+            # own training writes it (correct_predictions in loss.h).
+            return float(F.mse_loss(out, y.to(out.dtype))), 0.0
+        return float(value), float((out.argmax(1) == y).to(torch.float64).mean())
+
+
 class Metrics:
     """``module_bytes``: the saved TorchScript module; ``layout``: the flat
     weight vector's tensors; ``loss``: cross_entropy, nll or mse."""
@@ -38,18 +53,7 @@ class Metrics:
             return self._loss_and_accuracy(x.index_select(0, index), y.index_select(0, index))
 
     def _loss_and_accuracy(self, x: torch.Tensor, y: torch.Tensor) -> Tuple[float, float]:
-        out = self._module(x)
-        if self._loss == "cross_entropy":
-            value = F.cross_entropy(out, y)
-            correct = (out.argmax(1) == y)
-        elif self._loss == "nll":
-            value = F.nll_loss(out, y)
-            correct = (out.argmax(1) == y)
-        else:
-            # Regression targets have no classes: accuracy 0, as pathkernel's
-            # own training writes it (correct_predictions in loss.h).
-            return float(F.mse_loss(out, y.to(out.dtype))), 0.0
-        return float(value), float(correct.to(torch.float64).mean())
+        return outputs_loss_and_accuracy(self._module(x), y, self._loss)
 
     def accuracy(self, x: torch.Tensor, y: torch.Tensor) -> Optional[float]:
         """The accuracy on (x, y) at the weights last loaded; None when there

@@ -4,8 +4,8 @@ The layout and the guarantees of pathkernel's C++ run writer
 (src/path/run_writer.cpp, include/pathkernel/run_writer.h):
 
     manifest.json                 the index (_manifest.Manifest), rewritten at each flush
-    checkpoints/w_SSSSSSSS.npy    w_s, float64 [P]
-    optimizer/NAME_SSSSSSSS.npy   the optimizer's buffers the step s starts from, float64 [P]
+    checkpoints/w_SSSSSSSS.npy    w_s, [P] (float64 every step; the run's dtype when compact)
+    optimizer/NAME_SSSSSSSS.npy   the optimizer's buffers the step s starts from, [P], same dtype
     batches/b_SSSSSSSS.npy        int32 [steps, max batch] indices of the steps since the last flush
     clip_factors.npy              float64 [N], each step's clip factor (when the loop clipped)
     metrics.csv                   step,lr,loss,batch_accuracy
@@ -17,7 +17,10 @@ leaves a run that reads as valid up to its last flush.
 
 The writer knows nothing of torch: it takes numpy arrays and bytes.
 ``write_checkpoint`` and ``on_step`` are separate, so a writer can store
-the weights of some steps only.
+the weights of some steps only: a compact writer (``flush_at_checkpoints``)
+flushes only right after a checkpoint, so the manifest on disk always ends
+at a checkpoint (steps = its step), and an interrupted or diverged loop
+leaves a run that reads as valid up to its last checkpoint.
 """
 import os
 import shutil
@@ -81,8 +84,10 @@ class RunWriter:
     ``environment`` is read each time the manifest is written (the loop may
     change torch's thread count)."""
 
-    def __init__(self, directory: str, overwrite: bool, environment: Callable[[], Environment]):
+    def __init__(self, directory: str, overwrite: bool, environment: Callable[[], Environment],
+                 flush_at_checkpoints: bool = False):
         prepare_directory(directory, overwrite)
+        self._flush_at_checkpoints = flush_at_checkpoints
         self.directory = directory
         self._environment = environment
         self.manifest: Optional[Manifest] = None
@@ -139,6 +144,8 @@ class RunWriter:
             self._any_clip = True
         self._clip.append(1.0 if clip_factor is None else clip_factor)
         self.steps = step + 1
+        if self._flush_at_checkpoints:
+            return  # the recorder flushes after each checkpoint
         if self.steps - self._flushed >= min(1000, max(FLUSH_EVERY, self.steps // 10)):
             self.flush()
 
@@ -151,12 +158,23 @@ class RunWriter:
         if message is not None:
             self.manifest.message = message
         self.manifest.summary = summary
-        self.flush()
+        if self._flush_at_checkpoints and self.last_checkpoint_step != self.steps:
+            self._save_manifest()  # the path ends at the last checkpoint (and flush)
+        else:
+            self.flush()
 
     def interrupt(self, message: str) -> None:
-        """The loop raised: the run stays 'running' up to the last step."""
+        """The loop raised: the run stays 'running' up to the last step (a
+        compact writer's: up to the last checkpoint)."""
         self.manifest.message = message
-        self.flush()
+        if self._flush_at_checkpoints:
+            self._save_manifest()
+        else:
+            self.flush()
+
+    @property
+    def last_checkpoint_step(self) -> int:
+        return self.manifest.checkpoints[-1].step
 
     @property
     def last_loss(self) -> Optional[float]:

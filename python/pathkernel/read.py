@@ -92,17 +92,21 @@ class Run:
 
     @property
     def recorded(self):
-        """True for a run recorded from a Python loop (every step stored)."""
+        """True for a run recorded from a Python loop (every step stored, or
+        compact: checkpoints, the steps between replayed by the engine)."""
         return bool(self.training.get("recorded", False))
 
     def _vector(self, record, what):
         data = read_listed(self.directory, record, what)
         a = parse_npy(data, "run '%s': %s file '%s'" % (self.directory, what, record.get("file")))
-        if a.dtype != np.float64 or a.shape != (self.parameter_count,):
-            raise RunFormatError("run '%s': %s file '%s' holds %s of shape %s, expected float64 of shape [%d]"
+        # A compact recording of a float32 loop stores float32: exact in float64.
+        float32_ok = self.recorded and self.manifest.get("dtype") == "float32"
+        dtype_ok = a.dtype == np.float64 or (float32_ok and a.dtype == np.float32)
+        if not dtype_ok or a.shape != (self.parameter_count,):
+            raise RunFormatError("run '%s': %s file '%s' holds %s of shape %s, expected %sfloat64 of shape [%d]"
                                  % (self.directory, what, record.get("file"), a.dtype, list(a.shape),
-                                    self.parameter_count))
-        return a
+                                    "float32 or " if float32_ok else "", self.parameter_count))
+        return a.astype(np.float64, copy=False)
 
     def _checkpoint(self, step):
         if step not in self._checkpoints:

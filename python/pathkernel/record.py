@@ -16,12 +16,17 @@ Three lines in the loop you already have::
 
 and then ``pathkernel verify runs/mine``, ``explain``, ``gram``, ``report``.
 
-A Python loop cannot be replayed by pathkernel, so the recorder stores the
-weights of every step (``rec.bytes_per_step`` says how many bytes a step
-takes), each step's batch, learning rate and clip factor, the optimizer's
-kind, hyper-parameters and state, the model as TorchScript and the data as
-.npy, in a run directory that every pathkernel command reads
-(docs/run-directory.md).
+The recorder stores a compact run: checkpoints of the weights and the
+optimizer's state every ~√N steps (pathkernel._schedule says which steps;
+``expected_steps`` sets the spacing to ⌈√expected_steps⌉), in the model's
+dtype, and each step's batch, learning rate and clip factor; the engine
+replays the steps between checkpoints with the saved TorchScript module and
+LibTorch's optimizer. ``every_step=True`` stores every step's weights and
+state in float64 instead (nothing replayed). Either way the run holds the
+optimizer's kind and hyper-parameters, the model as TorchScript and the
+data as .npy, in a run directory that every pathkernel command reads
+(docs/run-directory.md); ``rec.bytes_per_step`` says how many bytes a step
+takes.
 
 What the loop must do for the decomposition to be exact: its loss is the
 declared one, averaged over the step's batch (``F.cross_entropy``,
@@ -54,7 +59,8 @@ from ._checks import (LOSSES, SUPPORTED_OPTIMIZERS, RecordSpec, check_gradients,
 from ._environment import environment, libtorch_version
 from ._errors import RecorderError
 from ._manifest import DataInfo, FileRecord, Manifest, ModelInfo, TrainingInfo, parameter_layout
-from ._metrics import Metrics
+from ._metrics import Metrics, outputs_loss_and_accuracy
+from ._schedule import CheckpointSchedule
 from ._writer import RunWriter
 from .dropout import SeededForward
 
@@ -97,7 +103,7 @@ def _module_bytes(script: torch.jit.ScriptModule) -> bytes:
     return buf.getvalue()
 
 
-def _manifest(spec: RecordSpec, module: FileRecord) -> Manifest:
+def _manifest(spec: RecordSpec, module: FileRecord, schedule: CheckpointSchedule) -> Manifest:
     """The run's manifest before its first step."""
     d = spec.data
     source = {"kind": "npy", "directory": "data", "in_run": True,
@@ -109,7 +115,8 @@ def _manifest(spec: RecordSpec, module: FileRecord) -> Manifest:
     return Manifest(pathkernel_version=_pathkernel_version, libtorch_version=libtorch_version(), data=data,
                     model=ModelInfo(output=spec.output, module=module), dtype=spec.dtype_name,
                     parameters=parameter_layout(spec.names, spec.shapes),
-                    optimizer=dict(spec.optimizer.declaration), training=TrainingInfo(loss=spec.loss),
+                    optimizer=dict(spec.optimizer.declaration),
+                    training=TrainingInfo(loss=spec.loss, checkpoint_every=schedule.interval),
                     environment=environment())
 
 
@@ -137,6 +144,16 @@ class Recorder:
         model's parameters (same names and shapes). By default the model is
         scripted with torch.jit.script.
       overwrite: replace an existing run directory.
+      every_step: store every step's weights and optimizer state in float64
+        (nothing is replayed; about 8 (1 + buffers) P bytes a step). By
+        default the run is compact: checkpoints in the model's dtype on the
+        schedule of pathkernel._schedule, the steps between replayed.
+      expected_steps: about how many steps the loop will take; the
+        checkpoints are then every ⌈√expected_steps⌉ steps. Without it their
+        spacing grows like √step (about 2√N checkpoints after N steps).
+      summary_accuracy: compute the summary's train and test accuracy at
+        close, a forward pass over both sets (on a large training set, as
+        long as a third of an epoch); False leaves them null.
 
     Call ``rec.step(idx)`` right after every ``optimizer.step()`` (before
     ``scheduler.step()``), and ``rec.close()`` at the end (or use ``with``).
@@ -153,10 +170,15 @@ class Recorder:
     def __init__(self, directory: "str | os.PathLike[str]", model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, train_x: Any, train_y: Any, test_x: Any = None,
                  test_y: Any = None, loss: str = "cross_entropy", output: Optional[str] = None,
-                 script: Optional[torch.jit.ScriptModule] = None, overwrite: bool = False):
+                 script: Optional[torch.jit.ScriptModule] = None, overwrite: bool = False,
+                 every_step: bool = False, expected_steps: Optional[int] = None, summary_accuracy: bool = True):
         self.directory = os.fspath(directory)
         self._closed = True  # until construction succeeds
+        self._schedule = CheckpointSchedule.choose(every_step, expected_steps)
+        self._summary_accuracy = summary_accuracy
         spec = check_record(model, optimizer, train_x, train_y, test_x, test_y, loss, output, script)
+        # Every step in float64 (the uncompressed format), else the model's dtype.
+        self._store_dtype = torch.float64 if self._schedule.every_step else spec.params[0].dtype
         self._spec = spec
         self.loss, self.output, self.dtype = spec.loss, spec.output, spec.dtype_name
         self.integer_inputs = spec.data.integer_inputs
@@ -165,17 +187,19 @@ class Recorder:
         self._model, self._optimizer = model, optimizer
         self._param_ids = {id(p) for p in spec.params}
 
-        self._writer = RunWriter(self.directory, overwrite, environment)
+        self._writer = RunWriter(self.directory, overwrite, environment,
+                                 flush_at_checkpoints=not self._schedule.every_step)
         d = spec.data
         self._writer.add_data({"train_x": d.x.numpy(), "train_y": d.y.numpy(), "test_x": d.test_x.numpy(),
                                "test_y": d.test_y.numpy()})
         module_bytes = _module_bytes(spec.script)
         module = self._writer.add_module(module_bytes)
-        manifest = _manifest(spec, module)
+        manifest = _manifest(spec, module, self._schedule)
         self._metrics = Metrics(module_bytes, manifest.parameters, spec.loss)
         self.steps = 0
         self._w = self._flat_weights()
-        self._writer.start(manifest, self._w)
+        self._writer.start(manifest, self._stored(self._w))
+        self._next_checkpoint = self._schedule.next_after(0)
 
         self._pending_clip: Optional[float] = None  # set by clip_grad_norm_ before optimizer.step()
         self._step_clip: Optional[float] = None     # the factor the last optimizer.step() ran with
@@ -184,6 +208,7 @@ class Recorder:
         self._install_step_hook(optimizer)
         self._closed = False
         self._install_dropout(model, spec.dropout_sites)
+        self._install_output_hook(model, spec.dropout_sites)
         _open_recorders.add(self)
 
     # ---------------------------------------------------------------- set-up
@@ -211,6 +236,31 @@ class Recorder:
         step._with_counter = True
         optimizer.step = types.MethodType(step, optimizer)
 
+    def _install_output_hook(self, model: torch.nn.Module, sites: int) -> None:
+        """Keeps the outputs of the loop's last forward with gradients on, so
+        metrics.csv's batch loss and accuracy need no forward of their own.
+        Without dropout, that forward at w_s on the step's batch is what the
+        saved module in eval mode computes (BatchNorm stays in eval mode)."""
+        self._outputs: Optional[torch.Tensor] = None
+        self._output_hook = None
+        if sites > 0 or isinstance(model, torch.jit.ScriptModule):
+            # The loop's forward drew dropout masks (or takes no hooks): the saved module computes the metrics.
+            return
+
+        def keep(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            if torch.is_grad_enabled() and isinstance(output, torch.Tensor):
+                self._outputs = output.detach()
+        self._output_hook = model.register_forward_hook(keep)
+
+    def _batch_metrics(self, idx: np.ndarray) -> Tuple[float, float]:
+        """The batch loss and accuracy at w_s: from the loop's own forward
+        when it was on this batch, else by the saved module."""
+        out, self._outputs = self._outputs, None
+        y = self._spec.data.y
+        if out is not None and out.dim() >= 1 and out.shape[0] == idx.size:
+            return outputs_loss_and_accuracy(out, y.index_select(0, torch.from_numpy(idx)), self.loss)
+        return self._metrics.batch(self._w, self._spec.data.x, y, idx)
+
     def _install_dropout(self, model: torch.nn.Module, sites: int) -> None:
         """While the recorder is open, the model's dropout draws the engine's
         masks (pathkernel.dropout)."""
@@ -232,14 +282,19 @@ class Recorder:
         with torch.no_grad():
             return torch.cat([p.detach().reshape(-1).to(torch.float64) for p in self._spec.params]).numpy().copy()
 
+    def _stored(self, w: np.ndarray) -> np.ndarray:
+        """Flat float64 weights as the run stores them (a float32 model's
+        convert back exactly)."""
+        return w if self._store_dtype == torch.float64 else w.astype(np.float32)
+
     def _flat_state(self, name: str) -> np.ndarray:
         parts = []
         for n, p in zip(self._spec.names, self._spec.params):
             t = self._optimizer.state.get(p, {}).get(name)
             if t is None:
                 raise RecorderError(f"the optimizer has no '{name}' for parameter '{n}' after the step")
-            parts.append(t.detach().reshape(-1).to(torch.float64))
-        return torch.cat(parts).numpy()
+            parts.append(t.detach().reshape(-1).to(self._store_dtype))
+        return torch.cat(parts).numpy().copy()
 
     def _state_after_step(self, s: int) -> Tuple[int, Dict[str, np.ndarray]]:
         """The optimizer's step count and buffers checkpoint s+1 starts from."""
@@ -285,7 +340,7 @@ class Recorder:
         idx = flat_indices(idx, self.num_train)
         lr, clip_factor = self._check_step(s, clip_factor)
         if loss is None or accuracy is None:
-            batch_loss, batch_accuracy = self._metrics.batch(self._w, self._spec.data.x, self._spec.data.y, idx)
+            batch_loss, batch_accuracy = self._batch_metrics(idx)
             loss = batch_loss if loss is None else loss
             accuracy = batch_accuracy if accuracy is None else accuracy
         loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
@@ -293,27 +348,43 @@ class Recorder:
 
         w = self._flat_weights()
         if not np.all(np.isfinite(w)):
-            self._finish("diverged", f"the weights are not finite after step {s}; the path ends at step {s}")
-            raise RecorderError(f"step {s}: the weights are not finite after the step; the run ends at step {s} "
+            end = self._writer.last_checkpoint_step
+            self._finish("diverged", f"the weights are not finite after step {s}; the path ends at step {end}")
+            raise RecorderError(f"step {s}: the weights are not finite after the step; the run ends at step {end} "
                                 f"(status diverged)")
-        optimizer_step, buffers = self._state_after_step(s)
-        self._writer.write_checkpoint(s + 1, w, optimizer_step, buffers)
+        checkpoint = s + 1 == self._next_checkpoint
+        if checkpoint:
+            self._write_checkpoint(s + 1, w)
         self._writer.on_step(s, idx, lr, loss, accuracy, clip_factor)
+        if checkpoint and not self._schedule.every_step:
+            self._writer.flush()
         self._w = w
         self.steps = s + 1
+
+    def _write_checkpoint(self, step: int, w: np.ndarray) -> None:
+        """Writes w_step and the optimizer's state after step - 1."""
+        optimizer_step, buffers = self._state_after_step(step - 1)
+        self._writer.write_checkpoint(step, self._stored(w), optimizer_step, buffers)
+        self._next_checkpoint = self._schedule.next_after(step)
 
     # ------------------------------------------------------------------ end
 
     def _finish(self, status: str, message: Optional[str] = None) -> None:
         self._metrics.load(self._w)  # the weights of the last recorded step
         d = self._spec.data
-        summary = {"final_batch_loss": self._writer.last_loss, "train_accuracy": self._metrics.accuracy(d.x, d.y),
-                   "test_accuracy": self._metrics.accuracy(d.test_x, d.test_y)}
+        summary: Dict[str, Optional[float]] = {"final_batch_loss": self._writer.last_loss, "train_accuracy": None,
+                                               "test_accuracy": None}
+        if self._summary_accuracy:
+            summary["train_accuracy"] = self._metrics.accuracy(d.x, d.y)
+            summary["test_accuracy"] = self._metrics.accuracy(d.test_x, d.test_y)
         self._writer.stop(status, message, summary)
         self._close_hooks()
 
     def _close_hooks(self) -> None:
         self._closed = True
+        if getattr(self, "_output_hook", None) is not None:
+            self._output_hook.remove()
+            self._output_hook = None
         if getattr(self, "_dropout", None) is not None:
             self._dropout.remove()
             self._dropout = None
@@ -324,6 +395,8 @@ class Recorder:
         manifest with status complete."""
         if self._closed:
             return
+        if self._writer.last_checkpoint_step != self.steps:
+            self._write_checkpoint(self.steps, self._w)  # the path ends at a checkpoint
         self._finish("complete")
 
     def __enter__(self) -> "Recorder":
@@ -345,7 +418,7 @@ class Recorder:
         the batch indices and the clip factors, over the steps. Before the
         first step: the bytes one step will take."""
         if self.steps == 0:
-            per_w = 8 * self.parameter_count + 128
+            per_w = torch.finfo(self._store_dtype).bits // 8 * self.parameter_count + 128
             return per_w * (1 + len(self._spec.optimizer.buffer_names))
         return self._writer.path_bytes() / self.steps
 

@@ -66,8 +66,12 @@ void add_info_command(CLI::App& app, Globals& globals) {
                           m.loss_weights.file.c_str(), c.min().item<double>(), c.mean().item<double>(),
                           c.max().item<double>(), static_cast<long long>(c.eq(0).sum().item<int64_t>()));
     }
-    if (m.recorded) {
-      // A training loop's path cannot be replayed by pathkernel, so every step is stored.
+    if (m.recorded && static_cast<int64_t>(m.checkpoints.size()) < m.steps + 1) {
+      text += format_text("  path      recorded compactly from a training loop: %zu checkpoints, the steps between "
+                          "replayed with the module and LibTorch's optimizer, %.2f MB, %.0f bytes per step\n",
+                          m.checkpoints.size(), path / 1e6, m.steps > 0 ? static_cast<double>(path) / m.steps : 0.0);
+    } else if (m.recorded) {
+      // Recorded with every_step=True: every step's weights are stored.
       text += format_text("  path      recorded from a training loop: every step's weights and optimizer state "
                           "are stored (nothing to replay), %.2f MB, %.0f bytes per step\n",
                           path / 1e6, m.steps > 0 ? static_cast<double>(path) / m.steps : 0.0);

@@ -101,13 +101,33 @@ void add_verify_command(CLI::App& app, Globals& globals) {
         j["accuracy"] = d.fN.argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>();
       }
     }
+    std::string drift_text;
+    if (reader.replays_recorded()) {
+      const ReplayDrift drift = reader.replay_drift();
+      nlohmann::ordered_json per = nlohmann::ordered_json::array();
+      for (size_t i = 0; i < drift.steps.size(); ++i) {
+        per.push_back({{"step", drift.steps[i]}, {"max_abs_diff", drift.max_abs_diff[i]},
+                       {"bit_for_bit", static_cast<bool>(drift.bitwise_equal[i])}});
+      }
+      const double scale = reader.checkpoint(reader.manifest().checkpoints.size() - 1).abs().max().item<double>();
+      drift_text = replay_drift_message(drift, scale);
+      // How far the replay of a compact recording drifted from its checkpoints (carried into E).
+      j["replay_drift"] = {{"max_abs_diff", drift.max()},
+                           {"at_checkpoint_step", drift.worst_step() < 0 ? nlohmann::ordered_json(nullptr)
+                                                                         : nlohmann::ordered_json(drift.worst_step())},
+                           {"checkpoints", drift.steps.size()},
+                           {"bit_for_bit", drift.bit_for_bit()},
+                           {"message", drift_text},
+                           {"per_checkpoint", per}};
+    }
     const std::string unexplained = unexplained_update_message(s.residuals);
     if (!unexplained.empty()) j["warning"] = unexplained;
     std::string text = "kernel machine vs network on " + std::to_string(s.test_points) + " test points, " +
                        std::to_string(s.steps) + " steps, quadrature " + options.quadrature.spec.str() + ":";
     for (auto& [key, value] : j.items()) {
-      if (key != "run" && key != "warning") text += format_text("\n  %-26s %s", key.c_str(), value.dump().c_str());
+      if (key != "run" && key != "warning" && key != "replay_drift") text += format_text("\n  %-26s %s", key.c_str(), value.dump().c_str());
     }
+    if (!drift_text.empty()) text += "\n  replay: " + drift_text;
     if (!unexplained.empty()) text += "\nwarning: " + unexplained;
     globals.print(j, text);
     if (args->fail_above >= 0 && j["max_rel_error"].get<double>() > args->fail_above) globals.exit_status = 1;

@@ -347,11 +347,14 @@ std::string check_file(const std::string& run_dir, const FileRecord& f, const st
 
 /// Checks that an .npy file holds a flat float64 vector of length p.
 void check_flat_vector(const std::string& run_dir, const FileRecord& f, const std::string& what,
-                       int64_t p) {
+                       int64_t p, bool float32_allowed) {
   torch::Tensor t = parse_npy(check_file(run_dir, f, what), (fs::path(run_dir) / f.file).string());
-  PK_CHECK(t.scalar_type() == torch::kFloat64 && t.dim() == 1 && t.size(0) == p,
+  const bool dtype_ok = t.scalar_type() == torch::kFloat64 || (float32_allowed && t.scalar_type() == torch::kFloat32);
+  PK_CHECK(dtype_ok && t.dim() == 1 && t.size(0) == p,
            "run '" << run_dir << "': " << what << " file '" << f.file << "' holds " << t.scalar_type()
-                   << " of shape " << t.sizes() << ", expected float64 of shape [" << p << "]");
+                   << " of shape " << t.sizes() << ", expected " << (float32_allowed ? "float32 or " : "")
+                   << "float64 of shape [" << p << "]");
+  t = t.to(torch::kFloat64);
   const double* w = t.data_ptr<double>();
   for (int64_t i = 0; i < p; ++i) {
     PK_CHECK(std::isfinite(w[i]), "run '" << run_dir << "': " << what << " file '" << f.file
@@ -437,9 +440,11 @@ void validate_run(const std::string& run_dir, const Manifest& m) {
                      << c.step << ")");
     }
     const std::string what = "checkpoint " + std::to_string(c.step);
-    check_flat_vector(run_dir, c.weights, what, m.parameter_count);
+    // A compact recording of a float32 loop stores its checkpoints in float32.
+    const bool float32_allowed = m.recorded && m.dtype == "float32";
+    check_flat_vector(run_dir, c.weights, what, m.parameter_count, float32_allowed);
     for (const auto& [name, f] : c.optimizer_buffers) {
-      check_flat_vector(run_dir, f, what + " " + name, m.parameter_count);
+      check_flat_vector(run_dir, f, what + " " + name, m.parameter_count, float32_allowed);
     }
   }
   if (m.batch_size != 0) {
@@ -455,11 +460,8 @@ void validate_run(const std::string& run_dir, const Manifest& m) {
     PK_CHECK(next >= m.steps, where << ": batch logs cover " << next << " steps, expected " << m.steps);
   }
   if (m.recorded) {
-    // Nothing is replayed: the path is the stored weights of every step.
-    PK_CHECK(static_cast<int64_t>(m.checkpoints.size()) == m.steps + 1,
-             where << ": a recorded run stores every step's weights, but the manifest lists "
-                   << m.checkpoints.size() << " checkpoints for " << m.steps << " steps (expected "
-                   << m.steps + 1 << ")");
+    // Every step's weights (nothing replayed), or a compact recording's
+    // checkpoints with the steps between replayed: both list each step's batch.
     PK_CHECK(m.batch_size != 0, where << ": a recorded run lists each step's batch (training.batch_size > 0)");
     if (!m.clip_factors.file.empty()) read_clip_factors(run_dir, m);
   }

@@ -1,6 +1,7 @@
 // Reading a recorded path forward and in reverse by exact replay.
 #include "pathkernel/path.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -64,7 +65,8 @@ torch::Tensor PathReader::loss_weights(const torch::Tensor& idx) const {
 torch::Tensor PathReader::checkpoint(size_t i) const {
   PK_CHECK(i < manifest_.checkpoints.size(),
            "checkpoint index " << i << " out of range [0, " << manifest_.checkpoints.size() << ")");
-  return read_npy((fs::path(dir_) / manifest_.checkpoints[i].weights.file).string());
+  // A compact recording stores a float32 run's weights as float32: exact in float64.
+  return read_npy((fs::path(dir_) / manifest_.checkpoints[i].weights.file).string()).to(torch::kFloat64);
 }
 
 OptimizerState PathReader::checkpoint_state(size_t k) const {
@@ -72,7 +74,7 @@ OptimizerState PathReader::checkpoint_state(size_t k) const {
   OptimizerState state;
   state.step = ck.optimizer_step;
   for (const auto& [name, f] : ck.optimizer_buffers) {
-    state.buffers[name] = read_npy((fs::path(dir_) / f.file).string());
+    state.buffers[name] = read_npy((fs::path(dir_) / f.file).string()).to(torch::kFloat64);
   }
   return state;
 }
@@ -102,21 +104,41 @@ torch::Tensor PathReader::batch_indices(int64_t s) {
   return idx;
 }
 
+bool PathReader::replays_recorded() const {
+  return manifest_.recorded && static_cast<int64_t>(manifest_.checkpoints.size()) != manifest_.steps + 1;
+}
+
+void PathReader::read_stored_step(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state) {
+  PathStep step;
+  step.step = manifest_.checkpoints[k].step;
+  step.w = checkpoint(k);
+  step.delta = checkpoint(k + 1) - step.w;
+  step.batch = batch_indices(step.step);
+  step.lr = manifest_.learning_rates[step.step];
+  step.clip = clip_[step.step].item<double>();
+  if (need_state) step.state = checkpoint_state(k + 1);
+  fn(std::move(step));
+}
+
+torch::Tensor PathReader::rejoin_checkpoint(size_t k, const torch::Tensor& replayed) {
+  torch::Tensor stored = checkpoint(k + 1);
+  if (drift_.empty()) {
+    drift_.assign(manifest_.checkpoints.size() - 1, std::numeric_limits<double>::quiet_NaN());
+    drift_bitwise_.assign(manifest_.checkpoints.size() - 1, false);
+  }
+  drift_[k] = (replayed - stored).abs().max().item<double>();
+  drift_bitwise_[k] = bitwise_equal(replayed, stored);
+  return stored;
+}
+
 double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state) {
   PK_ASSERT(k + 1 < manifest_.checkpoints.size());
-  if (manifest_.recorded) {  // every step is stored: read it, replay nothing
-    PathStep step;
-    step.step = manifest_.checkpoints[k].step;
-    step.w = checkpoint(k);
-    step.delta = checkpoint(k + 1) - step.w;
-    step.batch = batch_indices(step.step);
-    step.lr = manifest_.learning_rates[step.step];
-    step.clip = clip_[step.step].item<double>();
-    if (need_state) step.state = checkpoint_state(k + 1);
-    fn(std::move(step));
+  const int64_t begin = manifest_.checkpoints[k].step, end = manifest_.checkpoints[k + 1].step;
+  // Every step is stored (or this segment is one recorded step): read it, replay nothing.
+  if (manifest_.recorded && end - begin == 1) {
+    read_stored_step(k, fn, need_state);
     return 0;
   }
-  const int64_t begin = manifest_.checkpoints[k].step, end = manifest_.checkpoints[k + 1].step;
   const torch::Dtype dtype = parse_dtype(manifest_.dtype);
   std::vector<torch::Tensor> params = net_->parameters();
   torch::Tensor w = checkpoint(k);
@@ -129,18 +151,23 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     torch::Tensor idx = batch_indices(s);
     const torch::Tensor& xt = dataset_.x_train;
     const torch::Tensor& yt = dataset_.y_train;
+    const double clip = clip_[s].item<double>();
     LayerTrace trace;
     if (capture_) net_->set_trace(&trace);
     {
       // The run's thread count for the step's arithmetic only: the caller's
       // work on the step (fn) runs with the caller's.
       OpenMpThreads threads(static_cast<int>(manifest_.threads));
-      take_step(net_, *optimizer,
-                {idx.defined() ? xt.index_select(0, idx) : xt, idx.defined() ? yt.index_select(0, idx) : yt,
-                 loss_weights(idx), s, manifest_.learning_rates[s]});
+      StepBatch batch{idx.defined() ? xt.index_select(0, idx) : xt, idx.defined() ? yt.index_select(0, idx) : yt,
+                      loss_weights(idx), s, manifest_.learning_rates[s]};
+      batch.clip = clip;
+      take_step(net_, *optimizer, batch);
     }
     net_->set_trace(nullptr);
     torch::Tensor next = flatten_parameters(net_).to(torch::kFloat64);
+    // A recorded loop's replay rejoins its checkpoint: the drift is this step's.
+    const bool rejoin = manifest_.recorded && s + 1 == end;
+    if (rejoin) next = rejoin_checkpoint(k, next);
     PathStep step;
     if (capture_) {
       for (size_t l = 0; l < trace.inputs.size(); ++l) {
@@ -156,14 +183,31 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     step.w = std::move(w);
     step.batch = idx;
     step.lr = manifest_.learning_rates[s];
-    if (need_state) step.state = export_state(*optimizer, manifest_.optimizer.name, params);
+    step.clip = clip;
+    if (need_state) {
+      step.state = rejoin ? checkpoint_state(k + 1) : export_state(*optimizer, manifest_.optimizer.name, params);
+    }
     w = next;
     fn(std::move(step));
   }
+  if (manifest_.recorded) return drift_bitwise_[k] ? 0 : drift_[k];
   torch::Tensor stored = checkpoint(k + 1);
   if (bitwise_equal(w, stored)) return 0;
   double diff = (w - stored).abs().max().item<double>();
   return diff > 0 ? diff : std::numeric_limits<double>::infinity();
+}
+
+ReplayDrift PathReader::replay_drift() {
+  ReplayDrift out;
+  if (!replays_recorded()) return out;
+  for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
+    const int64_t length = manifest_.checkpoints[k + 1].step - manifest_.checkpoints[k].step;
+    if (length > 1 && (drift_.empty() || std::isnan(drift_[k]))) replay_segment(k, [](PathStep&&) {}, false);
+    out.steps.push_back(manifest_.checkpoints[k + 1].step);
+    out.max_abs_diff.push_back(length > 1 ? drift_[k] : 0.0);
+    out.bitwise_equal.push_back(length > 1 ? static_cast<bool>(drift_bitwise_[k]) : true);
+  }
+  return out;
 }
 
 std::string replay_mismatch_reason(const Manifest& manifest, const std::vector<std::string>& diffs) {
@@ -184,6 +228,7 @@ std::string replay_mismatch_reason(const Manifest& manifest, const std::vector<s
 }
 
 void PathReader::require_equal(size_t k, double diff) const {
+  if (manifest_.recorded) return;  // a recorded loop's replay may drift: it rejoins the checkpoint (E carries it)
   PK_CHECK(diff == 0, "run '" << dir_ << "': replay does not reproduce checkpoint step "
                               << manifest_.checkpoints[k + 1].step << " bit for bit (max |diff| " << diff
                               << "); " << replay_mismatch_reason(manifest_, machine_differences(manifest_)));
@@ -245,12 +290,12 @@ void PathReader::reverse(const std::function<void(const PathStep&)>& fn) {
 
 ReplayReport PathReader::check(bool progress) {
   ReplayReport report;
-  if (manifest_.recorded) {  // the constructor checked every stored file against its CRC-32
-    report.recorded = true;
-    return report;
-  }
+  report.recorded = manifest_.recorded;
+  // Every step stored: the constructor checked every file against its CRC-32.
+  if (manifest_.recorded && !replays_recorded()) return report;
   ProgressBar bar(manifest_.steps, "check-path", progress);
   for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
+    if (manifest_.recorded && manifest_.checkpoints[k + 1].step - manifest_.checkpoints[k].step == 1) continue;
     double diff = replay_segment(k, [&](PathStep&& st) {
       ++report.steps_replayed;
       bar.update(st.step + 1);

@@ -139,6 +139,12 @@ StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const Ste
   r.count = batch.y.size(0);
   if (accept && !accept(r.loss)) return r;
   loss.backward();
+  if (batch.clip != 1) {
+    // A recorded loop's clipping by norm: torch multiplies every gradient by the factor.
+    for (auto& p : net->parameters()) {
+      if (p.grad().defined()) p.mutable_grad().mul_(batch.clip);
+    }
+  }
   set_learning_rate(optimizer, batch.lr);
   optimizer.step();
   r.taken = true;

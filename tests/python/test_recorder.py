@@ -16,7 +16,10 @@ def record_loop(directory, model, opt, x, y, steps=12, b=10, sched=None, clip=No
                 explicit_clip=False, **kw):
     """A user's loop with the three recorder lines; returns what the loop saw:
     the weights after every step, the batches, the lrs used, the clip factors
-    and the Adam/SGD state after every step."""
+    and the Adam/SGD state after every step. The run stores every step
+    (every_step=True, the uncompressed format) unless told otherwise;
+    test_compact_recorded.py tests the compact default."""
+    kw.setdefault("every_step", True)
     fn = {"cross_entropy": F.cross_entropy, "nll": F.nll_loss, "mse": F.mse_loss}[loss]
     rec = Recorder(directory, model, opt, x, y, loss=loss, **kw)
     seen = {"w": [torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()], "idx": [], "lr": [],
@@ -183,7 +186,7 @@ class RecordedRunFormat(TempDirTest):
         model = mlp()
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         d = self.path("run")
-        rec = Recorder(d, model, opt, self.x, self.y)
+        rec = Recorder(d, model, opt, self.x, self.y, every_step=True)
         for s, idx in enumerate(batches(40, 8, 60)):
             opt.zero_grad()
             F.cross_entropy(model(self.x[idx]), self.y[idx]).backward()
@@ -231,7 +234,7 @@ class RecordedRunFormat(TempDirTest):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         d = self.path("run")
         with self.assertRaises(ZeroDivisionError):
-            with Recorder(d, model, opt, self.x, self.y) as rec:
+            with Recorder(d, model, opt, self.x, self.y, every_step=True) as rec:
                 for s, idx in enumerate(batches(40, 10, 3)):
                     opt.zero_grad()
                     F.cross_entropy(model(self.x[idx]), self.y[idx]).backward()

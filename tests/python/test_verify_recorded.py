@@ -31,7 +31,8 @@ SCHEDULERS = {
 }
 
 
-def record(directory, optimizer, loss, steps=10, clip=None, declare_clip=True, clip_at=None, output=None):
+def record(directory, optimizer, loss, steps=10, clip=None, declare_clip=True, clip_at=None, output=None,
+           every_step=False):
     """A user's loop: their sampler, their scheduler, their loss."""
     x, y = blobs(40)
     xt, yt = blobs(12, seed=5)
@@ -41,7 +42,7 @@ def record(directory, optimizer, loss, steps=10, clip=None, declare_clip=True, c
     opt = OPTIMIZERS[optimizer](model.parameters())
     sched = SCHEDULERS[optimizer](opt) if SCHEDULERS[optimizer] else None
     kw = {} if output is None else {"output": output}
-    rec = Recorder(directory, model, opt, x, y, test_x=xt, test_y=yt, loss=loss, **kw)
+    rec = Recorder(directory, model, opt, x, y, test_x=xt, test_y=yt, loss=loss, every_step=every_step, **kw)
     fn = loss_fn(loss)
     for s, idx in enumerate(batches(40, 8, steps)):
         opt.zero_grad()
@@ -93,9 +94,23 @@ class VerifyRecordedRuns(TempDirTest):
         record(run, "adam", "cross_entropy", clip=0.05)
         self.assert_exact(run)
 
+    def test_undeclared_clipping_in_a_compact_run_is_found_in_its_segment(self):
+        """A compact run replays the declared steps between checkpoints 6 and
+        9, so the undeclared clipping at step 6 shows as drift at checkpoint
+        9, carried by the segment's last step (8)."""
+        run = self.path("hidden-clip-compact")
+        record(run, "sgd", "cross_entropy", clip=1e-3, declare_clip=False, clip_at=6, every_step=False)
+        rc, out, err = self.verify(run)
+        self.assertEqual(rc, 0, out + err)
+        j = json.loads(out[out.find("{"):])
+        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, out)
+        self.assertEqual((j["updates_explained"], j["first_unexplained_step"]), (False, 8), out)
+        self.assertEqual(j["replay_drift"]["at_checkpoint_step"], 9, out)
+        self.assertIn("replayed from step 6", j["replay_drift"]["message"])
+
     def test_undeclared_clipping_is_found_at_its_step(self):
         run = self.path("hidden-clip")
-        record(run, "sgd", "cross_entropy", clip=1e-3, declare_clip=False, clip_at=6)
+        record(run, "sgd", "cross_entropy", clip=1e-3, declare_clip=False, clip_at=6, every_step=True)
         rc, out, err = self.verify(run)
         text = out + "\n" + err
         # Far above rounding, and the message names step 6 (the first step
