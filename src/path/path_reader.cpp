@@ -2,6 +2,7 @@
 #include "pathkernel/path.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -224,6 +225,12 @@ std::string replay_mismatch_reason(const Manifest& manifest, const std::vector<s
   std::string out = "this machine differs from the one that trained the run, and replay is bit for bit only "
                     "where the floating-point kernels are the same: ";
   for (size_t i = 0; i < diffs.size(); ++i) out += (i ? "; " : "") + diffs[i];
+  const std::string& kernels = manifest.environment.blas_kernels;
+  if (!kernels.empty() && kernels != "unknown" && std::getenv("OPENBLAS_CORETYPE") != nullptr) {
+    out += ". OPENBLAS_CORETYPE is set to '" + std::string(std::getenv("OPENBLAS_CORETYPE")) +
+           "'; unset it (pathkernel then replays with the run's own kernels, include/pathkernel/blas_kernels.h) "
+           "or set it to '" + kernels + "'";
+  }
   return out;
 }
 
