@@ -60,6 +60,9 @@ def main():
     p.add_argument("--batch", type=int, default=30)
     p.add_argument("--clip", type=float, default=1.0, help="max gradient norm (0: no clipping)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--every-step", action="store_true",
+                   help="store every step's weights (the format before compact recordings, which older "
+                        "pathkernel binaries read) instead of checkpoints that pathkernel replays between")
     a = p.parse_args()
 
     torch.set_default_dtype(torch.float64)  # the exactness claim is for float64
@@ -79,7 +82,7 @@ def main():
 
     start = time.time()
     rec = Recorder(a.out, model, optimizer, train_x, train_y, test_x=test_x, test_y=test_y,  # 1
-                   loss="cross_entropy", overwrite=True)
+                   loss="cross_entropy", overwrite=True, every_step=a.every_step)
     g = torch.Generator().manual_seed(a.seed)
     for epoch in range(a.epochs):
         for idx in torch.randperm(a.train, generator=g).split(a.batch):

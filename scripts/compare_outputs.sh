@@ -10,7 +10,8 @@
 # The commands: the exactness settings (scripts/verify_exactness.sh, fewer
 # test points), explain on own networks (an MLP and a CNN), a layers: network,
 # a TorchScript module on both routes, a recorded loop (record_loop.py, once,
-# read by both binaries), and evaluate and the metagradient on a small run.
+# read by both binaries; stored every step, the format every pathkernel binary
+# reads), and evaluate and the metagradient on a small run.
 # Both binaries run one after the other on one thread, so that BLAS sees the
 # same machine for both.
 set -euo pipefail
@@ -24,7 +25,8 @@ mkdir -p "$WORK/shared"
 
 # Inputs both binaries read: a TorchScript module and a recorded loop.
 $PY examples/export_model.py mlp "$WORK/shared/mlp.pt" --inputs 100 --hidden 16 --classes 3 > /dev/null
-PYTHONPATH=python $PY examples/record_loop.py "$WORK/shared/loop" --train 120 --test 20 --epochs 2 > /dev/null
+PYTHONPATH=python $PY examples/record_loop.py "$WORK/shared/loop" --train 120 --test 20 --epochs 2 \
+  --every-step > /dev/null
 
 commands() {  # $1: binary, $2: output directory
   local bin=$1 out=$2

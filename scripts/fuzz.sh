@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_EACH=${FUZZ_SECONDS:-60}
-HARNESSES=${FUZZ_HARNESSES:-idx csv manifest npy npydir points}
+HARNESSES=${FUZZ_HARNESSES:-idx csv manifest npy npydir points inputs}
 BUILD=${FUZZ_BUILD:-build-fuzz}
 case $BUILD in /*) ;; *) BUILD=$PWD/$BUILD ;; esac
 CXX_FUZZ=${FUZZ_CXX:-clang++-14}

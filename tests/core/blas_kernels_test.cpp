@@ -3,17 +3,17 @@
 #include "pathkernel/blas_kernels.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
-#include <filesystem>
-#include <fstream>
+#include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "../test_util.h"
 
 namespace pathkernel {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::ScopedEnv;
 
 CpuFeatures cpu(bool avx512, bool avx2_fma, bool avx) {
   CpuFeatures c;
@@ -25,12 +25,10 @@ CpuFeatures cpu(bool avx512, bool avx2_fma, bool avx) {
 
 /// A directory holding a manifest.json with `text`, removed at the end.
 struct RunDir {
-  explicit RunDir(const std::string& text) {
-    std::string tmpl = (fs::temp_directory_path() / "pk_blas_XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-    std::ofstream(path + "/manifest.json") << text;
+  RunDir(const std::string& name, const std::string& text) : dir(name), path(dir.path()) {
+    dir.write("manifest.json", text);
   }
-  ~RunDir() { fs::remove_all(path); }
+  testing::TempDir dir;
   std::string path;
 };
 
@@ -58,21 +56,21 @@ TEST(BlasKernels, RunsOnlyKernelsTheCpuHas) {
 }
 
 TEST(BlasKernels, ReadsTheKernelsARunRecorded) {
-  RunDir run(R"({"steps": 3, "environment": {"blas": "OpenBLAS", "blas_kernels": "Prescott"}})");
+  RunDir run("run", R"({"steps": 3, "environment": {"blas": "OpenBLAS", "blas_kernels": "Prescott"}})");
   EXPECT_EQ(recorded_blas_kernels(run.path), "Prescott");
-  RunDir none(R"({"steps": 3})");
+  RunDir none("none", R"({"steps": 3})");
   EXPECT_EQ(recorded_blas_kernels(none.path), "");
-  RunDir broken("{\"environment\": ");
+  RunDir broken("broken", "{\"environment\": ");
   EXPECT_EQ(recorded_blas_kernels(broken.path), "");
-  RunDir wrong_type(R"({"environment": {"blas_kernels": 7}})");
+  RunDir wrong_type("wrong_type", R"({"environment": {"blas_kernels": 7}})");
   EXPECT_EQ(recorded_blas_kernels(wrong_type.path), "");
   EXPECT_EQ(recorded_blas_kernels(run.path + "/manifest.json"), "");  // a file, not a run
   EXPECT_EQ(recorded_blas_kernels(run.path + "/missing"), "");
 }
 
 TEST(BlasKernels, ARunIsReplayedWithItsOwnKernels) {
-  RunDir old_run(R"({"environment": {"blas_kernels": "Prescott"}})");
-  RunDir wide_run(R"({"environment": {"blas_kernels": "SkylakeX"}})");
+  RunDir old_run("old_run", R"({"environment": {"blas_kernels": "Prescott"}})");
+  RunDir wide_run("wide_run", R"({"environment": {"blas_kernels": "SkylakeX"}})");
   const CpuFeatures avx512 = cpu(true, true, true), avx2 = cpu(false, true, true);
   EXPECT_EQ(kernels_for({"verify", old_run.path, "--test", "5"}, avx512), "Prescott");
   EXPECT_EQ(kernels_for({"train", "--steps", "5"}, avx512), "SkylakeX");
@@ -84,18 +82,11 @@ TEST(BlasKernels, ARunIsReplayedWithItsOwnKernels) {
 }
 
 TEST(BlasKernels, KeepsTheUsersChoice) {
-  const char* saved = std::getenv("OPENBLAS_CORETYPE");
-  const std::string before = saved != nullptr ? saved : "";
-  ::setenv("OPENBLAS_CORETYPE", "Nehalem", 1);
+  ScopedEnv chosen("OPENBLAS_CORETYPE", "Nehalem");
   char arg0[] = "pathkernel";
   char* argv[] = {arg0, nullptr};
   EXPECT_FALSE(choose_blas_kernels(1, argv));
   EXPECT_STREQ(std::getenv("OPENBLAS_CORETYPE"), "Nehalem");
-  if (saved != nullptr) {
-    ::setenv("OPENBLAS_CORETYPE", before.c_str(), 1);
-  } else {
-    ::unsetenv("OPENBLAS_CORETYPE");
-  }
 }
 
 }  // namespace
