@@ -140,6 +140,7 @@ struct DecompositionSummary {
   double mean_kinks_per_step = 0;                ///< kinks located per test point and step
   double max_abs_run_dtype_difference = 0;       ///< max |fN_run − fN|: 0 for float64 runs
   double seconds = 0;
+  TimeSplit time_split;
   StepResiduals residuals;
 };
 

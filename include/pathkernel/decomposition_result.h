@@ -37,6 +37,22 @@ struct StepResiduals {
   void merge(const StepResiduals& o);
 };
 
+/// Where a decomposition's time went, in seconds summed over the threads
+/// (and ranks) that did the work, so their sum may exceed the wall time.
+struct TimeSplit {
+  double test_features = 0;     ///< the test points' integrand evaluations along each step's segment
+  double training_signals = 0;  ///< the batch's gradient and per-sample signals, each step
+  double contraction = 0;       ///< test features against training signals (and the reverse walk's accumulator)
+  double replay = 0;            ///< the path replayed: checkpoints read, steps between them retrained
+
+  void add(const TimeSplit& o) {
+    test_features += o.test_features;
+    training_signals += o.training_signals;
+    contraction += o.contraction;
+    replay += o.replay;
+  }
+};
+
 /// Shapes: n test points, M training points, K outputs. The counts
 /// (QuadratureCounts) are summed over test points and steps.
 struct Decomposition : QuadratureCounts {
@@ -68,6 +84,7 @@ struct Decomposition : QuadratureCounts {
   torch::Tensor gap_abs;
   int64_t steps = 0;
   double seconds = 0;
+  TimeSplit time_split;          ///< where the seconds went (not kept in saved progress)
   StepResiduals residuals;       ///< how well the declared updates explain the recorded ones
 
   /// f(w_0) + Σ_i C_i + R + E: the kernel machine's prediction, [n, K].

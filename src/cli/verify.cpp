@@ -80,6 +80,11 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              {"mean_moment_evaluations_per_step", s.mean_moment_evaluations_per_step},
                              {"mean_kinks_per_step", s.mean_kinks_per_step},
                              {"seconds", s.seconds},
+                             // Where they went, summed over threads and ranks (TimeSplit).
+                             {"seconds_by_part", {{"test_features", s.time_split.test_features},
+                                                  {"training_signals", s.time_split.training_signals},
+                                                  {"contraction", s.time_split.contraction},
+                                                  {"replay", s.time_split.replay}}},
                              // How the network was evaluated: pathkernel's own layers, a
                              // TorchScript module's structured route, or autograd alone.
                              {"route", route.route},

@@ -69,8 +69,8 @@ Share block_share(const Communicator& comm, const std::vector<int64_t>& bounds) 
 }
 
 /// The counters of every rank's `d` on `out`: evaluations, forward and
-/// moment evaluations and kinks summed, the certificate gap and the seconds the
-/// maximum (a collective: every rank calls it).
+/// moment evaluations, kinks and the time split summed, the certificate gap and
+/// the seconds the maximum (a collective: every rank calls it).
 void reduce_counters(const Communicator& comm, const Decomposition& d, Decomposition& out) {
   out.certificate_max_gap = comm.max(d.certificate_max_gap);
   out.evaluations = comm.sum(d.evaluations);
@@ -78,6 +78,15 @@ void reduce_counters(const Communicator& comm, const Decomposition& d, Decomposi
   out.moment_evaluations = comm.sum(d.moment_evaluations);
   out.kinks = comm.sum(d.kinks);
   out.seconds = comm.max(d.seconds);
+  const auto summed = [&comm](double value) {
+    double total = 0;
+    for (double v : comm.all_gather(value)) total += v;
+    return total;
+  };
+  out.time_split.test_features = summed(d.time_split.test_features);
+  out.time_split.training_signals = summed(d.time_split.training_signals);
+  out.time_split.contraction = summed(d.time_split.contraction);
+  out.time_split.replay = summed(d.time_split.replay);
 }
 
 /// The tensors add_step_block() adds, in a fixed order.
@@ -113,6 +122,7 @@ Decomposition sum_blocks(const Communicator& comm, Decomposition base, Share blo
     local.add_counts(p);
     local.steps += p.steps;
     local.seconds += p.seconds;
+    local.time_split.add(p.time_split);
     local.certificate_max_gap = std::max(local.certificate_max_gap, p.certificate_max_gap);
     local.residuals.merge(p.residuals);
     if (comm.root()) add_step_block(local, p);

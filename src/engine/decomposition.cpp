@@ -41,6 +41,7 @@ DecompositionSummary summarize(const Decomposition& d) {
   s.mean_kinks_per_step = static_cast<double>(d.kinks) / point_steps;
   s.max_abs_run_dtype_difference = d.fN_run.defined() ? (d.fN_run - d.fN).abs().max().item<double>() : 0.0;
   s.seconds = d.seconds;
+  s.time_split = d.time_split;
   s.residuals = d.residuals;
   return s;
 }

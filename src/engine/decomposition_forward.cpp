@@ -184,11 +184,17 @@ class ForwardWalk {
     const Walk::Batch& bt = t.bt;
     Decomposition& blk = blk_.sums;
     const int64_t K = w_.K;
-    p.f = test_features(ev, w_.x.narrow(0, p.first, p.count), options_.quadrature);
+    {
+      WalkClock::Scope timed(w_.clock, WalkClock::kTestFeatures);
+      p.f = test_features(ev, w_.x.narrow(0, p.first, p.count), options_.quadrature);
+    }
     const TestFeatures& f = p.f;
-    blk.gap_abs.narrow(0, p.first, p.count).add_(f.gap.abs());
-    if (lambda_ != 0) blk.regularization.narrow(0, p.first, p.count).add_(apply_features(ev, f, t.rho));
-    blk.rounding.narrow(0, p.first, p.count).add_(apply_features(ev, f, t.e));
+    {
+      WalkClock::Scope timed(w_.clock, WalkClock::kContraction);
+      blk.gap_abs.narrow(0, p.first, p.count).add_(f.gap.abs());
+      if (lambda_ != 0) blk.regularization.narrow(0, p.first, p.count).add_(apply_features(ev, f, t.rho));
+      blk.rounding.narrow(0, p.first, p.count).add_(apply_features(ev, f, t.e));
+    }
     if (options_.on_step) p.step_c = torch::empty({p.count, bt.b, K}, torch::kFloat64);
     const int64_t rows = contraction_rows(options_, f, K, bt.b);
     w_.train_chunks(
@@ -280,9 +286,12 @@ Decomposition decompose_forward(PathReader& reader, const torch::Tensor& x_in, c
   restore(checkpoint, d, w.n, options.kernel, &blk.sums);
   ProgressBar bar(d.steps, "decompose", options.progress);
   ForwardWalk walk(reader, options, checkpoint, w, d, blk, bar, chunk, end_step);
-  reader.forward([&](const PathStep& st) { walk.step(st); }, first, end_step);
+  const auto replay_start = std::chrono::steady_clock::now();
+  reader.forward([&](const PathStep& st) { w.clock.step([&] { walk.step(st); }); }, first, end_step);
+  const auto end = std::chrono::steady_clock::now();
   bar.finish();
-  d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  d.seconds = std::chrono::duration<double>(end - t0).count();
+  d.time_split = w.clock.split(std::chrono::duration<double>(end - replay_start).count());
   return d;
 }
 

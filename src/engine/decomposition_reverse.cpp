@@ -158,14 +158,17 @@ class ReverseWalk {
     }
     const int64_t skip_from = m_.steps - ch.steps_done;  // steps s >= skip_from are done
     ReverseResiduals residuals(m_, beta_, d_.residuals);
+    const auto replay_start = std::chrono::steady_clock::now();
     reader_.reverse([&](const PathStep& st) {
       if (st.step >= skip_from) return;
-      step(st, ch, residuals);
+      w_.clock.step([&] { step(st, ch, residuals); });
     });
+    reader_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - replay_start).count();
     residuals.finish_walk();
   }
 
   int64_t done = 0;  ///< steps walked, summed over the chunks (the progress bar's)
+  double reader_seconds = 0;  ///< the reader's walks, steps included (WalkClock::split)
 
  private:
   /// Step st for the chunk's blocks of test points, then the bar and the saved progress.
@@ -206,22 +209,30 @@ class ReverseWalk {
     // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
     if (t.buf.defined()) erow -= beta_ * torch::matmul(acc_b, t.buf);
 
-    TestFeatures f = test_features(ev, xb_test, options_.quadrature);
-    tally(d_, f);
-    d_.gap_abs.narrow(0, p0, nb).add_(f.gap.abs());
-    erow += apply_features(ev, f, t.residual);
-    if (t.c.rho.defined()) d_.regularization.narrow(0, p0, nb).add_(apply_features(ev, f, t.c.rho));
-    torch::Tensor jp = dense_features(ev, f);  // [nb, K, P]
-    if (t.c.metric.defined()) jp.mul_(t.c.metric);
-    torch::Tensor a = t.c.alpha * jp;
-    if (t.buf.defined()) {
-      acc_b.mul_(beta_).add_(jp, t.c.kappa);
-      a.add_(acc_b, t.c.gamma);
-      erow += torch::matmul(acc_b, t.buf - t.c.gamma * t.dvec);
+    TestFeatures f;
+    {
+      WalkClock::Scope timed(w_.clock, WalkClock::kTestFeatures);
+      f = test_features(ev, xb_test, options_.quadrature);
     }
-    jp = torch::Tensor();
-    d_.rounding.narrow(0, p0, nb).add_(erow);
-    if (lambda_ != 0) d_.regularization.narrow(0, p0, nb).add_(lambda_ * torch::matmul(a, st.w));
+    tally(d_, f);
+    torch::Tensor a;
+    {  // the accumulator's algebra, timed with the contractions
+      WalkClock::Scope timed(w_.clock, WalkClock::kContraction);
+      d_.gap_abs.narrow(0, p0, nb).add_(f.gap.abs());
+      erow += apply_features(ev, f, t.residual);
+      if (t.c.rho.defined()) d_.regularization.narrow(0, p0, nb).add_(apply_features(ev, f, t.c.rho));
+      torch::Tensor jp = dense_features(ev, f);  // [nb, K, P]
+      if (t.c.metric.defined()) jp.mul_(t.c.metric);
+      a = t.c.alpha * jp;
+      if (t.buf.defined()) {
+        acc_b.mul_(beta_).add_(jp, t.c.kappa);
+        a.add_(acc_b, t.c.gamma);
+        erow += torch::matmul(acc_b, t.buf - t.c.gamma * t.dvec);
+      }
+      jp = torch::Tensor();
+      d_.rounding.narrow(0, p0, nb).add_(erow);
+      if (lambda_ != 0) d_.regularization.narrow(0, p0, nb).add_(lambda_ * torch::matmul(a, st.w));
+    }
     torch::Tensor step_c = options_.on_step ? torch::empty({nb, bt.b, K_}, torch::kFloat64) : torch::Tensor();
     w_.train_chunks(
         st, bt, options_.train_chunk, 1.0, [&](const TrainSignals& tr) { return contract_dense(ev, a, tr); },
@@ -291,6 +302,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   }
   bar.finish();
   d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  d.time_split = w.clock.split(walk.reader_seconds);
   return d;
 }
 

@@ -88,7 +88,18 @@ Walk::Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOpt
       layout(parameter_layout(net64)),
       keep_doubles(options.memory_doubles / 4) {}
 
+TimeSplit WalkClock::split(double reader_seconds) const {
+  const auto seconds = [this](Part p) { return static_cast<double>(nanoseconds_[p].load()) * 1e-9; };
+  TimeSplit t;
+  t.test_features = seconds(kTestFeatures);
+  t.training_signals = seconds(kTrainingSignals);
+  t.contraction = seconds(kContraction);
+  t.replay = std::max(0.0, reader_seconds - std::chrono::duration<double>(in_steps_).count());
+  return t;
+}
+
 Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x) {
+  WalkClock::Scope timed(clock, WalkClock::kTrainingSignals);
   Batch out;
   out.idx = st.batch.defined() ? st.batch : torch::arange(M);
   out.b = out.idx.size(0);
@@ -100,6 +111,7 @@ Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x) {
 }
 
 TrainSignals Walk::chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr) const {
+  WalkClock::Scope timed(clock, WalkClock::kTrainingSignals);
   // Groups of test points ask concurrently: the first forms a chunk, the
   // others wait and take it if kept.
   std::lock_guard<std::mutex> lock(kept_mutex);

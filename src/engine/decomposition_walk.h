@@ -10,6 +10,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -51,6 +54,48 @@ class CaptureScope {
   PathReader& reader_;
 };
 
+/// Where a walk's time goes (TimeSplit). Its parts are timed by Scope on
+/// whichever thread does them (their seconds add up across threads); the
+/// replay is the time the path reader takes outside the walk's steps.
+class WalkClock {
+ public:
+  enum Part { kTestFeatures, kTrainingSignals, kContraction, kParts };
+
+  /// Adds the seconds from its construction to its end to one part.
+  class Scope {
+   public:
+    Scope(WalkClock& clock, Part part) : clock_(clock), part_(part), t0_(std::chrono::steady_clock::now()) {}
+    ~Scope() { clock_.add(part_, std::chrono::steady_clock::now() - t0_); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    WalkClock& clock_;
+    Part part_;
+    std::chrono::steady_clock::time_point t0_;
+  };
+
+  /// Runs one step of the walk (inside the reader's replay), timed.
+  template <typename F>
+  void step(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    in_steps_ += std::chrono::steady_clock::now() - t0;
+  }
+
+  /// The parts so far, with the replay: `reader_seconds`, the time the
+  /// reader's walk took, less the time in the steps it called.
+  TimeSplit split(double reader_seconds) const;
+
+ private:
+  void add(Part part, std::chrono::steady_clock::duration d) {
+    nanoseconds_[part] += std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  }
+
+  std::array<std::atomic<int64_t>, kParts> nanoseconds_{};
+  std::chrono::steady_clock::duration in_steps_{};
+};
+
 /// What both walks of the path share: the test points and the training set
 /// in float64, two float64 networks of the run's own (the reader's is busy
 /// replaying the path: one for the batch gradient, one for the evaluator)
@@ -81,8 +126,14 @@ struct Walk {
     for (int64_t r0 = 0; r0 < bt.b; r0 += chunk) {
       const int64_t nr = std::min(chunk, bt.b - r0);
       const DropoutStep dropout(m.init_seed, st.step);
-      torch::Tensor part = contract_with(chunk_signals(st, bt, r0, nr));
-      use(r0, nr, scale != 1 ? part * scale : part);
+      const TrainSignals signals = chunk_signals(st, bt, r0, nr);
+      torch::Tensor part;
+      {
+        WalkClock::Scope timed(clock, WalkClock::kContraction);
+        part = contract_with(signals);
+        if (scale != 1) part = part * scale;
+      }
+      use(r0, nr, part);
     }
   }
 
@@ -115,6 +166,8 @@ struct Walk {
   mutable std::map<std::pair<int64_t, int64_t>, TrainSignals> kept;
   mutable int64_t kept_doubles = 0;
   mutable std::mutex kept_mutex;
+  /// Where the walk's time goes.
+  mutable WalkClock clock;
 };
 
 /// Adds the test features' counts and certificate to d's.

@@ -128,6 +128,9 @@ TEST(Cli, VerifyReportsTheKernelMachineAgainstTheNetwork) {
                           "mean_evaluations_per_step", "test_points", "steps", "quadrature", "seconds"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
+  for (const char* part : {"test_features", "training_signals", "contraction", "replay"}) {
+    EXPECT_GE(j["seconds_by_part"][part].get<double>(), 0.0) << part;
+  }
   EXPECT_EQ(j["test_points"], 12);
   EXPECT_EQ(j["steps"], 15);
   EXPECT_EQ(j["quadrature"], "gauss");

@@ -407,6 +407,28 @@ TEST(Summarize, MatchesExplicitLoops) {
   EXPECT_CONTAINS(testing::error_message([&] { relative_error(d.f0, d.contributions); }), "differ in shape");
 }
 
+// Both walks say where their time went: each part measured, none more than
+// the threads could have spent in the walk's wall time.
+TEST(TimeSplit, AccountsForBothWalksWithinTheirThreadsTime) {
+  for (const std::string opt : {"sgd", "adam"}) {
+    testing::TempDir dir(opt);
+    RunOptions r = buffered_run(dir / "run", opt, 5);
+    train_run(r);
+    PathReader reader(r.out);
+    DecompositionOptions options;
+    options.progress = false;
+    const Decomposition d = decompose(reader, reader.dataset().x_test.narrow(0, 0, 3), options);
+    const TimeSplit& t = d.time_split;
+    EXPECT_GT(t.test_features, 0) << opt;
+    EXPECT_GT(t.training_signals, 0) << opt;
+    EXPECT_GT(t.contraction, 0) << opt;
+    EXPECT_GE(t.replay, 0) << opt;
+    const double parts = t.test_features + t.training_signals + t.contraction + t.replay;
+    EXPECT_LE(parts, std::max(1, current_threads()) * d.seconds + 1e-3) << opt;
+    EXPECT_EQ(summarize(d).time_split.test_features, t.test_features) << opt;
+  }
+}
+
 TEST(ReverseAccumulation, RefusesTheKernelOutput) {
   testing::TempDir dir;
   RunOptions r = buffered_run(dir / "run", "momentum", 3);
