@@ -144,3 +144,83 @@ def parse_npy(data: bytes, what: str) -> np.ndarray:
         return np.load(io.BytesIO(data), allow_pickle=False)
     except Exception as e:  # numpy raises ValueError, OSError, EOFError...
         raise RunFormatError("%s: not a readable .npy file (%s)" % (what, e)) from e
+
+
+# An input array with at most this many distinct values is stored as uint8
+# codes and a table of the values (data/NAME.codes.npy, data/NAME.values.npy).
+MAX_CODED_VALUES = 256
+_CODE_CHUNK = 1 << 24  # elements per pass of the encoder (bounded memory)
+_BITS = {np.dtype(np.float64): np.int64, np.dtype(np.float32): np.int32, np.dtype(np.int64): np.int64,
+         np.dtype(np.int32): np.int32}
+
+
+def value_codes(array: np.ndarray):
+    """``(codes, values)`` with ``values[codes]`` equal to ``array`` bit for
+    bit: codes uint8 of the array's shape, values the distinct values (at most
+    256, compared by their bits, so -0.0 and 0.0 stay apart) in the array's
+    dtype, in increasing order of their bits. None when the array holds more
+    than 256 distinct values or a dtype other than float64, float32, int64,
+    int32. One pass in chunks; stops at the first chunk past 256 values."""
+    import torch  # the recorder's; reading a run needs no torch
+
+    a = np.ascontiguousarray(array)
+    bits_type = _BITS.get(a.dtype)
+    if bits_type is None:
+        return None
+    bits = torch.from_numpy(a.reshape(-1).view(bits_type))
+    local_tables, local_codes, seen = [], [], torch.empty(0, dtype=bits.dtype)
+    for start in range(0, bits.numel(), _CODE_CHUNK):
+        table, inverse = torch.unique(bits[start:start + _CODE_CHUNK], sorted=True, return_inverse=True)
+        if table.numel() > MAX_CODED_VALUES:
+            return None
+        seen = torch.unique(torch.cat([seen, table]), sorted=True)
+        if seen.numel() > MAX_CODED_VALUES:
+            return None
+        local_tables.append(table)
+        local_codes.append(inverse.to(torch.uint8))
+    codes = np.empty(bits.numel(), dtype=np.uint8)
+    for i, (table, local) in enumerate(zip(local_tables, local_codes)):
+        remap = torch.searchsorted(seen, table).to(torch.uint8).numpy()
+        codes[i * _CODE_CHUNK:i * _CODE_CHUNK + local.numel()] = remap[local.numpy()]
+    values = seen.numpy().view(a.dtype)
+    return codes.reshape(a.shape), values
+
+
+def _read_npy(path: str, what: str) -> np.ndarray:
+    try:
+        with open(path, "rb") as f:
+            return parse_npy(f.read(), path)
+    except OSError as e:
+        raise RunFormatError("%s: cannot read '%s': %s" % (what, path, e.strerror)) from e
+
+
+def read_array(directory: str, name: str, what: str) -> np.ndarray:
+    """Array ``name`` of a data directory: NAME.npy, or the coded pair
+    NAME.codes.npy (uint8, the array's shape) and NAME.values.npy (the 1-D
+    table of at most 256 values), read as values[codes]. ``what`` opens the
+    messages."""
+    plain, codes_path, values_path = (os.path.join(directory, name + suffix)
+                                      for suffix in (".npy", ".codes.npy", ".values.npy"))
+    has_codes, has_values = os.path.exists(codes_path), os.path.exists(values_path)
+    if os.path.exists(plain):
+        if has_codes or has_values:
+            raise RunFormatError("%s: '%s' holds both %s.npy and the coded pair's %s; expected one of them"
+                                 % (what, directory, name, codes_path if has_codes else values_path))
+        return _read_npy(plain, what)
+    if not (has_codes and has_values):
+        raise RunFormatError("%s: '%s' has %s; expected %s.npy or the pair %s.codes.npy and %s.values.npy"
+                             % (what, directory, "only " + os.path.basename(codes_path if has_codes else values_path)
+                                if has_codes or has_values else "no " + name + ".npy", name, name, name))
+    values = _read_npy(values_path, what)
+    if values.ndim != 1 or values.shape[0] > MAX_CODED_VALUES or values.dtype not in _BITS:
+        raise RunFormatError("%s: '%s' holds %s of shape %s, expected a 1-D table of at most %d values (float64, "
+                             "float32, int64 or int32)" % (what, values_path, values.dtype, list(values.shape),
+                                                           MAX_CODED_VALUES))
+    codes = _read_npy(codes_path, what)
+    if codes.dtype != np.uint8 or codes.ndim < 1:
+        raise RunFormatError("%s: '%s' holds %s of shape %s, expected uint8 codes with at least one dimension"
+                             % (what, codes_path, codes.dtype, list(codes.shape)))
+    if codes.size and int(codes.max()) >= values.shape[0]:
+        raise RunFormatError("%s: '%s' holds the code %d, out of range of the %d values in '%s'"
+                             % (what, codes_path, int(codes.max()), values.shape[0], values_path))
+    return values[codes]

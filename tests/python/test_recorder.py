@@ -302,7 +302,7 @@ class RecordedRunFormat(TempDirTest):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         targets = F.one_hot(self.y, 3).double()
         d = self.path("mse")
-        record_loop(d, model, opt, self.x, targets, steps=3, loss="mse")
+        record_loop(d, model, opt, self.x, targets, steps=3, loss="mse", summary_accuracy=True)
         run = pathkernel.read_run(d)
         self.assertEqual((run.manifest["model"]["output"], run.training["loss"]), ("logits", "mse"))
         arrays = run.data()
