@@ -149,9 +149,31 @@ def parse_npy(data: bytes, what: str) -> np.ndarray:
 # An input array with at most this many distinct values is stored as uint8
 # codes and a table of the values (data/NAME.codes.npy, data/NAME.values.npy).
 MAX_CODED_VALUES = 256
-_CODE_CHUNK = 1 << 24  # elements per pass of the encoder (bounded memory)
-_BITS = {np.dtype(np.float64): np.int64, np.dtype(np.float32): np.int32, np.dtype(np.int64): np.int64,
-         np.dtype(np.int32): np.int32}
+_CODE_CHUNK = 1 << 22  # elements per pass of the encoder (bounded memory)
+_BITS = {np.dtype(np.float64): np.uint64, np.dtype(np.float32): np.uint32, np.dtype(np.int64): np.uint64,
+         np.dtype(np.int32): np.uint32}
+_HASH_BITS = 16
+
+
+def _hash(bits: np.ndarray, multiplier) -> np.ndarray:
+    """Multiplicative hashing of bit patterns to [0, 2^16)."""
+    width = bits.dtype.itemsize * 8
+    return (bits * multiplier) >> bits.dtype.type(width - _HASH_BITS)
+
+
+def _perfect_hash(table: np.ndarray):
+    """A multiplier under which the table's entries hash apart, and the
+    lookup from hash to code; None if none of the tries separates them."""
+    rng = np.random.default_rng(0)
+    info = np.iinfo(table.dtype)
+    for _ in range(64):
+        multiplier = table.dtype.type(int(rng.integers(0, info.max, dtype=table.dtype)) | 1)
+        h = _hash(table, multiplier)
+        if np.unique(h).size == table.size:
+            lookup = np.zeros(1 << _HASH_BITS, dtype=np.uint8)
+            lookup[h] = np.arange(table.size, dtype=np.uint8)
+            return multiplier, lookup
+    return None
 
 
 def value_codes(array: np.ndarray):
@@ -160,30 +182,39 @@ def value_codes(array: np.ndarray):
     256, compared by their bits, so -0.0 and 0.0 stay apart) in the array's
     dtype, in increasing order of their bits. None when the array holds more
     than 256 distinct values or a dtype other than float64, float32, int64,
-    int32. One pass in chunks; stops at the first chunk past 256 values."""
-    import torch  # the recorder's; reading a run needs no torch
+    int32.
 
+    The table starts as the values of the first chunk; every element is
+    coded through a perfect hash of the table and checked against it, and the
+    values it missed join the table (then the array is coded again)."""
     a = np.ascontiguousarray(array)
     bits_type = _BITS.get(a.dtype)
     if bits_type is None:
         return None
-    bits = torch.from_numpy(a.reshape(-1).view(bits_type))
-    local_tables, local_codes, seen = [], [], torch.empty(0, dtype=bits.dtype)
-    for start in range(0, bits.numel(), _CODE_CHUNK):
-        table, inverse = torch.unique(bits[start:start + _CODE_CHUNK], sorted=True, return_inverse=True)
-        if table.numel() > MAX_CODED_VALUES:
-            return None
-        seen = torch.unique(torch.cat([seen, table]), sorted=True)
-        if seen.numel() > MAX_CODED_VALUES:
-            return None
-        local_tables.append(table)
-        local_codes.append(inverse.to(torch.uint8))
-    codes = np.empty(bits.numel(), dtype=np.uint8)
-    for i, (table, local) in enumerate(zip(local_tables, local_codes)):
-        remap = torch.searchsorted(seen, table).to(torch.uint8).numpy()
-        codes[i * _CODE_CHUNK:i * _CODE_CHUNK + local.numel()] = remap[local.numpy()]
-    values = seen.numpy().view(a.dtype)
-    return codes.reshape(a.shape), values
+    bits = a.reshape(-1).view(bits_type)
+    table = np.unique(bits[:_CODE_CHUNK])
+    codes = np.empty(bits.size, dtype=np.uint8)
+    with np.errstate(over="ignore"):
+        while table.size <= MAX_CODED_VALUES:
+            found = _perfect_hash(table) if table.size else None
+            if found is None and table.size:
+                return None
+            missed = []
+            for start in range(0, bits.size, _CODE_CHUNK):
+                chunk = bits[start:start + _CODE_CHUNK]
+                c = found[1][_hash(chunk, found[0])]
+                wrong = table[c] != chunk
+                if wrong.any():
+                    missed.append(np.unique(chunk[wrong]))
+                    if sum(m.size for m in missed) + table.size > MAX_CODED_VALUES:
+                        missed = [np.unique(np.concatenate(missed))]  # chunks may miss the same values
+                        if missed[0].size + table.size > MAX_CODED_VALUES:
+                            return None
+                codes[start:start + chunk.size] = c
+            if not missed:
+                return codes.reshape(a.shape), table.view(a.dtype)
+            table = np.union1d(table, np.concatenate(missed))
+    return None
 
 
 def _read_npy(path: str, what: str) -> np.ndarray:
