@@ -153,6 +153,7 @@ _CODE_CHUNK = 1 << 22  # elements per pass of the encoder (bounded memory)
 _BITS = {np.dtype(np.float64): np.uint64, np.dtype(np.float32): np.uint32, np.dtype(np.int64): np.uint64,
          np.dtype(np.int32): np.uint32}
 _HASH_BITS = 16
+_SAMPLE = 1 << 18  # elements whose values start the table
 
 
 def _hash(bits: np.ndarray, multiplier) -> np.ndarray:
@@ -184,7 +185,7 @@ def value_codes(array: np.ndarray):
     than 256 distinct values or a dtype other than float64, float32, int64,
     int32.
 
-    The table starts as the values of the first chunk; every element is
+    The table starts as the values of a sample; every element is
     coded through a perfect hash of the table and checked against it, and the
     values it missed join the table (then the array is coded again)."""
     a = np.ascontiguousarray(array)
@@ -192,7 +193,8 @@ def value_codes(array: np.ndarray):
     if bits_type is None:
         return None
     bits = a.reshape(-1).view(bits_type)
-    table = np.unique(bits[:_CODE_CHUNK])
+    # The first table: the values of a sample spread over the array.
+    table = np.unique(bits[::max(1, bits.size // _SAMPLE)])
     codes = np.empty(bits.size, dtype=np.uint8)
     with np.errstate(over="ignore"):
         while table.size <= MAX_CODED_VALUES:

@@ -449,6 +449,19 @@ class Refusals(TempDirTest):
             Recorder(self.path("run"), *args, **kw)
         self.assertFalse(os.path.exists(self.path("run", "manifest.json")))
 
+    def test_inputs_that_are_not_finite(self):
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            for name in ("train_x", "test_x"):
+                with self.subTest(value=bad, array=name):
+                    x = self.x.clone()
+                    x[7, 2] = bad
+                    data = {"train_x": x, "test_x": self.x} if name == "train_x" else \
+                        {"train_x": self.x, "test_x": x}
+                    self.refuse(name + r" holds a value that is not finite \(NaN or infinite\)", model, opt,
+                                data["train_x"], self.y, test_x=data["test_x"], test_y=self.y)
+
     def test_unsupported_optimizers(self):
         model = mlp()
         self.refuse(r"optimizer torch\.optim\.rmsprop\.RMSprop is not supported; supported: torch\.optim\.SGD.*Adam.*AdamW",
