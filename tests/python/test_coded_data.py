@@ -5,7 +5,7 @@ for bit, in pathkernel.read and in the engine (src/core/npy.cpp)."""
 import json
 import os
 
-from _helpers import F, Recorder, TempDirTest, batches, cli_json, need_binary, np, torch
+from _helpers import F, Recorder, TempDirTest, batches, cli, cli_json, need_binary, np, torch
 
 import pathkernel
 from pathkernel import _files
@@ -115,6 +115,21 @@ class RecordedCodedData(TempDirTest):
         j = cli_json(self, ["check-path", run])
         drift = j["replay_drift"] if "replay_drift" in j else j
         self.assertEqual(drift["max_abs_diff"], 0, j)
+
+    def test_the_engine_refuses_a_broken_pair_naming_it(self):
+        need_binary(self)
+        x = torch.from_numpy(np.nan_to_num(pixels((200, 1, 4, 4), seed=3), nan=0.5))
+        run = self.path("run")
+        self.record(run, x, x[:20].clone(), steps=2)
+        os.unlink(os.path.join(run, "data", "train_x.values.npy"))
+        rc, _, err = cli(["check-path", run])
+        self.assertNotEqual(rc, 0)
+        self.assertIn("train_x.codes.npy but not train_x.values.npy", err)
+        np.save(os.path.join(run, "data", "train_x.values.npy"), np.zeros(3, dtype=np.float32))
+        rc, _, err = cli(["check-path", run])
+        self.assertNotEqual(rc, 0)
+        self.assertRegex(err, r"train_x.codes.npy with .*train_x.values.npy: code \d+ is out of range of the table "
+                              r"of 3 values")
 
     def test_an_array_of_many_values_stays_plain(self):
         x = torch.randn(200, 1, 4, 4)
