@@ -130,6 +130,15 @@ class RecordedCodedData(TempDirTest):
         self.assertNotEqual(rc, 0)
         self.assertRegex(err, r"train_x.codes.npy with .*train_x.values.npy: code \d+ is out of range of the table "
                               r"of 3 values")
+        # Both files of the pair must be inside the run.
+        outside = self.path("values.npy")
+        np.save(outside, np.zeros(256, dtype=np.float32))
+        os.unlink(os.path.join(run, "data", "train_x.values.npy"))
+        os.symlink(outside, os.path.join(run, "data", "train_x.values.npy"))
+        rc, _, err = cli(["check-path", run])
+        self.assertNotEqual(rc, 0)
+        self.assertIn("file 'data/train_x.values.npy' resolves to", err)
+        self.assertIn("outside the run directory", err)
 
     def test_an_array_of_many_values_stays_plain(self):
         x = torch.randn(200, 1, 4, 4)
