@@ -4,6 +4,9 @@
 // test_y.npy. A successful read must give rows that agree between inputs and
 // labels, inputs of one shape in both splits, finite values, and labels that
 // are classes in [0, num_classes) or finite targets [n, num_classes].
+// The same pieces are then read as a directory whose inputs are coded pairs:
+// the first piece as train_x.codes.npy and test_x.codes.npy, the third as
+// train_x.values.npy and test_x.values.npy, under the same checks.
 #include <filesystem>
 
 #include "fuzz_util.h"
@@ -49,19 +52,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string dir = pathkernel::fuzz::scratch_path("_npydir");
   static const bool made = std::filesystem::create_directories(dir) || true;
   (void)made;
+  static const std::string coded = pathkernel::fuzz::scratch_path("_npydir_coded");
+  static const bool made_coded = std::filesystem::create_directories(coded) || true;
+  (void)made_coded;
   const char* names[] = {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"};
+  const char* coded_names[] = {"train_x.codes.npy", "train_y.npy", "train_x.values.npy", "test_y.npy"};
   uint32_t lengths[3];
   for (uint32_t& n : lengths) n = take_length(data, size);
   for (int i = 0; i < 4; ++i) {
     const size_t n = i < 3 ? std::min<size_t>(lengths[i], size) : size;
     pathkernel::fuzz::write_bytes(dir + "/" + names[i], data, n);
+    pathkernel::fuzz::write_bytes(coded + "/" + coded_names[i], data, n);
+    if (i == 0) pathkernel::fuzz::write_bytes(coded + "/test_x.codes.npy", data, n);
+    if (i == 2) pathkernel::fuzz::write_bytes(coded + "/test_x.values.npy", data, n);
     data += n;
     size -= n;
   }
-  try {
-    check(pathkernel::detail::load_npy_dir(dir, 0));
-  } catch (const pathkernel::Error& e) {
-    pathkernel::fuzz::refused(e);
+  for (const std::string& d : {dir, coded}) {
+    try {
+      check(pathkernel::detail::load_npy_dir(d, 0));
+    } catch (const pathkernel::Error& e) {
+      pathkernel::fuzz::refused(e);
+    }
   }
   return 0;
 }

@@ -318,7 +318,8 @@ def _check_input_array(x: torch.Tensor, what: str) -> Tuple[torch.Tensor, bool]:
         raise RecorderError(f"{what} has shape {list(x.shape)}; expected [n, *input_shape] with at least one input "
                             f"dimension")
     if x.dtype in (torch.float32, torch.float64):
-        if x.numel() and not bool(torch.isfinite(x).all()):
+        # All finite exactly when the least and the largest are (NaN propagates through both).
+        if x.numel() and not all(bool(torch.isfinite(v)) for v in torch.aminmax(x)):
             raise RecorderError(f"{what} holds a value that is not finite (NaN or infinite)")
         return x, False
     if x.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
@@ -390,8 +391,8 @@ def training_crc32(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> int:
     data as it loads it: the inputs converted to the run's dtype (so token
     ids and float32 inputs of a float64 model as float64), then the int64
     labels or float64 targets."""
-    x_raw = np.ascontiguousarray(x.to(dtype).numpy()).tobytes()
-    y_raw = np.ascontiguousarray(y.numpy()).tobytes()
+    x_raw = memoryview(np.ascontiguousarray(x.to(dtype).numpy())).cast("B")  # no copy
+    y_raw = memoryview(np.ascontiguousarray(y.numpy())).cast("B")
     return zlib.crc32(y_raw, zlib.crc32(x_raw)) & 0xFFFFFFFF
 
 

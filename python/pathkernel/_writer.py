@@ -9,7 +9,8 @@ The layout and the guarantees of pathkernel's C++ run writer
     batches/b_SSSSSSSS.npy        int32 [steps, max batch] indices of the steps since the last flush
     clip_factors.npy              float64 [N], each step's clip factor (when the loop clipped)
     metrics.csv                   step,lr,loss,batch_accuracy
-    model.pt, data/*.npy          the TorchScript module and the data
+    model.pt, data/*.npy          the TorchScript module and the data (an input array with at most
+                                  256 distinct values as NAME.codes.npy uint8 + NAME.values.npy)
 
 Every file is written atomically; the path's files are synced, together,
 before the manifest that lists them is written, so an interrupted loop
@@ -29,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ._errors import RecorderError
-from ._files import json_text, npy_bytes, step_name, sync_files, write_atomic
+from ._files import json_text, npy_bytes, step_name, sync_files, value_codes, write_atomic
 from ._manifest import MANIFEST_FILE, BatchRecord, CheckpointRecord, Environment, FileRecord, Manifest
 
 # Steps between two rewrites of manifest.json while recording (and so the
@@ -102,10 +103,24 @@ class RunWriter:
 
     # -------------------------------------------------------------- before
 
-    def add_data(self, arrays: Dict[str, np.ndarray]) -> None:
-        """Writes data/NAME.npy for each array (synced)."""
+    def add_data(self, arrays: Dict[str, np.ndarray], coded: Tuple[str, ...] = ()) -> List[str]:
+        """Writes data/NAME.npy for each array (synced). An array named in
+        ``coded`` with at most 256 distinct values goes instead, when that is
+        smaller, to the pair data/NAME.codes.npy (uint8, the array's shape)
+        and data/NAME.values.npy (its distinct values, in its dtype),
+        values[codes] being the array bit for bit. Returns the files
+        written, relative to data/."""
+        files = []
         for name, array in arrays.items():
-            write_atomic(os.path.join(self.directory, "data", name + ".npy"), npy_bytes(array))
+            pair = value_codes(array) if name in coded else None
+            if pair is not None and array.size * array.itemsize <= pair[0].size + pair[1].size * array.itemsize + 128:
+                pair = None  # the pair would not be smaller (a small array)
+            parts = [(name + ".npy", array)] if pair is None else \
+                [(name + ".codes.npy", pair[0]), (name + ".values.npy", pair[1])]
+            for file, part in parts:
+                write_atomic(os.path.join(self.directory, "data", file), npy_bytes(part))
+                files.append(file)
+        return files
 
     def add_module(self, data: bytes, relative: str = "model.pt") -> FileRecord:
         """Writes the TorchScript module's bytes (synced); returns its record."""

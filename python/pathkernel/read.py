@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from ._files import RunFormatError, parse_npy, read_listed
+from ._files import RunFormatError, parse_npy, read_array, read_listed
 from ._manifest import MANIFEST_FILE, BatchRecord, CheckpointRecord, ParamInfo, check_header, field
 
 __all__ = ["Run", "Explanation", "read_run", "read_explain"]
@@ -223,14 +223,8 @@ class Run:
                                  % (self.directory, d.get("spec")))
         directory = source.get("directory", "")
         base = os.path.join(self.directory, directory) if source.get("in_run") else directory
-        out = {}
-        for name in ("train_x", "train_y", "test_x", "test_y"):
-            path = os.path.join(base, name + ".npy")
-            try:
-                with open(path, "rb") as f:
-                    out[name] = parse_npy(f.read(), path)
-            except OSError as e:
-                raise RunFormatError("run '%s': cannot read '%s': %s" % (self.directory, path, e.strerror)) from e
+        out = {name: read_array(base, name, "run '%s'" % self.directory)
+               for name in ("train_x", "train_y", "test_x", "test_y")}
         if out["train_x"].shape[0] != d.get("num_train"):
             raise RunFormatError("run '%s': '%s' has %d rows, the manifest says num_train %s"
                                  % (self.directory, os.path.join(base, "train_x.npy"), out["train_x"].shape[0],

@@ -24,7 +24,8 @@ replays the steps between checkpoints with the saved TorchScript module and
 LibTorch's optimizer. ``every_step=True`` stores every step's weights and
 state in float64 instead (nothing replayed). Either way the run holds the
 optimizer's kind and hyper-parameters, the model as TorchScript and the
-data as .npy, in a run directory that every pathkernel command reads
+data as .npy (an input array of at most 256 distinct values, such as images
+of 8-bit pixels, as uint8 codes and the table of its values), in a run directory that every pathkernel command reads
 (docs/run-directory.md); ``rec.bytes_per_step`` says how many bytes a step
 takes.
 
@@ -103,11 +104,11 @@ def _module_bytes(script: torch.jit.ScriptModule) -> bytes:
     return buf.getvalue()
 
 
-def _manifest(spec: RecordSpec, module: FileRecord, schedule: CheckpointSchedule) -> Manifest:
-    """The run's manifest before its first step."""
+def _manifest(spec: RecordSpec, module: FileRecord, schedule: CheckpointSchedule, data_files: List[str]) -> Manifest:
+    """The run's manifest before its first step; ``data_files``: the files in
+    data/."""
     d = spec.data
-    source = {"kind": "npy", "directory": "data", "in_run": True,
-              "files": ["train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"],
+    source = {"kind": "npy", "directory": "data", "in_run": True, "files": data_files,
               "inputs": "integer" if d.integer_inputs else "float"}
     data = DataInfo(num_train=d.num_train, num_test=d.num_test, input_shape=list(d.x.shape[1:]),
                     num_classes=d.num_classes, source=source, train_crc32=d.train_crc32,
@@ -152,8 +153,10 @@ class Recorder:
         checkpoints are then every ⌈√expected_steps⌉ steps. Without it their
         spacing grows like √step (about 2√N checkpoints after N steps).
       summary_accuracy: compute the summary's train and test accuracy at
-        close, a forward pass over both sets (on a large training set, as
-        long as a third of an epoch); False leaves them null.
+        close, a forward pass over both sets. Off by default: the summary's
+        accuracies are then null, and the recorder costs the loop little
+        (that pass is as long as a third of an epoch on a large training
+        set; docs/measurements.md); pass True to have them in the run.
 
     Call ``rec.step(idx)`` right after every ``optimizer.step()`` (before
     ``scheduler.step()``), and ``rec.close()`` at the end (or use ``with``).
@@ -171,7 +174,7 @@ class Recorder:
                  optimizer: torch.optim.Optimizer, train_x: Any, train_y: Any, test_x: Any = None,
                  test_y: Any = None, loss: str = "cross_entropy", output: Optional[str] = None,
                  script: Optional[torch.jit.ScriptModule] = None, overwrite: bool = False,
-                 every_step: bool = False, expected_steps: Optional[int] = None, summary_accuracy: bool = True):
+                 every_step: bool = False, expected_steps: Optional[int] = None, summary_accuracy: bool = False):
         self.directory = os.fspath(directory)
         self._closed = True  # until construction succeeds
         self._schedule = CheckpointSchedule.choose(every_step, expected_steps)
@@ -190,11 +193,12 @@ class Recorder:
         self._writer = RunWriter(self.directory, overwrite, environment,
                                  flush_at_checkpoints=not self._schedule.every_step)
         d = spec.data
-        self._writer.add_data({"train_x": d.x.numpy(), "train_y": d.y.numpy(), "test_x": d.test_x.numpy(),
-                               "test_y": d.test_y.numpy()})
+        data_files = self._writer.add_data({"train_x": d.x.numpy(), "train_y": d.y.numpy(),
+                                            "test_x": d.test_x.numpy(), "test_y": d.test_y.numpy()},
+                                           coded=("train_x", "test_x"))
         module_bytes = _module_bytes(spec.script)
         module = self._writer.add_module(module_bytes)
-        manifest = _manifest(spec, module, self._schedule)
+        manifest = _manifest(spec, module, self._schedule, data_files)
         self._metrics = Metrics(module_bytes, manifest.parameters, spec.loss)
         self.steps = 0
         self._w = self._flat_weights()

@@ -1,7 +1,9 @@
 // Reading and writing NumPy .npy (format version 1.0).
 #include "pathkernel/npy.h"
+#include "pathkernel/npy_array.h"
 
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <sstream>
 #include <vector>
@@ -20,11 +22,17 @@ std::string descr_of(torch::Dtype dtype) {
     case torch::kFloat32: return "<f4";
     case torch::kInt64: return "<i8";
     case torch::kInt32: return "<i4";
-    default: PK_THROW("cannot write dtype " << dtype << " to .npy: expected float64, float32, int64 or int32");
+    case torch::kUInt8: return "|u1";
+    default: PK_THROW("cannot write dtype " << dtype << " to .npy: expected float64, float32, int64, int32 or uint8");
   }
 }
 
-torch::Dtype dtype_of(const std::string& descr, const std::string& what) {
+torch::Dtype dtype_of(const std::string& descr, const std::string& what, bool codes) {
+  if (codes) {
+    PK_CHECK(descr == "|u1" || descr == "<u1",
+             what << ": .npy dtype '" << descr << "', expected uint8 codes ('|u1', numpy.uint8)");
+    return torch::kUInt8;
+  }
   if (descr == "<f8") return torch::kFloat64;
   if (descr == "<f4") return torch::kFloat32;
   if (descr == "<i8") return torch::kInt64;
@@ -217,7 +225,9 @@ class HeaderParser {
 
 }  // namespace
 
-torch::Tensor parse_npy(const std::string& bytes, const std::string& what) {
+namespace {
+
+torch::Tensor parse(const std::string& bytes, const std::string& what, bool codes) {
   PK_CHECK(bytes.size() >= 10 && std::memcmp(bytes.data(), kMagic, 6) == 0,
            what << ": not a .npy file (bad magic; expected \\x93NUMPY)");
   unsigned major = static_cast<unsigned char>(bytes[6]);
@@ -236,7 +246,7 @@ torch::Tensor parse_npy(const std::string& bytes, const std::string& what) {
            what << ": truncated .npy header (file has " << bytes.size() << " bytes, header needs "
                 << offset + header_len << ")");
   const NpyHeader header = HeaderParser(bytes.substr(offset, header_len), what).parse();
-  torch::Dtype dtype = dtype_of(header.descr, what);
+  torch::Dtype dtype = dtype_of(header.descr, what, codes);
   PK_CHECK(!header.fortran_order, what << ": .npy file must be C order (fortran_order False)");
   // Sizes are checked against the bytes present, with overflow-checked
   // arithmetic, before anything is allocated.
@@ -253,6 +263,69 @@ torch::Tensor parse_npy(const std::string& bytes, const std::string& what) {
   torch::Tensor t = torch::empty(header.shape, torch::TensorOptions().dtype(dtype));
   if (need > 0) std::memcpy(t.data_ptr(), bytes.data() + data_offset, need);
   return t;
+}
+
+/// The values of a coded array: a 1-D table of at most kMaxCodedValues.
+void check_values(const torch::Tensor& values, const std::string& what) {
+  PK_CHECK(values.dim() == 1, what << ": the table of values has shape " << values.sizes()
+                                   << ", expected 1-D [at most " << kMaxCodedValues << " values]");
+  PK_CHECK(values.size(0) <= kMaxCodedValues, what << ": the table holds " << values.size(0)
+                                                   << " values, expected at most " << kMaxCodedValues
+                                                   << " (one per uint8 code)");
+}
+
+}  // namespace
+
+torch::Tensor parse_npy(const std::string& bytes, const std::string& what) { return parse(bytes, what, false); }
+
+torch::Tensor parse_npy_codes(const std::string& bytes, const std::string& what) {
+  return parse(bytes, what, true);
+}
+
+torch::Tensor decode_values(const torch::Tensor& codes, const torch::Tensor& values, const std::string& what) {
+  PK_CHECK(codes.scalar_type() == torch::kUInt8,
+           what << ": codes of dtype " << codes.scalar_type() << ", expected uint8");
+  PK_CHECK(codes.dim() >= 1, what << ": codes of shape " << codes.sizes() << ", expected the array's shape "
+                                  << "(at least one dimension)");
+  check_values(values, what);
+  if (codes.numel() == 0) return torch::empty(codes.sizes(), values.options());
+  // Every code names an entry of the table, checked before the array is allocated.
+  const int64_t largest = codes.max().item<int64_t>();
+  PK_CHECK(largest < values.size(0), what << ": code " << largest << " is out of range of the table of "
+                                          << values.size(0) << " values (codes must be in [0, "
+                                          << values.size(0) << "))");
+  return values.index_select(0, codes.reshape(-1).to(torch::kLong)).reshape(codes.sizes());
+}
+
+std::vector<std::string> npy_array_files(const std::string& dir, const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path base(dir);
+  const bool plain = fs::exists(base / (name + ".npy"));
+  const bool codes = fs::exists(base / (name + ".codes.npy")), values = fs::exists(base / (name + ".values.npy"));
+  if (plain) {
+    PK_CHECK(!codes && !values, "'" << dir << "' holds both " << name << ".npy and " << name
+                                    << (codes ? ".codes.npy" : ".values.npy") << "; expected the array once: "
+                                    << name << ".npy, or the pair " << name << ".codes.npy and " << name
+                                    << ".values.npy");
+    return {name + ".npy"};
+  }
+  PK_CHECK(codes || values, "'" << dir << "' has no " << name << ".npy (nor the pair " << name << ".codes.npy and "
+                                << name << ".values.npy)");
+  PK_CHECK(codes && values, "'" << dir << "' holds " << name << (codes ? ".codes.npy but not " : ".values.npy but not ")
+                                << name << (codes ? ".values.npy" : ".codes.npy") << "; a coded array is the pair "
+                                << name << ".codes.npy (uint8 codes, the array's shape) and " << name
+                                << ".values.npy (the table of values, 1-D)");
+  return {name + ".codes.npy", name + ".values.npy"};
+}
+
+torch::Tensor read_npy_array(const std::string& dir, const std::string& name) {
+  const std::vector<std::string> files = npy_array_files(dir, name);
+  const std::string first = (std::filesystem::path(dir) / files[0]).string();
+  if (files.size() == 1) return read_npy(first);
+  const std::string second = (std::filesystem::path(dir) / files[1]).string();
+  const torch::Tensor values = read_npy(second);
+  check_values(values, second);  // before the codes are read
+  return decode_values(parse_npy_codes(read_file(first), first), values, first + " with " + second);
 }
 
 void write_npy(const std::string& path, const torch::Tensor& tensor) {

@@ -8,6 +8,10 @@
 // [n], class numbers in [0, 65536), or, for the loss mse, float regression
 // targets [n, K] (then K is the number of outputs). The test split may be
 // empty ([0, ...]).
+// Any of the four may instead be a coded array, the pair NAME.codes.npy
+// (uint8, the array's shape) and NAME.values.npy (the 1-D table of at most 256
+// values), read as values[codes] (pathkernel/npy.h); the recorder stores
+// inputs derived from 8-bit images so.
 // No normalisation: the arrays are used as given.
 #include <cmath>
 #include <filesystem>
@@ -15,6 +19,7 @@
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
 #include "pathkernel/npy.h"
+#include "pathkernel/npy_array.h"
 #include "loaders.h"
 
 namespace pathkernel {
@@ -29,12 +34,20 @@ constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
 
 bool is_integer(const torch::Tensor& t) { return t.scalar_type() == torch::kLong || t.scalar_type() == torch::kInt; }
 
-torch::Tensor read_array(const fs::path& dir, const std::string& name) {
-  const fs::path path = dir / name;
-  PK_CHECK(fs::is_regular_file(path), "dataset 'npy:" << dir.string() << "': missing " << name
-                                                      << " (expected train_x.npy, train_y.npy, test_x.npy and "
-                                                         "test_y.npy, saved with numpy.save)");
-  return read_npy(path.string());
+/// Array `name` (train_x, ...) as NAME.npy or the coded pair NAME.codes.npy
+/// and NAME.values.npy; adds its files to `files`.
+torch::Tensor read_array(const fs::path& dir, const std::string& name, nlohmann::json& files) {
+  const bool any = fs::is_regular_file(dir / (name + ".npy")) || fs::exists(dir / (name + ".codes.npy")) ||
+                   fs::exists(dir / (name + ".values.npy"));
+  PK_CHECK(any, "dataset 'npy:" << dir.string() << "': missing " << name
+                                << ".npy (expected train_x.npy, train_y.npy, test_x.npy and test_y.npy, saved with "
+                                   "numpy.save; an array may instead be the pair NAME.codes.npy and NAME.values.npy)");
+  try {
+    for (const std::string& f : npy_array_files(dir.string(), name)) files.push_back(f);
+    return read_npy_array(dir.string(), name);
+  } catch (const Error& e) {
+    PK_THROW("dataset 'npy:" << dir.string() << "': " << e.what());
+  }
 }
 
 /// Regression targets: float [n, K], finite, for the loss mse.
@@ -83,10 +96,11 @@ Dataset load_npy_dir(const std::string& argument, uint64_t /*seed*/) {
   const std::string where = "dataset 'npy:" + argument + "'";
   PK_CHECK(fs::is_directory(dir), where << ": '" << argument << "' is not a directory");
   Dataset data;
-  data.x_train = read_array(dir, "train_x.npy");
-  data.y_train = read_array(dir, "train_y.npy");
-  data.x_test = read_array(dir, "test_x.npy");
-  data.y_test = read_array(dir, "test_y.npy");
+  nlohmann::json files = nlohmann::json::array();
+  data.x_train = read_array(dir, "train_x", files);
+  data.y_train = read_array(dir, "train_y", files);
+  data.x_test = read_array(dir, "test_x", files);
+  data.y_test = read_array(dir, "test_y", files);
   check_inputs(data.x_train, "train", where);
   check_inputs(data.x_test, "test", where);
   PK_CHECK(data.x_train.size(0) >= 1, where << ": train_x.npy has no rows");
@@ -120,7 +134,7 @@ Dataset load_npy_dir(const std::string& argument, uint64_t /*seed*/) {
   data.normalization = {{"kind", "none"}};
   data.source = {{"kind", "npy"},
                  {"directory", argument},
-                 {"files", {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}},
+                 {"files", files},
                  {"inputs", data.integer_inputs ? "integer" : "float"}};
   return data;
 }

@@ -14,6 +14,7 @@
 #include "pathkernel/json_number.h"
 #include "pathkernel/loss.h"
 #include "pathkernel/npy.h"
+#include "pathkernel/npy_array.h"
 
 namespace pathkernel {
 
@@ -271,8 +272,16 @@ DataOptions Manifest::data_options() const {
     PK_CHECK(!directory.empty(), "manifest: data stored in the run directory, but the manifest was not loaded "
                                  "from a run directory");
     // Each array must be a regular file inside the run (run_file_path refuses the rest).
-    for (const char* f : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) {
-      run_file_path(directory, (fs::path(dir) / f).string());
+    // An array is NAME.npy or the coded pair NAME.codes.npy and NAME.values.npy.
+    for (const char* name : {"train_x", "train_y", "test_x", "test_y"}) {
+      const fs::path data_dir = fs::path(directory) / dir;
+      std::vector<std::string> files;
+      try {
+        files = npy_array_files(data_dir.string(), name);
+      } catch (const Error& e) {
+        PK_THROW("run '" << directory << "': data stored in the run: " << e.what());
+      }
+      for (const std::string& f : files) run_file_path(directory, (fs::path(dir) / f).string());
     }
     o.spec = "npy:" + (fs::path(directory) / dir).string();
   }

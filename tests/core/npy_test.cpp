@@ -7,9 +7,12 @@
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 #include "pathkernel/npy.h"
+#include "pathkernel/npy_array.h"
 
 namespace pathkernel {
 namespace {
+
+using testing::error_message;
 
 TEST(Npy, RoundTripsEveryDtypeAndShape) {
   testing::TempDir dir("npy");
@@ -165,6 +168,94 @@ TEST(Files, Crc32UpdateExtendsTheCrcBlockByBlock) {
 TEST(SizeArithmetic, DetectsOverflow) {
   EXPECT_EQ(mul_no_overflow(1 << 20, 1 << 20, "x"), int64_t(1) << 40);
   EXPECT_THROW(mul_no_overflow(int64_t(1) << 40, int64_t(1) << 40, "steps x parameters"), Error);
+}
+
+/// An array's distinct values (by their bits) and its codes, as the recorder
+/// stores an input of at most 256 values: values[codes] is the array.
+std::pair<torch::Tensor, torch::Tensor> encode(const torch::Tensor& a) {
+  const auto bits_type = a.element_size() == 8 ? torch::kLong : torch::kInt;
+  const torch::Tensor bits = a.contiguous().view(bits_type);
+  auto [table, inverse, counts] = torch::_unique2(bits.reshape(-1), /*sorted=*/true, /*return_inverse=*/true);
+  (void)counts;
+  return {inverse.to(torch::kUInt8).reshape(a.sizes()), table.view(a.scalar_type())};
+}
+
+/// a and b hold the same bits (so -0.0 and NaN count too).
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const auto bits_type = a.element_size() == 8 ? torch::kLong : torch::kInt;
+  return torch::equal(a.contiguous().view(bits_type), b.contiguous().view(bits_type));
+}
+
+TEST(NpyCodedArray, DecodesEveryDtypeBitForBit) {
+  testing::TempDir dir("coded");
+  torch::manual_seed(3);
+  // 8-bit pixels scaled to [0, 1], with -0.0 and NaN among them: all 256 codes in use.
+  torch::Tensor levels = torch::arange(256, torch::kFloat64) / 255.0;
+  levels[1] = -0.0;
+  levels[2] = std::nan("");
+  const torch::Tensor pick = torch::randperm(256, torch::kLong).repeat({8}).view({32, 1, 8, 8});
+  for (auto dtype : {torch::kFloat64, torch::kFloat32, torch::kInt64, torch::kInt32}) {
+    const torch::Tensor a = dtype == torch::kFloat64 || dtype == torch::kFloat32
+                                ? levels.to(dtype).index_select(0, pick.reshape(-1)).view(pick.sizes())
+                                : (pick * 1000 - 7).to(dtype);
+    auto [codes, values] = encode(a);
+    ASSERT_EQ(values.size(0), 256);
+    write_npy(dir / "train_x.codes.npy", codes);
+    write_npy(dir / "train_x.values.npy", values);
+    EXPECT_EQ(npy_array_files(dir.path(), "train_x"),
+              (std::vector<std::string>{"train_x.codes.npy", "train_x.values.npy"}));
+    const torch::Tensor back = read_npy_array(dir.path(), "train_x");
+    EXPECT_TRUE(same_bits(back, a)) << dtype;
+    EXPECT_TRUE(torch::equal(parse_npy_codes(read_file(dir / "train_x.codes.npy"), "codes"), codes));
+  }
+  // The uint8 codes' file is what numpy.save writes.
+  EXPECT_NE(npy_bytes(torch::zeros({2}, torch::kUInt8)).find("'descr': '|u1'"), std::string::npos);
+  // The plain form is read as before.
+  std::filesystem::remove(dir / "train_x.codes.npy");
+  std::filesystem::remove(dir / "train_x.values.npy");
+  write_npy(dir / "train_x.npy", levels.view({16, 16}));
+  EXPECT_TRUE(same_bits(read_npy_array(dir.path(), "train_x"), levels.view({16, 16})));
+}
+
+TEST(NpyCodedArray, RefusesABadPairNamingTheFileAndTheExpectation) {
+  testing::TempDir dir("coded_bad");
+  auto save = [&](const std::string& name, const torch::Tensor& t) { write_npy(dir / name, t); };
+  auto reading = [&] { return error_message([&] { read_npy_array(dir.path(), "train_x"); }); };
+  const torch::Tensor codes = torch::tensor({0, 1, 2, 1}, torch::kUInt8).view({2, 2});
+  const torch::Tensor values = torch::tensor({0.5, -1.0, 2.0}, torch::kFloat32);
+  save("train_x.codes.npy", codes);
+  EXPECT_CONTAINS(reading(), "train_x.codes.npy but not train_x.values.npy");
+  std::filesystem::remove(dir / "train_x.codes.npy");
+  save("train_x.values.npy", values);
+  EXPECT_CONTAINS(reading(), "train_x.values.npy but not train_x.codes.npy");
+  save("train_x.codes.npy", codes);
+  EXPECT_TRUE(torch::equal(read_npy_array(dir.path(), "train_x"),
+                           torch::tensor({0.5, -1.0, 2.0, -1.0}, torch::kFloat32).view({2, 2})));
+  save("train_x.npy", values);
+  EXPECT_CONTAINS(reading(), "holds both train_x.npy and train_x.codes.npy");
+  std::filesystem::remove(dir / "train_x.npy");
+  EXPECT_CONTAINS(error_message([&] { read_npy_array(dir.path(), "test_x"); }),
+                  "has no test_x.npy (nor the pair test_x.codes.npy and test_x.values.npy)");
+
+  save("train_x.values.npy", values.slice(0, 0, 2));  // code 2 has no value
+  EXPECT_CONTAINS(reading(), "code 2 is out of range of the table of 2 values");
+  EXPECT_CONTAINS(reading(), "train_x.codes.npy");
+  save("train_x.values.npy", values.view({3, 1}));
+  EXPECT_CONTAINS(reading(), "the table of values has shape [3, 1], expected 1-D");
+  save("train_x.values.npy", torch::zeros({257}, torch::kFloat32));
+  EXPECT_CONTAINS(reading(), "the table holds 257 values, expected at most 256");
+  save("train_x.values.npy", values);
+  save("train_x.codes.npy", codes.to(torch::kInt32));
+  EXPECT_CONTAINS(reading(), "'<i4', expected uint8 codes ('|u1', numpy.uint8)");
+  save("train_x.codes.npy", torch::tensor(1, torch::kUInt8));
+  EXPECT_CONTAINS(reading(), "codes of shape [], expected the array's shape");
+  // A table's dtype is one of the readable ones (uint8 values are refused).
+  save("train_x.codes.npy", codes);
+  save("train_x.values.npy", torch::tensor({1, 2, 3}, torch::kUInt8));
+  EXPECT_CONTAINS(reading(), "unsupported .npy dtype '|u1'");
+  // Other readers still refuse uint8: a checkpoint is never codes.
+  EXPECT_CONTAINS(error_message([&] { read_npy(dir / "train_x.codes.npy"); }), "unsupported .npy dtype '|u1'");
 }
 
 }  // namespace

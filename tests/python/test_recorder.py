@@ -302,7 +302,7 @@ class RecordedRunFormat(TempDirTest):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         targets = F.one_hot(self.y, 3).double()
         d = self.path("mse")
-        record_loop(d, model, opt, self.x, targets, steps=3, loss="mse")
+        record_loop(d, model, opt, self.x, targets, steps=3, loss="mse", summary_accuracy=True)
         run = pathkernel.read_run(d)
         self.assertEqual((run.manifest["model"]["output"], run.training["loss"]), ("logits", "mse"))
         arrays = run.data()
@@ -448,6 +448,19 @@ class Refusals(TempDirTest):
         with self.assertRaisesRegex(RecorderError, pattern):
             Recorder(self.path("run"), *args, **kw)
         self.assertFalse(os.path.exists(self.path("run", "manifest.json")))
+
+    def test_inputs_that_are_not_finite(self):
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            for name in ("train_x", "test_x"):
+                with self.subTest(value=bad, array=name):
+                    x = self.x.clone()
+                    x[7, 2] = bad
+                    data = {"train_x": x, "test_x": self.x} if name == "train_x" else \
+                        {"train_x": self.x, "test_x": x}
+                    self.refuse(name + r" holds a value that is not finite \(NaN or infinite\)", model, opt,
+                                data["train_x"], self.y, test_x=data["test_x"], test_y=self.y)
 
     def test_unsupported_optimizers(self):
         model = mlp()
