@@ -127,6 +127,8 @@ TEST(Loss, SequenceSignalIsEachSequencesMeanTokenLossGradient) {
   // The last position's prediction counts as the sequence's.
   torch::Tensor f = torch::zeros({2, T, V}, torch::kFloat64);
   f[0][T - 1][y[0][T - 1].item<int64_t>()] = 1;
+  f[1][T - 1][(y[1][T - 1].item<int64_t>() + 1) % V] = 1;  // wrong at the last position
+  f[1][0][y[1][0].item<int64_t>()] = 1;                    // right elsewhere: not counted
   EXPECT_EQ(correct_predictions(f, y.narrow(0, 0, 2)), 1);
 }
 
