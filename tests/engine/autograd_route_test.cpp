@@ -18,6 +18,8 @@ namespace {
 
 using namespace testing::script;
 using testing::error_message;
+using testing::run_shell;
+using testing::TempDir;
 
 constexpr int64_t kV = 7, kT = 5;
 
