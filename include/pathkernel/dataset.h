@@ -39,7 +39,8 @@ struct DataOptions {
 struct Dataset {
   std::string spec;
   torch::Tensor x_train;  ///< [M, *input_shape], dtype of DataOptions
-  torch::Tensor y_train;  ///< [M] int64 class labels, or [M, K] float64 regression targets (npy:DIR, loss mse)
+  torch::Tensor y_train;  ///< [M] int64 class labels, or [M, K] float64 regression targets (npy:DIR, loss mse),
+                          ///< or [M, T] int64 tokens (npy:DIR, sequence.h)
   torch::Tensor x_test;   ///< [n_test, *input_shape]
   torch::Tensor y_test;   ///< [n_test] int64, or [n_test, K] float64 like y_train
   std::vector<int64_t> input_shape;  ///< e.g. {100} or {1, 28, 28}
@@ -47,6 +48,13 @@ struct Dataset {
   /// The inputs are integer codes (e.g. token ids), held exactly in the
   /// floating dtype; a TorchScript model receives them as int64.
   bool integer_inputs = false;
+  /// Sequence data (sequence.h, npy:DIR with integer labels [n, T]): T, the
+  /// labels' positions; 0 otherwise. num_classes is then the vocabulary V.
+  int64_t sequence_length = 0;
+  /// Integer inputs: the text of each code (npy:DIR's optional
+  /// vocabulary.json, a list of strings indexed by code), so that explain can
+  /// show a sequence's text; empty when not given.
+  std::vector<std::string> vocabulary;
   /// How raw values were mapped to inputs, e.g.
   /// {"kind":"standardize","scale":1/255,"mean":m,"std":s}; {"kind":"none"}.
   nlohmann::json normalization;

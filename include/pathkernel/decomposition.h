@@ -51,6 +51,9 @@ struct StepObservation {
 
 struct DecompositionOptions {
   QuadratureOptions quadrature;
+  /// Sequence models (sequence.h): the position whose outputs are
+  /// decomposed, −1 the last. Ignored for other models.
+  int64_t position = -1;
   int64_t train_chunk = 1024;          ///< training rows per contraction
   int64_t memory_doubles = 64 << 20;   ///< budget for one chunk of test features (doubles)
   bool progress = true;

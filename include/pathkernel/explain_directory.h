@@ -65,7 +65,8 @@ struct Label {
   std::string str() const;
 };
 
-/// Point i's label in `labels` (int64 classes [n], or targets [n, K]).
+/// Point i's label in `labels` (int64 classes [n], or targets [n, K], or a
+/// sequence's tokens [n, T], held in `target`).
 Label label_at(const torch::Tensor& labels, int64_t i);
 
 /// A training point listed among a test point's proponents or opponents.
@@ -75,6 +76,9 @@ struct RankedPoint {
   double value = 0;   ///< its contribution (or metagradient) to the ranked output
   /// With --by-layer: value split over the parameter tensors [L]; else empty.
   std::vector<double> layers;
+  /// A sequence data set with a vocabulary: the training sequence's text
+  /// (sequence_text of its inputs); else empty.
+  std::string text;
 };
 
 /// The `k` training points of largest (largest = true) or smallest
@@ -88,6 +92,8 @@ struct ExplainedPoint {
   Label label;
   bool labelled = true;    ///< false: inputs given without labels (label null)
   int64_t predicted = 0;  ///< argmax of f_final
+  std::string text;       ///< a sequence's text, as RankedPoint::text; else empty
+  int64_t position = -1;  ///< a sequence model: the position decomposed; else −1
   /// The output whose contributions rank the sides: the predicted class
   /// (exact), or the output differentiated (metagradient).
   int64_t output = 0;

@@ -8,6 +8,11 @@
 //                  (a module that ends in log_softmax); needs the logits map
 //   mse            ℓ = mean_k (f_k − t_k)², targets t [n, K] as given, or the
 //                  one-hot rows of class labels; needs the logits map
+// Sequences (sequence.h: int64 tokens y [n, T], outputs f [n, T, V]): with
+// cross_entropy or nll, ℓ_i is the mean over the sequence's T tokens, so u_i
+// is [T, V], (softmax(f_{i,t}) − onehot(y_{i,t}))/T at each position; the
+// unweighted batch loss is the mean over all n·T tokens (F.cross_entropy of
+// the flattened tokens); mse is refused.
 // The per-example signal u_i = ∂ℓ_i/∂f is what the decomposition contracts
 // with. For cross_entropy and nll it depends on the label only through f's
 // class, so the kernel machine form with a fixed coefficient applies; for mse
@@ -25,7 +30,7 @@ namespace pathkernel {
 
 /// Whether labels y are regression targets [n, K] (floating point) rather
 /// than class numbers [n] (int64).
-inline bool is_regression_target(const torch::Tensor& y) { return y.dim() == 2; }
+inline bool is_regression_target(const torch::Tensor& y) { return y.dim() == 2 && y.is_floating_point(); }
 
 /// The batch's mean loss of outputs f [n, K] (as the network returns them,
 /// after the output map) against y: int64 labels [n], or float targets
@@ -52,7 +57,8 @@ torch::Tensor checked_loss_weights(const torch::Tensor& weights, int64_t num_tra
                                    bool allow_negative = false);
 
 /// Correct predictions (argmax of f against the class label) in a batch;
-/// 0 for regression targets, which have no classes.
+/// for sequences, at the last position; 0 for regression targets, which have
+/// no classes.
 int64_t correct_predictions(const torch::Tensor& f, const torch::Tensor& y);
 
 }  // namespace pathkernel

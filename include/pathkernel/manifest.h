@@ -64,6 +64,7 @@ struct Manifest {
   nlohmann::ordered_json source;
   uint32_t train_crc32 = 0;  ///< CRC-32 of the training inputs and labels as used
   bool integer_inputs = false;  ///< inputs are integer codes (recorded only when true)
+  int64_t sequence_length = 0;  ///< sequence data's T (sequence.h; recorded only when > 0)
 
   // Model.
   std::string model_spec;  ///< a TorchScript model's is "torchscript:model.pt", the copy in the run
@@ -119,7 +120,7 @@ struct Manifest {
 
   /// The options to rebuild the network of this run. A TorchScript model's
   /// path is the module file inside `directory` (checked by run_file_path).
-  NetworkOptions network_options() const;
+  NetworkOptions network_options(int64_t position = -1) const;
   /// The options to reload the training data. Data stored inside the run
   /// directory (a recorded run's, `data.source.in_run`) is found there.
   DataOptions data_options() const;

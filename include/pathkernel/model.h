@@ -106,6 +106,13 @@ struct NetworkOptions {
   /// TorchScript module receives them as int64. They travel through
   /// pathkernel as floats, which hold integers below 2^53 exactly.
   bool integer_inputs = false;
+  /// A sequence model's length T (sequence.h): its outputs are [n, T,
+  /// num_classes] and its loss the mean over a sequence's tokens; 0: a model
+  /// with outputs [n, num_classes]. TorchScript modules only.
+  int64_t sequence_length = 0;
+  /// A sequence model: the position whose outputs the engine decomposes
+  /// (at_position(); −1: the last). Training does not use it.
+  int64_t position = -1;
 };
 
 /// What a forward pass leaves behind when traced: per parameterised layer
@@ -131,9 +138,13 @@ class NetworkImpl : public torch::nn::Module {
  public:
   explicit NetworkImpl(const NetworkOptions& options);
 
-  /// x: [n, *input_shape] -> [n, num_classes] (log-probabilities or logits).
-  /// Appends to the trace set by set_trace(), if any.
+  /// x: [n, *input_shape] -> [n, num_classes] (log-probabilities or logits),
+  /// or for a sequence model [n, T, num_classes]. Appends to the trace set by
+  /// set_trace(), if any.
   torch::Tensor forward(torch::Tensor x);
+  /// The outputs the engine decomposes: forward(x), or for a sequence model
+  /// its outputs at options().position, [n, num_classes].
+  torch::Tensor forward_at_position(const torch::Tensor& x);
 
   /// Traces the following forward passes into `trace` (nullptr: stop).
   void set_trace(LayerTrace* trace) { trace_ = trace; }
@@ -177,6 +188,8 @@ class NetworkImpl : public torch::nn::Module {
   torch::Tensor script_input(const torch::Tensor& x) const;
   /// A TorchScript module's logits through the output map.
   torch::Tensor script_output(const torch::Tensor& logits) const;
+  /// Checks a TorchScript module's outputs for n inputs: [n, K], or [n, T, K].
+  void check_output_shape(const torch::Tensor& y, int64_t n) const;
 
   NetworkOptions options_;
   std::shared_ptr<ScriptModule> script_;

@@ -125,7 +125,7 @@ class PathReader {
   torch::Tensor weights(int64_t s);
 
   /// f(w_s, x) for inputs x [n, ...], computed as training did (in the run's
-  /// dtype), returned in float64 [n, K].
+  /// dtype), returned in float64 [n, K] (a sequence model's at its last position, sequence.h).
   torch::Tensor outputs(int64_t s, const torch::Tensor& x);
 
   /// Calls fn for s = 0 .. N-1 in order. Memory: O(P).

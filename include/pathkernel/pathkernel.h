@@ -20,6 +20,7 @@
 #include "pathkernel/infinite_width.h"  // the infinite-width NTK / NNGP
 #include "pathkernel/kernel_regression.h"
 #include "pathkernel/loss.h"            // the losses (cross_entropy, nll, mse), computed
+#include "pathkernel/sequence.h"        // sequence data sets: outputs [n, T, V], one position decomposed
 #include "pathkernel/manifest.h"        // manifest.json
 #include "pathkernel/model.h"           // model specs and networks
 #include "pathkernel/npy.h"             // reading and writing .npy

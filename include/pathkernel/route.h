@@ -52,6 +52,10 @@ struct ParamLayer {
 struct SegmentPass {
   torch::Tensor out;                  ///< [R, K] network outputs
   torch::Tensor logits;               ///< [R, K] the outputs before the output map (own and structured routes)
+  /// A sequence model (sequence.h; the generic route): the outputs at every
+  /// position [R, T, K], of which `out` is the decomposed position's.
+  /// Undefined otherwise.
+  torch::Tensor sequence;
   std::vector<torch::Tensor> inputs;  ///< per param layer: a_l (rows first)
   std::vector<torch::Tensor> preacts; ///< per param layer: y_l (rows first)
   /// Own networks, rows off the segment's start: per param layer the
@@ -123,7 +127,8 @@ class Route {
   virtual TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x,
                                      const QuadratureOptions& q) const = 0;
   /// Training signals of rows x [B, ...] for the loss cotangents u [B, K] on
-  /// the outputs of their pass at t = 0 (from forward(x, 0, needs_graph())).
+  /// the outputs of their pass at t = 0 (from forward(x, 0, needs_graph())),
+  /// or for a sequence model u [B, T, K] on the outputs at every position.
   virtual TrainSignals loss_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const SegmentPass& pass,
                                     const torch::Tensor& u) const = 0;
   /// Training signals for every output's cotangent of rows x [B, ...] at t [B].

@@ -100,6 +100,17 @@ struct QuadratureArgs {
   DecompositionOptions options() const;
 };
 
+/// --position of verify and explain: a sequence model's position whose
+/// outputs are decomposed (sequence.h).
+struct PositionArgs {
+  int64_t position = -1;  ///< −1: the last
+  /// Declares --position on cmd.
+  void add_to(CLI::App* cmd);
+  /// The position checked against the run: a given one needs a sequence data
+  /// set and must lie in [0, T) (or be −1).
+  int64_t checked(const Manifest& m) const;
+};
+
 /// The kernel options of gram, gp and refit: --kernel, --bias-scale and the
 /// quadrature options, declared and turned into GramOptions once.
 struct KernelArgs {

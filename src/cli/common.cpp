@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "pathkernel/sequence.h"
 
 namespace pathkernel::cli {
 
@@ -75,6 +76,19 @@ DecompositionOptions QuadratureArgs::options() const {
   options.memory_doubles = static_cast<int64_t>(memory / sizeof(double));
   options.progress = globals == nullptr || !globals->quiet;
   return options;
+}
+
+void PositionArgs::add_to(CLI::App* cmd) {
+  cmd->add_option("--position", position,
+                  "Sequence data: the position whose outputs (the V logits or log-probabilities of the next "
+                  "token) are decomposed, 0 .. T-1 (-1: the last)")
+      ->capture_default_str();
+}
+
+int64_t PositionArgs::checked(const Manifest& m) const {
+  if (position == -1 && m.sequence_length == 0) return -1;
+  resolve_position(position, m.sequence_length, "--position");
+  return position;
 }
 
 std::string format_text(const char* format, ...) {

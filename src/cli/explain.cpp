@@ -39,6 +39,7 @@ void print_points(const std::vector<ExplainedPoint>& points) {
   for (const ExplainedPoint& p : points) {
     std::printf("test %lld (label %s) predicted %lld; completeness error %.2e\n", static_cast<long long>(p.test_index),
                 p.labelled ? p.label.str().c_str() : "none", static_cast<long long>(p.predicted), p.completeness_error);
+    if (!p.text.empty()) std::printf("  text at position %lld: \"%s\"\n", static_cast<long long>(p.position), p.text.c_str());
     print_sides(p);
   }
 }
@@ -99,6 +100,7 @@ struct ExplainArgs {
   double fd_step = 1e-5;
   ExplainOptions explain;
   QuadratureArgs q;
+  PositionArgs position;
 };
 
 /// The metagradient's text: its counters, each point's sides, the check.
@@ -237,6 +239,7 @@ void add_explain_command(CLI::App& app, Globals& globals) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   args->q.add_to(cmd, globals);
+  args->position.add_to(cmd);
   cmd->add_option("--kernel", args->kernel,
                   "Write kernel.npy, the summed kernel [n, M, K, K] of a gd or sgd run: auto (when it takes at most 2 GiB), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
@@ -252,6 +255,7 @@ void add_explain_command(CLI::App& app, Globals& globals) {
     globals.apply();
     ExplainOptions options = args->explain;
     options.decomposition = args->q.options();
+    options.decomposition.position = args->position.position;  // checked against the run by explain()
     options.kernel = parse_kernel_output(args->kernel);
     options.on_note = [](const std::string& note) {
       const bool kernel = note.rfind("kernel.npy", 0) == 0;

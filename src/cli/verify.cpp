@@ -11,6 +11,7 @@
 #include "pathkernel/across_ranks.h"
 #include "pathkernel/error.h"
 #include "pathkernel/input_file.h"
+#include "pathkernel/sequence.h"
 
 namespace pathkernel::cli {
 
@@ -21,6 +22,7 @@ struct VerifyArgs {
   TestPointArgs points;
   InputArgs inputs;
   QuadratureArgs q;
+  PositionArgs position;
   double fail_above = -1;
 };
 
@@ -44,6 +46,7 @@ void add_verify_command(CLI::App& app, Globals& globals) {
   args->points.add_to(cmd, "to check (default: the first 100)");
   args->inputs.add_to(cmd, "to check");
   args->q.add_to(cmd, globals);
+  args->position.add_to(cmd);
   cmd->add_option("--fail-above", args->fail_above, "Exit non-zero if max_rel_error exceeds this");
   cmd->callback([args, &globals] {
     globals.apply();
@@ -54,6 +57,7 @@ void add_verify_command(CLI::App& app, Globals& globals) {
     torch::Tensor x, labels;
     world.agree([&] {
       reader_storage.emplace(args->run);
+      options.position = args->position.checked(reader_storage->manifest());
       choose_points(*args, reader_storage->dataset(), x, labels);
     });
     PathReader& reader = *reader_storage;
@@ -100,6 +104,9 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                                                             ? nlohmann::ordered_json(nullptr)
                                                             : nlohmann::ordered_json(s.residuals.first_step)}};
     if (!route.reason.empty()) j["route_reason"] = route.reason;
+    if (reader.manifest().sequence_length > 0) {  // the position whose outputs were decomposed
+      j["position"] = resolve_position(options.position, reader.manifest().sequence_length);
+    }
     if (args->inputs.given()) {
       j["inputs"] = args->inputs.inputs;
       if (labels.defined() && labels.dim() == 1) {  // class labels: how many the network gets right

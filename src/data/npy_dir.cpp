@@ -6,18 +6,28 @@
 // are float64/float32, or int64/int32 integer codes such as token ids (then
 // |x| < 2^53, so float64 holds them exactly). Labels are int64/int32 of shape
 // [n], class numbers in [0, 65536), or, for the loss mse, float regression
-// targets [n, K] (then K is the number of outputs). The test split may be
+// targets [n, K] (then K is the number of outputs), or integer tokens [n, T]
+// in [0, 65536): a sequence data set (sequence.h), T the same in both splits,
+// whose module outputs [n, T, V], V the largest token + 1 (at least 2), or
+// the vocabulary's size if vocabulary.json (below) names more codes. The test split may be
 // empty ([0, ...]).
 // Any of the four may instead be a coded array, the pair NAME.codes.npy
 // (uint8, the array's shape) and NAME.values.npy (the 1-D table of at most 256
 // values), read as values[codes] (pathkernel/npy.h); the recorder stores
 // inputs derived from 8-bit images so.
+// With integer inputs, DIR may also hold vocabulary.json, a JSON list of
+// strings, the text of each code (e.g. characters): explain shows each
+// sequence's text with it.
 // No normalisation: the arrays are used as given.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "pathkernel/files.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/npy_array.h"
 #include "loaders.h"
@@ -64,7 +74,10 @@ void check_labels(const torch::Tensor& y, const torch::Tensor& x, const std::str
   if (y.is_floating_point()) return check_targets(y, x, what, where);
   PK_CHECK(is_integer(y), where << ": " << what << "_y.npy has dtype " << y.scalar_type()
                                 << ", expected integer class labels (int64 or int32) or float regression targets");
-  PK_CHECK(y.dim() == 1, where << ": " << what << "_y.npy has shape " << y.sizes() << ", expected [n]");
+  PK_CHECK(y.dim() == 1 || y.dim() == 2, where << ": " << what << "_y.npy has shape " << y.sizes()
+                                              << ", expected class labels [n] or a sequence's tokens [n, T]");
+  PK_CHECK(y.dim() == 1 || y.size(1) >= 1, where << ": " << what << "_y.npy has shape " << y.sizes()
+                                                 << ", expected sequences of at least one token [n, T]");
   PK_CHECK(y.size(0) == x.size(0), where << ": " << what << "_y.npy has " << y.size(0) << " labels but "
                                          << what << "_x.npy has " << x.size(0) << " rows");
   if (y.numel() == 0) return;
@@ -85,6 +98,27 @@ void check_inputs(const torch::Tensor& x, const std::string& what, const std::st
     PK_CHECK(torch::isfinite(x).all().item<bool>(),
              where << ": " << what << "_x.npy holds a value that is not finite (NaN or infinite)");
   }
+}
+
+/// DIR/vocabulary.json, if there: a list of strings, one per input code.
+std::vector<std::string> read_vocabulary(const fs::path& dir, const torch::Tensor& x, const std::string& where) {
+  const fs::path path = dir / "vocabulary.json";
+  if (!fs::exists(path)) return {};
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path.string()));
+  } catch (const nlohmann::json::exception& e) {
+    PK_THROW(where << ": vocabulary.json is not valid JSON (" << e.what() << "); expected a list of strings");
+  }
+  PK_CHECK(j.is_array() && std::all_of(j.begin(), j.end(), [](const auto& v) { return v.is_string(); }),
+           where << ": vocabulary.json holds " << j.type_name() << "; expected a list of strings, one per input code");
+  PK_CHECK(is_integer(x), where << ": vocabulary.json is given but train_x.npy holds " << x.scalar_type()
+                                << "; a vocabulary names integer codes (token ids)");
+  const int64_t hi = x.numel() ? x.max().item<int64_t>() : -1, lo = x.numel() ? x.min().item<int64_t>() : 0;
+  PK_CHECK(lo >= 0 && hi < static_cast<int64_t>(j.size()),
+           where << ": train_x.npy holds codes in [" << lo << ", " << hi << "] but vocabulary.json names "
+                 << j.size() << "; expected one string per code 0 .. " << hi);
+  return j.get<std::vector<std::string>>();
 }
 
 }  // namespace
@@ -125,12 +159,20 @@ Dataset load_npy_dir(const std::string& argument, uint64_t /*seed*/) {
   } else {
     PK_CHECK(!data.y_test.is_floating_point(), where << ": train_y.npy holds class labels but test_y.npy holds "
                                                      << data.y_test.scalar_type() << "; expected labels in both");
+    PK_CHECK(data.y_test.dim() == data.y_train.dim() &&
+                 (data.y_train.dim() == 1 || data.y_test.size(1) == data.y_train.size(1)),
+             where << ": train_y.npy has shape " << data.y_train.sizes() << " and test_y.npy " << data.y_test.sizes()
+                   << "; expected class labels [n] in both, or sequences [n, T] of the same T in both");
+    if (data.y_train.dim() == 2) data.sequence_length = data.y_train.size(1);
     data.y_train = data.y_train.to(torch::kLong);
     data.y_test = data.y_test.to(torch::kLong);
     int64_t hi = data.y_train.max().item<int64_t>();
     if (data.y_test.numel() > 0) hi = std::max(hi, data.y_test.max().item<int64_t>());
     data.num_classes = std::max<int64_t>(2, hi + 1);
   }
+  data.vocabulary = read_vocabulary(dir, data.x_train, where);
+  // A sequence's outputs are its vocabulary's, every code a token that may come next.
+  if (data.sequence_length > 0) data.num_classes = std::max<int64_t>(data.num_classes, data.vocabulary.size());
   data.normalization = {{"kind", "none"}};
   data.source = {{"kind", "npy"},
                  {"directory", argument},

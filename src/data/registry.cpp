@@ -104,8 +104,9 @@ torch::Tensor to_inputs(const torch::Tensor& raw, torch::Dtype dtype,
 void take_subset(torch::Tensor& x, torch::Tensor& y, int64_t size, uint64_t seed,
                  const char* split, const std::string& spec) {
   if (size == -1) return;
-  PK_CHECK(y.dim() == 1, split << "_size " << size << ": dataset '" << spec
-                               << "' has regression targets, and a subset is chosen class-balanced; "
+  PK_CHECK(y.dim() == 1, split << "_size " << size << ": dataset '" << spec << "' has "
+                               << (y.is_floating_point() ? "regression targets" : "sequences of tokens")
+                               << ", and a subset is chosen class-balanced; "
                                   "use all of it (-1) or save the subset you want as its own npy:DIR");
   const int64_t available = y.size(0);
   PK_CHECK(size >= 1 && size <= available,

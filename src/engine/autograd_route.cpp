@@ -5,6 +5,7 @@
 #include "feature_parts.h"
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
+#include "pathkernel/sequence.h"
 #include "routes.h"
 
 namespace pathkernel {
@@ -51,13 +52,17 @@ SegmentPass AutogradRoute::forward(const torch::Tensor& x, const torch::Tensor& 
   Network& net = const_cast<Network&>(net_);
   const int64_t rows = x.size(0);
   pass.out = torch::empty({rows, num_outputs_}, w_.options());
+  const int64_t T = net->options().sequence_length;
+  if (T > 0) pass.sequence = torch::empty({rows, T, num_outputs_}, w_.options());
   // One pass per distinct t, over the rows that share it.
   auto [values, inverse] = torch::_unique(t, /*sorted=*/true, /*return_inverse=*/true);
   auto v = values.accessor<double, 1>();
   for (int64_t u = 0; u < values.size(0); ++u) {
     place(v[u]);
     torch::Tensor rows_u = torch::nonzero(inverse == u).flatten();
-    pass.out.index_copy_(0, rows_u, net->forward(x.index_select(0, rows_u)));
+    const torch::Tensor f = net->forward(x.index_select(0, rows_u));
+    pass.out.index_copy_(0, rows_u, at_position(f, net->options().position));
+    if (T > 0) pass.sequence.index_copy_(0, rows_u, f);
   }
   return pass;
 }
@@ -76,7 +81,7 @@ torch::Tensor AutogradRoute::row_jacobians(const torch::Tensor& x, const torch::
   for (int64_t r = 0; r < rows; ++r) {
     place(t_a[r]);
     torch::AutoGradMode grad_mode(true);
-    torch::Tensor f = net->forward(x.narrow(0, r, 1));
+    torch::Tensor f = net->forward_at_position(x.narrow(0, r, 1));
     for (int64_t k = 0; k < K; ++k) {
       std::vector<torch::Tensor> g = torch::autograd::grad({f[0][k]}, params, {}, /*retain_graph=*/k + 1 < K);
       copy_flat(g, out[r][k]);
@@ -100,7 +105,8 @@ torch::Tensor AutogradRoute::row_gradients(const torch::Tensor& x, const torch::
   place(0.0);
   for (int64_t r = 0; r < rows; ++r) {
     torch::AutoGradMode grad_mode(true);
-    torch::Tensor f = net->forward(x.narrow(0, r, 1));
+    torch::Tensor f = net->forward(x.narrow(0, r, 1));  // all positions: c [B, T, V] for a sequence model
+    PK_ASSERT(f[0].sizes() == c[r].sizes());
     std::vector<torch::Tensor> g = torch::autograd::grad({(f[0] * c[r]).sum()}, params);
     copy_flat(g, out[r]);
   }

@@ -10,6 +10,7 @@
 #include "pathkernel/error.h"
 #include "pathkernel/loss.h"
 #include "pathkernel/progress.h"
+#include "pathkernel/sequence.h"
 #include "pathkernel/update_rule.h"
 
 namespace pathkernel {
@@ -98,7 +99,7 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
 }
 
 EngineRoute engine_route(PathReader& reader, const DecompositionOptions& options) {
-  Network net64 = engine_network(reader.manifest().network_options());
+  Network net64 = engine_network(reader.manifest().network_options(options.position));
   SegmentEvaluator ev(net64, options.quadrature.route);
   return {ev.route(), ev.route_reason()};
 }
@@ -106,7 +107,7 @@ EngineRoute engine_route(PathReader& reader, const DecompositionOptions& options
 int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options) {
   const Manifest& m = reader.manifest();
   const bool reverse = UpdateRule(m.optimizer).has_buffer() || options.reverse;
-  Network net64 = engine_network(m.network_options());
+  Network net64 = engine_network(m.network_options(options.position));
   SegmentEvaluator ev(net64, options.quadrature.route);
   const torch::Tensor x64 = x.to(torch::kFloat64);
   return decomposition_walk::point_budget(ev, reader, x64, options, reverse).block;
@@ -118,6 +119,9 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   DecompositionOptions options = given;
   options.quadrature = given.quadrature.for_run(m.steps);  // the run's budget shared over its steps
   const UpdateRule rule(m.optimizer);  // checks the optimizer is supported
+  if (options.position != -1 || m.sequence_length > 0) {  // a sequence model's position (sequence.h)
+    resolve_position(options.position, m.sequence_length, "the position decomposed");
+  }
   const int64_t end_step = options.end_step < 0 ? m.steps : options.end_step;
   PK_CHECK(options.first_step >= 0 && options.first_step <= end_step && end_step <= m.steps,
            "the steps to decompose must be a range within [0, " << m.steps << "] (got [" << options.first_step

@@ -32,7 +32,7 @@ torch::Tensor mean_gradient(Network& net64, const Manifest& m, const PathStep& s
 torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tensor& x) {
   torch::NoGradGuard guard;
   set_flat_parameters(net, w.to(net->parameters()[0].scalar_type()));
-  return net->forward(x.to(net->parameters()[0].scalar_type())).to(torch::kFloat64);
+  return net->forward_at_position(x.to(net->parameters()[0].scalar_type())).to(torch::kFloat64);
 }
 
 /// Whether the replay's own captured signals serve the contractions: the
@@ -79,8 +79,8 @@ Walk::Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOpt
       n(x.size(0)),
       M(x_train.size(0)),
       K(m.num_classes),
-      grad64(engine_network(m.network_options())),
-      net64(engine_network(m.network_options())),
+      grad64(engine_network(m.network_options(options.position))),
+      net64(engine_network(m.network_options(options.position))),
       ev(net64, options.quadrature.route),
       map(grad64->options().output),
       loss(grad64->options().loss),
@@ -156,7 +156,7 @@ Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x, 
   Decomposition d;
   d.steps = m.steps;
   const torch::Tensor w0 = reader.checkpoint(0), wN = reader.checkpoint(m.checkpoints.size() - 1);
-  Network net = m.dtype == "float64" ? Network(nullptr) : build_network(m.network_options());
+  Network net = m.dtype == "float64" ? Network(nullptr) : build_network(m.network_options(net64->options().position));
   std::vector<torch::Tensor> f0, fN, fN_run;
   for (int64_t b0 = 0; b0 < n; b0 += block) {  // block by block, like the rest
     const torch::Tensor xb = x.narrow(0, b0, std::min(block, n - b0));

@@ -180,7 +180,8 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
                            OutputMap map, LossKind loss, const torch::Tensor& weights) {
   SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), track_passes(ev));
-  const torch::Tensor u = loss_signal(pass.out, y, map, loss, weights);  // c_i u_i, u_i = ∂ℓ_i/∂f
+  // c_i u_i, u_i = ∂ℓ_i/∂f: a sequence's on its outputs at every position
+  const torch::Tensor u = loss_signal(pass.sequence.defined() ? pass.sequence : pass.out, y, map, loss, weights);
   return ev.path_route().loss_signals(ev, x, pass, u);
 }
 

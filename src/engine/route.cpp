@@ -55,6 +55,10 @@ std::vector<torch::Tensor> autograd_signals(const SegmentPass& pass, const torch
 
 std::unique_ptr<Route> make_route(Network& net, ModuleRoute choice) {
   if (!net->is_script()) return make_own_route(net);
+  if (net->options().sequence_length > 0) {
+    return make_autograd_route(net, choice == ModuleRoute::Auto ? "a sequence model's outputs [n, T, V] are "
+                                                                  "differentiated by autograd alone" : "");
+  }
   std::string reason;
   if (choice == ModuleRoute::Auto && net->script_graph()) {
     if (std::unique_ptr<Route> structured = make_script_route(net)) return structured;

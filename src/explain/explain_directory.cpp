@@ -37,6 +37,7 @@ ojson ranked_json(const std::vector<RankedPoint>& side) {
   for (const RankedPoint& r : side) {
     ojson e{{"index", r.index}, {"label", label_json(r.label)}, {"value", r.value}};
     if (!r.layers.empty()) e["layers"] = r.layers;
+    if (!r.text.empty()) e["text"] = r.text;
     out.push_back(std::move(e));
   }
   return out;
@@ -53,7 +54,7 @@ ojson point_json(const ExplainedPoint& p, ExplainMethod method) {
             {"proponents", ranked_json(p.proponents)},
             {"opponents", ranked_json(p.opponents)}};
   }
-  return {{"test_index", p.test_index},
+  ojson j{{"test_index", p.test_index},
           {"label", p.labelled ? label_json(p.label) : ojson(nullptr)},
           {"predicted", p.predicted},
           {"f_final", p.f_final},
@@ -64,6 +65,9 @@ ojson point_json(const ExplainedPoint& p, ExplainMethod method) {
           {"completeness_error", p.completeness_error},
           {"proponents", ranked_json(p.proponents)},
           {"opponents", ranked_json(p.opponents)}};
+  if (p.position >= 0) j["position"] = p.position;
+  if (!p.text.empty()) j["text"] = p.text;
+  return j;
 }
 
 ojson points_json(const ExplainDocument& doc) {
@@ -188,6 +192,7 @@ std::vector<RankedPoint> read_side(const JsonFile& f, const json& p, const char*
     if (t.contains("label")) r.label = read_label(t["label"], "'" + f.path + "': a label among the " + side);
     if (t.contains("value")) r.value = number_or_nan(t["value"], "'" + f.path + "': a value among the " + side);
     if (t.contains("layers")) r.layers = numbers_or_nan(t["layers"], "'" + f.path + "': layers among the " + side);
+    if (t.contains("text") && t["text"].is_string()) r.text = t["text"].get<std::string>();
     out.push_back(std::move(r));
   }
   return out;
@@ -213,6 +218,8 @@ ExplainedPoint read_point(const JsonFile& f, const json& p, const Manifest& m, c
   auto numbers = [&](const char* key) {
     return field_or(p, key, std::vector<double>(), [&](const json& v) { return numbers_or_nan(v, where + key); });
   };
+  if (p.contains("text") && p["text"].is_string()) e.text = p["text"].get<std::string>();
+  if (p.contains("position")) e.position = json_number<int64_t>(p["position"], where + "position");
   e.f_final = numbers("f_final");
   e.f_initial = numbers("f_initial");
   e.contributions_sum = numbers("contributions_sum");
@@ -356,7 +363,7 @@ std::string Label::str() const { return label_json(*this).dump(); }
 
 Label label_at(const torch::Tensor& labels, int64_t i) {
   Label label;
-  if (is_regression_target(labels)) label.target = values_of(labels[i].to(torch::kFloat64));
+  if (labels.dim() == 2) label.target = values_of(labels[i].to(torch::kFloat64));  // targets, or a sequence's tokens
   else label.class_index = labels[i].item<int64_t>();
   return label;
 }

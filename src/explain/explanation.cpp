@@ -11,6 +11,7 @@
 #include "pathkernel/files.h"
 #include "pathkernel/input_file.h"
 #include "pathkernel/npy.h"
+#include "pathkernel/sequence.h"
 
 namespace pathkernel {
 
@@ -30,7 +31,22 @@ struct PointSource {
   torch::Tensor index;                   ///< int64 [n]: test indices, or the inputs' rows
   torch::Tensor labels;                  ///< the points' labels, in order; undefined: none
   const ExplainInputs* inputs = nullptr; ///< the file's inputs, or null for test points
+  int64_t position = -1;                 ///< a sequence model: the position decomposed (labels are its tokens)
 };
+
+/// The points explained; a sequence model's labels are their tokens at the position decomposed.
+PointSource point_source(PathReader& reader, const torch::Tensor& index, const torch::Tensor& labels,
+                         const ExplainInputs* inputs, const DecompositionOptions& dopt) {
+  const int64_t T = reader.manifest().sequence_length;
+  if (T == 0) return {index, labels, inputs, -1};
+  const int64_t position = resolve_position(dopt.position, T);
+  return {index, labels.defined() ? labels_at_position(labels, position) : labels, inputs, position};
+}
+
+/// Each ranked training sequence's text (sequence.h), when the data name their codes.
+void add_text(std::vector<RankedPoint>& side, const Dataset& data) {
+  for (RankedPoint& r : side) r.text = sequence_text(data.x_train[r.index], data.vocabulary);
+}
 
 /// Each ranked training point's contribution split over the parameter tensors.
 void add_layers(std::vector<RankedPoint>& side, const torch::Tensor& layers) {  // layers [M, L]
@@ -57,6 +73,13 @@ ExplainedPoint exact_point(PathReader& reader, const Decomposition& d, const tor
   p.completeness_error = gap[n].abs().max().item<double>();
   p.proponents = ranked_points(c, y_train, top, true);
   p.opponents = ranked_points(c, y_train, top, false);
+  add_text(p.proponents, reader.dataset());
+  add_text(p.opponents, reader.dataset());
+  if (reader.manifest().sequence_length > 0) {
+    p.position = src.position;
+    const torch::Tensor& x = src.inputs ? src.inputs->x : reader.dataset().x_test;
+    p.text = sequence_text(x[p.test_index], reader.dataset().vocabulary);
+  }
   if (d.layer_contributions.defined()) {
     const torch::Tensor layers = d.layer_contributions[n].select(1, p.predicted);  // [M, L]
     add_layers(p.proponents, layers);
@@ -183,6 +206,7 @@ void check_explain_indices(PathReader& reader, const torch::Tensor& test_index, 
 DecompositionOptions explain_decomposition_options(const Manifest& m, int64_t n, const ExplainOptions& options,
                                                    std::string* kernel_note) {
   DecompositionOptions dopt = options.decomposition;
+  if (dopt.position != -1 || m.sequence_length > 0) resolve_position(dopt.position, m.sequence_length, "--position");
   // The summed kernel is the ensemble form of gd and sgd runs.
   const bool kernel_form = !m.optimizer.traits().has_buffer;
   const double kernel_bytes = 8.0 * static_cast<double>(n) * static_cast<double>(m.num_train) *
@@ -202,17 +226,20 @@ DecompositionOptions explain_decomposition_options(const Manifest& m, int64_t n,
 
 ojson explain_progress_arguments(PathReader& reader, const torch::Tensor& test_index,
                                  const DecompositionOptions& dopt) {
-  return ojson{{"manifest_crc32", reader.manifest_crc32()},
-               {"test_indices", std::vector<int64_t>(test_index.data_ptr<int64_t>(),
-                                                     test_index.data_ptr<int64_t>() + test_index.numel())},
-               {"quadrature", dopt.quadrature.spec.str()},
-               {"tol", dopt.quadrature.tol},
-               {"run_tol", dopt.quadrature.run_tol},
-               {"gauss_nodes", dopt.quadrature.gauss_nodes},
-               {"kernel", dopt.kernel},
-               {"point_block", dopt.point_block},
-               {"memory_doubles", dopt.memory_doubles},
-               {"threads", current_threads()}};
+  ojson j{{"manifest_crc32", reader.manifest_crc32()},
+           {"test_indices", std::vector<int64_t>(test_index.data_ptr<int64_t>(),
+                                                 test_index.data_ptr<int64_t>() + test_index.numel())},
+           {"quadrature", dopt.quadrature.spec.str()},
+           {"tol", dopt.quadrature.tol},
+           {"run_tol", dopt.quadrature.run_tol},
+           {"gauss_nodes", dopt.quadrature.gauss_nodes},
+           {"kernel", dopt.kernel},
+           {"point_block", dopt.point_block},
+           {"memory_doubles", dopt.memory_doubles},
+           {"threads", current_threads()}};
+  const int64_t T = reader.manifest().sequence_length;
+  if (T > 0) j["position"] = resolve_position(dopt.position, T);  // a sequence model's outputs decomposed
+  return j;
 }
 
 Explanation explain(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
@@ -257,7 +284,8 @@ Explanation explain_inputs(PathReader& reader, const ExplainInputs& inputs, cons
   const DecompositionOptions dopt =
       explain_decomposition_options(reader.manifest(), inputs.x.size(0), options, &e.kernel_note);
   if (options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
-  const PointSource src{torch::arange(inputs.x.size(0), torch::kLong), inputs.labels, &inputs};
+  const PointSource src = point_source(reader, torch::arange(inputs.x.size(0), torch::kLong), inputs.labels,
+                                      &inputs, dopt);
   write_points(reader, src, out, dopt, options, decompose(reader, inputs.x, dopt), e);
   return e;
 }
@@ -265,7 +293,8 @@ Explanation explain_inputs(PathReader& reader, const ExplainInputs& inputs, cons
 void write_explanation(PathReader& reader, const torch::Tensor& test_index, const std::string& out,
                        const DecompositionOptions& dopt, const ExplainOptions& options, Decomposition decomposition,
                        Explanation& e) {
-  const PointSource src{test_index, reader.dataset().y_test.index_select(0, test_index), nullptr};
+  const PointSource src =
+      point_source(reader, test_index, reader.dataset().y_test.index_select(0, test_index), nullptr, dopt);
   write_points(reader, src, out, dopt, options, std::move(decomposition), e);
 }
 
@@ -280,6 +309,9 @@ MetagradientExplanation explain_metagradient(PathReader& reader, const torch::Te
                                              MetagradientOutputs which) {
   check_explain_indices(reader, test_index, options);
   const Manifest& m = reader.manifest();
+  PK_CHECK(m.sequence_length == 0, "explain --method metagradient: run '"
+                                       << reader.dir() << "' is a sequence model's, which the metagradient does "
+                                       << "not take yet; use --method exact");
   const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
   MetagradientOptions mopt;
   mopt.progress = options.decomposition.progress;

@@ -11,6 +11,7 @@
 #include "pathkernel/error.h"
 #include "pathkernel/layer_spec.h"
 #include "pathkernel/layer_table.h"
+#include "pathkernel/sequence.h"
 #include "pathkernel/script_graph.h"
 #include "pathkernel/text.h"
 
@@ -206,6 +207,10 @@ NetworkImpl::NetworkImpl(const NetworkOptions& options) : options_(options) {
   const ModelSpec& spec = options.spec;
   PK_CHECK(options.num_classes >= 2, "a classifier needs >= 2 classes (got " << options.num_classes << ")");
   PK_CHECK(!options.input_shape.empty(), "input shape is empty");
+  PK_CHECK(options.sequence_length == 0 || spec.is_module(),
+           "the data are sequences (labels [n, " << options.sequence_length << "]), which need a module whose "
+               << "outputs are [n, T, V] (torchscript:PATH or layers:...); model '" << spec.str()
+               << "' outputs [n, K]");
   if (spec.is_module()) {
     load_script();
     return;
@@ -268,10 +273,7 @@ torch::Tensor NetworkImpl::forward(torch::Tensor x) {
     PK_CHECK(out.isTensor(), "model '" << label(options_.spec) << "' returned a " << out.tagKind()
                                        << ", expected one tensor of logits [n, K]");
     torch::Tensor y = out.toTensor();
-    PK_CHECK(y.dim() == 2 && y.size(0) == n && y.size(1) == options_.num_classes,
-             "model '" << label(options_.spec) << "' returned shape " << y.sizes() << " for " << n
-                       << " inputs, expected [" << n << ", " << options_.num_classes
-                       << "] (one logit per class of the data)");
+    check_output_shape(y, n);
     PK_CHECK(y.scalar_type() == options_.dtype, "model '" << label(options_.spec) << "' returned "
                                                           << y.scalar_type() << " outputs, expected "
                                                           << options_.dtype
@@ -303,7 +305,26 @@ torch::Tensor NetworkImpl::script_input(const torch::Tensor& x) const {
 }
 
 torch::Tensor NetworkImpl::script_output(const torch::Tensor& logits) const {
-  return options_.output == OutputMap::LogSoftmax ? torch::log_softmax(logits, 1) : logits;
+  return options_.output == OutputMap::LogSoftmax ? torch::log_softmax(logits, -1) : logits;
+}
+
+void NetworkImpl::check_output_shape(const torch::Tensor& y, int64_t n) const {
+  const int64_t T = options_.sequence_length, K = options_.num_classes;
+  if (T > 0) {
+    PK_CHECK(y.dim() == 3 && y.size(0) == n && y.size(1) == T && y.size(2) == K,
+             "model '" << label(options_.spec) << "' returned shape " << y.sizes() << " for " << n
+                       << " sequences, expected [" << n << ", " << T << ", " << K
+                       << "] (the data's labels are tokens [n, " << T << "]: one logit per token of the "
+                       << "vocabulary at every position)");
+    return;
+  }
+  PK_CHECK(y.dim() == 2 && y.size(0) == n && y.size(1) == K,
+           "model '" << label(options_.spec) << "' returned shape " << y.sizes() << " for " << n
+                     << " inputs, expected [" << n << ", " << K << "] (one logit per class of the data)");
+}
+
+torch::Tensor NetworkImpl::forward_at_position(const torch::Tensor& x) {
+  return at_position(forward(x), options_.position);
 }
 
 int64_t NetworkImpl::kink_sites() const {

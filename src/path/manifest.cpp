@@ -75,6 +75,7 @@ ojson Manifest::to_json() const {
                     {"source", source},
                     {"train_crc32", train_crc32}};
   if (integer_inputs) j["data"]["integer_inputs"] = true;
+  if (sequence_length > 0) j["data"]["sequence_length"] = sequence_length;
   j["model"] = ojson{{"spec", model_spec},
                      {"output", output},
                      {"zero_last_layer", zero_last_layer},
@@ -148,6 +149,7 @@ Manifest Manifest::from_json(const ojson& j) {
   m.source = field<ojson>(d, "source", "data");
   m.train_crc32 = field<uint32_t>(d, "train_crc32", "data");
   if (d.contains("integer_inputs")) m.integer_inputs = field<bool>(d, "integer_inputs", "data");
+  if (d.contains("sequence_length")) m.sequence_length = field<int64_t>(d, "sequence_length", "data");
 
   const ojson mo = field<ojson>(j, "model", "the manifest");
   m.model_spec = field<std::string>(mo, "spec", "model");
@@ -247,11 +249,13 @@ void Manifest::save(const std::string& run_dir) const {
   write_file_atomic((fs::path(run_dir) / "manifest.json").string(), dump());
 }
 
-NetworkOptions Manifest::network_options() const {
+NetworkOptions Manifest::network_options(int64_t position) const {
   NetworkOptions o;
+  o.position = position;
   o.spec = ModelSpec::parse(model_spec);
   if (o.spec.is_torchscript()) o.spec.path = directory.empty() ? module.file : run_file_path(directory, module.file);
   o.integer_inputs = integer_inputs;
+  o.sequence_length = sequence_length;
   o.input_shape = input_shape;
   o.num_classes = num_classes;
   o.output = parse_output_map(output);

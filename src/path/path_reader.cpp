@@ -263,7 +263,7 @@ torch::Tensor PathReader::outputs(int64_t s, const torch::Tensor& x) {
   Network net = build_network(manifest_.network_options());
   const auto dtype = net->parameters()[0].scalar_type();
   set_flat_parameters(net, w.to(dtype));
-  return net->forward(x.to(dtype)).to(torch::kFloat64);
+  return net->forward_at_position(x.to(dtype)).to(torch::kFloat64);  // a sequence model's: the last position
 }
 
 void PathReader::forward(const std::function<void(const PathStep&)>& fn) {

@@ -59,6 +59,10 @@ RunResult train_run(const RunOptions& given) {
            "dataset '" << options.data.spec << "' has float targets of shape " << data.y_train.sizes()
                        << ", which only the loss mse trains on (got '" << loss_name(options.loss) << "')");
 
+  PK_CHECK(data.sequence_length == 0 || options.loss != LossKind::Mse,
+           "dataset '" << options.data.spec << "' holds sequences (labels of shape " << data.y_train.sizes()
+                       << "): the loss is the mean over a sequence's tokens, cross_entropy or nll (got 'mse', which "
+                       << "is for regression targets [n, K])");
   NetworkOptions net_options;
   net_options.spec = ModelSpec::parse(options.model);
   net_options.input_shape = data.input_shape;
@@ -69,6 +73,7 @@ RunResult train_run(const RunOptions& given) {
   net_options.dtype = options.data.dtype;
   net_options.seed = options.seed;
   net_options.integer_inputs = data.integer_inputs;
+  net_options.sequence_length = data.sequence_length;
   Network net = build_network(net_options);
 
   Manifest base;
@@ -83,6 +88,7 @@ RunResult train_run(const RunOptions& given) {
   base.source = data.source;
   base.train_crc32 = training_data_crc32(data.x_train, data.y_train);
   base.integer_inputs = data.integer_inputs;
+  base.sequence_length = data.sequence_length;
   base.model_spec = net_options.spec.str();
   base.output = output_map_name(options.output);
   base.loss = loss_name(options.loss);

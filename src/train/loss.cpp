@@ -2,6 +2,7 @@
 #include "pathkernel/loss.h"
 
 #include "pathkernel/error.h"
+#include "pathkernel/sequence.h"
 
 namespace pathkernel {
 
@@ -23,10 +24,32 @@ void check_class_labels(const torch::Tensor& y, LossKind loss) {
                                                   << y.sizes() << " (use the loss mse for targets)");
 }
 
+/// Sequences: outputs f [n, T, V] against tokens y [n, T], checked.
+void check_sequence(const torch::Tensor& f, const torch::Tensor& y, LossKind loss) {
+  PK_CHECK(loss != LossKind::Mse, "the loss mse is for regression targets [n, K]; sequence labels (tokens of shape "
+                                      << y.sizes() << ") train with cross_entropy or nll");
+  PK_CHECK(f.dim() == 3 && f.size(0) == y.size(0) && f.size(1) == y.size(1),
+           "sequence labels of shape " << y.sizes() << " need outputs [n, T, V] = [" << y.size(0) << ", "
+                                       << y.size(1) << ", V], got " << f.sizes());
+}
+
+/// Log-probabilities of outputs f (per position for sequences: the last dimension).
+torch::Tensor log_probabilities(const torch::Tensor& f, OutputMap map, LossKind loss) {
+  return loss == LossKind::Nll || map == OutputMap::LogSoftmax ? f : torch::log_softmax(f, -1);
+}
+
+/// ℓ_i = (1/T) Σ_t −log p(y_{i,t}) of a sequence [n].
+torch::Tensor sequence_losses(const torch::Tensor& f, const torch::Tensor& y, OutputMap map, LossKind loss) {
+  check_sequence(f, y, loss);
+  const torch::Tensor logp = log_probabilities(f, map, loss);
+  return -logp.gather(2, y.unsqueeze(2)).squeeze(2).mean(1);
+}
+
 }  // namespace
 
 torch::Tensor example_losses(const torch::Tensor& f, const torch::Tensor& y, OutputMap map, LossKind loss) {
   const auto none = at::Reduction::None;
+  if (is_sequence_labels(y)) return sequence_losses(f, y, map, loss);
   switch (loss) {
     case LossKind::CrossEntropy:
       check_class_labels(y, loss);
@@ -47,6 +70,10 @@ torch::Tensor training_loss(const torch::Tensor& f, const torch::Tensor& y, Outp
              "loss weights have shape " << weights.sizes() << "; expected one per example, [" << f.size(0) << "]");
     return (example_losses(f, y, map, loss) * weights.to(f.scalar_type())).sum() / static_cast<double>(f.size(0));
   }
+  if (is_sequence_labels(y)) {  // the mean over all n·T tokens, as F.cross_entropy of the flattened tokens
+    check_sequence(f, y, loss);
+    return torch::nll_loss(log_probabilities(f, map, loss).reshape({-1, f.size(2)}), y.reshape({-1}));
+  }
   switch (loss) {
     case LossKind::CrossEntropy:
       check_class_labels(y, loss);
@@ -62,7 +89,17 @@ torch::Tensor training_loss(const torch::Tensor& f, const torch::Tensor& y, Outp
 
 namespace {
 
+/// Sequences: u_{i,t} = ∂ℓ_i/∂f_{i,t} = (p_{i,t} − onehot(y_{i,t})) / T, [n, T, V].
+torch::Tensor sequence_signal(const torch::Tensor& out, const torch::Tensor& y, OutputMap map, LossKind loss) {
+  check_sequence(out, y, loss);
+  torch::Tensor onehot = torch::zeros_like(out).scatter_(2, y.unsqueeze(2), 1.0);
+  const double T = static_cast<double>(out.size(1));
+  if (loss == LossKind::Nll || map == OutputMap::LogSoftmax) return -onehot / T;
+  return (torch::softmax(out, -1) - onehot) / T;
+}
+
 torch::Tensor unweighted_signal(const torch::Tensor& out, const torch::Tensor& y, OutputMap map, LossKind loss) {
+  if (is_sequence_labels(y)) return sequence_signal(out, y, map, loss);
   if (loss == LossKind::Mse) return (out - mse_targets(out, y)) * (2.0 / static_cast<double>(out.size(1)));
   check_class_labels(y, loss);
   torch::Tensor onehot = torch::zeros_like(out).scatter_(1, y.view({-1, 1}), 1.0);
@@ -79,7 +116,9 @@ torch::Tensor loss_signal(const torch::Tensor& f, const torch::Tensor& y, Output
   if (!weights.defined()) return u;
   PK_CHECK(weights.dim() == 1 && weights.size(0) == u.size(0),
            "loss weights have shape " << weights.sizes() << "; expected one per example, [" << u.size(0) << "]");
-  return u * weights.to(u.scalar_type()).view({-1, 1});
+  std::vector<int64_t> shape(u.dim(), 1);
+  shape[0] = -1;
+  return u * weights.to(u.scalar_type()).view(shape);
 }
 
 torch::Tensor checked_loss_weights(const torch::Tensor& weights, int64_t num_train, const std::string& what,
@@ -103,6 +142,7 @@ torch::Tensor checked_loss_weights(const torch::Tensor& weights, int64_t num_tra
 
 int64_t correct_predictions(const torch::Tensor& f, const torch::Tensor& y) {
   if (is_regression_target(y)) return 0;
+  if (is_sequence_labels(y)) return at_position(f, -1).argmax(1).eq(labels_at_position(y, -1)).sum().item<int64_t>();
   return f.argmax(1).eq(y).sum().item<int64_t>();
 }
 

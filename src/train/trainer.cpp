@@ -159,7 +159,7 @@ double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y) {
   const int64_t chunk = 4096;
   for (int64_t i = 0; i < x.size(0); i += chunk) {
     int64_t n = std::min(chunk, x.size(0) - i);
-    correct += net->forward(x.narrow(0, i, n)).argmax(1).eq(y.narrow(0, i, n)).sum().item<int64_t>();
+    correct += correct_predictions(net->forward(x.narrow(0, i, n)), y.narrow(0, i, n));
   }
   return static_cast<double>(correct) / static_cast<double>(x.size(0));
 }
