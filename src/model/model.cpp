@@ -110,6 +110,17 @@ std::string module_type(const torch::jit::Module& m) {
   return name ? name->name() : "?";
 }
 
+/// Whether a module's class is one of torch.nn's BatchNorm kinds
+/// (BatchNorm1d/2d/3d, their Lazy forms, SyncBatchNorm), not merely a name
+/// that contains the word.
+bool is_batch_norm(const std::string& type) {
+  for (const char* kind : {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LazyBatchNorm1d", "LazyBatchNorm2d",
+                           "LazyBatchNorm3d", "SyncBatchNorm"}) {
+    if (type == kind) return true;
+  }
+  return false;
+}
+
 /// Refuses a BatchNorm module in training mode whose decomposition is not
 /// exact: one that keeps no running statistics (eval mode would normalise a
 /// test input by its own batch), or SyncBatchNorm (statistics across
@@ -181,7 +192,7 @@ void NetworkImpl::load_script() {
   torch::jit::Module& m = script_->module;
   for (const auto& sub : m.named_modules()) {
     const std::string type = module_type(sub.value), name = sub.name.empty() ? "<top>" : sub.name;
-    if (type.find("BatchNorm") != std::string::npos && sub.value.is_training()) {
+    if (is_batch_norm(type) && sub.value.is_training()) {
       check_batch_norm(sub.value, path, name, type);
       script_->batch_norms.push_back(sub.value);
     }

@@ -14,10 +14,11 @@ using testing::TempDir;
 using namespace testing::script;
 
 /// Saves a tiny module with BatchNorm2d in training mode as DIR/bn.pt;
-/// `extra` is passed to nn.BatchNorm2d.
+/// `extra` is passed to nn.BatchNorm2d. Its own class's name contains
+/// "BatchNorm", which must not make it one.
 std::string save_bn_module(const TempDir& dir, const std::string& extra = "") {
   python(dir, "torch.manual_seed(0)\n"
-              "class M(nn.Module):\n"
+              "class BatchNormResidualNet(nn.Module):\n"
               "    def __init__(self):\n"
               "        super().__init__()\n"
               "        self.conv = nn.Conv2d(1, 3, 3, padding=1, bias=False)\n"
@@ -25,7 +26,7 @@ std::string save_bn_module(const TempDir& dir, const std::string& extra = "") {
               "        self.head = nn.Linear(48, 3)\n"
               "    def forward(self, x):\n"
               "        return self.head(torch.flatten(F.relu(self.bn(self.conv(x))), 1))\n"
-              "torch.jit.script(M()).save('" + dir.path() + "/bn.pt')\n");
+              "torch.jit.script(BatchNormResidualNet()).save('" + dir.path() + "/bn.pt')\n");
   return dir.path() + "/bn.pt";
 }
 
