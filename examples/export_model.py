@@ -16,9 +16,10 @@ trained from the weights it was saved with. What to keep in mind:
 - Write the forward pass so that it creates tensors like its inputs or
   weights (torch.zeros_like, x.new_zeros, or no new tensors at all):
   pathkernel runs the module in float64, and a float32 constant would round.
-- Batch normalisation in training mode couples the examples of a batch, so
-  no training point has a gradient of its own: pathkernel refuses it. Use
-  LayerNorm or GroupNorm, or call .eval() on the BatchNorm before saving.
+- BatchNorm1d/BatchNorm2d in training mode: save it in training mode.
+  pathkernel trains with the batch statistics, tests in eval mode with the
+  running statistics, and decomposes exactly (docs/math.md §15). It refuses
+  track_running_stats=False and SyncBatchNorm in training mode.
 - Dropout (nn.Dropout, F.dropout): save it in training mode for it to act;
   pathkernel draws its masks itself, seeded by the step, the dropout site
   and the example's input, so that replay and the decomposition draw them
@@ -28,6 +29,8 @@ This script exports four examples:
 
     python3 examples/export_model.py resnet model.pt [--channels 1 --size 28 --classes 10]
         a residual CNN with average pooling, for image data such as fashion-mnist
+    python3 examples/export_model.py resnet-bn model.pt [--channels 1 --size 28 --classes 10]
+        the same with BatchNorm2d (training mode) after each convolution
     python3 examples/export_model.py transformer model.pt --data-dir DIR [--p 23]
         a one-layer transformer (embedding, attention, layer norm, GELU MLP) for
         modular addition: tokens "a b =", label (a + b) mod p. --data-dir also
@@ -72,6 +75,37 @@ class ResidualCNN(nn.Module):
 
     def forward(self, x):
         h = F.relu(self.stem(x))
+        h = self.pool(self.block(h))
+        return self.head(torch.flatten(h, 1))
+
+
+class BatchNormBlock(nn.Module):
+    """x + bn(conv(relu(bn(conv(x))))), then ReLU."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+
+
+class BatchNormResidualCNN(nn.Module):
+    """ResidualCNN with BatchNorm2d after each convolution, kept in training mode."""
+
+    def __init__(self, channels: int = 1, size: int = 28, width: int = 4, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Conv2d(channels, width, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(width)
+        self.block = BatchNormBlock(width)
+        self.pool = nn.AvgPool2d(4)
+        self.head = nn.Linear(width * (size // 4) * (size // 4), classes)
+
+    def forward(self, x):
+        h = F.relu(self.bn(self.stem(x)))
         h = self.pool(self.block(h))
         return self.head(torch.flatten(h, 1))
 
@@ -160,7 +194,7 @@ def modular_addition(p: int, train_fraction: float, seed: int):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("model", choices=["resnet", "transformer", "mlp", "conv1d"])
+    parser.add_argument("model", choices=["resnet", "resnet-bn", "transformer", "mlp", "conv1d"])
     parser.add_argument("path", help="where to save the TorchScript module")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed")
     parser.add_argument("--channels", type=int, default=1, help="resnet: input channels")
@@ -179,6 +213,8 @@ def main():
     torch.manual_seed(args.seed)
     if args.model == "resnet":
         model = ResidualCNN(args.channels, args.size, args.width, args.classes)
+    elif args.model == "resnet-bn":
+        model = BatchNormResidualCNN(args.channels, args.size, args.width, args.classes)
     elif args.model == "mlp":
         model = MLP(args.inputs, args.hidden, args.classes)
     elif args.model == "conv1d":

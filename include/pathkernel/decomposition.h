@@ -21,6 +21,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include <torch/torch.h>
@@ -133,6 +134,9 @@ struct DecompositionSummary {
   double completeness_error = 0;     ///< max |completeness_gap()|: includes E and the quadrature error
   double max_abs_rounding = 0;       ///< max |E|
   double max_abs_regularization = 0; ///< max |R|
+  /// max |S|, the running-statistics term (BatchNorm in training mode); NaN
+  /// for a network without one.
+  double max_abs_statistics = std::numeric_limits<double>::quiet_NaN();
   double certificate_max_gap = 0;
   /// max of gap_abs / max(1, |f(w_N)|): the certificate's bound on max_rel_error
   /// (up to the rounding of forming f and the sums, a few ε).

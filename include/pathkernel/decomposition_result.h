@@ -69,6 +69,11 @@ struct Decomposition : QuadratureCounts {
   torch::Tensor contributions;   ///< [n, M, K] C_i(x)
   torch::Tensor regularization;  ///< [n, K] R(x)
   torch::Tensor rounding;        ///< [n, K] E(x)
+  /// [n, K] S(x): BatchNorm in training mode only (batch_statistics.h), the
+  /// test outputs' moves as the running statistics jump at each step,
+  /// Σ_s g(w_{s+1}, μ_{s+1}; x) − g(w_{s+1}, μ_s; x) (docs/math.md §15).
+  /// Undefined for every other network.
+  torch::Tensor statistics;
   /// [n, M, K, K] when requested: Σ_{s: i∈B_s} K_s(x, x_i), K_s = J̄_s(x) J(w_s, x_i)^T.
   /// With log-softmax + NLL and constant η/|B_s| (Thm. 3.7):
   /// C_i(x) = (η/|B|) kernel[x, i, :, y_i], a single kernel machine.
@@ -87,9 +92,9 @@ struct Decomposition : QuadratureCounts {
   TimeSplit time_split;          ///< where the seconds went (not kept in saved progress)
   StepResiduals residuals;       ///< how well the declared updates explain the recorded ones
 
-  /// f(w_0) + Σ_i C_i + R + E: the kernel machine's prediction, [n, K].
+  /// f(w_0) + Σ_i C_i + R + E (+ S with BatchNorm): the kernel machine's prediction, [n, K].
   torch::Tensor prediction() const;
-  /// f(w_N) − f(w_0) − Σ_i C_i − R, which completeness says is E up to
+  /// f(w_N) − f(w_0) − Σ_i C_i − R (− S), which completeness says is E up to
   /// quadrature error: [n, K].
   torch::Tensor completeness_gap() const;
 };

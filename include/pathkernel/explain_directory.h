@@ -103,7 +103,10 @@ struct ExplainedPoint {
   std::vector<double> contributions_sum;  ///< Σ_i C_i(x) [K]
   std::vector<double> regularization;     ///< R(x) [K]
   std::vector<double> rounding;           ///< E(x) [K]
-  double completeness_error = 0;          ///< max_k |f_final − (f_initial + Σ C + R + E)|
+  /// S(x) [K], BatchNorm's running-statistics term (docs/math.md §15);
+  /// empty for a network without BatchNorm in training mode.
+  std::vector<double> statistics;
+  double completeness_error = 0;          ///< max_k |f_final − (f_initial + Σ C + R + E (+ S))|
   // Metagradient only (empty for exact):
   std::vector<double> metagradient_sum;   ///< Σ_i d f/d c_i [K] (NaN where not differentiated)
   std::vector<RankedPoint> proponents;    ///< largest first

@@ -35,6 +35,9 @@ struct CheckpointRecord {
   FileRecord weights;
   int64_t optimizer_step = 0;
   std::map<std::string, FileRecord> optimizer_buffers;
+  /// The module's buffers μ at this checkpoint (batch_statistics.h), float64
+  /// [Q]; file empty for a network without BatchNorm in training mode.
+  FileRecord module_buffers;
 };
 
 /// The batch indices of steps [first_step, first_step + steps): an int32 .npy

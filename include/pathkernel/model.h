@@ -173,6 +173,19 @@ class NetworkImpl : public torch::nn::Module {
   /// is used in a way no rule covers; script_graph_refusal() then says why.
   const ScriptGraph* script_graph() const;
   const std::string& script_graph_refusal() const;
+
+  /// TorchScript only: whether some BatchNorm module was in training mode
+  /// when loaded, so that its batch statistics couple a batch's examples
+  /// and its running statistics move along training (batch_statistics.h).
+  bool batch_statistics() const;
+  /// Puts those BatchNorm modules in training mode (batch statistics; a
+  /// forward pass updates the running statistics) or eval mode (running
+  /// statistics). They load in training mode.
+  void set_batch_norm_training(bool on);
+  bool batch_norm_training() const;
+  /// TorchScript only: the module's buffers (running statistics, counters),
+  /// sharing storage with it; empty for pathkernel's own networks.
+  std::vector<torch::Tensor> module_buffers() const;
   /// TorchScript only: the structured route's pass over rows x at t [R]
   /// (see ScriptGraph::run), its logits mapped by the output map.
   struct SegmentOutputs {

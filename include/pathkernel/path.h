@@ -43,6 +43,10 @@ struct PathStep {
   double lr = 0;          ///< eta_s
   OptimizerState state;   ///< optimizer state after step s (the one that produced delta)
   double clip = 1;        ///< c_s: the factor the batch gradient was clipped by (recorded runs; else 1)
+  /// BatchNorm in training mode (batch_statistics.h): the module's buffers
+  /// μ_s before the step and μ_{s+1} after it, float64 [Q]; undefined
+  /// otherwise.
+  torch::Tensor buffers, buffers_next;
   /// With PathReader::set_capture(true), what the replayed step itself
   /// computed at w_s on its batch (rows in the order of `batch`), in the
   /// run's dtype; empty or undefined otherwise:
@@ -124,8 +128,16 @@ class PathReader {
   /// w_s for any s in [0, N], replayed from the checkpoint before it.
   torch::Tensor weights(int64_t s);
 
+  /// The module's buffers at checkpoint i (batch_statistics.h), float64 [Q];
+  /// undefined when the run stores none.
+  torch::Tensor checkpoint_buffers(size_t i) const;
+  /// μ_s for any s in [0, N], replayed like weights(s); undefined for a
+  /// network without BatchNorm in training mode.
+  torch::Tensor buffers(int64_t s);
+
   /// f(w_s, x) for inputs x [n, ...], computed as training did (in the run's
-  /// dtype), returned in float64 [n, K] (a sequence model's at its last position, sequence.h).
+  /// dtype; BatchNorm in eval mode with the running statistics μ_s), returned
+  /// in float64 [n, K] (a sequence model's at its last position, sequence.h).
   torch::Tensor outputs(int64_t s, const torch::Tensor& x);
 
   /// Calls fn for s = 0 .. N-1 in order. Memory: O(P).
@@ -169,6 +181,9 @@ class PathReader {
   double replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state);
   torch::Tensor batch_indices(int64_t s);
   OptimizerState checkpoint_state(size_t k) const;
+  /// Checks that a network with BatchNorm in training mode has its running
+  /// statistics stored at every checkpoint, and is not a recorded loop.
+  void check_batch_statistics() const;
   void require_equal(size_t k, double diff) const;
   /// Segment k of a run that stores every step: read, not replayed.
   void read_stored_step(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state);

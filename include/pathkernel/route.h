@@ -131,6 +131,18 @@ class Route {
   /// or for a sequence model u [B, T, K] on the outputs at every position.
   virtual TrainSignals loss_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const SegmentPass& pass,
                                     const torch::Tensor& u) const = 0;
+  /// Whether a batch's training rows are coupled: BatchNorm in training mode
+  /// (batch_statistics.h) makes each row's loss depend on the whole batch
+  /// through its statistics, so the rows' signals come from one pass of the
+  /// whole batch (batch_loss_signals), never from chunks of it.
+  virtual bool couples_batch() const { return false; }
+  /// A coupled route's training signals of a whole batch x [B, ...] with
+  /// labels y and loss weights (undefined: all 1) at t = 0: per row i the
+  /// total derivative of c_i ℓ_i through the batch's training-mode pass,
+  /// statistics included; the rows' sum is the batch gradient. Throws for
+  /// an uncoupled route.
+  virtual TrainSignals batch_loss_signals(const torch::Tensor& x, const torch::Tensor& y, OutputMap map,
+                                          LossKind loss, const torch::Tensor& weights) const;
   /// Training signals for every output's cotangent of rows x [B, ...] at t [B].
   virtual std::vector<TrainSignals> output_signals(const SegmentEvaluator& ev, const torch::Tensor& x,
                                                    const torch::Tensor& t) const = 0;

@@ -197,9 +197,11 @@ def check_modes(coupling: List[Coupling], when: str) -> None:
         if why == "batch" and uses_batch_stats:
             raise RecorderError(
                 f"{when}: '{name}' is a BatchNorm that normalises with the batch's own statistics (training mode, "
-                f"or track_running_stats=False), which couples the examples of a batch: no training point has a "
-                f"gradient of its own, so there is no per-example decomposition. Call .eval() on it (it then uses "
-                f"fixed running statistics) or use LayerNorm/GroupNorm")
+                f"or track_running_stats=False). pathkernel decomposes BatchNorm1d/2d in training mode exactly "
+                f"when it trains the module itself (pathkernel train --model torchscript:PATH), but the recorder "
+                f"does not yet store the running statistics a recorded loop moves. Train the module with "
+                f"pathkernel train, call .eval() on it (it then uses fixed running statistics), or use "
+                f"LayerNorm/GroupNorm")
         if why == "dropout" and m.training:
             raise RecorderError(
                 f"{when}: '{name}' is an active {_kind_name(m)}: pathkernel draws the masks of nn.Dropout and "

@@ -1,5 +1,6 @@
 // `pathkernel verify`: check the exact kernel machine against the network on test points.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -75,6 +76,10 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              {"completeness_error", s.completeness_error},
                              {"max_abs_rounding", s.max_abs_rounding},
                              {"max_abs_regularization", s.max_abs_regularization},
+                             // BatchNorm in training mode: the running statistics' term S.
+                             {"max_abs_statistics", std::isnan(s.max_abs_statistics)
+                                                        ? nlohmann::ordered_json(nullptr)
+                                                        : nlohmann::ordered_json(s.max_abs_statistics)},
                              {"certificate_max_gap", s.certificate_max_gap},
                              // The certificate's bound on max_rel_error: the steps' gaps summed.
                              {"error_bound", s.error_bound},

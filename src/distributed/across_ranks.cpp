@@ -31,6 +31,7 @@ Decomposition empty_decomposition(const Manifest& m, bool kernel) {
   d.rounding = d.f0;
   d.gap_abs = d.f0;
   if (kernel) d.kernel = torch::zeros({0, M, K, K}, torch::kFloat64);
+  if (!m.checkpoints.front().module_buffers.file.empty()) d.statistics = d.f0;  // BatchNorm's term S
   d.steps = m.steps;
   return d;
 }
@@ -93,6 +94,7 @@ void reduce_counters(const Communicator& comm, const Decomposition& d, Decomposi
 std::vector<torch::Tensor*> summed_tensors(Decomposition& d) {
   std::vector<torch::Tensor*> t = {&d.contributions, &d.regularization, &d.rounding, &d.gap_abs};
   if (d.kernel.defined()) t.push_back(&d.kernel);
+  if (d.statistics.defined()) t.push_back(&d.statistics);
   return t;
 }
 
@@ -236,6 +238,7 @@ Decomposition gather_decomposition(const Communicator& comm, const Decomposition
   out.rounding = comm.gather_rows(d.rounding);
   out.gap_abs = comm.gather_rows(d.gap_abs);
   if (d.kernel.defined()) out.kernel = comm.gather_rows(d.kernel);
+  if (d.statistics.defined()) out.statistics = comm.gather_rows(d.statistics);
   reduce_counters(comm, d, out);
   out.steps = d.steps;
   // The steps' residuals do not depend on the test points: every rank that

@@ -3,8 +3,10 @@
 #include "autograd_route.h"
 
 #include "feature_parts.h"
+#include "pathkernel/batch_statistics.h"
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
+#include "pathkernel/loss.h"
 #include "pathkernel/sequence.h"
 #include "routes.h"
 
@@ -25,6 +27,9 @@ void copy_flat(const std::vector<torch::Tensor>& grads, torch::Tensor row) {
 
 AutogradRoute::AutogradRoute(Network& net, const std::string& reason) : Route(net), net_(net) {
   reason_ = reason;
+  // Test points are evaluated as at test time: BatchNorm by its running
+  // statistics (the caller holds μ_s in the module's buffers).
+  net_->set_batch_norm_training(false);
   ParamLayer p;
   p.desc = net->layers()[0];
   p.weight_numel = parameter_count_;
@@ -96,7 +101,31 @@ std::vector<torch::Tensor> AutogradRoute::sites_at(const torch::Tensor& x, doubl
   return const_cast<Network&>(net_)->forward_with_sites(x).second;
 }
 
+torch::Tensor AutogradRoute::coupled_row_gradients(
+    const torch::Tensor& x, const torch::Tensor& c,
+    const std::function<torch::Tensor(const torch::Tensor&)>& cotangents) const {
+  Network& net = const_cast<Network&>(net_);
+  const std::vector<torch::Tensor> params = net->parameters();
+  const int64_t rows = x.size(0);
+  torch::Tensor out = torch::empty({rows, parameter_count_}, w_.options());
+  place(0.0);
+  const BatchStatistics train_mode(net);  // as the step's forward ran; the buffers it moves are put back
+  torch::AutoGradMode grad_mode(true);
+  const torch::Tensor f = net->forward(x);
+  const torch::Tensor u = c.defined() ? c : cotangents(f.detach());
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<torch::Tensor> g =
+        torch::autograd::grad({f[r]}, params, {u[r]}, /*retain_graph=*/r + 1 < rows, false, /*allow_unused=*/true);
+    for (size_t j = 0; j < g.size(); ++j) {
+      if (!g[j].defined()) g[j] = torch::zeros_like(params[j]);
+    }
+    copy_flat(g, out[r]);
+  }
+  return out;
+}
+
 torch::Tensor AutogradRoute::row_gradients(const torch::Tensor& x, const torch::Tensor& c) const {
+  if (net_->batch_statistics()) return coupled_row_gradients(x, c, {});
   OpenMpThreads one_thread(1);  // one row at a time: see row_jacobians
   const int64_t rows = x.size(0);
   torch::Tensor out = torch::empty({rows, parameter_count_}, w_.options());
@@ -126,8 +155,23 @@ TrainSignals AutogradRoute::loss_signals(const SegmentEvaluator&, const torch::T
   return t;
 }
 
+TrainSignals AutogradRoute::batch_loss_signals(const torch::Tensor& x, const torch::Tensor& y, OutputMap map,
+                                               LossKind loss, const torch::Tensor& weights) const {
+  PK_ASSERT(couples_batch());
+  TrainSignals t;
+  t.inputs = {torch::Tensor()};
+  // u_i = c_i ∂ℓ_i/∂f_i at the training-mode outputs (the batch's statistics)
+  t.signals = {coupled_row_gradients(x, torch::Tensor(), [&](const torch::Tensor& f) {
+    return loss_signal(f, y, map, loss, weights);
+  })};
+  return t;
+}
+
 std::vector<TrainSignals> AutogradRoute::output_signals(const SegmentEvaluator&, const torch::Tensor& x,
                                                         const torch::Tensor& t) const {
+  PK_CHECK(!couples_batch(), "the kernel K_s(x, x_i) of a module with BatchNorm in training mode is not "
+                             "computed: a training point's Jacobian depends on its whole batch (its contributions "
+                             "are; decompose without the kernel)");
   const torch::Tensor jac = row_jacobians(x, t);
   std::vector<TrainSignals> out;
   for (int64_t k = 0; k < num_outputs_; ++k) out.push_back({{torch::Tensor()}, {jac.select(1, k)}, {}});

@@ -33,6 +33,7 @@ DecompositionSummary summarize(const Decomposition& d) {
   s.completeness_error = d.completeness_gap().abs().max().item<double>();
   s.max_abs_rounding = d.rounding.abs().max().item<double>();
   s.max_abs_regularization = d.regularization.abs().max().item<double>();
+  if (d.statistics.defined()) s.max_abs_statistics = d.statistics.abs().max().item<double>();
   s.certificate_max_gap = d.certificate_max_gap;
   if (d.gap_abs.defined()) s.error_bound = (d.gap_abs / d.fN.abs().clamp_min(1.0)).max().item<double>();
   const double point_steps = static_cast<double>(std::max<int64_t>(1, s.test_points * d.steps));
@@ -91,6 +92,9 @@ void add_step_block(Decomposition& total, const Decomposition& block, const torc
   }
   total.regularization.add_(block.regularization);
   total.rounding.add_(block.rounding);
+  if (block.statistics.defined()) {
+    total.statistics = total.statistics.defined() ? total.statistics + block.statistics : block.statistics.clone();
+  }
   total.gap_abs.add_(block.gap_abs);
 }
 
@@ -113,6 +117,23 @@ int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const De
   return decomposition_walk::point_budget(ev, reader, x64, options, reverse).block;
 }
 
+namespace {
+
+/// d with its running-statistics term S over the decomposed steps
+/// (decomposition_walk::statistics_term), for a network with BatchNorm in
+/// training mode; d unchanged otherwise.
+Decomposition with_statistics(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options,
+                              Decomposition d) {
+  Network net64 = engine_network(reader.manifest().network_options());
+  if (!net64->batch_statistics()) return d;
+  const int64_t end = options.end_step < 0 ? reader.steps() : options.end_step;
+  d.statistics = decomposition_walk::statistics_term(reader, net64, x.to(torch::kFloat64), options.first_step, end,
+                                                     std::max<int64_t>(1, options.point_block > 0 ? options.point_block : 64));
+  return d;
+}
+
+}  // namespace
+
 Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& given,
                         DecompositionCheckpoint* checkpoint) {
   const Manifest& m = reader.manifest();
@@ -126,15 +147,21 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
   PK_CHECK(options.first_step >= 0 && options.first_step <= end_step && end_step <= m.steps,
            "the steps to decompose must be a range within [0, " << m.steps << "] (got [" << options.first_step
                                                                 << ", " << end_step << "))");
+  PK_CHECK(!(options.kernel && ModelSpec::parse(m.model_spec).is_module() && reader.network()->batch_statistics()),
+           "run '" << reader.dir() << "': the kernel K_s(x, x_i) is not computed for a module with BatchNorm in "
+                   << "training mode (a training point's Jacobian depends on its whole batch); its contributions "
+                   << "are: decompose without the kernel");
   PK_CHECK(!options.by_layer || !checkpoint,
            "the contributions by layer are not saved with the progress: decompose them without a checkpoint");
   if (rule.has_buffer() || options.reverse) {
     PK_CHECK(options.first_step == 0 && end_step == m.steps,
              "a range of steps is decomposed alone for gd and sgd runs only; run '"
                  << reader.dir() << "' used '" << m.optimizer.name << "', whose buffer links every step to the next");
-    return decomposition_walk::decompose_reverse(reader, x_in, options, rule, checkpoint);
+    return with_statistics(reader, x_in, options,
+                           decomposition_walk::decompose_reverse(reader, x_in, options, rule, checkpoint));
   }
-  return decomposition_walk::decompose_forward(reader, x_in, options, end_step, checkpoint);
+  return with_statistics(reader, x_in, options,
+                         decomposition_walk::decompose_forward(reader, x_in, options, end_step, checkpoint));
 }
 
 }  // namespace pathkernel

@@ -139,6 +139,7 @@ class ForwardWalk {
   /// keeps its counts.
   void step(const PathStep& st) {
     w_.ev.set_segment(st.w, st.delta);
+    w_.hold_statistics(st);  // μ_s: the segment is g(w_s + t Δw_s, μ_s; x)
     const ForwardStep t = step_terms(st);
     std::vector<PointGroup> parts = groups();
     for (size_t u0 = 0, u1 = 0; u0 < parts.size(); u0 = u1) {

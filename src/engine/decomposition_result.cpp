@@ -6,11 +6,13 @@
 namespace pathkernel {
 
 torch::Tensor Decomposition::prediction() const {
-  return f0 + contributions.sum(1) + regularization + rounding;
+  const torch::Tensor p = f0 + contributions.sum(1) + regularization + rounding;
+  return statistics.defined() ? p + statistics : p;
 }
 
 torch::Tensor Decomposition::completeness_gap() const {
-  return fN - f0 - contributions.sum(1) - regularization;
+  const torch::Tensor gap = fN - f0 - contributions.sum(1) - regularization;
+  return statistics.defined() ? gap - statistics : gap;
 }
 
 void StepResiduals::add(int64_t s, double r, double b) {

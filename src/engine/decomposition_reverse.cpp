@@ -174,6 +174,7 @@ class ReverseWalk {
   /// Step st for the chunk's blocks of test points, then the bar and the saved progress.
   void step(const PathStep& st, ReverseChunk& ch, ReverseResiduals& residuals) {
     w_.ev.set_segment(st.w, st.delta);
+    w_.hold_statistics(st);  // μ_s: the segment is g(w_s + t Δw_s, μ_s; x)
     const ReverseStep t = step_terms(st);
     if (ch.c0 == 0) {  // the steps' residuals, once (they do not depend on the test points)
       residuals.visit(st.step, max_abs(t.residual), update_bound(m_, st), t.buf,

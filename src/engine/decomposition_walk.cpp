@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "pathkernel/batch_statistics.h"
 #include "pathkernel/error.h"
 
 namespace pathkernel::decomposition_walk {
@@ -29,9 +30,14 @@ torch::Tensor mean_gradient(Network& net64, const Manifest& m, const PathStep& s
   return st.clip * torch::cat(grads);
 }
 
-torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tensor& x) {
+/// g(w, μ; x) [n, K] float64: BatchNorm in eval mode with running statistics
+/// mu (undefined: a network without them).
+torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tensor& x,
+                         const torch::Tensor& mu = {}) {
   torch::NoGradGuard guard;
   set_flat_parameters(net, w.to(net->parameters()[0].scalar_type()));
+  if (mu.defined()) set_flat_buffers(net, mu);
+  const RunningStatistics eval_mode(net);
   return net->forward_at_position(x.to(net->parameters()[0].scalar_type())).to(torch::kFloat64);
 }
 
@@ -110,6 +116,10 @@ Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x) {
   return out;
 }
 
+void Walk::hold_statistics(const PathStep& st) {
+  if (st.buffers.defined()) set_flat_buffers(net64, st.buffers);
+}
+
 TrainSignals Walk::chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr) const {
   WalkClock::Scope timed(clock, WalkClock::kTrainingSignals);
   // Groups of test points ask concurrently: the first forms a chunk, the
@@ -155,15 +165,17 @@ Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x, 
   const int64_t n = x.size(0), M = reader.dataset().x_train.size(0), K = m.num_classes;
   Decomposition d;
   d.steps = m.steps;
-  const torch::Tensor w0 = reader.checkpoint(0), wN = reader.checkpoint(m.checkpoints.size() - 1);
+  const size_t last = m.checkpoints.size() - 1;
+  const torch::Tensor w0 = reader.checkpoint(0), wN = reader.checkpoint(last);
+  const torch::Tensor mu0 = reader.checkpoint_buffers(0), muN = reader.checkpoint_buffers(last);
   Network net = m.dtype == "float64" ? Network(nullptr) : build_network(m.network_options(net64->options().position));
   std::vector<torch::Tensor> f0, fN, fN_run;
   for (int64_t b0 = 0; b0 < n; b0 += block) {  // block by block, like the rest
     const torch::Tensor xb = x.narrow(0, b0, std::min(block, n - b0));
-    f0.push_back(outputs_at(net64, w0, xb));
-    fN.push_back(outputs_at(net64, wN, xb));
+    f0.push_back(outputs_at(net64, w0, xb, mu0));
+    fN.push_back(outputs_at(net64, wN, xb, muN));
     // A float64 run's network is net64's twin.
-    fN_run.push_back(m.dtype == "float64" ? fN.back() : outputs_at(net, wN, xb));
+    fN_run.push_back(m.dtype == "float64" ? fN.back() : outputs_at(net, wN, xb, muN));
   }
   d.f0 = torch::cat(f0);
   d.fN = torch::cat(fN);
@@ -173,6 +185,24 @@ Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x, 
   d.rounding = torch::zeros({n, K}, torch::kFloat64);
   d.gap_abs = torch::zeros({n, K}, torch::kFloat64);
   return d;
+}
+
+torch::Tensor statistics_term(PathReader& reader, Network& net64, const torch::Tensor& x, int64_t first, int64_t end,
+                              int64_t block) {
+  if (!net64->batch_statistics()) return {};
+  const int64_t n = x.size(0);
+  torch::Tensor total = torch::zeros({n, reader.manifest().num_classes}, torch::kFloat64);
+  reader.forward(
+      [&](const PathStep& st) {
+        const torch::Tensor w1 = st.w + st.delta;  // w_{s+1}, as the step's segment ends
+        for (int64_t b0 = 0; b0 < n; b0 += block) {
+          const int64_t nb = std::min(block, n - b0);
+          const torch::Tensor xb = x.narrow(0, b0, nb);
+          total.narrow(0, b0, nb).add_(outputs_at(net64, w1, xb, st.buffers_next) - outputs_at(net64, w1, xb, st.buffers));
+        }
+      },
+      first, end);
+  return total;
 }
 
 const DecompositionProgress* restore(DecompositionCheckpoint* checkpoint, Decomposition& d, int64_t chunk,

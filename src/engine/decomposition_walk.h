@@ -113,6 +113,11 @@ struct Walk {
   };
   Batch batch(PathReader& reader, const PathStep& st, bool need_x);
 
+  /// Holds step st's running statistics μ_s in the test side's network
+  /// (batch_statistics.h): its segment is g(w_s + t Δw_s, μ_s; x). Nothing
+  /// without BatchNorm in training mode.
+  void hold_statistics(const PathStep& st);
+
   /// The batch's training rows in chunks of `chunk`, each chunk's signals
   /// contracted by `contract_with` (TrainSignals -> [points, rows, K]) and
   /// scaled to the mean loss's (the captured signals are already divided by
@@ -123,6 +128,7 @@ struct Walk {
   void train_chunks(const PathStep& st, const Batch& bt, int64_t chunk, double factor, Contract&& contract_with,
                     Use&& use) const {
     const double scale = captured ? factor : factor * st.clip / static_cast<double>(bt.b);
+    if (ev.path_route().couples_batch()) chunk = bt.b;  // the batch's statistics couple its rows
     for (int64_t r0 = 0; r0 < bt.b; r0 += chunk) {
       const int64_t nr = std::min(chunk, bt.b - r0);
       const DropoutStep dropout(m.init_seed, st.step);
@@ -221,6 +227,14 @@ struct PointBudget {
 
 PointBudget point_budget(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,
                          const DecompositionOptions& options, bool reverse);
+
+/// S(x) = Σ_s g(w_{s+1}, μ_{s+1}; x) − g(w_{s+1}, μ_s; x) over steps
+/// [first, end): the test outputs' moves as BatchNorm's running statistics
+/// jump at each step (docs/math.md §15), by two forward passes a step in
+/// blocks of `block` test points, [n, K] float64. Undefined for a network
+/// without BatchNorm in training mode.
+torch::Tensor statistics_term(PathReader& reader, Network& net64, const torch::Tensor& x, int64_t first, int64_t end,
+                              int64_t block);
 
 /// The forward walk (gd, sgd) over steps [options.first_step, end_step)
 /// (decomposition_forward.cpp).

@@ -179,6 +179,7 @@ TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, c
 
 TrainSignals train_signals(const SegmentEvaluator& ev, const torch::Tensor& x, const torch::Tensor& y,
                            OutputMap map, LossKind loss, const torch::Tensor& weights) {
+  if (ev.path_route().couples_batch()) return ev.path_route().batch_loss_signals(x, y, map, loss, weights);
   SegmentPass pass = ev.forward(x, torch::zeros({x.size(0)}, x.options()), track_passes(ev));
   // c_i u_i, u_i = ∂ℓ_i/∂f: a sequence's on its outputs at every position
   const torch::Tensor u = loss_signal(pass.sequence.defined() ? pass.sequence : pass.out, y, map, loss, weights);

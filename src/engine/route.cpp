@@ -2,6 +2,7 @@
 #include "pathkernel/route.h"
 
 #include "pathkernel/error.h"
+#include "pathkernel/features.h"
 #include "routes.h"
 
 namespace pathkernel {
@@ -53,11 +54,20 @@ std::vector<torch::Tensor> autograd_signals(const SegmentPass& pass, const torch
   return g;
 }
 
+TrainSignals Route::batch_loss_signals(const torch::Tensor&, const torch::Tensor&, OutputMap, LossKind,
+                                       const torch::Tensor&) const {
+  PK_THROW("the " << name() << " route's training rows are not coupled: take their signals chunk by chunk");
+}
+
 std::unique_ptr<Route> make_route(Network& net, ModuleRoute choice) {
   if (!net->is_script()) return make_own_route(net);
   if (net->options().sequence_length > 0) {
     return make_autograd_route(net, choice == ModuleRoute::Auto ? "a sequence model's outputs [n, T, V] are "
                                                                   "differentiated by autograd alone" : "");
+  }
+  if (net->batch_statistics()) {  // the structured route has no rule for BatchNorm in training mode
+    return make_autograd_route(net, "BatchNorm in training mode: each training point's gradient is its loss's "
+                                    "total derivative through the batch statistics, by autograd");
   }
   std::string reason;
   if (choice == ModuleRoute::Auto && net->script_graph()) {

@@ -54,20 +54,21 @@ ojson point_json(const ExplainedPoint& p, ExplainMethod method) {
             {"proponents", ranked_json(p.proponents)},
             {"opponents", ranked_json(p.opponents)}};
   }
-  ojson j{{"test_index", p.test_index},
-          {"label", p.labelled ? label_json(p.label) : ojson(nullptr)},
-          {"predicted", p.predicted},
-          {"f_final", p.f_final},
-          {"f_initial", p.f_initial},
-          {"contributions_sum", p.contributions_sum},
-          {"regularization", p.regularization},
-          {"rounding", p.rounding},
-          {"completeness_error", p.completeness_error},
-          {"proponents", ranked_json(p.proponents)},
-          {"opponents", ranked_json(p.opponents)}};
-  if (p.position >= 0) j["position"] = p.position;
-  if (!p.text.empty()) j["text"] = p.text;
-  return j;
+  ojson out{{"test_index", p.test_index},
+            {"label", p.labelled ? label_json(p.label) : ojson(nullptr)},
+            {"predicted", p.predicted},
+            {"f_final", p.f_final},
+            {"f_initial", p.f_initial},
+            {"contributions_sum", p.contributions_sum},
+            {"regularization", p.regularization},
+            {"rounding", p.rounding}};
+  if (!p.statistics.empty()) out["statistics"] = p.statistics;  // BatchNorm's running-statistics term S
+  out["completeness_error"] = p.completeness_error;
+  out["proponents"] = ranked_json(p.proponents);
+  out["opponents"] = ranked_json(p.opponents);
+  if (p.position >= 0) out["position"] = p.position;
+  if (!p.text.empty()) out["text"] = p.text;
+  return out;
 }
 
 ojson points_json(const ExplainDocument& doc) {
@@ -225,6 +226,7 @@ ExplainedPoint read_point(const JsonFile& f, const json& p, const Manifest& m, c
   e.contributions_sum = numbers("contributions_sum");
   e.regularization = numbers("regularization");
   e.rounding = numbers("rounding");
+  e.statistics = numbers("statistics");
   e.metagradient_sum = numbers("metagradient_sum");
   e.completeness_error = field_or(p, "completeness_error", 0.0,
                                   [&](const json& v) { return number_or_nan(v, where + "completeness_error"); });

@@ -70,6 +70,7 @@ ExplainedPoint exact_point(PathReader& reader, const Decomposition& d, const tor
   p.contributions_sum = values_of(d.contributions[n].sum(0));
   p.regularization = values_of(d.regularization[n]);
   p.rounding = values_of(d.rounding[n]);
+  if (d.statistics.defined()) p.statistics = values_of(d.statistics[n]);
   p.completeness_error = gap[n].abs().max().item<double>();
   p.proponents = ranked_points(c, y_train, top, true);
   p.opponents = ranked_points(c, y_train, top, false);

@@ -95,6 +95,9 @@ struct ScriptModule {
   std::vector<int64_t> site_windows;  ///< per kink site: its fused max-pool's window, or 0
   std::unique_ptr<ScriptGraph> graph;  ///< the structured route, if every parameter has a rule
   std::string graph_refusal;           ///< why not, otherwise
+  /// The BatchNorm submodules that were in training mode when loaded: their
+  /// batch statistics couple a batch's examples (batch_statistics.h).
+  std::vector<torch::jit::Module> batch_norms;
 };
 
 namespace {
@@ -108,7 +111,56 @@ std::string module_type(const torch::jit::Module& m) {
   return name ? name->name() : "?";
 }
 
+/// Whether a module's class is one of torch.nn's BatchNorm kinds
+/// (BatchNorm1d/2d/3d, their Lazy forms, SyncBatchNorm), not merely a name
+/// that contains the word.
+bool is_batch_norm(const std::string& type) {
+  for (const char* kind : {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LazyBatchNorm1d", "LazyBatchNorm2d",
+                           "LazyBatchNorm3d", "SyncBatchNorm"}) {
+    if (type == kind) return true;
+  }
+  return false;
+}
+
+/// Refuses a BatchNorm module in training mode whose decomposition is not
+/// exact: one that keeps no running statistics (eval mode would normalise a
+/// test input by its own batch), or SyncBatchNorm (statistics across
+/// processes pathkernel does not see).
+void check_batch_norm(const torch::jit::Module& bn, const std::string& path, const std::string& name,
+                      const std::string& type) {
+  PK_CHECK(type.find("Sync") == std::string::npos,
+           "model '" << path << "': module '" << name << "' (" << type << ") is in training mode: its batch "
+                     << "statistics are gathered across processes pathkernel does not see, so no training step "
+                     << "could be recomputed. Convert it to nn.BatchNorm1d/2d (torch.nn.SyncBatchNorm has no "
+                     << "inverse; build the model with nn.BatchNorm2d), or call .eval() on it before exporting");
+  const bool tracks = !bn.hasattr("track_running_stats") || bn.attr("track_running_stats").toBool();
+  PK_CHECK(tracks && bn.hasattr("running_mean") && bn.attr("running_mean").isTensor(),
+           "model '" << path << "': module '" << name << "' (" << type << ") is in training mode with "
+                     << "track_running_stats=False: in eval mode it would normalise a test input by the "
+                     << "statistics of the inputs evaluated with it, so a test output is not a function of "
+                     << "that input alone. Use track_running_stats=True (the default), or call .eval() on it "
+                     << "before exporting");
+}
+
 }  // namespace
+
+bool NetworkImpl::batch_statistics() const { return script_ && !script_->batch_norms.empty(); }
+
+void NetworkImpl::set_batch_norm_training(bool on) {
+  if (!script_) return;
+  for (torch::jit::Module& bn : script_->batch_norms) bn.train(on);
+}
+
+bool NetworkImpl::batch_norm_training() const {
+  return batch_statistics() && script_->batch_norms.front().is_training();
+}
+
+std::vector<torch::Tensor> NetworkImpl::module_buffers() const {
+  std::vector<torch::Tensor> out;
+  if (!script_) return out;
+  for (const auto& b : script_->module.named_buffers()) out.push_back(b.value);
+  return out;
+}
 
 void NetworkImpl::load_script() {
   // The plain interpreter: no graph optimisation or fusion, so every call
@@ -141,11 +193,10 @@ void NetworkImpl::load_script() {
   torch::jit::Module& m = script_->module;
   for (const auto& sub : m.named_modules()) {
     const std::string type = module_type(sub.value), name = sub.name.empty() ? "<top>" : sub.name;
-    PK_CHECK(!(type.find("BatchNorm") != std::string::npos && sub.value.is_training()),
-             "model '" << path << "': module '" << name << "' (" << type << ") is in training mode: its batch "
-                       << "statistics couple the examples of a batch, so a training point has no gradient of its "
-                       << "own and the decomposition is not defined. Use LayerNorm or GroupNorm instead, or call "
-                       << ".eval() on it before exporting to use it as a fixed affine layer");
+    if (is_batch_norm(type) && sub.value.is_training()) {
+      check_batch_norm(sub.value, path, name, type);
+      script_->batch_norms.push_back(sub.value);
+    }
     // nn.Dropout is seeded (dropout.h); the variants that drop whole
     // channels or keep self-normalisation are not.
     PK_CHECK(!(type.find("Dropout") != std::string::npos && type != "Dropout" && sub.value.is_training()),

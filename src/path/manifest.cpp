@@ -108,6 +108,7 @@ ojson Manifest::to_json() const {
     ojson state = ojson::object();
     for (const auto& [name, f] : c.optimizer_buffers) state[name] = file_json(f);
     ck["optimizer_state"] = ojson{{"step", c.optimizer_step}, {"buffers", state}};
+    if (!c.module_buffers.file.empty()) ck["module_buffers"] = file_json(c.module_buffers);
     cks.push_back(ck);
   }
   j["checkpoints"] = cks;
@@ -206,6 +207,7 @@ Manifest Manifest::from_json(const ojson& j) {
     for (const auto& [name, f] : buffers.items()) {
       ck.optimizer_buffers[name] = file_from(f, where + " buffer " + name);
     }
+    if (c.contains("module_buffers")) ck.module_buffers = file_from(c["module_buffers"], where + " module_buffers");
     m.checkpoints.push_back(std::move(ck));
   }
   for (const ojson& b : field<ojson>(j, "batches", "the manifest")) {
@@ -298,6 +300,7 @@ int64_t Manifest::path_bytes() const {
   for (const CheckpointRecord& c : checkpoints) {
     total += c.weights.bytes;
     for (const auto& [_, f] : c.optimizer_buffers) total += f.bytes;
+    total += c.module_buffers.bytes;
   }
   for (const BatchRecord& b : batches) total += b.indices.bytes;
   return total;
@@ -375,6 +378,24 @@ void check_flat_vector(const std::string& run_dir, const FileRecord& f, const st
                                           << " at index " << i
                                           << "), expected finite weights");
   }
+}
+
+/// Checks checkpoint i's module buffers (CheckpointRecord::module_buffers):
+/// every checkpoint has them or none does, and each holds a finite float64
+/// vector of the first one's size.
+void check_module_buffers(const std::string& run_dir, const Manifest& m, size_t i) {
+  const CheckpointRecord& c = m.checkpoints[i];
+  const CheckpointRecord& first = m.checkpoints.front();
+  PK_CHECK(c.module_buffers.file.empty() == first.module_buffers.file.empty(),
+           "run '" << run_dir << "': checkpoint " << c.step << (c.module_buffers.file.empty() ? " lacks" : " has")
+                   << " module_buffers but checkpoint " << first.step
+                   << (first.module_buffers.file.empty() ? " has none" : " has them")
+                   << ", expected every checkpoint to store the module's running statistics or none");
+  if (c.module_buffers.file.empty()) return;
+  const int64_t q = parse_npy(check_file(run_dir, first.module_buffers, "module buffers"),
+                              (fs::path(run_dir) / first.module_buffers.file).string())
+                        .numel();
+  check_flat_vector(run_dir, c.module_buffers, "checkpoint " + std::to_string(c.step) + " module buffers", q, false);
 }
 
 /// Checks a batch log: int32 [steps, B] of training-set indices, rows padded
@@ -459,6 +480,7 @@ void validate_run(const std::string& run_dir, const Manifest& m) {
     for (const auto& [name, f] : c.optimizer_buffers) {
       check_flat_vector(run_dir, f, what + " " + name, m.parameter_count, float32_allowed);
     }
+    check_module_buffers(run_dir, m, i);
   }
   if (m.batch_size != 0) {
     int64_t next = 0;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "pathkernel/batch_statistics.h"
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
@@ -56,6 +57,35 @@ PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
              "run '" << dir_ << "': parameter " << i << " ('" << layout[i].name
                      << "') does not match the manifest's parameter list");
   }
+  check_batch_statistics();
+}
+
+void PathReader::check_batch_statistics() const {
+  const bool stored = !manifest_.checkpoints.front().module_buffers.file.empty();
+  if (!net_->batch_statistics()) {
+    PK_CHECK(!stored, "run '" << dir_ << "': its checkpoints store module buffers, but model '"
+                              << manifest_.model_spec << "' has no BatchNorm module in training mode");
+    return;
+  }
+  PK_CHECK(!manifest_.recorded,
+           "run '" << dir_ << "': model '" << manifest_.model_spec << "' has BatchNorm in training mode, and "
+                   << "pathkernel does not yet decompose a recorded loop with one (the recorder stores no "
+                   << "running statistics); train it with `pathkernel train`, or call .eval() on its BatchNorm "
+                   << "modules before exporting");
+  PK_CHECK(stored, "run '" << dir_ << "': model '" << manifest_.model_spec << "' has BatchNorm in training mode "
+                           << "but the checkpoints store no running statistics (module_buffers), so the test "
+                           << "outputs along the path cannot be evaluated; train the run again");
+  const int64_t q = flatten_buffers(net_).numel(), stored_q = checkpoint_buffers(0).numel();
+  PK_CHECK(q == stored_q, "run '" << dir_ << "': the checkpoints store " << stored_q << " module buffer values, "
+                                  << "model '" << manifest_.model_spec << "' has " << q);
+}
+
+torch::Tensor PathReader::checkpoint_buffers(size_t i) const {
+  PK_CHECK(i < manifest_.checkpoints.size(),
+           "checkpoint index " << i << " out of range [0, " << manifest_.checkpoints.size() << ")");
+  const FileRecord& f = manifest_.checkpoints[i].module_buffers;
+  if (f.file.empty()) return {};
+  return read_npy((fs::path(dir_) / f.file).string()).to(torch::kFloat64);
 }
 
 torch::Tensor PathReader::loss_weights(const torch::Tensor& idx) const {
@@ -114,6 +144,8 @@ void PathReader::read_stored_step(size_t k, const std::function<void(PathStep&&)
   step.step = manifest_.checkpoints[k].step;
   step.w = checkpoint(k);
   step.delta = checkpoint(k + 1) - step.w;
+  step.buffers = checkpoint_buffers(k);
+  step.buffers_next = checkpoint_buffers(k + 1);
   step.batch = batch_indices(step.step);
   step.lr = manifest_.learning_rates[step.step];
   step.clip = clip_[step.step].item<double>();
@@ -144,6 +176,8 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
   std::vector<torch::Tensor> params = net_->parameters();
   torch::Tensor w = checkpoint(k);
   set_flat_parameters(net_, w.to(dtype));
+  torch::Tensor mu = checkpoint_buffers(k);  // μ_s; undefined without BatchNorm in training mode
+  if (mu.defined()) set_flat_buffers(net_, mu);
   auto optimizer = make_optimizer(manifest_.optimizer, params);
   OptimizerState state = checkpoint_state(k);
   for (auto& [_, b] : state.buffers) b = b.to(dtype);
@@ -170,6 +204,11 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     const bool rejoin = manifest_.recorded && s + 1 == end;
     if (rejoin) next = rejoin_checkpoint(k, next);
     PathStep step;
+    if (mu.defined()) {
+      step.buffers = mu;
+      mu = flatten_buffers(net_);  // the step's train-mode forward moved them
+      step.buffers_next = mu;
+    }
     if (capture_) {
       for (size_t l = 0; l < trace.inputs.size(); ++l) {
         step.layer_inputs.push_back(trace.inputs[l].detach());
@@ -193,6 +232,10 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
   }
   if (manifest_.recorded) return drift_bitwise_[k] ? 0 : drift_[k];
   torch::Tensor stored = checkpoint(k + 1);
+  if (mu.defined()) {  // the running statistics are part of the state replay reproduces
+    w = torch::cat({w, mu});
+    stored = torch::cat({stored, checkpoint_buffers(k + 1)});
+  }
   if (bitwise_equal(w, stored)) return 0;
   double diff = (w - stored).abs().max().item<double>();
   return diff > 0 ? diff : std::numeric_limits<double>::infinity();
@@ -257,12 +300,27 @@ torch::Tensor PathReader::weights(int64_t s) {
   return result;
 }
 
+torch::Tensor PathReader::buffers(int64_t s) {
+  PK_CHECK(s >= 0 && s <= manifest_.steps, "step " << s << " out of range [0, " << manifest_.steps << "]");
+  if (!net_->batch_statistics()) return {};
+  size_t k = 0;
+  while (k + 1 < manifest_.checkpoints.size() && manifest_.checkpoints[k + 1].step <= s) ++k;
+  if (manifest_.checkpoints[k].step == s) return checkpoint_buffers(k);
+  torch::Tensor result;
+  double diff = replay_segment(k, [&](PathStep&& st) { if (st.step == s) result = st.buffers; }, false);
+  require_equal(k, diff);
+  return result;
+}
+
 torch::Tensor PathReader::outputs(int64_t s, const torch::Tensor& x) {
   const torch::Tensor w = weights(s);  // replay needs gradients: before the guard
+  const torch::Tensor mu = buffers(s);
   torch::NoGradGuard no_grad;
   Network net = build_network(manifest_.network_options());
   const auto dtype = net->parameters()[0].scalar_type();
   set_flat_parameters(net, w.to(dtype));
+  if (mu.defined()) set_flat_buffers(net, mu);
+  const RunningStatistics eval_mode(net);  // a test output: BatchNorm by the running statistics μ_s
   return net->forward_at_position(x.to(dtype)).to(torch::kFloat64);  // a sequence model's: the last position
 }
 

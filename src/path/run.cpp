@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "pathkernel/context.h"
+#include "pathkernel/batch_statistics.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 #include "pathkernel/metrics_csv.h"
@@ -186,6 +187,9 @@ RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
   ResumePoint at;
   at.step = last.step;
   set_flat_parameters(net, read_npy((fs::path(run_dir) / last.weights.file).string()).to(options.data.dtype));
+  if (!last.module_buffers.file.empty()) {  // BatchNorm's running statistics μ at the last checkpoint
+    set_flat_buffers(net, read_npy((fs::path(run_dir) / last.module_buffers.file).string()));
+  }
   at.state.step = last.optimizer_step;
   for (const auto& [name, f] : last.optimizer_buffers) {
     at.state.buffers[name] = read_npy((fs::path(run_dir) / f.file).string()).to(options.data.dtype);

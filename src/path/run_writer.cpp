@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 
+#include "pathkernel/batch_statistics.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 #include "pathkernel/npy.h"
@@ -75,6 +76,7 @@ RunWriter RunWriter::reopen(std::string run_dir, Manifest m) {
   for (const CheckpointRecord& ck : w.manifest_.checkpoints) {
     listed.insert(ck.weights.file);
     for (const auto& [_, f] : ck.optimizer_buffers) listed.insert(f.file);
+    if (!ck.module_buffers.file.empty()) listed.insert(ck.module_buffers.file);
   }
   for (const BatchRecord& b : w.manifest_.batches) listed.insert(b.indices.file);
   std::vector<fs::path> stale;
@@ -122,6 +124,9 @@ void RunWriter::write_checkpoint(int64_t step, Network& net, torch::optim::Optim
   ck.optimizer_step = state.step;
   for (const auto& [name, buffer] : state.buffers) {
     ck.optimizer_buffers[name] = write_record(step_name("optimizer/" + name + "_", step), buffer.to(torch::kFloat64));
+  }
+  if (net->batch_statistics()) {
+    ck.module_buffers = write_record(step_name("checkpoints/mu_", step), flatten_buffers(net));
   }
   manifest_.checkpoints.push_back(std::move(ck));
 }

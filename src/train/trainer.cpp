@@ -1,12 +1,15 @@
 // The training loop, schedules, batch sampling and divergence checks.
 #include "pathkernel/trainer.h"
 
+#include "pathkernel/batch_statistics.h"
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
 #include <cmath>
 #include <cstdio>
 
+#include "pathkernel/batch_statistics.h"
 #include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
 #include "pathkernel/loss.h"
@@ -155,6 +158,7 @@ double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y) {
   if (is_regression_target(y)) return std::numeric_limits<double>::quiet_NaN();  // no classes
   if (x.size(0) == 0) return 0;
   torch::NoGradGuard guard;
+  const RunningStatistics eval_mode(net);  // BatchNorm as at test time, its running statistics unmoved
   int64_t correct = 0;
   const int64_t chunk = 4096;
   for (int64_t i = 0; i < x.size(0); i += chunk) {

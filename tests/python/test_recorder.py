@@ -549,7 +549,7 @@ class Refusals(TempDirTest):
 
         model = WithNorm(nn.BatchNorm1d(6)).double()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        self.refuse(r"'norm' is a BatchNorm .* couples the examples of a batch.*\.eval\(\)", model, opt, self.x, self.y)
+        self.refuse(r"'norm' is a BatchNorm .* recorder does not yet store the running statistics.*\.eval\(\)", model, opt, self.x, self.y)
         model.norm.eval()
         Recorder(self.path("eval"), model, opt, self.x, self.y).close()
         # nn.Dropout draws pathkernel's masks (pathkernel.dropout); channel and

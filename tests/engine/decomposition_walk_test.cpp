@@ -1,0 +1,134 @@
+// BatchNorm in training mode through the decomposition's walks
+// (src/engine/decomposition_walk.cpp): completeness with the running-
+// statistics term S, and S against an explicit loop over the steps.
+#include <gtest/gtest.h>
+
+#include "pathkernel/batch_statistics.h"
+#include "pathkernel/decomposition.h"
+#include "../model/torchscript_util.h"
+
+namespace pathkernel {
+namespace {
+
+using testing::TempDir;
+using namespace testing::script;
+
+/// A residual CNN with BatchNorm2d after each convolution, in training mode,
+/// on [1, 4, 4] images of 3 classes (a tiny scripts/measure_batchnorm.sh).
+std::string save_residual_bn(const TempDir& dir) {
+  python(dir, "torch.manual_seed(3)\n"
+              "class M(nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.stem = nn.Conv2d(1, 2, 3, padding=1, bias=False)\n"
+              "        self.bn0 = nn.BatchNorm2d(2)\n"
+              "        self.conv = nn.Conv2d(2, 2, 3, padding=1, bias=False)\n"
+              "        self.bn1 = nn.BatchNorm2d(2)\n"
+              "        self.head = nn.Linear(32, 3)\n"
+              "    def forward(self, x):\n"
+              "        h = F.relu(self.bn0(self.stem(x)))\n"
+              "        h = F.relu(h + self.bn1(self.conv(h)))\n"
+              "        return self.head(torch.flatten(h, 1))\n"
+              "torch.jit.script(M()).save('" + dir.path() + "/res_bn.pt')\n");
+  return dir.path() + "/res_bn.pt";
+}
+
+/// Trains `module` with `optimizer` (batch 10, 6 steps, checkpoints every 3)
+/// on 30 training and 6 test images, written as npy:DIR/data.
+void train_bn_run(const TempDir& dir, const std::string& module, const std::string& optimizer) {
+  const std::string data = dir.path() + "/data";
+  std::filesystem::create_directories(data);
+  torch::manual_seed(4);
+  write_npy(data + "/train_x.npy", torch::randn({30, 1, 4, 4}, torch::kFloat64));
+  write_npy(data + "/train_y.npy", torch::randint(0, 3, {30}, torch::kLong));
+  write_npy(data + "/test_x.npy", torch::randn({6, 1, 4, 4}, torch::kFloat64));
+  write_npy(data + "/test_y.npy", torch::randint(0, 3, {6}, torch::kLong));
+  RunOptions o;
+  o.data.spec = "npy:" + data;
+  o.model = "torchscript:" + module;
+  o.train.optimizer.name = optimizer;
+  o.train.optimizer.lr = optimizer == "adamw" ? 0.02 : 0.2;
+  if (optimizer == "adamw") o.train.optimizer.weight_decay = 0.01;
+  o.train.batch = 10;
+  o.train.steps = 6;
+  o.train.progress = false;
+  o.checkpoint_every = 3;
+  o.out = dir.path() + "/run";
+  train_run(o);
+}
+
+TEST(BatchNormTraining, CompletenessHoldsWithTheRunningStatisticsTerm) {
+  REQUIRE_PYTHON_TORCH();
+  for (const std::string optimizer : {"sgd", "momentum", "adamw"}) {
+    SCOPED_TRACE(optimizer);
+    TempDir dir;
+    train_bn_run(dir, save_residual_bn(dir), optimizer);
+    PathReader reader(dir.path() + "/run");
+    DecompositionOptions o;
+    o.progress = false;
+    const Decomposition d = decompose(reader, reader.dataset().x_test, o);
+    ASSERT_TRUE(d.statistics.defined());
+    const DecompositionSummary s = summarize(d);
+    EXPECT_LE(s.max_rel_error, 1e-12);
+    // S is a real part of the identity: leaving it out breaks completeness.
+    EXPECT_GT(s.max_abs_statistics, 1e-6);
+    const torch::Tensor without = d.f0 + d.contributions.sum(1) + d.regularization + d.rounding;
+    EXPECT_GT((without - d.fN).abs().max().item<double>(), 1e-6);
+    // f(w_N) is the eval-mode output with the final running statistics.
+    EXPECT_LT((reader.outputs(reader.steps(), reader.dataset().x_test) - d.fN).abs().max().item<double>(), 1e-15);
+  }
+}
+
+TEST(BatchNormTraining, StatisticsTermMatchesAnExplicitLoopOverSteps) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  train_bn_run(dir, save_residual_bn(dir), "sgd");
+  PathReader reader(dir.path() + "/run");
+  const torch::Tensor x = reader.dataset().x_test;
+  DecompositionOptions o;
+  o.progress = false;
+  const Decomposition d = decompose(reader, x, o);
+  Network net = build_network(reader.manifest().network_options());
+  net->set_batch_norm_training(false);
+  auto g = [&](const torch::Tensor& w, const torch::Tensor& mu) {
+    torch::NoGradGuard guard;
+    set_flat_parameters(net, w);
+    set_flat_buffers(net, mu);
+    return net->forward(x);
+  };
+  torch::Tensor explicit_sum = torch::zeros_like(d.statistics);
+  for (int64_t s = 0; s < reader.steps(); ++s) {
+    const torch::Tensor w1 = reader.weights(s + 1);
+    explicit_sum += g(w1, reader.buffers(s + 1)) - g(w1, reader.buffers(s));
+  }
+  EXPECT_LT((explicit_sum - d.statistics).abs().max().item<double>(), 1e-14);
+  // Over part of the path, the part's jumps.
+  o.first_step = 2;
+  o.end_step = 5;
+  const Decomposition part = decompose(reader, x, o);
+  torch::Tensor part_sum = torch::zeros_like(d.statistics);
+  for (int64_t s = 2; s < 5; ++s) {
+    const torch::Tensor w1 = reader.weights(s + 1);
+    part_sum += g(w1, reader.buffers(s + 1)) - g(w1, reader.buffers(s));
+  }
+  EXPECT_LT((part_sum - part.statistics).abs().max().item<double>(), 1e-14);
+}
+
+TEST(BatchNormTraining, RefusesTheKernel) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  train_bn_run(dir, save_residual_bn(dir), "sgd");
+  PathReader reader(dir.path() + "/run");
+  DecompositionOptions o;
+  o.progress = false;
+  o.kernel = true;
+  try {
+    decompose(reader, reader.dataset().x_test, o);
+    FAIL() << "the kernel was computed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("BatchNorm"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pathkernel
