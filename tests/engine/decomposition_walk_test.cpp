@@ -36,25 +36,13 @@ std::string save_residual_bn(const TempDir& dir) {
 /// Trains `module` with `optimizer` (batch 10, 6 steps, checkpoints every 3)
 /// on 30 training and 6 test images, written as npy:DIR/data.
 void train_bn_run(const TempDir& dir, const std::string& module, const std::string& optimizer) {
-  const std::string data = dir.path() + "/data";
-  std::filesystem::create_directories(data);
-  torch::manual_seed(4);
-  write_npy(data + "/train_x.npy", torch::randn({30, 1, 4, 4}, torch::kFloat64));
-  write_npy(data + "/train_y.npy", torch::randint(0, 3, {30}, torch::kLong));
-  write_npy(data + "/test_x.npy", torch::randn({6, 1, 4, 4}, torch::kFloat64));
-  write_npy(data + "/test_y.npy", torch::randint(0, 3, {6}, torch::kLong));
-  RunOptions o;
-  o.data.spec = "npy:" + data;
-  o.model = "torchscript:" + module;
-  o.train.optimizer.name = optimizer;
-  o.train.optimizer.lr = optimizer == "adamw" ? 0.02 : 0.2;
-  if (optimizer == "adamw") o.train.optimizer.weight_decay = 0.01;
-  o.train.batch = 10;
-  o.train.steps = 6;
-  o.train.progress = false;
-  o.checkpoint_every = 3;
-  o.out = dir.path() + "/run";
-  train_run(o);
+  SmallImageTraining how;
+  how.optimizer = optimizer;
+  if (optimizer == "adamw") {
+    how.lr = 0.02;
+    how.weight_decay = 0.01;
+  }
+  train_small_image_run(dir, "torchscript:" + module, how);
 }
 
 TEST(BatchNormTraining, CompletenessHoldsWithTheRunningStatisticsTerm) {

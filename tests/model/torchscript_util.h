@@ -53,13 +53,24 @@ inline torch::Tensor reference_jacobian(Network& net, const torch::Tensor& w, co
   return jac;
 }
 
-/// Trains `model` with SGD (lr 0.2, batch 10, 6 steps, checkpoints every 3)
-/// on 30 training and 6 test images [1, 4, 4] of 3 classes, written as
-/// npy:DIR/data; the run is DIR/run. Returns the run's result.
-inline RunResult train_small_image_run(const TempDir& dir, const std::string& model) {
+/// How train_small_image_run trains: the optimizer and its settings, and
+/// the seed the data is drawn from.
+struct SmallImageTraining {
+  std::string optimizer = "sgd";
+  double lr = 0.2;
+  double weight_decay = 0;
+  uint64_t data_seed = 4;
+};
+
+/// Trains `model` (lr 0.2 SGD by default; batch 10, 6 steps, checkpoints
+/// every 3) on 30 training and 6 test images [1, 4, 4] of 3 classes drawn
+/// from `how.data_seed`, written as npy:DIR/data; the run is DIR/run.
+/// Returns the run's result.
+inline RunResult train_small_image_run(const TempDir& dir, const std::string& model,
+                                       const SmallImageTraining& how = {}) {
   const std::string data = dir.path() + "/data";
   std::filesystem::create_directories(data);
-  torch::manual_seed(4);
+  torch::manual_seed(how.data_seed);
   write_npy(data + "/train_x.npy", torch::randn({30, 1, 4, 4}, torch::kFloat64));
   write_npy(data + "/train_y.npy", torch::randint(0, 3, {30}, torch::kLong));
   write_npy(data + "/test_x.npy", torch::randn({6, 1, 4, 4}, torch::kFloat64));
@@ -67,8 +78,9 @@ inline RunResult train_small_image_run(const TempDir& dir, const std::string& mo
   RunOptions o;
   o.data.spec = "npy:" + data;
   o.model = model;
-  o.train.optimizer.name = "sgd";
-  o.train.optimizer.lr = 0.2;
+  o.train.optimizer.name = how.optimizer;
+  o.train.optimizer.lr = how.lr;
+  o.train.optimizer.weight_decay = how.weight_decay;
   o.train.batch = 10;
   o.train.steps = 6;
   o.train.progress = false;

@@ -20,24 +20,9 @@ void train_dense_bn(const TempDir& dir, double momentum = 0.1) {
               "m = nn.Sequential(nn.Flatten(), nn.Linear(16, 5), nn.BatchNorm1d(5, momentum=" +
                   std::to_string(momentum) + "), nn.Tanh(), nn.Linear(5, 3))\n"
               "torch.jit.script(m).save('" + dir.path() + "/dense_bn.pt')\n");
-  const std::string data = dir.path() + "/data";
-  std::filesystem::create_directories(data);
-  torch::manual_seed(6);
-  write_npy(data + "/train_x.npy", torch::randn({30, 1, 4, 4}, torch::kFloat64));
-  write_npy(data + "/train_y.npy", torch::randint(0, 3, {30}, torch::kLong));
-  write_npy(data + "/test_x.npy", torch::randn({6, 1, 4, 4}, torch::kFloat64));
-  write_npy(data + "/test_y.npy", torch::randint(0, 3, {6}, torch::kLong));
-  RunOptions o;
-  o.data.spec = "npy:" + data;
-  o.model = "torchscript:" + dir.path() + "/dense_bn.pt";
-  o.train.optimizer.name = "sgd";
-  o.train.optimizer.lr = 0.2;
-  o.train.batch = 10;
-  o.train.steps = 6;
-  o.train.progress = false;
-  o.checkpoint_every = 3;
-  o.out = dir.path() + "/run";
-  train_run(o);
+  SmallImageTraining how;
+  how.data_seed = 6;
+  train_small_image_run(dir, "torchscript:" + dir.path() + "/dense_bn.pt", how);
 }
 
 TEST(BatchNormPath, ReplaysTheRunningStatisticsBitForBit) {
