@@ -27,6 +27,11 @@ torch::Tensor flatten_buffers(const Network& net);
 /// size differs.
 void set_flat_buffers(Network& net, const torch::Tensor& flat);
 
+/// A test output g(w, μ; x): net's parameters set to w and, when mu is
+/// defined, its buffers to mu; BatchNorm in eval mode; x in the parameters'
+/// dtype; a sequence model's outputs at its position (model.h). Float64 [n, K].
+torch::Tensor test_outputs(Network& net, const torch::Tensor& w, const torch::Tensor& mu, const torch::Tensor& x);
+
 /// For its scope, puts net's BatchNorm modules in eval mode (normalising by
 /// the running statistics, leaving them unchanged), then back in the mode
 /// they were in. Nothing for a network without batch statistics.

@@ -30,16 +30,6 @@ torch::Tensor mean_gradient(Network& net64, const Manifest& m, const PathStep& s
   return st.clip * torch::cat(grads);
 }
 
-/// g(w, μ; x) [n, K] float64: BatchNorm in eval mode with running statistics
-/// mu (undefined: a network without them).
-torch::Tensor outputs_at(Network& net, const torch::Tensor& w, const torch::Tensor& x,
-                         const torch::Tensor& mu = {}) {
-  torch::NoGradGuard guard;
-  set_flat_parameters(net, w.to(net->parameters()[0].scalar_type()));
-  if (mu.defined()) set_flat_buffers(net, mu);
-  const RunningStatistics eval_mode(net);
-  return net->forward_at_position(x.to(net->parameters()[0].scalar_type())).to(torch::kFloat64);
-}
 
 /// Whether the replay's own captured signals serve the contractions: the
 /// engine works in float64, so only a float64 run's signals are exact enough,
@@ -172,10 +162,10 @@ Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x, 
   std::vector<torch::Tensor> f0, fN, fN_run;
   for (int64_t b0 = 0; b0 < n; b0 += block) {  // block by block, like the rest
     const torch::Tensor xb = x.narrow(0, b0, std::min(block, n - b0));
-    f0.push_back(outputs_at(net64, w0, xb, mu0));
-    fN.push_back(outputs_at(net64, wN, xb, muN));
+    f0.push_back(test_outputs(net64, w0, mu0, xb));
+    fN.push_back(test_outputs(net64, wN, muN, xb));
     // A float64 run's network is net64's twin.
-    fN_run.push_back(m.dtype == "float64" ? fN.back() : outputs_at(net, wN, xb, muN));
+    fN_run.push_back(m.dtype == "float64" ? fN.back() : test_outputs(net, wN, muN, xb));
   }
   d.f0 = torch::cat(f0);
   d.fN = torch::cat(fN);
@@ -198,7 +188,8 @@ torch::Tensor statistics_term(PathReader& reader, Network& net64, const torch::T
         for (int64_t b0 = 0; b0 < n; b0 += block) {
           const int64_t nb = std::min(block, n - b0);
           const torch::Tensor xb = x.narrow(0, b0, nb);
-          total.narrow(0, b0, nb).add_(outputs_at(net64, w1, xb, st.buffers_next) - outputs_at(net64, w1, xb, st.buffers));
+          total.narrow(0, b0, nb)
+              .add_(test_outputs(net64, w1, st.buffers_next, xb) - test_outputs(net64, w1, st.buffers, xb));
         }
       },
       first, end);

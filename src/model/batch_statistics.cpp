@@ -28,6 +28,15 @@ void set_flat_buffers(Network& net, const torch::Tensor& flat) {
   }
 }
 
+torch::Tensor test_outputs(Network& net, const torch::Tensor& w, const torch::Tensor& mu, const torch::Tensor& x) {
+  torch::NoGradGuard no_grad;
+  const auto dtype = net->parameters()[0].scalar_type();
+  set_flat_parameters(net, w.to(dtype));
+  if (mu.defined()) set_flat_buffers(net, mu);
+  const RunningStatistics eval_mode(net);
+  return net->forward_at_position(x.to(dtype)).to(torch::kFloat64);
+}
+
 RunningStatistics::RunningStatistics(Network& net) : net_(net), was_training_(net->batch_norm_training()) {
   if (was_training_) net_->set_batch_norm_training(false);
 }

@@ -315,13 +315,8 @@ torch::Tensor PathReader::buffers(int64_t s) {
 torch::Tensor PathReader::outputs(int64_t s, const torch::Tensor& x) {
   const torch::Tensor w = weights(s);  // replay needs gradients: before the guard
   const torch::Tensor mu = buffers(s);
-  torch::NoGradGuard no_grad;
   Network net = build_network(manifest_.network_options());
-  const auto dtype = net->parameters()[0].scalar_type();
-  set_flat_parameters(net, w.to(dtype));
-  if (mu.defined()) set_flat_buffers(net, mu);
-  const RunningStatistics eval_mode(net);  // a test output: BatchNorm by the running statistics μ_s
-  return net->forward_at_position(x.to(dtype)).to(torch::kFloat64);  // a sequence model's: the last position
+  return test_outputs(net, w, mu, x);  // BatchNorm by the running statistics μ_s; a sequence's last position
 }
 
 void PathReader::forward(const std::function<void(const PathStep&)>& fn) {
