@@ -39,6 +39,9 @@ class OwnRoute final : public LayeredRoute {
   /// The gradient at param layer l's input from g at its output, [K, R, ...].
   torch::Tensor param_backward(const LayerDesc& d, size_t l, const torch::Tensor& g, const SegmentPass& pass,
                                bool at_start) const;
+  /// The gradient at max-pool layer i's input from g at its output (and
+  /// through the ReLU before it, if any), [K, R, ...].
+  torch::Tensor pool_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass) const;
   /// The gradient at parameter-free layer i's input from g at its output.
   torch::Tensor free_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass, bool of_logits) const;
 
@@ -90,13 +93,16 @@ torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const to
       pass.directions.push_back(torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t()));
       y = y + t.view({-1, 1}) * pass.directions.back();
     }
+  } else if (at_start) {
+    y = torch::conv2d(h, weight_of(w_, l), bias_of(w_, l), 1, layer.padding);
   } else {
-    auto conv = [&](const torch::Tensor& v) { return torch::conv2d(h, weight_of(v, l), bias_of(v, l), 1, layer.padding); };
-    y = conv(w_);
-    if (!at_start) {
-      pass.directions.push_back(conv(dw_));
-      y = y + t.view({-1, 1, 1, 1}) * pass.directions.back();
-    }
+    // W_s and dW_s as one convolution of twice the channels: the input's
+    // patches are formed once, for both.
+    const int64_t c = weight_of(w_, l).size(0);
+    const torch::Tensor both = torch::conv2d(h, torch::cat({weight_of(w_, l), weight_of(dw_, l)}),
+                                             torch::cat({bias_of(w_, l), bias_of(dw_, l)}), 1, layer.padding);
+    pass.directions.push_back(both.narrow(1, c, c));
+    y = torch::addcmul(both.narrow(1, 0, c), t.view({-1, 1, 1, 1}), pass.directions.back());
   }
   pass.preacts.push_back(y);
   return y;
@@ -148,12 +154,18 @@ torch::Tensor OwnRoute::param_backward(const LayerDesc& d, size_t l, const torch
   // (the input only gives its shape, and is never read).
   const torch::Tensor flat = g.flatten(0, 1), a = pass.inputs[l];
   const torch::Tensor shape_of_input = torch::empty({K * R, a.size(1), a.size(2), a.size(3)}, a.options());
-  auto back = [&](const torch::Tensor& v) {
-    return std::get<0>(torch::convolution_backward(flat, shape_of_input, weight_of(v, l), c10::nullopt, {1, 1},
+  auto back = [&](const torch::Tensor& g_rows, const torch::Tensor& weight) {
+    return std::get<0>(torch::convolution_backward(g_rows, shape_of_input, weight, c10::nullopt, {1, 1},
                                                    {d.padding, d.padding}, {1, 1}, false, {0, 0}, 1,
                                                    {true, false, false}));
   };
-  return (at_start ? back(w_) : back(w_) + t.repeat({K}).view({-1, 1, 1, 1}) * back(dw_)).unflatten(0, {K, R});
+  if (at_start) return back(flat, weight_of(w_, l)).unflatten(0, {K, R});
+  // Row r's weights are W_s + t_r dW_s: its input gradient is that of
+  // [g_r, t_r g_r] through [W_s; dW_s], one convolution of twice the
+  // channels.
+  const torch::Tensor scaled = flat * t.repeat({K}).view({-1, 1, 1, 1});
+  return back(torch::cat({flat, scaled}, 1), torch::cat({weight_of(w_, l), weight_of(dw_, l)}))
+      .unflatten(0, {K, R});
 }
 
 torch::Tensor OwnRoute::free_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass,
@@ -178,20 +190,36 @@ torch::Tensor OwnRoute::free_backward(size_t i, const torch::Tensor& g, const Se
       return g * (1 - y * y);
     }
     case Kind::GELU: return g * torch::gelu_backward(torch::ones_like(in[i]), in[i]);
-    case Kind::MaxPool2d: {
-      // Each pooled gradient goes to its window's argmax, kept by the
-      // forward pass. A ReLU before the pool passes it where the pooled
-      // value is positive: masked here, on the pooled (smaller) gradient,
-      // the same values as masking the unpooled one.
-      const torch::Tensor& idx = pass.argmax[i];  // [R, C, H', W']
-      torch::Tensor gm = i > 0 && layers_[i - 1].kind == Kind::ReLU ? g * (output_of(i) > 0) : g;
-      return torch::zeros({K, gm.size(1), in[i].size(1), in[i].size(2) * in[i].size(3)}, gm.options())
-          .scatter_add_(3, idx.flatten(2).unsqueeze(0).expand({K, -1, -1, -1}), gm.flatten(3))
-          .view(input_shape(i));
-    }
+    case Kind::MaxPool2d: return pool_backward(i, g, pass);
     case Kind::Flatten: return g.reshape(input_shape(i));
     default: PK_ASSERT(false && "own route: a layer own networks do not have"); return g;
   }
+}
+
+torch::Tensor OwnRoute::pool_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass) const {
+  // Each pooled gradient goes to its window's argmax, kept by the forward
+  // pass. A ReLU before the pool passes it where the pooled value is
+  // positive.
+  const std::vector<torch::Tensor>& in = pass.layer_inputs;
+  const torch::Tensor& idx = pass.argmax[i];  // [R, C, H', W']
+  const torch::Tensor& pooled = i + 1 < layers_.size() ? in[i + 1] : pass.out;
+  const bool relu = i > 0 && layers_[i - 1].kind == Kind::ReLU;
+  const int64_t K = g.size(0), R = idx.size(0), C = idx.size(1), H = in[i].size(2), W = in[i].size(3);
+  const int64_t k = layers_[i].kernel, h = idx.size(2), w = idx.size(3);
+  if (H != h * k || W != w * k) {  // windows that leave rows or columns out: scattered
+    torch::Tensor gm = relu ? g * (pooled > 0) : g;
+    return torch::zeros({K, R, C, H * W}, g.options())
+        .scatter_add_(3, idx.flatten(2).unsqueeze(0).expand({K, -1, -1, -1}), gm.flatten(3))
+        .view({K, R, C, H, W});
+  }
+  // The windows tile the input: the unpooled gradient is the pooled one
+  // broadcast over its window times the window's one-hot argmax (and the
+  // ReLU's mask), one product with no scatter. The mask is the rows' own,
+  // [R, C, H', k, W', k], formed once for the K outputs.
+  torch::Tensor mask = torch::zeros({R, C, H * W}, g.options()).scatter_(2, idx.flatten(2), 1.0);
+  mask = mask.view({R, C, h, k, w, k});
+  if (relu) mask = mask * (pooled > 0).to(g.scalar_type()).view({R, C, h, 1, w, 1});
+  return (g.reshape({K, R, C, h, 1, w, 1}) * mask.unsqueeze(0)).view({K, R, C, H, W});
 }
 
 std::vector<torch::Tensor> OwnRoute::signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits) const {

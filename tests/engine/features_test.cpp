@@ -23,6 +23,9 @@ const std::vector<Case> kCases = {
     {"mlp:7", {5}, OutputMap::LogSoftmax},      {"mlp:6,4:tanh", {5}, OutputMap::Logits},
     {"mlp:5:gelu", {1, 3, 3}, OutputMap::LogSoftmax}, {"cnn:2,3", {1, 8, 8}, OutputMap::LogSoftmax},
     {"cnn:3", {2, 6, 6}, OutputMap::Logits},
+    // 10 × 10 images: the second pool's windows (5 × 5 → 2 × 2) leave the
+    // last row and column out (the own route's scattered max-pool backward).
+    {"cnn:2,3", {1, 10, 10}, OutputMap::Logits},
     // A wide second layer: contract() takes the row-wise route there (the
     // narrow layers above take the dense block).
     {"mlp:40,40", {4}, OutputMap::LogSoftmax},
