@@ -55,6 +55,14 @@ RunOptions run_options(const std::string& data, int64_t train_size, const std::s
 /// Default decomposition options (gauss, no progress bar).
 DecompositionOptions quiet_decomposition(const std::string& quadrature = "gauss");
 
+/// GFLOP/s of float64 n×n matrix products on the current threads: the
+/// median of `repeats` (machine.cpp).
+double dgemm_gflops(int64_t n, int repeats);
+
+/// The machine row: dgemm on one thread, two threads and two one-thread
+/// processes at once (machine.cpp).
+nlohmann::ordered_json row_machine(const BenchConfig& c);
+
 /// max |pred − f| / max(1, |f|) over all entries.
 double max_rel_error(const torch::Tensor& pred, const torch::Tensor& f);
 

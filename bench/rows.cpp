@@ -475,6 +475,7 @@ json scaling(const BenchConfig& c, const std::string& what) {
 
 const std::vector<Row>& rows() {
   static const std::vector<Row> all{
+      {"machine", "the floor: float64 dgemm on 1 thread, 2 threads and 2 processes at once", row_machine},
       {"algorithm1", "pathkernel vs the paper's Algorithm 1 (per-sample Jacobians, Riemann T=100)", row_algorithm1},
       {"pytorch_peer", "pathkernel vs Algorithm 1 in PyTorch with functorch's vmap", row_pytorch_peer},
       {"pytorch_peer_generic", "the generic (TorchScript) route vs the same PyTorch peer on the same network",

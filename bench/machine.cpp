@@ -1,0 +1,90 @@
+// The machine's own floor, measured before any row: float64 matrix products
+// (dgemm) on one thread, on two, and in two one-thread processes at once. The
+// rows' costs are read against it: on a machine whose two cores share one
+// floating-point unit, a second thread cannot speed up arithmetic, and a
+// thread speedup means something only beside the machine's own scaling.
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "pathkernel/context.h"
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+
+extern char** environ;
+
+namespace pathkernel::bench {
+
+using json = nlohmann::ordered_json;
+
+double dgemm_gflops(int64_t n, int repeats) {
+  torch::manual_seed(0);
+  const torch::Tensor a = torch::randn({n, n}, torch::kFloat64), b = torch::randn({n, n}, torch::kFloat64);
+  torch::Tensor c = torch::mm(a, b);  // warm: the kernels' buffers allocated
+  const double seconds = median_seconds(repeats, [&] { c = torch::mm(a, b); });
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / seconds / 1e9;
+}
+
+namespace {
+
+/// GFLOP/s of each of `count` one-thread processes (this program with
+/// --dgemm-gflops) started together.
+std::vector<double> concurrent_dgemm(const BenchConfig& c, int64_t n, int count) {
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  std::vector<pid_t> pids;
+  std::vector<std::string> outs;
+  for (int i = 0; i < count; ++i) {
+    outs.push_back(c.work + "/rows/dgemm_" + std::to_string(i) + ".txt");
+    std::filesystem::remove(outs.back());
+    std::vector<std::string> args{self,         "--dgemm-gflops", std::to_string(n), "--repeats",
+                                  std::to_string(3 * c.repeats), "--row-out",     outs.back(), "--threads", "1"};
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    pid_t pid;
+    PK_CHECK(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) == 0,
+             "cannot start '" << self << "' for the machine's concurrent dgemm");
+    pids.push_back(pid);
+  }
+  std::vector<double> gflops;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    int status = 0;
+    waitpid(pids[i], &status, 0);
+    PK_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && std::filesystem::exists(outs[i]),
+             "the machine's concurrent dgemm process " << i << " failed");
+    gflops.push_back(std::stod(read_file(outs[i])));
+  }
+  return gflops;
+}
+
+}  // namespace
+
+json row_machine(const BenchConfig& c) {
+  const int64_t n = c.quick ? 300 : 2000;
+  std::filesystem::create_directories(c.work + "/rows");
+  json j;
+  double one = 0, two = 0;
+  {
+    ThreadScope scope(1);
+    one = dgemm_gflops(n, 3 * c.repeats);
+  }
+  {
+    ThreadScope scope(2);
+    two = dgemm_gflops(n, 3 * c.repeats);
+  }
+  const std::vector<double> both = concurrent_dgemm(c, n, 2);
+  j["setting"] = "float64 " + std::to_string(n) + "x" + std::to_string(n) + " matrix products (torch::mm), median of " +
+                 std::to_string(3 * c.repeats) + ", " + active_blas().library;
+  j["dgemm_gflops_1_thread"] = one;
+  j["dgemm_gflops_2_threads"] = two;
+  j["dgemm_gflops_2_processes"] = both;
+  j["two_thread_scaling"] = two / one;
+  j["two_process_scaling"] = (both[0] + both[1]) / one;
+  return j;
+}
+
+}  // namespace pathkernel::bench
