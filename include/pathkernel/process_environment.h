@@ -41,21 +41,10 @@ inline std::string with_tunable(const char* current, const std::string& name, co
 ///   `verify --test 2` of the README's CNN, against 8,900 with it, and about
 ///   15% less user time from fewer TLB misses (BENCHMARKS.md, "Process
 ///   overhead"). Without transparent huge pages in the kernel it does nothing.
-/// - glibc.malloc.mmap_threshold=32 MiB and glibc.malloc.trim_threshold=
-///   1 GiB: blocks below 32 MiB come from the heap, and freed memory stays
-///   there for the next step's temporaries of the same sizes. Otherwise
-///   glibc's threshold starts at 128 KiB, and each round's temporaries were
-///   mapped, faulted in, zeroed by the kernel and unmapped again: about 10%
-///   of the user time of `verify` on the README's CNN (BENCHMARKS.md,
-///   "Process overhead"). Peak memory is that of the largest step's
-///   temporaries, as before.
 inline void prepare_library_environment() {
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   ::setenv("OPENBLAS_THREAD_TIMEOUT", "16", 0);
-  std::string tunables = with_tunable(std::getenv("GLIBC_TUNABLES"), "glibc.malloc.hugetlb", "1");
-  tunables = with_tunable(tunables.c_str(), "glibc.malloc.mmap_threshold", "33554432");
-  tunables = with_tunable(tunables.c_str(), "glibc.malloc.trim_threshold", "1073741824");
-  ::setenv("GLIBC_TUNABLES", tunables.c_str(), 1);
+  ::setenv("GLIBC_TUNABLES", with_tunable(std::getenv("GLIBC_TUNABLES"), "glibc.malloc.hugetlb", "1").c_str(), 1);
 }
 
 }  // namespace pathkernel

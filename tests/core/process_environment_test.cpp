@@ -37,18 +37,15 @@ TEST(ProcessEnvironment, SetsWhatTheLibrariesReadAndKeepsTheUsersChoices) {
     prepare_library_environment();
     EXPECT_STREQ(std::getenv("OMP_WAIT_POLICY"), "PASSIVE");
     EXPECT_STREQ(std::getenv("OPENBLAS_THREAD_TIMEOUT"), "16");
-    EXPECT_STREQ(std::getenv("GLIBC_TUNABLES"),
-                 "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824");
+    EXPECT_STREQ(std::getenv("GLIBC_TUNABLES"), "glibc.malloc.hugetlb=1");
   }
   {
     ScopedEnv wait("OMP_WAIT_POLICY", "ACTIVE"), timeout("OPENBLAS_THREAD_TIMEOUT", "4"),
-        tunables("GLIBC_TUNABLES",
-                 "glibc.malloc.hugetlb=0:glibc.malloc.mmap_threshold=1048576:glibc.malloc.trim_threshold=0");
+        tunables("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0");
     prepare_library_environment();
     EXPECT_STREQ(std::getenv("OMP_WAIT_POLICY"), "ACTIVE");
     EXPECT_STREQ(std::getenv("OPENBLAS_THREAD_TIMEOUT"), "4");
-    EXPECT_STREQ(std::getenv("GLIBC_TUNABLES"),
-                 "glibc.malloc.hugetlb=0:glibc.malloc.mmap_threshold=1048576:glibc.malloc.trim_threshold=0");
+    EXPECT_STREQ(std::getenv("GLIBC_TUNABLES"), "glibc.malloc.hugetlb=0");
   }
 }
 
