@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "pathkernel/decomposition.h"
 #include "pathkernel/across_ranks.h"
+#include "pathkernel/arithmetic.h"
 #include "pathkernel/error.h"
 #include "pathkernel/input_file.h"
 #include "pathkernel/sequence.h"
@@ -29,6 +30,18 @@ struct VerifyArgs {
 
 /// The inputs checked: the test points chosen, or a file's inputs with their
 /// labels, if given (input_file.h).
+/// The test side's arithmetic (arithmetic.h) as `verify --json` reports it
+/// (divided by seconds_by_part's test_features, its rate); null on the
+/// generic route.
+nlohmann::ordered_json arithmetic_json(PathReader& reader, const DecompositionOptions& options, const torch::Tensor& x,
+                                       const Decomposition& d) {
+  const std::optional<RowArithmetic> a = row_arithmetic(reader, options, x);
+  if (!a) return nullptr;
+  return {{"test_side_gflop", a->test_side_flop(d, d.f0.size(1)) / 1e9},
+          {"forward_mflop_per_row", a->forward_flop / 1e6},
+          {"cotangent_mflop_per_row", a->cotangent_flop / 1e6}};
+}
+
 void choose_points(const VerifyArgs& args, const Dataset& data, torch::Tensor& x, torch::Tensor& labels) {
   if (!args.inputs.given()) {
     x = data.x_test.index_select(0, args.points.indices(data.y_test, 100));
@@ -109,6 +122,7 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                                                             ? nlohmann::ordered_json(nullptr)
                                                             : nlohmann::ordered_json(s.residuals.first_step)}};
     if (!route.reason.empty()) j["route_reason"] = route.reason;
+    j["arithmetic"] = arithmetic_json(reader, options, x, d);
     if (reader.manifest().sequence_length > 0) {  // the position whose outputs were decomposed
       j["position"] = resolve_position(options.position, reader.manifest().sequence_length);
     }

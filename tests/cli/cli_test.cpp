@@ -131,6 +131,10 @@ TEST(Cli, VerifyReportsTheKernelMachineAgainstTheNetwork) {
   for (const char* part : {"test_features", "training_signals", "contraction", "replay"}) {
     EXPECT_GE(j["seconds_by_part"][part].get<double>(), 0.0) << part;
   }
+  // The test side's arithmetic, from the shapes: 100 → 8 → 3, each product
+  // at W_s and dW_s, 2 flop a multiply-add.
+  EXPECT_DOUBLE_EQ(j["arithmetic"]["forward_mflop_per_row"].get<double>(), 4.0 * (100 * 8 + 8 * 3) / 1e6);
+  EXPECT_GT(j["arithmetic"]["test_side_gflop"].get<double>(), 0.0);
   EXPECT_EQ(j["test_points"], 12);
   EXPECT_EQ(j["steps"], 15);
   EXPECT_EQ(j["quadrature"], "gauss");

@@ -1,0 +1,44 @@
+// The arithmetic of a decomposition's test side, counted from the network's
+// layer shapes: what `verify --json` reports beside the seconds, so that a
+// user (and the bench) can read the cost against the machine's floor.
+//
+// Counted are the layers' products (Linear, Conv1d, Conv2d), in floating-point
+// operations (2 per multiply-add); elementwise work (activations, masks,
+// normalisation, embeddings' look-ups) is not. A row along a segment
+// evaluates each product at W_s and at dW_s; a cotangent walked back forms
+// each product's weight gradient and, from the second product on, its input
+// gradient (at W_s and at dW_s).
+#pragma once
+
+#include <optional>
+
+#include <torch/torch.h>
+
+#include "pathkernel/decomposition.h"
+#include "pathkernel/features.h"
+#include "pathkernel/segment.h"
+
+namespace pathkernel {
+
+/// Floating-point operations of one row of the test side.
+struct RowArithmetic {
+  double forward_flop = 0;    ///< one row's forward pass along the segment
+  double cotangent_flop = 0;  ///< one cotangent walked back through one row
+
+  /// The test side's operations for quadrature counts `c` (summed over
+  /// points and steps) of a network with K outputs: integrand rows take a
+  /// forward pass and K cotangents, moment rows one, forward-only rows none.
+  double test_side_flop(const QuadratureCounts& c, int64_t K) const;
+};
+
+/// The row arithmetic of ev's network on rows shaped like `example`
+/// [1, *input_shape]; nullopt on the generic route, whose layers pathkernel
+/// does not see. Sets ev's segment (to w = 0, dw = 0).
+std::optional<RowArithmetic> row_arithmetic(SegmentEvaluator& ev, const torch::Tensor& example);
+
+/// The row arithmetic of the run's network as decompose() evaluates it with
+/// `options`, on rows shaped like x's first.
+std::optional<RowArithmetic> row_arithmetic(PathReader& reader, const DecompositionOptions& options,
+                                            const torch::Tensor& x);
+
+}  // namespace pathkernel

@@ -1,0 +1,57 @@
+// The test side's arithmetic (arithmetic.h) against counts made by hand from
+// the layers' shapes.
+#include <gtest/gtest.h>
+
+#include "pathkernel/arithmetic.h"
+#include "pathkernel/model.h"
+
+namespace pathkernel {
+namespace {
+
+/// A 3-class own network of `spec` on inputs of `shape`.
+Network network(const std::string& spec, const std::vector<int64_t>& shape) {
+  NetworkOptions o;
+  o.spec = ModelSpec::parse(spec);
+  o.input_shape = shape;
+  o.num_classes = 3;
+  o.output = OutputMap::LogSoftmax;
+  o.seed = 1;
+  return build_network(o);
+}
+
+TEST(Arithmetic, CountsEachProductsMultiplyAddsFromItsShape) {
+  {
+    // 5 → 7 → 3: 35 and 21 multiply-adds a row.
+    Network net = network("mlp:7", {5});
+    SegmentEvaluator ev(net);
+    const auto a = row_arithmetic(ev, torch::randn({1, 5}, torch::kFloat64));
+    ASSERT_TRUE(a.has_value());
+    EXPECT_EQ(a->forward_flop, 4.0 * (35 + 21));      // each product at W_s and dW_s, 2 flop a multiply-add
+    EXPECT_EQ(a->cotangent_flop, 2.0 * 35 + 6.0 * 21);  // weight gradients; the second's input gradient twice
+  }
+  {
+    // A 3 × 3 convolution 1 → 2 channels on 6 × 6 (padding 1): 18 weights at
+    // 36 positions; pooled to 2 × 3 × 3 = 18 features, then 18 → 3.
+    Network net = network("cnn:2", {1, 6, 6});
+    SegmentEvaluator ev(net);
+    const auto a = row_arithmetic(ev, torch::randn({1, 1, 6, 6}, torch::kFloat64));
+    ASSERT_TRUE(a.has_value());
+    EXPECT_EQ(a->forward_flop, 4.0 * (18 * 36 + 54));
+    EXPECT_EQ(a->cotangent_flop, 2.0 * 18 * 36 + 6.0 * 54);
+  }
+}
+
+TEST(Arithmetic, TestSideCountsIntegrandMomentAndForwardRows) {
+  RowArithmetic a;
+  a.forward_flop = 10;
+  a.cotangent_flop = 3;
+  QuadratureCounts c;
+  c.evaluations = 2;
+  c.moment_evaluations = 5;
+  c.forward_evaluations = 7;
+  // 2 rows of a forward pass and K = 4 cotangents, 5 of one, 7 of none.
+  EXPECT_EQ(a.test_side_flop(c, 4), 2 * (10 + 4 * 3) + 5 * (10 + 3) + 7 * 10);
+}
+
+}  // namespace
+}  // namespace pathkernel
