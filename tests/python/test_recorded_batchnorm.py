@@ -21,11 +21,15 @@ OPTIMIZERS = {
 
 
 class SmallCNN(nn.Module):
-    """conv -> BatchNorm2d (affine, running statistics) -> tanh -> linear."""
+    """conv -> BatchNorm2d (affine, running statistics) -> tanh -> linear.
+    The convolution has no bias, as usual before a BatchNorm: the batch's
+    mean removes it, so its gradient is zero but for rounding, which Adam's
+    normalisation would blow up to steps of the order of the learning rate
+    (a path no decomposition follows to 1e-12; docs/recording.md)."""
 
     def __init__(self, track_running_stats=True, momentum=0.1):
         super().__init__()
-        self.conv = nn.Conv2d(1, 3, 3)
+        self.conv = nn.Conv2d(1, 3, 3, bias=False)
         self.bn = nn.BatchNorm2d(3, momentum=momentum, track_running_stats=track_running_stats)
         self.out = nn.Linear(27, 3)
 
