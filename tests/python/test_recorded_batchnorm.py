@@ -51,11 +51,14 @@ def small_cnn(**kw):
 
 def record_bn_loop(run, optimizer, every_step, steps=10, momentum=0.1):
     """A user's loop over a BatchNorm CNN in training mode; returns the
-    model's buffers after every step (the reference the run must hold)."""
+    model's buffers after every step (the reference the run must hold) and
+    the test outputs (log-probabilities) of the model in eval mode before and
+    after training."""
     x, y = images(24, 3)
     xt, _ = images(6, 4)
     model = small_cnn(momentum=momentum)
     opt = OPTIMIZERS[optimizer](model.parameters())
+    outputs = [eval_outputs(model, xt)]
     buffers = []
     with Recorder(run, model, opt, x, y, test_x=xt, test_y=torch.arange(6) % 3, every_step=every_step) as rec:
         for idx in batches(24, 6, steps):
@@ -64,7 +67,18 @@ def record_bn_loop(run, optimizer, every_step, steps=10, momentum=0.1):
             opt.step()
             rec.step(idx)
             buffers.append(np.concatenate([b.detach().double().reshape(-1).numpy() for b in model.buffers()]))
-    return buffers
+    outputs.append(eval_outputs(model, xt))
+    return buffers, outputs
+
+
+def eval_outputs(model, x):
+    """The model's log-probabilities in eval mode (its running statistics),
+    its mode then given back."""
+    model.eval()
+    with torch.no_grad():
+        out = F.log_softmax(model(x), dim=1).numpy()
+    model.train()
+    return out
 
 
 class RecordedBatchNorm(TempDirTest):
@@ -92,6 +106,19 @@ class RecordedBatchNorm(TempDirTest):
                 self.assertEqual(mu[-1], c["step"])  # num_batches_tracked
         return manifest
 
+    def assert_outputs(self, run, outputs):
+        """The engine's f(w_0, μ_0; x) and f(w_N, μ_N; x) are the model's own
+        eval-mode outputs before and after the loop."""
+        out = self.path("explain-" + os.path.basename(run))
+        j = cli_json(self, ["explain", run, "--test", "3", "--out", out], cwd=self.tmp)
+        with open(os.path.join(out, "explain.json")) as f:
+            points = json.load(f)["points"]
+        self.assertEqual(len(points), 3, j)
+        for p in points:
+            i = p["test_index"]
+            np.testing.assert_allclose(p["f_initial"], outputs[0][i], rtol=0, atol=1e-12)
+            np.testing.assert_allclose(p["f_final"], outputs[1][i], rtol=0, atol=1e-12)
+
     def assert_exact(self, run):
         j = self.verify(run)
         self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, j)
@@ -105,10 +132,11 @@ class RecordedBatchNorm(TempDirTest):
         for optimizer in OPTIMIZERS:
             with self.subTest(optimizer=optimizer):
                 run = self.path("every-" + optimizer)
-                buffers = record_bn_loop(run, optimizer, every_step=True)
+                buffers, outputs = record_bn_loop(run, optimizer, every_step=True)
                 manifest = self.assert_run_holds_buffers(run, buffers)
                 self.assertEqual(len(manifest["checkpoints"]), 11)
                 self.assert_exact(run)
+                self.assert_outputs(run, outputs)
 
     def test_compact_sgd_momentum_adamw(self):
         """The engine replays the steps between checkpoints from μ at the
@@ -116,12 +144,13 @@ class RecordedBatchNorm(TempDirTest):
         for optimizer in OPTIMIZERS:
             with self.subTest(optimizer=optimizer):
                 run = self.path("compact-" + optimizer)
-                buffers = record_bn_loop(run, optimizer, every_step=False)
+                buffers, outputs = record_bn_loop(run, optimizer, every_step=False)
                 manifest = self.assert_run_holds_buffers(run, buffers)
                 self.assertLess(len(manifest["checkpoints"]), 11)
                 j = self.assert_exact(run)
                 drift = j.get("replay_drift", {})
                 self.assertEqual(drift.get("max_abs_diff", 0), 0, j)
+                self.assert_outputs(run, outputs)
 
     def test_cumulative_average(self):
         """momentum=None: the running statistics are the cumulative average,

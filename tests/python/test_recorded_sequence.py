@@ -67,7 +67,8 @@ def record_sequence_loop(run, every_step, vocabulary=None, steps=9):
             F.cross_entropy(logits.flatten(0, 1), y[idx].flatten()).backward()
             opt.step()
             rec.step(idx)
-    return model, xt
+    with torch.no_grad():
+        return F.log_softmax(model(xt), dim=-1).numpy()
 
 
 class RecordedSequences(TempDirTest):
@@ -78,13 +79,23 @@ class RecordedSequences(TempDirTest):
     def verify(self, run, position):
         return cli_json(self, ["verify", run, "--test", "5", "--position", str(position)], cwd=self.tmp)
 
-    def assert_exact_at(self, run, positions):
+    def assert_exact_at(self, run, positions, final):
+        """verify closes at each position, where the engine's f(w_N) is the
+        model's own log-probabilities ``final`` [n, T, V] there."""
         for t in positions:
             with self.subTest(position=t):
                 j = self.verify(run, t)
+                self.assertEqual(j["position"], t, j)
                 self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, j)
                 self.assertLessEqual(j["max_abs_rounding"], MAX_ROUNDING, j)
                 self.assertTrue(j.get("updates_explained", True), j)
+                out = self.path("explain-%s-%d" % (os.path.basename(run), t))
+                cli_json(self, ["explain", run, "--test", "5", "--position", str(t), "--out", out], cwd=self.tmp)
+                with open(os.path.join(out, "explain.json")) as f:
+                    points = json.load(f)["points"]
+                self.assertEqual(len(points), 5)
+                for p in points:
+                    np.testing.assert_allclose(p["f_final"], final[p["test_index"], t], rtol=0, atol=1e-12)
 
     def test_stored_as_a_sequence_data_set(self):
         run = self.path("seq")
@@ -100,15 +111,15 @@ class RecordedSequences(TempDirTest):
 
     def test_verify_at_two_positions_every_step(self):
         run = self.path("every")
-        record_sequence_loop(run, every_step=True, vocabulary=list("abcde"))
+        final = record_sequence_loop(run, every_step=True, vocabulary=list("abcde"))
         with open(os.path.join(run, "data", "vocabulary.json")) as f:
             self.assertEqual(json.load(f), list("abcde"))
-        self.assert_exact_at(run, (0, T - 1))
+        self.assert_exact_at(run, (0, T - 1), final)
 
     def test_verify_at_two_positions_compact(self):
         run = self.path("compact")
-        record_sequence_loop(run, every_step=False)
-        self.assert_exact_at(run, (1, T - 1))
+        final = record_sequence_loop(run, every_step=False)
+        self.assert_exact_at(run, (1, T - 1), final)
 
 
 class RefusedSequences(TempDirTest):
