@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from _helpers import F, Recorder, TempDirTest, batches, cli_json, need_binary, nn, torch
+from pathkernel._files import crc32, npy_bytes
 from pathkernel.record import RecorderError
 
 MAX_REL_ERROR = 1e-12
@@ -151,6 +152,31 @@ class RecordedBatchNorm(TempDirTest):
                 drift = j.get("replay_drift", {})
                 self.assertEqual(drift.get("max_abs_diff", 0), 0, j)
                 self.assert_outputs(run, outputs)
+
+    def test_compact_replay_rejoins_the_recorded_statistics(self):
+        """A checkpoint's μ that the replay does not reproduce (here moved by
+        hand) is drift, reported at that checkpoint; the path rejoins the
+        recorded μ there, so the identity still closes."""
+        run = self.path("moved")
+        record_bn_loop(run, "momentum", every_step=False)
+        with open(os.path.join(run, "manifest.json")) as f:
+            manifest = json.load(f)
+        steps = [c["step"] for c in manifest["checkpoints"]]
+        k = next(i for i in range(1, len(steps) - 1) if steps[i] - steps[i - 1] > 1)  # ends a replayed segment
+        record = manifest["checkpoints"][k]["module_buffers"]
+        mu = np.load(os.path.join(run, record["file"]))
+        mu[0] += 0.25  # the first running mean
+        data = npy_bytes(mu)
+        with open(os.path.join(run, record["file"]), "wb") as f:
+            f.write(data)
+        record.update(bytes=len(data), crc32=crc32(data))
+        with open(os.path.join(run, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=2)
+        j = self.verify(run)
+        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, j)
+        drift = j["replay_drift"]
+        self.assertEqual(drift["at_checkpoint_step"], steps[k], j)
+        self.assertAlmostEqual(drift["max_abs_diff"], 0.25, delta=1e-12)
 
     def test_cumulative_average(self):
         """momentum=None: the running statistics are the cumulative average,
