@@ -208,8 +208,8 @@ class RunWriter:
 
     def path_bytes(self) -> int:
         """Bytes of the path so far: the checkpoints (w_0 included), the
-        optimizer's buffers, the batch indices (pending ones too) and the
-        clip factors' file."""
+        optimizer's buffers, the module's buffers μ, the batch indices
+        (pending ones too) and the clip factors' file."""
         pending = sum(4 * r.size for r in self._pending_batches)
         clip = self.manifest.training.clip_factors.bytes if self.manifest.training.clip_factors else 0
         first = self.manifest.checkpoints[0]

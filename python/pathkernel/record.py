@@ -447,11 +447,13 @@ class Recorder:
     def bytes_per_step(self) -> float:
         """Bytes the run's path takes per recorded step, as ``pathkernel info``
         counts them: every checkpoint (w_0 included), the optimizer buffers,
-        the batch indices and the clip factors, over the steps. Before the
+        BatchNorm's running statistics, the batch indices and the clip
+        factors, over the steps. Before the
         first step: the bytes one step will take."""
         if self.steps == 0:
             per_w = torch.finfo(self._store_dtype).bits // 8 * self.parameter_count + 128
-            return per_w * (1 + len(self._spec.optimizer.buffer_names))
+            per_mu = 8 * self._mu.size + 128 if self._mu is not None else 0
+            return per_w * (1 + len(self._spec.optimizer.buffer_names)) + per_mu
         return self._writer.path_bytes() / self.steps
 
     @property
