@@ -44,6 +44,13 @@ Dropout: while the recorder is open, the model's ``nn.Dropout`` modules draw
 pathkernel's own masks (pathkernel.dropout), which the engine draws again for
 each training point; keep the model in the mode (train or eval) it had when
 the recorder was created.
+
+BatchNorm in training mode (with running statistics): every checkpoint also
+stores the module's buffers μ (checkpoints/mu_*.npy, as pathkernel's own runs
+do; docs/math.md §15); each step must be one training-mode forward of its
+whole batch. Sequence models (outputs [n, T, V], loss
+``F.cross_entropy(logits.flatten(0, 1), y.flatten())`` over tokens [n, T])
+are stored as a sequence data set; ``pathkernel verify --position t``.
 """
 import io
 import os
@@ -256,8 +263,9 @@ class Recorder:
     def _install_output_hook(self, model: torch.nn.Module, sites: int) -> None:
         """Keeps the outputs of the loop's last forward with gradients on, so
         metrics.csv's batch loss and accuracy need no forward of their own.
-        Without dropout, that forward at w_s on the step's batch is what the
-        saved module in eval mode computes (BatchNorm stays in eval mode)."""
+        Without dropout, that forward at w_s on the step's batch is the
+        batch's loss (BatchNorm in training mode: with the batch's own
+        statistics, as the step used them)."""
         self._outputs: Optional[torch.Tensor] = None
         self._output_hook = None
         if sites > 0 or isinstance(model, torch.jit.ScriptModule):

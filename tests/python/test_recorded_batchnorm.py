@@ -26,7 +26,7 @@ class SmallCNN(nn.Module):
     The convolution has no bias, as usual before a BatchNorm: the batch's
     mean removes it, so its gradient is zero but for rounding, which Adam's
     normalisation would blow up to steps of the order of the learning rate
-    (a path no decomposition follows to 1e-12; docs/recording.md)."""
+    (a path no decomposition follows to 1e-12; docs/own-model.md)."""
 
     def __init__(self, track_running_stats=True, momentum=0.1):
         super().__init__()
