@@ -244,11 +244,16 @@ def check_batch_norm(name: str, m: torch.nn.Module, when: str) -> None:
             f"nn.BatchNorm1d/2d, or call .eval() on it")
 
 
+def _training_batch_norms(coupling: List[Coupling]) -> List[Tuple[str, torch.nn.Module]]:
+    """The BatchNorm modules in training mode that count their batches."""
+    return [(name, m) for name, m, why in coupling
+            if why == "batch" and m.training and getattr(m, "num_batches_tracked", None) is not None]
+
+
 def batch_counts(coupling: List[Coupling]) -> List[int]:
     """num_batches_tracked of each BatchNorm in training mode (its batches
     seen in training-mode forwards)."""
-    return [int(m.num_batches_tracked) for _, m, why in coupling
-            if why == "batch" and m.training and getattr(m, "num_batches_tracked", None) is not None]
+    return [int(m.num_batches_tracked) for _, m in _training_batch_norms(coupling)]
 
 
 def check_batch_counts(coupling: List[Coupling], before: List[int], s: int) -> List[int]:
@@ -256,8 +261,7 @@ def check_batch_counts(coupling: List[Coupling], before: List[int], s: int) -> L
     pathkernel's step is one training-mode forward of the whole batch, which
     moves the running statistics once. Returns the counts now."""
     after = batch_counts(coupling)
-    names = [name for name, m, why in coupling if why == "batch" and m.training]
-    for name, b, a in zip(names, before, after):
+    for (name, _), b, a in zip(_training_batch_norms(coupling), before, after):
         if a - b != 1:
             raise RecorderError(
                 f"step {s}: the BatchNorm '{name}' saw {a - b} training-mode forward(s) in the step "
