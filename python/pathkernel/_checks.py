@@ -578,7 +578,9 @@ def _run_probe(model: torch.nn.Module, script: torch.jit.ScriptModule, probe: to
             if sout.shape != out.shape or float((sout - out).abs().max()) > 1e-5 * scale:
                 diff = float((sout - out).abs().max()) if sout.shape == out.shape else float("nan")
                 raise RecorderError(f"the TorchScript module's outputs on train_x[:{n}] are not the model's (max "
-                                    f"difference {diff:.3g}): it does not compute what is trained")
+                                    f"difference {diff:.3g}): it does not compute what is trained (a traced module "
+                                    f"keeps the mode it was traced in, e.g. a BatchNorm's training mode: script the "
+                                    f"model with torch.jit.script)")
     return out
 
 

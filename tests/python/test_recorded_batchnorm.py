@@ -209,6 +209,16 @@ class RefusedBatchNorm(TempDirTest):
                                                    r"expected nn.BatchNorm1d/2d/3d"):
             Recorder(self.path("run"), model, opt, self.x, self.y)
 
+    def test_traced_in_training_mode(self):
+        """A trace bakes the BatchNorm's training mode into the graph, so the
+        saved module could not evaluate test points with running statistics."""
+        model = small_cnn()
+        traced = torch.jit.trace(model, self.x[:4], check_trace=False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with self.assertRaisesRegex(RecorderError, r"outputs on train_x\[:8\] are not the model's .*\(a traced module "
+                                                   r"keeps the mode it was traced in"):
+            Recorder(self.path("run"), model, opt, self.x, self.y, script=traced)
+
     def test_two_forwards_in_a_step(self):
         """Gradient accumulation over two halves moves the running statistics
         twice, with other statistics than the whole batch's."""
