@@ -182,15 +182,17 @@ class PathReader {
   torch::Tensor batch_indices(int64_t s);
   OptimizerState checkpoint_state(size_t k) const;
   /// Checks that a network with BatchNorm in training mode has its running
-  /// statistics stored at every checkpoint, and is not a recorded loop.
+  /// statistics stored at every checkpoint (own runs and recorded loops).
   void check_batch_statistics() const;
   void require_equal(size_t k, double diff) const;
   /// Segment k of a run that stores every step: read, not replayed.
   void read_stored_step(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state);
   /// The end of the last replayed step of segment k of a compact recorded
   /// run: notes the drift of `replayed` from checkpoint k+1 and returns the
-  /// recorded checkpoint, which the path rejoins.
-  torch::Tensor rejoin_checkpoint(size_t k, const torch::Tensor& replayed);
+  /// recorded checkpoint, which the path rejoins. With BatchNorm in training
+  /// mode, `*mu` (the replayed running statistics) counts in the drift and
+  /// is replaced by the checkpoint's.
+  torch::Tensor rejoin_checkpoint(size_t k, const torch::Tensor& replayed, torch::Tensor* mu);
 
   std::string dir_;
   Manifest manifest_;

@@ -62,6 +62,7 @@ class DataSpec:
     integer_inputs: bool
     num_classes: int
     train_crc32: int  # of the data as pathkernel loads it (training_data_crc32)
+    sequence_length: int = 0  # T of a sequence data set (tokens y [n, T], outputs [n, T, V]), else 0
 
     @property
     def num_train(self) -> int:
@@ -86,7 +87,14 @@ class RecordSpec:
     optimizer: OptimizerSpec
     data: DataSpec
     coupling: List[Coupling]
+    modes: List[bool]  # each coupling module's training mode, as the saved TorchScript keeps it
     dropout_sites: int
+
+    @property
+    def batch_statistics(self) -> bool:
+        """Whether a BatchNorm trains with batch statistics: the run then
+        stores the module's buffers μ at every checkpoint."""
+        return any(why == "batch" and mode for (_, _, why), mode in zip(self.coupling, self.modes))
 
     @property
     def dtype_name(self) -> str:
@@ -122,16 +130,17 @@ def check_record(model: Any, optimizer: Any, train_x: Any, train_y: Any, test_x:
     script = script_module(model, script)
     names = check_script_parameters(script, named)
     by_name = dict(named)
-    num_classes = probe_outputs(model, script, x, loss, dtype)
-    y = check_targets(y, x, "train", num_classes, loss)
+    num_classes, T = probe_outputs(model, script, x, loss, dtype)
+    y = check_targets(y, x, "train", num_classes, loss, T)
     if yt is None:
-        yt = torch.zeros((0, num_classes), dtype=torch.float64) if loss == "mse" else torch.zeros(0, dtype=torch.int64)
+        empty = (0, num_classes) if loss == "mse" else (0, T) if T else (0,)
+        yt = torch.zeros(empty, dtype=torch.float64 if loss == "mse" else torch.int64)
     else:
-        yt = check_targets(yt, xt, "test", num_classes, loss)
+        yt = check_targets(yt, xt, "test", num_classes, loss, T)
     sites = check_dropout_sites(script, model)
-    data = DataSpec(x, y, xt, yt, integer_inputs, num_classes, training_crc32(x, y, dtype))
+    data = DataSpec(x, y, xt, yt, integer_inputs, num_classes, training_crc32(x, y, dtype), T)
     return RecordSpec(loss, output, dtype, names, [by_name[n] for n in names], script, optimizer_spec, data,
-                      coupling, sites)
+                      coupling, training_modes(coupling), sites)
 
 
 def check_loss_output(loss: str, output: Optional[str]) -> str:
@@ -187,27 +196,79 @@ def coupling_modules(model: torch.nn.Module) -> List[Coupling]:
     return out
 
 
-def check_modes(coupling: List[Coupling], when: str) -> None:
-    """Refuses a BatchNorm that uses the batch's statistics, or an active
-    dropout whose masks pathkernel cannot draw; ``when`` starts the message."""
-    for name, m, why in coupling:
-        uses_batch_stats = m.training
-        if why == "batch" and not isinstance(m, torch.jit.ScriptModule):
-            uses_batch_stats = m.training or (m.running_mean is None and m.running_var is None)
-        if why == "batch" and uses_batch_stats:
-            raise RecorderError(
-                f"{when}: '{name}' is a BatchNorm that normalises with the batch's own statistics (training mode, "
-                f"or track_running_stats=False). pathkernel decomposes BatchNorm1d/2d in training mode exactly "
-                f"when it trains the module itself (pathkernel train --model torchscript:PATH), but the recorder "
-                f"does not yet store the running statistics a recorded loop moves. Train the module with "
-                f"pathkernel train, call .eval() on it (it then uses fixed running statistics), or use "
-                f"LayerNorm/GroupNorm")
+def training_modes(coupling: List[Coupling]) -> List[bool]:
+    """The training mode of each coupling module (what the saved TorchScript
+    keeps)."""
+    return [bool(m.training) for _, m, _ in coupling]
+
+
+def check_modes(coupling: List[Coupling], when: str, modes: Optional[List[bool]] = None) -> None:
+    """Refuses a BatchNorm whose test outputs pathkernel cannot evaluate
+    (no running statistics, or SyncBatchNorm in training mode), one whose
+    mode is not ``modes`` (those when the recorder was created, which the
+    saved TorchScript keeps), and an active dropout whose masks pathkernel
+    cannot draw; ``when`` starts the message."""
+    for i, (name, m, why) in enumerate(coupling):
+        if why == "batch":
+            check_batch_norm(name, m, when)
+            if modes is not None and bool(m.training) != modes[i]:
+                was, now = ("training", "eval") if modes[i] else ("eval", "training")
+                raise RecorderError(
+                    f"{when}: the BatchNorm '{name}' is in {now} mode, but it was in {was} mode when the Recorder "
+                    f"was created, which the saved TorchScript keeps; pathkernel replays each step in that mode. "
+                    f"Train in the mode the model had then (model.train() after evaluating)")
         if why == "dropout" and m.training:
             raise RecorderError(
                 f"{when}: '{name}' is an active {_kind_name(m)}: pathkernel draws the masks of nn.Dropout and "
                 f"F.dropout itself, seeded per step and example, and cannot draw this kind's (channel or alpha "
                 f"dropout) again, so the steps could not be decomposed. Use nn.Dropout, or call .eval() on it "
                 f"(or set p=0)")
+
+
+def check_batch_norm(name: str, m: torch.nn.Module, when: str) -> None:
+    """A BatchNorm pathkernel decomposes: one that keeps running statistics
+    (in training mode the engine follows their moves, docs/math.md §15), and
+    in training mode not a SyncBatchNorm."""
+    kind = _kind_name(m)
+    tracks = getattr(m, "track_running_stats", True)
+    if not tracks or getattr(m, "running_mean", None) is None:
+        raise RecorderError(
+            f"{when}: the BatchNorm '{name}' ({kind}) has track_running_stats={tracks!r} and no running "
+            f"statistics, expected track_running_stats=True: without them it normalises a test input by the "
+            f"statistics of whatever it is evaluated with, so a test output is not a function of that input alone. "
+            f"Use track_running_stats=True (the default), or LayerNorm/GroupNorm")
+    if m.training and "Sync" in kind:
+        raise RecorderError(
+            f"{when}: the BatchNorm '{name}' is a {kind} in training mode: its batch statistics are gathered across "
+            f"processes pathkernel does not see, expected nn.BatchNorm1d/2d/3d. Build the model with "
+            f"nn.BatchNorm1d/2d, or call .eval() on it")
+
+
+def _training_batch_norms(coupling: List[Coupling]) -> List[Tuple[str, torch.nn.Module]]:
+    """The BatchNorm modules in training mode that count their batches."""
+    return [(name, m) for name, m, why in coupling
+            if why == "batch" and m.training and getattr(m, "num_batches_tracked", None) is not None]
+
+
+def batch_counts(coupling: List[Coupling]) -> List[int]:
+    """num_batches_tracked of each BatchNorm in training mode (its batches
+    seen in training-mode forwards)."""
+    return [int(m.num_batches_tracked) for _, m in _training_batch_norms(coupling)]
+
+
+def check_batch_counts(coupling: List[Coupling], before: List[int], s: int) -> List[int]:
+    """Each BatchNorm in training mode saw exactly one batch in step ``s``:
+    pathkernel's step is one training-mode forward of the whole batch, which
+    moves the running statistics once. Returns the counts now."""
+    after = batch_counts(coupling)
+    for (name, _), b, a in zip(_training_batch_norms(coupling), before, after):
+        if a - b != 1:
+            raise RecorderError(
+                f"step {s}: the BatchNorm '{name}' saw {a - b} training-mode forward(s) in the step "
+                f"(num_batches_tracked {b} -> {a}), expected 1: pathkernel's step is one training-mode forward of "
+                f"the whole batch (its statistics and one move of the running statistics). Do not split the step's "
+                f"batch (gradient accumulation), and evaluate in eval mode (model.eval(), then model.train())")
+    return after
 
 
 def hyper_parameters(optimizer: torch.optim.Optimizer, group: Dict[str, Any]) -> Dict[str, Any]:
@@ -358,9 +419,10 @@ def check_inputs(x: torch.Tensor, xt: Optional[torch.Tensor],
     return x, xt, integer_inputs
 
 
-def check_targets(y: torch.Tensor, x: torch.Tensor, what: str, K: int, loss: str) -> torch.Tensor:
-    """Class labels as int64 [n] in [0, K), or for loss "mse" targets as
-    float64 [n, K]."""
+def check_targets(y: torch.Tensor, x: torch.Tensor, what: str, K: int, loss: str, T: int = 0) -> torch.Tensor:
+    """Class labels as int64 [n] in [0, K), for loss "mse" targets as
+    float64 [n, K], or for a sequence model (outputs [n, T, K]) tokens as
+    int64 [n, T] in [0, K)."""
     if y.dim() == 0 or y.shape[0] != x.shape[0]:
         rows = y.shape[0] if y.dim() >= 1 else "no"
         raise RecorderError(f"{what}_y has {rows} rows but {what}_x has {x.shape[0]}; expected one "
@@ -373,12 +435,17 @@ def check_targets(y: torch.Tensor, x: torch.Tensor, what: str, K: int, loss: str
         if y.numel() and not bool(torch.isfinite(y).all()):
             raise RecorderError(f"{what}_y holds a target that is not finite")
         return y.to(torch.float64).contiguous()
-    if y.dim() != 1:
-        hint = " (use loss='mse' for targets [n, K])" if y.dim() == 2 else ""
+    if T and (y.dim() != 2 or y.shape[1] != T):
+        raise RecorderError(f"{what}_y has shape {list(y.shape)}, but the model outputs sequences [n, T, V] = "
+                            f"[{x.shape[0]}, {T}, {K}]; expected tokens of shape [n, T] = [{x.shape[0]}, {T}] (the "
+                            f"token at every position, the loss F.cross_entropy(logits.flatten(0, 1), y.flatten()))")
+    if not T and y.dim() != 1:
+        hint = " (use loss='mse' for targets [n, K])" if y.dim() == 2 and y.dtype.is_floating_point else \
+            " (tokens [n, T] need a model whose outputs are [n, T, V])" if y.dim() == 2 else ""
         raise RecorderError(f"{what}_y has shape {list(y.shape)}; loss '{loss}' takes class labels of shape "
                             f"[n]{hint}")
     if y.dtype.is_floating_point or y.dtype == torch.bool:
-        raise RecorderError(f"{what}_y has dtype {y.dtype}; expected integer class labels")
+        raise RecorderError(f"{what}_y has dtype {y.dtype}; expected integer {'tokens' if T else 'class labels'}")
     y = y.to(torch.int64)
     if y.numel():
         lo, hi = int(y.min()), int(y.max())
@@ -386,6 +453,37 @@ def check_targets(y: torch.Tensor, x: torch.Tensor, what: str, K: int, loss: str
             raise RecorderError(f"{what}_y holds labels in [{lo}, {hi}], but the model has {K} outputs: expected "
                                 f"labels in [0, {K})")
     return y.contiguous()
+
+
+def check_vocabulary(vocabulary: Any, d: DataSpec) -> Optional[List[str]]:
+    """The vocabulary.json a sequence data set is stored with: ``vocabulary``
+    (V strings, V the model's outputs, naming every input code), or
+    "<0>" .. "<V-1>" when none is given and the inputs are codes below V;
+    None for other data (or float inputs, which a vocabulary cannot name)."""
+    if vocabulary is None:
+        if not d.sequence_length or not d.integer_inputs or _largest_code(d) >= d.num_classes:
+            return None
+        return [f"<{i}>" for i in range(d.num_classes)]
+    if not d.sequence_length:
+        raise RecorderError("vocabulary is given, but the model's outputs are not sequences [n, T, V]; a vocabulary "
+                            "names a sequence model's tokens")
+    if not d.integer_inputs:
+        raise RecorderError("vocabulary is given, but train_x holds floats; a vocabulary names integer input codes "
+                            "(token ids)")
+    words = list(vocabulary) if isinstance(vocabulary, (list, tuple)) else None
+    if words is None or not all(isinstance(w, str) for w in words):
+        raise RecorderError(f"vocabulary must be a list of strings, one per token (got {type(vocabulary).__name__})")
+    if len(words) != d.num_classes:
+        raise RecorderError(f"vocabulary holds {len(words)} strings, but the model outputs V = {d.num_classes} "
+                            f"tokens; expected one string per token")
+    if _largest_code(d) >= len(words):
+        raise RecorderError(f"train_x/test_x hold the code {_largest_code(d)}, but the vocabulary names codes 0 .. "
+                            f"{len(words) - 1}; expected every input code named")
+    return words
+
+
+def _largest_code(d: DataSpec) -> int:
+    return max(int(t.max()) for t in (d.x, d.test_x) if t.numel())
 
 
 def training_crc32(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> int:
@@ -457,7 +555,7 @@ def _first_line(e: Exception) -> str:
 
 
 def _run_probe(model: torch.nn.Module, script: torch.jit.ScriptModule, probe: torch.Tensor) -> torch.Tensor:
-    """The model's outputs [n, K] on ``probe``, checked against the
+    """The model's outputs [n, K] (or [n, T, V], a sequence model's) on ``probe``, checked against the
     TorchScript module's; dropout off on both sides (torch's masks are not
     the engine's)."""
     n = probe.shape[0]
@@ -467,9 +565,10 @@ def _run_probe(model: torch.nn.Module, script: torch.jit.ScriptModule, probe: to
         except Exception as e:
             raise RecorderError(f"the model fails on train_x[:{n}] ({type(e).__name__}: {_first_line(e)}); check "
                                 f"train_x's shape and dtype") from e
-        if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != n:
+        if not isinstance(out, torch.Tensor) or out.dim() not in (2, 3) or out.shape[0] != n:
             got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise RecorderError(f"the model maps train_x[:{n}] to {got}; expected outputs of shape [{n}, K]")
+            raise RecorderError(f"the model maps train_x[:{n}] to {got}; expected outputs of shape [{n}, K] (or "
+                                f"[{n}, T, V] for sequences)")
         if script is not model:
             try:
                 sout = script(probe)
@@ -479,28 +578,35 @@ def _run_probe(model: torch.nn.Module, script: torch.jit.ScriptModule, probe: to
             if sout.shape != out.shape or float((sout - out).abs().max()) > 1e-5 * scale:
                 diff = float((sout - out).abs().max()) if sout.shape == out.shape else float("nan")
                 raise RecorderError(f"the TorchScript module's outputs on train_x[:{n}] are not the model's (max "
-                                    f"difference {diff:.3g}): it does not compute what is trained")
+                                    f"difference {diff:.3g}): it does not compute what is trained (a traced module "
+                                    f"keeps the mode it was traced in, e.g. a BatchNorm's training mode: script the "
+                                    f"model with torch.jit.script)")
     return out
 
 
 def probe_outputs(model: torch.nn.Module, script: torch.jit.ScriptModule, x: torch.Tensor, loss: str,
-                  dtype: torch.dtype) -> int:
-    """The model's number of outputs K, from a probe batch, checked against
-    the loss."""
+                  dtype: torch.dtype) -> Tuple[int, int]:
+    """The model's number of outputs K (a sequence model's vocabulary V) and
+    sequence length T (0: not a sequence model), from a probe batch, checked
+    against the loss."""
     probe = x[: min(x.shape[0], 8)]
     out = _run_probe(model, script, probe)
-    K = int(out.shape[1])
-    if K < 1:
-        raise RecorderError("the model has no outputs")
+    K, T = int(out.shape[-1]), int(out.shape[1]) if out.dim() == 3 else 0
+    if K < 1 or out.dim() == 3 and T < 1:
+        raise RecorderError(f"the model has no outputs (shape {list(out.shape)})")
+    if T and loss == "mse":
+        raise RecorderError(f"the model maps train_x[:{probe.shape[0]}] to sequences {list(out.shape)} ([n, T, V]), "
+                            f"but loss 'mse' takes outputs [n, K]; sequences take 'cross_entropy' (mean over "
+                            f"tokens, F.cross_entropy(logits.flatten(0, 1), y.flatten())) or 'nll'")
     if loss == "nll":
-        lse = torch.logsumexp(out.to(torch.float64), dim=1)
+        lse = torch.logsumexp(out.to(torch.float64), dim=-1)
         if float(lse.abs().max()) > (1e-9 if dtype == torch.float64 else 1e-4):
             raise RecorderError(f"loss 'nll' takes log-probabilities, but the model's outputs on "
                                 f"train_x[:{probe.shape[0]}] are not (logsumexp {float(lse.abs().max()):.3g}, "
                                 f"expected 0): end the model in log_softmax, or use loss='cross_entropy' for logits")
     elif loss == "cross_entropy" and K < 2:
         raise RecorderError(f"loss 'cross_entropy' needs at least 2 classes; the model has {K} output")
-    return K
+    return K, T
 
 
 def check_dropout_sites(script: torch.jit.ScriptModule, model: torch.nn.Module) -> int:

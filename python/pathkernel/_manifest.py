@@ -119,17 +119,23 @@ def parameter_layout(names: Sequence[str], shapes: Sequence[Sequence[int]]) -> L
 class CheckpointRecord:
     """w_step (a flat [P] .npy: float64, or the run's dtype in a compact
     recording) and the optimizer's state the step starts from: its step count
-    and buffers (each a flat [P] .npy of the same dtype; none at step 0)."""
+    and buffers (each a flat [P] .npy of the same dtype; none at step 0).
+    ``module_buffers``: with BatchNorm in training mode, the module's buffers
+    μ at this step (running statistics and batch counters, every buffer of
+    the TorchScript module in its order, flat float64 [Q]), else None."""
     step: int
     weights: FileRecord
     optimizer_step: int = 0
     optimizer_buffers: Dict[str, FileRecord] = dataclass_field(default_factory=dict)
+    module_buffers: Optional[FileRecord] = None
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {"step": self.step}
         out.update(self.weights.to_json())
         out["optimizer_state"] = {"step": self.optimizer_step,
                                   "buffers": {name: f.to_json() for name, f in self.optimizer_buffers.items()}}
+        if self.module_buffers is not None:  # after optimizer_state, as the C++ writer orders it
+            out["module_buffers"] = self.module_buffers.to_json()
         return out
 
     @staticmethod
@@ -144,7 +150,8 @@ class CheckpointRecord:
         state = field(j, "optimizer_state", where, dict)
         buffers = field(state, "buffers", f"{where} optimizer_state", dict)
         return cls(step, FileRecord.from_json(j, where), field(state, "step", f"{where} optimizer_state", int),
-                   {name: FileRecord.from_json(f, f"{where} buffer {name}") for name, f in buffers.items()})
+                   {name: FileRecord.from_json(f, f"{where} buffer {name}") for name, f in buffers.items()},
+                   _optional_file(j, "module_buffers", where))
 
 
 @dataclass
@@ -180,6 +187,7 @@ class DataInfo:
     source: JsonObject
     train_crc32: int
     integer_inputs: bool = False
+    sequence_length: int = 0  # T of a sequence data set (tokens [n, T]), 0 otherwise
     spec: str = "npy:data"
     train_size: int = -1
     test_size: int = -1
@@ -194,6 +202,8 @@ class DataInfo:
                            "train_crc32": self.train_crc32}
         if self.integer_inputs:
             out["integer_inputs"] = True
+        if self.sequence_length > 0:
+            out["sequence_length"] = self.sequence_length
         return out
 
     @classmethod
@@ -203,7 +213,8 @@ class DataInfo:
         return cls(num_train=get("num_train", int), num_test=get("num_test", int),
                    input_shape=get("input_shape", list), num_classes=get("num_classes", int),
                    source=get("source", dict), train_crc32=get("train_crc32", int),
-                   integer_inputs=bool(j.get("integer_inputs", False)), spec=get("spec", str),
+                   integer_inputs=bool(j.get("integer_inputs", False)),
+                   sequence_length=int(j.get("sequence_length", 0)), spec=get("spec", str),
                    train_size=get("train_size", int), test_size=get("test_size", int), seed=get("seed", int),
                    normalization=get("normalization", dict))
 

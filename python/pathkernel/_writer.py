@@ -6,11 +6,13 @@ The layout and the guarantees of pathkernel's C++ run writer
     manifest.json                 the index (_manifest.Manifest), rewritten at each flush
     checkpoints/w_SSSSSSSS.npy    w_s, [P] (float64 every step; the run's dtype when compact)
     optimizer/NAME_SSSSSSSS.npy   the optimizer's buffers the step s starts from, [P], same dtype
+    checkpoints/mu_SSSSSSSS.npy   BatchNorm in training mode: the module's buffers μ_s, float64 [Q]
     batches/b_SSSSSSSS.npy        int32 [steps, max batch] indices of the steps since the last flush
     clip_factors.npy              float64 [N], each step's clip factor (when the loop clipped)
     metrics.csv                   step,lr,loss,batch_accuracy
     model.pt, data/*.npy          the TorchScript module and the data (an input array with at most
                                   256 distinct values as NAME.codes.npy uint8 + NAME.values.npy)
+    data/vocabulary.json          a sequence data set's tokens as text
 
 Every file is written atomically; the path's files are synced, together,
 before the manifest that lists them is written, so an interrupted loop
@@ -122,29 +124,38 @@ class RunWriter:
                 files.append(file)
         return files
 
+    def add_vocabulary(self, words: List[str]) -> None:
+        """Writes data/vocabulary.json (synced): a sequence data set's tokens
+        as text, one string per code (src/data/npy_dir.cpp reads it)."""
+        write_atomic(os.path.join(self.directory, "data", "vocabulary.json"), json_text(words).encode())
+
     def add_module(self, data: bytes, relative: str = "model.pt") -> FileRecord:
         """Writes the TorchScript module's bytes (synced); returns its record."""
         write_atomic(os.path.join(self.directory, relative), data)
         return FileRecord.of(relative, data)
 
-    def start(self, manifest: Manifest, weights: np.ndarray) -> None:
-        """Writes w_0 and the first manifest (status running, 0 steps)."""
+    def start(self, manifest: Manifest, weights: np.ndarray, module_buffers: Optional[np.ndarray] = None) -> None:
+        """Writes w_0 (and μ_0) and the first manifest (status running, 0 steps)."""
         self.manifest = manifest
-        self.write_checkpoint(0, weights, 0, {})
+        self.write_checkpoint(0, weights, 0, {}, module_buffers)
         self._save_manifest()
 
     # ------------------------------------------------------------ each step
 
     def write_checkpoint(self, step: int, weights: np.ndarray, optimizer_step: int,
-                         buffers: Dict[str, np.ndarray]) -> None:
-        """Writes w_step and the optimizer's buffers the step starts from, and
-        lists them at the next flush."""
+                         buffers: Dict[str, np.ndarray], module_buffers: Optional[np.ndarray] = None) -> None:
+        """Writes w_step, the optimizer's buffers the step starts from and
+        (BatchNorm in training mode) the module's buffers μ_step, float64,
+        and lists them at the next flush."""
         weights_file = self._write(step_name("checkpoints/w_", step), npy_bytes(weights))
         buffer_files = {name: self._write(step_name(f"optimizer/{name}_", step), npy_bytes(b))
                         for name, b in buffers.items()}
+        mu_file = None if module_buffers is None else \
+            self._write(step_name("checkpoints/mu_", step), npy_bytes(module_buffers.astype(np.float64)))
         if step > 0:
-            self._path_bytes_after_w0 += weights_file.bytes + sum(f.bytes for f in buffer_files.values())
-        self.manifest.checkpoints.append(CheckpointRecord(step, weights_file, optimizer_step, buffer_files))
+            self._path_bytes_after_w0 += weights_file.bytes + sum(f.bytes for f in buffer_files.values()) + \
+                (mu_file.bytes if mu_file is not None else 0)
+        self.manifest.checkpoints.append(CheckpointRecord(step, weights_file, optimizer_step, buffer_files, mu_file))
 
     def on_step(self, step: int, batch: np.ndarray, lr: float, loss: float, accuracy: float,
                 clip_factor: Optional[float]) -> None:
@@ -197,11 +208,13 @@ class RunWriter:
 
     def path_bytes(self) -> int:
         """Bytes of the path so far: the checkpoints (w_0 included), the
-        optimizer's buffers, the batch indices (pending ones too) and the
-        clip factors' file."""
+        optimizer's buffers, the module's buffers μ, the batch indices
+        (pending ones too) and the clip factors' file."""
         pending = sum(4 * r.size for r in self._pending_batches)
         clip = self.manifest.training.clip_factors.bytes if self.manifest.training.clip_factors else 0
-        return self.manifest.checkpoints[0].weights.bytes + self._path_bytes_after_w0 + pending + clip
+        first = self.manifest.checkpoints[0]
+        mu0 = first.module_buffers.bytes if first.module_buffers is not None else 0
+        return first.weights.bytes + mu0 + self._path_bytes_after_w0 + pending + clip
 
     # ------------------------------------------------------------- writing
 

@@ -44,6 +44,13 @@ Dropout: while the recorder is open, the model's ``nn.Dropout`` modules draw
 pathkernel's own masks (pathkernel.dropout), which the engine draws again for
 each training point; keep the model in the mode (train or eval) it had when
 the recorder was created.
+
+BatchNorm in training mode (with running statistics): every checkpoint also
+stores the module's buffers μ (checkpoints/mu_*.npy, as pathkernel's own runs
+do; docs/math.md §15); each step must be one training-mode forward of its
+whole batch. Sequence models (outputs [n, T, V], loss
+``F.cross_entropy(logits.flatten(0, 1), y.flatten())`` over tokens [n, T])
+are stored as a sequence data set; ``pathkernel verify --position t``.
 """
 import io
 import os
@@ -55,8 +62,9 @@ import numpy as np
 import torch
 
 from . import __version__ as _pathkernel_version
-from ._checks import (LOSSES, SUPPORTED_OPTIMIZERS, RecordSpec, check_gradients, check_hyper_parameters, check_modes,
-                      check_record, clip_factor_of_step, flat_indices, optimizer_step_count, step_learning_rate)
+from ._checks import (LOSSES, SUPPORTED_OPTIMIZERS, RecordSpec, batch_counts, check_batch_counts, check_gradients,
+                      check_hyper_parameters, check_modes, check_record, check_vocabulary, clip_factor_of_step,
+                      flat_indices, optimizer_step_count, step_learning_rate)
 from ._environment import environment, libtorch_version
 from ._errors import RecorderError
 from ._manifest import DataInfo, FileRecord, Manifest, ModelInfo, TrainingInfo, parameter_layout
@@ -112,7 +120,7 @@ def _manifest(spec: RecordSpec, module: FileRecord, schedule: CheckpointSchedule
               "inputs": "integer" if d.integer_inputs else "float"}
     data = DataInfo(num_train=d.num_train, num_test=d.num_test, input_shape=list(d.x.shape[1:]),
                     num_classes=d.num_classes, source=source, train_crc32=d.train_crc32,
-                    integer_inputs=d.integer_inputs)
+                    integer_inputs=d.integer_inputs, sequence_length=d.sequence_length)
     return Manifest(pathkernel_version=_pathkernel_version, libtorch_version=libtorch_version(), data=data,
                     model=ModelInfo(output=spec.output, module=module), dtype=spec.dtype_name,
                     parameters=parameter_layout(spec.names, spec.shapes),
@@ -133,7 +141,10 @@ class Recorder:
       train_x, train_y: the training set, tensors or numpy arrays; train_x is
         [n, *input_shape] (float32/float64, or integer ids, stored as int64),
         train_y holds class labels [n] in [0, K), or for loss "mse" float
-        targets [n, K]. The loop's batches index these arrays.
+        targets [n, K], or for a sequence model (outputs [n, T, V], loss
+        ``F.cross_entropy(logits.flatten(0, 1), y.flatten())``, the mean over
+        tokens) integer tokens [n, T] in [0, V). The loop's batches index
+        these arrays.
       test_x, test_y: the test set (optional).
       loss: "cross_entropy" (the model outputs logits; F.cross_entropy),
         "nll" (the model ends in log_softmax; F.nll_loss) or "mse"
@@ -152,6 +163,9 @@ class Recorder:
       expected_steps: about how many steps the loop will take; the
         checkpoints are then every ⌈√expected_steps⌉ steps. Without it their
         spacing grows like √step (about 2√N checkpoints after N steps).
+      vocabulary: a sequence model's tokens as text, a list of V strings
+        (data/vocabulary.json; explain shows each sequence's text with it).
+        By default a sequence model with integer inputs gets "<0>" .. "<V-1>".
       summary_accuracy: compute the summary's train and test accuracy at
         close, a forward pass over both sets. Off by default: the summary's
         accuracies are then null, and the recorder costs the loop little
@@ -174,7 +188,8 @@ class Recorder:
                  optimizer: torch.optim.Optimizer, train_x: Any, train_y: Any, test_x: Any = None,
                  test_y: Any = None, loss: str = "cross_entropy", output: Optional[str] = None,
                  script: Optional[torch.jit.ScriptModule] = None, overwrite: bool = False,
-                 every_step: bool = False, expected_steps: Optional[int] = None, summary_accuracy: bool = False):
+                 every_step: bool = False, expected_steps: Optional[int] = None, summary_accuracy: bool = False,
+                 vocabulary: Optional[List[str]] = None):
         self.directory = os.fspath(directory)
         self._closed = True  # until construction succeeds
         self._schedule = CheckpointSchedule.choose(every_step, expected_steps)
@@ -196,13 +211,18 @@ class Recorder:
         data_files = self._writer.add_data({"train_x": d.x.numpy(), "train_y": d.y.numpy(),
                                             "test_x": d.test_x.numpy(), "test_y": d.test_y.numpy()},
                                            coded=("train_x", "test_x"))
+        words = check_vocabulary(vocabulary, d)
+        if words is not None:
+            self._writer.add_vocabulary(words)
         module_bytes = _module_bytes(spec.script)
         module = self._writer.add_module(module_bytes)
         manifest = _manifest(spec, module, self._schedule, data_files)
         self._metrics = Metrics(module_bytes, manifest.parameters, spec.loss)
         self.steps = 0
         self._w = self._flat_weights()
-        self._writer.start(manifest, self._stored(self._w))
+        self._mu = self._flat_module_buffers()
+        self._counts = batch_counts(spec.coupling)
+        self._writer.start(manifest, self._stored(self._w), self._mu)
         self._next_checkpoint = self._schedule.next_after(0)
 
         self._pending_clip: Optional[float] = None  # set by clip_grad_norm_ before optimizer.step()
@@ -243,8 +263,9 @@ class Recorder:
     def _install_output_hook(self, model: torch.nn.Module, sites: int) -> None:
         """Keeps the outputs of the loop's last forward with gradients on, so
         metrics.csv's batch loss and accuracy need no forward of their own.
-        Without dropout, that forward at w_s on the step's batch is what the
-        saved module in eval mode computes (BatchNorm stays in eval mode)."""
+        Without dropout, that forward at w_s on the step's batch is the
+        batch's loss (BatchNorm in training mode: with the batch's own
+        statistics, as the step used them)."""
         self._outputs: Optional[torch.Tensor] = None
         self._output_hook = None
         if sites > 0 or isinstance(model, torch.jit.ScriptModule):
@@ -286,6 +307,18 @@ class Recorder:
         with torch.no_grad():
             return torch.cat([p.detach().reshape(-1).to(torch.float64) for p in self._spec.params]).numpy().copy()
 
+    def _flat_module_buffers(self) -> Optional[np.ndarray]:
+        """With BatchNorm in training mode, the module's buffers μ (every
+        buffer of the saved TorchScript module, in its order, as the engine
+        flattens them) as float64, read from the model; else None."""
+        if not self._spec.batch_statistics:
+            return None
+        own = dict(self._model.named_buffers())
+        with torch.no_grad():
+            parts = [own.get(name, b).detach().reshape(-1).to(torch.float64)
+                     for name, b in self._spec.script.named_buffers()]
+        return torch.cat(parts).numpy().copy()
+
     def _stored(self, w: np.ndarray) -> np.ndarray:
         """Flat float64 weights as the run stores them (a float32 model's
         convert back exactly)."""
@@ -312,7 +345,8 @@ class Recorder:
         to have taken one optimizer step pathkernel can decompose."""
         lr = step_learning_rate(self._step_lrs, s)
         check_hyper_parameters(self._optimizer, self._spec.optimizer.hyper, s)
-        check_modes(self._spec.coupling, f"step {s}")
+        check_modes(self._spec.coupling, f"step {s}", self._spec.modes)
+        self._counts = check_batch_counts(self._spec.coupling, self._counts, s)
         if self._dropout is not None and [m.training for m in self._model.modules()] != self._modes:
             raise RecorderError(
                 f"step {s}: the model's modes (train/eval) are not those it had when the Recorder was created, "
@@ -356,25 +390,27 @@ class Recorder:
             self._finish("diverged", f"the weights are not finite after step {s}; the path ends at step {end}")
             raise RecorderError(f"step {s}: the weights are not finite after the step; the run ends at step {end} "
                                 f"(status diverged)")
+        mu = self._flat_module_buffers()
         checkpoint = s + 1 == self._next_checkpoint
         if checkpoint:
-            self._write_checkpoint(s + 1, w)
+            self._write_checkpoint(s + 1, w, mu)
         self._writer.on_step(s, idx, lr, loss, accuracy, clip_factor)
         if checkpoint and not self._schedule.every_step:
             self._writer.flush()
-        self._w = w
+        self._w, self._mu = w, mu
         self.steps = s + 1
 
-    def _write_checkpoint(self, step: int, w: np.ndarray) -> None:
-        """Writes w_step and the optimizer's state after step - 1."""
+    def _write_checkpoint(self, step: int, w: np.ndarray, mu: Optional[np.ndarray]) -> None:
+        """Writes w_step, the optimizer's state after step - 1 and the
+        module's buffers μ_step (BatchNorm in training mode)."""
         optimizer_step, buffers = self._state_after_step(step - 1)
-        self._writer.write_checkpoint(step, self._stored(w), optimizer_step, buffers)
+        self._writer.write_checkpoint(step, self._stored(w), optimizer_step, buffers, mu)
         self._next_checkpoint = self._schedule.next_after(step)
 
     # ------------------------------------------------------------------ end
 
     def _finish(self, status: str, message: Optional[str] = None) -> None:
-        self._metrics.load(self._w)  # the weights of the last recorded step
+        self._metrics.load(self._w, self._mu)  # the weights (and running statistics) of the last recorded step
         d = self._spec.data
         summary: Dict[str, Optional[float]] = {"final_batch_loss": self._writer.last_loss, "train_accuracy": None,
                                                "test_accuracy": None}
@@ -400,7 +436,7 @@ class Recorder:
         if self._closed:
             return
         if self._writer.last_checkpoint_step != self.steps:
-            self._write_checkpoint(self.steps, self._w)  # the path ends at a checkpoint
+            self._write_checkpoint(self.steps, self._w, self._mu)  # the path ends at a checkpoint
         self._finish("complete")
 
     def __enter__(self) -> "Recorder":
@@ -419,11 +455,13 @@ class Recorder:
     def bytes_per_step(self) -> float:
         """Bytes the run's path takes per recorded step, as ``pathkernel info``
         counts them: every checkpoint (w_0 included), the optimizer buffers,
-        the batch indices and the clip factors, over the steps. Before the
+        BatchNorm's running statistics, the batch indices and the clip
+        factors, over the steps. Before the
         first step: the bytes one step will take."""
         if self.steps == 0:
             per_w = torch.finfo(self._store_dtype).bits // 8 * self.parameter_count + 128
-            return per_w * (1 + len(self._spec.optimizer.buffer_names))
+            per_mu = 8 * self._mu.size + 128 if self._mu is not None else 0
+            return per_w * (1 + len(self._spec.optimizer.buffer_names)) + per_mu
         return self._writer.path_bytes() / self.steps
 
     @property

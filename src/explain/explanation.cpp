@@ -208,8 +208,11 @@ DecompositionOptions explain_decomposition_options(const Manifest& m, int64_t n,
                                                    std::string* kernel_note) {
   DecompositionOptions dopt = options.decomposition;
   if (dopt.position != -1 || m.sequence_length > 0) resolve_position(dopt.position, m.sequence_length, "--position");
-  // The summed kernel is the ensemble form of gd and sgd runs.
-  const bool kernel_form = !m.optimizer.traits().has_buffer;
+  // The summed kernel is the ensemble form of gd and sgd runs; not of a
+  // module with BatchNorm in training mode (its checkpoints store the running
+  // statistics), whose training points' Jacobians depend on their batch.
+  const bool batch_statistics = !m.checkpoints.empty() && !m.checkpoints.front().module_buffers.file.empty();
+  const bool kernel_form = !m.optimizer.traits().has_buffer && !batch_statistics;
   const double kernel_bytes = 8.0 * static_cast<double>(n) * static_cast<double>(m.num_train) *
                               static_cast<double>(m.num_classes * m.num_classes);
   dopt.by_layer = options.by_layer;

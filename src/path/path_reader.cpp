@@ -67,14 +67,11 @@ void PathReader::check_batch_statistics() const {
                               << manifest_.model_spec << "' has no BatchNorm module in training mode");
     return;
   }
-  PK_CHECK(!manifest_.recorded,
-           "run '" << dir_ << "': model '" << manifest_.model_spec << "' has BatchNorm in training mode, and "
-                   << "pathkernel does not yet decompose a recorded loop with one (the recorder stores no "
-                   << "running statistics); train it with `pathkernel train`, or call .eval() on its BatchNorm "
-                   << "modules before exporting");
   PK_CHECK(stored, "run '" << dir_ << "': model '" << manifest_.model_spec << "' has BatchNorm in training mode "
                            << "but the checkpoints store no running statistics (module_buffers), so the test "
-                           << "outputs along the path cannot be evaluated; train the run again");
+                           << "outputs along the path cannot be evaluated; "
+                           << (manifest_.recorded ? "record the loop again with this pathkernel"
+                                                  : "train the run again"));
   const int64_t q = flatten_buffers(net_).numel(), stored_q = checkpoint_buffers(0).numel();
   PK_CHECK(q == stored_q, "run '" << dir_ << "': the checkpoints store " << stored_q << " module buffer values, "
                                   << "model '" << manifest_.model_spec << "' has " << q);
@@ -153,7 +150,7 @@ void PathReader::read_stored_step(size_t k, const std::function<void(PathStep&&)
   fn(std::move(step));
 }
 
-torch::Tensor PathReader::rejoin_checkpoint(size_t k, const torch::Tensor& replayed) {
+torch::Tensor PathReader::rejoin_checkpoint(size_t k, const torch::Tensor& replayed, torch::Tensor* mu) {
   torch::Tensor stored = checkpoint(k + 1);
   if (drift_.empty()) {
     drift_.assign(manifest_.checkpoints.size() - 1, std::numeric_limits<double>::quiet_NaN());
@@ -161,6 +158,12 @@ torch::Tensor PathReader::rejoin_checkpoint(size_t k, const torch::Tensor& repla
   }
   drift_[k] = (replayed - stored).abs().max().item<double>();
   drift_bitwise_[k] = bitwise_equal(replayed, stored);
+  if (mu != nullptr && mu->defined()) {  // BatchNorm's running statistics rejoin theirs too
+    torch::Tensor stored_mu = checkpoint_buffers(k + 1);
+    drift_[k] = std::max(drift_[k], (*mu - stored_mu).abs().max().item<double>());
+    drift_bitwise_[k] = drift_bitwise_[k] && bitwise_equal(*mu, stored_mu);
+    *mu = std::move(stored_mu);
+  }
   return stored;
 }
 
@@ -200,13 +203,16 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     }
     net_->set_trace(nullptr);
     torch::Tensor next = flatten_parameters(net_).to(torch::kFloat64);
-    // A recorded loop's replay rejoins its checkpoint: the drift is this step's.
-    const bool rejoin = manifest_.recorded && s + 1 == end;
-    if (rejoin) next = rejoin_checkpoint(k, next);
     PathStep step;
+    step.buffers = mu;
+    // The step's train-mode forward moved the running statistics.
+    torch::Tensor mu_next = mu.defined() ? flatten_buffers(net_) : torch::Tensor();
+    // A recorded loop's replay rejoins its checkpoint (weights and running
+    // statistics): the drift is this step's.
+    const bool rejoin = manifest_.recorded && s + 1 == end;
+    if (rejoin) next = rejoin_checkpoint(k, next, &mu_next);
     if (mu.defined()) {
-      step.buffers = mu;
-      mu = flatten_buffers(net_);  // the step's train-mode forward moved them
+      mu = mu_next;
       step.buffers_next = mu;
     }
     if (capture_) {

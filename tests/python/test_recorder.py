@@ -547,11 +547,17 @@ class Refusals(TempDirTest):
             def forward(self, x):
                 return self.out(self.norm(self.fc(x)))
 
+        # BatchNorm in training mode is recorded with its running statistics
+        # (test_recorded_batchnorm.py); without them it is refused.
         model = WithNorm(nn.BatchNorm1d(6)).double()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        self.refuse(r"'norm' is a BatchNorm .* recorder does not yet store the running statistics.*\.eval\(\)", model, opt, self.x, self.y)
+        Recorder(self.path("train"), model, opt, self.x, self.y).close()
         model.norm.eval()
         Recorder(self.path("eval"), model, opt, self.x, self.y).close()
+        model = WithNorm(nn.BatchNorm1d(6, track_running_stats=False)).double()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        self.refuse(r"the BatchNorm 'norm' \(BatchNorm1d\) has track_running_stats=False and no running statistics, "
+                    r"expected track_running_stats=True", model, opt, self.x, self.y)
         # nn.Dropout draws pathkernel's masks (pathkernel.dropout); channel and
         # alpha dropout, whose masks it cannot draw, are refused while active.
         model = WithNorm(nn.Dropout(0.5)).double()
