@@ -259,6 +259,10 @@ Evaluator::Evaluator(PathReader& reader, const torch::Tensor& test_index, const 
 void check_evaluate_inputs(PathReader& reader, const torch::Tensor& test_index, const EvaluateOptions& options) {
   const Manifest& m = reader.manifest();
   const Dataset& data = reader.dataset();
+  PK_CHECK(m.sequence_length == 0,
+           "evaluate: run '" << reader.dir() << "' trains on sequences (outputs [n, " << m.sequence_length << ", "
+                             << m.num_classes << "]), which evaluate does not take yet; verify and explain "
+                             << "decompose a position of them (--position)");
   options.validate(m.num_train, m.num_classes);
   const bool regression = is_regression_target(data.y_train);
   PK_CHECK(!(regression && options.output == "label"),
