@@ -7,6 +7,8 @@
 // table and compares each key with its goal.
 #pragma once
 
+#include <sys/types.h>
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -54,6 +56,10 @@ RunOptions run_options(const std::string& data, int64_t train_size, const std::s
 
 /// Default decomposition options (gauss, no progress bar).
 DecompositionOptions quiet_decomposition(const std::string& quadrature = "gauss");
+
+/// Starts this program (`args[0]` is its path) with `args` in a child
+/// process with the same environment; `what` names it in the error.
+pid_t spawn_self(const std::vector<std::string>& args, const std::string& what);
 
 /// GFLOP/s of float64 n×n matrix products on the current threads: the
 /// median of `repeats` (machine.cpp).

@@ -3,7 +3,6 @@
 // rows' costs are read against it: on a machine whose two cores share one
 // floating-point unit, a second thread cannot speed up arithmetic, and a
 // thread speedup means something only beside the machine's own scaling.
-#include <spawn.h>
 #include <sys/wait.h>
 
 #include <filesystem>
@@ -14,8 +13,6 @@
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
-
-extern char** environ;
 
 namespace pathkernel::bench {
 
@@ -42,13 +39,7 @@ std::vector<double> concurrent_dgemm(const BenchConfig& c, int64_t n, int count)
     std::filesystem::remove(outs.back());
     std::vector<std::string> args{self,         "--dgemm-gflops", std::to_string(n), "--repeats",
                                   std::to_string(3 * c.repeats), "--row-out",     outs.back(), "--threads", "1"};
-    std::vector<char*> argv;
-    for (auto& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    pid_t pid;
-    PK_CHECK(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) == 0,
-             "cannot start '" << self << "' for the machine's concurrent dgemm");
-    pids.push_back(pid);
+    pids.push_back(spawn_self(args, "the machine's concurrent dgemm"));
   }
   std::vector<double> gflops;
   for (size_t i = 0; i < pids.size(); ++i) {

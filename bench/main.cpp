@@ -60,6 +60,21 @@ struct RowRun {
   bool ok = false;
 };
 
+}  // namespace
+
+pid_t spawn_self(const std::vector<std::string>& args, const std::string& what) {
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv;
+  for (auto& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid;
+  PK_CHECK(posix_spawn(&pid, copy[0].c_str(), nullptr, nullptr, argv.data(), environ) == 0,
+           "cannot start '" << copy[0] << "' for " << what);
+  return pid;
+}
+
+namespace {
+
 /// Runs `self --row name` in a child process; its peak RSS comes from wait4.
 RowRun run_row(const std::string& self, const std::string& name, const BenchConfig& c, int threads) {
   const std::string out = c.work + "/rows/" + name + ".json";
@@ -68,13 +83,8 @@ RowRun run_row(const std::string& self, const std::string& name, const BenchConf
   std::vector<std::string> args{self, "--row", name, "--row-out", out, "--work", c.work, "--repeats",
                                 std::to_string(c.repeats), "--threads", std::to_string(threads)};
   if (c.quick) args.push_back("--quick");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
   auto t0 = std::chrono::steady_clock::now();
-  pid_t pid;
-  PK_CHECK(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) == 0,
-           "cannot start '" << self << "' for row " << name);
+  const pid_t pid = spawn_self(args, "row " + name);
   int status = 0;
   struct rusage ru {};
   wait4(pid, &status, 0, &ru);
@@ -188,7 +198,8 @@ void print_table(const json& results) {
   }
   const json& keys = results["keys"];
   for (const char* extra : {"machine_dgemm_gflops_1_thread", "machine_two_thread_scaling",
-                            "machine_two_process_scaling", "thread_speedup", "algorithm1_max_rel_error", "pytorch_peer_max_rel_error", "gauss_max_rel_error",
+                            "machine_two_process_scaling", "thread_speedup", "algorithm1_max_rel_error",
+                            "pytorch_peer_max_rel_error", "gauss_max_rel_error",
                             "gram_max_rel_difference", "generic_route_speedup_vs_pytorch_peer",
                             "generic_route_max_rel_error", "real_size_attribution_over_training_100",
                             "real_size_peak_rss_mb", "real_size_max_rel_error"}) {

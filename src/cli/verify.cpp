@@ -28,8 +28,6 @@ struct VerifyArgs {
   double fail_above = -1;
 };
 
-/// The inputs checked: the test points chosen, or a file's inputs with their
-/// labels, if given (input_file.h).
 /// The test side's arithmetic (arithmetic.h) as `verify --json` reports it
 /// (divided by seconds_by_part's test_features, its rate); null on the
 /// generic route.
@@ -42,6 +40,8 @@ nlohmann::ordered_json arithmetic_json(PathReader& reader, const DecompositionOp
           {"cotangent_mflop_per_row", a->cotangent_flop / 1e6}};
 }
 
+/// The inputs checked: the test points chosen, or a file's inputs with their
+/// labels, if given (input_file.h).
 void choose_points(const VerifyArgs& args, const Dataset& data, torch::Tensor& x, torch::Tensor& labels) {
   if (!args.inputs.given()) {
     x = data.x_test.index_select(0, args.points.indices(data.y_test, 100));

@@ -129,29 +129,32 @@ class RecordedBatchNorm(TempDirTest):
         self.assertGreater(j["max_abs_statistics"], 1e-6, j)
         return j
 
+    def assert_recorded_loop(self, optimizer, every_step):
+        """Records the loop in one format and checks μ bit for bit, the
+        identity and the engine's outputs; returns the manifest and verify's
+        JSON."""
+        run = self.path(("every-" if every_step else "compact-") + optimizer)
+        buffers, outputs = record_bn_loop(run, optimizer, every_step=every_step)
+        manifest = self.assert_run_holds_buffers(run, buffers)
+        j = self.assert_exact(run)
+        self.assert_outputs(run, outputs)
+        return manifest, j
+
     def test_every_step_sgd_momentum_adamw(self):
         for optimizer in OPTIMIZERS:
             with self.subTest(optimizer=optimizer):
-                run = self.path("every-" + optimizer)
-                buffers, outputs = record_bn_loop(run, optimizer, every_step=True)
-                manifest = self.assert_run_holds_buffers(run, buffers)
+                manifest, _ = self.assert_recorded_loop(optimizer, every_step=True)
                 self.assertEqual(len(manifest["checkpoints"]), 11)
-                self.assert_exact(run)
-                self.assert_outputs(run, outputs)
 
     def test_compact_sgd_momentum_adamw(self):
         """The engine replays the steps between checkpoints from μ at the
         checkpoint before them, and rejoins the recorded μ at the next."""
         for optimizer in OPTIMIZERS:
             with self.subTest(optimizer=optimizer):
-                run = self.path("compact-" + optimizer)
-                buffers, outputs = record_bn_loop(run, optimizer, every_step=False)
-                manifest = self.assert_run_holds_buffers(run, buffers)
+                manifest, j = self.assert_recorded_loop(optimizer, every_step=False)
                 self.assertLess(len(manifest["checkpoints"]), 11)
-                j = self.assert_exact(run)
                 drift = j.get("replay_drift", {})
                 self.assertEqual(drift.get("max_abs_diff", 0), 0, j)
-                self.assert_outputs(run, outputs)
 
     def test_compact_replay_rejoins_the_recorded_statistics(self):
         """A checkpoint's μ that the replay does not reproduce (here moved by
