@@ -129,6 +129,11 @@ struct Manifest {
   DataOptions data_options() const;
   /// Bytes of the path data: checkpoints, optimizer state and batch logs.
   int64_t path_bytes() const;
+  /// Whether the checkpoints store the module's buffers μ: a model with
+  /// BatchNorm in training mode (every checkpoint stores them, or none does).
+  bool stores_module_buffers() const {
+    return !checkpoints.empty() && !checkpoints.front().module_buffers.file.empty();
+  }
 };
 
 /// Checks the manifest against the files in run_dir: every listed file exists

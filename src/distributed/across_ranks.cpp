@@ -31,7 +31,7 @@ Decomposition empty_decomposition(const Manifest& m, bool kernel) {
   d.rounding = d.f0;
   d.gap_abs = d.f0;
   if (kernel) d.kernel = torch::zeros({0, M, K, K}, torch::kFloat64);
-  if (!m.checkpoints.front().module_buffers.file.empty()) d.statistics = d.f0;  // BatchNorm's term S
+  if (m.stores_module_buffers()) d.statistics = d.f0;  // BatchNorm's term S
   d.steps = m.steps;
   return d;
 }

@@ -91,7 +91,7 @@ std::string metagradient_unsupported(const Manifest& m) {
     return "the run starts from an optimizer state (its first checkpoint holds optimizer buffers), whose own "
            "dependence on the training points is not recorded";
   }
-  if (!m.checkpoints.empty() && !m.checkpoints.front().module_buffers.file.empty()) {
+  if (m.stores_module_buffers()) {
     return "its model has BatchNorm in training mode, whose running statistics also depend on the training "
            "points; the metagradient does not yet follow them (decompose, verify and explain do)";
   }

@@ -211,8 +211,7 @@ DecompositionOptions explain_decomposition_options(const Manifest& m, int64_t n,
   // The summed kernel is the ensemble form of gd and sgd runs; not of a
   // module with BatchNorm in training mode (its checkpoints store the running
   // statistics), whose training points' Jacobians depend on their batch.
-  const bool batch_statistics = !m.checkpoints.empty() && !m.checkpoints.front().module_buffers.file.empty();
-  const bool kernel_form = !m.optimizer.traits().has_buffer && !batch_statistics;
+  const bool kernel_form = !m.optimizer.traits().has_buffer && !m.stores_module_buffers();
   const double kernel_bytes = 8.0 * static_cast<double>(n) * static_cast<double>(m.num_train) *
                               static_cast<double>(m.num_classes * m.num_classes);
   dopt.by_layer = options.by_layer;

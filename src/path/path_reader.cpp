@@ -61,7 +61,7 @@ PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
 }
 
 void PathReader::check_batch_statistics() const {
-  const bool stored = !manifest_.checkpoints.front().module_buffers.file.empty();
+  const bool stored = manifest_.stores_module_buffers();
   if (!net_->batch_statistics()) {
     PK_CHECK(!stored, "run '" << dir_ << "': its checkpoints store module buffers, but model '"
                               << manifest_.model_spec << "' has no BatchNorm module in training mode");
