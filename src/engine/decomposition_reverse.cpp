@@ -63,10 +63,14 @@ class ReverseResiduals {
   torch::Tensor b_, gd_;
 };
 
-/// Test points per chunk of the reverse walk (one replay of the path each):
-/// as many whole blocks as fit in the budget, at most n rounded up to a block.
-int64_t chunk_size(const DecompositionOptions& options, int64_t per_point, int64_t n, int64_t block) {
-  const int64_t fit = std::max<int64_t>(1, options.memory_doubles / std::max<int64_t>(1, per_point) / block);
+/// Test points per chunk of the reverse walk (one replay of the path each),
+/// in whole blocks, at most n rounded up to a block. One block at a time
+/// takes its test features and products (per_point each); the chunk's other
+/// points hold only their accumulators (held_per_point each), so a chunk
+/// holds as many points as the budget left by one block allows.
+int64_t chunk_size(const DecompositionOptions& options, const PointBudget& budget, int64_t n, int64_t block) {
+  const int64_t left = std::max<int64_t>(0, options.memory_doubles - block * budget.per_point);
+  const int64_t fit = 1 + left / std::max<int64_t>(1, block * budget.held_per_point);
   const int64_t blocks = (std::max<int64_t>(1, n) + block - 1) / block;
   return std::min(fit, blocks) * block;
 }
@@ -287,7 +291,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
     d.layer_contributions =
         torch::zeros({w.n, w.M, w.K, static_cast<int64_t>(w.layout.size())}, torch::kFloat64);
   }
-  const int64_t chunk = chunk_size(options, budget.per_point, w.n, block);
+  const int64_t chunk = chunk_size(options, budget, w.n, block);
   const int64_t chunks = (w.n + chunk - 1) / chunk;
   CaptureScope capture(reader, w.captured);
 

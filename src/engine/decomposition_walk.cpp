@@ -256,7 +256,8 @@ PointBudget point_budget(SegmentEvaluator& ev, PathReader& reader, const torch::
   ev.set_segment(reader.checkpoint(0), torch::zeros({m.parameter_count}, torch::kFloat64));
   const FeatureLayout layout = feature_layout(ev, x.narrow(0, 0, std::min<int64_t>(x.size(0), 1)));
   PointBudget budget;
-  budget.per_point = (reverse ? 3 * m.num_classes * m.parameter_count : 0) + rows_per_point * layout.doubles_per_row;
+  budget.held_per_point = reverse ? m.num_classes * m.parameter_count : 0;
+  budget.per_point = 3 * budget.held_per_point + rows_per_point * layout.doubles_per_row;
   const int64_t asked = options.point_block > 0 ? options.point_block : layout.factored ? 32 : 4;
   budget.block = std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, budget.per_point), 1, asked);
   return budget;

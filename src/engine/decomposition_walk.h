@@ -213,6 +213,10 @@ struct PointBudget {
   /// in the reverse walk, the accumulators Ã, A and J̄ P (three K x P
   /// matrices).
   int64_t per_point = 0;
+  /// Doubles a test point holds for a whole walk of the path: in the reverse
+  /// walk its accumulator Ã (one K x P matrix), kept while the chunk's other
+  /// blocks take their turns; 0 in the forward walk.
+  int64_t held_per_point = 0;
   /// Test points computed together: options.point_block, or when it is 0
   /// (automatic) 32 for a network whose test features are all factored (its
   /// decomposition is mostly thin GEMMs of the block's features against the
