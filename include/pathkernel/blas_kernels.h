@@ -91,6 +91,10 @@ inline std::string blas_kernels_for(int argc, char** argv, const CpuFeatures& cp
   return best_blas_kernels(cpu);
 }
 
+/// Set (to "1") beside OPENBLAS_CORETYPE when pathkernel chose the kernels,
+/// not the user: the engine may then switch them (blas_switch.h).
+constexpr const char* kBlasKernelsChosenVariable = "PATHKERNEL_CHOSE_BLAS_KERNELS";
+
 /// Sets OPENBLAS_CORETYPE for this command line unless the user set it;
 /// true when it set it (the process must then start again for OpenBLAS to
 /// read it).
@@ -99,6 +103,7 @@ inline bool choose_blas_kernels(int argc, char** argv) {
   const std::string kernels = blas_kernels_for(argc, argv, CpuFeatures::current());
   if (kernels.empty()) return false;
   ::setenv("OPENBLAS_CORETYPE", kernels.c_str(), 1);
+  ::setenv(kBlasKernelsChosenVariable, "1", 1);
   return true;
 }
 

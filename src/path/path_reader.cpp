@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "pathkernel/batch_statistics.h"
+#include "pathkernel/blas_switch.h"
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
@@ -327,7 +328,10 @@ torch::Tensor PathReader::outputs(int64_t s, const torch::Tensor& x) {
 
 void PathReader::forward(const std::function<void(const PathStep&)>& fn) {
   for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
-    double diff = replay_segment(k, [&](PathStep&& st) { fn(st); }, true);
+    double diff = replay_segment(k, [&](PathStep&& st) {
+      const EngineBlasKernels engine;  // the step's work: the best kernels, the replay the run's
+      fn(st);
+    }, true);
     require_equal(k, diff);
   }
 }
@@ -339,7 +343,9 @@ void PathReader::forward(const std::function<void(const PathStep&)>& fn, int64_t
     // Segment k holds steps [c_k, c_{k+1}): replay it only when some are asked for.
     if (manifest_.checkpoints[k + 1].step <= begin || manifest_.checkpoints[k].step >= end) continue;
     double diff = replay_segment(k, [&](PathStep&& st) {
-      if (st.step >= begin && st.step < end) fn(st);
+      if (st.step < begin || st.step >= end) return;
+      const EngineBlasKernels engine;
+      fn(st);
     }, true);
     require_equal(k, diff);
   }
@@ -350,6 +356,7 @@ void PathReader::reverse(const std::function<void(const PathStep&)>& fn) {
     std::vector<PathStep> segment;
     double diff = replay_segment(k, [&](PathStep&& st) { segment.push_back(std::move(st)); }, true);
     require_equal(k, diff);
+    const EngineBlasKernels engine;
     for (auto it = segment.rbegin(); it != segment.rend(); ++it) fn(*it);
   }
 }

@@ -1,0 +1,56 @@
+// OpenBLAS's kernels switched inside one process: a run's replay with the
+// kernels that trained it, the engine's own float64 arithmetic with the best
+// kernels for this CPU.
+//
+// A run is replayed bit for bit only with the kernels that trained it
+// (blas_kernels.h), so the `pathkernel` launcher loads OpenBLAS with those.
+// A loop recorded from Python where OpenBLAS did not know the CPU ran with
+// its oldest x86-64 kernels ("Prescott"), and the whole decomposition then ran
+// with them too: on the user CNN of docs/measurements.md their float64
+// matrix products took half of `verify`'s time, at a quarter of the speed of
+// the AVX-512 ones. OpenBLAS built with DYNAMIC_ARCH (Debian's) chooses its
+// kernels once, as it loads, from OPENBLAS_CORETYPE, and exports the two
+// functions that do it; calling them again switches the kernels. The path
+// reader (src/path/path_reader.cpp) hands each replayed step to the engine
+// inside an EngineBlasKernels scope.
+//
+// A switch must not meet a BLAS call in flight on another thread: scopes are
+// opened and closed between the steps of a walk, when no other thread works.
+#pragma once
+
+#include <string>
+
+namespace pathkernel {
+
+/// The kernels OpenBLAS runs now, as OPENBLAS_CORETYPE names them
+/// ("SkylakeX", "Prescott"), or "" when the BLAS cannot switch its kernels
+/// (not OpenBLAS, or OpenBLAS built for one CPU).
+std::string active_blas_kernels();
+
+/// Switches OpenBLAS to the kernels `name` (an OPENBLAS_CORETYPE name, which
+/// this CPU must run: blas_kernels.h's runs_blas_kernels). True when OpenBLAS
+/// runs them afterwards; false, with the kernels unchanged, when the BLAS
+/// cannot switch or does not know `name`. OPENBLAS_CORETYPE is left as it
+/// was (child processes load with it).
+bool switch_blas_kernels(const std::string& name);
+
+/// Whether pathkernel chose this process's kernels (the launcher, or the
+/// program's own re-execution, set OPENBLAS_CORETYPE): a user's own
+/// OPENBLAS_CORETYPE is kept everywhere.
+bool blas_kernels_chosen_by_pathkernel();
+
+/// For its scope, the best kernels for this CPU (best_blas_kernels) when
+/// pathkernel chose the process's kernels and they are others; the kernels
+/// before it at its end.
+class EngineBlasKernels {
+ public:
+  EngineBlasKernels();
+  ~EngineBlasKernels();
+  EngineBlasKernels(const EngineBlasKernels&) = delete;
+  EngineBlasKernels& operator=(const EngineBlasKernels&) = delete;
+
+ private:
+  std::string previous_;  ///< the kernels to restore; "" when nothing was switched
+};
+
+}  // namespace pathkernel

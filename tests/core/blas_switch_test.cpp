@@ -1,0 +1,81 @@
+// OpenBLAS's kernels switched inside one process: to a named set and back,
+// an unknown name refused with nothing changed, and the engine's scope.
+#include "pathkernel/blas_switch.h"
+
+#include <gtest/gtest.h>
+#include <strings.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "../test_util.h"
+#include "pathkernel/blas_kernels.h"
+
+namespace pathkernel {
+namespace {
+
+using testing::ScopedEnv;
+
+bool same_name(const std::string& a, const std::string& b) { return ::strcasecmp(a.c_str(), b.c_str()) == 0; }
+
+/// Restores the kernels the test started with.
+class BlasSwitch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    start_ = active_blas_kernels();
+    best_ = best_blas_kernels(CpuFeatures::current());
+    if (start_.empty()) GTEST_SKIP() << "this BLAS does not switch its kernels (not OpenBLAS with DYNAMIC_ARCH)";
+  }
+  void TearDown() override {
+    if (!start_.empty()) switch_blas_kernels(start_);
+  }
+  /// A float64 matrix product through the BLAS.
+  static torch::Tensor product() {
+    torch::manual_seed(3);
+    const torch::Tensor a = torch::randn({67, 45}, torch::kFloat64), b = torch::randn({45, 53}, torch::kFloat64);
+    return torch::mm(a, b);
+  }
+  std::string start_, best_;
+};
+
+TEST_F(BlasSwitch, SwitchesToNamedKernelsAndBack) {
+  ASSERT_TRUE(switch_blas_kernels("Prescott"));  // every x86-64 CPU runs them
+  EXPECT_TRUE(same_name(active_blas_kernels(), "Prescott")) << active_blas_kernels();
+  const torch::Tensor old_kernels = product();
+  if (best_.empty()) return;
+  ASSERT_TRUE(switch_blas_kernels(best_));
+  EXPECT_TRUE(same_name(active_blas_kernels(), best_)) << active_blas_kernels();
+  // Other kernels round otherwise, but compute the same product.
+  EXPECT_TRUE(torch::allclose(product(), old_kernels, 1e-12, 1e-12));
+  ASSERT_TRUE(switch_blas_kernels("Prescott"));
+  EXPECT_TRUE(torch::equal(product(), old_kernels));  // the same kernels again: the same bits
+}
+
+TEST_F(BlasSwitch, UnknownNameChangesNothing) {
+  ASSERT_TRUE(switch_blas_kernels("Prescott"));
+  const char* before = std::getenv("OPENBLAS_CORETYPE");
+  const std::string variable = before ? before : "";
+  EXPECT_FALSE(switch_blas_kernels("NoSuchKernels"));
+  EXPECT_TRUE(same_name(active_blas_kernels(), "Prescott")) << active_blas_kernels();
+  const char* after = std::getenv("OPENBLAS_CORETYPE");
+  EXPECT_EQ(after ? after : "", variable);
+}
+
+TEST_F(BlasSwitch, EngineScopeRunsTheBestKernelsWhenPathkernelChose) {
+  if (best_.empty()) GTEST_SKIP() << "this CPU has no kernels better than OpenBLAS's own choice";
+  ASSERT_TRUE(switch_blas_kernels("Prescott"));
+  {
+    const ScopedEnv chosen(kBlasKernelsChosenVariable, "1");
+    const EngineBlasKernels engine;
+    EXPECT_TRUE(same_name(active_blas_kernels(), best_)) << active_blas_kernels();
+  }
+  EXPECT_TRUE(same_name(active_blas_kernels(), "Prescott")) << active_blas_kernels();
+  {
+    const ScopedEnv users_own(kBlasKernelsChosenVariable, nullptr);  // the user set OPENBLAS_CORETYPE
+    const EngineBlasKernels engine;
+    EXPECT_TRUE(same_name(active_blas_kernels(), "Prescott")) << active_blas_kernels();
+  }
+}
+
+}  // namespace
+}  // namespace pathkernel
