@@ -482,12 +482,14 @@ struct CommandRun {
   double peak_rss_mb = 0;
 };
 
-/// Runs `pathkernel --quiet --json --threads T ARGS` as a process of its own.
-CommandRun run_pathkernel(const BenchConfig& c, const std::vector<std::string>& args, int threads) {
+/// Runs `pathkernel --quiet --json --threads T ARGS` as a process of its own;
+/// its JSON is kept in the work directory as rows/LABEL.json.
+CommandRun run_pathkernel(const BenchConfig& c, const std::string& label, const std::vector<std::string>& args,
+                          int threads) {
   std::vector<std::string> argv{c.pathkernel, "--quiet", "--json", "--threads", std::to_string(threads)};
   argv.insert(argv.end(), args.begin(), args.end());
   std::filesystem::create_directories(c.work + "/rows");
-  const std::string out = c.work + "/rows/pathkernel_" + args[0] + ".json";
+  const std::string out = c.work + "/rows/" + label + ".json";
   int status = 0;
   struct rusage ru {};
   CommandRun r;
@@ -516,8 +518,8 @@ json row_user_cnn(const BenchConfig& c) {
   run_python(c, "scripts/measure_compact_recording.py --steps " + std::to_string(steps) + " --run " + run +
                     " --json " + loop_json + " --repeats " + std::to_string(c.repeats) + " --threads 1");
   const json loop = json::parse(read_file(loop_json));
-  const CommandRun v1 = run_pathkernel(c, {"verify", run, "--test", "1"}, 1);
-  const CommandRun v8 = run_pathkernel(c, {"verify", run, "--test-index", eight}, 1);
+  const CommandRun v1 = run_pathkernel(c, "user_cnn_verify_1", {"verify", run, "--test", "1"}, 1);
+  const CommandRun v8 = run_pathkernel(c, "user_cnn_verify_8", {"verify", run, "--test-index", eight}, 1);
   const double training = loop["seconds_plain"].get<double>(), dgemm = machine_dgemm_gflops(c, 1);
   return json{{"setting", "the user's CNN (" + std::to_string(loop["parameters"].get<int64_t>()) +
                               " parameters), Adam lr 1e-3, batch 128, float32, Fashion-MNIST, its own Python loop "
@@ -532,6 +534,8 @@ json row_user_cnn(const BenchConfig& c) {
               {"verify_8_over_verify_1", v8.seconds / v1.seconds},
               {"max_rel_error_1", v1.out["max_rel_error"]},
               {"max_rel_error_8", v8.out["max_rel_error"]},
+              {"evaluations_per_step_1", v1.out["mean_evaluations_per_step"]},
+              {"evaluations_per_step_8", v8.out["mean_evaluations_per_step"]},
               {"test_side_gflop", test_side_gflop(v1)},
               {"test_side_gflop_8", test_side_gflop(v8)},
               {"dgemm_gflops_1_thread", dgemm},
@@ -551,8 +555,8 @@ json row_readme_cnn(const BenchConfig& c) {
                                  "0.05",  "--batch", "100",   "--steps", steps,      "--out",       run,   "--force"};
   if (c.quick) train.insert(train.end(), {"--train-size", "500"});
   std::filesystem::create_directories(c.work + "/runs");
-  const CommandRun t = run_pathkernel(c, train, threads);
-  const CommandRun v = run_pathkernel(c, {"verify", run, "--test", n}, threads);
+  const CommandRun t = run_pathkernel(c, "readme_cnn_train", train, threads);
+  const CommandRun v = run_pathkernel(c, "readme_cnn_verify_10", {"verify", run, "--test", n}, threads);
   const double training = t.out["seconds"].get<double>(), dgemm = machine_dgemm_gflops(c, threads);
   return json{{"setting", "mnist, cnn:8,16, SGD lr 0.05, batch 100, " + steps + " steps (pathkernel train); verify --test " +
                               n + "; two threads"},
@@ -562,6 +566,7 @@ json row_readme_cnn(const BenchConfig& c) {
               {"seconds_verify_10", v.seconds},
               {"verify_10_over_training", v.seconds / training},
               {"max_rel_error", v.out["max_rel_error"]},
+              {"evaluations_per_step", v.out["mean_evaluations_per_step"]},
               {"test_side_gflop", test_side_gflop(v)},
               {"dgemm_gflops_2_threads", dgemm},
               {"floor_seconds", test_side_gflop(v) / dgemm},
