@@ -25,6 +25,7 @@ namespace pathkernel::bench {
 struct BenchConfig {
   std::string work = "bench/work";  ///< run directories and exported files
   std::string source_dir;           ///< the repository (for bench/peers)
+  std::string pathkernel;           ///< the pathkernel command, beside this program
   int repeats = 3;                  ///< timings of short measurements: median of this many
   bool quick = false;               ///< tiny sizes, for the suite's own smoke test
 };
@@ -57,13 +58,19 @@ RunOptions run_options(const std::string& data, int64_t train_size, const std::s
 /// Default decomposition options (gauss, no progress bar).
 DecompositionOptions quiet_decomposition(const std::string& quadrature = "gauss");
 
-/// Starts this program (`args[0]` is its path) with `args` in a child
-/// process with the same environment; `what` names it in the error.
-pid_t spawn_self(const std::vector<std::string>& args, const std::string& what);
+/// Starts the program `args[0]` (this one, or pathkernel) with `args` in a
+/// child process with the same environment, its standard output in
+/// `stdout_file` if given; `what` names it in the error.
+pid_t spawn_process(const std::vector<std::string>& args, const std::string& what,
+                    const std::string& stdout_file = "");
 
 /// GFLOP/s of float64 n×n matrix products on the current threads: the
 /// median of `repeats` (machine.cpp).
 double dgemm_gflops(int64_t n, int repeats);
+
+/// The machine row's dgemm GFLOP/s on `threads` threads, for rows that read
+/// their arithmetic against the floor (machine.cpp).
+double machine_dgemm_gflops(const BenchConfig& c, int threads);
 
 /// The machine row: dgemm on one thread, two threads and two one-thread
 /// processes at once (machine.cpp).

@@ -28,6 +28,9 @@ double dgemm_gflops(int64_t n, int repeats) {
 
 namespace {
 
+/// The matrices' size: n x n.
+int64_t machine_dgemm_size(const BenchConfig& c) { return c.quick ? 300 : 2000; }
+
 /// GFLOP/s of each of `count` one-thread processes (this program with
 /// --dgemm-gflops) started together.
 std::vector<double> concurrent_dgemm(const BenchConfig& c, int64_t n, int count) {
@@ -39,7 +42,7 @@ std::vector<double> concurrent_dgemm(const BenchConfig& c, int64_t n, int count)
     std::filesystem::remove(outs.back());
     std::vector<std::string> args{self,         "--dgemm-gflops", std::to_string(n), "--repeats",
                                   std::to_string(3 * c.repeats), "--row-out",     outs.back(), "--threads", "1"};
-    pids.push_back(spawn_self(args, "the machine's concurrent dgemm"));
+    pids.push_back(spawn_process(args, "the machine's concurrent dgemm"));
   }
   std::vector<double> gflops;
   for (size_t i = 0; i < pids.size(); ++i) {
@@ -54,19 +57,16 @@ std::vector<double> concurrent_dgemm(const BenchConfig& c, int64_t n, int count)
 
 }  // namespace
 
+double machine_dgemm_gflops(const BenchConfig& c, int threads) {
+  ThreadScope scope(threads);
+  return dgemm_gflops(machine_dgemm_size(c), 3 * c.repeats);
+}
+
 json row_machine(const BenchConfig& c) {
-  const int64_t n = c.quick ? 300 : 2000;
+  const int64_t n = machine_dgemm_size(c);
   std::filesystem::create_directories(c.work + "/rows");
   json j;
-  double one = 0, two = 0;
-  {
-    ThreadScope scope(1);
-    one = dgemm_gflops(n, 3 * c.repeats);
-  }
-  {
-    ThreadScope scope(2);
-    two = dgemm_gflops(n, 3 * c.repeats);
-  }
+  const double one = machine_dgemm_gflops(c, 1), two = machine_dgemm_gflops(c, 2);
   const std::vector<double> both = concurrent_dgemm(c, n, 2);
   j["setting"] = "float64 " + std::to_string(n) + "x" + std::to_string(n) + " matrix products (torch::mm), median of " +
                  std::to_string(3 * c.repeats) + ", " + active_blas().library;

@@ -5,11 +5,13 @@
 // memory, derives the ratio keys, prints one table with each key beside its
 // goal and writes bench/results.json. With --row NAME it runs that row and
 // writes its JSON to --row-out.
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -51,6 +53,11 @@ const std::vector<Goal> kGoals{
     {"replay_over_training", 1.2, false},
     {"gram_structured_speedup", 10, true},
     {"thread_speedup_over_machine_scaling", 0.9, true},
+    {"user_cnn_verify_1_over_training", 2, false},
+    {"user_cnn_verify_8_over_verify_1", 5, false},
+    {"user_cnn_max_rel_error", 1e-12, false},
+    {"readme_cnn_seconds_verify_10", 10, false},
+    {"readme_cnn_max_rel_error", 1e-12, false},
 };
 
 struct RowRun {
@@ -62,14 +69,21 @@ struct RowRun {
 
 }  // namespace
 
-pid_t spawn_self(const std::vector<std::string>& args, const std::string& what) {
+pid_t spawn_process(const std::vector<std::string>& args, const std::string& what,
+                    const std::string& stdout_file) {
   std::vector<std::string> copy = args;
   std::vector<char*> argv;
   for (auto& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!stdout_file.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, stdout_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
   pid_t pid;
-  PK_CHECK(posix_spawn(&pid, copy[0].c_str(), nullptr, nullptr, argv.data(), environ) == 0,
-           "cannot start '" << copy[0] << "' for " << what);
+  const int failed = posix_spawn(&pid, copy[0].c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  PK_CHECK(failed == 0, "cannot start '" << copy[0] << "' for " << what);
   return pid;
 }
 
@@ -84,7 +98,7 @@ RowRun run_row(const std::string& self, const std::string& name, const BenchConf
                                 std::to_string(c.repeats), "--threads", std::to_string(threads)};
   if (c.quick) args.push_back("--quick");
   auto t0 = std::chrono::steady_clock::now();
-  const pid_t pid = spawn_self(args, "row " + name);
+  const pid_t pid = spawn_process(args, "row " + name);
   int status = 0;
   struct rusage ru {};
   wait4(pid, &status, 0, &ru);
@@ -161,6 +175,21 @@ json derive_keys(const std::map<std::string, RowRun>& runs) {
           (*t)["thread_speedup"].get<double>() / k["machine_two_thread_scaling"].get<double>();
     }
   }
+  if (const json* u = row("user_cnn")) {
+    k["user_cnn_verify_1_over_training"] = (*u)["verify_1_over_training"];
+    k["user_cnn_verify_8_over_verify_1"] = (*u)["verify_8_over_verify_1"];
+    k["user_cnn_max_rel_error"] = std::max((*u)["max_rel_error_1"].get<double>(), (*u)["max_rel_error_8"].get<double>());
+    k["user_cnn_verify_1_over_floor"] = (*u)["verify_1_over_floor"];
+    k["user_cnn_verify_peak_rss_mb"] =
+        std::max((*u)["peak_rss_mb_verify_1"].get<double>(), (*u)["peak_rss_mb_verify_8"].get<double>());
+  }
+  if (const json* r = row("readme_cnn")) {
+    k["readme_cnn_seconds_verify_10"] = (*r)["seconds_verify_10"];
+    k["readme_cnn_max_rel_error"] = (*r)["max_rel_error"];
+    k["readme_cnn_verify_10_over_training"] = (*r)["verify_10_over_training"];
+    k["readme_cnn_verify_10_over_floor"] = (*r)["verify_10_over_floor"];
+    k["readme_cnn_verify_peak_rss_mb"] = (*r)["peak_rss_mb_verify_10"];
+  }
   json scaling;
   for (const char* name : {"scaling_training_points", "scaling_test_points", "scaling_steps"}) {
     if (const json* s = row(name)) scaling[name] = (*s)["growth_exponent"];
@@ -202,7 +231,9 @@ void print_table(const json& results) {
                             "pytorch_peer_max_rel_error", "gauss_max_rel_error",
                             "gram_max_rel_difference", "generic_route_speedup_vs_pytorch_peer",
                             "generic_route_max_rel_error", "real_size_attribution_over_training_100",
-                            "real_size_peak_rss_mb", "real_size_max_rel_error"}) {
+                            "real_size_peak_rss_mb", "real_size_max_rel_error", "user_cnn_verify_1_over_floor",
+                            "user_cnn_verify_peak_rss_mb", "readme_cnn_verify_10_over_training",
+                            "readme_cnn_verify_10_over_floor", "readme_cnn_verify_peak_rss_mb"}) {
     if (keys.contains(extra)) std::printf("%-44s %12s\n", extra, format_value(keys[extra]).c_str());
   }
   if (keys.contains("quadrature_max_rel_error")) {
@@ -287,6 +318,7 @@ int main(int argc, char** argv) {
   CLI::App app{"pathkernel's benchmark suite: every ratio measured side by side in one run"};
   BenchConfig c;
   c.source_dir = PATHKERNEL_SOURCE_DIR;
+  c.pathkernel = (std::filesystem::canonical("/proc/self/exe").parent_path() / "pathkernel").string();
   std::string row, row_out, out = std::string(PATHKERNEL_SOURCE_DIR) + "/bench/results.json", only;
   int threads = 0;
   c.work = std::string(PATHKERNEL_SOURCE_DIR) + "/bench/work";

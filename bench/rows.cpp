@@ -1,6 +1,7 @@
 // The benchmark rows: each trains the runs it needs and measures one thing
 // side by side, returning its numbers as JSON.
 #include <sys/resource.h>
+#include <sys/types.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -471,6 +472,108 @@ json scaling(const BenchConfig& c, const std::string& what) {
               {"growth_exponent", exponent}};
 }
 
+// --- 8: the two CNNs, through the pathkernel command ----------------
+
+/// A pathkernel command's JSON, and its process's wall seconds and peak
+/// resident memory (from wait4).
+struct CommandRun {
+  json out;
+  double seconds = 0;
+  double peak_rss_mb = 0;
+};
+
+/// Runs `pathkernel --quiet --json --threads T ARGS` as a process of its own;
+/// its JSON is kept in the work directory as rows/LABEL.json.
+CommandRun run_pathkernel(const BenchConfig& c, const std::string& label, const std::vector<std::string>& args,
+                          int threads) {
+  std::vector<std::string> argv{c.pathkernel, "--quiet", "--json", "--threads", std::to_string(threads)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::filesystem::create_directories(c.work + "/rows");
+  const std::string out = c.work + "/rows/" + label + ".json";
+  int status = 0;
+  struct rusage ru {};
+  CommandRun r;
+  r.seconds = seconds_of([&] { wait4(spawn_process(argv, "pathkernel " + args[0], out), &status, 0, &ru); });
+  PK_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pathkernel " << args[0] << " failed in a bench row");
+  r.peak_rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;  // KiB on Linux
+  const std::string text = read_file(out);
+  r.out = json::parse(text.substr(text.find('{')));
+  return r;
+}
+
+/// The test side's GFLOP that `verify --json` reports.
+double test_side_gflop(const CommandRun& verify) {
+  return verify.out["arithmetic"]["test_side_gflop"].get<double>();
+}
+
+/// The user CNN (scripts/measure_compact_recording.py: two 3x3
+/// convolutions, 105,866 parameters, Adam, float32, Fashion-MNIST) trained
+/// and recorded by its own Python loop for a few steps, then verified on 1
+/// and on 8 test points; loop, verify and floor on one thread.
+json row_user_cnn(const BenchConfig& c) {
+  const int64_t steps = c.quick ? 3 : 30;
+  const std::string run = run_dir(c, "user_cnn"), loop_json = c.work + "/user_cnn_loop.json";
+  const std::string eight = c.quick ? "1-2" : "1-8";
+  std::filesystem::create_directories(c.work + "/runs");
+  run_python(c, "scripts/measure_compact_recording.py --steps " + std::to_string(steps) + " --run " + run +
+                    " --json " + loop_json + " --repeats " + std::to_string(c.repeats) + " --threads 1");
+  const json loop = json::parse(read_file(loop_json));
+  const CommandRun v1 = run_pathkernel(c, "user_cnn_verify_1", {"verify", run, "--test", "1"}, 1);
+  const CommandRun v8 = run_pathkernel(c, "user_cnn_verify_8", {"verify", run, "--test-index", eight}, 1);
+  const double training = loop["seconds_plain"].get<double>(), dgemm = machine_dgemm_gflops(c, 1);
+  return json{{"setting", "the user's CNN (" + std::to_string(loop["parameters"].get<int64_t>()) +
+                              " parameters), Adam lr 1e-3, batch 128, float32, Fashion-MNIST, its own Python loop "
+                              "recorded for " + std::to_string(steps) + " steps; verify --test 1 and --test-index " +
+                              eight + "; one thread"},
+              {"steps", steps},
+              {"seconds_training", training},
+              {"seconds_recorded", loop["seconds_recorded"]},
+              {"seconds_verify_1", v1.seconds},
+              {"seconds_verify_8", v8.seconds},
+              {"verify_1_over_training", v1.seconds / training},
+              {"verify_8_over_verify_1", v8.seconds / v1.seconds},
+              {"max_rel_error_1", v1.out["max_rel_error"]},
+              {"max_rel_error_8", v8.out["max_rel_error"]},
+              {"evaluations_per_step_1", v1.out["mean_evaluations_per_step"]},
+              {"evaluations_per_step_8", v8.out["mean_evaluations_per_step"]},
+              {"test_side_gflop", test_side_gflop(v1)},
+              {"test_side_gflop_8", test_side_gflop(v8)},
+              {"dgemm_gflops_1_thread", dgemm},
+              {"floor_seconds", test_side_gflop(v1) / dgemm},
+              {"verify_1_over_floor", v1.seconds * dgemm / test_side_gflop(v1)},
+              {"verify_8_over_floor", v8.seconds * dgemm / test_side_gflop(v8)},
+              {"peak_rss_mb_verify_1", v1.peak_rss_mb},
+              {"peak_rss_mb_verify_8", v8.peak_rss_mb}};
+}
+
+/// The README's CNN as docs/measurements.md trains it (MNIST, cnn:8,16, SGD
+/// lr 0.05, batch 100, 200 steps), then verify --test 10; both on two threads.
+json row_readme_cnn(const BenchConfig& c) {
+  const int threads = 2;
+  const std::string run = run_dir(c, "readme_cnn"), steps = c.quick ? "5" : "200", n = c.quick ? "2" : "10";
+  std::vector<std::string> train{"train", "--data",  "mnist", "--model", "cnn:8,16", "--optimizer", "sgd", "--lr",
+                                 "0.05",  "--batch", "100",   "--steps", steps,      "--out",       run,   "--force"};
+  if (c.quick) train.insert(train.end(), {"--train-size", "500"});
+  std::filesystem::create_directories(c.work + "/runs");
+  const CommandRun t = run_pathkernel(c, "readme_cnn_train", train, threads);
+  const CommandRun v = run_pathkernel(c, "readme_cnn_verify_10", {"verify", run, "--test", n}, threads);
+  const double training = t.out["seconds"].get<double>(), dgemm = machine_dgemm_gflops(c, threads);
+  return json{{"setting", "mnist, cnn:8,16, SGD lr 0.05, batch 100, " + steps + " steps (pathkernel train); verify --test " +
+                              n + "; two threads"},
+              {"steps", std::stoll(steps)},
+              {"seconds_training", training},
+              {"seconds_train_command", t.seconds},
+              {"seconds_verify_10", v.seconds},
+              {"verify_10_over_training", v.seconds / training},
+              {"max_rel_error", v.out["max_rel_error"]},
+              {"evaluations_per_step", v.out["mean_evaluations_per_step"]},
+              {"test_side_gflop", test_side_gflop(v)},
+              {"dgemm_gflops_2_threads", dgemm},
+              {"floor_seconds", test_side_gflop(v) / dgemm},
+              {"verify_10_over_floor", v.seconds * dgemm / test_side_gflop(v)},
+              {"peak_rss_mb_verify_10", v.peak_rss_mb}};
+}
+
 }  // namespace
 
 const std::vector<Row>& rows() {
@@ -491,6 +594,9 @@ const std::vector<Row>& rows() {
       {"scaling_test_points", "attribution time vs test points",
        [](const BenchConfig& c) { return scaling(c, "test_points"); }},
       {"scaling_steps", "attribution time vs steps", [](const BenchConfig& c) { return scaling(c, "steps"); }},
+      {"user_cnn", "verify of the user's CNN recorded from its own Python loop: 1 and 8 test points vs the loop",
+       row_user_cnn},
+      {"readme_cnn", "verify --test 10 of the README's CNN (cnn:8,16, 200 steps) on 2 threads", row_readme_cnn},
   };
   return all;
 }

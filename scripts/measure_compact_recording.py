@@ -23,6 +23,7 @@ Printed (and written as JSON with --json FILE):
 
   scripts/measure_compact_recording.py --steps 468 --verify-test 10 --run /tmp/pk-cnn
   scripts/measure_compact_recording.py --steps 60 --verify-test 10     # quicker
+  scripts/measure_compact_recording.py --steps 30 --run R --json F --threads 1   # the bench's user_cnn row
 """
 import argparse
 import gzip
@@ -145,7 +146,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="timings: the minimum over this many loops each")
     ap.add_argument("--verify-test", type=int, default=0, help="run verify on this many test points (0: skip)")
     ap.add_argument("--json", default="", help="also write the figures to this file")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads of the loop (default: torch's own)")
     a = ap.parse_args()
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     x, y, xt, yt = fashion_mnist()
     tmp = tempfile.mkdtemp(prefix="pk-cnn-")
     run = a.run or os.path.join(tmp, "run")
