@@ -194,7 +194,7 @@ class ReverseWalk {
 
   ReverseStep step_terms(const PathStep& st) {
     ReverseStep t;
-    t.bt = w_.batch(reader_, st, false);
+    t.bt = w_.batch(reader_, st, false, options_.train_chunk);  // G_s from the chunks the contractions take
     t.dvec = t.bt.gradient + lambda_ * st.w;  // d_s = c_s G_s + λ_c w_s
     t.c = rule_.step(st.step, st.lr, st.w, st.state);
     t.buf = rule_.buffer(st.state);

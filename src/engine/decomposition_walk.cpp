@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "feature_parts.h"
 #include "pathkernel/batch_statistics.h"
 #include "pathkernel/error.h"
 
@@ -54,6 +55,33 @@ TrainSignals captured_signals(const PathStep& st, int64_t r0, int64_t nr) {
   return t;
 }
 
+/// Whether the layers of ev's route hold every one of its P parameters, each
+/// with a gradient rule (no Module layer).
+bool layers_hold_every_parameter(const SegmentEvaluator& ev, int64_t P) {
+  int64_t held = 0;
+  for (const ParamLayer& p : ev.param_layers()) {
+    if (p.desc.kind == LayerDesc::Kind::Module) return false;
+    held += p.weight_numel + p.bias_numel;
+  }
+  return held == P;
+}
+
+/// Adds layer l's gradient summed over training rows t to g [P]: a Linear
+/// layer's as one product δᵀ a, any other's as its per-sample gradients summed.
+void add_layer_gradient(const SegmentEvaluator& ev, const TrainSignals& t, size_t l, torch::Tensor& g) {
+  const ParamLayer& p = ev.param_layers()[l];
+  if (p.desc.kind == LayerDesc::Kind::Linear && !(l < t.gradients.size() && t.gradients[l].defined())) {
+    const torch::Tensor d = t.signals[l].reshape({-1, t.signals[l].size(-1)});
+    const torch::Tensor a = t.inputs[l].reshape({-1, t.inputs[l].size(-1)});
+    g.narrow(0, p.weight_offset, p.weight_numel).add_(torch::mm(d.t(), a).reshape({-1}));
+    if (p.bias_numel) g.narrow(0, p.bias_offset, p.bias_numel).add_(d.sum(0));
+    return;
+  }
+  const torch::Tensor s = layer_sample_gradients(ev, t, l).sum(0);  // [Q]: weight, then bias
+  g.narrow(0, p.weight_offset, p.weight_numel).add_(s.narrow(0, 0, p.weight_numel));
+  if (p.bias_numel) g.narrow(0, p.bias_offset, p.bias_numel).add_(s.narrow(0, p.weight_numel, p.bias_numel));
+}
+
 }  // namespace
 
 double max_abs(const torch::Tensor& t) { return t.defined() && t.numel() > 0 ? t.abs().max().item<double>() : 0.0; }
@@ -71,7 +99,6 @@ Walk::Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOpt
       x(x_in.to(torch::kFloat64)),
       x_train(reader.dataset().x_train),
       y_train(reader.dataset().y_train),
-      x_train64(x_train.to(torch::kFloat64)),
       n(x.size(0)),
       M(x_train.size(0)),
       K(m.num_classes),
@@ -81,6 +108,8 @@ Walk::Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOpt
       map(grad64->options().output),
       loss(grad64->options().loss),
       captured(use_capture(m, options)),
+      gradient_from_signals(!captured && !ev.path_route().couples_batch() &&
+                            layers_hold_every_parameter(ev, m.parameter_count)),
       layout(parameter_layout(net64)),
       keep_doubles(options.memory_doubles / 4) {}
 
@@ -94,16 +123,34 @@ TimeSplit WalkClock::split(double reader_seconds) const {
   return t;
 }
 
-Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x) {
-  WalkClock::Scope timed(clock, WalkClock::kTrainingSignals);
+Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x, int64_t signal_chunk) {
   Batch out;
-  out.idx = st.batch.defined() ? st.batch : torch::arange(M);
-  out.b = out.idx.size(0);
-  if (!captured || need_x) out.xb = x_train64.index_select(0, out.idx);
-  if (!captured) out.yb = y_train.index_select(0, out.idx);
-  out.wb = reader.loss_weights(out.idx);
-  out.gradient = captured ? st.gradient : mean_gradient(grad64, m, st, out.xb, out.yb, out.wb);
+  {
+    WalkClock::Scope timed(clock, WalkClock::kTrainingSignals);
+    out.idx = st.batch.defined() ? st.batch : torch::arange(M);
+    out.b = out.idx.size(0);
+    // Converted per batch: a float64 copy of the whole set (376 MB for
+    // Fashion-MNIST) was memory first touched for little.
+    if (!captured || need_x) out.xb = x_train.index_select(0, out.idx).to(torch::kFloat64);
+    if (!captured) out.yb = y_train.index_select(0, out.idx);
+    out.wb = reader.loss_weights(out.idx);
+    if (captured) out.gradient = st.gradient;
+    else if (signal_chunk <= 0 || !gradient_from_signals) out.gradient = mean_gradient(grad64, m, st, out.xb, out.yb, out.wb);
+  }
+  if (!out.gradient.defined()) out.gradient = signals_gradient(st, out, signal_chunk);  // timed by chunk_signals
   return out;
+}
+
+torch::Tensor Walk::signals_gradient(const PathStep& st, const Batch& bt, int64_t chunk) const {
+  PK_ASSERT(gradient_from_signals && chunk > 0);
+  torch::Tensor g = torch::zeros({m.parameter_count}, torch::kFloat64);
+  for (int64_t r0 = 0; r0 < bt.b; r0 += chunk) {
+    const int64_t nr = std::min(chunk, bt.b - r0);
+    const DropoutStep dropout(m.init_seed, st.step);  // as train_chunks: the step's masks
+    const TrainSignals t = chunk_signals(st, bt, r0, nr);
+    for (size_t l = 0; l < ev.param_layers().size(); ++l) add_layer_gradient(ev, t, l, g);
+  }
+  return g.mul_(st.clip / static_cast<double>(bt.b));
 }
 
 void Walk::hold_statistics(const PathStep& st) {

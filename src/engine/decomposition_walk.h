@@ -1,5 +1,5 @@
 // What the decomposition's two walks of the path share (decomposition.h):
-// the test points and training set in float64 with the networks that
+// the test points in float64, the training set, with the networks that
 // evaluate them (Walk), the decomposition's outputs before any step, saved
 // progress restored and saved, the step residuals' bound and how many test
 // points are computed together. The forward walk (gd, sgd) is in
@@ -96,8 +96,8 @@ class WalkClock {
   std::chrono::steady_clock::duration in_steps_{};
 };
 
-/// What both walks of the path share: the test points and the training set
-/// in float64, two float64 networks of the run's own (the reader's is busy
+/// What both walks of the path share: the test points in float64, the
+/// training set (a batch's rows taken to float64 as needed), two float64 networks of the run's own (the reader's is busy
 /// replaying the path: one for the batch gradient, one for the evaluator)
 /// and whether the replay's captured signals serve the contractions.
 struct Walk {
@@ -111,7 +111,17 @@ struct Walk {
     torch::Tensor idx, xb, yb, wb, gradient;
     int64_t b = 0;
   };
-  Batch batch(PathReader& reader, const PathStep& st, bool need_x);
+  /// With `signal_chunk` > 0, c_s G_s is summed from the batch's training
+  /// signals in chunks of that many rows where the route allows
+  /// (signals_gradient), and those chunks are kept for the step's contractions.
+  Batch batch(PathReader& reader, const PathStep& st, bool need_x, int64_t signal_chunk = 0);
+
+  /// c_s G_s as the sum of the batch's per-sample gradients, layer by layer,
+  /// from the training rows' signals in chunks of `chunk` rows (the chunks
+  /// the contractions then take, formed once): no forward and backward pass
+  /// of its own. Its float64 rounding differs from autograd's, which the
+  /// rounding term E holds. Only where gradient_from_signals.
+  torch::Tensor signals_gradient(const PathStep& st, const Batch& bt, int64_t chunk) const;
 
   /// Holds step st's running statistics μ_s in the test side's network
   /// (batch_statistics.h): its segment is g(w_s + t Δw_s, μ_s; x). Nothing
@@ -156,13 +166,17 @@ struct Walk {
   const torch::Tensor x;
   const torch::Tensor& x_train;
   const torch::Tensor& y_train;
-  const torch::Tensor x_train64;
   const int64_t n, M, K;
   Network grad64, net64;
   SegmentEvaluator ev;
   const OutputMap map;
   const LossKind loss;
   const bool captured;
+  /// Whether c_s G_s may be summed from the training rows' signals: they are
+  /// recomputed (not captured), one row's do not depend on the others'
+  /// (no batch statistics), and every parameter belongs to a layer with a
+  /// gradient rule.
+  const bool gradient_from_signals;
   /// The parameter tensors the contributions by layer are split over (layer_split.h).
   const std::vector<ParamInfo> layout;
   /// Memory for the training rows kept across a step's blocks of test points.

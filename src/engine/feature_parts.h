@@ -28,6 +28,11 @@ torch::Tensor unit_cotangents(const SegmentEvaluator& ev, int64_t rows, const to
 /// per layer as [K, R, ...].
 std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const SegmentPass& pass, bool of_logits = false);
 
+/// Per-sample gradients of layer l (weight, then bias) from training
+/// signals t: [B, Q], those form_sample_gradients kept when it did. A
+/// Module's signals are its per-sample gradients [B, P] already.
+torch::Tensor layer_sample_gradients(const SegmentEvaluator& ev, const TrainSignals& t, size_t l);
+
 /// Whether passes must keep an autograd graph for their signals.
 bool track_passes(const SegmentEvaluator& ev);
 

@@ -16,20 +16,17 @@
 
 namespace pathkernel {
 
-namespace {
-
 using Kind = LayerDesc::Kind;
 using Form = LayerFeatures::Form;
 
-/// Per-sample gradients of layer l (weight, then bias) from training
-/// signals: [B, Q]. A Module's signals are its per-sample gradients [B, P]
-/// already.
 torch::Tensor layer_sample_gradients(const SegmentEvaluator& ev, const TrainSignals& t, size_t l) {
   const ParamLayer& p = ev.param_layers()[l];
   if (p.desc.kind == Kind::Module) return t.signals[l];
   if (l < t.gradients.size() && t.gradients[l].defined()) return t.gradients[l];
   return sample_gradients_one(p.desc, t.inputs[l], t.signals[l], p.weight_shape, p.bias_numel);
 }
+
+namespace {
 
 /// Layer l's output change for parameter direction v: op_dir(a; v).
 torch::Tensor layer_direction(const SegmentEvaluator& ev, size_t l, const torch::Tensor& a, const torch::Tensor& v) {

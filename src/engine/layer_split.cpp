@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "feature_parts.h"
 #include "pathkernel/error.h"
 #include "pathkernel/layer_rules.h"
 #include "pathkernel/segment.h"
@@ -28,15 +29,6 @@ void add_pieces(std::vector<TensorPiece>& out, const std::vector<ParamInfo>& lay
   PK_CHECK(covered == numel, "parameters [" << offset << ", " << offset + numel << ") of a layer lie outside the "
                                             << "network's parameter tensors (" << covered << " of " << numel
                                             << " entries found): the layout does not describe this network");
-}
-
-/// Per-sample gradients of layer l (weight, then bias), [B, Q]: a Module's
-/// signals are its per-sample gradients [B, P] already.
-torch::Tensor sample_gradients_of(const SegmentEvaluator& ev, const TrainSignals& t, size_t l) {
-  const ParamLayer& p = ev.param_layers()[l];
-  if (p.desc.kind == LayerDesc::Kind::Module) return t.signals[l];
-  if (l < t.gradients.size() && t.gradients[l].defined()) return t.gradients[l];
-  return sample_gradients_one(p.desc, t.inputs[l], t.signals[l], p.weight_shape, p.bias_numel);
 }
 
 /// Layer l's factored features (Summed or Rows) against training rows t,
@@ -79,7 +71,7 @@ torch::Tensor contract_by_tensor(const SegmentEvaluator& ev, const TestFeatures&
       for (const TensorPiece& piece : pieces) total.select(3, piece.tensor).add_(piece.start == 0 ? weight : bias);
       continue;
     }
-    const torch::Tensor g = sample_gradients_of(ev, t, l);  // [B, Q]
+    const torch::Tensor g = layer_sample_gradients(ev, t, l);  // [B, Q]
     for (const TensorPiece& piece : pieces) {
       total.select(3, piece.tensor)
           .add_(torch::matmul(lf.block.narrow(2, piece.start, piece.numel), g.narrow(1, piece.start, piece.numel).t()));
@@ -112,7 +104,7 @@ torch::Tensor contract_dense_by_tensor(const SegmentEvaluator& ev, const torch::
       }
       continue;
     }
-    const torch::Tensor g = sample_gradients_of(ev, t, l);  // [B, Q]
+    const torch::Tensor g = layer_sample_gradients(ev, t, l);  // [B, Q]
     for (const TensorPiece& piece : pieces) {
       total.select(3, piece.tensor)
           .add_(torch::einsum("nkq,bq->nbk", {a.narrow(2, piece.offset, piece.numel), g.narrow(1, piece.start, piece.numel)}));
