@@ -115,7 +115,7 @@ PooledSwitches pooled_switches(const torch::Tensor& y, const torch::Tensor& at_a
 /// point of each row (an index into x) and `t` [rows] its position. Every
 /// unit whose pattern differs at a bracket's ends is located, so a bracket
 /// may yield several kinks; an even number of flips of one unit inside a
-/// bracket is not seen (the certificate catches it). With `skip_first_layer`
+/// bracket is not seen (hidden_switches looks for them). With `skip_first_layer`
 /// the first layer's units are left out. Without `fit_polynomials` every
 /// round is Illinois false position (the reference the fits are tested
 /// against). Evaluates at most `rows_per_pass` rows per forward pass.
@@ -123,6 +123,27 @@ KinkSearch find_kinks(const KinkSites& ev, const torch::Tensor& x, const std::ve
                       const std::vector<int64_t>& point, const std::vector<double>& t,
                       const std::vector<KinkBracket>& brackets, bool skip_first_layer, bool fit_polynomials = false,
                       int64_t rows_per_pass = 512);
+
+/// Per kink site, each row's activation pattern [R, units] (int64): the sign
+/// of every ReLU unit (1 or 0), or with a pool per window the unit it passes
+/// on (−1 for none). Rows with equal patterns are on the same piece.
+std::vector<torch::Tensor> activation_patterns(const KinkSites& ev, const std::vector<torch::Tensor>& sites);
+
+/// Switches hidden between the evaluated rows of pieces of a piecewise-linear
+/// network: a ReLU unit or a pool window's argmax that switches and switches
+/// back between two rows shows the same pattern at both, and the
+/// certificate cannot see it either (the nodes all lie on one branch, whose
+/// polynomial meets f at the piece's ends). On a piece kink site l is a
+/// polynomial of degree l + 1 in t; fitted through the piece's rows, it
+/// tells where a unit (or a unit against its window's winner, or the zero
+/// line) would cross over to the other side. `pieces` lists per piece its
+/// rows of `sites` ascending in t (its ends first and last, its second row
+/// the reference pattern), `t` the rows' positions. Returns per piece the t
+/// where the fits predict the largest crossing, NaN for none: a candidate
+/// for the network to confirm (sites with fewer rows than the degree + 1
+/// are not fitted).
+std::vector<double> hidden_switches(const KinkSites& ev, const std::vector<torch::Tensor>& sites,
+                                    const std::vector<std::vector<int64_t>>& pieces, const std::vector<double>& t);
 
 /// The kinks of the first param layer along the segment, in closed form, for
 /// one test point: y0 and y1 are its pre-activations at t = 0 and t = 1

@@ -4,6 +4,8 @@
 // signals are kept per layer in the form the layer's rule keeps them, and
 // failed pieces are searched for kinks between their evaluated rows.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -154,6 +156,16 @@ class LayeredFeatures final : public Integrand {
   SegmentPass fresh_pass(const SharedRows& rows);
   std::vector<torch::Tensor> shared_sites(const SegmentPass& pf, const torch::Tensor& index) const;
   void evaluate_round(const PieceRound& rd);
+  /// The kink sites of the round's rows, nodes then ends, and the rows'
+  /// points and t in that order.
+  std::vector<torch::Tensor> round_sites() const;
+  std::vector<int64_t> round_points(const PieceRound& rd) const;
+  std::vector<double> round_t(const PieceRound& rd) const;
+  /// Piece p's rows of round_sites() ascending in t: its ends and its nodes.
+  std::vector<int64_t> piece_rows(const PieceRound& rd, int64_t p) const;
+  /// Fails (gap +inf) every piece with a switch hidden between its rows
+  /// that a pass at the fits' candidate confirms, keeping that row.
+  void find_hidden(const PieceRound& rd, std::vector<double>& gap);
 
   const SegmentEvaluator& ev_;
   const torch::Tensor& x_;
@@ -173,6 +185,15 @@ class LayeredFeatures final : public Integrand {
   std::vector<torch::Tensor> kept_point_, kept_weight_;
   std::vector<std::vector<torch::Tensor>> kept_inputs_, kept_signals_;
   bool first_relu_ = false;
+  /// Whether switches hidden between a piece's rows are looked for: a
+  /// piecewise-linear network (its sites polynomials on a piece) with a
+  /// ReLU after a param layer beyond the first (the first's are affine).
+  bool check_hidden_ = false;
+  /// The round's confirmed hidden switches: per piece its row of
+  /// hidden_sites_ (−1 for none), their points and t.
+  std::vector<int64_t> hidden_row_, hidden_point_;
+  std::vector<double> hidden_t_;
+  std::vector<torch::Tensor> hidden_sites_;
   /// A piecewise-linear network's pieces are integrated exactly: its logit
   /// Jacobian has degree L − 1 on a piece, so ⌈L/2⌉ Gauss nodes for logits;
   /// for log-softmax, (I − 1 pᵀ) J_z with J_z interpolated on those nodes
@@ -204,6 +225,8 @@ LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor
   kept_signals_.resize(layers_);
   sum_first_ = layers_ > 0 && ev.first_input_fixed();
   first_relu_ = ev.first_site_affine();
+  for (size_t l = 1; l < ev.relu_after().size(); ++l) check_hidden_ = check_hidden_ || ev.relu_after()[l];
+  check_hidden_ = check_hidden_ && ev.polynomial_degree() > 0;
   const int64_t degree = q.exact_pieces ? ev.polynomial_degree() : 0;
   fold_ = degree > 0 && ev.log_softmax_output();
   exact_nodes_ = degree == 0 ? 0 : fold_ ? degree : (degree + 1) / 2;
@@ -376,31 +399,105 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   }
   torch::Tensor fe = end_out.view({rd.np, 2, -1});
   torch::Tensor gap = (integral - (fe.select(1, 1) - fe.select(1, 0))).abs().amax(1).contiguous();  // [np]
-  return std::vector<double>(gap.data_ptr<double>(), gap.data_ptr<double>() + gap.numel());
+  std::vector<double> gaps(gap.data_ptr<double>(), gap.data_ptr<double>() + gap.numel());
+  find_hidden(rd, gaps);
+  return gaps;
+}
+
+std::vector<torch::Tensor> LayeredFeatures::round_sites() const {
+  const std::vector<torch::Tensor>& sites = ev_.kink_values(pass_);
+  const std::vector<torch::Tensor> end_sites = shared_sites(pf_, end_index_);
+  std::vector<torch::Tensor> out(sites.size());
+  for (size_t l = 0; l < out.size(); ++l) out[l] = torch::cat({sites[l].detach(), end_sites[l]}, 0);
+  return out;
+}
+
+std::vector<int64_t> LayeredFeatures::round_points(const PieceRound& rd) const {
+  std::vector<int64_t> point(rd.point);
+  point.insert(point.end(), rd.end_point.begin(), rd.end_point.end());
+  return point;
+}
+
+std::vector<double> LayeredFeatures::round_t(const PieceRound& rd) const {
+  std::vector<double> t(rd.t);
+  t.insert(t.end(), rd.ends.begin(), rd.ends.end());
+  return t;
+}
+
+std::vector<int64_t> LayeredFeatures::piece_rows(const PieceRound& rd, int64_t p) const {
+  std::vector<int64_t> rows{rd.rows + 2 * p};
+  for (int64_t r = rd.first[p]; r < rd.first[p + 1]; ++r) rows.push_back(r);
+  rows.push_back(rd.rows + 2 * p + 1);
+  return rows;
+}
+
+void LayeredFeatures::find_hidden(const PieceRound& rd, std::vector<double>& gap) {
+  hidden_row_.assign(rd.np, -1);
+  hidden_point_.clear();
+  hidden_t_.clear();
+  hidden_sites_.clear();
+  if (!check_hidden_) return;
+  // The fits' candidates (hidden_switches); each is a switch only if the
+  // network's pattern there differs from the piece's first node's.
+  const std::vector<torch::Tensor> sites = round_sites();
+  std::vector<std::vector<int64_t>> pieces(rd.np);
+  for (int64_t p = 0; p < rd.np; ++p) pieces[p] = piece_rows(rd, p);
+  const std::vector<double> cand = hidden_switches(ev_, sites, pieces, round_t(rd));
+  std::vector<int64_t> piece, reference;
+  for (int64_t p = 0; p < rd.np; ++p) {
+    if (std::isnan(cand[p])) continue;
+    piece.push_back(p);
+    reference.push_back(pieces[p][1]);
+    hidden_point_.push_back(rd.end_point[2 * p]);
+    hidden_t_.push_back(cand[p]);
+  }
+  if (piece.empty()) return;
+  hidden_sites_ = ev_.sites_at(x_.index_select(0, torch::tensor(hidden_point_, torch::kLong)),
+                               torch::tensor(hidden_t_, opts_));
+  f_.forward_evaluations += static_cast<int64_t>(piece.size());
+  const torch::Tensor ref = torch::tensor(reference, torch::kLong);
+  std::vector<torch::Tensor> ref_sites;
+  for (const torch::Tensor& y : sites) ref_sites.push_back(y.index_select(0, ref));
+  const std::vector<torch::Tensor> at = activation_patterns(ev_, hidden_sites_), was = activation_patterns(ev_, ref_sites);
+  torch::Tensor differs = torch::zeros({static_cast<int64_t>(piece.size())}, torch::kBool);
+  for (size_t l = 0; l < at.size(); ++l) differs |= (at[l] != was[l]).any(1);
+  auto d = differs.accessor<bool, 1>();
+  for (size_t j = 0; j < piece.size(); ++j) {
+    if (!d[j]) continue;
+    gap[piece[j]] = std::numeric_limits<double>::infinity();
+    hidden_row_[piece[j]] = static_cast<int64_t>(j);
+  }
 }
 
 std::vector<std::vector<double>> LayeredFeatures::kinks_in(const PieceRound& rd, const std::vector<int64_t>& failed) {
-  // Search a, nodes..., b of each failed piece for kinks that the scan missed.
+  // Search a, nodes..., b of each failed piece for kinks that the scan
+  // missed, with a confirmed hidden switch's row among them (its pattern
+  // differs from its neighbours', so both switches are found).
+  std::vector<torch::Tensor> pre = round_sites();
+  std::vector<int64_t> row_point = round_points(rd);
+  std::vector<double> row_t = round_t(rd);
+  const int64_t hidden_base = static_cast<int64_t>(row_t.size());
+  if (!hidden_sites_.empty()) {
+    for (size_t l = 0; l < pre.size(); ++l) pre[l] = torch::cat({pre[l], hidden_sites_[l].detach()}, 0);
+    row_point.insert(row_point.end(), hidden_point_.begin(), hidden_point_.end());
+    row_t.insert(row_t.end(), hidden_t_.begin(), hidden_t_.end());
+  }
   std::vector<KinkBracket> brackets;
   std::vector<int64_t> bracket_piece;
   for (size_t i = 0; i < failed.size(); ++i) {
     const int64_t p = failed[i];
-    int64_t prev = rd.rows + 2 * p;
-    for (int64_t r = rd.first[p]; r <= rd.first[p + 1]; ++r) {
-      const int64_t next = r < rd.first[p + 1] ? r : rd.rows + 2 * p + 1;
-      brackets.push_back({prev, next});
+    std::vector<int64_t> rows = piece_rows(rd, p);
+    if (!hidden_row_.empty() && hidden_row_[p] >= 0) {
+      const int64_t h = hidden_base + hidden_row_[p];
+      auto at = std::upper_bound(rows.begin(), rows.end(), row_t[h],
+                                 [&](double v, int64_t r) { return v < row_t[r]; });
+      if (at != rows.begin() && at != rows.end() && row_t[*(at - 1)] < row_t[h]) rows.insert(at, h);
+    }
+    for (size_t j = 0; j + 1 < rows.size(); ++j) {
+      brackets.push_back({rows[j], rows[j + 1]});
       bracket_piece.push_back(static_cast<int64_t>(i));
-      prev = next;
     }
   }
-  const std::vector<torch::Tensor>& sites = ev_.kink_values(pass_);
-  std::vector<torch::Tensor> pre(sites.size());
-  const std::vector<torch::Tensor> end_sites = shared_sites(pf_, end_index_);
-  for (size_t l = 0; l < pre.size(); ++l) pre[l] = torch::cat({sites[l].detach(), end_sites[l]}, 0);
-  std::vector<int64_t> row_point(rd.point);
-  row_point.insert(row_point.end(), rd.end_point.begin(), rd.end_point.end());
-  std::vector<double> row_t(rd.t);
-  row_t.insert(row_t.end(), rd.ends.begin(), rd.ends.end());
   KinkSearch ks = find_kinks(ev_, x_, pre, row_point, row_t, brackets, first_relu_, q_.fit_kinks);
   f_.forward_evaluations += ks.forward_evaluations;
   f_.kinks += static_cast<int64_t>(ks.kinks.size());

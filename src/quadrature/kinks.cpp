@@ -127,18 +127,11 @@ std::vector<std::vector<uint64_t>> upstream_pieces(const KinkSites& ev, const st
     a ^= b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2);
     return a;
   };
+  const std::vector<torch::Tensor> patterns = activation_patterns(ev, sites);
   for (size_t l = 0; l < sites.size(); ++l) {
     for (int64_t r = 0; r < rows; ++r) h[r][l] = acc[r];
     if (!ev.relu_after()[l]) continue;
-    torch::Tensor pattern;
-    if (const int64_t k = ev.pool_after()[l]) {
-      const torch::Tensor y = sites[l].detach();
-      auto [m, ind] = torch::max_pool2d_with_indices(y, k);
-      pattern = torch::where(m > 0, ind, torch::full_like(ind, -1)).flatten(1).contiguous();
-    } else {
-      pattern = (sites[l].detach().flatten(1) > 0).to(torch::kLong).contiguous();
-    }
-    auto p = pattern.accessor<int64_t, 2>();
+    auto p = patterns[l].accessor<int64_t, 2>();
     for (int64_t r = 0; r < rows; ++r) {
       uint64_t a = acc[r];
       for (int64_t u = 0; u < p.size(1); ++u) a = mix(a, static_cast<uint64_t>(p[r][u]) + 3);
@@ -148,7 +141,138 @@ std::vector<std::vector<uint64_t>> upstream_pieces(const KinkSites& ev, const st
   return h;
 }
 
+/// Site values y [P, S, ...] (P pieces of S rows) as the quantities that
+/// stay ≤ 0 while a piece keeps the pattern of its row `ref`, [P, S, M]: a
+/// ReLU unit's value with the sign that makes it ≤ 0 there; with a pool of
+/// window k, per window each unit's and the zero line's margin over the
+/// window's winner at `ref` (the units of rows or columns the windows leave
+/// out never pass on, and are left out).
+torch::Tensor margins(const torch::Tensor& y, int64_t k, int64_t ref) {
+  const int64_t P = y.size(0), S = y.size(1);
+  if (k == 0) {
+    const torch::Tensor v = y.flatten(2);
+    return v * torch::where(v.select(1, ref) > 0, -1.0, 1.0).unsqueeze(1);
+  }
+  const int64_t C = y.size(2), h = y.size(3) / k, w = y.size(4) / k;
+  torch::Tensor win = y.narrow(3, 0, h * k).narrow(4, 0, w * k).reshape({P, S, C, h, k, w, k});
+  win = win.permute({0, 1, 2, 3, 5, 4, 6}).reshape({P, S, C * h * w, k * k});
+  win = torch::cat({win, torch::zeros({P, S, C * h * w, 1}, y.options())}, 3);  // the zero line last
+  const torch::Tensor winner = win.select(1, ref).argmax(2, /*keepdim=*/true).unsqueeze(1).expand({P, S, -1, 1});
+  return (win - win.gather(3, winner)).flatten(2);
+}
+
+/// The polynomial with coefficients c [P, d + 1, M] (ascending powers) at
+/// u [P, M] or [P, G, M] (broadcast), by Horner's rule.
+torch::Tensor horner(const torch::Tensor& c, const torch::Tensor& u) {
+  const bool grid = u.dim() == 3;
+  torch::Tensor v = torch::zeros_like(u);
+  for (int64_t j = c.size(1); j-- > 0;) v = v * u + (grid ? c.select(1, j).unsqueeze(1) : c.select(1, j));
+  return v;
+}
+
+/// Where in (0, 1) the polynomials c [P, d + 1, M] are largest, and their
+/// value there, each [P, M] (−inf where no interior maximum is found). Up
+/// to degree 3 at the roots of the derivative, exactly (the stable
+/// quadratic formula, which takes degree 2 too); above, on a grid of 32.
+std::pair<torch::Tensor, torch::Tensor> interior_max(const torch::Tensor& c) {
+  const int64_t d = c.size(1) - 1;
+  const auto none = -std::numeric_limits<double>::infinity();
+  if (d > 3) {
+    const torch::Tensor u = (torch::arange(32, c.options()) + 0.5) / 32.0;
+    const torch::Tensor v = horner(c, u.view({1, -1, 1}).expand({c.size(0), -1, c.size(2)}));
+    auto [best, at] = v.max(1);
+    return {u.index_select(0, at.flatten()).view_as(best), best};
+  }
+  // p' = a u² + b u + e.
+  const torch::Tensor a = d == 3 ? 3 * c.select(1, 3) : torch::zeros_like(c.select(1, 0));
+  const torch::Tensor b = 2 * c.select(1, 2), e = c.select(1, 1);
+  const torch::Tensor disc = b * b - 4 * a * e;
+  const torch::Tensor q = -0.5 * (b + torch::where(b < 0, -1.0, 1.0) * disc.clamp_min(0).sqrt());
+  torch::Tensor u_best, v_best;
+  for (const torch::Tensor& u : {q / a, e / q}) {
+    const torch::Tensor inside = (disc >= 0) & (u > 0) & (u < 1);
+    const torch::Tensor uu = torch::where(inside, u, torch::full_like(u, 0.5));
+    const torch::Tensor v = torch::where(inside, horner(c, uu), torch::full_like(uu, none));
+    if (!v_best.defined()) {
+      u_best = uu;
+      v_best = v;
+    } else {
+      u_best = torch::where(v > v_best, uu, u_best);
+      v_best = torch::maximum(v, v_best);
+    }
+  }
+  return {u_best, v_best};
+}
+
 }  // namespace
+
+std::vector<torch::Tensor> activation_patterns(const KinkSites& ev, const std::vector<torch::Tensor>& sites) {
+  std::vector<torch::Tensor> out;
+  for (size_t l = 0; l < sites.size(); ++l) {
+    const torch::Tensor y = sites[l].detach();
+    if (!ev.relu_after()[l]) {
+      out.push_back(torch::zeros({y.size(0), 0}, torch::kLong));
+    } else if (const int64_t k = ev.pool_after()[l]) {
+      auto [m, ind] = torch::max_pool2d_with_indices(y, k);
+      out.push_back(torch::where(m > 0, ind, torch::full_like(ind, -1)).flatten(1).contiguous());
+    } else {
+      out.push_back((y.flatten(1) > 0).to(torch::kLong).contiguous());
+    }
+  }
+  return out;
+}
+
+std::vector<double> hidden_switches(const KinkSites& ev, const std::vector<torch::Tensor>& sites,
+                                    const std::vector<std::vector<int64_t>>& pieces, const std::vector<double>& t) {
+  std::vector<double> out(pieces.size(), std::numeric_limits<double>::quiet_NaN());
+  std::vector<double> best(pieces.size(), 0.0);  // the largest crossing so far, relative to its site's scale
+  // Pieces of as many rows are fitted together.
+  std::map<size_t, std::vector<size_t>> by_rows;
+  for (size_t p = 0; p < pieces.size(); ++p) by_rows[pieces[p].size()].push_back(p);
+  for (const auto& [S, group] : by_rows) {
+    if (S < 3) continue;  // a unit through two rows is linear there
+    std::vector<int64_t> rows;
+    std::vector<double> u;  // each row's place in its piece, in [0, 1]
+    for (size_t p : group) {
+      const double a = t[pieces[p].front()], b = t[pieces[p].back()];
+      for (int64_t r : pieces[p]) {
+        rows.push_back(r);
+        u.push_back((t[r] - a) / (b - a));
+      }
+    }
+    const int64_t P = static_cast<int64_t>(group.size()), n = static_cast<int64_t>(S);
+    const torch::Tensor index = torch::tensor(rows, torch::kLong);
+    for (size_t l = 1; l < sites.size(); ++l) {
+      const int64_t d = static_cast<int64_t>(l) + 1;  // site l's degree in t on a piece
+      if (!ev.relu_after()[l] || n < d + 1) continue;
+      const torch::Tensor y = sites[l].detach().index_select(0, index);
+      std::vector<int64_t> shape{P, n};
+      for (int64_t i = 1; i < y.dim(); ++i) shape.push_back(y.size(i));
+      const torch::Tensor m = margins(y.view(shape), ev.pool_after()[l], 1);  // [P, S, M]
+      // The least-squares polynomial of degree d through each margin's rows.
+      const torch::Tensor uu = torch::tensor(u, y.options()).view({P, n, 1});
+      const torch::Tensor V = uu.pow(torch::arange(d + 1, y.options()).view({1, 1, -1}));  // [P, S, d + 1]
+      const torch::Tensor c = torch::matmul(torch::linalg_pinv(V), m);                      // [P, d + 1, M]
+      auto [at, value] = interior_max(c);
+      // A crossing within the rows' rounding (64 ε of the site's largest
+      // value) is none.
+      const torch::Tensor scale = y.abs().flatten(1).view({P, -1}).amax(1).clamp_min(1e-300);
+      auto [top, unit] = (value / scale.unsqueeze(1)).max(1);
+      top = top.to(torch::kFloat64).contiguous();
+      const torch::Tensor u_top = at.gather(1, unit.unsqueeze(1)).squeeze(1).to(torch::kFloat64).contiguous();
+      auto top_a = top.accessor<double, 1>();
+      auto u_a = u_top.accessor<double, 1>();
+      for (int64_t i = 0; i < P; ++i) {
+        const size_t p = group[i];
+        if (!(top_a[i] > 64 * kEps) || top_a[i] <= best[p]) continue;
+        best[p] = top_a[i];
+        const double a = t[pieces[p].front()], b = t[pieces[p].back()];
+        out[p] = a + (b - a) * u_a[i];
+      }
+    }
+  }
+  return out;
+}
 
 PooledSwitches pooled_switches(const torch::Tensor& y, const torch::Tensor& at_a, const torch::Tensor& at_b,
                                int64_t k) {

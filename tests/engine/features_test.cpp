@@ -26,6 +26,9 @@ const std::vector<Case> kCases = {
     // 10 × 10 images: the second pool's windows (5 × 5 → 2 × 2) leave the
     // last row and column out (the own route's scattered max-pool backward).
     {"cnn:2,3", {1, 10, 10}, OutputMap::Logits},
+    // 9 × 9 images: the first pool's windows (9 × 9 → 4 × 4) leave the last
+    // row and column out, and the second's (4 × 4 → 2 × 2) tile.
+    {"cnn:2,3", {1, 9, 9}, OutputMap::Logits}, {"cnn:2,3", {1, 9, 9}, OutputMap::LogSoftmax},
     // A wide second layer: contract() takes the row-wise route there (the
     // narrow layers above take the dense block).
     {"mlp:40,40", {4}, OutputMap::LogSoftmax},

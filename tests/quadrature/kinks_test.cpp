@@ -400,5 +400,63 @@ TEST(FirstLayerKinks, RejectsMismatchedShapes) {
   }
 }
 
+/// Sites given as values: a site 0 without a ReLU, and a site 1 (degree 2
+/// on a piece) with a ReLU and, if `pool`, a max-pool of that window.
+class GivenSites final : public KinkSites {
+ public:
+  explicit GivenSites(int64_t pool) : pool_{0, pool} {}
+  const std::vector<bool>& relu_after() const override { return relu_; }
+  const std::vector<int64_t>& pool_after() const override { return pool_; }
+  std::vector<torch::Tensor> sites_at(const torch::Tensor&, const torch::Tensor&) const override { return {}; }
+
+ private:
+  std::vector<bool> relu_{false, true};
+  std::vector<int64_t> pool_;
+};
+
+/// One piece [0, 1] evaluated at its ends and two Gauss nodes, site 1 from
+/// `unit` (the value of every unit at t, [rows, ...]).
+std::vector<double> hidden_on_one_piece(const GivenSites& ev, const std::function<torch::Tensor(double)>& unit) {
+  const std::vector<double> t{0.0, 0.5 - 0.5 / std::sqrt(3.0), 0.5 + 0.5 / std::sqrt(3.0), 1.0};
+  std::vector<torch::Tensor> rows;
+  for (double s : t) rows.push_back(unit(s).unsqueeze(0));
+  const torch::Tensor y = torch::cat(rows);
+  return hidden_switches(ev, {torch::zeros({4, 1}, torch::kFloat64), y}, {{0, 1, 2, 3}}, t);
+}
+
+TEST(HiddenSwitches, FindsAReluUnitThatFlipsAndFlipsBackBetweenRows) {
+  // −(t − 0.45)² + 0.001: negative at every row, positive on (0.418, 0.482).
+  const GivenSites ev(0);
+  auto unit = [](double s) { return torch::tensor({-1.0, -(s - 0.45) * (s - 0.45) + 1e-3}, torch::kFloat64); };
+  const std::vector<double> h = hidden_on_one_piece(ev, unit);
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_NEAR(h[0], 0.45, 1e-12);
+  // Shifted down it never crosses: none.
+  auto below = [](double s) { return torch::tensor({-1.0, -(s - 0.45) * (s - 0.45) - 1e-3}, torch::kFloat64); };
+  EXPECT_TRUE(std::isnan(hidden_on_one_piece(ev, below)[0]));
+}
+
+TEST(HiddenSwitches, FindsAPoolArgmaxThatSwitchesAndSwitchesBackButNotInRowsTheWindowsLeaveOut) {
+  // A 3 × 3 map under 2 × 2 windows: one window, its winner unit 0 at 1;
+  // unit 1 overtakes it on (0.418, 0.482) only. Units of the last row and
+  // column (left out by the window) rise far above both, and do not count.
+  const GivenSites ev(2);
+  auto map = [](double s, double left_out) {
+    torch::Tensor y = torch::full({1, 3, 3}, -1.0, torch::kFloat64);
+    y[0][0][0] = 1.0;
+    y[0][0][1] = 1.0 - (s - 0.45) * (s - 0.45) + 1e-3;
+    y[0][2][0] = y[0][0][2] = left_out - (s - 0.5) * (s - 0.5);
+    return y;
+  };
+  const std::vector<double> h = hidden_on_one_piece(ev, [&](double s) { return map(s, -1.0); });
+  EXPECT_NEAR(h[0], 0.45, 1e-12);
+  auto only_left_out = [&](double s) {
+    torch::Tensor y = map(s, 5.0);
+    y[0][0][1] = -1.0;
+    return y;
+  };
+  EXPECT_TRUE(std::isnan(hidden_on_one_piece(ev, only_left_out)[0]));
+}
+
 }  // namespace
 }  // namespace pathkernel
