@@ -30,6 +30,7 @@ TEST(SignalsGradient, EqualsAutogradsBatchGradient) {
     ASSERT_TRUE(w.gradient_from_signals);
     int64_t steps = 0;
     reader.forward([&](const PathStep& st) {
+      w.ev.set_segment(st.w, st.delta);  // as the walks do: the training rows' signals are at w_s
       const torch::Tensor want = w.batch(reader, st, false).gradient;  // autograd, one pass of its own
       const double scale = want.abs().max().item<double>();
       ASSERT_GT(scale, 0);
