@@ -24,8 +24,9 @@ namespace {
 /// (SignBracket: Illinois false position, a bisection every fourth round,
 /// down to 4 ulp of t) on the unit, or on the difference of the two units
 /// a window switches between; each evaluation is one forward pass. An even
-/// number of changes of one unit or window inside one interval is not seen
-/// (the certificate catches it). Sorted, in (a, b).
+/// number of changes of one unit or window inside one interval is not seen,
+/// and the certificate does not see it either when no node falls between
+/// the two (docs/math.md, the generic route's kinks). Sorted, in (a, b).
 std::vector<double> module_kinks(const AutogradRoute& ev, const torch::Tensor& x, double a, double b,
                                  int intervals, int64_t& forward_evaluations) {
   const std::vector<int64_t>& windows = ev.site_windows();

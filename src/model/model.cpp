@@ -225,7 +225,8 @@ void NetworkImpl::load_script() {
   // The kink sites: the forward graph with submodule calls inlined and
   // constant branches folded, returning (output, the kink sites at its top
   // level, kink_site_values). ReLUs inside remaining branches or loops are
-  // not sites; the certificate still catches their kinks.
+  // not sites; the certificate catches their kinks where they move the
+  // quadrature off f(b) − f(a) (not a flip and its flip back between nodes).
   // A module with dropout runs its inlined graph, where the masks are
   // seeded; other modules run their own forward.
   int64_t dropout_sites = 0;
