@@ -59,6 +59,13 @@ class CoretypeVariable {
   std::string old_;
 };
 
+/// Has OpenBLAS choose its kernels again, from OPENBLAS_CORETYPE = `name`.
+void load_kernels(const DynamicArch& d, const std::string& name) {
+  CoretypeVariable variable(name);
+  d.quit();
+  d.init();
+}
+
 }  // namespace
 
 std::string active_blas_kernels() {
@@ -73,16 +80,10 @@ bool switch_blas_kernels(const std::string& name) {
   if (!d.available() || name.empty()) return false;
   const std::string before = active_blas_kernels();
   if (::strcasecmp(before.c_str(), name.c_str()) == 0) return true;
-  {
-    CoretypeVariable variable(name);
-    d.quit();
-    d.init();
-  }
+  load_kernels(d, name);
   if (::strcasecmp(active_blas_kernels().c_str(), name.c_str()) == 0) return true;
   // OpenBLAS did not know the name (it then falls back to its oldest kernels): back to the ones before.
-  CoretypeVariable variable(before);
-  d.quit();
-  d.init();
+  load_kernels(d, before);
   return false;
 }
 

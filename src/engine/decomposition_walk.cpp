@@ -67,10 +67,11 @@ bool layers_hold_every_parameter(const SegmentEvaluator& ev, int64_t P) {
 }
 
 /// Adds layer l's gradient summed over training rows t to g [P]: a Linear
-/// layer's as one product δᵀ a, any other's as its per-sample gradients summed.
+/// layer's as one product δᵀ a (over rows and any leading dimensions), any
+/// other's as its per-sample gradients summed.
 void add_layer_gradient(const SegmentEvaluator& ev, const TrainSignals& t, size_t l, torch::Tensor& g) {
   const ParamLayer& p = ev.param_layers()[l];
-  if (p.desc.kind == LayerDesc::Kind::Linear && !(l < t.gradients.size() && t.gradients[l].defined())) {
+  if (p.desc.kind == LayerDesc::Kind::Linear) {
     const torch::Tensor d = t.signals[l].reshape({-1, t.signals[l].size(-1)});
     const torch::Tensor a = t.inputs[l].reshape({-1, t.inputs[l].size(-1)});
     g.narrow(0, p.weight_offset, p.weight_numel).add_(torch::mm(d.t(), a).reshape({-1}));
@@ -124,6 +125,7 @@ TimeSplit WalkClock::split(double reader_seconds) const {
 }
 
 Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x, int64_t signal_chunk) {
+  const bool from_signals = !captured && signal_chunk > 0 && gradient_from_signals;
   Batch out;
   {
     WalkClock::Scope timed(clock, WalkClock::kTrainingSignals);
@@ -135,9 +137,9 @@ Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x, int
     if (!captured) out.yb = y_train.index_select(0, out.idx);
     out.wb = reader.loss_weights(out.idx);
     if (captured) out.gradient = st.gradient;
-    else if (signal_chunk <= 0 || !gradient_from_signals) out.gradient = mean_gradient(grad64, m, st, out.xb, out.yb, out.wb);
+    else if (!from_signals) out.gradient = mean_gradient(grad64, m, st, out.xb, out.yb, out.wb);
   }
-  if (!out.gradient.defined()) out.gradient = signals_gradient(st, out, signal_chunk);  // timed by chunk_signals
+  if (from_signals) out.gradient = signals_gradient(st, out, signal_chunk);  // timed by chunk_signals
   return out;
 }
 

@@ -97,9 +97,10 @@ class WalkClock {
 };
 
 /// What both walks of the path share: the test points in float64, the
-/// training set (a batch's rows taken to float64 as needed), two float64 networks of the run's own (the reader's is busy
-/// replaying the path: one for the batch gradient, one for the evaluator)
-/// and whether the replay's captured signals serve the contractions.
+/// training set (a batch's rows taken to float64 as needed), two float64
+/// networks of the run's own (the reader's is busy replaying the path: one
+/// for the batch gradient, one for the evaluator) and whether the replay's
+/// captured signals serve the contractions.
 struct Walk {
   Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options);
 

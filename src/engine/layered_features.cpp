@@ -156,9 +156,10 @@ class LayeredFeatures final : public Integrand {
   SegmentPass fresh_pass(const SharedRows& rows);
   std::vector<torch::Tensor> shared_sites(const SegmentPass& pf, const torch::Tensor& index) const;
   void evaluate_round(const PieceRound& rd);
-  /// The kink sites of the round's rows, nodes then ends, and the rows'
-  /// points and t in that order.
-  std::vector<torch::Tensor> round_sites() const;
+  /// The kink sites of the round's rows, nodes then ends (formed once a
+  /// round, for find_hidden and kinks_in), and the rows' points and t in
+  /// that order.
+  const std::vector<torch::Tensor>& round_sites();
   std::vector<int64_t> round_points(const PieceRound& rd) const;
   std::vector<double> round_t(const PieceRound& rd) const;
   /// Piece p's rows of round_sites() ascending in t: its ends and its nodes.
@@ -204,6 +205,7 @@ class LayeredFeatures final : public Integrand {
   // The current round: its passes (nodes, fresh ends, moment rows), signals
   // and rows.
   SegmentPass pass_, pf_, pm_;
+  std::vector<torch::Tensor> round_sites_;  ///< round_sites(), empty until asked for
   std::vector<torch::Tensor> sig_, msig_;
   torch::Tensor point_t_, w_t_, mpoint_t_, end_index_;
 };
@@ -356,6 +358,7 @@ std::vector<std::vector<double>> LayeredFeatures::initial_kinks() {
 /// moment rows'.
 void LayeredFeatures::evaluate_round(const PieceRound& rd) {
   pass_ = pf_ = SegmentPass();  // the last round's, freed first
+  round_sites_.clear();
   sig_.clear();
   point_t_ = torch::tensor(rd.point, torch::kLong);
   w_t_ = torch::tensor(rd.w, opts_);
@@ -404,12 +407,12 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   return gaps;
 }
 
-std::vector<torch::Tensor> LayeredFeatures::round_sites() const {
+const std::vector<torch::Tensor>& LayeredFeatures::round_sites() {
+  if (!round_sites_.empty()) return round_sites_;
   const std::vector<torch::Tensor>& sites = ev_.kink_values(pass_);
   const std::vector<torch::Tensor> end_sites = shared_sites(pf_, end_index_);
-  std::vector<torch::Tensor> out(sites.size());
-  for (size_t l = 0; l < out.size(); ++l) out[l] = torch::cat({sites[l].detach(), end_sites[l]}, 0);
-  return out;
+  for (size_t l = 0; l < sites.size(); ++l) round_sites_.push_back(torch::cat({sites[l].detach(), end_sites[l]}, 0));
+  return round_sites_;
 }
 
 std::vector<int64_t> LayeredFeatures::round_points(const PieceRound& rd) const {
@@ -439,7 +442,7 @@ void LayeredFeatures::find_hidden(const PieceRound& rd, std::vector<double>& gap
   if (!check_hidden_) return;
   // The fits' candidates (hidden_switches); each is a switch only if the
   // network's pattern there differs from the piece's first node's.
-  const std::vector<torch::Tensor> sites = round_sites();
+  const std::vector<torch::Tensor>& sites = round_sites();
   std::vector<std::vector<int64_t>> pieces(rd.np);
   for (int64_t p = 0; p < rd.np; ++p) pieces[p] = piece_rows(rd, p);
   const std::vector<double> cand = hidden_switches(ev_, sites, pieces, round_t(rd));

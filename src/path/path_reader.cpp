@@ -326,15 +326,7 @@ torch::Tensor PathReader::outputs(int64_t s, const torch::Tensor& x) {
   return test_outputs(net, w, mu, x);  // BatchNorm by the running statistics μ_s; a sequence's last position
 }
 
-void PathReader::forward(const std::function<void(const PathStep&)>& fn) {
-  for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
-    double diff = replay_segment(k, [&](PathStep&& st) {
-      const EngineBlasKernels engine;  // the step's work: the best kernels, the replay the run's
-      fn(st);
-    }, true);
-    require_equal(k, diff);
-  }
-}
+void PathReader::forward(const std::function<void(const PathStep&)>& fn) { forward(fn, 0, manifest_.steps); }
 
 void PathReader::forward(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end) {
   PK_CHECK(0 <= begin && begin <= end && end <= manifest_.steps,
@@ -344,7 +336,7 @@ void PathReader::forward(const std::function<void(const PathStep&)>& fn, int64_t
     if (manifest_.checkpoints[k + 1].step <= begin || manifest_.checkpoints[k].step >= end) continue;
     double diff = replay_segment(k, [&](PathStep&& st) {
       if (st.step < begin || st.step >= end) return;
-      const EngineBlasKernels engine;
+      const EngineBlasKernels engine;  // the step's work: the best kernels, the replay the run's
       fn(st);
     }, true);
     require_equal(k, diff);
