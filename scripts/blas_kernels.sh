@@ -37,5 +37,6 @@ cores=(Prescott Nehalem)
 [[ $flags == *" avx "* ]] && cores+=(Sandybridge)
 [[ $flags == *" avx2 "* && $flags == *" fma "* ]] && cores+=(Haswell)
 [[ $flags == *" avx512f "* && $flags == *" avx512bw "* && $flags == *" avx512vl "* && $flags == *" avx512dq "* ]] && cores+=(SkylakeX)
+[[ $flags == *" avx512_bf16 "* ]] && cores+=(Cooperlake)
 echo "forced with OPENBLAS_CORETYPE:"
 for c in "${cores[@]}"; do OPENBLAS_CORETYPE=$c measure; done

@@ -30,6 +30,7 @@ namespace pathkernel {
 /// registers) supports of the instruction sets OpenBLAS's kernels use.
 struct CpuFeatures {
   bool avx512 = false;  ///< AVX-512 F, DQ, BW and VL
+  bool avx512_bf16 = false;  ///< AVX-512 BF16 (OpenBLAS's Cooperlake kernels; AMD's Zen 4 has it too)
   bool avx2_fma = false;
   bool avx = false;
 
@@ -39,6 +40,7 @@ struct CpuFeatures {
     __builtin_cpu_init();
     c.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    c.avx512_bf16 = c.avx512 && __builtin_cpu_supports("avx512bf16");
     c.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     c.avx = __builtin_cpu_supports("avx");
 #endif
@@ -64,6 +66,7 @@ inline bool runs_blas_kernels(const CpuFeatures& cpu, const std::string& name) {
   if (name == "Sandybridge" || name == "Bulldozer" || name == "Piledriver") return cpu.avx;
   if (name == "Haswell" || name == "Zen" || name == "Steamroller" || name == "Excavator") return cpu.avx2_fma;
   if (name == "SkylakeX") return cpu.avx512;
+  if (name == "Cooperlake") return cpu.avx512_bf16;
   return false;
 }
 

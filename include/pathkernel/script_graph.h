@@ -91,6 +91,16 @@ class ScriptGraph {
   /// operations, products of activations, any other max-pool, whose
   /// switches are not kink sites here, branches).
   int64_t polynomial_degree() const { return degree_; }
+  /// The graph as a plain chain of pathkernel's own layers, when it is one:
+  /// each operation reads the one before it, and each is a Linear, a
+  /// stride-1 Conv2d with square kernel and padding (both with a bias, their
+  /// parameters a module's "weight" and "bias"), a ReLU after one of those,
+  /// a max-pool of non-overlapping windows beside such a ReLU (before it or
+  /// after it: the two commute, and the chain puts the ReLU first) or a
+  /// flattening to rows. Such a module's rows
+  /// are walked layer by layer like pathkernel's own networks (own_route.cpp),
+  /// without running the graph. Empty for any other graph.
+  const std::vector<LayerDesc>& chain() const { return chain_; }
 
   /// Evaluates rows x [R, ...] (already the module's input dtype) at t [R]:
   /// the module's parameters hold w_s, and `directions` holds per layer its
@@ -104,6 +114,7 @@ class ScriptGraph {
   int64_t sites_ = 0;
   std::vector<int64_t> site_windows_;
   int64_t degree_ = 0;
+  std::vector<LayerDesc> chain_;
   std::shared_ptr<torch::jit::Graph> graph_;
   std::unique_ptr<torch::jit::GraphExecutor> executor_;
 };

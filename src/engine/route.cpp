@@ -1,6 +1,8 @@
 // The route interface's shared parts, and the factory that picks a route.
 #include "pathkernel/route.h"
 
+#include <algorithm>
+
 #include "pathkernel/error.h"
 #include "pathkernel/features.h"
 #include "routes.h"
@@ -54,6 +56,40 @@ std::vector<torch::Tensor> autograd_signals(const SegmentPass& pass, const torch
   return g;
 }
 
+bool rows_agree_with_module(Route& route, Network& net) {
+  // Two rows of a fixed pattern (integer codes 0 and 1 for token ids) at
+  // t = 0.3 and 0.8 along a direction that moves every parameter.
+  const NetworkOptions& o = net->options();
+  std::vector<int64_t> shape{2};
+  shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
+  int64_t numel = 1;
+  for (int64_t s : shape) numel *= s;
+  const torch::Tensor ramp = torch::arange(numel, torch::kFloat64);
+  const torch::Tensor x = (o.integer_inputs ? torch::remainder(ramp, 2) : 0.5 + 0.5 * torch::sin(ramp)).view(shape);
+  const torch::Tensor w = flatten_parameters(net).to(torch::kFloat64);
+  const torch::Tensor dw =
+      0.05 * torch::cos(torch::arange(route.parameter_count(), torch::kFloat64) + 1) * (1 + w.abs());
+  const torch::Tensor t = torch::tensor({0.3, 0.8}, torch::kFloat64);
+  route.set_segment(w, dw);
+  bool agrees = false;
+  try {
+    torch::NoGradGuard guard;
+    const torch::Tensor got = route.forward(x, t, false).out;
+    std::vector<torch::Tensor> want;
+    for (int64_t r = 0; r < 2; ++r) {
+      set_flat_parameters(net, w + t[r].item<double>() * dw);
+      want.push_back(net->forward(x.narrow(0, r, 1)));
+    }
+    const torch::Tensor ref = torch::cat(want);
+    const double scale = std::max(1.0, ref.abs().max().item<double>());
+    agrees = got.sizes() == ref.sizes() && (got - ref).abs().max().item<double>() <= 1e-9 * scale;
+  } catch (const c10::Error&) {
+    agrees = false;
+  }
+  set_flat_parameters(net, w);
+  return agrees;
+}
+
 TrainSignals Route::batch_loss_signals(const torch::Tensor&, const torch::Tensor&, OutputMap, LossKind,
                                        const torch::Tensor&) const {
   PK_THROW("the " << name() << " route's training rows are not coupled: take their signals chunk by chunk");
@@ -71,6 +107,7 @@ std::unique_ptr<Route> make_route(Network& net, ModuleRoute choice) {
   }
   std::string reason;
   if (choice == ModuleRoute::Auto && net->script_graph()) {
+    if (std::unique_ptr<Route> chain = make_chain_route(net)) return chain;
     if (std::unique_ptr<Route> structured = make_script_route(net)) return structured;
     reason = "its graph, rewritten to evaluate rows at their own points of a segment, does not reproduce "
              "the module's outputs (an operation with parameters does not keep the examples on its first "

@@ -12,6 +12,17 @@ namespace pathkernel {
 /// pathkernel's own networks (own_route.cpp).
 std::unique_ptr<Route> make_own_route(Network& net);
 
+/// The structured route for a TorchScript module whose graph is a plain
+/// chain of pathkernel's own layers (ScriptGraph::chain()), walked as own
+/// networks are (own_route.cpp); null for any other module, or when the
+/// walk does not reproduce the module's outputs.
+std::unique_ptr<Route> make_chain_route(Network& net);
+
+/// Whether `route` evaluates the module's own outputs: two rows at t = 0.3
+/// and 0.8 of a segment that moves every parameter, against the module at
+/// the formed weights (left at the segment's start). Sets the route's segment.
+bool rows_agree_with_module(Route& route, Network& net);
+
 /// The structured route for a TorchScript module whose graph reads as rules
 /// (script_route.cpp), or null when its rewritten graph does not reproduce
 /// the module's outputs.

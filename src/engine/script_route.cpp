@@ -69,35 +69,7 @@ void ScriptRoute::place(double t) const {
 }
 
 bool ScriptRoute::agrees() {
-  // Two rows of a fixed pattern (integer codes 0 and 1 for token ids) at
-  // t = 0.3 and 0.8 along a direction that moves every parameter.
-  const NetworkOptions& o = net_->options();
-  std::vector<int64_t> shape{2};
-  shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
-  int64_t numel = 1;
-  for (int64_t s : shape) numel *= s;
-  const torch::Tensor ramp = torch::arange(numel, torch::kFloat64);
-  const torch::Tensor x = (o.integer_inputs ? torch::remainder(ramp, 2) : 0.5 + 0.5 * torch::sin(ramp)).view(shape);
-  const torch::Tensor w = flatten_parameters(net_).to(torch::kFloat64);
-  const torch::Tensor dw = 0.05 * torch::cos(torch::arange(parameter_count_, torch::kFloat64) + 1) * (1 + w.abs());
-  const torch::Tensor t = torch::tensor({0.3, 0.8}, torch::kFloat64);
-  set_segment(w, dw);
-  bool agrees = false;
-  try {
-    torch::NoGradGuard guard;
-    const torch::Tensor got = forward(x, t, false).out;
-    std::vector<torch::Tensor> want;
-    for (int64_t r = 0; r < 2; ++r) {
-      set_flat_parameters(net_, w + t[r].item<double>() * dw);
-      want.push_back(net_->forward(x.narrow(0, r, 1)));
-    }
-    const torch::Tensor ref = torch::cat(want);
-    const double scale = std::max(1.0, ref.abs().max().item<double>());
-    agrees = got.sizes() == ref.sizes() && (got - ref).abs().max().item<double>() <= 1e-9 * scale;
-  } catch (const c10::Error&) {
-    agrees = false;
-  }
-  set_flat_parameters(net_, w);
+  const bool agrees = rows_agree_with_module(*this, net_);
   w_ = torch::Tensor();
   dw_ = torch::Tensor();
   placed_t_ = -1;

@@ -260,6 +260,107 @@ std::vector<LayerUse> parameter_layers(Graph& g, const torch::jit::Module& modul
   return out;
 }
 
+/// The square padding of a plain convolution (stride 1, dilation 1, one
+/// group, equal padding on both dimensions), or -1 for any other.
+int64_t plain_conv_padding(const LayerUse& l) {
+  LayerDesc c;
+  try {
+    l.rule->read(l.node, c);
+  } catch (const Error&) {
+    return -1;
+  }
+  auto all_ones = [](const std::vector<int64_t>& v) {
+    return std::all_of(v.begin(), v.end(), [](int64_t x) { return x == 1; });
+  };
+  const std::vector<int64_t>& p = c.padding2;
+  const bool square = p.size() == 1 || (p.size() == 2 && p[0] == p[1]);
+  return all_ones(c.stride) && all_ones(c.dilation) && c.groups == 1 && square ? p[0] : -1;
+}
+
+/// Whether `list` is the shape [size(h, 0), -1] (view or reshape to rows).
+bool rows_shape(Value* list, Value* h) {
+  Node* n = list->node();
+  if (n->kind() != c10::prim::ListConstruct || n->inputs().size() != 2) return false;
+  Node* size = n->input(0)->node();
+  auto dim = size->kind() == aten("size") && size->inputs().size() == 2 ? constant(size->input(1)) : c10::nullopt;
+  auto rest = constant(n->input(1));
+  return dim && dim->isInt() && dim->toInt() == 0 && size->input(0) == h && rest && rest->isInt() &&
+         rest->toInt() == -1;
+}
+
+/// The parameterised operation `n` of a chain as a layer of pathkernel's own:
+/// a Linear or plain Conv2d whose weight and bias are its module's "weight"
+/// and "bias". Kind::Module when it is none of these.
+LayerDesc own_param_layer(const LayerUse& l, const torch::jit::Module& module) {
+  using Kind = LayerDesc::Kind;
+  const std::string name = l.weight.substr(0, l.weight.rfind('.') == std::string::npos ? 0 : l.weight.rfind('.'));
+  if (name.empty() || l.weight != name + ".weight" || l.bias != name + ".bias") return {};
+  torch::Tensor w;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    if (p.name == l.weight) w = p.value;
+  }
+  if (l.rule->kind == Kind::Linear && w.dim() == 2) return LayerDesc(Kind::Linear, name, w.size(1), w.size(0), 0, 0);
+  const int64_t padding = l.rule->kind == Kind::Conv2d && w.dim() == 4 ? plain_conv_padding(l) : -1;
+  if (padding < 0 || w.size(2) != w.size(3)) return {};
+  return LayerDesc(Kind::Conv2d, name, w.size(1), w.size(0), w.size(2), padding);
+}
+
+/// g as a plain chain of pathkernel's own layers (ScriptGraph::chain()), or
+/// empty: each operation reads the one before it and nothing else does
+/// (but the row count a flattening view asks for), and its kink sites are
+/// where pathkernel's own networks have theirs.
+std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers, const torch::jit::Module& module) {
+  using Kind = LayerDesc::Kind;
+  if (g.inputs().size() != 2) return {};
+  std::vector<LayerDesc> chain;
+  Value* h = g.inputs()[1];
+  for (Node* n : g.nodes()) {
+    const c10::Symbol k = n->kind();
+    if (k == c10::prim::Constant || k == c10::prim::GetAttr || k == c10::prim::ListConstruct) continue;
+    if (k == aten("size") && n->input(0) == h) continue;
+    if (n->inputs().empty() || n->input(0) != h || n->outputs().size() != 1) return {};
+    // h feeds n, and otherwise only its own row count.
+    for (const torch::jit::Use& u : h->uses()) {
+      if (u.user != n && u.user->kind() != aten("size")) return {};
+    }
+    LayerDesc d;
+    auto layer = std::find_if(layers.begin(), layers.end(), [&](const LayerUse& l) { return l.node == n; });
+    auto is_int = [&](size_t i, int64_t want) {
+      auto v = constant(n->input(i));
+      return v && v->isInt() && v->toInt() == want;
+    };
+    if (layer != layers.end()) {
+      d = own_param_layer(*layer, module);
+    } else if (is_relu(n)) {
+      d.kind = Kind::ReLU;
+    } else if (plain_window(n) > 0) {
+      d.kind = Kind::MaxPool2d;
+      d.kernel = plain_window(n);
+    } else if (k == aten("flatten") && n->inputs().size() == 3 && is_int(1, 1) && is_int(2, -1)) {
+      d.kind = Kind::Flatten;
+    } else if ((k == aten("view") || k == aten("reshape")) && rows_shape(n->input(1), h)) {
+      d.kind = Kind::Flatten;
+    }
+    if (d.kind == Kind::Module) return {};
+    chain.push_back(d);
+    h = n->output();
+  }
+  if (g.outputs()[0] != h) return {};
+  // A max-pool and a ReLU commute: a pool then a ReLU is walked as the ReLU
+  // then the pool, the order of pathkernel's own networks. Their kink
+  // sites are a param layer's outputs: a ReLU must follow one, and a pool
+  // such a ReLU.
+  for (size_t i = 0; i + 1 < chain.size(); ++i) {
+    if (chain[i].kind == Kind::MaxPool2d && chain[i + 1].kind == Kind::ReLU) std::swap(chain[i], chain[i + 1]);
+  }
+  for (size_t i = 0; i < chain.size(); ++i) {
+    const bool after_param = i > 0 && chain[i - 1].parameterised();
+    const bool after_relu = i > 1 && chain[i - 1].kind == Kind::ReLU && chain[i - 2].parameterised();
+    if ((chain[i].kind == Kind::ReLU && !after_param) || (chain[i].kind == Kind::MaxPool2d && !after_relu)) return {};
+  }
+  return chain;
+}
+
 /// Rewrites layer `l` of g to y + t ⊙ op_dir(a; dW) (t along the rows),
 /// with new graph inputs for its weight's and bias's directions. The
 /// layer's input a and its output at t go to `inputs` and `outputs`.
@@ -372,6 +473,7 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
   // number of parameterised operations (read before the rewrite adds its own).
   const std::vector<SiteNodes> site_list = site_nodes(*g);
   out->degree_ = piecewise_linear(*g, layers, site_list) ? static_cast<int64_t>(layers.size()) : 0;
+  out->chain_ = plain_chain(*g, layers, module);
 
   // The rewrite: inputs t [R], then each layer's directions; after each
   // layer y = op(a; W_s), insert y + t ⊙ op_dir(a; dW) (t along rows).

@@ -15,9 +15,10 @@ namespace {
 
 using testing::ScopedEnv;
 
-CpuFeatures cpu(bool avx512, bool avx2_fma, bool avx) {
+CpuFeatures cpu(bool avx512, bool avx2_fma, bool avx, bool bf16 = false) {
   CpuFeatures c;
   c.avx512 = avx512;
+  c.avx512_bf16 = bf16;
   c.avx2_fma = avx2_fma;
   c.avx = avx;
   return c;
@@ -51,6 +52,8 @@ TEST(BlasKernels, RunsOnlyKernelsTheCpuHas) {
   EXPECT_FALSE(runs_blas_kernels(cpu(false, true, true), "SkylakeX"));
   EXPECT_TRUE(runs_blas_kernels(cpu(true, true, true), "SkylakeX"));
   EXPECT_FALSE(runs_blas_kernels(cpu(false, false, true), "Haswell"));
+  EXPECT_TRUE(runs_blas_kernels(cpu(true, true, true, true), "Cooperlake"));
+  EXPECT_FALSE(runs_blas_kernels(cpu(true, true, true), "Cooperlake"));
   EXPECT_FALSE(runs_blas_kernels(cpu(true, true, true), "unknown"));
   EXPECT_FALSE(runs_blas_kernels(cpu(true, true, true), ""));
 }
@@ -75,6 +78,11 @@ TEST(BlasKernels, ARunIsReplayedWithItsOwnKernels) {
   EXPECT_EQ(kernels_for({"verify", old_run.path, "--test", "5"}, avx512), "Prescott");
   EXPECT_EQ(kernels_for({"train", "--steps", "5"}, avx512), "SkylakeX");
   EXPECT_EQ(kernels_for({"verify", wide_run.path}, avx512), "SkylakeX");
+  // OpenBLAS's kernels for CPUs with AVX-512 BF16 (Cooper Lake, AMD Zen 4):
+  // the replay takes them where the CPU has it.
+  RunDir bf16_run("bf16_run", R"({"environment": {"blas_kernels": "Cooperlake"}})");
+  EXPECT_EQ(kernels_for({"verify", bf16_run.path}, cpu(true, true, true, true)), "Cooperlake");
+  EXPECT_EQ(kernels_for({"verify", bf16_run.path}, avx512), "SkylakeX");
   // Kernels this CPU cannot run: its best (replay then names the difference).
   EXPECT_EQ(kernels_for({"verify", wide_run.path}, avx2), "Haswell");
   // The first run named decides.

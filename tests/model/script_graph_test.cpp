@@ -84,6 +84,21 @@ std::vector<Case> cases() {
                        "        h = h + F.leaky_relu(self.fc2(h), 0.1)\n"
                        "        return self.out(h)\n",
                {1, 4, 4}, false, 3, false});
+  // A plain chain (ScriptGraph::chain()), walked layer by layer: a pool
+  // before its ReLU, an in-place ReLU, a flattening view.
+  c.push_back({"chain", "class M(nn.Module):\n"
+                        "    def __init__(self):\n"
+                        "        super().__init__()\n"
+                        "        self.conv1 = nn.Conv2d(1, 3, 3, padding=1)\n"
+                        "        self.conv2 = nn.Conv2d(3, 4, 3)\n"
+                        "        self.fc = nn.Linear(16, 5)\n"
+                        "        self.out = nn.Linear(5, 3)\n"
+                        "    def forward(self, x):\n"
+                        "        h = F.max_pool2d(F.relu(self.conv1(x)), 2)\n"
+                        "        h = F.relu(F.max_pool2d(self.conv2(h), 2))\n"
+                        "        h = torch.relu_(self.fc(h.view(h.size(0), -1)))\n"
+                        "        return self.out(h)\n",
+               {1, 12, 12}, false, 3, false});
   // Layer lists compiled without Python: every layer of the grammar.
   Case images{"layers-images", "", {2, 8, 8}};
   images.spec = "layers:conv(4,3,padding=1),leakyrelu(0.1),res(conv(4,3,padding=1,groups=2),silu),"
@@ -206,7 +221,7 @@ TEST_P(EveryRule, AgreesWithTheGenericRouteAndAutograd) {
 
 INSTANTIATE_TEST_SUITE_P(
     ScriptGraph, EveryRule,
-    ::testing::Combine(::testing::Values("conv", "tokens", "relu", "layers-images", "layers-tokens"),
+    ::testing::Combine(::testing::Values("conv", "tokens", "relu", "chain", "layers-images", "layers-tokens"),
                        ::testing::Values(OutputMap::LogSoftmax, OutputMap::Logits)),
     [](const ::testing::TestParamInfo<EveryRule::ParamType>& info) {
       std::string name = std::get<0>(info.param) + "_" + output_map_name(std::get<1>(info.param));
@@ -215,6 +230,68 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return name;
     });
+
+/// The graphs read as a plain chain of pathkernel's own layers, and those
+/// that are not: a residual addition, a ReLU with no param layer before it,
+/// a strided convolution, a Linear without bias.
+TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  using Kind = LayerDesc::Kind;
+  auto chain_of = [&](const std::string& name, const std::string& body) {
+    const std::string path = dir.path() + "/" + name + ".pt";
+    python(dir, body + "torch.manual_seed(1)\ntorch.jit.script(M()).save('" + path + "')\n");
+    const torch::jit::Module module = torch::jit::load(path);
+    std::string why_not;
+    const std::unique_ptr<ScriptGraph> graph = ScriptGraph::read(module, why_not);
+    EXPECT_NE(graph, nullptr) << name << ": " << why_not;
+    return graph ? graph->chain() : std::vector<LayerDesc>{};
+  };
+  for (const Case& c : cases()) {
+    if (c.name != "chain") continue;
+    const std::vector<LayerDesc> chain = chain_of(c.name, c.body);
+    std::vector<Kind> kinds;
+    for (const LayerDesc& d : chain) kinds.push_back(d.kind);
+    // The pool before the second ReLU is walked after it: the two commute.
+    EXPECT_EQ(kinds, std::vector<Kind>({Kind::Conv2d, Kind::ReLU, Kind::MaxPool2d, Kind::Conv2d, Kind::ReLU,
+                                        Kind::MaxPool2d, Kind::Flatten, Kind::Linear, Kind::ReLU, Kind::Linear}));
+    ASSERT_EQ(chain.size(), 10u);
+    EXPECT_EQ(chain[0].module, "conv1");
+    EXPECT_EQ(chain[0].padding, 1);
+    EXPECT_EQ(chain[0].kernel, 3);
+    EXPECT_EQ(chain[3].padding, 0);
+    EXPECT_EQ(chain[3].out, 4);
+    EXPECT_EQ(chain[2].kernel, 2);
+    EXPECT_EQ(chain[7].in, 16);
+  }
+  const std::string head = "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n";
+  EXPECT_TRUE(chain_of("residual", head +
+                                       "        self.fc = nn.Linear(4, 4)\n"
+                                       "    def forward(self, x):\n"
+                                       "        return x + F.relu(self.fc(x))\n")
+                  .empty());
+  EXPECT_TRUE(chain_of("relu_first", head +
+                                         "        self.fc = nn.Linear(4, 3)\n"
+                                         "    def forward(self, x):\n"
+                                         "        return self.fc(F.relu(x))\n")
+                  .empty());
+  EXPECT_TRUE(chain_of("strided", head +
+                                      "        self.conv = nn.Conv2d(1, 2, 3, stride=2)\n"
+                                      "        self.fc = nn.Linear(2, 3)\n"
+                                      "    def forward(self, x):\n"
+                                      "        return self.fc(torch.flatten(self.conv(x), 1))\n")
+                  .empty());
+  EXPECT_TRUE(chain_of("no_bias", head +
+                                      "        self.fc = nn.Linear(4, 3, bias=False)\n"
+                                      "    def forward(self, x):\n"
+                                      "        return self.fc(x)\n")
+                  .empty());
+  EXPECT_FALSE(chain_of("plain", head +
+                                     "        self.fc = nn.Linear(4, 3)\n"
+                                     "    def forward(self, x):\n"
+                                     "        return self.fc(x)\n")
+                   .empty());
+}
 
 /// What no rule covers goes to the generic route, and the evaluator says
 /// why: a parameter used by an operation without a rule, tied weights, and
