@@ -64,6 +64,18 @@ DecompositionOptions quiet_decomposition(const std::string& quadrature = "gauss"
 pid_t spawn_process(const std::vector<std::string>& args, const std::string& what,
                     const std::string& stdout_file = "");
 
+/// A finished child process: whether it exited with status 0, its wall
+/// seconds, and its peak resident memory (from wait4).
+struct ProcessRun {
+  bool ok = false;
+  double seconds = 0;
+  double peak_rss_mb = 0;
+};
+
+/// Runs `args` as spawn_process() does and waits for it.
+ProcessRun run_process(const std::vector<std::string>& args, const std::string& what,
+                       const std::string& stdout_file = "");
+
 /// GFLOP/s of float64 n×n matrix products on the current threads: the
 /// median of `repeats` (machine.cpp).
 double dgemm_gflops(int64_t n, int repeats);

@@ -3,8 +3,9 @@
 // Without --row it is the driver: it runs every row in its own process (this
 // program with --row NAME), records each row's wall time and peak resident
 // memory, derives the ratio keys, prints one table with each key beside its
-// goal and writes bench/results.json. With --row NAME it runs that row and
-// writes its JSON to --row-out.
+// goal and writes bench/results.json (with --rows, a selection of rows:
+// bench/work/results-rows.json, unless --out says where). With --row NAME it
+// runs that row and writes its JSON to --row-out.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -87,6 +88,17 @@ pid_t spawn_process(const std::vector<std::string>& args, const std::string& wha
   return pid;
 }
 
+ProcessRun run_process(const std::vector<std::string>& args, const std::string& what,
+                       const std::string& stdout_file) {
+  ProcessRun r;
+  int status = 0;
+  struct rusage ru {};
+  r.seconds = seconds_of([&] { wait4(spawn_process(args, what, stdout_file), &status, 0, &ru); });
+  r.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  r.peak_rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+  return r;
+}
+
 namespace {
 
 /// Runs `self --row name` in a child process; its peak RSS comes from wait4.
@@ -97,15 +109,11 @@ RowRun run_row(const std::string& self, const std::string& name, const BenchConf
   std::vector<std::string> args{self, "--row", name, "--row-out", out, "--work", c.work, "--repeats",
                                 std::to_string(c.repeats), "--threads", std::to_string(threads)};
   if (c.quick) args.push_back("--quick");
-  auto t0 = std::chrono::steady_clock::now();
-  const pid_t pid = spawn_process(args, "row " + name);
-  int status = 0;
-  struct rusage ru {};
-  wait4(pid, &status, 0, &ru);
+  const ProcessRun p = run_process(args, "row " + name);
   RowRun r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.peak_rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
-  r.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && std::filesystem::exists(out);
+  r.seconds = p.seconds;
+  r.peak_rss_mb = p.peak_rss_mb;
+  r.ok = p.ok && std::filesystem::exists(out);
   if (r.ok) r.result = json::parse(read_file(out));
   return r;
 }
@@ -322,7 +330,10 @@ int main(int argc, char** argv) {
   std::string row, row_out, out = std::string(PATHKERNEL_SOURCE_DIR) + "/bench/results.json", only;
   int threads = 0;
   c.work = std::string(PATHKERNEL_SOURCE_DIR) + "/bench/work";
-  app.add_option("--out", out, "Where to write the results JSON")->capture_default_str();
+  app.add_option("--out", out,
+                 "Where to write the results JSON (with --rows: default WORK/results-rows.json, so that some "
+                 "rows do not replace the whole suite's results)")
+      ->capture_default_str();
   app.add_option("--work", c.work, "Directory for the runs the rows train")->capture_default_str();
   app.add_option("--rows", only, "Comma-separated rows to run (default: all)");
   app.add_option("--repeats", c.repeats, "Timings of short measurements: the median of this many")
@@ -363,6 +374,8 @@ int main(int argc, char** argv) {
       for (const Row& r : rows()) known |= r.name == s;
       PK_CHECK(known, "unknown row '" << s << "' in --rows");
     }
+    // Some rows alone do not replace the full suite's bench/results.json.
+    if (!selected.empty() && app.count("--out") == 0) out = c.work + "/results-rows.json";
     return drive(std::filesystem::canonical("/proc/self/exe").string(), c, selected, out, threads);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pathkernel_bench: %s\n", e.what());

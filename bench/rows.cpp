@@ -2,7 +2,6 @@
 // side by side, returning its numbers as JSON.
 #include <sys/resource.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
@@ -490,12 +489,11 @@ CommandRun run_pathkernel(const BenchConfig& c, const std::string& label, const 
   argv.insert(argv.end(), args.begin(), args.end());
   std::filesystem::create_directories(c.work + "/rows");
   const std::string out = c.work + "/rows/" + label + ".json";
-  int status = 0;
-  struct rusage ru {};
+  const ProcessRun p = run_process(argv, "pathkernel " + args[0], out);
+  PK_CHECK(p.ok, "pathkernel " << args[0] << " failed in a bench row");
   CommandRun r;
-  r.seconds = seconds_of([&] { wait4(spawn_process(argv, "pathkernel " + args[0], out), &status, 0, &ru); });
-  PK_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pathkernel " << args[0] << " failed in a bench row");
-  r.peak_rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;  // KiB on Linux
+  r.seconds = p.seconds;
+  r.peak_rss_mb = p.peak_rss_mb;
   const std::string text = read_file(out);
   r.out = json::parse(text.substr(text.find('{')));
   return r;
