@@ -260,6 +260,13 @@ std::vector<LayerUse> parameter_layers(Graph& g, const torch::jit::Module& modul
   return out;
 }
 
+/// The module a parameter belongs to: "blocks.0.conv1" for
+/// "blocks.0.conv1.weight", "" for a top-level parameter.
+std::string module_of(const std::string& parameter) {
+  const size_t dot = parameter.rfind('.');
+  return parameter.substr(0, dot == std::string::npos ? 0 : dot);
+}
+
 /// The square padding of a plain convolution (stride 1, dilation 1, one
 /// group, equal padding on both dimensions), or -1 for any other.
 int64_t plain_conv_padding(const LayerUse& l) {
@@ -293,7 +300,7 @@ bool rows_shape(Value* list, Value* h) {
 /// and "bias". Kind::Module when it is none of these.
 LayerDesc own_param_layer(const LayerUse& l, const torch::jit::Module& module) {
   using Kind = LayerDesc::Kind;
-  const std::string name = l.weight.substr(0, l.weight.rfind('.') == std::string::npos ? 0 : l.weight.rfind('.'));
+  const std::string name = module_of(l.weight);
   if (name.empty() || l.weight != name + ".weight" || l.bias != name + ".bias") return {};
   torch::Tensor w;
   for (const auto& p : module.named_parameters(/*recurse=*/true)) {
@@ -374,7 +381,7 @@ ScriptLayer rewrite_layer(Graph& g, const LayerUse& l, Value* t, std::vector<Val
   layer.weight = l.weight;
   layer.bias = l.bias;
   LayerDesc& d = layer.desc;
-  d.module = l.weight.substr(0, l.weight.rfind('.') == std::string::npos ? 0 : l.weight.rfind('.'));
+  d.module = module_of(l.weight);
   Value* dw = g.addInput();
   dw->setType(c10::TensorType::get());
   Value* db = nullptr;
