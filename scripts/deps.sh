@@ -10,6 +10,8 @@ PACKAGES=(
   # The compiler cache every build directory uses when present (cmake/ccache.cmake).
   ccache
   libtorch-dev libopenblas0-pthread
+  # tcmalloc, the program's allocator (src/cli/allocator.h).
+  libgoogle-perftools-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev libstb-dev libsvm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # MPI: `mpirun -np N pathkernel explain|verify|gram` (docs/distributed.md);

@@ -41,7 +41,12 @@ inline std::string with_tunable(const char* current, const std::string& name, co
 ///   `verify --test 2` of the README's CNN, against 8,900 with it, and about
 ///   15% less user time from fewer TLB misses (BENCHMARKS.md, "Process
 ///   overhead"). Without transparent huge pages in the kernel it does nothing.
+/// - TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=2^40: tcmalloc, the program's
+///   allocator (src/cli/allocator.h), would otherwise print a warning with a
+///   stack trace for every block of 1 GiB or more, which a large run's test
+///   features reach by design.
 inline void prepare_library_environment() {
+  ::setenv("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", "1099511627776", 0);
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   ::setenv("OPENBLAS_THREAD_TIMEOUT", "16", 0);
   ::setenv("GLIBC_TUNABLES", with_tunable(std::getenv("GLIBC_TUNABLES"), "glibc.malloc.hugetlb", "1").c_str(), 1);

@@ -3,13 +3,14 @@
 #include <exception>
 #include <string>
 
+#include "allocator.h"
 #include "commands.h"
 #include "pathkernel/context.h"
 #include "pathkernel/distributed.h"
 
 int main(int argc, char** argv) {
   pathkernel::reexec_with_library_environment(argc, argv);
-  pathkernel::keep_freed_memory();
+  pathkernel::cli::set_up_allocator();
 #ifdef PATHKERNEL_TEST_HOOKS
   pathkernel::cli::install_test_write_hook();
 #endif

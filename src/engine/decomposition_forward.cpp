@@ -128,11 +128,11 @@ class ForwardWalk {
         end_step_(end_step),
         lambda_(m_.optimizer.weight_decay) {}
 
-  /// Step st for every test point. Each chunk's points in one group per
-  /// thread (point_groups.h), each group's features and contractions on one
-  /// thread. The groups of all chunks are taken in turn, so a thread done
-  /// with its group takes the next, of any chunk, instead of waiting for the
-  /// rest of its chunk (the points' kinks, and so their work, differ).
+  /// Step st for every test point. With several threads each point is a
+  /// group (point_groups.h), its features and contractions on one thread.
+  /// The groups of all chunks are taken in turn, so a thread done with its
+  /// group takes the next, of any chunk, instead of waiting for the rest of
+  /// its chunk (the points' kinks, and so their work, differ).
   /// Counts, and the caller's view of each group, come after the groups, in
   /// point order. With an observer (on_step), one chunk's groups at a time,
   /// which keep their features until it has seen them; without, a group
@@ -146,7 +146,7 @@ class ForwardWalk {
       for (u1 = u0 + 1; u1 < parts.size() && (!options_.on_step || parts[u1].chunk == parts[u0].chunk);) ++u1;
       run_point_groups(
           static_cast<int64_t>(u1 - u0), [&](int64_t g) { group_terms(st, t, parts[u0 + static_cast<size_t>(g)]); },
-          point_groups(w_.ev, w_.n));
+          point_workers(w_.ev, w_.n));
       for (size_t u = u0; u < u1; ++u) take_group(st, t, parts[u]);
     }
     end_of_step(st);

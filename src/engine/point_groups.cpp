@@ -16,13 +16,15 @@
 
 namespace pathkernel {
 
-int64_t point_groups(const SegmentEvaluator& ev, int64_t n) {
+int64_t point_workers(const SegmentEvaluator& ev, int64_t n) {
   // The structured TorchScript route runs the module's graph: concurrent
   // runs of it were measured mixed (0.98 and 0.81 of the time on a CNN) and
   // are not made.
   if (!ev.path_route().concurrent_points()) return 1;
   return std::max<int64_t>(1, std::min<int64_t>(current_threads(), n));
 }
+
+int64_t point_groups(const SegmentEvaluator& ev, int64_t n) { return point_workers(ev, n) > 1 ? n : 1; }
 
 void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work, int64_t workers) {
   if (workers <= 0) workers = groups;

@@ -1,9 +1,14 @@
-// Test points in one group per thread (docs/math.md §12). A step's work on
-// its test points (their features, and their contractions with the training
-// rows) is independent from point to point; split into consecutive groups,
-// one per thread, each group's operations run on that thread alone. Their
-// operations are many and small: shared between threads, each would pay the
-// threads' wake-up and wait.
+// Test points taken in turn by one worker per thread (docs/math.md §12). A
+// step's work on its test points (their features, and their contractions
+// with the training rows) is independent from point to point. With several
+// threads each point is a group of its own, and the threads take the groups
+// in turn, each the next not yet taken, doing a group's operations on that
+// thread alone. Their operations are many and small: shared between
+// threads, each would pay the threads' wake-up and wait. A point that
+// crosses more kinks than the others then keeps only its own thread busy:
+// with consecutive groups of several points, one per thread, a thread whose
+// group finished first waited for the other's (the user CNN's 8 points took
+// 1.4 times as long).
 //
 // Internal to the engine (features.cpp, decomposition.cpp).
 #pragma once
@@ -15,10 +20,15 @@ namespace pathkernel {
 
 class SegmentEvaluator;
 
-/// The groups n test points take on ev: one per thread of the caller, at
-/// most n, and one where the evaluator runs a module's graph (the structured
-/// and generic TorchScript routes) or where the caller's thread is itself
-/// one-threaded (inside a group).
+/// The threads that take n test points' groups on ev: one per thread of the
+/// caller, at most n, and one where the evaluator runs a module's graph (the
+/// structured and generic TorchScript routes) or where the caller's thread
+/// is itself one-threaded (inside a group).
+int64_t point_workers(const SegmentEvaluator& ev, int64_t n);
+
+/// The groups n test points are split into on ev: one per point when
+/// several workers take them (point_workers(ev, n) > 1), else one group of
+/// all n, whose operations use every thread the caller has.
 int64_t point_groups(const SegmentEvaluator& ev, int64_t n);
 
 /// The first of n points that group g of `groups` takes (g = groups: n).

@@ -222,16 +222,16 @@ TEST(TrainingChunks, RowsKeptAcrossBlocksOfTestPointsGiveTheSameDecomposition) {
   }
 }
 
-// The forward walk splits each block of test points into one group per
-// thread (src/engine/point_groups.h): each group forms its features and
-// contracts them with the training rows on its own thread, and the rows a
-// step forms are shared between the groups. With 3 threads (groups [0,1)
-// [1,3) [3,5) of each block of 5, and one of the last point) the
-// decomposition is that of one thread, and so are the per-step
-// observations, which arrive once per group: for the replay's signals and
-// recomputed ones, on an MLP with weight decay and the kernel output and on
-// a CNN whose rows carry per-sample gradients. Without an observer, the
-// groups of every block are taken in one turn, with the same bits.
+// With several threads the forward walk gives each test point a group of its
+// own (src/engine/point_groups.h): the threads take the points in turn, each
+// forming a point's features and contracting them with the training rows on
+// its own thread, and the rows a step forms are shared between the groups.
+// With 3 threads the decomposition is that of one thread, and so are the
+// per-step observations, which arrive once per group: for the replay's
+// signals and recomputed ones, on an MLP with weight decay and the kernel
+// output and on a CNN whose rows carry per-sample gradients. Without an
+// observer, the groups of every block are taken in one turn, with the same
+// bits; and 2 threads make the same groups as 3, so the same bits too.
 TEST(PointGroups, GiveTheDecompositionOfOneThread) {
   struct Case {
     std::string optimizer, data, model;
@@ -275,10 +275,10 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
         w.d = decompose(reader, x, o);
         return w;
       };
-      const Walked one = walk(1), groups = walk(3), unobserved = walk(3, false);
+      const Walked one = walk(1), groups = walk(3), unobserved = walk(3, false), two = walk(2, false);
       SCOPED_TRACE(c.optimizer + " " + c.model + (replay_signals ? " replayed" : " recomputed"));
       EXPECT_EQ(one.calls, 4 * 3);             // steps x blocks (5, 5, 1 points)
-      EXPECT_EQ(groups.calls, 4 * (3 + 3 + 1));  // steps x groups of the blocks
+      EXPECT_EQ(groups.calls, 4 * (5 + 5 + 1));  // steps x groups (points) of the blocks
       const double scale = one.d.contributions.abs().max().item<double>();
       EXPECT_GT(scale, 1e-6);
       auto close = [](const torch::Tensor& got, const torch::Tensor& expect, double scale, const char* what) {
@@ -308,6 +308,8 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
       EXPECT_EQ(unobserved.d.moment_evaluations, groups.d.moment_evaluations);
       EXPECT_EQ(unobserved.d.kinks, groups.d.kinks);
       EXPECT_EQ(unobserved.d.certificate_max_gap, groups.d.certificate_max_gap);
+      EXPECT_TRUE(torch::equal(two.d.contributions, unobserved.d.contributions));
+      EXPECT_TRUE(torch::equal(two.d.rounding, unobserved.d.rounding));
     }
   }
 }

@@ -283,8 +283,9 @@ TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
   }
 }
 
-// Own networks split a call's test points into one group per thread, each
-// computed on a thread of its own, and join the groups' features. The joined
+// With several threads own networks give each of a call's test points a
+// group of its own, each computed on one thread, and join the groups'
+// features. The joined
 // features must act as one thread's: every row keeps its test point, every
 // block and sum its place. Compared through what consumers take: J̄ v for a
 // random v, the dense J̄, the contraction with training signals, the ends.
@@ -312,7 +313,7 @@ TEST(Features, ThreadGroupsGiveTheFeaturesOfOneThread) {
       one = test_features(ev, x, q);
     }
     const TrainSignals t = train_signals(ev, x_train, y_train, c.map);
-    for (int threads : {2, 3}) {  // groups of points [0,2) [2,5), and [0,1) [1,3) [3,5)
+    for (int threads : {2, 3}) {  // a group per point, taken by 2 and 3 threads
       TestFeatures split;
       {
         ThreadScope scope(threads);

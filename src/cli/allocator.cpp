@@ -1,0 +1,47 @@
+#include "allocator.h"
+
+#include "pathkernel/context.h"
+
+#ifdef PATHKERNEL_TCMALLOC
+#include <gperftools/malloc_extension.h>
+#include <sys/mman.h>
+#endif
+
+namespace pathkernel::cli {
+
+#ifdef PATHKERNEL_TCMALLOC
+namespace {
+
+/// tcmalloc's own system allocator, with every region it takes from the
+/// kernel marked for transparent huge pages. Kernels set to give huge pages
+/// only where asked (`madvise`, Debian's default) otherwise fault the test
+/// features' large blocks in 4 KiB at a time, with as many TLB misses:
+/// glibc asks for them (glibc.malloc.hugetlb, pathkernel/process_environment.h),
+/// tcmalloc does not.
+class HugePagesAllocator final : public SysAllocator {
+ public:
+  explicit HugePagesAllocator(SysAllocator* system) : system_(system) {}
+
+  void* Alloc(size_t size, size_t* actual_size, size_t alignment) override {
+    void* p = system_->Alloc(size, actual_size, alignment);
+    // The region is page-aligned; a kernel without transparent huge pages
+    // refuses the advice, which changes nothing.
+    if (p != nullptr) (void)::madvise(p, *actual_size, MADV_HUGEPAGE);
+    return p;
+  }
+
+ private:
+  SysAllocator* system_;
+};
+
+}  // namespace
+
+void set_up_allocator() {
+  MallocExtension* tcmalloc = MallocExtension::instance();
+  tcmalloc->SetSystemAllocator(new HugePagesAllocator(tcmalloc->GetSystemAllocator()));
+}
+#else
+void set_up_allocator() { keep_freed_memory(); }
+#endif
+
+}  // namespace pathkernel::cli
