@@ -131,6 +131,10 @@ struct DecompositionSummary {
   int64_t steps = 0;
   double max_abs_error = 0;          ///< max |prediction − f(w_N)|
   double max_rel_error = 0;          ///< max of relative_error(prediction, f(w_N))
+  /// The test point (row of the decomposed inputs) whose output has
+  /// max_rel_error, and the certificate's bound on that point's error.
+  int64_t worst_point = 0;
+  double worst_point_error_bound = 0;
   double completeness_error = 0;     ///< max |completeness_gap()|: includes E and the quadrature error
   double max_abs_rounding = 0;       ///< max |E|
   double max_abs_regularization = 0; ///< max |R|

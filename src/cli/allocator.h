@@ -6,7 +6,7 @@ namespace pathkernel::cli {
 /// Sets up the allocator once, at start-up, before any test point is
 /// computed. Built with tcmalloc (PATHKERNEL_TCMALLOC, the default): the
 /// memory tcmalloc takes from the kernel is asked for in transparent huge
-/// pages. Otherwise glibc's malloc keeps freed memory
+/// pages, and what is freed is kept for reuse. Otherwise glibc's malloc keeps freed memory
 /// (pathkernel::keep_freed_memory).
 ///
 /// Why tcmalloc: with several threads, glibc gives each thread an arena of

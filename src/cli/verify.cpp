@@ -40,11 +40,13 @@ nlohmann::ordered_json arithmetic_json(PathReader& reader, const DecompositionOp
           {"cotangent_mflop_per_row", a->cotangent_flop / 1e6}};
 }
 
-/// The inputs checked: the test points chosen, or a file's inputs with their
-/// labels, if given (input_file.h).
-void choose_points(const VerifyArgs& args, const Dataset& data, torch::Tensor& x, torch::Tensor& labels) {
+/// The inputs checked: the test points chosen (and their indices in the
+/// test set), or a file's inputs with their labels, if given (input_file.h).
+void choose_points(const VerifyArgs& args, const Dataset& data, torch::Tensor& x, torch::Tensor& labels,
+                   torch::Tensor& test_index) {
   if (!args.inputs.given()) {
-    x = data.x_test.index_select(0, args.points.indices(data.y_test, 100));
+    test_index = args.points.indices(data.y_test, 100);
+    x = data.x_test.index_select(0, test_index);
     return;
   }
   x = read_inputs(args.inputs.inputs, data);
@@ -68,11 +70,11 @@ void add_verify_command(CLI::App& app, Globals& globals) {
     // Under mpirun each rank decomposes a share of the points (across_ranks.h).
     const Communicator& world = Communicator::world();
     std::optional<PathReader> reader_storage;
-    torch::Tensor x, labels;
+    torch::Tensor x, labels, test_index;
     world.agree([&] {
       reader_storage.emplace(args->run);
       options.position = args->position.checked(reader_storage->manifest());
-      choose_points(*args, reader_storage->dataset(), x, labels);
+      choose_points(*args, reader_storage->dataset(), x, labels, test_index);
     });
     PathReader& reader = *reader_storage;
     Decomposition d = decompose_across(world, reader, x, options);
@@ -121,6 +123,12 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              {"first_unexplained_step", s.residuals.first_step < 0
                                                             ? nlohmann::ordered_json(nullptr)
                                                             : nlohmann::ordered_json(s.residuals.first_step)}};
+    // Which point max_rel_error is of: its index in the test set (or its row
+    // in the inputs file), its error and the certificate's bound on it.
+    j["worst_point"] = {{test_index.defined() ? "test_index" : "input_row",
+                         test_index.defined() ? test_index[s.worst_point].item<int64_t>() : s.worst_point},
+                        {"max_rel_error", s.max_rel_error},
+                        {"error_bound", s.worst_point_error_bound}};
     if (!route.reason.empty()) j["route_reason"] = route.reason;
     j["arithmetic"] = arithmetic_json(reader, options, x, d);
     if (reader.manifest().sequence_length > 0) {  // the position whose outputs were decomposed

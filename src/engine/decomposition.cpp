@@ -29,13 +29,19 @@ DecompositionSummary summarize(const Decomposition& d) {
   s.test_points = d.fN.size(0);
   s.steps = d.steps;
   s.max_abs_error = (prediction - d.fN).abs().max().item<double>();
-  s.max_rel_error = relative_error(prediction, d.fN).max().item<double>();
+  const torch::Tensor point_error = std::get<0>(relative_error(prediction, d.fN).flatten(1).max(1));
+  s.worst_point = point_error.argmax().item<int64_t>();
+  s.max_rel_error = point_error[s.worst_point].item<double>();
   s.completeness_error = d.completeness_gap().abs().max().item<double>();
   s.max_abs_rounding = d.rounding.abs().max().item<double>();
   s.max_abs_regularization = d.regularization.abs().max().item<double>();
   if (d.statistics.defined()) s.max_abs_statistics = d.statistics.abs().max().item<double>();
   s.certificate_max_gap = d.certificate_max_gap;
-  if (d.gap_abs.defined()) s.error_bound = (d.gap_abs / d.fN.abs().clamp_min(1.0)).max().item<double>();
+  if (d.gap_abs.defined()) {
+    const torch::Tensor bound = (d.gap_abs / d.fN.abs().clamp_min(1.0)).flatten(1);
+    s.error_bound = bound.max().item<double>();
+    s.worst_point_error_bound = bound[s.worst_point].max().item<double>();
+  }
   const double point_steps = static_cast<double>(std::max<int64_t>(1, s.test_points * d.steps));
   s.mean_evaluations_per_step = static_cast<double>(d.evaluations) / point_steps;
   s.mean_forward_evaluations_per_step = static_cast<double>(d.forward_evaluations) / point_steps;

@@ -147,6 +147,11 @@ TEST(Cli, VerifyReportsTheKernelMachineAgainstTheNetwork) {
   EXPECT_EQ(dj["test_points"], 2);
   EXPECT_GT(dj["max_rel_error"].get<double>(), 1e-9);
   EXPECT_EQ(dj["mean_evaluations_per_step"], 1.0);
+  // The point of the largest error, named by its test index.
+  const nlohmann::json worst = dj["worst_point"];
+  EXPECT_TRUE(worst["test_index"] == 0 || worst["test_index"] == 3) << dj;
+  EXPECT_EQ(worst["max_rel_error"], dj["max_rel_error"]);
+  EXPECT_LE(worst["error_bound"].get<double>(), dj["error_bound"].get<double>());
   Output bad = run("verify " + r + " --test-index 0,9999 --quiet");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.out.find("test index list: test index 9999 is out of range [0, 900)"), std::string::npos) << bad.out;

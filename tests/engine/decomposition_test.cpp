@@ -380,7 +380,9 @@ TEST(Summarize, MatchesExplicitLoops) {
   d.forward_evaluations = 8;
   d.kinks = 2;
   d.certificate_max_gap = 1e-15;
-  double max_abs = 0, max_rel = 0, completeness = 0;
+  d.gap_abs = torch::tensor({{9e-14, 2e-14}, {3e-14, 8e-14}}, torch::kFloat64);
+  double max_abs = 0, max_rel = 0, completeness = 0, worst_bound = 0, bound = 0;
+  int64_t worst = -1;
   for (int n = 0; n < 2; ++n) {
     for (int k = 0; k < 2; ++k) {
       double c = 0;
@@ -389,15 +391,26 @@ TEST(Summarize, MatchesExplicitLoops) {
       const double r = d.regularization[n][k].item<double>(), e = d.rounding[n][k].item<double>();
       const double err = std::abs(f0 + c + r + e - fN);
       max_abs = std::max(max_abs, err);
+      if (err / std::max(1.0, std::abs(fN)) > max_rel) worst = n;
       max_rel = std::max(max_rel, err / std::max(1.0, std::abs(fN)));
       completeness = std::max(completeness, std::abs(fN - f0 - c - r));
+      bound = std::max(bound, d.gap_abs[n][k].item<double>() / std::max(1.0, std::abs(fN)));
     }
+  }
+  for (int k = 0; k < 2; ++k) {
+    const double fN = d.fN[worst][k].item<double>();
+    worst_bound = std::max(worst_bound, d.gap_abs[worst][k].item<double>() / std::max(1.0, std::abs(fN)));
   }
   const DecompositionSummary s = summarize(d);
   EXPECT_EQ(s.test_points, 2);
   EXPECT_EQ(s.steps, 4);
   EXPECT_DOUBLE_EQ(s.max_abs_error, max_abs);
   EXPECT_DOUBLE_EQ(s.max_rel_error, max_rel);
+  EXPECT_EQ(s.worst_point, worst);
+  EXPECT_EQ(worst, 1);  // its second output's 1e-3 is the only error
+  EXPECT_DOUBLE_EQ(s.error_bound, bound);
+  EXPECT_DOUBLE_EQ(s.worst_point_error_bound, worst_bound);
+  EXPECT_LT(s.worst_point_error_bound, s.error_bound);
   EXPECT_DOUBLE_EQ(s.completeness_error, completeness);
   EXPECT_DOUBLE_EQ(s.max_abs_rounding, 0.5);
   EXPECT_DOUBLE_EQ(s.max_abs_regularization, 0.25);

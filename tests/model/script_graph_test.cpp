@@ -264,33 +264,25 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
     EXPECT_EQ(chain[2].kernel, 2);
     EXPECT_EQ(chain[7].in, 16);
   }
-  const std::string head = "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n";
-  EXPECT_TRUE(chain_of("residual", head +
-                                       "        self.fc = nn.Linear(4, 4)\n"
-                                       "    def forward(self, x):\n"
-                                       "        return x + F.relu(self.fc(x))\n")
-                  .empty());
-  EXPECT_TRUE(chain_of("relu_first", head +
-                                         "        self.fc = nn.Linear(4, 3)\n"
-                                         "    def forward(self, x):\n"
-                                         "        return self.fc(F.relu(x))\n")
-                  .empty());
-  EXPECT_TRUE(chain_of("strided", head +
-                                      "        self.conv = nn.Conv2d(1, 2, 3, stride=2)\n"
-                                      "        self.fc = nn.Linear(2, 3)\n"
-                                      "    def forward(self, x):\n"
-                                      "        return self.fc(torch.flatten(self.conv(x), 1))\n")
-                  .empty());
-  EXPECT_TRUE(chain_of("no_bias", head +
-                                      "        self.fc = nn.Linear(4, 3, bias=False)\n"
-                                      "    def forward(self, x):\n"
-                                      "        return self.fc(x)\n")
-                  .empty());
-  EXPECT_FALSE(chain_of("plain", head +
-                                     "        self.fc = nn.Linear(4, 3)\n"
-                                     "    def forward(self, x):\n"
-                                     "        return self.fc(x)\n")
-                   .empty());
+  // Modules the chain reader refuses (and one it takes): their __init__
+  // body and forward.
+  struct Module {
+    std::string name, init, forward;
+    bool chain;
+  };
+  const std::vector<Module> modules = {
+      {"residual", "self.fc = nn.Linear(4, 4)", "x + F.relu(self.fc(x))", false},
+      {"relu_first", "self.fc = nn.Linear(4, 3)", "self.fc(F.relu(x))", false},
+      {"strided", "self.conv = nn.Conv2d(1, 2, 3, stride=2)\n        self.fc = nn.Linear(2, 3)",
+       "self.fc(torch.flatten(self.conv(x), 1))", false},
+      {"no_bias", "self.fc = nn.Linear(4, 3, bias=False)", "self.fc(x)", false},
+      {"plain", "self.fc = nn.Linear(4, 3)", "self.fc(x)", true},
+  };
+  for (const Module& m : modules) {
+    const std::string body = "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n        " +
+                             m.init + "\n    def forward(self, x):\n        return " + m.forward + "\n";
+    EXPECT_EQ(!chain_of(m.name, body).empty(), m.chain) << m.name;
+  }
 }
 
 /// What no rule covers goes to the generic route, and the evaluator says
