@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "decomposition_walk.h"
+#include "point_groups.h"
 #include "pathkernel/error.h"
 #include "pathkernel/progress.h"
 
@@ -106,14 +107,25 @@ class AccumulatorBlocks {
 };
 
 /// A chunk of test points of the reverse walk, [c0, c0 + nc): its inputs,
-/// its accumulator Ã_{s+1} (0 after the last step) and the steps of it done.
+/// its accumulator Ã_{s+1} (0 after the last step), one buffer per group of
+/// points, and the steps of it done.
 struct ReverseChunk {
-  ReverseChunk(const Walk& w, int64_t c0, int64_t nc, int64_t block, int64_t P)
-      : c0(c0), nc(nc), xc(w.x.narrow(0, c0, nc)), acc(nc, block, w.K, P) {}
+  ReverseChunk(const Walk& w, int64_t c0, int64_t nc, int64_t group, int64_t P)
+      : c0(c0), nc(nc), xc(w.x.narrow(0, c0, nc)), acc(nc, group, w.K, P) {}
   int64_t c0, nc;
   torch::Tensor xc;
   AccumulatorBlocks acc;
   int64_t steps_done = 0;
+};
+
+/// A group of test points of a chunk, [first, first + count) in the chunk
+/// (point_groups.h): what its step's terms leave for after the groups, in
+/// point order: its counts, and for an observer its features and its share
+/// of the step's contributions [count, b, K].
+struct ReverseGroup {
+  int64_t first = 0, count = 0;
+  TestFeatures f;
+  torch::Tensor step_c;
 };
 
 /// What step s gives every block of test points: its batch, d_s = c_s G_s +
@@ -142,6 +154,10 @@ class ReverseWalk {
         d_(d),
         bar_(bar),
         block_(block),
+        // Several threads take the points one at a time (point_groups.h); one
+        // thread takes a block at a time, its operations on every thread.
+        group_(point_groups(w.ev, std::min(chunk, w.n)) > 1 ? 1 : block),
+        workers_(point_workers(w.ev, std::min(chunk, w.n))),
         chunk_(chunk),
         K_(w.K),
         P_(m_.parameter_count),
@@ -151,7 +167,7 @@ class ReverseWalk {
   /// Walks the path backwards for the chunk of test points starting at c0,
   /// from the saved progress `resumed` when it stopped in this chunk.
   void walk_chunk(int64_t c0, const DecompositionProgress* resumed) {
-    ReverseChunk ch(w_, c0, std::min(chunk_, w_.n - c0), block_, P_);
+    ReverseChunk ch(w_, c0, std::min(chunk_, w_.n - c0), group_, P_);
     if (resumed && c0 == resumed->chunk_start) {
       PK_CHECK(resumed->acc.defined() && resumed->acc.sizes() == torch::IntArrayRef({ch.nc, K_, P_}),
                "the saved progress has no accumulator of shape [" << ch.nc << ", " << K_ << ", " << P_
@@ -175,7 +191,11 @@ class ReverseWalk {
   double reader_seconds = 0;  ///< the reader's walks, steps included (WalkClock::split)
 
  private:
-  /// Step st for the chunk's blocks of test points, then the bar and the saved progress.
+  /// Step st for the chunk's groups of test points, then the bar and the
+  /// saved progress. The threads take the chunk's groups in turn, so a
+  /// thread done with its point takes the next instead of waiting for the
+  /// rest of its block; with an observer, one block's groups at a time,
+  /// which keep their features until it has seen them.
   void step(const PathStep& st, ReverseChunk& ch, ReverseResiduals& residuals) {
     w_.ev.set_segment(st.w, st.delta);
     w_.hold_statistics(st);  // μ_s: the segment is g(w_s + t Δw_s, μ_s; x)
@@ -184,7 +204,19 @@ class ReverseWalk {
       residuals.visit(st.step, max_abs(t.residual), update_bound(m_, st), t.buf,
                       t.buf.defined() ? t.c.gamma * t.dvec : torch::Tensor());
     }
-    for (int64_t b0 = 0; b0 < ch.nc; b0 += block_) point_block(st, t, ch, b0);  // the chunk's blocks of test points
+    const int64_t span = options_.on_step ? block_ : ch.nc;  // points whose groups run in one turn
+    for (int64_t u0 = 0; u0 < ch.nc; u0 += span) {
+      std::vector<ReverseGroup> groups;
+      for (int64_t g0 = u0; g0 < std::min(u0 + span, ch.nc); g0 += group_) {
+        ReverseGroup& g = groups.emplace_back();
+        g.first = g0;
+        g.count = std::min(group_, ch.nc - g0);
+      }
+      run_point_groups(
+          static_cast<int64_t>(groups.size()), [&](int64_t g) { group_terms(st, t, ch, groups[static_cast<size_t>(g)]); },
+          workers_);
+      for (ReverseGroup& g : groups) take_group(st, t, ch, g);
+    }
     bar_.update(++done, status_line(d_, ch.c0 * m_.steps + ch.nc * (m_.steps - st.step)));
     ++ch.steps_done;
     if (save_due(checkpoint_, st.step > 0)) {
@@ -202,24 +234,24 @@ class ReverseWalk {
     return t;
   }
 
-  /// Step st's terms for the chunk's block of test points starting at b0:
-  /// Ã updated in place, A_s, and their shares of C_i, R and E.
-  void point_block(const PathStep& st, const ReverseStep& t, ReverseChunk& ch, int64_t b0) {
+  /// Step st's terms for group g of the chunk's test points: Ã updated in
+  /// place, A_s, and their shares of C_i, R and E (in the group's rows of d,
+  /// so groups may run at once).
+  void group_terms(const PathStep& st, const ReverseStep& t, ReverseChunk& ch, ReverseGroup& g) {
     SegmentEvaluator& ev = w_.ev;
     const Walk::Batch& bt = t.bt;
-    const int64_t nb = std::min(block_, ch.nc - b0), p0 = ch.c0 + b0;
-    const torch::Tensor xb_test = ch.xc.narrow(0, b0, nb);
-    torch::Tensor acc_b = ch.acc.block(b0);  // updated in place
+    const int64_t nb = g.count, p0 = ch.c0 + g.first;
+    const torch::Tensor xb_test = ch.xc.narrow(0, g.first, nb);
+    torch::Tensor acc_b = ch.acc.block(g.first);  // updated in place
     torch::Tensor erow = torch::zeros({nb, K_}, torch::kFloat64);
     // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
     if (t.buf.defined()) erow -= beta_ * torch::matmul(acc_b, t.buf);
 
-    TestFeatures f;
+    TestFeatures& f = g.f;
     {
       WalkClock::Scope timed(w_.clock, WalkClock::kTestFeatures);
       f = test_features(ev, xb_test, options_.quadrature);
     }
-    tally(d_, f);
     torch::Tensor a;
     {  // the accumulator's algebra, timed with the contractions
       WalkClock::Scope timed(w_.clock, WalkClock::kContraction);
@@ -238,7 +270,8 @@ class ReverseWalk {
       d_.rounding.narrow(0, p0, nb).add_(erow);
       if (lambda_ != 0) d_.regularization.narrow(0, p0, nb).add_(lambda_ * torch::matmul(a, st.w));
     }
-    torch::Tensor step_c = options_.on_step ? torch::empty({nb, bt.b, K_}, torch::kFloat64) : torch::Tensor();
+    torch::Tensor& step_c = g.step_c;
+    if (options_.on_step) step_c = torch::empty({nb, bt.b, K_}, torch::kFloat64);
     w_.train_chunks(
         st, bt, options_.train_chunk, 1.0, [&](const TrainSignals& tr) { return contract_dense(ev, a, tr); },
         [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [nb, nr, K]
@@ -253,7 +286,23 @@ class ReverseWalk {
             d_.layer_contributions.narrow(0, p0, nb).index_add_(1, bt.idx.narrow(0, r0, nr), part);
           });
     }
-    if (options_.on_step) options_.on_step({st.step, p0, &ev, &xb_test, &f, bt.idx, step_c});
+    if (!options_.on_step) {  // the counts alone: the features' memory goes now
+      TestFeatures counts;
+      static_cast<QuadratureCounts&>(counts) = f;
+      counts.certificate_gap = f.certificate_gap;
+      f = std::move(counts);
+    }
+  }
+
+  /// Group g's counts added to d's and shown to the observer, in point order.
+  void take_group(const PathStep& st, const ReverseStep& t, const ReverseChunk& ch, ReverseGroup& g) {
+    tally(d_, g.f);
+    if (options_.on_step) {
+      const torch::Tensor xb_test = ch.xc.narrow(0, g.first, g.count);
+      options_.on_step({st.step, ch.c0 + g.first, &w_.ev, &xb_test, &g.f, t.bt.idx, g.step_c});
+    }
+    g.f = TestFeatures();
+    g.step_c = torch::Tensor();
   }
 
   PathReader& reader_;
@@ -264,7 +313,7 @@ class ReverseWalk {
   Walk& w_;
   Decomposition& d_;
   ProgressBar& bar_;
-  const int64_t block_, chunk_, K_, P_;
+  const int64_t block_, group_, workers_, chunk_, K_, P_;
   const double beta_, lambda_;
 };
 
