@@ -216,12 +216,7 @@ class ForwardWalk {
             blk.layer_contributions.narrow(0, p.first, p.count).index_add_(1, blk_.index(bt.idx.narrow(0, r0, nr)), part);
           });
     }
-    if (!options_.on_step) {  // the counts alone: the features' memory goes now
-      TestFeatures counts;
-      static_cast<QuadratureCounts&>(counts) = p.f;
-      counts.certificate_gap = p.f.certificate_gap;
-      p.f = std::move(counts);
-    }
+    if (!options_.on_step) keep_counts(p.f);  // the features' memory goes now
   }
 
   /// Group p's counts added to d's and shown to the observer, in point order.

@@ -77,11 +77,12 @@ int64_t chunk_size(const DecompositionOptions& options, const PointBudget& budge
 }
 
 /// The reverse walk's accumulator Ã of a chunk of test points, [nc, K, P], as
-/// one allocation per block of points. A BLAS may round a row's product by
-/// where the row lies in memory (OpenBLAS's AVX-512 matrix-vector kernel does,
-/// by 1e-14, for a view that starts part-way into a buffer): in a buffer of
-/// its own, each block's rows lie alike whichever blocks come before it, so a
-/// block of points gets the same bits alone as among others (docs/math.md §12).
+/// one allocation per group of points (a block, or one point: ReverseWalk's
+/// group_). A BLAS may round a row's product by where the row lies in memory
+/// (OpenBLAS's AVX-512 matrix-vector kernel does, by 1e-14, for a view that
+/// starts part-way into a buffer): in a buffer of its own, each group's rows
+/// lie alike whichever groups come before it, so a group of points gets the
+/// same bits alone as among others (docs/math.md §12).
 class AccumulatorBlocks {
  public:
   AccumulatorBlocks(int64_t nc, int64_t block, int64_t K, int64_t P) : block_(block) {
@@ -286,12 +287,7 @@ class ReverseWalk {
             d_.layer_contributions.narrow(0, p0, nb).index_add_(1, bt.idx.narrow(0, r0, nr), part);
           });
     }
-    if (!options_.on_step) {  // the counts alone: the features' memory goes now
-      TestFeatures counts;
-      static_cast<QuadratureCounts&>(counts) = f;
-      counts.certificate_gap = f.certificate_gap;
-      f = std::move(counts);
-    }
+    if (!options_.on_step) keep_counts(f);  // the features' memory goes now
   }
 
   /// Group g's counts added to d's and shown to the observer, in point order.

@@ -194,6 +194,9 @@ struct Walk {
 /// Adds the test features' counts and certificate to d's.
 void tally(Decomposition& d, const TestFeatures& f);
 
+/// Keeps f's counts and certificate (what tally() takes) and frees the rest.
+void keep_counts(TestFeatures& f);
+
 /// The progress bar's status: the certificate and the integrand evaluations
 /// per test point and step over the `point_steps` walked so far.
 std::string status_line(const Decomposition& d, int64_t point_steps);
