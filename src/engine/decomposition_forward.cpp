@@ -94,15 +94,6 @@ class StepBlock {
   torch::Tensor row_pos_;  ///< int64 [M]: each training point's row in the block's sums (−1: none)
 };
 
-/// A group of consecutive test points [first, first + count) of the chunk
-/// starting at `chunk` (point_groups.h), with its test features and, for an
-/// observer, its share of the step's contributions [count, b, K].
-struct PointGroup {
-  int64_t chunk = 0, first = 0, count = 0;
-  TestFeatures f;
-  torch::Tensor step_c;
-};
-
 /// What step s gives every group of test points: its batch and the
 /// directions of regularisation ρ_s and rounding e_s, [P].
 struct ForwardStep {
@@ -147,7 +138,7 @@ class ForwardWalk {
       run_point_groups(
           static_cast<int64_t>(u1 - u0), [&](int64_t g) { group_terms(st, t, parts[u0 + static_cast<size_t>(g)]); },
           point_workers(w_.ev, w_.n));
-      for (size_t u = u0; u < u1; ++u) take_group(st, t, parts[u]);
+      for (size_t u = u0; u < u1; ++u) take_group(d_, options_, w_, st.step, t.bt.idx, parts[u]);
     }
     end_of_step(st);
   }
@@ -217,17 +208,6 @@ class ForwardWalk {
           });
     }
     if (!options_.on_step) keep_counts(p.f);  // the features' memory goes now
-  }
-
-  /// Group p's counts added to d's and shown to the observer, in point order.
-  void take_group(const PathStep& st, const ForwardStep& t, PointGroup& p) {
-    tally(d_, p.f);
-    if (options_.on_step) {
-      const torch::Tensor xc = w_.x.narrow(0, p.first, p.count);
-      options_.on_step({st.step, p.first, &w_.ev, &xc, &p.f, t.bt.idx, p.step_c});
-    }
-    p.f = TestFeatures();
-    p.step_c = torch::Tensor();
   }
 
   /// The bar; at a block's end its sums added to d's; the saved progress.

@@ -107,26 +107,15 @@ class AccumulatorBlocks {
   std::vector<torch::Tensor> blocks_;
 };
 
-/// A chunk of test points of the reverse walk, [c0, c0 + nc): its inputs,
-/// its accumulator Ã_{s+1} (0 after the last step), one buffer per group of
+/// A chunk of test points of the reverse walk, [c0, c0 + nc): its
+/// accumulator Ã_{s+1} (0 after the last step), one buffer per group of
 /// points, and the steps of it done.
 struct ReverseChunk {
   ReverseChunk(const Walk& w, int64_t c0, int64_t nc, int64_t group, int64_t P)
-      : c0(c0), nc(nc), xc(w.x.narrow(0, c0, nc)), acc(nc, group, w.K, P) {}
+      : c0(c0), nc(nc), acc(nc, group, w.K, P) {}
   int64_t c0, nc;
-  torch::Tensor xc;
   AccumulatorBlocks acc;
   int64_t steps_done = 0;
-};
-
-/// A group of test points of a chunk, [first, first + count) in the chunk
-/// (point_groups.h): what its step's terms leave for after the groups, in
-/// point order: its counts, and for an observer its features and its share
-/// of the step's contributions [count, b, K].
-struct ReverseGroup {
-  int64_t first = 0, count = 0;
-  TestFeatures f;
-  torch::Tensor step_c;
 };
 
 /// What step s gives every block of test points: its batch, d_s = c_s G_s +
@@ -155,10 +144,10 @@ class ReverseWalk {
         d_(d),
         bar_(bar),
         block_(block),
+        workers_(point_workers(w.ev, std::min(chunk, w.n))),
         // Several threads take the points one at a time (point_groups.h); one
         // thread takes a block at a time, its operations on every thread.
-        group_(point_groups(w.ev, std::min(chunk, w.n)) > 1 ? 1 : block),
-        workers_(point_workers(w.ev, std::min(chunk, w.n))),
+        group_(workers_ > 1 ? 1 : block),
         chunk_(chunk),
         K_(w.K),
         P_(m_.parameter_count),
@@ -207,16 +196,17 @@ class ReverseWalk {
     }
     const int64_t span = options_.on_step ? block_ : ch.nc;  // points whose groups run in one turn
     for (int64_t u0 = 0; u0 < ch.nc; u0 += span) {
-      std::vector<ReverseGroup> groups;
+      std::vector<PointGroup> groups;
       for (int64_t g0 = u0; g0 < std::min(u0 + span, ch.nc); g0 += group_) {
-        ReverseGroup& g = groups.emplace_back();
-        g.first = g0;
+        PointGroup& g = groups.emplace_back();
+        g.chunk = ch.c0;
+        g.first = ch.c0 + g0;
         g.count = std::min(group_, ch.nc - g0);
       }
       run_point_groups(
           static_cast<int64_t>(groups.size()), [&](int64_t g) { group_terms(st, t, ch, groups[static_cast<size_t>(g)]); },
           workers_);
-      for (ReverseGroup& g : groups) take_group(st, t, ch, g);
+      for (PointGroup& g : groups) take_group(d_, options_, w_, st.step, t.bt.idx, g);
     }
     bar_.update(++done, status_line(d_, ch.c0 * m_.steps + ch.nc * (m_.steps - st.step)));
     ++ch.steps_done;
@@ -238,12 +228,12 @@ class ReverseWalk {
   /// Step st's terms for group g of the chunk's test points: Ã updated in
   /// place, A_s, and their shares of C_i, R and E (in the group's rows of d,
   /// so groups may run at once).
-  void group_terms(const PathStep& st, const ReverseStep& t, ReverseChunk& ch, ReverseGroup& g) {
+  void group_terms(const PathStep& st, const ReverseStep& t, ReverseChunk& ch, PointGroup& g) {
     SegmentEvaluator& ev = w_.ev;
     const Walk::Batch& bt = t.bt;
-    const int64_t nb = g.count, p0 = ch.c0 + g.first;
-    const torch::Tensor xb_test = ch.xc.narrow(0, g.first, nb);
-    torch::Tensor acc_b = ch.acc.block(g.first);  // updated in place
+    const int64_t nb = g.count, p0 = g.first;
+    const torch::Tensor xb_test = w_.x.narrow(0, p0, nb);
+    torch::Tensor acc_b = ch.acc.block(p0 - ch.c0);  // updated in place
     torch::Tensor erow = torch::zeros({nb, K_}, torch::kFloat64);
     // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
     if (t.buf.defined()) erow -= beta_ * torch::matmul(acc_b, t.buf);
@@ -290,17 +280,6 @@ class ReverseWalk {
     if (!options_.on_step) keep_counts(f);  // the features' memory goes now
   }
 
-  /// Group g's counts added to d's and shown to the observer, in point order.
-  void take_group(const PathStep& st, const ReverseStep& t, const ReverseChunk& ch, ReverseGroup& g) {
-    tally(d_, g.f);
-    if (options_.on_step) {
-      const torch::Tensor xb_test = ch.xc.narrow(0, g.first, g.count);
-      options_.on_step({st.step, ch.c0 + g.first, &w_.ev, &xb_test, &g.f, t.bt.idx, g.step_c});
-    }
-    g.f = TestFeatures();
-    g.step_c = torch::Tensor();
-  }
-
   PathReader& reader_;
   const Manifest& m_;
   const DecompositionOptions& options_;
@@ -309,7 +288,7 @@ class ReverseWalk {
   Walk& w_;
   Decomposition& d_;
   ProgressBar& bar_;
-  const int64_t block_, group_, workers_, chunk_, K_, P_;
+  const int64_t block_, workers_, group_, chunk_, K_, P_;
   const double beta_, lambda_;
 };
 

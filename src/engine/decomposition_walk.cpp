@@ -192,6 +192,17 @@ void tally(Decomposition& d, const TestFeatures& f) {
   d.certificate_max_gap = std::max(d.certificate_max_gap, f.certificate_gap);
 }
 
+void take_group(Decomposition& d, const DecompositionOptions& options, const Walk& w, int64_t step,
+                const torch::Tensor& train_index, PointGroup& g) {
+  tally(d, g.f);
+  if (options.on_step) {
+    const torch::Tensor x = w.x.narrow(0, g.first, g.count);
+    options.on_step({step, g.first, &w.ev, &x, &g.f, train_index, g.step_c});
+  }
+  g.f = TestFeatures();
+  g.step_c = torch::Tensor();
+}
+
 void keep_counts(TestFeatures& f) {
   TestFeatures counts;
   static_cast<QuadratureCounts&>(counts) = f;

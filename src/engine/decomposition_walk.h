@@ -194,6 +194,22 @@ struct Walk {
 /// Adds the test features' counts and certificate to d's.
 void tally(Decomposition& d, const TestFeatures& f);
 
+/// A group of consecutive test points [first, first + count) (of all the
+/// walk's points) in the chunk starting at `chunk` (point_groups.h), with its
+/// test features and, for an observer, its share of the step's
+/// contributions [count, b, K].
+struct PointGroup {
+  int64_t chunk = 0, first = 0, count = 0;
+  TestFeatures f;
+  torch::Tensor step_c;
+};
+
+/// Group g's counts added to d's and, with an observer, shown to it for
+/// step `step` whose training rows are `train_index`; then its features go.
+/// Called in point order, after the groups ran.
+void take_group(Decomposition& d, const DecompositionOptions& options, const Walk& w, int64_t step,
+                const torch::Tensor& train_index, PointGroup& g);
+
 /// Keeps f's counts and certificate (what tally() takes) and frees the rest.
 void keep_counts(TestFeatures& f);
 
