@@ -25,6 +25,9 @@ constexpr double kMachineEps = 2.220446049250313e-16;
 /// Kinks closer than this (in t) to a piece end or to each other are merged:
 /// the integral over such a sliver is below the rounding of f(b) − f(a).
 constexpr double kMinPiece = 64 * kMachineEps;
+/// Splits after which a piece's gap that no longer halves is taken as
+/// rounding up to 64 ε of its scale (up to 16 ε before): piece_accepted.
+constexpr int kStuckDepth = 4;
 
 /// A sub-interval [a, b] of one test point's segment.
 struct Piece {

@@ -523,6 +523,24 @@ void Search::evaluate(const std::vector<size_t>& row_target, const std::vector<d
   }
 }
 
+/// Where the pair that caught a target's sign change puts its root: the
+/// line through the pair's two values crosses zero there (the pair is a few
+/// units of rounding noise wide, so the unit is a line across it), kept
+/// inside the bracket; the bracket's midpoint if the pair's values are not
+/// both at hand with opposite signs.
+double pair_root(const Target& k) {
+  const Target::Sample *a = nullptr, *b = nullptr;
+  for (const Target::Sample& q : k.samples) {
+    if (q.t == k.pair_a) a = &q;
+    if (q.t == k.pair_b) b = &q;
+  }
+  if (a == nullptr || b == nullptr || a->v == 0 || b->v == 0 || (a->v < 0) == (b->v < 0)) {
+    return 0.5 * (k.lo + k.hi);
+  }
+  const double r = a->t - a->v * (b->t - a->t) / (b->v - a->v);
+  return std::min(std::max(r, k.lo), k.hi);
+}
+
 void Search::review(const std::vector<size_t>& active, const std::vector<bool>& paired) {
   // A pair that missed the root (the fit's rounding is above a few ulp)
   // is placed wider next time; one that caught it, at the width again.
@@ -535,7 +553,7 @@ void Search::review(const std::vector<size_t>& active, const std::vector<bool>& 
     // pair a few δ wide that catches the sign change locates the kink as
     // well as bisecting inside that noise would.
     if (caught && k.widen <= 16) {
-      settle(k, 0.5 * (k.lo + k.hi));
+      settle(k, pair_root(k));
     } else {
       k.widen = caught ? 1 : 4 * k.widen;
     }

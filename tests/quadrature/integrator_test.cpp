@@ -191,12 +191,18 @@ TEST(Integrator, PieceAcceptanceSharesTheBudgetByLength) {
   // The floor: 8 ε of the scale, whatever the length.
   EXPECT_TRUE(piece_accepted(gauss(0.0), quarter, 8 * kMachineEps, 1.0));
   EXPECT_FALSE(piece_accepted(gauss(0.0), quarter, 9 * kMachineEps, 1.0));
-  // A gap at rounding level that halving did not halve is rounding.
+  // A gap at rounding level that halving did not halve is rounding: up to
+  // 16 ε at once, up to 64 ε only after kStuckDepth splits.
   Piece stuck = quarter;
+  stuck.parent_gap = 20 * kMachineEps;
+  EXPECT_TRUE(piece_accepted(gauss(0.0), stuck, 12 * kMachineEps, 1.0));
   stuck.parent_gap = 40 * kMachineEps;
+  EXPECT_FALSE(piece_accepted(gauss(0.0), stuck, 30 * kMachineEps, 1.0)) << "tens of ε after 2 splits";
+  stuck.depth = kStuckDepth;
   EXPECT_TRUE(piece_accepted(gauss(0.0), stuck, 30 * kMachineEps, 1.0));
   stuck.parent_gap = 80 * kMachineEps;
-  EXPECT_FALSE(piece_accepted(gauss(0.0), stuck, 30 * kMachineEps, 1.0));
+  EXPECT_FALSE(piece_accepted(gauss(0.0), stuck, 70 * kMachineEps, 1.0)) << "above 64 ε";
+  EXPECT_FALSE(piece_accepted(gauss(0.0), stuck, 30 * kMachineEps, 1.0)) << "halved";
 }
 
 TEST(Integrator, SplitCutsAtInnerKinksElseAtTheMidpoint) {
