@@ -77,7 +77,7 @@ std::string dtype_name(torch::Dtype dtype);
 /// page-faulted in anew, which made the system time as large as the user
 /// time. Call once at start-up. Freed large blocks then stay in the heap for
 /// reuse: the README CNN's `verify --test 2` peaked at 1.39-1.49 GB against
-/// 1.37 GB (BENCHMARKS.md, "Process overhead").
+/// 1.37 GB (docs/measurements.md, "Process overhead").
 void keep_freed_memory();
 
 /// Re-executes the program (argv as given) with OMP_WAIT_POLICY=PASSIVE when

@@ -106,7 +106,7 @@ struct ForwardStep {
 class ForwardWalk {
  public:
   ForwardWalk(PathReader& reader, const DecompositionOptions& options, DecompositionCheckpoint* checkpoint, Walk& w,
-              Decomposition& d, StepBlock& blk, ProgressBar& bar, int64_t chunk, int64_t end_step)
+              Decomposition& d, StepBlock& blk, ProgressBar& bar, const PointBudget& budget, int64_t end_step)
       : reader_(reader),
         m_(reader.manifest()),
         options_(options),
@@ -115,7 +115,8 @@ class ForwardWalk {
         d_(d),
         blk_(blk),
         bar_(bar),
-        chunk_(chunk),
+        chunk_(budget.block),
+        factored_(budget.factored),
         end_step_(end_step),
         lambda_(m_.optimizer.weight_decay) {}
 
@@ -159,7 +160,7 @@ class ForwardWalk {
   std::vector<PointGroup> groups() const {
     std::vector<PointGroup> parts;
     for (int64_t c0 = 0; c0 < w_.n; c0 += chunk_) {
-      const int64_t nc = std::min(chunk_, w_.n - c0), groups = point_groups(w_.ev, nc);
+      const int64_t nc = std::min(chunk_, w_.n - c0), groups = point_groups(w_.ev, nc, factored_);
       for (int64_t g = 0; g < groups; ++g) {
         PointGroup& p = parts.emplace_back();
         p.chunk = c0;
@@ -233,7 +234,9 @@ class ForwardWalk {
   Decomposition& d_;
   StepBlock& blk_;
   ProgressBar& bar_;
-  const int64_t chunk_, end_step_;
+  const int64_t chunk_;
+  const bool factored_;  ///< PointBudget::factored
+  const int64_t end_step_;
   const double lambda_;
 };
 
@@ -244,7 +247,8 @@ Decomposition decompose_forward(PathReader& reader, const torch::Tensor& x_in, c
   auto t0 = std::chrono::steady_clock::now();
   Walk w(reader, x_in, options);
   // Forward, the path is replayed once whatever the chunk: one block at a time.
-  const int64_t chunk = point_budget(w.ev, reader, w.x, options, false).block;
+  const PointBudget budget = point_budget(w.ev, reader, w.x, options, false);
+  const int64_t chunk = budget.block;
   Decomposition d = start(reader, w.grad64, w.x, chunk);
   d.steps = end_step - options.first_step;
   if (options.kernel) d.kernel = torch::zeros({w.n, w.M, w.K, w.K}, torch::kFloat64);
@@ -261,7 +265,7 @@ Decomposition decompose_forward(PathReader& reader, const torch::Tensor& x_in, c
   if (first < end_step) blk.open(first);
   restore(checkpoint, d, w.n, options.kernel, &blk.sums);
   ProgressBar bar(d.steps, "decompose", options.progress);
-  ForwardWalk walk(reader, options, checkpoint, w, d, blk, bar, chunk, end_step);
+  ForwardWalk walk(reader, options, checkpoint, w, d, blk, bar, budget, end_step);
   const auto replay_start = std::chrono::steady_clock::now();
   reader.forward([&](const PathStep& st) { w.clock.step([&] { walk.step(st); }); }, first, end_step);
   const auto end = std::chrono::steady_clock::now();

@@ -3,6 +3,8 @@
 // walked backwards with a dense test-side accumulator per point.
 #include <algorithm>
 #include <chrono>
+#include <utility>
+#include <vector>
 
 #include "decomposition_walk.h"
 #include "point_groups.h"
@@ -76,22 +78,42 @@ int64_t chunk_size(const DecompositionOptions& options, const PointBudget& budge
   return std::min(fit, blocks) * block;
 }
 
+/// The groups of a chunk's nc test points, as (first, count) from the
+/// chunk's start: each block of `block` points split into groups of up to
+/// `group`.
+using ChunkGroups = std::vector<std::pair<int64_t, int64_t>>;
+ChunkGroups chunk_groups(int64_t nc, int64_t block, int64_t group) {
+  ChunkGroups out;
+  for (int64_t b0 = 0; b0 < nc; b0 += block) {
+    const int64_t b1 = std::min(nc, b0 + block);
+    for (int64_t g0 = b0; g0 < b1; g0 += group) out.emplace_back(g0, std::min(group, b1 - g0));
+  }
+  return out;
+}
+
 /// The reverse walk's accumulator Ã of a chunk of test points, [nc, K, P], as
-/// one allocation per group of points (a block, or one point: ReverseWalk's
-/// group_). A BLAS may round a row's product by where the row lies in memory
-/// (OpenBLAS's AVX-512 matrix-vector kernel does, by 1e-14, for a view that
-/// starts part-way into a buffer): in a buffer of its own, each group's rows
-/// lie alike whichever groups come before it, so a group of points gets the
-/// same bits alone as among others (docs/math.md §12).
+/// one allocation per group of points (ReverseWalk's groups: a block, a
+/// point, or a factored network's share of a block). A BLAS may round a
+/// row's product by where the row lies in memory (OpenBLAS's AVX-512
+/// matrix-vector kernel does, by 1e-14, for a view that starts part-way into
+/// a buffer): in a buffer of its own, each group's rows lie alike whichever
+/// groups come before it, so a group of points gets the same bits alone as
+/// among others (docs/math.md §12).
 class AccumulatorBlocks {
  public:
-  AccumulatorBlocks(int64_t nc, int64_t block, int64_t K, int64_t P) : block_(block) {
-    for (int64_t b0 = 0; b0 < nc; b0 += block)
-      blocks_.push_back(torch::zeros({std::min(block, nc - b0), K, P}, torch::kFloat64));
+  AccumulatorBlocks(const ChunkGroups& groups, int64_t K, int64_t P) {
+    for (const auto& [first, count] : groups) {
+      first_.push_back(first);
+      blocks_.push_back(torch::zeros({count, K, P}, torch::kFloat64));
+    }
   }
-  /// The block of points starting at b0 (a multiple of the block size).
-  torch::Tensor& block(int64_t b0) { return blocks_[static_cast<size_t>(b0 / block_)]; }
-  /// All blocks, joined in point order (saved progress).
+  /// The group of points starting at g0 (from the chunk's start).
+  torch::Tensor& block(int64_t g0) {
+    const auto at = std::lower_bound(first_.begin(), first_.end(), g0);
+    PK_ASSERT(at != first_.end() && *at == g0);
+    return blocks_[static_cast<size_t>(at - first_.begin())];
+  }
+  /// All groups, joined in point order (saved progress).
   torch::Tensor joined() const { return torch::cat(blocks_, 0); }
   /// Takes the values of `all`, [nc, K, P] (restored progress).
   void assign(const torch::Tensor& all) {
@@ -103,17 +125,18 @@ class AccumulatorBlocks {
   }
 
  private:
-  int64_t block_;
+  std::vector<int64_t> first_;
   std::vector<torch::Tensor> blocks_;
 };
 
-/// A chunk of test points of the reverse walk, [c0, c0 + nc): its
-/// accumulator Ã_{s+1} (0 after the last step), one buffer per group of
-/// points, and the steps of it done.
+/// A chunk of test points of the reverse walk, [c0, c0 + nc): its groups,
+/// its accumulator Ã_{s+1} (0 after the last step), one buffer per group,
+/// and the steps of it done.
 struct ReverseChunk {
-  ReverseChunk(const Walk& w, int64_t c0, int64_t nc, int64_t group, int64_t P)
-      : c0(c0), nc(nc), acc(nc, group, w.K, P) {}
+  ReverseChunk(const Walk& w, int64_t c0, int64_t nc, int64_t block, int64_t group, int64_t P)
+      : c0(c0), nc(nc), groups(chunk_groups(nc, block, group)), acc(groups, w.K, P) {}
   int64_t c0, nc;
+  ChunkGroups groups;
   AccumulatorBlocks acc;
   int64_t steps_done = 0;
 };
@@ -133,8 +156,8 @@ struct ReverseStep {
 class ReverseWalk {
  public:
   ReverseWalk(PathReader& reader, const DecompositionOptions& options, const UpdateRule& rule,
-              DecompositionCheckpoint* checkpoint, Walk& w, Decomposition& d, ProgressBar& bar, int64_t block,
-              int64_t chunk)
+              DecompositionCheckpoint* checkpoint, Walk& w, Decomposition& d, ProgressBar& bar,
+              const PointBudget& budget, int64_t chunk)
       : reader_(reader),
         m_(reader.manifest()),
         options_(options),
@@ -143,11 +166,12 @@ class ReverseWalk {
         w_(w),
         d_(d),
         bar_(bar),
-        block_(block),
+        block_(budget.block),
         workers_(point_workers(w.ev, std::min(chunk, w.n))),
-        // Several threads take the points one at a time (point_groups.h); one
-        // thread takes a block at a time, its operations on every thread.
-        group_(workers_ > 1 ? 1 : block),
+        // Several threads take the points one at a time, or up to
+        // kFactoredGroupPoints where the features are factored (point_groups.h);
+        // one thread takes a block at a time, its operations on every thread.
+        group_(workers_ == 1 ? budget.block : budget.factored ? std::min(budget.block, kFactoredGroupPoints) : 1),
         chunk_(chunk),
         K_(w.K),
         P_(m_.parameter_count),
@@ -157,7 +181,7 @@ class ReverseWalk {
   /// Walks the path backwards for the chunk of test points starting at c0,
   /// from the saved progress `resumed` when it stopped in this chunk.
   void walk_chunk(int64_t c0, const DecompositionProgress* resumed) {
-    ReverseChunk ch(w_, c0, std::min(chunk_, w_.n - c0), group_, P_);
+    ReverseChunk ch(w_, c0, std::min(chunk_, w_.n - c0), block_, group_, P_);
     if (resumed && c0 == resumed->chunk_start) {
       PK_CHECK(resumed->acc.defined() && resumed->acc.sizes() == torch::IntArrayRef({ch.nc, K_, P_}),
                "the saved progress has no accumulator of shape [" << ch.nc << ", " << K_ << ", " << P_
@@ -194,14 +218,18 @@ class ReverseWalk {
       residuals.visit(st.step, max_abs(t.residual), update_bound(m_, st), t.buf,
                       t.buf.defined() ? t.c.gamma * t.dvec : torch::Tensor());
     }
-    const int64_t span = options_.on_step ? block_ : ch.nc;  // points whose groups run in one turn
-    for (int64_t u0 = 0; u0 < ch.nc; u0 += span) {
+    // With an observer, one block's groups at a time; else all the chunk's.
+    const ChunkGroups& all = ch.groups;
+    for (size_t u0 = 0, u1 = 0; u0 < all.size(); u0 = u1) {
+      for (u1 = u0 + 1; u1 < all.size() && (!options_.on_step || all[u1].first / block_ == all[u0].first / block_);) {
+        ++u1;
+      }
       std::vector<PointGroup> groups;
-      for (int64_t g0 = u0; g0 < std::min(u0 + span, ch.nc); g0 += group_) {
+      for (size_t u = u0; u < u1; ++u) {
         PointGroup& g = groups.emplace_back();
         g.chunk = ch.c0;
-        g.first = ch.c0 + g0;
-        g.count = std::min(group_, ch.nc - g0);
+        g.first = ch.c0 + all[u].first;
+        g.count = all[u].second;
       }
       run_point_groups(
           static_cast<int64_t>(groups.size()), [&](int64_t g) { group_terms(st, t, ch, groups[static_cast<size_t>(g)]); },
@@ -321,7 +349,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
 
   const DecompositionProgress* resumed = restore(checkpoint, d, chunk, false);
   ProgressBar bar(m.steps * chunks, "decompose", options.progress);
-  ReverseWalk walk(reader, options, rule, checkpoint, w, d, bar, block, chunk);
+  ReverseWalk walk(reader, options, rule, checkpoint, w, d, bar, budget, chunk);
   for (int64_t c0 = 0; c0 < w.n; c0 += chunk) {
     if (resumed && c0 < resumed->chunk_start) {  // finished before the interruption
       walk.done += m.steps;

@@ -327,6 +327,7 @@ PointBudget point_budget(SegmentEvaluator& ev, PathReader& reader, const torch::
   budget.per_point = 3 * budget.held_per_point + rows_per_point * layout.doubles_per_row;
   const int64_t asked = options.point_block > 0 ? options.point_block : layout.factored ? 32 : 4;
   budget.block = std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, budget.per_point), 1, asked);
+  budget.factored = layout.factored;
   return budget;
 }
 

@@ -261,6 +261,10 @@ struct PointBudget {
   /// depend on n, so a point's block (and its numbers) are the same in any
   /// split at block boundaries.
   int64_t block = 1;
+  /// Whether every param layer's test features are factored (FeatureLayout):
+  /// several threads then take groups of up to kFactoredGroupPoints, not one
+  /// point each (point_groups).
+  bool factored = false;
 };
 
 PointBudget point_budget(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,

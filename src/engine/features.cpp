@@ -158,9 +158,11 @@ TestFeatures layered_features_in_groups(const SegmentEvaluator& ev, const torch:
                                        const QuadratureOptions& q) {
   const int64_t n = x.size(0);
   // Test points are independent: with several threads own networks give
-  // each its own group, and every thread takes the next point not yet taken
-  // (point_groups.h, docs/math.md §12).
-  const int64_t groups = point_groups(ev, n);
+  // each its own group (with factored features, up to kFactoredGroupPoints),
+  // and every thread takes the next group not yet taken (point_groups.h,
+  // docs/math.md §12).
+  const bool factored = point_workers(ev, n) > 1 && layered_feature_layout(ev, x.narrow(0, 0, 1)).factored;
+  const int64_t groups = point_groups(ev, n, factored);
   if (groups < 2) return layered_test_features(ev, x, q);
   std::vector<TestFeatures> parts(groups);
   run_point_groups(

@@ -24,7 +24,10 @@ int64_t point_workers(const SegmentEvaluator& ev, int64_t n) {
   return std::max<int64_t>(1, std::min<int64_t>(current_threads(), n));
 }
 
-int64_t point_groups(const SegmentEvaluator& ev, int64_t n) { return point_workers(ev, n) > 1 ? n : 1; }
+int64_t point_groups(const SegmentEvaluator& ev, int64_t n, bool factored) {
+  if (point_workers(ev, n) <= 1) return 1;
+  return factored ? (n + kFactoredGroupPoints - 1) / kFactoredGroupPoints : n;
+}
 
 void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work, int64_t workers) {
   if (workers <= 0) workers = groups;

@@ -26,10 +26,20 @@ class SegmentEvaluator;
 /// is itself one-threaded (inside a group).
 int64_t point_workers(const SegmentEvaluator& ev, int64_t n);
 
-/// The groups n test points are split into on ev: one per point when
-/// several workers take them (point_workers(ev, n) > 1), else one group of
-/// all n, whose operations use every thread the caller has.
-int64_t point_groups(const SegmentEvaluator& ev, int64_t n);
+/// Test points a group holds at most where the test features are all
+/// factored (Linear layers on flat inputs): little work a point, done best
+/// as products over many points, which one-point groups make thin (half
+/// the automatic block of 32, so two threads split a block as before).
+constexpr int64_t kFactoredGroupPoints = 16;
+
+/// The groups n test points are split into on ev when several workers take
+/// them (point_workers(ev, n) > 1), else one group of all n, whose
+/// operations use every thread the caller has. With several workers: one
+/// per point, so that a point that crosses more kinks keeps only its own
+/// thread busy, or, where the features are `factored`, groups of up to
+/// kFactoredGroupPoints. The groups are the same for every worker count
+/// above one, and so are the bits.
+int64_t point_groups(const SegmentEvaluator& ev, int64_t n, bool factored);
 
 /// The first of n points that group g of `groups` takes (g = groups: n).
 inline int64_t group_start(int64_t g, int64_t groups, int64_t n) { return g * n / groups; }

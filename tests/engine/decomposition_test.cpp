@@ -245,16 +245,20 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
     RunOptions r = testing::small_run(dir / "run", c.optimizer, 4, 2);
     r.data.spec = c.data;
     r.data.train_size = 40;
+    r.data.test_size = 40;
     r.model = c.model;
     r.train.optimizer.weight_decay = 1e-2;
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 11);
+    // A CNN's points are groups of one; an MLP's factored features, groups of
+    // up to 16 points (kFactoredGroupPoints): blocks of 20 and 17 make two each.
+    const bool mlp = c.model[0] == 'm';
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, mlp ? 37 : 11);
     const int64_t M = reader.manifest().num_train, K = reader.manifest().num_classes;
     for (const bool replay_signals : {true, false}) {
       DecompositionOptions options;
       options.progress = false;
-      options.point_block = 5;
+      options.point_block = mlp ? 20 : 5;
       options.train_chunk = 7;
       options.replay_signals = replay_signals;
       options.kernel = c.data == "gaussians3" && (c.optimizer == "gd" || c.optimizer == "sgd");
@@ -280,8 +284,8 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
       };
       const Walked one = walk(1), groups = walk(3), unobserved = walk(3, false), two = walk(2, false);
       SCOPED_TRACE(c.optimizer + " " + c.model + (replay_signals ? " replayed" : " recomputed"));
-      EXPECT_EQ(one.calls, 4 * 3);             // steps x blocks (5, 5, 1 points)
-      EXPECT_EQ(groups.calls, 4 * (5 + 5 + 1));  // steps x groups (points) of the blocks
+      EXPECT_EQ(one.calls, 4 * (mlp ? 2 : 3));             // steps x blocks (20, 17 or 5, 5, 1 points)
+      EXPECT_EQ(groups.calls, 4 * (mlp ? 2 + 2 : 5 + 5 + 1));  // steps x groups of the blocks
       const double scale = one.d.contributions.abs().max().item<double>();
       EXPECT_GT(scale, 1e-6);
       auto close = [](const torch::Tensor& got, const torch::Tensor& expect, double scale, const char* what) {
