@@ -3,6 +3,7 @@
 // step, each block of steps' sums added to the totals at the block's end.
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <vector>
 
 #include "decomposition_walk.h"
@@ -115,8 +116,7 @@ class ForwardWalk {
         d_(d),
         blk_(blk),
         bar_(bar),
-        chunk_(budget.block),
-        factored_(budget.factored),
+        budget_(budget),
         end_step_(end_step),
         lambda_(m_.optimizer.weight_decay) {}
 
@@ -156,17 +156,12 @@ class ForwardWalk {
     return t;
   }
 
-  /// The groups of every chunk of test points, in point order.
+  /// The groups of every chunk (one block each) of test points, in point order.
   std::vector<PointGroup> groups() const {
     std::vector<PointGroup> parts;
-    for (int64_t c0 = 0; c0 < w_.n; c0 += chunk_) {
-      const int64_t nc = std::min(chunk_, w_.n - c0), groups = point_groups(w_.ev, nc, factored_);
-      for (int64_t g = 0; g < groups; ++g) {
-        PointGroup& p = parts.emplace_back();
-        p.chunk = c0;
-        p.first = c0 + group_start(g, groups, nc);
-        p.count = c0 + group_start(g + 1, groups, nc) - p.first;
-      }
+    for (int64_t c0 = 0; c0 < w_.n; c0 += budget_.block) {
+      std::vector<PointGroup> chunk = chunk_groups(w_.ev, c0, std::min(budget_.block, w_.n - c0), budget_);
+      std::move(chunk.begin(), chunk.end(), std::back_inserter(parts));
     }
     return parts;
   }
@@ -234,8 +229,7 @@ class ForwardWalk {
   Decomposition& d_;
   StepBlock& blk_;
   ProgressBar& bar_;
-  const int64_t chunk_;
-  const bool factored_;  ///< PointBudget::factored
+  const PointBudget budget_;  ///< the block of test points, and whether their features are factored
   const int64_t end_step_;
   const double lambda_;
 };

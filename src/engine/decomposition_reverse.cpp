@@ -3,7 +3,6 @@
 // walked backwards with a dense test-side accumulator per point.
 #include <algorithm>
 #include <chrono>
-#include <utility>
 #include <vector>
 
 #include "decomposition_walk.h"
@@ -78,19 +77,6 @@ int64_t chunk_size(const DecompositionOptions& options, const PointBudget& budge
   return std::min(fit, blocks) * block;
 }
 
-/// The groups of a chunk's nc test points, as (first, count) from the
-/// chunk's start: each block of `block` points split into groups of up to
-/// `group`.
-using ChunkGroups = std::vector<std::pair<int64_t, int64_t>>;
-ChunkGroups chunk_groups(int64_t nc, int64_t block, int64_t group) {
-  ChunkGroups out;
-  for (int64_t b0 = 0; b0 < nc; b0 += block) {
-    const int64_t b1 = std::min(nc, b0 + block);
-    for (int64_t g0 = b0; g0 < b1; g0 += group) out.emplace_back(g0, std::min(group, b1 - g0));
-  }
-  return out;
-}
-
 /// The reverse walk's accumulator Ã of a chunk of test points, [nc, K, P], as
 /// one allocation per group of points (ReverseWalk's groups: a block, a
 /// point, or a factored network's share of a block). A BLAS may round a
@@ -101,13 +87,13 @@ ChunkGroups chunk_groups(int64_t nc, int64_t block, int64_t group) {
 /// among others (docs/math.md §12).
 class AccumulatorBlocks {
  public:
-  AccumulatorBlocks(const ChunkGroups& groups, int64_t K, int64_t P) {
-    for (const auto& [first, count] : groups) {
-      first_.push_back(first);
-      blocks_.push_back(torch::zeros({count, K, P}, torch::kFloat64));
+  AccumulatorBlocks(const std::vector<PointGroup>& groups, int64_t K, int64_t P) {
+    for (const PointGroup& g : groups) {
+      first_.push_back(g.first);
+      blocks_.push_back(torch::zeros({g.count, K, P}, torch::kFloat64));
     }
   }
-  /// The group of points starting at g0 (from the chunk's start).
+  /// The group of points starting at point g0.
   torch::Tensor& block(int64_t g0) {
     const auto at = std::lower_bound(first_.begin(), first_.end(), g0);
     PK_ASSERT(at != first_.end() && *at == g0);
@@ -133,10 +119,10 @@ class AccumulatorBlocks {
 /// its accumulator Ã_{s+1} (0 after the last step), one buffer per group,
 /// and the steps of it done.
 struct ReverseChunk {
-  ReverseChunk(const Walk& w, int64_t c0, int64_t nc, int64_t block, int64_t group, int64_t P)
-      : c0(c0), nc(nc), groups(chunk_groups(nc, block, group)), acc(groups, w.K, P) {}
+  ReverseChunk(const Walk& w, int64_t c0, int64_t nc, const PointBudget& budget, int64_t P)
+      : c0(c0), nc(nc), groups(chunk_groups(w.ev, c0, nc, budget)), acc(groups, w.K, P) {}
   int64_t c0, nc;
-  ChunkGroups groups;
+  std::vector<PointGroup> groups;  ///< without features: what each step's groups start from
   AccumulatorBlocks acc;
   int64_t steps_done = 0;
 };
@@ -166,12 +152,8 @@ class ReverseWalk {
         w_(w),
         d_(d),
         bar_(bar),
-        block_(budget.block),
+        budget_(budget),
         workers_(point_workers(w.ev, std::min(chunk, w.n))),
-        // Several threads take the points one at a time, or up to
-        // kFactoredGroupPoints where the features are factored (point_groups.h);
-        // one thread takes a block at a time, its operations on every thread.
-        group_(workers_ == 1 ? budget.block : budget.factored ? std::min(budget.block, kFactoredGroupPoints) : 1),
         chunk_(chunk),
         K_(w.K),
         P_(m_.parameter_count),
@@ -181,7 +163,7 @@ class ReverseWalk {
   /// Walks the path backwards for the chunk of test points starting at c0,
   /// from the saved progress `resumed` when it stopped in this chunk.
   void walk_chunk(int64_t c0, const DecompositionProgress* resumed) {
-    ReverseChunk ch(w_, c0, std::min(chunk_, w_.n - c0), block_, group_, P_);
+    ReverseChunk ch(w_, c0, std::min(chunk_, w_.n - c0), budget_, P_);
     if (resumed && c0 == resumed->chunk_start) {
       PK_CHECK(resumed->acc.defined() && resumed->acc.sizes() == torch::IntArrayRef({ch.nc, K_, P_}),
                "the saved progress has no accumulator of shape [" << ch.nc << ", " << K_ << ", " << P_
@@ -219,18 +201,12 @@ class ReverseWalk {
                       t.buf.defined() ? t.c.gamma * t.dvec : torch::Tensor());
     }
     // With an observer, one block's groups at a time; else all the chunk's.
-    const ChunkGroups& all = ch.groups;
+    const std::vector<PointGroup>& all = ch.groups;
+    auto block_of = [&](const PointGroup& g) { return (g.first - ch.c0) / budget_.block; };
     for (size_t u0 = 0, u1 = 0; u0 < all.size(); u0 = u1) {
-      for (u1 = u0 + 1; u1 < all.size() && (!options_.on_step || all[u1].first / block_ == all[u0].first / block_);) {
-        ++u1;
-      }
-      std::vector<PointGroup> groups;
-      for (size_t u = u0; u < u1; ++u) {
-        PointGroup& g = groups.emplace_back();
-        g.chunk = ch.c0;
-        g.first = ch.c0 + all[u].first;
-        g.count = all[u].second;
-      }
+      for (u1 = u0 + 1; u1 < all.size() && (!options_.on_step || block_of(all[u1]) == block_of(all[u0]));) ++u1;
+      std::vector<PointGroup> groups(all.begin() + static_cast<std::ptrdiff_t>(u0),
+                                     all.begin() + static_cast<std::ptrdiff_t>(u1));
       run_point_groups(
           static_cast<int64_t>(groups.size()), [&](int64_t g) { group_terms(st, t, ch, groups[static_cast<size_t>(g)]); },
           workers_);
@@ -261,7 +237,7 @@ class ReverseWalk {
     const Walk::Batch& bt = t.bt;
     const int64_t nb = g.count, p0 = g.first;
     const torch::Tensor xb_test = w_.x.narrow(0, p0, nb);
-    torch::Tensor acc_b = ch.acc.block(p0 - ch.c0);  // updated in place
+    torch::Tensor acc_b = ch.acc.block(p0);  // updated in place
     torch::Tensor erow = torch::zeros({nb, K_}, torch::kFloat64);
     // The part of Ã_{s+1} ε_{s+1} that needs b_s: −β Ã_{s+1} b_s.
     if (t.buf.defined()) erow -= beta_ * torch::matmul(acc_b, t.buf);
@@ -316,7 +292,8 @@ class ReverseWalk {
   Walk& w_;
   Decomposition& d_;
   ProgressBar& bar_;
-  const int64_t block_, workers_, group_, chunk_, K_, P_;
+  const PointBudget budget_;
+  const int64_t workers_, chunk_, K_, P_;
   const double beta_, lambda_;
 };
 

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "feature_parts.h"
+#include "point_groups.h"
 #include "pathkernel/batch_statistics.h"
 #include "pathkernel/error.h"
 
@@ -201,6 +202,20 @@ void take_group(Decomposition& d, const DecompositionOptions& options, const Wal
   }
   g.f = TestFeatures();
   g.step_c = torch::Tensor();
+}
+
+std::vector<PointGroup> chunk_groups(const SegmentEvaluator& ev, int64_t c0, int64_t nc, const PointBudget& budget) {
+  std::vector<PointGroup> out;
+  for (int64_t b0 = 0; b0 < nc; b0 += budget.block) {
+    const int64_t nb = std::min(budget.block, nc - b0), groups = point_groups(ev, nb, budget.factored);
+    for (int64_t g = 0; g < groups; ++g) {
+      PointGroup& p = out.emplace_back();
+      p.chunk = c0;
+      p.first = c0 + b0 + group_start(g, groups, nb);
+      p.count = group_start(g + 1, groups, nb) - group_start(g, groups, nb);
+    }
+  }
+  return out;
 }
 
 void keep_counts(TestFeatures& f) {

@@ -270,6 +270,12 @@ struct PointBudget {
 PointBudget point_budget(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,
                          const DecompositionOptions& options, bool reverse);
 
+/// The groups of the test points [c0, c0 + nc) of a chunk, in point order:
+/// each block of budget.block points (from c0) split as point_groups says
+/// (the whole block with one worker; with several, a point a group, or up
+/// to kFactoredGroupPoints for factored features), evenly.
+std::vector<PointGroup> chunk_groups(const SegmentEvaluator& ev, int64_t c0, int64_t nc, const PointBudget& budget);
+
 /// S(x) = Σ_s g(w_{s+1}, μ_{s+1}; x) − g(w_{s+1}, μ_s; x) over steps
 /// [first, end): the test outputs' moves as BatchNorm's running statistics
 /// jump at each step (docs/math.md §15), by two forward passes a step in
