@@ -7,7 +7,9 @@ set -euo pipefail
 size=${1:-2000}
 repeats=${2:-5}
 measure() {
-  /usr/bin/python3 - "$size" "$repeats" <<'PY'
+  # One thread: torch.set_num_threads leaves OpenBLAS's own count at the
+  # number of cores, and 2-core machines then measured both cores.
+  OPENBLAS_NUM_THREADS=1 /usr/bin/python3 - "$size" "$repeats" <<'PY'
 import ctypes, statistics, sys, time
 import torch
 n, repeats = int(sys.argv[1]), int(sys.argv[2])

@@ -26,7 +26,12 @@ int64_t point_workers(const SegmentEvaluator& ev, int64_t n) {
 
 int64_t point_groups(const SegmentEvaluator& ev, int64_t n, bool factored) {
   if (point_workers(ev, n) <= 1) return 1;
-  return factored ? (n + kFactoredGroupPoints - 1) / kFactoredGroupPoints : n;
+  if (!factored) return n;
+  // At least two groups, so that a block of up to 2 * kFactoredGroupPoints
+  // points keeps two threads busy (10 points were one group: one thread
+  // did their features and contractions while the other waited).
+  const int64_t size = std::min(kFactoredGroupPoints, (n + 1) / 2);
+  return (n + size - 1) / size;
 }
 
 void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work, int64_t workers) {

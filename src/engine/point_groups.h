@@ -37,7 +37,7 @@ constexpr int64_t kFactoredGroupPoints = 16;
 /// operations use every thread the caller has. With several workers: one
 /// per point, so that a point that crosses more kinks keeps only its own
 /// thread busy, or, where the features are `factored`, groups of up to
-/// kFactoredGroupPoints. The groups are the same for every worker count
+/// kFactoredGroupPoints and at least two (n > 1). The groups are the same for every worker count
 /// above one, and so are the bits.
 int64_t point_groups(const SegmentEvaluator& ev, int64_t n, bool factored);
 

@@ -250,15 +250,16 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
     r.train.optimizer.weight_decay = 1e-2;
     train_run(r);
     PathReader reader(r.out);
-    // A CNN's points are groups of one; an MLP's factored features, groups of
-    // up to 16 points (kFactoredGroupPoints): blocks of 20 and 17 make two each.
+    // A CNN's points are groups of one; an MLP's factored features, at least
+    // two groups a block of up to 16 points each (kFactoredGroupPoints):
+    // blocks of 34 and 3 make three and two.
     const bool mlp = c.model[0] == 'm';
     const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, mlp ? 37 : 11);
     const int64_t M = reader.manifest().num_train, K = reader.manifest().num_classes;
     for (const bool replay_signals : {true, false}) {
       DecompositionOptions options;
       options.progress = false;
-      options.point_block = mlp ? 20 : 5;
+      options.point_block = mlp ? 34 : 5;
       options.train_chunk = 7;
       options.replay_signals = replay_signals;
       options.kernel = c.data == "gaussians3" && (c.optimizer == "gd" || c.optimizer == "sgd");
@@ -284,8 +285,8 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
       };
       const Walked one = walk(1), groups = walk(3), unobserved = walk(3, false), two = walk(2, false);
       SCOPED_TRACE(c.optimizer + " " + c.model + (replay_signals ? " replayed" : " recomputed"));
-      EXPECT_EQ(one.calls, 4 * (mlp ? 2 : 3));             // steps x blocks (20, 17 or 5, 5, 1 points)
-      EXPECT_EQ(groups.calls, 4 * (mlp ? 2 + 2 : 5 + 5 + 1));  // steps x groups of the blocks
+      EXPECT_EQ(one.calls, 4 * (mlp ? 2 : 3));             // steps x blocks (34, 3 or 5, 5, 1 points)
+      EXPECT_EQ(groups.calls, 4 * (mlp ? 3 + 2 : 5 + 5 + 1));  // steps x groups of the blocks
       const double scale = one.d.contributions.abs().max().item<double>();
       EXPECT_GT(scale, 1e-6);
       auto close = [](const torch::Tensor& got, const torch::Tensor& expect, double scale, const char* what) {
