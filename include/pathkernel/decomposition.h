@@ -149,6 +149,9 @@ struct DecompositionSummary {
   double mean_forward_evaluations_per_step = 0;  ///< forward-only evaluations per test point and step
   double mean_moment_evaluations_per_step = 0;   ///< moment rows (one backprop each) per test point and step
   double mean_kinks_per_step = 0;                ///< kinks located per test point and step
+  /// The same by site, laid out as QuadratureCounts::kinks_by_site; empty
+  /// where the route does not know the sites.
+  std::vector<double> mean_kinks_per_step_by_site;
   double max_abs_run_dtype_difference = 0;       ///< max |fN_run − fN|: 0 for float64 runs
   double seconds = 0;
   TimeSplit time_split;

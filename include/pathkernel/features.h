@@ -60,6 +60,20 @@ struct QuadratureCounts {
   /// (the softmax factor's extra interpolation nodes), including refined-away ones
   int64_t moment_evaluations = 0;
   int64_t kinks = 0;                ///< kinks located (ReLU flips and max-pool switches)
+  /// The same kinks by site, where the route knows it (pathkernel's own
+  /// layers and the structured route), kKinkKinds numbers per param layer l
+  /// (the ReLU after it, and its max-pool): [3 l] ReLU flips, [3 l + 1]
+  /// argmax switches, [3 l + 2] kinks found in closed form, which does not
+  /// tell the two apart (the first layer's); empty if none.
+  std::vector<int64_t> kinks_by_site;
+  enum KinkKind { kReluFlip = 0, kPoolSwitch = 1, kClosedForm = 2, kKinkKinds = 3 };
+
+  /// Counts n kinks of `kind` at the site after param layer `layer`.
+  void count_kinks(int64_t layer, KinkKind kind, int64_t n = 1) {
+    const size_t end = static_cast<size_t>(kKinkKinds * (layer + 1));
+    if (kinks_by_site.size() < end) kinks_by_site.resize(end, 0);
+    kinks_by_site[end - kKinkKinds + kind] += n;
+  }
 
   /// Adds another's counts to these.
   void add_counts(const QuadratureCounts& o) {
@@ -67,6 +81,8 @@ struct QuadratureCounts {
     forward_evaluations += o.forward_evaluations;
     moment_evaluations += o.moment_evaluations;
     kinks += o.kinks;
+    if (kinks_by_site.size() < o.kinks_by_site.size()) kinks_by_site.resize(o.kinks_by_site.size(), 0);
+    for (size_t i = 0; i < o.kinks_by_site.size(); ++i) kinks_by_site[i] += o.kinks_by_site[i];
   }
 };
 

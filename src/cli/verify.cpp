@@ -40,6 +40,26 @@ nlohmann::ordered_json arithmetic_json(PathReader& reader, const DecompositionOp
           {"cotangent_mflop_per_row", a->cotangent_flop / 1e6}};
 }
 
+/// Kinks per test point and step by site (DecompositionSummary::
+/// mean_kinks_per_step_by_site): one entry per param layer up to the last
+/// with a kink after it, null where the route does not know the sites.
+/// Kinks found in closed form (the first layer's) are counted in `kinks`
+/// alone: the closed form does not tell flips from switches.
+nlohmann::ordered_json kinks_by_site_json(const std::vector<double>& by_site) {
+  if (by_site.empty()) return nullptr;
+  nlohmann::ordered_json sites = nlohmann::ordered_json::array();
+  const size_t kinds = QuadratureCounts::kKinkKinds;
+  for (size_t l = 0; kinds * (l + 1) <= by_site.size(); ++l) {
+    const double* k = &by_site[kinds * l];
+    sites.push_back({{"after_param_layer", l},
+                     {"kinks", k[QuadratureCounts::kReluFlip] + k[QuadratureCounts::kPoolSwitch] +
+                                   k[QuadratureCounts::kClosedForm]},
+                     {"relu_flips", k[QuadratureCounts::kReluFlip]},
+                     {"pool_switches", k[QuadratureCounts::kPoolSwitch]}});
+  }
+  return sites;
+}
+
 /// The inputs checked: the test points chosen (and their indices in the
 /// test set), or a file's inputs with their labels, if given (input_file.h).
 void choose_points(const VerifyArgs& args, const Dataset& data, torch::Tensor& x, torch::Tensor& labels,
@@ -103,6 +123,8 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              // Nodes that walk back one cotangent (the log-softmax factor's).
                              {"mean_moment_evaluations_per_step", s.mean_moment_evaluations_per_step},
                              {"mean_kinks_per_step", s.mean_kinks_per_step},
+                             // Where they were: the ReLU (and its max-pool) after each param layer.
+                             {"mean_kinks_per_step_by_site", kinks_by_site_json(s.mean_kinks_per_step_by_site)},
                              {"seconds", s.seconds},
                              // Where they went, summed over threads and ranks (TimeSplit).
                              {"seconds_by_part", {{"test_features", s.time_split.test_features},

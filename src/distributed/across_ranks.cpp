@@ -78,6 +78,11 @@ void reduce_counters(const Communicator& comm, const Decomposition& d, Decomposi
   out.forward_evaluations = comm.sum(d.forward_evaluations);
   out.moment_evaluations = comm.sum(d.moment_evaluations);
   out.kinks = comm.sum(d.kinks);
+  // Every rank takes the longest rank's sites (a rank whose points crossed
+  // no kink at a deep site has a shorter list).
+  const auto sites = static_cast<size_t>(comm.max(static_cast<double>(d.kinks_by_site.size())));
+  out.kinks_by_site.assign(sites, 0);
+  for (size_t i = 0; i < sites; ++i) out.kinks_by_site[i] = comm.sum(i < d.kinks_by_site.size() ? d.kinks_by_site[i] : 0);
   out.seconds = comm.max(d.seconds);
   const auto summed = [&comm](double value) {
     double total = 0;

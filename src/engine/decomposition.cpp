@@ -47,6 +47,7 @@ DecompositionSummary summarize(const Decomposition& d) {
   s.mean_forward_evaluations_per_step = static_cast<double>(d.forward_evaluations) / point_steps;
   s.mean_moment_evaluations_per_step = static_cast<double>(d.moment_evaluations) / point_steps;
   s.mean_kinks_per_step = static_cast<double>(d.kinks) / point_steps;
+  for (int64_t k : d.kinks_by_site) s.mean_kinks_per_step_by_site.push_back(static_cast<double>(k) / point_steps);
   s.max_abs_run_dtype_difference = d.fN_run.defined() ? (d.fN_run - d.fN).abs().max().item<double>() : 0.0;
   s.seconds = d.seconds;
   s.time_split = d.time_split;

@@ -71,6 +71,9 @@ const DecompositionProgress* DirectoryCheckpoint::resume_point() {
       p->partial.moment_evaluations = json_number<int64_t>(s.at("moment_evaluations"), "moment_evaluations");
     }
     p->partial.kinks = json_number<int64_t>(s.at("kinks"), "kinks");
+    if (s.contains("kinks_by_site")) {  // absent from progress saved before it was counted
+      for (const auto& k : s.at("kinks_by_site")) p->partial.kinks_by_site.push_back(json_number<int64_t>(k, "kinks_by_site"));
+    }
     if (s.contains("residuals")) {
       const auto& r = s.at("residuals");
       p->partial.residuals.max_ratio = json_number<double>(r.at("max_ratio"), "max_ratio");
@@ -143,6 +146,7 @@ void DirectoryCheckpoint::save(const DecompositionProgress& p) {
                            {"forward_evaluations", p.partial.forward_evaluations},
                            {"moment_evaluations", p.partial.moment_evaluations},
                            {"kinks", p.partial.kinks},
+                           {"kinks_by_site", p.partial.kinks_by_site},
                            {"residuals", {{"max_ratio", p.partial.residuals.max_ratio},
                                           {"max_residual", p.partial.residuals.max_residual},
                                           {"bound", p.partial.residuals.bound},

@@ -344,11 +344,15 @@ std::vector<std::vector<double>> LayeredFeatures::initial_kinks() {
     KinkSearch ks = find_kinks(ev_, x_, scan_sites, scan_point, scan_t, scan_brackets, first_relu_, q_.fit_kinks);
     f_.forward_evaluations += ks.forward_evaluations;
     f_.kinks += static_cast<int64_t>(ks.kinks.size());
-    for (const Kink& k : ks.kinks) cuts[k.bracket / scan].push_back(k.t);
+    for (const Kink& k : ks.kinks) {
+      f_.count_kinks(k.layer, k.minus >= 0 ? TestFeatures::kPoolSwitch : TestFeatures::kReluFlip);
+      cuts[k.bracket / scan].push_back(k.t);
+    }
   }
   for (int64_t i = 0; first_relu_ && i < n_; ++i) {
     std::vector<double> c = first_layer_kinks(ev_, p0_.preacts[0][i], p1_.preacts[0][i]);
     f_.kinks += static_cast<int64_t>(c.size());
+    f_.count_kinks(0, TestFeatures::kClosedForm, static_cast<int64_t>(c.size()));
     cuts[i].insert(cuts[i].end(), c.begin(), c.end());
   }
   return cuts;
@@ -506,7 +510,10 @@ std::vector<std::vector<double>> LayeredFeatures::kinks_in(const PieceRound& rd,
   f_.kinks += static_cast<int64_t>(ks.kinks.size());
   // Kinks come sorted by bracket, then t, and a piece's brackets ascend in t.
   std::vector<std::vector<double>> piece_cuts(failed.size());
-  for (const Kink& k : ks.kinks) piece_cuts[bracket_piece[k.bracket]].push_back(k.t);
+  for (const Kink& k : ks.kinks) {
+    f_.count_kinks(k.layer, k.minus >= 0 ? TestFeatures::kPoolSwitch : TestFeatures::kReluFlip);
+    piece_cuts[bracket_piece[k.bracket]].push_back(k.t);
+  }
   return piece_cuts;
 }
 

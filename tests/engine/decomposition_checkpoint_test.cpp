@@ -76,6 +76,8 @@ TEST(DecompositionCheckpoint, AForwardWalkResumedInsideABlockOfStepsEndsWithTheS
     EXPECT_TRUE(torch::equal(whole.rounding, resumed.rounding)) << opt;
     EXPECT_TRUE(torch::equal(whole.gap_abs, resumed.gap_abs)) << opt;
     EXPECT_EQ(whole.evaluations, resumed.evaluations) << opt;
+    EXPECT_EQ(whole.kinks, resumed.kinks) << opt;
+    EXPECT_EQ(whole.kinks_by_site, resumed.kinks_by_site) << opt;
 
     // Resumed without the block's sums (a state that lost them), the walk misses steps 3 and 4.
     DecompositionProgress lost = *again.resume_point();
@@ -121,6 +123,8 @@ TEST(DecompositionCheckpoint, AReverseWalkResumedInsideALaterChunkEndsWithTheSam
     EXPECT_TRUE(torch::equal(whole.rounding, resumed.rounding)) << opt;
     EXPECT_TRUE(torch::equal(whole.gap_abs, resumed.gap_abs)) << opt;
     EXPECT_EQ(whole.evaluations, resumed.evaluations) << opt;
+    EXPECT_EQ(whole.kinks, resumed.kinks) << opt;
+    EXPECT_EQ(whole.kinks_by_site, resumed.kinks_by_site) << opt;
     EXPECT_EQ(whole.residuals.worst_step, resumed.residuals.worst_step) << opt;
     EXPECT_EQ(whole.residuals.max_ratio, resumed.residuals.max_ratio) << opt;
 

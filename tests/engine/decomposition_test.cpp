@@ -315,6 +315,16 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
       EXPECT_EQ(unobserved.d.forward_evaluations, groups.d.forward_evaluations);
       EXPECT_EQ(unobserved.d.moment_evaluations, groups.d.moment_evaluations);
       EXPECT_EQ(unobserved.d.kinks, groups.d.kinks);
+      EXPECT_EQ(unobserved.d.kinks_by_site, groups.d.kinks_by_site);
+      EXPECT_EQ(one.d.kinks_by_site, groups.d.kinks_by_site);
+      // Every kink is counted at its site, and a CNN's are found past its first layer too.
+      int64_t by_site = 0, past_first = 0;
+      for (size_t i = 0; i < one.d.kinks_by_site.size(); ++i) {
+        by_site += one.d.kinks_by_site[i];
+        if (i >= QuadratureCounts::kKinkKinds) past_first += one.d.kinks_by_site[i];
+      }
+      EXPECT_EQ(by_site, one.d.kinks);
+      if (!mlp) EXPECT_GT(past_first, 0);
       EXPECT_EQ(unobserved.d.certificate_max_gap, groups.d.certificate_max_gap);
       EXPECT_TRUE(torch::equal(two.d.contributions, unobserved.d.contributions));
       EXPECT_TRUE(torch::equal(two.d.rounding, unobserved.d.rounding));
@@ -387,6 +397,7 @@ TEST(Summarize, MatchesExplicitLoops) {
   d.evaluations = 24;
   d.forward_evaluations = 8;
   d.kinks = 2;
+  d.kinks_by_site = {0, 0, 1, 1, 0, 0};  // one closed-form kink after layer 0, one ReLU flip after layer 1
   d.certificate_max_gap = 1e-15;
   d.gap_abs = torch::tensor({{9e-14, 2e-14}, {3e-14, 8e-14}}, torch::kFloat64);
   double max_abs = 0, max_rel = 0, completeness = 0, worst_bound = 0, bound = 0;
@@ -425,6 +436,7 @@ TEST(Summarize, MatchesExplicitLoops) {
   EXPECT_DOUBLE_EQ(s.mean_evaluations_per_step, 3.0);
   EXPECT_DOUBLE_EQ(s.mean_forward_evaluations_per_step, 1.0);
   EXPECT_DOUBLE_EQ(s.mean_kinks_per_step, 0.25);
+  EXPECT_EQ(s.mean_kinks_per_step_by_site, (std::vector<double>{0, 0, 0.125, 0.125, 0, 0}));
   EXPECT_EQ(s.max_abs_run_dtype_difference, std::ldexp(1.0, -21));
   EXPECT_EQ(s.certificate_max_gap, 1e-15);
   EXPECT_CONTAINS(testing::error_message([&] { relative_error(d.f0, d.contributions); }), "differ in shape");
