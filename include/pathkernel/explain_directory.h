@@ -56,17 +56,19 @@
 
 namespace pathkernel {
 
-/// A point's label: its class, or its regression target [K].
+/// A point's label: its class, its regression target [K], or a sequence's
+/// next tokens [T].
 struct Label {
-  int64_t class_index = 0;     ///< the class, when target is empty
-  std::vector<double> target;  ///< a regression target [K]; empty for a class label
-  bool is_class() const { return target.empty(); }
-  /// As explain.json spells it: "3", or "[0.5,-1.0]".
+  int64_t class_index = 0;      ///< the class, when target and tokens are empty
+  std::vector<double> target;   ///< a regression target [K]; else empty
+  std::vector<int64_t> tokens;  ///< a sequence's tokens [T]; else empty
+  bool is_class() const { return target.empty() && tokens.empty(); }
+  /// As explain.json spells it: "3", "[0.5,-1.0]" or "[17,4,9]".
   std::string str() const;
 };
 
-/// Point i's label in `labels` (int64 classes [n], or targets [n, K], or a
-/// sequence's tokens [n, T], held in `target`).
+/// Point i's label in `labels` (int64 classes [n], float targets [n, K], or
+/// a sequence's integer tokens [n, T]).
 Label label_at(const torch::Tensor& labels, int64_t i);
 
 /// A training point listed among a test point's proponents or opponents.

@@ -28,8 +28,9 @@ std::vector<double> values_of(const torch::Tensor& t) {
 }
 
 ojson label_json(const Label& label) {
-  if (label.is_class()) return label.class_index;
-  return label.target;
+  if (!label.tokens.empty()) return label.tokens;
+  if (!label.target.empty()) return label.target;
+  return label.class_index;
 }
 
 ojson ranked_json(const std::vector<RankedPoint>& side) {
@@ -175,8 +176,15 @@ T field_or(const json& o, const char* key, T fallback, Read read) {
 
 Label read_label(const json& v, const std::string& what) {
   Label label;
-  if (v.is_array()) label.target = numbers_or_nan(v, what);
-  else label.class_index = json_number<int64_t>(v, what);
+  const bool tokens = v.is_array() && !v.empty() &&
+                      std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_number_integer(); });
+  if (tokens) {
+    for (const json& e : v) label.tokens.push_back(json_number<int64_t>(e, what));
+  } else if (v.is_array()) {
+    label.target = numbers_or_nan(v, what);
+  } else {
+    label.class_index = json_number<int64_t>(v, what);
+  }
   return label;
 }
 
@@ -365,8 +373,14 @@ std::string Label::str() const { return label_json(*this).dump(); }
 
 Label label_at(const torch::Tensor& labels, int64_t i) {
   Label label;
-  if (labels.dim() == 2) label.target = values_of(labels[i].to(torch::kFloat64));  // targets, or a sequence's tokens
-  else label.class_index = labels[i].item<int64_t>();
+  if (labels.dim() == 2 && labels.is_floating_point()) {
+    label.target = values_of(labels[i].to(torch::kFloat64));
+  } else if (labels.dim() == 2) {  // a sequence's tokens
+    const torch::Tensor row = labels[i].to(torch::kLong).contiguous();
+    label.tokens.assign(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+  } else {
+    label.class_index = labels[i].item<int64_t>();
+  }
   return label;
 }
 
