@@ -398,6 +398,11 @@ json maps_view(PathReader& reader, const ReportOptions& options) {
 nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& options) {
   check_report_options(options);
   const Manifest& m = reader.manifest();
+  PK_CHECK(m.sequence_length == 0,
+           "report: run '" << reader.dir() << "' trains on sequences (outputs [n, " << m.sequence_length << ", "
+                           << m.num_classes << "]), which report does not take yet (its views are of one label a "
+                              "point); verify and explain decompose it, and explain.json lists each point's "
+                              "proponents and opponents with their text");
   const Dataset& data = reader.dataset();
   json out;
   out["title"] = "pathkernel report: " + reader.dir();

@@ -12,6 +12,7 @@
 #include "pathkernel/evaluate.h"
 #include "pathkernel/features.h"
 #include "pathkernel/loss.h"
+#include "pathkernel/report.h"
 #include "pathkernel/sequence.h"
 
 namespace pathkernel {
@@ -131,6 +132,8 @@ TEST(AutogradRoute, SequenceDataRefusesWhatItCannotDecompose) {
                   "the position decomposed 5 is out of range: the sequences have 5 positions, expected 0 .. 4");
   EXPECT_CONTAINS(error_message([&] { evaluate(reader, torch::arange(2), dir.path() + "/ev", EvaluateOptions{}); }),
                   "trains on sequences (outputs [n, 5, 7]), which evaluate does not take yet");
+  EXPECT_CONTAINS(error_message([&] { report_data(reader, ReportOptions{}); }),
+                  "trains on sequences (outputs [n, 5, 7]), which report does not take yet");
   o.out = dir.path() + "/mse";
   o.loss = LossKind::Mse;
   EXPECT_CONTAINS(error_message([&] { train_run(o); }), "holds sequences (labels of shape [12, 5]): the loss is the mean over a sequence's tokens");
