@@ -40,6 +40,9 @@ struct Row {
 /// Every row, in the order the suite runs them.
 const std::vector<Row>& rows();
 
+/// The median of v (the upper one of an even count); v not empty.
+double median_of(std::vector<double> v);
+
 /// Median of `repeats` timings of fn (seconds); fn's last result is kept by the caller.
 double median_seconds(int repeats, const std::function<void()>& fn);
 

@@ -5,7 +5,6 @@
 // thread speedup means something only beside the machine's own scaling.
 #include <sys/wait.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -76,9 +75,7 @@ json row_machine(const BenchConfig& c) {
     ones.push_back(machine_dgemm_gflops(c, 1));
     twos.push_back(machine_dgemm_gflops(c, 2));
   }
-  std::sort(ones.begin(), ones.end());
-  std::sort(twos.begin(), twos.end());
-  const double one = ones[1], two = twos[1];
+  const double one = median_of(ones), two = median_of(twos);
   const std::vector<double> both = concurrent_dgemm(c, n, 2);
   j["setting"] = "float64 " + std::to_string(n) + "x" + std::to_string(n) + " matrix products (torch::mm), median of " +
                  std::to_string(3 * c.repeats) + ", one and two threads in turn, the median of 3 rounds, " +

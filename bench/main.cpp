@@ -158,8 +158,7 @@ json derive_keys(const std::map<std::string, RowRun>& runs) {
       for (size_t i = 0; i < rounds["training_seconds"].size(); ++i) {
         ratios.push_back(rounds[attribution][i].get<double>() / rounds["training_seconds"][i].get<double>());
       }
-      std::sort(ratios.begin(), ratios.end());
-      return ratios[ratios.size() / 2];
+      return median_of(ratios);
     };
     k["full_batch_attribution_over_training_10"] = paired("attribution_seconds_10");
     k["full_batch_attribution_over_training_100"] = paired("attribution_seconds_100");

@@ -256,12 +256,6 @@ json row_pytorch_peer_generic(const BenchConfig& c) {
 
 // --- 3 and 5: full-batch attribution against training; the stored path ------
 
-/// The median of v (v not empty).
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 json row_full_batch(const BenchConfig& c) {
   const int64_t steps = c.quick ? 5 : 300, n_small = c.quick ? 2 : 10, n_large = c.quick ? 4 : 100;
   RunOptions r = run_options("gaussians3", c.quick ? 300 : -1, c.quick ? "mlp:16" : "mlp:256", "gd", steps, 0, 0.1,

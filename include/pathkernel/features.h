@@ -68,8 +68,10 @@ struct QuadratureCounts {
   std::vector<int64_t> kinks_by_site;
   enum KinkKind { kReluFlip = 0, kPoolSwitch = 1, kClosedForm = 2, kKinkKinds = 3 };
 
-  /// Counts n kinks of `kind` at the site after param layer `layer`.
+  /// Counts n kinks of `kind` at the site after param layer `layer`, in
+  /// `kinks` and in kinks_by_site.
   void count_kinks(int64_t layer, KinkKind kind, int64_t n = 1) {
+    kinks += n;
     const size_t end = static_cast<size_t>(kKinkKinds * (layer + 1));
     if (kinks_by_site.size() < end) kinks_by_site.resize(end, 0);
     kinks_by_site[end - kKinkKinds + kind] += n;

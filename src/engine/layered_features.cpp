@@ -129,6 +129,14 @@ void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torc
     dense.select(1, p).add_(block);
   }
 }
+
+/// Counts the kinks a search found in f, each at its site.
+void count_found(QuadratureCounts& f, const KinkSearch& ks) {
+  for (const Kink& k : ks.kinks) {
+    f.count_kinks(k.layer, k.minus >= 0 ? QuadratureCounts::kPoolSwitch : QuadratureCounts::kReluFlip);
+  }
+}
+
 /// The integrand: test features of points x [n, ...] on the segment set in ev.
 class LayeredFeatures final : public Integrand {
  public:
@@ -343,15 +351,11 @@ std::vector<std::vector<double>> LayeredFeatures::initial_kinks() {
         shared_sites(fresh_pass(sr), torch::tensor(sr.index, torch::kLong));  // [n (scan + 1), ...]
     KinkSearch ks = find_kinks(ev_, x_, scan_sites, scan_point, scan_t, scan_brackets, first_relu_, q_.fit_kinks);
     f_.forward_evaluations += ks.forward_evaluations;
-    f_.kinks += static_cast<int64_t>(ks.kinks.size());
-    for (const Kink& k : ks.kinks) {
-      f_.count_kinks(k.layer, k.minus >= 0 ? TestFeatures::kPoolSwitch : TestFeatures::kReluFlip);
-      cuts[k.bracket / scan].push_back(k.t);
-    }
+    count_found(f_, ks);
+    for (const Kink& k : ks.kinks) cuts[k.bracket / scan].push_back(k.t);
   }
   for (int64_t i = 0; first_relu_ && i < n_; ++i) {
     std::vector<double> c = first_layer_kinks(ev_, p0_.preacts[0][i], p1_.preacts[0][i]);
-    f_.kinks += static_cast<int64_t>(c.size());
     f_.count_kinks(0, TestFeatures::kClosedForm, static_cast<int64_t>(c.size()));
     cuts[i].insert(cuts[i].end(), c.begin(), c.end());
   }
@@ -507,13 +511,10 @@ std::vector<std::vector<double>> LayeredFeatures::kinks_in(const PieceRound& rd,
   }
   KinkSearch ks = find_kinks(ev_, x_, pre, row_point, row_t, brackets, first_relu_, q_.fit_kinks);
   f_.forward_evaluations += ks.forward_evaluations;
-  f_.kinks += static_cast<int64_t>(ks.kinks.size());
+  count_found(f_, ks);
   // Kinks come sorted by bracket, then t, and a piece's brackets ascend in t.
   std::vector<std::vector<double>> piece_cuts(failed.size());
-  for (const Kink& k : ks.kinks) {
-    f_.count_kinks(k.layer, k.minus >= 0 ? TestFeatures::kPoolSwitch : TestFeatures::kReluFlip);
-    piece_cuts[bracket_piece[k.bracket]].push_back(k.t);
-  }
+  for (const Kink& k : ks.kinks) piece_cuts[bracket_piece[k.bracket]].push_back(k.t);
   return piece_cuts;
 }
 
