@@ -116,7 +116,8 @@ PooledSwitches pooled_switches(const torch::Tensor& y, const torch::Tensor& at_a
 /// unit whose pattern differs at a bracket's ends is located, so a bracket
 /// may yield several kinks; an even number of flips of one unit inside a
 /// bracket is not seen (hidden_switches looks for them). With `skip_first_layer`
-/// the first layer's units are left out. Without `fit_polynomials` every
+/// the first layer's units are left out; sites past `preacts`' (a prefix of
+/// the network's) are not searched. Without `fit_polynomials` every
 /// round is Illinois false position (the reference the fits are tested
 /// against). Evaluates at most `rows_per_pass` rows per forward pass.
 KinkSearch find_kinks(const KinkSites& ev, const torch::Tensor& x, const std::vector<torch::Tensor>& preacts,

@@ -89,6 +89,13 @@ struct KinkHints {
   /// test point's segment: no parameter comes before it, so its input is a
   /// function of x alone.
   bool first_input_fixed = false;
+  /// Whether the last kink site can be held (docs/math.md §7, "The last
+  /// site's switches, integrated locally"): at least 3 param layers, the
+  /// logits are the last one, a Linear layer, whose input is param layer
+  /// L − 2's pre-activation through its ReLU, an optional max-pool and a
+  /// flatten alone; the network is piecewise linear. Route::signals_from
+  /// walks back from that site.
+  bool last_site_local = false;
 };
 
 class Route {
@@ -116,6 +123,12 @@ class Route {
   /// the outputs, or with `of_logits` on the logits): per param layer
   /// [K, R, ...]. The generic route has none (throws).
   virtual std::vector<torch::Tensor> signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits) const;
+  /// The signals of a pass for K cotangents g [K, R, ...] on param layer
+  /// `layer`'s pre-activation (its signal is g itself), walked back to the
+  /// first param layer: per param layer [K, R, ...], undefined above
+  /// `layer`. Routes whose layers are walked by hand (own, chain); the
+  /// others throw.
+  virtual std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const;
   /// The kink sites of a pass: tensors [R, ...] (KinkHints).
   virtual const std::vector<torch::Tensor>& kink_sites(const SegmentPass& pass) const { return pass.preacts; }
   const KinkHints& hints() const { return hints_; }

@@ -62,6 +62,15 @@ class SegmentEvaluator : public KinkSites {
     return route_->signals(pass, c, of_logits);
   }
 
+  /// Signals walked back from cotangents g [K, R, ...] on param layer
+  /// `layer`'s pre-activation (Route::signals_from).
+  std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const {
+    return route_->signals_from(pass, layer, g);
+  }
+  /// Whether the last kink site can be held (KinkHints::last_site_local).
+  bool last_site_local() const { return route_->hints().last_site_local; }
+  /// The segment's start w [P].
+  const torch::Tensor& start() const { return route_->start(); }
   /// The degree in t of the logits on a piece of the segment that crosses
   /// no kink (KinkHints::polynomial_degree).
   int polynomial_degree() const { return route_->hints().polynomial_degree; }

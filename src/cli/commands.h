@@ -89,12 +89,13 @@ struct QuadratureArgs {
   int gauss_nodes = 8;
   std::string pieces = "exact";  ///< QuadratureOptions::exact_pieces: exact or adaptive
   std::string kinks = "fit";  ///< QuadratureOptions::fit_kinks: bracket or fit
+  std::string last_site = "local";  ///< QuadratureOptions::local_last_site: local or pieces
   int64_t point_block = DecompositionOptions{}.point_block;
   /// --memory in bytes: the test side's budget (DecompositionOptions::memory_doubles)
   uint64_t memory = static_cast<uint64_t>(DecompositionOptions{}.memory_doubles) * sizeof(double);
   std::string route = "auto";  ///< TorchScript modules: auto or generic
   const Globals* globals = nullptr;  ///< for --quiet
-  /// Declares --quadrature, --tol, --gauss-nodes, --pieces, --kinks, --point-block, --memory and --route on cmd.
+  /// Declares --quadrature, --tol, --gauss-nodes, --pieces, --kinks, --last-site, --point-block, --memory and --route on cmd.
   void add_to(CLI::App* cmd, const Globals& g);
   /// The checked decomposition options.
   DecompositionOptions options() const;

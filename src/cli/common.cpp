@@ -42,6 +42,13 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
                   "unit's rounding noise: fewer forward passes)")
       ->check(CLI::IsMember({"bracket", "fit"}))
       ->capture_default_str();
+  cmd->add_option("--last-site", last_site,
+                  "gauss, exact pieces: local (where the logits are a Linear layer fed by the site of the layer "
+                  "before through its ReLU, max-pool and flatten alone, that site's switches inside a piece enter "
+                  "through scalar integrals: pieces end at the earlier sites' kinks only) or pieces (every kink "
+                  "ends a piece)")
+      ->check(CLI::IsMember({"local", "pieces"}))
+      ->capture_default_str();
   cmd->add_option("--point-block", point_block,
                   "Test points computed together (0: automatic, 32 for a network of Linear layers on flat inputs, "
                   "4 for others); under mpirun the ranks split them in whole blocks, and the outputs are those of "
@@ -69,6 +76,7 @@ DecompositionOptions QuadratureArgs::options() const {
   options.quadrature.gauss_nodes = gauss_nodes;
   options.quadrature.exact_pieces = pieces == "exact";
   options.quadrature.fit_kinks = kinks == "fit";
+  options.quadrature.local_last_site = last_site == "local";
   options.quadrature.route = route == "generic" ? ModuleRoute::Generic : ModuleRoute::Auto;
   options.point_block = point_block;
   PK_CHECK(memory >= 64 * 1024 && memory <= (uint64_t{1} << 50),

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "feature_parts.h"
+#include "last_site.h"
 #include "pathkernel/error.h"
 #include "pathkernel/integrator.h"
 #include "pathkernel/kinks.h"
@@ -156,6 +157,9 @@ class LayeredFeatures final : public Integrand {
   /// Assembles the kept rows and the first layer's sums into f's layers,
   /// and measures the certificate.
   void assemble();
+  /// Adds the held site's switches to `breaks` (per test point, sorted):
+  /// the integrand is smooth between them, as the EPK between points needs.
+  void add_switches(std::vector<std::vector<double>>& breaks) const;
 
  private:
   void keep(const SegmentPass& pass, const std::vector<torch::Tensor>& sig, const torch::Tensor& rows,
@@ -164,6 +168,11 @@ class LayeredFeatures final : public Integrand {
   SegmentPass fresh_pass(const SharedRows& rows);
   std::vector<torch::Tensor> shared_sites(const SegmentPass& pf, const torch::Tensor& index) const;
   void evaluate_round(const PieceRound& rd);
+  /// evaluate_round with the last site held: the nodes' cotangents on the
+  /// site, walked back, and the logits' layer's integrals per piece.
+  void evaluate_held_round(const PieceRound& rd);
+  /// The held logits' layer's part of J̄ dw per piece, [np, K].
+  torch::Tensor held_dot() const;
   /// The kink sites of the round's rows, nodes then ends (formed once a
   /// round, for find_hidden and kinks_in), and the rows' points and t in
   /// that order.
@@ -216,6 +225,16 @@ class LayeredFeatures final : public Integrand {
   std::vector<torch::Tensor> round_sites_;  ///< round_sites(), empty until asked for
   std::vector<torch::Tensor> sig_, msig_;
   torch::Tensor point_t_, w_t_, mpoint_t_, end_index_;
+  /// The last site held (QuadratureOptions::local_last_site): pieces end
+  /// at the earlier sites' kinks, and each test point's switches of the
+  /// held site (sorted) enter through last_site_terms.
+  bool held_ = false;
+  size_t site_ = 0;  ///< the held site: param layer L − 2
+  bool softmax_ = false;
+  std::vector<std::vector<double>> switches_;
+  LastSiteTerms terms_;  ///< the current round's
+  /// Per test point, the accepted pieces' sums of the logits' layer (last_site.h).
+  torch::Tensor h_sum_, ph_sum_, p_sum_, len_sum_;
 };
 
 LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q,
@@ -240,6 +259,24 @@ LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor
   const int64_t degree = q.exact_pieces ? ev.polynomial_degree() : 0;
   fold_ = degree > 0 && ev.log_softmax_output();
   exact_nodes_ = degree == 0 ? 0 : fold_ ? degree : (degree + 1) / 2;
+  held_ = degree > 0 && q.local_last_site && q.spec.kind == QuadratureSpec::Kind::Gauss && ev.last_site_local();
+  if (held_) {
+    // ∂y/∂θ at the held site has degree L − 2 on a piece: L − 1 nodes
+    // interpolate it; the softmax factor is integrated with the scalars.
+    site_ = layers_ - 2;
+    softmax_ = ev.log_softmax_output();
+    fold_ = false;
+    exact_nodes_ = degree - 1;
+    switches_.resize(static_cast<size_t>(n_));
+    f.layers[layers_ - 1].form = Form::Dense;
+    const int64_t hw = ev.weight_of(ev.start(), layers_ - 1).size(1);
+    h_sum_ = torch::zeros({n_, hw}, opts_);
+    ph_sum_ = torch::zeros({n_, k_out_, hw}, opts_);
+    p_sum_ = torch::zeros({n_, k_out_}, opts_);
+    len_sum_ = torch::zeros({n_}, opts_);
+    check_hidden_ = false;  // only sites before the held one are fitted
+    for (size_t l = 1; l < site_; ++l) check_hidden_ = check_hidden_ || ev.relu_after()[l];
+  }
 }
 
 void LayeredFeatures::keep_first(const torch::Tensor& s, const torch::Tensor& pr, const torch::Tensor& wr,
@@ -263,6 +300,7 @@ void LayeredFeatures::keep(const SegmentPass& pass, const std::vector<torch::Ten
   const bool all = rows.size(0) == point.size(0);  // every row: no copies
   torch::Tensor pr = all ? point : point.index_select(0, rows), wr = all ? weight : weight.index_select(0, rows);
   for (size_t l = 0; l < layers_; ++l) {
+    if (!sig[l].defined()) continue;  // the held logits' layer: added by accept
     torch::Tensor s = all ? sig[l] : sig[l].index_select(1, rows);
     if (l == 0 && sum_first_) {
       keep_first(s, pr, wr, unit);
@@ -340,15 +378,18 @@ std::vector<std::vector<double>> LayeredFeatures::initial_kinks() {
   // Only layers after the first can have kinks a scan must find: with one
   // hidden ReLU layer (or smooth activations) every kink is closed-form.
   bool deep_kinks = false;
-  for (size_t l = first_relu_ ? 1 : 0; l < ev_.relu_after().size(); ++l) {
+  // A held site's switches are found on each piece's interpolant instead.
+  const size_t searched = held_ ? site_ : ev_.relu_after().size();
+  for (size_t l = first_relu_ ? 1 : 0; l < searched; ++l) {
     deep_kinks = deep_kinks || ev_.relu_after()[l] || ev_.pool_after()[l] > 0;
   }
   if (deep_kinks) {
     // The scan's ends, t = 0 and t = 1, are the passes p0 and p1; only the
     // points in between take a pass.
     const SharedRows sr = shared_rows(scan_point, scan_t, n_);
-    const std::vector<torch::Tensor> scan_sites =
+    std::vector<torch::Tensor> scan_sites =
         shared_sites(fresh_pass(sr), torch::tensor(sr.index, torch::kLong));  // [n (scan + 1), ...]
+    scan_sites.resize(searched);
     KinkSearch ks = find_kinks(ev_, x_, scan_sites, scan_point, scan_t, scan_brackets, first_relu_, q_.fit_kinks);
     f_.forward_evaluations += ks.forward_evaluations;
     count_found(f_, ks);
@@ -365,6 +406,10 @@ std::vector<std::vector<double>> LayeredFeatures::initial_kinks() {
 /// Evaluates a round: its nodes' pass and signals, its fresh ends, its
 /// moment rows'.
 void LayeredFeatures::evaluate_round(const PieceRound& rd) {
+  if (held_) {
+    evaluate_held_round(rd);
+    return;
+  }
   pass_ = pf_ = SegmentPass();  // the last round's, freed first
   round_sites_.clear();
   sig_.clear();
@@ -397,13 +442,47 @@ void LayeredFeatures::evaluate_round(const PieceRound& rd) {
   f_.moment_evaluations += rd.moment_rows;
 }
 
+void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
+  pass_ = pf_ = SegmentPass();  // the last round's, freed first
+  terms_ = LastSiteTerms();
+  round_sites_.clear();
+  point_t_ = torch::tensor(rd.point, torch::kLong);
+  w_t_ = torch::ones({rd.rows}, opts_);  // the weights are in the cotangents
+  pass_ = ev_.forward(x_.index_select(0, point_t_), torch::tensor(rd.t, opts_), false);
+  const SharedRows er = shared_rows(rd.end_point, rd.ends, n_);
+  end_index_ = torch::tensor(er.index, torch::kLong);
+  pf_ = fresh_pass(er);
+  const torch::Tensor end_y = end_select(p0_.preacts[site_], p1_.preacts[site_],
+                                         pf_.out.defined() ? pf_.preacts[site_] : torch::Tensor(), end_index_);
+  terms_ = last_site_terms(ev_, rd, pass_.preacts[site_].detach(), end_y, softmax_);
+  sig_ = ev_.signals_from(pass_, site_, terms_.cotangents);
+  f_.evaluations += rd.rows;
+}
+
+torch::Tensor LayeredFeatures::held_dot() const {
+  const size_t l = layers_ - 1;
+  const torch::Tensor dw = ev_.weight_of(ev_.direction(), l), db = ev_.bias_of(ev_.direction(), l);  // [K, Hw], [K]
+  // Output k: h_sum · dW_k + len db_k − Σ_k' (ph_sum_k' · dW_k' + p_sum_k' db_k').
+  const torch::Tensor shared = (terms_.ph_sum * dw.unsqueeze(0)).sum({1, 2}) + torch::matmul(terms_.p_sum, db);
+  return torch::matmul(terms_.h_sum, dw.t()) + terms_.len.unsqueeze(1) * db.unsqueeze(0) - shared.unsqueeze(1);
+}
+
 std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   evaluate_round(rd);
   const torch::Tensor end_out = end_select(p0_.out, p1_.out, pf_.out, end_index_);  // [2 np, K]
   // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
-  torch::Tensor jdw = segment_dot(ev_, pass_, sig_).detach();  // [K, R]
+  torch::Tensor jdw;  // [K, R]
+  if (held_) {
+    for (size_t l = 0; l <= site_; ++l) {
+      const torch::Tensor part = (sig_[l] * pass_.directions[l].unsqueeze(0)).flatten(2).sum(2);
+      jdw = jdw.defined() ? jdw + part : part;
+    }
+  } else {
+    jdw = segment_dot(ev_, pass_, sig_).detach();
+  }
   torch::Tensor integral = torch::zeros({rd.np, jdw.size(0)}, opts_).index_add_(
       0, torch::tensor(rd.piece_of, torch::kLong), (jdw * w_t_.unsqueeze(0)).t());  // [np, K]
+  if (held_) integral += held_dot();
   if (rd.moment_rows > 0) {
     const torch::Tensor mdw = segment_dot(ev_, pm_, msig_).detach();  // [1, R_m]
     integral.index_add_(0, torch::tensor(rd.mpiece_of, torch::kLong), mdw.t().expand({rd.moment_rows, jdw.size(0)}));
@@ -450,7 +529,8 @@ void LayeredFeatures::find_hidden(const PieceRound& rd, std::vector<double>& gap
   if (!check_hidden_) return;
   // The fits' candidates (hidden_switches); each is a switch only if the
   // network's pattern there differs from the piece's first node's.
-  const std::vector<torch::Tensor>& sites = round_sites();
+  std::vector<torch::Tensor> sites = round_sites();
+  if (held_) sites.resize(site_);  // the held site switches inside pieces
   std::vector<std::vector<int64_t>> pieces(rd.np);
   for (int64_t p = 0; p < rd.np; ++p) pieces[p] = piece_rows(rd, p);
   const std::vector<double> cand = hidden_switches(ev_, sites, pieces, round_t(rd));
@@ -465,11 +545,13 @@ void LayeredFeatures::find_hidden(const PieceRound& rd, std::vector<double>& gap
   if (piece.empty()) return;
   hidden_sites_ = ev_.sites_at(x_.index_select(0, torch::tensor(hidden_point_, torch::kLong)),
                                torch::tensor(hidden_t_, opts_));
+  std::vector<torch::Tensor> hidden_earlier = hidden_sites_;
+  if (held_) hidden_earlier.resize(site_);
   f_.forward_evaluations += static_cast<int64_t>(piece.size());
   const torch::Tensor ref = torch::tensor(reference, torch::kLong);
   std::vector<torch::Tensor> ref_sites;
   for (const torch::Tensor& y : sites) ref_sites.push_back(y.index_select(0, ref));
-  const std::vector<torch::Tensor> at = activation_patterns(ev_, hidden_sites_), was = activation_patterns(ev_, ref_sites);
+  const std::vector<torch::Tensor> at = activation_patterns(ev_, hidden_earlier), was = activation_patterns(ev_, ref_sites);
   torch::Tensor differs = torch::zeros({static_cast<int64_t>(piece.size())}, torch::kBool);
   for (size_t l = 0; l < at.size(); ++l) differs |= (at[l] != was[l]).any(1);
   auto d = differs.accessor<bool, 1>();
@@ -485,6 +567,7 @@ std::vector<std::vector<double>> LayeredFeatures::kinks_in(const PieceRound& rd,
   // missed, with a confirmed hidden switch's row among them (its pattern
   // differs from its neighbours', so both switches are found).
   std::vector<torch::Tensor> pre = round_sites();
+  if (held_) pre.resize(site_);  // the held site switches inside pieces
   std::vector<int64_t> row_point = round_points(rd);
   std::vector<double> row_t = round_t(rd);
   const int64_t hidden_base = static_cast<int64_t>(row_t.size());
@@ -519,6 +602,21 @@ std::vector<std::vector<double>> LayeredFeatures::kinks_in(const PieceRound& rd,
 }
 
 void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& accepted) {
+  if (held_ && !accepted.empty()) {
+    std::vector<int64_t> points;
+    for (int64_t p : accepted) points.push_back(rd.end_point[2 * p]);
+    const torch::Tensor pt = torch::tensor(points, torch::kLong), pc = torch::tensor(accepted, torch::kLong);
+    h_sum_.index_add_(0, pt, terms_.h_sum.index_select(0, pc));
+    ph_sum_.index_add_(0, pt, terms_.ph_sum.index_select(0, pc));
+    p_sum_.index_add_(0, pt, terms_.p_sum.index_select(0, pc));
+    len_sum_.index_add_(0, pt, terms_.len.index_select(0, pc));
+    for (int64_t p : accepted) {
+      std::vector<double>& sw = switches_[static_cast<size_t>(rd.end_point[2 * p])];
+      sw.insert(sw.end(), terms_.switches[p].begin(), terms_.switches[p].end());
+      f_.count_kinks(static_cast<int64_t>(site_), QuadratureCounts::kReluFlip, terms_.flips[p]);
+      f_.count_kinks(static_cast<int64_t>(site_), QuadratureCounts::kPoolSwitch, terms_.argmax[p]);
+    }
+  }
   std::vector<int64_t> rows, moments;
   for (int64_t p : accepted) {
     for (int64_t r = rd.first[p]; r < rd.first[p + 1]; ++r) rows.push_back(r);
@@ -547,9 +645,30 @@ void LayeredFeatures::assemble() {
       lf.signals = torch::cat(kept_signals_[l], 1);
     }
   }
+  if (held_) {
+    // The logits' layer of every output k: weight e_k ⊗ ∫h − ∫p hᵀ, bias e_k len − ∫p.
+    const torch::Tensor eye = torch::eye(k_out_, opts_);
+    const int64_t hw = h_sum_.size(1);
+    const torch::Tensor weight = eye.view({k_out_, 1, k_out_, 1}) * h_sum_.view({1, n_, 1, hw}) - ph_sum_.unsqueeze(0);
+    const torch::Tensor bias = eye.view({k_out_, 1, k_out_}) * len_sum_.view({1, n_, 1}) - p_sum_.unsqueeze(0);
+    f_.layers[layers_ - 1].block = torch::cat({weight.reshape({k_out_, n_, k_out_ * hw}), bias}, 2);
+  }
   f_.point = torch::cat(kept_point_);
   f_.weight = torch::cat(kept_weight_);
   measure_certificate(ev_, f_, ev_.direction());
+}
+
+void LayeredFeatures::add_switches(std::vector<std::vector<double>>& breaks) const {
+  for (size_t i = 0; i < switches_.size() && i < breaks.size(); ++i) {
+    std::vector<double>& b = breaks[i];
+    std::vector<double> sw = switches_[i];
+    std::sort(sw.begin(), sw.end());
+    for (double t : sw) {
+      auto at = std::lower_bound(b.begin(), b.end(), t);
+      const bool near = (at != b.end() && *at - t <= kMinPiece) || (at != b.begin() && t - *(at - 1) <= kMinPiece);
+      if (!near) b.insert(at, t);
+    }
+  }
 }
 
 }  // namespace
@@ -558,6 +677,7 @@ TestFeatures layered_test_features(const SegmentEvaluator& ev, const torch::Tens
   TestFeatures f;
   LayeredFeatures integrand(ev, x, q, f);
   f.breaks = integrate(integrand, q);
+  integrand.add_switches(f.breaks);
   integrand.assemble();
   return f;
 }

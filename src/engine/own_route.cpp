@@ -33,6 +33,7 @@ class OwnRoute final : public LayeredRoute {
   /// By one backward walk through the layers over all K·R rows: the same
   /// values as K autograd backward passes. The pass may be untracked.
   std::vector<torch::Tensor> signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits) const override;
+  std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const override;
   bool concurrent_points() const override { return true; }
 
  private:
@@ -48,6 +49,13 @@ class OwnRoute final : public LayeredRoute {
   torch::Tensor pool_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass) const;
   /// The gradient at parameter-free layer i's input from g at its output.
   torch::Tensor free_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass, bool of_logits) const;
+  /// Walks g, the gradient at layer `end`'s output [K, R, ...], back to the
+  /// first param layer, setting the signals of the param layers up to
+  /// `end` in sig.
+  void walk_back(const SegmentPass& pass, torch::Tensor g, size_t end, bool of_logits,
+                 std::vector<torch::Tensor>& sig) const;
+  /// Whether the last kink site can be held (KinkHints::last_site_local).
+  bool last_site_holds() const;
 
   std::vector<LayerDesc> layers_;
   std::string name_;
@@ -87,6 +95,25 @@ OwnRoute::OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name
   hints_.polynomial_degree = piecewise_linear ? static_cast<int>(params_.size()) : 0;
   hints_.first_site_affine = !hints_.relu_after.empty() && hints_.relu_after[0];
   hints_.first_input_fixed = true;
+  hints_.last_site_local = piecewise_linear && last_site_holds();
+}
+
+bool OwnRoute::last_site_holds() const {
+  std::vector<size_t> at;  // layer index of each param layer
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (has_params(layers_[i])) at.push_back(i);
+  }
+  if (at.size() < 3 || layers_[at.back()].kind != Kind::Linear) return false;
+  for (size_t i = at.back() + 1; i < layers_.size(); ++i) {
+    if (layers_[i].kind != Kind::LogSoftmax) return false;
+  }
+  // Between the site and the logits: its ReLU, then an optional max-pool
+  // and an optional flatten.
+  size_t i = at[at.size() - 2] + 1;
+  if (i >= at.back() || layers_[i].kind != Kind::ReLU) return false;
+  if (++i < at.back() && layers_[i].kind == Kind::MaxPool2d) ++i;
+  if (i < at.back() && layers_[i].kind == Kind::Flatten) ++i;
+  return i == at.back();
 }
 
 torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const torch::Tensor& h,
@@ -226,26 +253,43 @@ std::vector<torch::Tensor> OwnRoute::signals(const SegmentPass& pass, const torc
   torch::NoGradGuard no_grad;
   PK_ASSERT(c.size(1) == pass.out.size(0) && c.size(2) == pass.out.size(1));
   PK_ASSERT(pass.layer_inputs.size() == layers_.size());
+  std::vector<torch::Tensor> sig(params_.size());
+  walk_back(pass, c, layers_.size(), of_logits, sig);
+  return sig;
+}
+
+std::vector<torch::Tensor> OwnRoute::signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const {
+  PK_ASSERT(pass.t.defined() && layer < params_.size() && pass.layer_inputs.size() == layers_.size());
+  torch::NoGradGuard no_grad;
+  size_t end = 0;  // param layer `layer`'s index among the layers, plus one
+  for (size_t i = 0, l = 0; i < layers_.size() && end == 0; ++i) {
+    if (has_params(layers_[i]) && l++ == layer) end = i + 1;
+  }
+  std::vector<torch::Tensor> sig(params_.size());
+  walk_back(pass, g, end, /*of_logits=*/true, sig);
+  return sig;
+}
+
+void OwnRoute::walk_back(const SegmentPass& pass, torch::Tensor g, size_t end, bool of_logits,
+                         std::vector<torch::Tensor>& sig) const {
   // Walk back: g is the gradient at the current layer's output, [K, R, ...]
   // (the rows' own shape with K in front); the weights at row r are
   // W_s + t_r dW_s, so every param layer's backward is two products, or one
   // when every row is at t = 0 (the training side's passes).
   const bool at_start = all_zero(pass.t);
-  std::vector<torch::Tensor> sig(params_.size());
-  torch::Tensor g = c;
-  size_t l = params_.size();
-  for (size_t i = layers_.size(); i-- > 0;) {
+  size_t l = 0;
+  for (size_t i = 0; i < end; ++i) l += has_params(layers_[i]) ? 1 : 0;
+  for (size_t i = end; i-- > 0;) {
     const LayerDesc& d = layers_[i];
     if (!has_params(d)) {
       g = free_backward(i, g, pass, of_logits);
       continue;
     }
     sig[--l] = g;
-    if (l == 0) return sig;
+    if (l == 0) return;
     g = param_backward(d, l, g, pass, at_start);
   }
   PK_ASSERT(false && "own route: no param layer");
-  return sig;
 }
 
 }  // namespace

@@ -29,6 +29,12 @@ std::vector<torch::Tensor> Route::signals(const SegmentPass&, const torch::Tenso
   return {};
 }
 
+std::vector<torch::Tensor> Route::signals_from(const SegmentPass&, size_t layer, const torch::Tensor&) const {
+  PK_CHECK(false, "the " << name() << " route cannot walk back from param layer " << layer
+                         << ": only routes whose layers are walked by hand (own, chain) can");
+  return {};
+}
+
 torch::Tensor Route::weight_of(const torch::Tensor& v, size_t l) const {
   const ParamLayer& p = params_[l];
   return v.narrow(0, p.weight_offset, p.weight_numel).view(p.weight_shape);

@@ -589,7 +589,7 @@ KinkSearch find_kinks(const KinkSites& ev, const torch::Tensor& x, const std::ve
                       const std::vector<int64_t>& point, const std::vector<double>& t,
                       const std::vector<KinkBracket>& brackets, bool skip_first_layer, bool fit_polynomials,
                       int64_t rows_per_pass) {
-  PK_ASSERT(preacts.size() == ev.relu_after().size() && point.size() == t.size() && rows_per_pass > 0);
+  PK_ASSERT(preacts.size() <= ev.relu_after().size() && point.size() == t.size() && rows_per_pass > 0);
   if (brackets.empty()) return {};
   Search search{ev, x, preacts, point, t, fit_polynomials, rows_per_pass, {}, {}, {}, {}, {}};
   search.detect(brackets, skip_first_layer);

@@ -1,0 +1,120 @@
+// The held last site (last_site.h, docs/math.md §7): its pieces end at the
+// earlier sites' kinks only, and the last site's switches inside a piece
+// enter through scalar integrals. Compared with the reference where every
+// kink ends a piece (QuadratureOptions::local_last_site = false), which
+// features_test.cpp compares with autograd.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "pathkernel/features.h"
+#include "pathkernel/kinks.h"
+#include "pathkernel/model.h"
+#include "pathkernel/segment.h"
+
+namespace pathkernel {
+namespace {
+
+struct Case {
+  std::string spec;
+  std::vector<int64_t> shape;
+  OutputMap map;
+};
+
+NetworkOptions options_for(const Case& c) {
+  NetworkOptions o;
+  o.spec = ModelSpec::parse(c.spec);
+  o.input_shape = c.shape;
+  o.num_classes = 4;
+  o.output = c.map;
+  o.seed = 5;
+  return o;
+}
+
+std::string name(const Case& c) { return c.spec + "/" + output_map_name(c.map); }
+
+/// The kinks counted at site l (flips, switches and closed form).
+int64_t kinks_at(const TestFeatures& f, size_t l) {
+  int64_t n = 0;
+  for (size_t i = 3 * l; i < 3 * l + 3 && i < f.kinks_by_site.size(); ++i) n += f.kinks_by_site[i];
+  return n;
+}
+
+// Networks whose last site can be held: a max-pool after it (its windows
+// tiling the site or leaving a row and column out), none (a Linear site),
+// and four param layers (the site a cubic on a piece, its roots found
+// between sign changes); logits and log-softmax. A long step crosses many
+// switches.
+TEST(LastSite, HeldSiteGivesTheFeaturesOfEveryKinkAPiece) {
+  const std::vector<Case> cases = {
+      {"cnn:2,3", {1, 8, 8}, OutputMap::LogSoftmax}, {"cnn:2,3", {1, 9, 9}, OutputMap::Logits},
+      {"cnn:3,4", {1, 10, 10}, OutputMap::LogSoftmax}, {"mlp:6,5", {4}, OutputMap::Logits},
+      {"mlp:6,5", {4}, OutputMap::LogSoftmax},        {"mlp:6,5,4", {4}, OutputMap::LogSoftmax},
+      {"cnn:2,3,3", {1, 22, 22}, OutputMap::LogSoftmax},
+  };
+  for (const Case& c : cases) {
+    Network net = build_network(options_for(c));
+    torch::manual_seed(17);
+    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
+    std::vector<int64_t> xs{5};
+    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
+    const torch::Tensor x = torch::randn(xs, torch::kFloat64);
+    SegmentEvaluator ev(net);
+    ev.set_segment(w, dw);
+    ASSERT_TRUE(ev.last_site_local()) << name(c);
+    QuadratureOptions q;
+    const TestFeatures held = test_features(ev, x, q);
+    q.local_last_site = false;
+    const TestFeatures every = test_features(ev, x, q);
+    const torch::Tensor a = dense_features(ev, held), b = dense_features(ev, every);
+    EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name(c);
+    EXPECT_LE(held.certificate_gap, 1e-13) << name(c);
+    // The held site's switches are found on the pieces' interpolants, not
+    // searched for: wherever the reference ends a piece and the held
+    // features have no break, the network's pattern at the site is the same
+    // on either side (the reference's search also cuts where a unit flips
+    // after its window's maximum passed to another, which the network does
+    // not see). Fewer rows.
+    const size_t site = ev.param_layers().size() - 2;
+    EXPECT_GT(kinks_at(held, site), 0) << name(c);
+    EXPECT_LE(kinks_at(held, site), kinks_at(every, site)) << name(c);
+    EXPECT_LT(held.evaluations + held.moment_evaluations, every.evaluations + every.moment_evaluations) << name(c);
+    for (size_t i = 0; i < held.breaks.size(); ++i) {
+      const std::vector<double>& hb = held.breaks[i];
+      std::vector<double> either, after;
+      std::vector<int64_t> rows;
+      for (double t : every.breaks[i]) {
+        auto at = std::lower_bound(hb.begin(), hb.end(), t);
+        const double gap = std::min(at == hb.end() ? 1.0 : *at - t, at == hb.begin() ? 1.0 : t - *(at - 1));
+        if (gap < 1e-9 || t <= 0 || t >= 1) continue;
+        const double d = std::min(1e-9, 0.25 * gap);
+        either.push_back(t - d);
+        after.push_back(t + d);
+      }
+      if (either.empty()) continue;
+      either.insert(either.end(), after.begin(), after.end());
+      const int64_t k = static_cast<int64_t>(after.size());
+      const torch::Tensor xi = x.narrow(0, static_cast<int64_t>(i), 1).expand(xs.size() == 2 ? std::vector<int64_t>{2 * k, -1} : std::vector<int64_t>{2 * k, -1, -1, -1});
+      const std::vector<torch::Tensor> pattern =
+          activation_patterns(ev, ev.sites_at(xi, torch::tensor(either, torch::kFloat64)));
+      EXPECT_TRUE(pattern[site].narrow(0, 0, k).equal(pattern[site].narrow(0, k, k)))
+          << name(c) << " test " << i << ": a switch of the held site that is not a break";
+    }
+  }
+}
+
+// Only a piecewise-linear network of three param layers or more holds its
+// last site: with two, that site is the first, whose kinks are closed-form
+// already; smooth units have no kinks.
+TEST(LastSite, OnlyASiteFeedingTheLogitsAloneIsHeld) {
+  for (const Case& c : std::vector<Case>{{"cnn:3", {1, 8, 8}, OutputMap::LogSoftmax},
+                                         {"mlp:6", {4}, OutputMap::Logits},
+                                         {"mlp:6,5:tanh", {4}, OutputMap::Logits}}) {
+    Network net = build_network(options_for(c));
+    SegmentEvaluator ev(net);
+    EXPECT_FALSE(ev.last_site_local()) << name(c);
+  }
+}
+
+}  // namespace
+}  // namespace pathkernel
