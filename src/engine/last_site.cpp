@@ -141,7 +141,48 @@ std::vector<double> piece_switches(const torch::Tensor& c, const std::vector<int
     }
     return best;
   };
+  // A unit's range on [−1, 1]: exact up to degree 2, else bounded by its
+  // coefficients.
+  auto range = [&](int64_t u) {
+    const double* k = cp + u * (d + 1);
+    if (d <= 2) {
+      double lo = std::min(value(u, -1.0), value(u, 1.0)), hi = std::max(value(u, -1.0), value(u, 1.0));
+      if (d == 2 && k[2] != 0) {
+        const double v = -k[1] / (2 * k[2]);
+        if (v > -1 && v < 1) {
+          lo = std::min(lo, value(u, v));
+          hi = std::max(hi, value(u, v));
+        }
+      }
+      return std::make_pair(lo, hi);
+    }
+    double spread = 0;
+    for (int64_t i = 1; i <= d; ++i) spread += std::abs(k[i]);
+    return std::make_pair(k[0] - spread, k[0] + spread);
+  };
+  // Whether a window's pass-on cannot change on the piece: no unit is ever
+  // positive, or one stays positive and above every other's range.
+  auto settled = [&]() {
+    double best_lo = -std::numeric_limits<double>::infinity(), top_hi = 0;
+    size_t best = 0;
+    std::vector<std::pair<double, double>> r;
+    for (size_t i = 0; i < units.size(); ++i) {
+      r.push_back(range(units[i]));
+      top_hi = std::max(top_hi, r[i].second);
+      if (r[i].first > best_lo) {
+        best_lo = r[i].first;
+        best = i;
+      }
+    }
+    if (top_hi <= 0) return true;
+    if (best_lo <= 0) return false;
+    for (size_t i = 0; i < units.size(); ++i) {
+      if (i != best && r[i].second >= best_lo) return false;
+    }
+    return true;
+  };
   auto window = [&]() {
+    if (settled()) return;
     cand.clear();
     for (size_t i = 0; i < units.size(); ++i) {
       roots_in(cp + units[i] * (d + 1), d, cand);
@@ -498,23 +539,25 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
       // The logits' layer, per piece.
       const torch::Tensor piece = pieces_t.index_select(0, g);
       out.h_sum.index_add_(0, piece, torch::bmm(s.q.unsqueeze(1), hs).squeeze(1));
-      // Where each unit passes on, e [nc, U], and the nodes' sums on it.
-      const torch::Tensor e = torch::zeros({nc, U}, opts).scatter_(1, sel, mask).unsqueeze(1);
-      const torch::Tensor rows = rows_t.index_select(0, g).flatten();  // [nc m]: each sub-piece's node rows
-      e0.index_add_(0, rows, (s.c0.unsqueeze(2) * e).view({nc * m, U}));
-      e1.index_add_(0, rows, (s.c1.unsqueeze(2) * e).view({nc * m, U}));
+      // The nodes' sums on the units that pass on: node row r, unit sel[n, w].
+      const torch::Tensor at = (rows_t.index_select(0, g).unsqueeze(2) * U + sel.unsqueeze(1)).flatten();  // [nc m Hw]
+      const torch::Tensor on = mask.unsqueeze(1);                                                          // [nc, 1, Hw]
+      e0.view(-1).index_add_(0, at, (s.c0.unsqueeze(2) * on).flatten());
+      e1.view(-1).index_add_(0, at, (s.c1.unsqueeze(2) * on).flatten());
       if (softmax) {
         out.ph_sum.index_add_(0, piece, torch::bmm(s.pq, hs));
         out.p_sum.index_add_(0, piece, s.pq.sum(2));
         const torch::Tensor pw = torch::matmul(s.p0, lg.w0) + torch::matmul(s.p1, lg.dw);  // [nc, m, Hw]
-        e2.index_add_(0, rows, (pw.index_select(2, w_of_u) * e).view({nc * m, U}));
+        e2.view(-1).index_add_(0, at, (pw * on).flatten());
       }
     }
   }
   const torch::Tensor w0u = lg.w0.index_select(1, w_of_u).unsqueeze(1), dwu = lg.dw.index_select(1, w_of_u).unsqueeze(1);
   std::vector<int64_t> cot_shape{K};
   cot_shape.insert(cot_shape.end(), shape.begin(), shape.end());
-  out.cotangents = (w0u * e0 + dwu * e1 - e2).view(cot_shape);  // [K, R, ...]
+  torch::Tensor cot = w0u * e0;  // [K, R, U]
+  cot.addcmul_(dwu, e1).sub_(e2);
+  out.cotangents = cot.view(cot_shape);
   return out;
 }
 
