@@ -87,13 +87,16 @@ struct QuadratureOptions {
   /// exact pieces and the run's budget (docs/math.md §7). false: Illinois
   /// false position alone, to a 4-ulp bracket (the reference).
   bool fit_kinks = true;
-  /// Hold the last kink site (docs/math.md §7, "The last site's switches,
-  /// integrated locally") where the route allows it
+  /// Whether the last kink site is held (docs/math.md §7, "The last site's
+  /// switches, integrated locally") where the route allows it
   /// (KinkHints::last_site_local) and the pieces are exact: pieces end at
   /// the earlier sites' kinks only, and the last site's switches inside a
-  /// piece enter through scalar integrals over the piece's interpolants.
-  /// false: every kink ends a piece (the reference).
-  bool local_last_site = true;
+  /// piece enter through scalar integrals over the piece's interpolants, at
+  /// L − 1 nodes a piece. Auto: where that is no more nodes a piece than
+  /// the pieces' own rule (L = 3); Local: wherever the route allows it;
+  /// Pieces: every kink ends a piece (the reference).
+  enum class LastSite { Auto, Local, Pieces };
+  LastSite last_site = LastSite::Auto;
   int64_t max_rows = 512;  ///< integrand evaluations per batched pass (bounds memory)
   int max_depth = 30;   ///< halvings of a piece before it is accepted as is
   /// TorchScript modules: the structured route where every parameter has a

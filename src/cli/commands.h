@@ -89,7 +89,7 @@ struct QuadratureArgs {
   int gauss_nodes = 8;
   std::string pieces = "exact";  ///< QuadratureOptions::exact_pieces: exact or adaptive
   std::string kinks = "fit";  ///< QuadratureOptions::fit_kinks: bracket or fit
-  std::string last_site = "local";  ///< QuadratureOptions::local_last_site: local or pieces
+  std::string last_site = "auto";  ///< QuadratureOptions::last_site: auto, local or pieces
   int64_t point_block = DecompositionOptions{}.point_block;
   /// --memory in bytes: the test side's budget (DecompositionOptions::memory_doubles)
   uint64_t memory = static_cast<uint64_t>(DecompositionOptions{}.memory_doubles) * sizeof(double);

@@ -45,9 +45,9 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
   cmd->add_option("--last-site", last_site,
                   "gauss, exact pieces: local (where the logits are a Linear layer fed by the site of the layer "
                   "before through its ReLU, max-pool and flatten alone, that site's switches inside a piece enter "
-                  "through scalar integrals: pieces end at the earlier sites' kinks only) or pieces (every kink "
-                  "ends a piece)")
-      ->check(CLI::IsMember({"local", "pieces"}))
+                  "through scalar integrals: pieces end at the earlier sites' kinks only, L-1 nodes a piece), "
+                  "pieces (every kink ends a piece) or auto (local where it takes no more nodes a piece: L = 3)")
+      ->check(CLI::IsMember({"auto", "local", "pieces"}))
       ->capture_default_str();
   cmd->add_option("--point-block", point_block,
                   "Test points computed together (0: automatic, 32 for a network of Linear layers on flat inputs, "
@@ -76,7 +76,9 @@ DecompositionOptions QuadratureArgs::options() const {
   options.quadrature.gauss_nodes = gauss_nodes;
   options.quadrature.exact_pieces = pieces == "exact";
   options.quadrature.fit_kinks = kinks == "fit";
-  options.quadrature.local_last_site = last_site == "local";
+  options.quadrature.last_site = last_site == "local"    ? QuadratureOptions::LastSite::Local
+                                 : last_site == "pieces" ? QuadratureOptions::LastSite::Pieces
+                                                         : QuadratureOptions::LastSite::Auto;
   options.quadrature.route = route == "generic" ? ModuleRoute::Generic : ModuleRoute::Auto;
   options.point_block = point_block;
   PK_CHECK(memory >= 64 * 1024 && memory <= (uint64_t{1} << 50),

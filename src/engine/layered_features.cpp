@@ -225,7 +225,7 @@ class LayeredFeatures final : public Integrand {
   std::vector<torch::Tensor> round_sites_;  ///< round_sites(), empty until asked for
   std::vector<torch::Tensor> sig_, msig_;
   torch::Tensor point_t_, w_t_, mpoint_t_, end_index_;
-  /// The last site held (QuadratureOptions::local_last_site): pieces end
+  /// The last site held (QuadratureOptions::last_site): pieces end
   /// at the earlier sites' kinks, and each test point's switches of the
   /// held site (sorted) enter through last_site_terms.
   bool held_ = false;
@@ -259,7 +259,11 @@ LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor
   const int64_t degree = q.exact_pieces ? ev.polynomial_degree() : 0;
   fold_ = degree > 0 && ev.log_softmax_output();
   exact_nodes_ = degree == 0 ? 0 : fold_ ? degree : (degree + 1) / 2;
-  held_ = degree > 0 && q.local_last_site && q.spec.kind == QuadratureSpec::Kind::Gauss && ev.last_site_local();
+  // Held, a piece takes L − 1 nodes against the pieces' own ⌈L/2⌉ (and
+  // moment nodes): under Auto, only where that is no more (L = 3).
+  using LastSite = QuadratureOptions::LastSite;
+  held_ = degree > 0 && q.spec.kind == QuadratureSpec::Kind::Gauss && ev.last_site_local() &&
+          (q.last_site == LastSite::Local || (q.last_site == LastSite::Auto && degree - 1 <= (degree + 1) / 2));
   if (held_) {
     // ∂y/∂θ at the held site has degree L − 2 on a piece: L − 1 nodes
     // interpolate it; the softmax factor is integrated with the scalars.

@@ -1,7 +1,7 @@
 // The held last site (last_site.h, docs/math.md §7): its pieces end at the
 // earlier sites' kinks only, and the last site's switches inside a piece
 // enter through scalar integrals. Compared with the reference where every
-// kink ends a piece (QuadratureOptions::local_last_site = false), which
+// kink ends a piece (QuadratureOptions::LastSite::Pieces), which
 // features_test.cpp compares with autograd.
 #include <gtest/gtest.h>
 
@@ -63,8 +63,9 @@ TEST(LastSite, HeldSiteGivesTheFeaturesOfEveryKinkAPiece) {
     ev.set_segment(w, dw);
     ASSERT_TRUE(ev.last_site_local()) << name(c);
     QuadratureOptions q;
+    q.last_site = QuadratureOptions::LastSite::Local;
     const TestFeatures held = test_features(ev, x, q);
-    q.local_last_site = false;
+    q.last_site = QuadratureOptions::LastSite::Pieces;
     const TestFeatures every = test_features(ev, x, q);
     const torch::Tensor a = dense_features(ev, held), b = dense_features(ev, every);
     EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name(c);
