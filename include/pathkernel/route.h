@@ -69,6 +69,9 @@ struct SegmentPass {
   std::vector<torch::Tensor> argmax;        ///< own networks: a max-pool layer's window argmax, by layer index
 };
 
+/// The rows `index` [R'] of a pass: every tensor it holds taken at those rows.
+SegmentPass rows_of(const SegmentPass& pass, const torch::Tensor& index);
+
 /// What is known of a route's kink sites (the tensors whose units' sign
 /// changes, and with a pool window argmax switches, are the integrand's
 /// kinks), for the kink search (kinks.h) and the exact pieces.
@@ -129,6 +132,16 @@ class Route {
   /// `layer`. Routes whose layers are walked by hand (own, chain); the
   /// others throw.
   virtual std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const;
+  /// The first param layer's signals of a pair of cotangents on param layer
+  /// 1's pre-activation, [K, R, ...]: g taken through layer 1 at the
+  /// segment's start W_s, g_dw at its direction dW (W_s g + dW g_dw, where
+  /// signals_from takes g at each row's W_s + t dW). Walked back through the
+  /// pass's masks, it gives a piece's sum over its nodes Σ_j of their
+  /// signals from G_j in one walk, with g = Σ_j G_j and g_dw = Σ_j t_j G_j,
+  /// wherever the nodes share their masks (a piece between the first site's
+  /// kinks). Routes whose layers are walked by hand; the others throw.
+  virtual torch::Tensor first_signals_of_pair(const SegmentPass& pass, const torch::Tensor& g,
+                                              const torch::Tensor& g_dw) const;
   /// The kink sites of a pass: tensors [R, ...] (KinkHints).
   virtual const std::vector<torch::Tensor>& kink_sites(const SegmentPass& pass) const { return pass.preacts; }
   const KinkHints& hints() const { return hints_; }

@@ -67,6 +67,11 @@ class SegmentEvaluator : public KinkSites {
   std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const {
     return route_->signals_from(pass, layer, g);
   }
+  /// The first param layer's signals of a pair of cotangents on param layer
+  /// 1 (Route::first_signals_of_pair).
+  torch::Tensor first_signals_of_pair(const SegmentPass& pass, const torch::Tensor& g, const torch::Tensor& g_dw) const {
+    return route_->first_signals_of_pair(pass, g, g_dw);
+  }
   /// Whether the last kink site can be held (KinkHints::last_site_local).
   bool last_site_local() const { return route_->hints().last_site_local; }
   /// The segment's start w [P].

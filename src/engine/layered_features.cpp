@@ -233,6 +233,14 @@ class LayeredFeatures final : public Integrand {
   bool softmax_ = false;
   std::vector<std::vector<double>> switches_;
   LastSiteTerms terms_;  ///< the current round's
+  /// Held at param layer 1 with the first layer summed: the first layer's
+  /// signals are needed only as each piece's sum over its nodes, whose
+  /// masks agree (the pieces end at the first site's kinks), so one walk
+  /// of a pair of cotangents per piece gives it (Route::first_signals_of_pair)
+  /// instead of one walk per node: the round's, [K, np, ...], and each
+  /// piece's first node row, whose masks (and first-layer direction) it used.
+  bool pair_walk_ = false;
+  torch::Tensor piece_first_sig_, piece_first_row_;
   /// Per test point, the accepted pieces' sums of the logits' layer (last_site.h).
   torch::Tensor h_sum_, ph_sum_, p_sum_, len_sum_;
 };
@@ -280,6 +288,7 @@ LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor
     len_sum_ = torch::zeros({n_}, opts_);
     check_hidden_ = false;  // only sites before the held one are fitted
     for (size_t l = 1; l < site_; ++l) check_hidden_ = check_hidden_ || ev.relu_after()[l];
+    pair_walk_ = site_ == 1 && sum_first_;
   }
 }
 
@@ -459,8 +468,29 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
   const torch::Tensor end_y = end_select(p0_.preacts[site_], p1_.preacts[site_],
                                          pf_.out.defined() ? pf_.preacts[site_] : torch::Tensor(), end_index_);
   terms_ = last_site_terms(ev_, rd, pass_.preacts[site_].detach(), end_y, softmax_);
-  sig_ = ev_.signals_from(pass_, site_, terms_.cotangents);
   f_.evaluations += rd.rows;
+  if (!pair_walk_) {
+    sig_ = ev_.signals_from(pass_, site_, terms_.cotangents);
+    return;
+  }
+  // The site's own signals are the nodes' cotangents; the first layer's,
+  // one walk per piece of Σ_j G_j at W_s and Σ_j t_j G_j at dW.
+  sig_.assign(layers_, torch::Tensor());
+  sig_[site_] = terms_.cotangents;
+  std::vector<int64_t> first_row(static_cast<size_t>(rd.np));
+  for (int64_t p = 0; p < rd.np; ++p) {
+    PK_ASSERT(rd.first[p + 1] > rd.first[p]);
+    first_row[static_cast<size_t>(p)] = rd.first[p];
+  }
+  piece_first_row_ = torch::tensor(first_row, torch::kLong);
+  const torch::Tensor& g = terms_.cotangents;  // [K, R, ...]
+  std::vector<int64_t> sizes = g.sizes().vec(), t_shape(g.dim(), 1);
+  sizes[1] = rd.np;
+  t_shape[1] = rd.rows;
+  const torch::Tensor piece = torch::tensor(rd.piece_of, torch::kLong);
+  const torch::Tensor g_sum = torch::zeros(sizes, opts_).index_add_(1, piece, g);
+  const torch::Tensor gt_sum = torch::zeros(sizes, opts_).index_add_(1, piece, g * pass_.t.view(t_shape));
+  piece_first_sig_ = ev_.first_signals_of_pair(rows_of(pass_, piece_first_row_), g_sum, gt_sum);
 }
 
 torch::Tensor LayeredFeatures::held_dot() const {
@@ -478,6 +508,7 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   torch::Tensor jdw;  // [K, R]
   if (held_) {
     for (size_t l = 0; l <= site_; ++l) {
+      if (!sig_[l].defined()) continue;  // the first layer's, walked per piece
       const torch::Tensor part = (sig_[l] * pass_.directions[l].unsqueeze(0)).flatten(2).sum(2);
       jdw = jdw.defined() ? jdw + part : part;
     }
@@ -487,6 +518,11 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   torch::Tensor integral = torch::zeros({rd.np, jdw.size(0)}, opts_).index_add_(
       0, torch::tensor(rd.piece_of, torch::kLong), (jdw * w_t_.unsqueeze(0)).t());  // [np, K]
   if (held_) integral += held_dot();
+  if (pair_walk_) {
+    // The first layer's direction is the same at a piece's nodes (its input is fixed).
+    const torch::Tensor dir = pass_.directions[0].index_select(0, piece_first_row_).unsqueeze(0);
+    integral += (piece_first_sig_ * dir).flatten(2).sum(2).t();
+  }
   if (rd.moment_rows > 0) {
     const torch::Tensor mdw = segment_dot(ev_, pm_, msig_).detach();  // [1, R_m]
     integral.index_add_(0, torch::tensor(rd.mpiece_of, torch::kLong), mdw.t().expand({rd.moment_rows, jdw.size(0)}));
@@ -614,6 +650,7 @@ void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& a
     ph_sum_.index_add_(0, pt, terms_.ph_sum.index_select(0, pc));
     p_sum_.index_add_(0, pt, terms_.p_sum.index_select(0, pc));
     len_sum_.index_add_(0, pt, terms_.len.index_select(0, pc));
+    if (pair_walk_) keep_first(piece_first_sig_.index_select(1, pc), pt, torch::Tensor(), /*unit=*/true);
     for (int64_t p : accepted) {
       std::vector<double>& sw = switches_[static_cast<size_t>(rd.end_point[2 * p])];
       sw.insert(sw.end(), terms_.switches[p].begin(), terms_.switches[p].end());

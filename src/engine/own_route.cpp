@@ -34,6 +34,8 @@ class OwnRoute final : public LayeredRoute {
   /// values as K autograd backward passes. The pass may be untracked.
   std::vector<torch::Tensor> signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits) const override;
   std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const override;
+  torch::Tensor first_signals_of_pair(const SegmentPass& pass, const torch::Tensor& g,
+                                      const torch::Tensor& g_dw) const override;
   bool concurrent_points() const override { return true; }
 
  private:
@@ -44,6 +46,14 @@ class OwnRoute final : public LayeredRoute {
   /// The gradient at param layer l's input from g at its output, [K, R, ...].
   torch::Tensor param_backward(const LayerDesc& d, size_t l, const torch::Tensor& g, const SegmentPass& pass,
                                bool at_start) const;
+  /// The gradient at param layer l's input from g at its output taken at
+  /// the start's weights and g_dw at the direction's, [K, R, ...].
+  torch::Tensor pair_backward(const LayerDesc& d, size_t l, const torch::Tensor& g, const torch::Tensor& g_dw,
+                              const SegmentPass& pass) const;
+  /// The input gradient of convolution l (stride 1) of rows g [K, R, C', ...]
+  /// through `weight` (output channels C'), [K, R, ...] in its input's shape.
+  torch::Tensor conv_backward(const LayerDesc& d, size_t l, const torch::Tensor& g, const torch::Tensor& weight,
+                              const SegmentPass& pass) const;
   /// The gradient at max-pool layer i's input from g at its output (and
   /// through the ReLU before it, if any), [K, R, ...].
   torch::Tensor pool_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass) const;
@@ -178,26 +188,33 @@ SegmentPass OwnRoute::forward(const torch::Tensor& x, const torch::Tensor& t, bo
 torch::Tensor OwnRoute::param_backward(const LayerDesc& d, size_t l, const torch::Tensor& g, const SegmentPass& pass,
                                        bool at_start) const {
   const torch::Tensor& t = pass.t;
-  const int64_t K = g.size(0), R = g.size(1);
+  const int64_t R = g.size(1);
   if (d.kind == Kind::Linear) {
     return at_start ? torch::matmul(g, weight_of(w_, l))
                     : torch::matmul(g, weight_of(w_, l)) + t.view({1, R, 1}) * torch::matmul(g, weight_of(dw_, l));
   }
-  // The input gradient of a stride-1 convolution, as autograd takes it
-  // (the input only gives its shape, and is never read).
-  const torch::Tensor flat = g.flatten(0, 1), a = pass.inputs[l];
-  const torch::Tensor shape_of_input = torch::empty({K * R, a.size(1), a.size(2), a.size(3)}, a.options());
-  auto back = [&](const torch::Tensor& g_rows, const torch::Tensor& weight) {
-    return std::get<0>(torch::convolution_backward(g_rows, shape_of_input, weight, c10::nullopt, {1, 1},
-                                                   {d.padding, d.padding}, {1, 1}, false, {0, 0}, 1,
-                                                   {true, false, false}));
-  };
-  if (at_start) return back(flat, weight_of(w_, l)).unflatten(0, {K, R});
+  if (at_start) return conv_backward(d, l, g, weight_of(w_, l), pass);
   // Row r's weights are W_s + t_r dW_s: its input gradient is that of
   // [g_r, t_r g_r] through [W_s; dW_s], one convolution of twice the
   // channels.
-  const torch::Tensor scaled = flat * t.repeat({K}).view({-1, 1, 1, 1});
-  return back(torch::cat({flat, scaled}, 1), torch::cat({weight_of(w_, l), weight_of(dw_, l)}))
+  return pair_backward(d, l, g, g * t.view({1, R, 1, 1, 1}), pass);
+}
+
+torch::Tensor OwnRoute::pair_backward(const LayerDesc& d, size_t l, const torch::Tensor& g, const torch::Tensor& g_dw,
+                                      const SegmentPass& pass) const {
+  if (d.kind == Kind::Linear) return torch::matmul(g, weight_of(w_, l)) + torch::matmul(g_dw, weight_of(dw_, l));
+  return conv_backward(d, l, torch::cat({g, g_dw}, 2), torch::cat({weight_of(w_, l), weight_of(dw_, l)}), pass);
+}
+
+torch::Tensor OwnRoute::conv_backward(const LayerDesc& d, size_t l, const torch::Tensor& g,
+                                      const torch::Tensor& weight, const SegmentPass& pass) const {
+  // As autograd takes it: the input only gives its shape, and is never read.
+  const int64_t K = g.size(0), R = g.size(1);
+  const torch::Tensor& a = pass.inputs[l];
+  const torch::Tensor shape_of_input = torch::empty({K * R, a.size(1), a.size(2), a.size(3)}, a.options());
+  return std::get<0>(torch::convolution_backward(g.flatten(0, 1), shape_of_input, weight, c10::nullopt, {1, 1},
+                                                 {d.padding, d.padding}, {1, 1}, false, {0, 0}, 1,
+                                                 {true, false, false}))
       .unflatten(0, {K, R});
 }
 
@@ -268,6 +285,17 @@ std::vector<torch::Tensor> OwnRoute::signals_from(const SegmentPass& pass, size_
   std::vector<torch::Tensor> sig(params_.size());
   walk_back(pass, g, end, /*of_logits=*/true, sig);
   return sig;
+}
+
+torch::Tensor OwnRoute::first_signals_of_pair(const SegmentPass& pass, const torch::Tensor& g,
+                                               const torch::Tensor& g_dw) const {
+  PK_ASSERT(params_.size() >= 2 && pass.layer_inputs.size() == layers_.size());
+  torch::NoGradGuard no_grad;
+  size_t i = 0;  // param layer 1's index among the layers
+  for (size_t l = 0; !(has_params(layers_[i]) && l++ == 1);) ++i;
+  std::vector<torch::Tensor> sig(params_.size());
+  walk_back(pass, pair_backward(layers_[i], 1, g, g_dw, pass), i, /*of_logits=*/true, sig);
+  return sig[0];
 }
 
 void OwnRoute::walk_back(const SegmentPass& pass, torch::Tensor g, size_t end, bool of_logits,

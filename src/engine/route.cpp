@@ -35,6 +35,33 @@ std::vector<torch::Tensor> Route::signals_from(const SegmentPass&, size_t layer,
   return {};
 }
 
+torch::Tensor Route::first_signals_of_pair(const SegmentPass&, const torch::Tensor&, const torch::Tensor&) const {
+  PK_CHECK(false, "the " << name() << " route cannot walk back a pair of cotangents: only routes whose layers are "
+                         << "walked by hand (own, chain) can");
+  return {};
+}
+
+SegmentPass rows_of(const SegmentPass& pass, const torch::Tensor& index) {
+  auto take = [&](const torch::Tensor& v) { return v.defined() ? v.index_select(0, index) : v; };
+  auto take_all = [&](const std::vector<torch::Tensor>& vs) {
+    std::vector<torch::Tensor> out;
+    for (const torch::Tensor& v : vs) out.push_back(take(v));
+    return out;
+  };
+  SegmentPass rows;
+  rows.out = take(pass.out);
+  rows.logits = take(pass.logits);
+  rows.sequence = take(pass.sequence);
+  rows.inputs = take_all(pass.inputs);
+  rows.preacts = take_all(pass.preacts);
+  rows.directions = take_all(pass.directions);
+  rows.sites = take_all(pass.sites);
+  rows.t = take(pass.t);
+  rows.layer_inputs = take_all(pass.layer_inputs);
+  rows.argmax = take_all(pass.argmax);
+  return rows;
+}
+
 torch::Tensor Route::weight_of(const torch::Tensor& v, size_t l) const {
   const ParamLayer& p = params_[l];
   return v.narrow(0, p.weight_offset, p.weight_numel).view(p.weight_shape);
