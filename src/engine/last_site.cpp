@@ -456,6 +456,15 @@ Sums sums_of(const std::vector<double>& a, const std::vector<double>& b, const s
 
 }  // namespace
 
+torch::Tensor cotangents_of(const torch::Tensor& fields, const torch::Tensor& w0u, const torch::Tensor& dwu,
+                            const std::vector<int64_t>& shape) {
+  std::vector<int64_t> cot_shape{w0u.size(0), fields.size(1)};
+  cot_shape.insert(cot_shape.end(), shape.begin() + 1, shape.end());
+  torch::Tensor cot = w0u.unsqueeze(1) * fields[0];  // [K, R, U]
+  cot.addcmul_(dwu.unsqueeze(1), fields[1]).sub_(fields[2]);
+  return cot.view(cot_shape);
+}
+
 LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, const torch::Tensor& node_y,
                               const torch::Tensor& end_y, bool softmax) {
   const size_t fin = ev.param_layers().size() - 1, site = fin - 1;
@@ -552,12 +561,10 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
       }
     }
   }
-  const torch::Tensor w0u = lg.w0.index_select(1, w_of_u).unsqueeze(1), dwu = lg.dw.index_select(1, w_of_u).unsqueeze(1);
-  std::vector<int64_t> cot_shape{K};
-  cot_shape.insert(cot_shape.end(), shape.begin(), shape.end());
-  torch::Tensor cot = w0u * e0;  // [K, R, U]
-  cot.addcmul_(dwu, e1).sub_(e2);
-  out.cotangents = cot.view(cot_shape);
+  out.w0u = lg.w0.index_select(1, w_of_u);
+  out.dwu = lg.dw.index_select(1, w_of_u);
+  out.fields = torch::stack({e0, e1, e2});
+  out.cotangents = cotangents_of(out.fields, out.w0u, out.dwu, shape);
   return out;
 }
 

@@ -22,6 +22,11 @@ struct LastSiteTerms {
   /// Per node row, every output's cotangent on y, [K, R, ...]: the rows walk
   /// it back to the layers below (Route::signals_from).
   torch::Tensor cotangents;
+  /// The same cotangents factored: output k's on unit u (window w(u)) is
+  /// w0u[k, u] e0[r, u] + dwu[k, u] e1[r, u] − e2[r, u], with
+  /// fields = [e0, e1, e2] [3, R, U] and w0u, dwu [K, U] the logits' layer's
+  /// weights at the start and its direction, taken at each unit's window.
+  torch::Tensor fields, w0u, dwu;
   /// Per piece, the logits' layer's part of J̄ over the piece: for output k
   /// its weight block is e_k ⊗ h_sum − ph_sum and its bias e_k len − p_sum.
   torch::Tensor h_sum;   ///< [np, Hw]: ∫ h(t) dt, h the layer's input
@@ -34,6 +39,11 @@ struct LastSiteTerms {
   std::vector<std::vector<double>> switches;
   std::vector<int64_t> flips, argmax;
 };
+
+/// The cotangents [K, R, ...] of fields [3, R, U] (LastSiteTerms::fields)
+/// for a site of shape `shape` (its first entry, the rows, is not read).
+torch::Tensor cotangents_of(const torch::Tensor& fields, const torch::Tensor& w0u, const torch::Tensor& dwu,
+                            const std::vector<int64_t>& shape);
 
 /// The terms of round `rd` (one piece's nodes are its rows first[p] ..
 /// first[p+1]−1; no moment rows) of a network whose last site is held:

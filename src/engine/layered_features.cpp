@@ -173,6 +173,9 @@ class LayeredFeatures final : public Integrand {
   void evaluate_held_round(const PieceRound& rd);
   /// The held logits' layer's part of J̄ dw per piece, [np, K].
   torch::Tensor held_dot() const;
+  /// The held site's part of J̄ dw per node row, [K, R], from the
+  /// cotangents' fields.
+  torch::Tensor site_dot() const;
   /// The kink sites of the round's rows, nodes then ends (formed once a
   /// round, for find_hidden and kinks_in), and the rows' points and t in
   /// that order.
@@ -483,14 +486,22 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
     first_row[static_cast<size_t>(p)] = rd.first[p];
   }
   piece_first_row_ = torch::tensor(first_row, torch::kLong);
-  const torch::Tensor& g = terms_.cotangents;  // [K, R, ...]
-  std::vector<int64_t> sizes = g.sizes().vec(), t_shape(g.dim(), 1);
-  sizes[1] = rd.np;
-  t_shape[1] = rd.rows;
+  // The cotangents are linear in their fields: the sums are the fields'.
+  const torch::Tensor& e = terms_.fields;  // [3, R, U]
   const torch::Tensor piece = torch::tensor(rd.piece_of, torch::kLong);
-  const torch::Tensor g_sum = torch::zeros(sizes, opts_).index_add_(1, piece, g);
-  const torch::Tensor gt_sum = torch::zeros(sizes, opts_).index_add_(1, piece, g * pass_.t.view(t_shape));
-  piece_first_sig_ = ev_.first_signals_of_pair(rows_of(pass_, piece_first_row_), g_sum, gt_sum);
+  const torch::Tensor e_sum = torch::zeros({3, rd.np, e.size(2)}, opts_).index_add_(1, piece, e);
+  const torch::Tensor et_sum =
+      torch::zeros({3, rd.np, e.size(2)}, opts_).index_add_(1, piece, e * pass_.t.view({1, rd.rows, 1}));
+  const std::vector<int64_t> shape = pass_.preacts[site_].sizes().vec();
+  piece_first_sig_ = ev_.first_signals_of_pair(rows_of(pass_, piece_first_row_),
+                                               cotangents_of(e_sum, terms_.w0u, terms_.dwu, shape),
+                                               cotangents_of(et_sum, terms_.w0u, terms_.dwu, shape));
+}
+
+torch::Tensor LayeredFeatures::site_dot() const {
+  // G_{k,r} · d_r = (e0 ⊙ d) w0uᵀ + (e1 ⊙ d) dwuᵀ − Σ_u e2 ⊙ d, per row.
+  const torch::Tensor ed = terms_.fields * pass_.directions[site_].flatten(1).unsqueeze(0);  // [3, R, U]
+  return (torch::matmul(ed[0], terms_.w0u.t()) + torch::matmul(ed[1], terms_.dwu.t()) - ed[2].sum(1, true)).t();
 }
 
 torch::Tensor LayeredFeatures::held_dot() const {
@@ -506,9 +517,10 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   const torch::Tensor end_out = end_select(p0_.out, p1_.out, pf_.out, end_index_);  // [2 np, K]
   // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
   torch::Tensor jdw;  // [K, R]
-  if (held_) {
+  if (pair_walk_) {
+    jdw = site_dot();  // the first layer's part is walked per piece (below)
+  } else if (held_) {
     for (size_t l = 0; l <= site_; ++l) {
-      if (!sig_[l].defined()) continue;  // the first layer's, walked per piece
       const torch::Tensor part = (sig_[l] * pass_.directions[l].unsqueeze(0)).flatten(2).sum(2);
       jdw = jdw.defined() ? jdw + part : part;
     }
@@ -663,7 +675,8 @@ void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& a
     for (int64_t r = rd.first[p]; r < rd.first[p + 1]; ++r) rows.push_back(r);
     for (int64_t r = rd.mfirst[p]; r < rd.mfirst[p + 1]; ++r) moments.push_back(r);
   }
-  if (!rows.empty()) keep(pass_, sig_, torch::tensor(rows, torch::kLong), point_t_, w_t_, fold_);
+  // Held, the weights are in the cotangents (w_t_ is 1).
+  if (!rows.empty()) keep(pass_, sig_, torch::tensor(rows, torch::kLong), point_t_, w_t_, fold_ || held_);
   if (!moments.empty()) {
     keep(pm_, msig_, torch::tensor(moments, torch::kLong), mpoint_t_, torch::ones({rd.moment_rows}, opts_), true);
   }

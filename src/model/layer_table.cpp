@@ -167,13 +167,26 @@ torch::Tensor conv2d_direction(const LayerDesc& d, const torch::Tensor& a, const
   return torch::conv2d(a, vw, vb, g.stride, g.padding, g.dilation, d.groups);
 }
 
+/// The patches [R, C_in·kh·kw, L] of a [R, C_in, H, W], as unfold (im2col)
+/// forms them: one strided copy of the zero-padded input per kernel offset.
+/// The same values as LibTorch's im2col (a copy either way), which on
+/// float64 took 2.7 to 3.3 times as long on the README CNN's layers.
 torch::Tensor conv2d_patches(const LayerDesc& d, const torch::Tensor& a, const std::vector<int64_t>& weight_shape) {
-  namespace F = torch::nn::functional;
   const ConvGeometry g = geometry(d);
-  return F::unfold(a, F::UnfoldFuncOptions({weight_shape[2], weight_shape[3]})
-                          .padding(g.padding)
-                          .stride(g.stride)
-                          .dilation(g.dilation));
+  const int64_t kh = weight_shape[2], kw = weight_shape[3], R = a.size(0), C = a.size(1);
+  const int64_t ph = g.padding[0], pw = g.padding[1], sh = g.stride[0], sw = g.stride[1];
+  const int64_t dh = g.dilation[0], dw = g.dilation[1];
+  const int64_t ho = (a.size(2) + 2 * ph - dh * (kh - 1) - 1) / sh + 1, wo = (a.size(3) + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
+  PK_CHECK(ho > 0 && wo > 0, "a convolution's input " << a.sizes() << " is smaller than its kernel " << kh << "x" << kw);
+  const torch::Tensor padded = ph || pw ? torch::constant_pad_nd(a, {pw, pw, ph, ph}) : a;
+  torch::Tensor out = torch::empty({R, C, kh, kw, ho, wo}, a.options());
+  for (int64_t i = 0; i < kh; ++i) {
+    for (int64_t j = 0; j < kw; ++j) {
+      out.select(2, i).select(2, j).copy_(padded.slice(2, i * dh, i * dh + (ho - 1) * sh + 1, sh)
+                                              .slice(3, j * dw, j * dw + (wo - 1) * sw + 1, sw));
+    }
+  }
+  return out.view({R, C * kh * kw, ho * wo});
 }
 
 /// Σ_positions δ ⊗ patch per group, Σ_positions δ: any convolution with

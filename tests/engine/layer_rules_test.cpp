@@ -197,6 +197,21 @@ TEST_P(EveryLayerRule, SampleGradientsMatchAutogradAndCentralDifferences) {
     const torch::Tensor u = conv_patches(row_.desc, a_, row_.weight);
     EXPECT_EQ(u.size(0), R) << where;
     EXPECT_EQ(u.size(1), row_.input[0] * Qw / (row_.weight[0] * row_.weight[1])) << where;
+    if (row_.desc.kind == LayerDesc::Kind::Conv2d) {
+      // The same values as LibTorch's im2col (unfold), the reference.
+      auto pair = [](std::vector<int64_t> v, int64_t otherwise) {
+        if (v.empty()) v = {otherwise};
+        if (v.size() == 1) v.push_back(v[0]);
+        return v;
+      };
+      namespace F = torch::nn::functional;
+      const LayerDesc& d = row_.desc;
+      const torch::Tensor ref = F::unfold(a_, F::UnfoldFuncOptions({row_.weight[2], row_.weight[3]})
+                                                  .padding(pair(d.padding2, d.padding))
+                                                  .stride(pair(d.stride, 1))
+                                                  .dilation(pair(d.dilation, 1)));
+      EXPECT_TRUE(torch::equal(u, ref)) << where;
+    }
   }
 }
 
