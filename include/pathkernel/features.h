@@ -49,6 +49,13 @@ struct LayerFeatures {
   torch::Tensor inputs;   ///< Rows: a_r [R, in]; Summed: the layer's input [n, in]; Dense: undefined
   torch::Tensor signals;  ///< Rows: δ_{k,r} [K, R, out]; Summed: Σ_r ω_r δ_{k,r} [K, n, out]; Dense: undefined
   torch::Tensor block;    ///< Dense: J̄ [K, n, Q], weight then bias; else undefined
+  /// A held logits' layer (docs/math.md §7), kept Dense, also has its
+  /// block's factors: output k's block is e_k ⊗ h − ph (weight, then bias),
+  /// with held_h [n, in (+1 with a bias)] the rows ∫h (and the pieces'
+  /// length) and held_ph [n, K, in (+1)] the rows ∫p hᵀ (and ∫p). The
+  /// contractions take them, K times fewer products than the block.
+  /// Undefined otherwise.
+  torch::Tensor held_h, held_ph;
 };
 
 /// What certifying test features cost and found, summed over test points

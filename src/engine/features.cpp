@@ -131,12 +131,16 @@ TestFeatures join_features(std::vector<TestFeatures>& parts) {
     LayerFeatures& lf = f.layers[l];
     lf.form = parts[0].layers[l].form;
     // Rows and Summed: inputs rows first, signals [K, rows, ...]; Dense: [K, n, Q].
-    std::vector<torch::Tensor> inputs, signals, blocks;
+    std::vector<torch::Tensor> inputs, signals, blocks, held_h, held_ph;
     for (TestFeatures& p : parts) {
       LayerFeatures& pl = p.layers[l];
       PK_ASSERT(pl.form == lf.form);
       if (lf.form == Form::Dense) {
         blocks.push_back(std::move(pl.block));
+        if (pl.held_h.defined()) {
+          held_h.push_back(std::move(pl.held_h));
+          held_ph.push_back(std::move(pl.held_ph));
+        }
       } else {
         inputs.push_back(std::move(pl.inputs));
         signals.push_back(std::move(pl.signals));
@@ -144,6 +148,10 @@ TestFeatures join_features(std::vector<TestFeatures>& parts) {
     }
     if (lf.form == Form::Dense) {
       lf.block = torch::cat(blocks, 1);
+      if (held_h.size() == parts.size()) {  // every group's, or none
+        lf.held_h = torch::cat(held_h, 0);
+        lf.held_ph = torch::cat(held_ph, 0);
+      }
     } else {
       lf.inputs = torch::cat(inputs, 0);
       lf.signals = torch::cat(signals, 1);
@@ -300,6 +308,25 @@ torch::Tensor point_outer_sums(const TestFeatures& f, const torch::Tensor& s, co
   return sums;
 }
 
+/// A held logits' layer's part of contract_outputs (LayerFeatures::held_h),
+/// for training inputs a [B, in] and K' sets of signals sig [B, K]:
+/// Σ_{o,i} J̄_k[o, i] δ_o a_i = δ_k (h·a) − Σ_o δ_o (ph_o·a), bias in
+/// (a's column of ones): [K, n, K', B].
+torch::Tensor held_part(const LayerFeatures& lf, const torch::Tensor& a, const std::vector<torch::Tensor>& sig) {
+  const int64_t n = lf.held_h.size(0), cols = lf.held_h.size(1), K = lf.held_ph.size(1), B = a.size(0);
+  const torch::Tensor flat = a.reshape({B, -1});
+  PK_ASSERT(cols == flat.size(1) || cols == flat.size(1) + 1);
+  const torch::Tensor ai = cols > flat.size(1) ? torch::cat({flat, torch::ones({B, 1}, flat.options())}, 1) : flat;
+  const torch::Tensor ha = torch::matmul(lf.held_h, ai.t());                                   // [n, B]
+  const torch::Tensor pa = torch::matmul(lf.held_ph.reshape({n * K, cols}), ai.t()).view({n, K, B});
+  std::vector<torch::Tensor> per;
+  for (const torch::Tensor& d : sig) {
+    const torch::Tensor dt = d.reshape({B, K}).t();  // [K, B]
+    per.push_back(dt.unsqueeze(1) * ha.unsqueeze(0) - (pa * dt.unsqueeze(0)).sum(1).unsqueeze(0));  // [K, n, B]
+  }
+  return torch::stack(per, 2);
+}
+
 /// <J̄_k(x_n), ·> against K' sets of training signals of the same rows (one
 /// set of inputs: train_signals' loss signals, or train_output_signals' every
 /// output): [n, B, K, K']. What depends on the rows' inputs alone, the Summed
@@ -355,6 +382,10 @@ torch::Tensor contract_outputs(const SegmentEvaluator& ev, const TestFeatures& f
         break;
       }
       case Form::Dense: {
+        if (lf.held_h.defined()) {
+          part = held_part(lf, t0.inputs[l], sig);
+          break;
+        }
         std::vector<torch::Tensor> g;  // K' x [B, Q]
         for (const TrainSignals& t : ts) g.push_back(layer_sample_gradients(ev, t, l));
         const torch::Tensor& b = lf.block;  // [K, n, Q]

@@ -701,11 +701,18 @@ void LayeredFeatures::assemble() {
   }
   if (held_) {
     // The logits' layer of every output k: weight e_k ⊗ ∫h − ∫p hᵀ, bias e_k len − ∫p.
+    LayerFeatures& lf = f_.layers[layers_ - 1];
+    const bool bias = ev_.param_layers()[layers_ - 1].bias_numel > 0;
+    lf.held_h = bias ? torch::cat({h_sum_, len_sum_.unsqueeze(1)}, 1) : h_sum_;             // [n, cols]
+    lf.held_ph = bias ? torch::cat({ph_sum_, p_sum_.unsqueeze(2)}, 2) : ph_sum_;            // [n, K, cols]
     const torch::Tensor eye = torch::eye(k_out_, opts_);
     const int64_t hw = h_sum_.size(1);
     const torch::Tensor weight = eye.view({k_out_, 1, k_out_, 1}) * h_sum_.view({1, n_, 1, hw}) - ph_sum_.unsqueeze(0);
-    const torch::Tensor bias = eye.view({k_out_, 1, k_out_}) * len_sum_.view({1, n_, 1}) - p_sum_.unsqueeze(0);
-    f_.layers[layers_ - 1].block = torch::cat({weight.reshape({k_out_, n_, k_out_ * hw}), bias}, 2);
+    lf.block = weight.reshape({k_out_, n_, k_out_ * hw});
+    if (bias) {
+      const torch::Tensor b = eye.view({k_out_, 1, k_out_}) * len_sum_.view({1, n_, 1}) - p_sum_.unsqueeze(0);
+      lf.block = torch::cat({lf.block, b}, 2);
+    }
   }
   f_.point = torch::cat(kept_point_);
   f_.weight = torch::cat(kept_weight_);

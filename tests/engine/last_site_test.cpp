@@ -70,6 +70,18 @@ TEST(LastSite, HeldSiteGivesTheFeaturesOfEveryKinkAPiece) {
     const torch::Tensor a = dense_features(ev, held), b = dense_features(ev, every);
     EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name(c);
     EXPECT_LE(held.certificate_gap, 1e-13) << name(c);
+    // The held logits' layer is contracted through its factors: the same as
+    // the reference's blocks, against a batch's loss signals and every
+    // output's (the kernel).
+    ASSERT_TRUE(held.layers.back().held_h.defined()) << name(c);
+    xs[0] = 7;
+    const torch::Tensor xt = torch::randn(xs, torch::kFloat64), yt = torch::randint(0, 4, {7}, torch::kLong);
+    const TrainSignals t = train_signals(ev, xt, yt, c.map);
+    const torch::Tensor ch = contract(ev, held, t), ce = contract(ev, every, t);
+    EXPECT_LE((ch - ce).abs().max().item<double>(), 1e-12 * std::max(1.0, ce.abs().max().item<double>())) << name(c);
+    const torch::Tensor kh = output_kernel(ev, held, xt), ke = output_kernel(ev, every, xt);
+    EXPECT_LE((kh - ke).abs().max().item<double>(), 1e-12 * std::max(1.0, ke.abs().max().item<double>())) << name(c);
+    xs[0] = 5;
     // The held site's switches are found on the pieces' interpolants, not
     // searched for: wherever the reference ends a piece and the held
     // features have no break, the network's pattern at the site is the same
