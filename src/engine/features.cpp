@@ -34,13 +34,16 @@ torch::Tensor layer_direction(const SegmentEvaluator& ev, size_t l, const torch:
 }
 
 /// Per-row directional derivatives J(w(t_r), x_r) v: [K, R].
-/// Layers are param layers first_layer, first_layer + 1, ...
-/// `directions`, when given, holds each layer's layer_direction(a_l, v) already.
+/// Layers are param layers first_layer, first_layer + 1, ...; a layer whose
+/// signals are undefined adds nothing (a held logits' layer, whose part is
+/// taken from its integrals). `directions`, when given, holds each layer's
+/// layer_direction(a_l, v) already.
 torch::Tensor row_dot(const SegmentEvaluator& ev, const std::vector<torch::Tensor>& inputs,
                       const std::vector<torch::Tensor>& signals, const torch::Tensor& v, size_t first_layer = 0,
                       const std::vector<torch::Tensor>* directions = nullptr) {
   torch::Tensor total;
   for (size_t l = 0; l < inputs.size(); ++l) {
+    if (!signals[l].defined()) continue;
     const torch::Tensor z = directions ? (*directions)[l] : layer_direction(ev, first_layer + l, inputs[l], v);  // [R, ...]
     // Per row r, [K, D] times [D]: no [K, R, D] product is formed.
     const torch::Tensor s = torch::bmm(signals[l].flatten(2).transpose(0, 1),

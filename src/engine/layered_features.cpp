@@ -517,13 +517,9 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   const torch::Tensor end_out = end_select(p0_.out, p1_.out, pf_.out, end_index_);  // [2 np, K]
   // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
   torch::Tensor jdw;  // [K, R]
+  // Held, the logits' layer's part comes from its integrals (held_dot).
   if (pair_walk_) {
     jdw = site_dot();  // the first layer's part is walked per piece (below)
-  } else if (held_) {
-    for (size_t l = 0; l <= site_; ++l) {
-      const torch::Tensor part = (sig_[l] * pass_.directions[l].unsqueeze(0)).flatten(2).sum(2);
-      jdw = jdw.defined() ? jdw + part : part;
-    }
   } else {
     jdw = segment_dot(ev_, pass_, sig_).detach();
   }

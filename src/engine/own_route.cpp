@@ -66,6 +66,8 @@ class OwnRoute final : public LayeredRoute {
                  std::vector<torch::Tensor>& sig) const;
   /// Whether the last kink site can be held (KinkHints::last_site_local).
   bool last_site_holds() const;
+  /// Param layer l's index among the layers.
+  size_t layer_index(size_t l) const;
 
   std::vector<LayerDesc> layers_;
   std::string name_;
@@ -278,12 +280,8 @@ std::vector<torch::Tensor> OwnRoute::signals(const SegmentPass& pass, const torc
 std::vector<torch::Tensor> OwnRoute::signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const {
   PK_ASSERT(pass.t.defined() && layer < params_.size() && pass.layer_inputs.size() == layers_.size());
   torch::NoGradGuard no_grad;
-  size_t end = 0;  // param layer `layer`'s index among the layers, plus one
-  for (size_t i = 0, l = 0; i < layers_.size() && end == 0; ++i) {
-    if (has_params(layers_[i]) && l++ == layer) end = i + 1;
-  }
   std::vector<torch::Tensor> sig(params_.size());
-  walk_back(pass, g, end, /*of_logits=*/true, sig);
+  walk_back(pass, g, layer_index(layer) + 1, /*of_logits=*/true, sig);
   return sig;
 }
 
@@ -291,11 +289,18 @@ torch::Tensor OwnRoute::first_signals_of_pair(const SegmentPass& pass, const tor
                                                const torch::Tensor& g_dw) const {
   PK_ASSERT(params_.size() >= 2 && pass.layer_inputs.size() == layers_.size());
   torch::NoGradGuard no_grad;
-  size_t i = 0;  // param layer 1's index among the layers
-  for (size_t l = 0; !(has_params(layers_[i]) && l++ == 1);) ++i;
+  const size_t i = layer_index(1);
   std::vector<torch::Tensor> sig(params_.size());
   walk_back(pass, pair_backward(layers_[i], 1, g, g_dw, pass), i, /*of_logits=*/true, sig);
   return sig[0];
+}
+
+size_t OwnRoute::layer_index(size_t l) const {
+  for (size_t i = 0, seen = 0; i < layers_.size(); ++i) {
+    if (has_params(layers_[i]) && seen++ == l) return i;
+  }
+  PK_ASSERT(false && "own route: no such param layer");
+  return layers_.size();
 }
 
 void OwnRoute::walk_back(const SegmentPass& pass, torch::Tensor g, size_t end, bool of_logits,
