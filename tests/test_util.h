@@ -16,10 +16,33 @@
 #include <string>
 
 #include "pathkernel/error.h"
+#include "pathkernel/model.h"
+#include "pathkernel/objective.h"
 #include "pathkernel/run.h"
 #include "test_paths.h"
 
 namespace pathkernel::testing {
+
+/// One of pathkernel's own networks for a test: its spec, its input shape
+/// (without the rows) and its output map.
+struct NetworkCase {
+  std::string spec;
+  std::vector<int64_t> shape;
+  OutputMap map;
+
+  /// "spec/map", for failure messages.
+  std::string name() const { return spec + "/" + output_map_name(map); }
+  /// Its options for `classes` classes, initialised from `seed`.
+  NetworkOptions options(int64_t classes, uint64_t seed) const {
+    NetworkOptions o;
+    o.spec = ModelSpec::parse(spec);
+    o.input_shape = shape;
+    o.num_classes = classes;
+    o.output = map;
+    o.seed = seed;
+    return o;
+  }
+};
 
 /// A shell command's exit status (-1 if it did not exit) and its standard
 /// output and error, together.

@@ -13,11 +13,7 @@ namespace {
 
 using testing::flat_grad;
 
-struct Case {
-  std::string spec;
-  std::vector<int64_t> shape;
-  OutputMap map;
-};
+using Case = testing::NetworkCase;
 
 const std::vector<Case> kCases = {
     {"mlp:7", {5}, OutputMap::LogSoftmax},      {"mlp:6,4:tanh", {5}, OutputMap::Logits},
@@ -34,18 +30,8 @@ const std::vector<Case> kCases = {
     {"mlp:40,40", {4}, OutputMap::LogSoftmax},
 };
 
-std::string name(const Case& c) { return c.spec + "/" + output_map_name(c.map); }
-
 /// A 3-class network of the case's architecture.
-NetworkOptions options_for(const Case& c, uint64_t seed) {
-  NetworkOptions o;
-  o.spec = ModelSpec::parse(c.spec);
-  o.input_shape = c.shape;
-  o.num_classes = 3;
-  o.output = c.map;
-  o.seed = seed;
-  return o;
-}
+NetworkOptions options_for(const Case& c, uint64_t seed) { return c.options(3, seed); }
 
 /// A network of the case, a segment w, w + dw of it, 4 test and 5 training inputs.
 struct Segment {
@@ -110,9 +96,9 @@ TEST(Features, ContractionMatchesPerSampleAutograd) {
     const torch::Tensor got_formed_dense = contract_dense(ev, dense, formed);
     int64_t formed_numel = 0;
     for (const torch::Tensor& g : formed.gradients) formed_numel += g.defined() ? g.numel() : 0;
-    EXPECT_EQ(formed_doubles, formed_numel) << name(c);
+    EXPECT_EQ(formed_doubles, formed_numel) << c.name();
     // Convolutions' per-sample gradients are formed; Linear layers on flat rows stay factored.
-    EXPECT_EQ(formed_doubles > 0, c.spec.rfind("cnn", 0) == 0) << name(c);
+    EXPECT_EQ(formed_doubles > 0, c.spec.rfind("cnn", 0) == 0) << c.name();
 
     Network ref = build_network(o);
     for (int64_t n = 0; n < 4; ++n) {
@@ -124,11 +110,11 @@ TEST(Features, ContractionMatchesPerSampleAutograd) {
           });
           double expect = jbar.dot(g).item<double>(), actual = got[n][i][k].item<double>();
           EXPECT_NEAR(actual, expect, 1e-12 * std::max(1.0, std::abs(expect)))
-              << name(c) << " test " << n << " train " << i << " output " << k;
+              << c.name() << " test " << n << " train " << i << " output " << k;
           EXPECT_NEAR(got_formed[n][i][k].item<double>(), expect, 1e-12 * std::max(1.0, std::abs(expect)))
-              << name(c) << " formed gradients, test " << n << " train " << i << " output " << k;
+              << c.name() << " formed gradients, test " << n << " train " << i << " output " << k;
           EXPECT_NEAR(got_formed_dense[n][i][k].item<double>(), expect, 1e-12 * std::max(1.0, std::abs(expect)))
-              << name(c) << " formed gradients, dense, test " << n << " train " << i << " output " << k;
+              << c.name() << " formed gradients, dense, test " << n << " train " << i << " output " << k;
           if (n > 0 || k > 0) continue;
           for (size_t l = 0; l < formed.gradients.size(); ++l) {  // g_i itself, layer by layer
             if (!formed.gradients[l].defined()) continue;
@@ -136,18 +122,18 @@ TEST(Features, ContractionMatchesPerSampleAutograd) {
             const torch::Tensor gl =
                 torch::cat({g.narrow(0, pl.weight_offset, pl.weight_numel), g.narrow(0, pl.bias_offset, pl.bias_numel)});
             EXPECT_LE((formed.gradients[l][i] - gl).abs().max().item<double>(), 1e-12 * std::max(1.0, gl.abs().max().item<double>()))
-                << name(c) << " formed per-sample gradient, layer " << l << " train " << i;
+                << c.name() << " formed per-sample gradient, layer " << l << " train " << i;
           }
         }
         double expect = jbar.dot(v).item<double>();
         EXPECT_NEAR(got_apply[n][k].item<double>(), expect, 1e-12 * std::max(1.0, std::abs(expect)))
-            << name(c) << " J̄v, test " << n << " output " << k;
+            << c.name() << " J̄v, test " << n << " output " << k;
         EXPECT_LE((dense[n][k] - jbar).abs().max().item<double>(), 1e-12 * std::max(1.0, jbar.abs().max().item<double>()))
-            << name(c) << " dense J̄, test " << n << " output " << k;
+            << c.name() << " dense J̄, test " << n << " output " << k;
       }
     }
     EXPECT_LE((got_dense - got).abs().max().item<double>(), 1e-12 * std::max(1.0, got.abs().max().item<double>()))
-        << name(c) << " contract_dense";
+        << c.name() << " contract_dense";
   }
 }
 
@@ -163,7 +149,7 @@ TEST(Features, OutputKernelMatchesPerSampleAutograd) {
     q.spec = QuadratureSpec::parse("riemann:3");
     TestFeatures f = test_features(ev, sg.x_test, q);
     const torch::Tensor got = output_kernel(ev, f, sg.x_train);  // [4, 5, 3, 3]
-    ASSERT_EQ(got.sizes(), (std::vector<int64_t>{4, 5, 3, 3})) << name(c);
+    ASSERT_EQ(got.sizes(), (std::vector<int64_t>{4, 5, 3, 3})) << c.name();
 
     Network ref = build_network(sg.options);
     const double scale = std::max(1.0, got.abs().max().item<double>());
@@ -175,7 +161,7 @@ TEST(Features, OutputKernelMatchesPerSampleAutograd) {
             const torch::Tensor ji =
                 flat_grad(ref, sg.w, sg.x_train.narrow(0, i, 1), [&](const torch::Tensor& f) { return f[0][k2]; });
             EXPECT_NEAR(got[n][i][k][k2].item<double>(), jbar.dot(ji).item<double>(), 1e-12 * scale)
-                << name(c) << " test " << n << " train " << i << " outputs " << k << ", " << k2;
+                << c.name() << " test " << n << " train " << i << " outputs " << k << ", " << k2;
           }
         }
       }
@@ -195,7 +181,7 @@ TEST(Features, GaussSatisfiesTheCertificate) {
     ev.set_segment(w, dw);
     QuadratureOptions q;
     TestFeatures f = test_features(ev, torch::randn(xs, torch::kFloat64), q);
-    EXPECT_LE(f.certificate_gap, 1e-13) << name(c);
+    EXPECT_LE(f.certificate_gap, 1e-13) << c.name();
     // With adaptive rows (several rounds, rows out of point order) the
     // contraction still equals J̄ g_i for the autograd per-sample gradient g_i.
     std::vector<int64_t> ts{2};
@@ -210,11 +196,11 @@ TEST(Features, GaussSatisfiesTheCertificate) {
       torch::Tensor expect = apply_features(ev, f, g);  // [6, 3]
       EXPECT_LT((got.select(1, i) - expect).abs().max().item<double>(),
                 1e-12 * std::max(1.0, expect.abs().max().item<double>()))
-          << name(c) << " train " << i;
+          << c.name() << " train " << i;
     }
     // Riemann with few nodes does not: the certificate is able to fail.
     q.spec = QuadratureSpec::parse("riemann:2");
-    EXPECT_GT(test_features(ev, torch::randn(xs, torch::kFloat64), q).certificate_gap, 1e-8) << name(c);
+    EXPECT_GT(test_features(ev, torch::randn(xs, torch::kFloat64), q).certificate_gap, 1e-8) << c.name();
   }
 }
 
@@ -240,15 +226,15 @@ TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
     const int64_t L = ev.polynomial_degree();
     const bool smooth = c.spec.find("tanh") != std::string::npos || c.spec.find("gelu") != std::string::npos;
     if (smooth) {
-      EXPECT_EQ(L, 0) << name(c);
+      EXPECT_EQ(L, 0) << c.name();
       continue;
     }
-    ASSERT_EQ(L, static_cast<int64_t>(ev.param_layers().size())) << name(c);
+    ASSERT_EQ(L, static_cast<int64_t>(ev.param_layers().size())) << c.name();
     QuadratureOptions q;
     q.max_depth = 6;  // a wrong rule fails every piece: stop its splitting early
     q.min_nodes = std::max<int>(q.min_nodes, static_cast<int>(L));  // every piece takes the exact rule's nodes
     const TestFeatures f = test_features(ev, x, q);
-    EXPECT_LE(f.certificate_gap, 1e-13) << name(c);
+    EXPECT_LE(f.certificate_gap, 1e-13) << c.name();
     // Every piece evaluated took the exact rule's nodes, and no more rows
     // than the adaptive rule.
     // Log-softmax pieces are split where that saves work (a forward pass
@@ -263,11 +249,11 @@ TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
     const int64_t moments = !split || held ? 0 : L % 2 ? L / 2 : L / 2 + 1;
     int64_t pieces = 0;
     for (const std::vector<double>& b : f.breaks) pieces += static_cast<int64_t>(b.size()) - 1;
-    EXPECT_EQ(f.evaluations % nodes, 0) << name(c);
-    if (!held) EXPECT_GE(f.evaluations, nodes * pieces) << name(c);
-    EXPECT_EQ(f.moment_evaluations * nodes, f.evaluations * moments) << name(c);
+    EXPECT_EQ(f.evaluations % nodes, 0) << c.name();
+    if (!held) EXPECT_GE(f.evaluations, nodes * pieces) << c.name();
+    EXPECT_EQ(f.moment_evaluations * nodes, f.evaluations * moments) << c.name();
     q.exact_pieces = false;
-    EXPECT_LE(f.evaluations, test_features(ev, x, q).evaluations) << name(c);
+    EXPECT_LE(f.evaluations, test_features(ev, x, q).evaluations) << c.name();
 
     const torch::Tensor dense = dense_features(ev, f);  // [3, K, P]
     Network ref = build_network(options_for(c, 3));
@@ -281,7 +267,7 @@ TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
         }
         EXPECT_LE((dense[n][k] - jbar).abs().max().item<double>(),
                   1e-12 * std::max(1.0, jbar.abs().max().item<double>()))
-            << name(c) << " test " << n << " output " << k << ", " << f.breaks[n].size() - 1 << " pieces";
+            << c.name() << " test " << n << " output " << k << ", " << f.breaks[n].size() - 1 << " pieces";
       }
     }
   }
@@ -307,9 +293,9 @@ TEST(Features, ThreadGroupsGiveTheFeaturesOfOneThread) {
     ev.set_segment(w, dw);
     const QuadratureOptions q;
     auto close = [&](const torch::Tensor& got, const torch::Tensor& expect, const std::string& what) {
-      ASSERT_EQ(got.sizes(), expect.sizes()) << name(c) << " " << what;
+      ASSERT_EQ(got.sizes(), expect.sizes()) << c.name() << " " << what;
       EXPECT_LE((got - expect).abs().max().item<double>(), 1e-12 * std::max(1.0, expect.abs().max().item<double>()))
-          << name(c) << " " << what;
+          << c.name() << " " << what;
     };
     TestFeatures one;
     {
@@ -324,10 +310,10 @@ TEST(Features, ThreadGroupsGiveTheFeaturesOfOneThread) {
         split = test_features(ev, x, q);
       }
       const std::string at = std::to_string(threads) + " threads";
-      EXPECT_EQ(split.num_points, 5) << name(c) << " " << at;
-      EXPECT_EQ(split.breaks.size(), 5u) << name(c) << " " << at;
-      EXPECT_EQ(split.point.size(0), split.weight.size(0)) << name(c) << " " << at;
-      EXPECT_LE(split.certificate_gap, 1e-13) << name(c) << " " << at;
+      EXPECT_EQ(split.num_points, 5) << c.name() << " " << at;
+      EXPECT_EQ(split.breaks.size(), 5u) << c.name() << " " << at;
+      EXPECT_EQ(split.point.size(0), split.weight.size(0)) << c.name() << " " << at;
+      EXPECT_LE(split.certificate_gap, 1e-13) << c.name() << " " << at;
       close(split.f0, one.f0, at + ": f0");
       close(split.f1, one.f1, at + ": f1");
       close(apply_features(ev, split, v), apply_features(ev, one, v), at + ": J v");

@@ -11,27 +11,15 @@
 #include "pathkernel/kinks.h"
 #include "pathkernel/model.h"
 #include "pathkernel/segment.h"
+#include "../test_util.h"
 
 namespace pathkernel {
 namespace {
 
-struct Case {
-  std::string spec;
-  std::vector<int64_t> shape;
-  OutputMap map;
-};
+using Case = testing::NetworkCase;
 
-NetworkOptions options_for(const Case& c) {
-  NetworkOptions o;
-  o.spec = ModelSpec::parse(c.spec);
-  o.input_shape = c.shape;
-  o.num_classes = 4;
-  o.output = c.map;
-  o.seed = 5;
-  return o;
-}
-
-std::string name(const Case& c) { return c.spec + "/" + output_map_name(c.map); }
+/// A 4-class network of the case's architecture.
+NetworkOptions options_for(const Case& c) { return c.options(4, 5); }
 
 /// The kinks counted at site l (flips, switches and closed form).
 int64_t kinks_at(const TestFeatures& f, size_t l) {
@@ -61,26 +49,26 @@ TEST(LastSite, HeldSiteGivesTheFeaturesOfEveryKinkAPiece) {
     const torch::Tensor x = torch::randn(xs, torch::kFloat64);
     SegmentEvaluator ev(net);
     ev.set_segment(w, dw);
-    ASSERT_TRUE(ev.last_site_local()) << name(c);
+    ASSERT_TRUE(ev.last_site_local()) << c.name();
     QuadratureOptions q;
     q.last_site = QuadratureOptions::LastSite::Local;
     const TestFeatures held = test_features(ev, x, q);
     q.last_site = QuadratureOptions::LastSite::Pieces;
     const TestFeatures every = test_features(ev, x, q);
     const torch::Tensor a = dense_features(ev, held), b = dense_features(ev, every);
-    EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name(c);
-    EXPECT_LE(held.certificate_gap, 1e-13) << name(c);
+    EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << c.name();
+    EXPECT_LE(held.certificate_gap, 1e-13) << c.name();
     // The held logits' layer is contracted through its factors: the same as
     // the reference's blocks, against a batch's loss signals and every
     // output's (the kernel).
-    ASSERT_TRUE(held.layers.back().held_h.defined()) << name(c);
+    ASSERT_TRUE(held.layers.back().held_h.defined()) << c.name();
     xs[0] = 7;
     const torch::Tensor xt = torch::randn(xs, torch::kFloat64), yt = torch::randint(0, 4, {7}, torch::kLong);
     const TrainSignals t = train_signals(ev, xt, yt, c.map);
     const torch::Tensor ch = contract(ev, held, t), ce = contract(ev, every, t);
-    EXPECT_LE((ch - ce).abs().max().item<double>(), 1e-12 * std::max(1.0, ce.abs().max().item<double>())) << name(c);
+    EXPECT_LE((ch - ce).abs().max().item<double>(), 1e-12 * std::max(1.0, ce.abs().max().item<double>())) << c.name();
     const torch::Tensor kh = output_kernel(ev, held, xt), ke = output_kernel(ev, every, xt);
-    EXPECT_LE((kh - ke).abs().max().item<double>(), 1e-12 * std::max(1.0, ke.abs().max().item<double>())) << name(c);
+    EXPECT_LE((kh - ke).abs().max().item<double>(), 1e-12 * std::max(1.0, ke.abs().max().item<double>())) << c.name();
     xs[0] = 5;
     // The held site's switches are found on the pieces' interpolants, not
     // searched for: wherever the reference ends a piece and the held
@@ -89,9 +77,9 @@ TEST(LastSite, HeldSiteGivesTheFeaturesOfEveryKinkAPiece) {
     // after its window's maximum passed to another, which the network does
     // not see). Fewer rows.
     const size_t site = ev.param_layers().size() - 2;
-    EXPECT_GT(kinks_at(held, site), 0) << name(c);
-    EXPECT_LE(kinks_at(held, site), kinks_at(every, site)) << name(c);
-    EXPECT_LT(held.evaluations + held.moment_evaluations, every.evaluations + every.moment_evaluations) << name(c);
+    EXPECT_GT(kinks_at(held, site), 0) << c.name();
+    EXPECT_LE(kinks_at(held, site), kinks_at(every, site)) << c.name();
+    EXPECT_LT(held.evaluations + held.moment_evaluations, every.evaluations + every.moment_evaluations) << c.name();
     for (size_t i = 0; i < held.breaks.size(); ++i) {
       const std::vector<double>& hb = held.breaks[i];
       std::vector<double> either, after;
@@ -111,7 +99,7 @@ TEST(LastSite, HeldSiteGivesTheFeaturesOfEveryKinkAPiece) {
       const std::vector<torch::Tensor> pattern =
           activation_patterns(ev, ev.sites_at(xi, torch::tensor(either, torch::kFloat64)));
       EXPECT_TRUE(pattern[site].narrow(0, 0, k).equal(pattern[site].narrow(0, k, k)))
-          << name(c) << " test " << i << ": a switch of the held site that is not a break";
+          << c.name() << " test " << i << ": a switch of the held site that is not a break";
     }
   }
 }
@@ -125,7 +113,7 @@ TEST(LastSite, OnlyASiteFeedingTheLogitsAloneIsHeld) {
                                          {"mlp:6,5:tanh", {4}, OutputMap::Logits}}) {
     Network net = build_network(options_for(c));
     SegmentEvaluator ev(net);
-    EXPECT_FALSE(ev.last_site_local()) << name(c);
+    EXPECT_FALSE(ev.last_site_local()) << c.name();
   }
 }
 

@@ -3,15 +3,12 @@
 #include <gtest/gtest.h>
 
 #include "pathkernel/segment.h"
+#include "../test_util.h"
 
 namespace pathkernel {
 namespace {
 
-struct Case {
-  std::string spec;
-  std::vector<int64_t> shape;
-  OutputMap map;
-};
+using Case = testing::NetworkCase;
 
 // ReLU, Tanh and GELU MLPs (one on an image, so a Flatten comes first), and
 // CNNs with max-pool and padding, under both output maps.
@@ -33,11 +30,7 @@ struct SegmentCase {
 
 SegmentCase segment_case(const Case& c, int64_t rows, uint64_t seed) {
   SegmentCase s;
-  s.options.spec = ModelSpec::parse(c.spec);
-  s.options.input_shape = c.shape;
-  s.options.num_classes = 3;
-  s.options.output = c.map;
-  s.options.seed = seed;
+  s.options = c.options(3, seed);
   s.net = engine_network(s.options);
   torch::manual_seed(seed + 4);
   s.w = flatten_parameters(s.net);
