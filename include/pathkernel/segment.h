@@ -72,6 +72,24 @@ class SegmentEvaluator : public KinkSites {
   torch::Tensor first_signals_of_pair(const SegmentPass& pass, const torch::Tensor& g, const torch::Tensor& g_dw) const {
     return route_->first_signals_of_pair(pass, g, g_dw);
   }
+  /// Where the layers between param layers 0 and 1 route layer 1's input
+  /// units (Route::first_selection).
+  torch::Tensor first_selection(const SegmentPass& pass, const torch::Tensor& rows) const {
+    return route_->first_selection(pass, rows);
+  }
+  /// The first param layer's part of J dw per row of a pair of cotangents
+  /// (Route::first_dot_of_pair).
+  torch::Tensor first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows, const torch::Tensor& g,
+                                  const torch::Tensor& g_dw) const {
+    return route_->first_dot_of_pair(pass, rows, g, g_dw);
+  }
+  /// The first param layer's signals of pairs of cotangents summed per
+  /// group of rows (Route::first_signals_of_pairs_summed).
+  torch::Tensor first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
+                                              const torch::Tensor& g, const torch::Tensor& g_dw,
+                                              const torch::Tensor& group, int64_t groups) const {
+    return route_->first_signals_of_pairs_summed(pass, rows, g, g_dw, group, groups);
+  }
   /// Whether the last kink site can be held (KinkHints::last_site_local).
   bool last_site_local() const { return route_->hints().last_site_local; }
   /// The segment's start w [P].

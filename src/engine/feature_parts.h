@@ -33,6 +33,15 @@ std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const Segment
 /// Module's signals are its per-sample gradients [B, P] already.
 torch::Tensor layer_sample_gradients(const SegmentEvaluator& ev, const TrainSignals& t, size_t l);
 
+/// The output positions of a convolution (stride 1, dilation 1, padding
+/// `padding`, kernel kh × kw) that read input unit (y[m], x[m]), each with
+/// the kernel offset it reads it through: v [K, R, C', Ho, Wo] (values on
+/// the output, K first) at row row[m] and output position (y + padding − i,
+/// x + padding − j), [M, kh, kw, K, C'], zero where that position falls
+/// outside the output. Gathered from v, no copy of it.
+torch::Tensor conv_windows(const torch::Tensor& v, const torch::Tensor& row, const torch::Tensor& y,
+                           const torch::Tensor& x, int64_t padding, int64_t kh, int64_t kw);
+
 /// Whether passes must keep an autograd graph for their signals.
 bool track_passes(const SegmentEvaluator& ev);
 

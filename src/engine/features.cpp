@@ -72,6 +72,16 @@ std::vector<torch::Tensor> batched_signals(const SegmentEvaluator& ev, const Seg
   return ev.batched_signals(pass, c, of_logits);
 }
 
+torch::Tensor conv_windows(const torch::Tensor& v, const torch::Tensor& row, const torch::Tensor& y,
+                           const torch::Tensor& x, int64_t padding, int64_t kh, int64_t kw) {
+  const int64_t M = row.size(0), Ho = v.size(3), Wo = v.size(4);
+  const torch::Tensor yy = (y + padding).view({M, 1, 1}) - torch::arange(kh).view({1, kh, 1});
+  const torch::Tensor xx = (x + padding).view({M, 1, 1}) - torch::arange(kw).view({1, 1, kw});
+  const torch::Tensor inside = ((yy >= 0) & (yy < Ho) & (xx >= 0) & (xx < Wo)).unsqueeze(3).unsqueeze(4);
+  using torch::indexing::Slice;
+  return v.index({Slice(), row.view({M, 1, 1}), Slice(), yy.clamp(0, Ho - 1), xx.clamp(0, Wo - 1)}) * inside;
+}
+
 /// The cotangents e_k of every output k on every row: [K, R, K].
 torch::Tensor unit_cotangents(const SegmentEvaluator& ev, int64_t rows, const torch::TensorOptions& opts) {
   const int64_t k_out = ev.num_outputs();

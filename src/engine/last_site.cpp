@@ -564,7 +564,6 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
   out.w0u = lg.w0.index_select(1, w_of_u);
   out.dwu = lg.dw.index_select(1, w_of_u);
   out.fields = torch::stack({e0, e1, e2});
-  out.cotangents = cotangents_of(out.fields, out.w0u, out.dwu, shape);
   return out;
 }
 

@@ -19,10 +19,9 @@ namespace pathkernel {
 /// only which of y's units pass on, so the piece's integral splits into
 /// scalar integrals over the sub-pieces between them.
 struct LastSiteTerms {
-  /// Per node row, every output's cotangent on y, [K, R, ...]: the rows walk
-  /// it back to the layers below (Route::signals_from).
-  torch::Tensor cotangents;
-  /// The same cotangents factored: output k's on unit u (window w(u)) is
+  /// Per node row, every output's cotangent on y, factored (the rows walk
+  /// it back to the layers below, Route::signals_from, formed by
+  /// cotangents_of): output k's on unit u (window w(u)) is
   /// w0u[k, u] e0[r, u] + dwu[k, u] e1[r, u] − e2[r, u], with
   /// fields = [e0, e1, e2] [3, R, U] and w0u, dwu [K, U] the logits' layer's
   /// weights at the start and its direction, taken at each unit's window.

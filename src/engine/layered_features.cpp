@@ -165,6 +165,19 @@ class LayeredFeatures final : public Integrand {
   void keep(const SegmentPass& pass, const std::vector<torch::Tensor>& sig, const torch::Tensor& rows,
             const torch::Tensor& point, const torch::Tensor& weight, bool unit);
   void keep_first(const torch::Tensor& s, const torch::Tensor& pr, const torch::Tensor& wr, bool unit);
+  /// Rows `pieces` along dim of a tensor of the round's pieces (v itself
+  /// when they are all of them).
+  torch::Tensor of_pieces(const torch::Tensor& v, int64_t dim, const torch::Tensor& pieces) const;
+  /// Adds the first layer's signals of accepted pieces `pieces` (of the
+  /// round's pairs, pair_walk_) to first_sum_: their test points are
+  /// `present` [G], piece p's present[group[p]].
+  void add_first_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present, const torch::Tensor& group);
+  /// Adds the held site's block of accepted pieces `pieces` (as
+  /// add_first_of_pairs) to its Dense block (docs/math.md §7): per test
+  /// point, its pairs' sums against layer 1's input A + t B under its first
+  /// piece's selection, and each piece's own pair where its selection
+  /// differs.
+  void add_site_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present, const torch::Tensor& group);
   SegmentPass fresh_pass(const SharedRows& rows);
   std::vector<torch::Tensor> shared_sites(const SegmentPass& pf, const torch::Tensor& index) const;
   void evaluate_round(const PieceRound& rd);
@@ -238,12 +251,20 @@ class LayeredFeatures final : public Integrand {
   LastSiteTerms terms_;  ///< the current round's
   /// Held at param layer 1 with the first layer summed: the first layer's
   /// signals are needed only as each piece's sum over its nodes, whose
-  /// masks agree (the pieces end at the first site's kinks), so one walk
-  /// of a pair of cotangents per piece gives it (Route::first_signals_of_pair)
-  /// instead of one walk per node: the round's, [K, np, ...], and each
-  /// piece's first node row, whose masks (and first-layer direction) it used.
+  /// masks agree (the pieces end at the first site's kinks), so a pair of
+  /// cotangents per piece gives it (Route::first_signals_of_pair): the
+  /// round's pairs Σ_j G_j and Σ_j t_j G_j, [K, np, ...], each piece's first
+  /// node row, whose masks (and first-layer direction) they take, and each
+  /// piece's first-layer part of J̄ dw, [K, np] (Route::first_dot_of_pair).
+  /// The accepted pieces' signals are summed per test point by
+  /// Route::first_signals_of_pairs_summed.
   bool pair_walk_ = false;
-  torch::Tensor piece_first_sig_, piece_first_row_;
+  torch::Tensor piece_g_, piece_gt_, piece_first_row_, piece_first_dot_;
+  /// Each piece's first-layer selection (Route::first_selection) at its
+  /// first row, [np, U1]: where defined and the site's block is Dense (a
+  /// convolution), the block is formed from the pairs too
+  /// (add_site_of_pairs), and the nodes' cotangents are never formed.
+  torch::Tensor piece_sel_;
   /// Per test point, the accepted pieces' sums of the logits' layer (last_site.h).
   torch::Tensor h_sum_, ph_sum_, p_sum_, len_sum_;
 };
@@ -306,6 +327,84 @@ void LayeredFeatures::keep_first(const torch::Tensor& s, const torch::Tensor& pr
     first_sum_ = torch::zeros(sizes, s.options());
   }
   first_sum_.index_add_(1, pr, every_output(unit ? s : s * wr.view(w_shape), k_out_));
+}
+
+torch::Tensor LayeredFeatures::of_pieces(const torch::Tensor& v, int64_t dim, const torch::Tensor& pieces) const {
+  return pieces.size(0) == piece_first_row_.size(0) ? v : v.index_select(dim, pieces);  // every piece: no copy
+}
+
+void LayeredFeatures::add_first_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present,
+                                         const torch::Tensor& group) {
+  const torch::Tensor s =
+      ev_.first_signals_of_pairs_summed(pass_, of_pieces(piece_first_row_, 0, pieces), of_pieces(piece_g_, 1, pieces),
+                                        of_pieces(piece_gt_, 1, pieces), group, present.size(0));
+  if (!first_sum_.defined()) {
+    std::vector<int64_t> sizes = s.sizes().vec();
+    sizes[1] = n_;
+    first_sum_ = torch::zeros(sizes, s.options());
+  }
+  first_sum_.index_add_(1, present, s);
+}
+
+void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present,
+                                        const torch::Tensor& group) {
+  const torch::Tensor sel = of_pieces(piece_sel_, 0, pieces), rows = of_pieces(piece_first_row_, 0, pieces);
+  const torch::Tensor g = of_pieces(piece_g_, 1, pieces), gt = of_pieces(piece_gt_, 1, pieces);
+  const int64_t G = present.size(0);
+  // Each test point's first piece; its selection routes the point's sums.
+  std::vector<int64_t> first(static_cast<size_t>(G), -1);
+  auto gp = group.accessor<int64_t, 1>();
+  for (int64_t p = group.size(0); p-- > 0;) first[gp[p]] = p;
+  const torch::Tensor ref = torch::tensor(first, torch::kLong), ref_sel = sel.index_select(0, ref);  // [G, U1]
+  // Layer 1's input on a piece is A + t B: the first layer's output at t = 0
+  // and its direction, routed by the piece's selection.
+  const torch::Tensor y0 = p0_.preacts[0].detach().index_select(0, present).flatten(1);                  // [G, U0]
+  const torch::Tensor d0 = pass_.directions[0].detach().index_select(0, rows.index_select(0, ref)).flatten(1);
+  auto routed = [](const torch::Tensor& v, const torch::Tensor& s) { return v.gather(1, s.clamp_min(0)) * (s >= 0); };
+  std::vector<int64_t> shape = pass_.inputs[site_].sizes().vec();
+  shape[0] = 2 * G;
+  auto summed = [&](const torch::Tensor& v) {
+    std::vector<int64_t> sizes = v.sizes().vec();
+    sizes[1] = G;
+    return torch::zeros(sizes, v.options()).index_add_(1, group, v);
+  };
+  // Rows A, B of each point in turn (grouped by point, as add_dense takes
+  // them best); B's bias columns, which would take Σ_j t_j G_j, are taken
+  // back out: the bias has A's alone (its input is 1, not t).
+  const torch::Tensor gts = summed(gt);
+  add_dense(ev_, site_, f_, torch::stack({routed(y0, ref_sel), routed(d0, ref_sel)}, 1).view(shape),
+            torch::stack({summed(g), gts}, 2).flatten(1, 2), present.repeat_interleave(2), torch::Tensor());
+  const ParamLayer& pl = ev_.param_layers()[site_];
+  if (pl.bias_numel > 0) {
+    f_.layers[site_].block.narrow(2, pl.weight_numel, pl.bias_numel)
+        .index_add_(1, present, gts.dim() > 3 ? -gts.flatten(3).sum(3) : -gts);
+  }
+  // A piece's units routed elsewhere than by its point's first piece: its
+  // own pair against the change of A and B there.
+  const torch::Tensor at = (sel != ref_sel.index_select(0, group)).nonzero();  // [M, 2]
+  if (at.size(0) == 0) return;
+  const torch::Tensor row = at.select(1, 0), unit = at.select(1, 1), in = group.index_select(0, row);
+  const torch::Tensor own = sel.index({row, unit}).unsqueeze(1), was = ref_sel.index({in, unit}).unsqueeze(1);
+  auto change = [&](const torch::Tensor& v) {
+    const torch::Tensor vr = v.index_select(0, in);  // [M, U0]
+    return (vr.gather(1, own.clamp_min(0)) * (own >= 0) - vr.gather(1, was.clamp_min(0)) * (was >= 0)).squeeze(1);
+  };
+  const torch::Tensor da = change(y0), db = change(d0);  // [M]
+  const int64_t M = row.size(0), Q = pl.weight_numel + pl.bias_numel;
+  torch::Tensor flat = f_.layers[site_].block.view({k_out_, -1});  // [K, n Q]
+  const torch::Tensor base = present.index_select(0, in) * Q;      // [M]
+  PK_ASSERT(pl.desc.kind == Kind::Conv2d);  // a Dense site (a Linear one keeps its rows)
+  // Weight [C', C, kh, kw]: unit (c, y, x) enters entry (o, c, i, j) at the
+  // output position (y + P − i, x + P − j).
+  const int64_t co = pl.weight_shape[0], ci = pl.weight_shape[1], kh = pl.weight_shape[2], kw = pl.weight_shape[3];
+  const int64_t H = shape[2], W = shape[3], P = pl.desc.padding;
+  const torch::Tensor c = unit.div(H * W, "floor"), y = unit.div(W, "floor").remainder(H), x = unit.remainder(W);
+  const torch::Tensor v = conv_windows(g, row, y, x, P, kh, kw) * da.view({M, 1, 1, 1, 1}) +
+                          conv_windows(gt, row, y, x, P, kh, kw) * db.view({M, 1, 1, 1, 1});  // [M, kh, kw, K, C']
+  const torch::Tensor idx = base.view({M, 1, 1, 1}) + torch::arange(co).view({1, 1, 1, co}) * (ci * kh * kw) +
+                            c.view({M, 1, 1, 1}) * (kh * kw) + torch::arange(kh).view({1, kh, 1, 1}) * kw +
+                            torch::arange(kw).view({1, 1, kw, 1});  // [M, kh, kw, C']
+  flat.index_add_(1, idx.flatten(), v.permute({3, 0, 1, 2, 4}).reshape({k_out_, -1}));
 }
 
 /// Keeps the rows `rows` (ascending) of a pass with signals `sig`; `unit`:
@@ -472,30 +571,32 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
                                          pf_.out.defined() ? pf_.preacts[site_] : torch::Tensor(), end_index_);
   terms_ = last_site_terms(ev_, rd, pass_.preacts[site_].detach(), end_y, softmax_);
   f_.evaluations += rd.rows;
+  const std::vector<int64_t> shape = pass_.preacts[site_].sizes().vec();
   if (!pair_walk_) {
-    sig_ = ev_.signals_from(pass_, site_, terms_.cotangents);
+    sig_ = ev_.signals_from(pass_, site_, cotangents_of(terms_.fields, terms_.w0u, terms_.dwu, shape));
     return;
   }
-  // The site's own signals are the nodes' cotangents; the first layer's,
-  // one walk per piece of Σ_j G_j at W_s and Σ_j t_j G_j at dW.
+  // The first layer's signals, and the site's block where the first
+  // selection is known, come from each piece's pair Σ_j G_j at W_s and
+  // Σ_j t_j G_j at dW; otherwise the site's signals are the nodes' cotangents.
   sig_.assign(layers_, torch::Tensor());
-  sig_[site_] = terms_.cotangents;
   std::vector<int64_t> first_row(static_cast<size_t>(rd.np));
   for (int64_t p = 0; p < rd.np; ++p) {
     PK_ASSERT(rd.first[p + 1] > rd.first[p]);
     first_row[static_cast<size_t>(p)] = rd.first[p];
   }
   piece_first_row_ = torch::tensor(first_row, torch::kLong);
+  piece_sel_ = f_.layers[site_].form == Form::Dense ? ev_.first_selection(pass_, piece_first_row_) : torch::Tensor();
+  if (!piece_sel_.defined()) sig_[site_] = cotangents_of(terms_.fields, terms_.w0u, terms_.dwu, shape);
   // The cotangents are linear in their fields: the sums are the fields'.
   const torch::Tensor& e = terms_.fields;  // [3, R, U]
   const torch::Tensor piece = torch::tensor(rd.piece_of, torch::kLong);
   const torch::Tensor e_sum = torch::zeros({3, rd.np, e.size(2)}, opts_).index_add_(1, piece, e);
   const torch::Tensor et_sum =
       torch::zeros({3, rd.np, e.size(2)}, opts_).index_add_(1, piece, e * pass_.t.view({1, rd.rows, 1}));
-  const std::vector<int64_t> shape = pass_.preacts[site_].sizes().vec();
-  piece_first_sig_ = ev_.first_signals_of_pair(rows_of(pass_, piece_first_row_),
-                                               cotangents_of(e_sum, terms_.w0u, terms_.dwu, shape),
-                                               cotangents_of(et_sum, terms_.w0u, terms_.dwu, shape));
+  piece_g_ = cotangents_of(e_sum, terms_.w0u, terms_.dwu, shape);
+  piece_gt_ = cotangents_of(et_sum, terms_.w0u, terms_.dwu, shape);
+  piece_first_dot_ = ev_.first_dot_of_pair(pass_, piece_first_row_, piece_g_, piece_gt_);
 }
 
 torch::Tensor LayeredFeatures::site_dot() const {
@@ -526,11 +627,7 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   torch::Tensor integral = torch::zeros({rd.np, jdw.size(0)}, opts_).index_add_(
       0, torch::tensor(rd.piece_of, torch::kLong), (jdw * w_t_.unsqueeze(0)).t());  // [np, K]
   if (held_) integral += held_dot();
-  if (pair_walk_) {
-    // The first layer's direction is the same at a piece's nodes (its input is fixed).
-    const torch::Tensor dir = pass_.directions[0].index_select(0, piece_first_row_).unsqueeze(0);
-    integral += (piece_first_sig_ * dir).flatten(2).sum(2).t();
-  }
+  if (pair_walk_) integral += piece_first_dot_.t();
   if (rd.moment_rows > 0) {
     const torch::Tensor mdw = segment_dot(ev_, pm_, msig_).detach();  // [1, R_m]
     integral.index_add_(0, torch::tensor(rd.mpiece_of, torch::kLong), mdw.t().expand({rd.moment_rows, jdw.size(0)}));
@@ -658,7 +755,12 @@ void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& a
     ph_sum_.index_add_(0, pt, terms_.ph_sum.index_select(0, pc));
     p_sum_.index_add_(0, pt, terms_.p_sum.index_select(0, pc));
     len_sum_.index_add_(0, pt, terms_.len.index_select(0, pc));
-    if (pair_walk_) keep_first(piece_first_sig_.index_select(1, pc), pt, torch::Tensor(), /*unit=*/true);
+    if (pair_walk_) {
+      // The accepted pieces' test points, numbered 0, 1, … in `group`.
+      const auto [present, group] = torch::_unique(pt, /*sorted=*/true, /*return_inverse=*/true);
+      add_first_of_pairs(pc, present, group);
+      if (piece_sel_.defined()) add_site_of_pairs(pc, present, group);
+    }
     for (int64_t p : accepted) {
       std::vector<double>& sw = switches_[static_cast<size_t>(rd.end_point[2 * p])];
       sw.insert(sw.end(), terms_.switches[p].begin(), terms_.switches[p].end());

@@ -4,6 +4,7 @@
 // same way without running the graph.
 #include <tuple>
 
+#include "feature_parts.h"
 #include "layered_route.h"
 #include "pathkernel/error.h"
 #include "pathkernel/layer_rules.h"
@@ -36,9 +37,21 @@ class OwnRoute final : public LayeredRoute {
   std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const override;
   torch::Tensor first_signals_of_pair(const SegmentPass& pass, const torch::Tensor& g,
                                       const torch::Tensor& g_dw) const override;
+  torch::Tensor first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows, const torch::Tensor& g,
+                                  const torch::Tensor& g_dw) const override;
+  torch::Tensor first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
+                                              const torch::Tensor& g, const torch::Tensor& g_dw,
+                                              const torch::Tensor& group, int64_t groups) const override;
+  /// As their backward walk takes them: a unit's gradient goes to its
+  /// target alone.
+  torch::Tensor first_selection(const SegmentPass& pass, const torch::Tensor& rows) const override;
   bool concurrent_points() const override { return true; }
 
  private:
+  /// Unit `unit[m]` of layer 1's input gradient of row `row[m]` of the pair
+  /// g, g_dw (pair_backward's, at those units alone), [K, M].
+  torch::Tensor pair_backward_at(const torch::Tensor& g, const torch::Tensor& g_dw, const torch::Tensor& row,
+                                 const torch::Tensor& unit, const SegmentPass& pass) const;
   /// Param layer l's pre-activation at rows h, each at its t (at_start: all
   /// at t = 0), keeping its input and direction in the pass.
   torch::Tensor param_forward(const LayerDesc& layer, size_t l, const torch::Tensor& h, const torch::Tensor& t,
@@ -293,6 +306,120 @@ torch::Tensor OwnRoute::first_signals_of_pair(const SegmentPass& pass, const tor
   std::vector<torch::Tensor> sig(params_.size());
   walk_back(pass, pair_backward(layers_[i], 1, g, g_dw, pass), i, /*of_logits=*/true, sig);
   return sig[0];
+}
+
+torch::Tensor OwnRoute::first_selection(const SegmentPass& pass, const torch::Tensor& rows) const {
+  const size_t first = layer_index(0), second = layer_index(1);
+  const int64_t R = rows.size(0);
+  const torch::Tensor& y0 = pass.layer_inputs[first + 1];  // layer 0's output, rows first
+  std::vector<int64_t> shape = y0.sizes().vec();
+  shape[0] = R;
+  torch::Tensor target = torch::arange(y0[0].numel(), torch::kLong).view(y0.sizes().slice(1)).unsqueeze(0).expand(shape);
+  for (size_t i = first + 1; i < second; ++i) {
+    switch (layers_[i].kind) {
+      case Kind::ReLU:
+        // Before a max-pool, the pool's positive windows are the mask (pool_backward).
+        if (i + 1 < second && layers_[i + 1].kind == Kind::MaxPool2d) break;
+        target = target.masked_fill(pass.layer_inputs[i].index_select(0, rows) <= 0, -1);
+        break;
+      case Kind::MaxPool2d: {
+        const torch::Tensor idx = pass.argmax[i].index_select(0, rows);  // [R, C, H', W']
+        target = target.flatten(2).gather(2, idx.flatten(2)).view(idx.sizes());
+        if (i > 0 && layers_[i - 1].kind == Kind::ReLU) {
+          target = target.masked_fill(pass.layer_inputs[i + 1].index_select(0, rows) <= 0, -1);
+        }
+        break;
+      }
+      case Kind::Flatten: break;
+      default: return torch::Tensor();
+    }
+  }
+  return target.reshape({R, -1});
+}
+
+torch::Tensor OwnRoute::pair_backward_at(const torch::Tensor& g, const torch::Tensor& g_dw, const torch::Tensor& row,
+                                         const torch::Tensor& unit, const SegmentPass& pass) const {
+  const LayerDesc& d = layers_[layer_index(1)];
+  if (d.kind == Kind::Linear) {
+    auto at = [&](const torch::Tensor& v, const torch::Tensor& w) {
+      return (v.index_select(1, row) * w.index_select(1, unit).t().unsqueeze(0)).sum(2);
+    };
+    return at(g, weight_of(w_, 1)) + at(g_dw, weight_of(dw_, 1));
+  }
+  // Input unit (c, y, x) of a convolution takes Σ W[o, c, i, j] g[o, y + P
+  // − i, x + P − j] over the output positions inside g.
+  const int64_t H = pass.inputs[1].size(2), W = pass.inputs[1].size(3);
+  const torch::Tensor c = unit.div(H * W, "floor"), y = unit.div(W, "floor").remainder(H), x = unit.remainder(W);
+  auto at = [&](const torch::Tensor& v, const torch::Tensor& w) {
+    const torch::Tensor kernel = w.permute({1, 2, 3, 0}).index_select(0, c);  // [M, kh, kw, C']
+    return (conv_windows(v, row, y, x, d.padding, w.size(2), w.size(3)) * kernel.unsqueeze(3)).sum({1, 2, 4});
+  };
+  return (at(g, weight_of(w_, 1)) + at(g_dw, weight_of(dw_, 1))).t();  // [K, M]
+}
+
+torch::Tensor OwnRoute::first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows, const torch::Tensor& g,
+                                          const torch::Tensor& g_dw) const {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor target = first_selection(pass, rows);
+  if (!target.defined()) return Route::first_dot_of_pair(pass, rows, g, g_dw);
+  // The first layer's direction routed to layer 1's input, through layer 1
+  // at the start's weights and the direction's: ⟨walk(g, g_dw), v⟩ =
+  // ⟨g, W_s v⟩ + ⟨g_dw, dW v⟩.
+  const LayerDesc& d = layers_[layer_index(1)];
+  const torch::Tensor dir = pass.directions[0].index_select(0, rows).flatten(1);  // [R, U0]
+  std::vector<int64_t> shape = pass.inputs[1].sizes().vec();
+  shape[0] = rows.size(0);
+  const torch::Tensor v = (dir.gather(1, target.clamp_min(0)) * (target >= 0)).view(shape);
+  const torch::Tensor weight = torch::cat({weight_of(w_, 1), weight_of(dw_, 1)});
+  const torch::Tensor both = d.kind == Kind::Linear ? torch::matmul(v, weight.t())
+                                                    : torch::conv2d(v, weight, {}, 1, d.padding);  // [R, 2 C', ...]
+  // Per row r, [K, U] g[:, r] against its [U] tangent: one batched
+  // product, reading g once.
+  const int64_t c = weight.size(0) / 2, R = rows.size(0);
+  auto dot = [&](const torch::Tensor& v, int64_t from) {
+    return torch::bmm(v.flatten(2).transpose(0, 1), both.narrow(1, from, c).reshape({R, -1, 1})).squeeze(2).t();
+  };
+  return dot(g, 0) + dot(g_dw, c);
+}
+
+torch::Tensor OwnRoute::first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
+                                                      const torch::Tensor& g, const torch::Tensor& g_dw,
+                                                      const torch::Tensor& group, int64_t groups) const {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor target = first_selection(pass, rows);
+  if (!target.defined()) return Route::first_signals_of_pairs_summed(pass, rows, g, g_dw, group, groups);
+  const int64_t K = g.size(0), R = rows.size(0);
+  auto summed = [&](const torch::Tensor& v) {
+    std::vector<int64_t> sizes = v.sizes().vec();
+    sizes[1] = groups;
+    return torch::zeros(sizes, v.options()).index_add_(1, group, v);
+  };
+  // Each group's sums through layer 1, once, routed by its first row's masks.
+  const torch::Tensor through = pair_backward(layers_[layer_index(1)], 1, summed(g), summed(g_dw), pass).flatten(2);
+  std::vector<int64_t> first(static_cast<size_t>(groups), 0), seen(static_cast<size_t>(groups), 0);
+  auto gp = group.accessor<int64_t, 1>();
+  for (int64_t r = 0; r < R; ++r) {
+    if (seen[gp[r]]++ == 0) first[gp[r]] = r;
+  }
+  const torch::Tensor ref = target.index_select(0, torch::tensor(first, torch::kLong));  // [groups, U1]
+  const torch::Tensor& y0 = pass.layer_inputs[layer_index(0) + 1];
+  const int64_t U0 = y0[0].numel();
+  torch::Tensor out = torch::zeros({K, groups, U0}, g.options());
+  out.scatter_add_(2, ref.clamp_min(0).unsqueeze(0).expand({K, -1, -1}), through * (ref >= 0));
+  // A row's units routed elsewhere than by its group's first row: its own
+  // gradient there moves from the first row's target to its own.
+  const torch::Tensor at = (target != ref.index_select(0, group)).nonzero();  // [M, 2]
+  if (at.size(0) > 0) {
+    const torch::Tensor row = at.select(1, 0), unit = at.select(1, 1), in = group.index_select(0, row);
+    const torch::Tensor value = pair_backward_at(g, g_dw, row, unit, pass);  // [K, M]
+    const torch::Tensor own = target.index({row, unit}), was = ref.index({in, unit});
+    torch::Tensor flat = out.view({K, groups * U0});
+    flat.index_add_(1, in * U0 + own.clamp_min(0), value * (own >= 0));
+    flat.index_add_(1, in * U0 + was.clamp_min(0), -value * (was >= 0));
+  }
+  std::vector<int64_t> shape{K, groups};
+  for (int64_t s : y0.sizes().slice(1)) shape.push_back(s);
+  return out.view(shape);
 }
 
 size_t OwnRoute::layer_index(size_t l) const {

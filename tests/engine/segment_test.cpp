@@ -108,5 +108,44 @@ TEST(Segment, DirectionsGiveTheOutputsDerivativeAlongTheSegment) {
   }
 }
 
+// A pair of cotangents on layer 1 (the held site's sums over a piece's
+// nodes): its first-layer part of J dw taken forward, and its first-layer
+// signals summed per group of rows (one walk through layer 1 per group,
+// mended where a row's masks differ from its group's first row's), against
+// one walk per row. Rows of a group share a test point at different t, so
+// their masks mostly agree, or are drawn at random; one group is empty.
+// Tanh and GELU layers are no selection: those take the walk itself.
+TEST(Segment, PairsOfLayerOneSummedAndDottedAsOneWalkPerRow) {
+  for (const Case& c : kCases) {
+    const int64_t points = 3, R = 12, K = 3;
+    SegmentCase s = segment_case(c, points, 6);
+    SegmentEvaluator ev(s.net);
+    ev.set_segment(s.w, 2.0 * s.dw);  // a long step: masks differ along it
+    const torch::Tensor point = torch::tensor(std::vector<int64_t>{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2});
+    const SegmentPass pass = ev.forward(s.x.index_select(0, point), torch::rand({R}, torch::kFloat64), false);
+    const torch::Tensor rows = torch::tensor(std::vector<int64_t>{0, 1, 3, 4, 5, 7, 8, 9, 10, 11});
+    const int64_t n = rows.size(0);
+    std::vector<int64_t> shape = pass.preacts[1].sizes().vec();
+    shape[0] = n;
+    shape.insert(shape.begin(), K);
+    const torch::Tensor g = torch::randn(shape, torch::kFloat64), g_dw = torch::randn(shape, torch::kFloat64);
+    const SegmentPass picked = rows_of(pass, rows);
+    const torch::Tensor walked = ev.first_signals_of_pair(picked, g, g_dw);  // [K, n, ...]
+    const double scale = std::max(1.0, walked.abs().max().item<double>());
+    const torch::Tensor dot = (walked * picked.directions[0].unsqueeze(0)).flatten(2).sum(2);
+    EXPECT_LE((ev.first_dot_of_pair(pass, rows, g, g_dw) - dot).abs().max().item<double>(),
+              1e-12 * std::max(1.0, dot.abs().max().item<double>()))
+        << c.name();
+    for (const torch::Tensor& group : {point.index_select(0, rows), torch::randint(0, 4, {n}, torch::kLong)}) {
+      std::vector<int64_t> sizes = walked.sizes().vec();
+      sizes[1] = 4;
+      const torch::Tensor expect = torch::zeros(sizes, walked.options()).index_add_(1, group, walked);
+      const torch::Tensor got = ev.first_signals_of_pairs_summed(pass, rows, g, g_dw, group, 4);
+      ASSERT_EQ(got.sizes(), expect.sizes()) << c.name();
+      EXPECT_LE((got - expect).abs().max().item<double>(), 1e-12 * scale) << c.name();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pathkernel
