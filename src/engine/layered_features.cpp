@@ -384,14 +384,18 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   const torch::Tensor at = (sel != ref_sel.index_select(0, group)).nonzero();  // [M, 2]
   if (at.size(0) == 0) return;
   const torch::Tensor row = at.select(1, 0), unit = at.select(1, 1), in = group.index_select(0, row);
-  const torch::Tensor own = sel.index({row, unit}).unsqueeze(1), was = ref_sel.index({in, unit}).unsqueeze(1);
-  auto change = [&](const torch::Tensor& v) {
-    const torch::Tensor vr = v.index_select(0, in);  // [M, U0]
-    return (vr.gather(1, own.clamp_min(0)) * (own >= 0) - vr.gather(1, was.clamp_min(0)) * (was >= 0)).squeeze(1);
+  const torch::Tensor own = sel.index({row, unit}), was = ref_sel.index({in, unit});
+  const int64_t U0 = y0.size(1);
+  auto change = [&](const torch::Tensor& v) {  // v [G, U0]: the entries alone, not the rows
+    auto at_unit = [&](const torch::Tensor& s) { return v.view(-1).index_select(0, in * U0 + s.clamp_min(0)) * (s >= 0); };
+    return at_unit(own) - at_unit(was);
   };
   const torch::Tensor da = change(y0), db = change(d0);  // [M]
   const int64_t M = row.size(0), Q = pl.weight_numel + pl.bias_numel;
-  torch::Tensor flat = f_.layers[site_].block.view({k_out_, -1});  // [K, n Q]
+  // One flat index per entry: index_add_ over a 1-D tensor adds each
+  // value in place (along dim 1 it would take a slice per index).
+  torch::Tensor& block = f_.layers[site_].block;
+  const torch::Tensor every_k = torch::arange(k_out_).view({k_out_, 1}) * block[0].numel();  // [K, 1]
   const torch::Tensor base = present.index_select(0, in) * Q;      // [M]
   PK_ASSERT(pl.desc.kind == Kind::Conv2d);  // a Dense site (a Linear one keeps its rows)
   // Weight [C', C, kh, kw]: unit (c, y, x) enters entry (o, c, i, j) at the
@@ -404,7 +408,7 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   const torch::Tensor idx = base.view({M, 1, 1, 1}) + torch::arange(co).view({1, 1, 1, co}) * (ci * kh * kw) +
                             c.view({M, 1, 1, 1}) * (kh * kw) + torch::arange(kh).view({1, kh, 1, 1}) * kw +
                             torch::arange(kw).view({1, 1, kw, 1});  // [M, kh, kw, C']
-  flat.index_add_(1, idx.flatten(), v.permute({3, 0, 1, 2, 4}).reshape({k_out_, -1}));
+  block.view(-1).index_add_(0, (every_k + idx.view({1, -1})).flatten(), v.permute({3, 0, 1, 2, 4}).flatten());
 }
 
 /// Keeps the rows `rows` (ascending) of a pass with signals `sig`; `unit`:
