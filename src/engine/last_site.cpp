@@ -162,10 +162,11 @@ std::vector<double> piece_switches(const torch::Tensor& c, const std::vector<int
   };
   // Whether a window's pass-on cannot change on the piece: no unit is ever
   // positive, or one stays positive and above every other's range.
+  std::vector<std::pair<double, double>> r;  // the window's units' ranges (one buffer for every window)
   auto settled = [&]() {
     double best_lo = -std::numeric_limits<double>::infinity(), top_hi = 0;
     size_t best = 0;
-    std::vector<std::pair<double, double>> r;
+    r.clear();
     for (size_t i = 0; i < units.size(); ++i) {
       r.push_back(range(units[i]));
       top_hi = std::max(top_hi, r[i].second);
@@ -458,10 +459,27 @@ Sums sums_of(const std::vector<double>& a, const std::vector<double>& b, const s
 
 torch::Tensor cotangents_of(const torch::Tensor& fields, const torch::Tensor& w0u, const torch::Tensor& dwu,
                             const std::vector<int64_t>& shape) {
-  std::vector<int64_t> cot_shape{w0u.size(0), fields.size(1)};
+  const int64_t K = w0u.size(0), R = fields.size(1), U = fields.size(2);
+  std::vector<int64_t> cot_shape{K, R};
   cot_shape.insert(cot_shape.end(), shape.begin() + 1, shape.end());
-  torch::Tensor cot = w0u.unsqueeze(1) * fields[0];  // [K, R, U]
-  cot.addcmul_(dwu.unsqueeze(1), fields[1]).sub_(fields[2]);
+  if (fields.scalar_type() != torch::kFloat64) {
+    torch::Tensor cot = w0u.unsqueeze(1) * fields[0];  // [K, R, U]
+    cot.addcmul_(dwu.unsqueeze(1), fields[1]).sub_(fields[2]);
+    return cot.view(cot_shape);
+  }
+  // One pass over the output (three tensor operations would take three).
+  const torch::Tensor e = fields.contiguous(), a = w0u.contiguous(), b = dwu.contiguous();
+  torch::Tensor cot = torch::empty({K, R, U}, fields.options());
+  const double *e0 = e.data_ptr<double>(), *e1 = e0 + R * U, *e2 = e1 + R * U;
+  double* out = cot.data_ptr<double>();
+  for (int64_t k = 0; k < K; ++k) {
+    const double *ak = a.data_ptr<double>() + k * U, *bk = b.data_ptr<double>() + k * U;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t at = r * U;
+      double* o = out + (k * R + r) * U;
+      for (int64_t u = 0; u < U; ++u) o[u] = ak[u] * e0[at + u] + bk[u] * e1[at + u] - e2[at + u];
+    }
+  }
   return cot.view(cot_shape);
 }
 
