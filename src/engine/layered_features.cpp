@@ -131,6 +131,36 @@ void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torc
   }
 }
 
+/// Entries of a held convolution's block that pieces' own selections move
+/// (LayeredFeatures::add_site_of_pairs): per mend m, unit unit[m] of the
+/// layer's input on piece row[m] (of test point point[m]) changes by da[m]
+/// (its A) and db[m] (its B) from the point's first piece's.
+struct SiteMends {
+  torch::Tensor row, unit, point, da, db;  ///< [M] each
+};
+
+/// Adds to a convolution's block [K, n, Q] (layer pl, input shape
+/// `input_shape`, rows first) the mends' products with the pieces' pairs g,
+/// g_dw [K, np, C', H', W']: unit (c, y, x) enters weight entry (o, c, i, j)
+/// at the output position (y + P − i, x + P − j).
+void add_conv_mends(const ParamLayer& pl, const std::vector<int64_t>& input_shape, const torch::Tensor& g,
+                    const torch::Tensor& g_dw, const SiteMends& m, torch::Tensor& block) {
+  PK_ASSERT(pl.desc.kind == Kind::Conv2d);  // a Dense site (a Linear one keeps its rows)
+  const int64_t M = m.row.size(0), K = block.size(0), Q = pl.weight_numel + pl.bias_numel;
+  const int64_t co = pl.weight_shape[0], ci = pl.weight_shape[1], kh = pl.weight_shape[2], kw = pl.weight_shape[3];
+  const int64_t H = input_shape[2], W = input_shape[3], P = pl.desc.padding;
+  const torch::Tensor c = m.unit.div(H * W, "floor"), y = m.unit.div(W, "floor").remainder(H), x = m.unit.remainder(W);
+  const torch::Tensor v = conv_windows(g, m.row, y, x, P, kh, kw) * m.da.view({M, 1, 1, 1, 1}) +
+                          conv_windows(g_dw, m.row, y, x, P, kh, kw) * m.db.view({M, 1, 1, 1, 1});  // [M, kh, kw, K, C']
+  const torch::Tensor idx = (m.point * Q).view({M, 1, 1, 1}) + torch::arange(co).view({1, 1, 1, co}) * (ci * kh * kw) +
+                            c.view({M, 1, 1, 1}) * (kh * kw) + torch::arange(kh).view({1, kh, 1, 1}) * kw +
+                            torch::arange(kw).view({1, 1, kw, 1});  // [M, kh, kw, C']
+  // One flat index per entry: index_add_ over a 1-D tensor adds each value
+  // in place (along dim 1 it would take a slice per index).
+  const torch::Tensor every_k = torch::arange(K).view({K, 1}) * block[0].numel();  // [K, 1]
+  block.view(-1).index_add_(0, (every_k + idx.view({1, -1})).flatten(), v.permute({3, 0, 1, 2, 4}).flatten());
+}
+
 /// Counts the kinks a search found in f, each at its site.
 void count_found(QuadratureCounts& f, const KinkSearch& ks) {
   for (const Kink& k : ks.kinks) {
@@ -383,32 +413,20 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   // own pair against the change of A and B there.
   const torch::Tensor at = (sel != ref_sel.index_select(0, group)).nonzero();  // [M, 2]
   if (at.size(0) == 0) return;
-  const torch::Tensor row = at.select(1, 0), unit = at.select(1, 1), in = group.index_select(0, row);
-  const torch::Tensor own = sel.index({row, unit}), was = ref_sel.index({in, unit});
+  SiteMends m;
+  m.row = at.select(1, 0);
+  m.unit = at.select(1, 1);
+  const torch::Tensor in = group.index_select(0, m.row);
+  const torch::Tensor own = sel.index({m.row, m.unit}), was = ref_sel.index({in, m.unit});
   const int64_t U0 = y0.size(1);
   auto change = [&](const torch::Tensor& v) {  // v [G, U0]: the entries alone, not the rows
     auto at_unit = [&](const torch::Tensor& s) { return v.view(-1).index_select(0, in * U0 + s.clamp_min(0)) * (s >= 0); };
     return at_unit(own) - at_unit(was);
   };
-  const torch::Tensor da = change(y0), db = change(d0);  // [M]
-  const int64_t M = row.size(0), Q = pl.weight_numel + pl.bias_numel;
-  // One flat index per entry: index_add_ over a 1-D tensor adds each
-  // value in place (along dim 1 it would take a slice per index).
-  torch::Tensor& block = f_.layers[site_].block;
-  const torch::Tensor every_k = torch::arange(k_out_).view({k_out_, 1}) * block[0].numel();  // [K, 1]
-  const torch::Tensor base = present.index_select(0, in) * Q;      // [M]
-  PK_ASSERT(pl.desc.kind == Kind::Conv2d);  // a Dense site (a Linear one keeps its rows)
-  // Weight [C', C, kh, kw]: unit (c, y, x) enters entry (o, c, i, j) at the
-  // output position (y + P − i, x + P − j).
-  const int64_t co = pl.weight_shape[0], ci = pl.weight_shape[1], kh = pl.weight_shape[2], kw = pl.weight_shape[3];
-  const int64_t H = shape[2], W = shape[3], P = pl.desc.padding;
-  const torch::Tensor c = unit.div(H * W, "floor"), y = unit.div(W, "floor").remainder(H), x = unit.remainder(W);
-  const torch::Tensor v = conv_windows(g, row, y, x, P, kh, kw) * da.view({M, 1, 1, 1, 1}) +
-                          conv_windows(gt, row, y, x, P, kh, kw) * db.view({M, 1, 1, 1, 1});  // [M, kh, kw, K, C']
-  const torch::Tensor idx = base.view({M, 1, 1, 1}) + torch::arange(co).view({1, 1, 1, co}) * (ci * kh * kw) +
-                            c.view({M, 1, 1, 1}) * (kh * kw) + torch::arange(kh).view({1, kh, 1, 1}) * kw +
-                            torch::arange(kw).view({1, 1, kw, 1});  // [M, kh, kw, C']
-  block.view(-1).index_add_(0, (every_k + idx.view({1, -1})).flatten(), v.permute({3, 0, 1, 2, 4}).flatten());
+  m.point = present.index_select(0, in);
+  m.da = change(y0);
+  m.db = change(d0);
+  add_conv_mends(pl, shape, g, gt, m, f_.layers[site_].block);
 }
 
 /// Keeps the rows `rows` (ascending) of a pass with signals `sig`; `unit`:
