@@ -11,15 +11,44 @@
 #include "pathkernel/kinks.h"
 #include "pathkernel/model.h"
 #include "pathkernel/segment.h"
+#include "../model/torchscript_util.h"
 #include "../test_util.h"
 
 namespace pathkernel {
 namespace {
 
 using Case = testing::NetworkCase;
+using testing::script::have_python_torch;
 
 /// A 4-class network of the case's architecture.
 NetworkOptions options_for(const Case& c) { return c.options(4, 5); }
+
+/// Held-site features of x on ev's segment against the reference where every
+/// kink ends a piece, to 1e-12: the features, the certificate, and the held
+/// logits' layer contracted through its factors against a batch's loss
+/// signals and against every output's (the kernel). Returns both.
+std::pair<TestFeatures, TestFeatures> expect_held_as_every_kink(const SegmentEvaluator& ev, const torch::Tensor& x,
+                                                                 OutputMap map, const std::string& name) {
+  QuadratureOptions q;
+  q.last_site = QuadratureOptions::LastSite::Local;
+  TestFeatures held = test_features(ev, x, q);
+  q.last_site = QuadratureOptions::LastSite::Pieces;
+  TestFeatures every = test_features(ev, x, q);
+  const torch::Tensor a = dense_features(ev, held), b = dense_features(ev, every);
+  EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name;
+  EXPECT_LE(held.certificate_gap, 1e-13) << name;
+  EXPECT_TRUE(held.layers.back().held_h.defined()) << name;
+  std::vector<int64_t> xs = x.sizes().vec();
+  xs[0] = 7;
+  const int64_t K = ev.num_outputs();
+  const torch::Tensor xt = torch::randn(xs, torch::kFloat64), yt = torch::randint(0, K, {7}, torch::kLong);
+  const TrainSignals t = train_signals(ev, xt, yt, map);
+  const torch::Tensor ch = contract(ev, held, t), ce = contract(ev, every, t);
+  EXPECT_LE((ch - ce).abs().max().item<double>(), 1e-12 * std::max(1.0, ce.abs().max().item<double>())) << name;
+  const torch::Tensor kh = output_kernel(ev, held, xt), ke = output_kernel(ev, every, xt);
+  EXPECT_LE((kh - ke).abs().max().item<double>(), 1e-12 * std::max(1.0, ke.abs().max().item<double>())) << name;
+  return {std::move(held), std::move(every)};
+}
 
 /// The kinks counted at site l (flips, switches and closed form).
 int64_t kinks_at(const TestFeatures& f, size_t l) {
@@ -50,26 +79,7 @@ TEST(LastSite, HeldSiteGivesTheFeaturesOfEveryKinkAPiece) {
     SegmentEvaluator ev(net);
     ev.set_segment(w, dw);
     ASSERT_TRUE(ev.last_site_local()) << c.name();
-    QuadratureOptions q;
-    q.last_site = QuadratureOptions::LastSite::Local;
-    const TestFeatures held = test_features(ev, x, q);
-    q.last_site = QuadratureOptions::LastSite::Pieces;
-    const TestFeatures every = test_features(ev, x, q);
-    const torch::Tensor a = dense_features(ev, held), b = dense_features(ev, every);
-    EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << c.name();
-    EXPECT_LE(held.certificate_gap, 1e-13) << c.name();
-    // The held logits' layer is contracted through its factors: the same as
-    // the reference's blocks, against a batch's loss signals and every
-    // output's (the kernel).
-    ASSERT_TRUE(held.layers.back().held_h.defined()) << c.name();
-    xs[0] = 7;
-    const torch::Tensor xt = torch::randn(xs, torch::kFloat64), yt = torch::randint(0, 4, {7}, torch::kLong);
-    const TrainSignals t = train_signals(ev, xt, yt, c.map);
-    const torch::Tensor ch = contract(ev, held, t), ce = contract(ev, every, t);
-    EXPECT_LE((ch - ce).abs().max().item<double>(), 1e-12 * std::max(1.0, ce.abs().max().item<double>())) << c.name();
-    const torch::Tensor kh = output_kernel(ev, held, xt), ke = output_kernel(ev, every, xt);
-    EXPECT_LE((kh - ke).abs().max().item<double>(), 1e-12 * std::max(1.0, ke.abs().max().item<double>())) << c.name();
-    xs[0] = 5;
+    const auto [held, every] = expect_held_as_every_kink(ev, x, c.map, c.name());
     // The held site's switches are found on the pieces' interpolants, not
     // searched for: wherever the reference ends a piece and the held
     // features have no break, the network's pattern at the site is the same
@@ -101,6 +111,44 @@ TEST(LastSite, HeldSiteGivesTheFeaturesOfEveryKinkAPiece) {
       EXPECT_TRUE(pattern[site].narrow(0, 0, k).equal(pattern[site].narrow(0, k, k)))
           << c.name() << " test " << i << ": a switch of the held site that is not a break";
     }
+  }
+}
+
+// A user's TorchScript CNN of the same layers, walked as a plain chain on
+// the structured route: its site held, the first convolution's selection
+// read from the module's own layers.
+TEST(LastSite, HeldSiteOfAScriptedChainGivesTheFeaturesOfEveryKinkAPiece) {
+  REQUIRE_PYTHON_TORCH();
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/cnn.pt";
+  testing::script::python(dir, "class M(nn.Module):\n"
+                               "    def __init__(self):\n"
+                               "        super().__init__()\n"
+                               "        self.conv1 = nn.Conv2d(1, 2, 3, padding=1)\n"
+                               "        self.conv2 = nn.Conv2d(2, 3, 3, padding=1)\n"
+                               "        self.fc = nn.Linear(12, 4)\n"
+                               "    def forward(self, x):\n"
+                               "        h = F.max_pool2d(F.relu(self.conv1(x)), 2)\n"
+                               "        h = F.max_pool2d(F.relu(self.conv2(h)), 2)\n"
+                               "        return self.fc(torch.flatten(h, 1))\n"
+                               "torch.manual_seed(3)\ntorch.jit.script(M()).save('" + path + "')\n");
+  for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
+    NetworkOptions o;
+    o.spec = ModelSpec::parse("torchscript:" + path);
+    o.input_shape = {1, 8, 8};
+    o.num_classes = 4;
+    o.output = map;
+    Network net = engine_network(o);
+    torch::manual_seed(17);
+    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
+    const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
+    SegmentEvaluator ev(net);
+    ev.set_segment(w, dw);
+    const std::string name = "scripted chain/" + output_map_name(map);
+    ASSERT_EQ(ev.route(), "structured") << name << ": " << ev.route_reason();
+    ASSERT_TRUE(ev.last_site_local()) << name;
+    const auto [held, every] = expect_held_as_every_kink(ev, x, map, name);
+    EXPECT_LT(held.evaluations, every.evaluations) << name;
   }
 }
 
