@@ -153,21 +153,24 @@ class Route {
   /// Per row r of `rows` (rows of `pass`), the first param layer's part of
   /// J dw, Σ over its units of first_signals_of_pair(rows_of(pass, rows), g,
   /// g_dw)[k, r] times the pass's first-layer direction: [K, R]. Here the
-  /// reference: that walk. The own route takes it forward instead, the
-  /// direction's tangent through the pass's masks and layer 1 (one row
-  /// where the walk has K).
-  virtual torch::Tensor first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows, const torch::Tensor& g,
+  /// reference: that walk. The own route, given the rows' `selection`
+  /// (first_selection, taken once by the caller), takes it forward instead:
+  /// the direction's tangent through the selection and layer 1 (one row
+  /// where the walk has K); undefined, the walk.
+  virtual torch::Tensor first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows,
+                                          const torch::Tensor& selection, const torch::Tensor& g,
                                           const torch::Tensor& g_dw) const;
   /// The first param layer's signals of pairs of cotangents (rows `rows` of
   /// `pass`, g and g_dw [K, R, ...] as in first_signals_of_pair), summed
   /// over the rows of each group: group [R] in [0, groups), [K, groups, ...].
-  /// Here the reference: one walk per row. The own route walks each group's
-  /// sums through layer 1 once and routes them by one row's masks, then
-  /// mends the few units whose masks differ between the group's rows
-  /// (docs/math.md §7).
+  /// Here the reference: one walk per row. The own route, given the rows'
+  /// `selection` (as first_dot_of_pair), walks each group's sums through
+  /// layer 1 once and routes them by one row's selection, then mends the few
+  /// units where the group's rows select differently (docs/math.md §7).
   virtual torch::Tensor first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
-                                                      const torch::Tensor& g, const torch::Tensor& g_dw,
-                                                      const torch::Tensor& group, int64_t groups) const;
+                                                      const torch::Tensor& selection, const torch::Tensor& g,
+                                                      const torch::Tensor& g_dw, const torch::Tensor& group,
+                                                      int64_t groups) const;
   /// The kink sites of a pass: tensors [R, ...] (KinkHints).
   virtual const std::vector<torch::Tensor>& kink_sites(const SegmentPass& pass) const { return pass.preacts; }
   const KinkHints& hints() const { return hints_; }

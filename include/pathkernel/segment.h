@@ -79,16 +79,17 @@ class SegmentEvaluator : public KinkSites {
   }
   /// The first param layer's part of J dw per row of a pair of cotangents
   /// (Route::first_dot_of_pair).
-  torch::Tensor first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows, const torch::Tensor& g,
-                                  const torch::Tensor& g_dw) const {
-    return route_->first_dot_of_pair(pass, rows, g, g_dw);
+  torch::Tensor first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows, const torch::Tensor& selection,
+                                  const torch::Tensor& g, const torch::Tensor& g_dw) const {
+    return route_->first_dot_of_pair(pass, rows, selection, g, g_dw);
   }
   /// The first param layer's signals of pairs of cotangents summed per
   /// group of rows (Route::first_signals_of_pairs_summed).
   torch::Tensor first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
-                                              const torch::Tensor& g, const torch::Tensor& g_dw,
-                                              const torch::Tensor& group, int64_t groups) const {
-    return route_->first_signals_of_pairs_summed(pass, rows, g, g_dw, group, groups);
+                                              const torch::Tensor& selection, const torch::Tensor& g,
+                                              const torch::Tensor& g_dw, const torch::Tensor& group,
+                                              int64_t groups) const {
+    return route_->first_signals_of_pairs_summed(pass, rows, selection, g, g_dw, group, groups);
   }
   /// Whether the last kink site can be held (KinkHints::last_site_local).
   bool last_site_local() const { return route_->hints().last_site_local; }

@@ -42,6 +42,14 @@ torch::Tensor layer_sample_gradients(const SegmentEvaluator& ev, const TrainSign
 torch::Tensor conv_windows(const torch::Tensor& v, const torch::Tensor& row, const torch::Tensor& y,
                            const torch::Tensor& x, int64_t padding, int64_t kh, int64_t kw);
 
+/// v [K, R, ...] summed over the rows of each group: group [R] in [0,
+/// groups), [K, groups, ...].
+torch::Tensor sum_by_group(const torch::Tensor& v, const torch::Tensor& group, int64_t groups);
+
+/// Each group's first row, [groups]: group [R] in [0, groups); row 0 for a
+/// group without rows (whose sums are zero).
+torch::Tensor first_of_each_group(const torch::Tensor& group, int64_t groups);
+
 /// Whether passes must keep an autograd graph for their signals.
 bool track_passes(const SegmentEvaluator& ev);
 

@@ -82,6 +82,19 @@ torch::Tensor conv_windows(const torch::Tensor& v, const torch::Tensor& row, con
   return v.index({Slice(), row.view({M, 1, 1}), Slice(), yy.clamp(0, Ho - 1), xx.clamp(0, Wo - 1)}) * inside;
 }
 
+torch::Tensor sum_by_group(const torch::Tensor& v, const torch::Tensor& group, int64_t groups) {
+  std::vector<int64_t> sizes = v.sizes().vec();
+  sizes[1] = groups;
+  return torch::zeros(sizes, v.options()).index_add_(1, group, v);
+}
+
+torch::Tensor first_of_each_group(const torch::Tensor& group, int64_t groups) {
+  std::vector<int64_t> first(static_cast<size_t>(groups), 0);
+  auto gp = group.accessor<int64_t, 1>();
+  for (int64_t r = group.size(0); r-- > 0;) first[static_cast<size_t>(gp[r])] = r;
+  return torch::tensor(first, torch::kLong);
+}
+
 /// The cotangents e_k of every output k on every row: [K, R, K].
 torch::Tensor unit_cotangents(const SegmentEvaluator& ev, int64_t rows, const torch::TensorOptions& opts) {
   const int64_t k_out = ev.num_outputs();

@@ -291,10 +291,13 @@ class LayeredFeatures final : public Integrand {
   bool pair_walk_ = false;
   torch::Tensor piece_g_, piece_gt_, piece_first_row_, piece_first_dot_;
   /// Each piece's first-layer selection (Route::first_selection) at its
-  /// first row, [np, U1]: where defined and the site's block is Dense (a
-  /// convolution), the block is formed from the pairs too
-  /// (add_site_of_pairs), and the nodes' cotangents are never formed.
+  /// first row, [np, U1], taken once a round for the route's pair methods
+  /// and the site's block; undefined where the route has none.
   torch::Tensor piece_sel_;
+  /// Whether the held site's block is formed from the pairs too
+  /// (add_site_of_pairs): the selection is known and the block is Dense (a
+  /// convolution). The nodes' cotangents are then never formed.
+  bool site_of_pairs() const { return piece_sel_.defined() && f_.layers[site_].form == Form::Dense; }
   /// Per test point, the accepted pieces' sums of the logits' layer (last_site.h).
   torch::Tensor h_sum_, ph_sum_, p_sum_, len_sum_;
 };
@@ -365,9 +368,10 @@ torch::Tensor LayeredFeatures::of_pieces(const torch::Tensor& v, int64_t dim, co
 
 void LayeredFeatures::add_first_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present,
                                          const torch::Tensor& group) {
-  const torch::Tensor s =
-      ev_.first_signals_of_pairs_summed(pass_, of_pieces(piece_first_row_, 0, pieces), of_pieces(piece_g_, 1, pieces),
-                                        of_pieces(piece_gt_, 1, pieces), group, present.size(0));
+  const torch::Tensor sel = piece_sel_.defined() ? of_pieces(piece_sel_, 0, pieces) : piece_sel_;
+  const torch::Tensor s = ev_.first_signals_of_pairs_summed(pass_, of_pieces(piece_first_row_, 0, pieces), sel,
+                                                            of_pieces(piece_g_, 1, pieces),
+                                                            of_pieces(piece_gt_, 1, pieces), group, present.size(0));
   if (!first_sum_.defined()) {
     std::vector<int64_t> sizes = s.sizes().vec();
     sizes[1] = n_;
@@ -382,10 +386,7 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   const torch::Tensor g = of_pieces(piece_g_, 1, pieces), gt = of_pieces(piece_gt_, 1, pieces);
   const int64_t G = present.size(0);
   // Each test point's first piece; its selection routes the point's sums.
-  std::vector<int64_t> first(static_cast<size_t>(G), -1);
-  auto gp = group.accessor<int64_t, 1>();
-  for (int64_t p = group.size(0); p-- > 0;) first[gp[p]] = p;
-  const torch::Tensor ref = torch::tensor(first, torch::kLong), ref_sel = sel.index_select(0, ref);  // [G, U1]
+  const torch::Tensor ref = first_of_each_group(group, G), ref_sel = sel.index_select(0, ref);  // [G, U1]
   // Layer 1's input on a piece is A + t B: the first layer's output at t = 0
   // and its direction, routed by the piece's selection.
   const torch::Tensor y0 = p0_.preacts[0].detach().index_select(0, present).flatten(1);                  // [G, U0]
@@ -393,17 +394,12 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   auto routed = [](const torch::Tensor& v, const torch::Tensor& s) { return v.gather(1, s.clamp_min(0)) * (s >= 0); };
   std::vector<int64_t> shape = pass_.inputs[site_].sizes().vec();
   shape[0] = 2 * G;
-  auto summed = [&](const torch::Tensor& v) {
-    std::vector<int64_t> sizes = v.sizes().vec();
-    sizes[1] = G;
-    return torch::zeros(sizes, v.options()).index_add_(1, group, v);
-  };
   // Rows A, B of each point in turn (grouped by point, as add_dense takes
   // them best); B's bias columns, which would take Σ_j t_j G_j, are taken
   // back out: the bias has A's alone (its input is 1, not t).
-  const torch::Tensor gts = summed(gt);
+  const torch::Tensor gts = sum_by_group(gt, group, G);
   add_dense(ev_, site_, f_, torch::stack({routed(y0, ref_sel), routed(d0, ref_sel)}, 1).view(shape),
-            torch::stack({summed(g), gts}, 2).flatten(1, 2), present.repeat_interleave(2), torch::Tensor());
+            torch::stack({sum_by_group(g, group, G), gts}, 2).flatten(1, 2), present.repeat_interleave(2), torch::Tensor());
   const ParamLayer& pl = ev_.param_layers()[site_];
   if (pl.bias_numel > 0) {
     f_.layers[site_].block.narrow(2, pl.weight_numel, pl.bias_numel)
@@ -608,8 +604,8 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
     first_row[static_cast<size_t>(p)] = rd.first[p];
   }
   piece_first_row_ = torch::tensor(first_row, torch::kLong);
-  piece_sel_ = f_.layers[site_].form == Form::Dense ? ev_.first_selection(pass_, piece_first_row_) : torch::Tensor();
-  if (!piece_sel_.defined()) sig_[site_] = cotangents_of(terms_.fields, terms_.w0u, terms_.dwu, shape);
+  piece_sel_ = ev_.first_selection(pass_, piece_first_row_);
+  if (!site_of_pairs()) sig_[site_] = cotangents_of(terms_.fields, terms_.w0u, terms_.dwu, shape);
   // The cotangents are linear in their fields: the sums are the fields'.
   const torch::Tensor& e = terms_.fields;  // [3, R, U]
   const torch::Tensor piece = torch::tensor(rd.piece_of, torch::kLong);
@@ -618,7 +614,7 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
       torch::zeros({3, rd.np, e.size(2)}, opts_).index_add_(1, piece, e * pass_.t.view({1, rd.rows, 1}));
   piece_g_ = cotangents_of(e_sum, terms_.w0u, terms_.dwu, shape);
   piece_gt_ = cotangents_of(et_sum, terms_.w0u, terms_.dwu, shape);
-  piece_first_dot_ = ev_.first_dot_of_pair(pass_, piece_first_row_, piece_g_, piece_gt_);
+  piece_first_dot_ = ev_.first_dot_of_pair(pass_, piece_first_row_, piece_sel_, piece_g_, piece_gt_);
 }
 
 torch::Tensor LayeredFeatures::site_dot() const {
@@ -781,7 +777,7 @@ void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& a
       // The accepted pieces' test points, numbered 0, 1, … in `group`.
       const auto [present, group] = torch::_unique(pt, /*sorted=*/true, /*return_inverse=*/true);
       add_first_of_pairs(pc, present, group);
-      if (piece_sel_.defined()) add_site_of_pairs(pc, present, group);
+      if (site_of_pairs()) add_site_of_pairs(pc, present, group);
     }
     for (int64_t p : accepted) {
       std::vector<double>& sw = switches_[static_cast<size_t>(rd.end_point[2 * p])];

@@ -37,11 +37,12 @@ class OwnRoute final : public LayeredRoute {
   std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const override;
   torch::Tensor first_signals_of_pair(const SegmentPass& pass, const torch::Tensor& g,
                                       const torch::Tensor& g_dw) const override;
-  torch::Tensor first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows, const torch::Tensor& g,
-                                  const torch::Tensor& g_dw) const override;
+  torch::Tensor first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows, const torch::Tensor& selection,
+                                  const torch::Tensor& g, const torch::Tensor& g_dw) const override;
   torch::Tensor first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
-                                              const torch::Tensor& g, const torch::Tensor& g_dw,
-                                              const torch::Tensor& group, int64_t groups) const override;
+                                              const torch::Tensor& selection, const torch::Tensor& g,
+                                              const torch::Tensor& g_dw, const torch::Tensor& group,
+                                              int64_t groups) const override;
   /// As their backward walk takes them: a unit's gradient goes to its
   /// target alone.
   torch::Tensor first_selection(const SegmentPass& pass, const torch::Tensor& rows) const override;
@@ -357,11 +358,11 @@ torch::Tensor OwnRoute::pair_backward_at(const torch::Tensor& g, const torch::Te
   return (at(g, weight_of(w_, 1)) + at(g_dw, weight_of(dw_, 1))).t();  // [K, M]
 }
 
-torch::Tensor OwnRoute::first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows, const torch::Tensor& g,
+torch::Tensor OwnRoute::first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows,
+                                          const torch::Tensor& target, const torch::Tensor& g,
                                           const torch::Tensor& g_dw) const {
   torch::NoGradGuard no_grad;
-  const torch::Tensor target = first_selection(pass, rows);
-  if (!target.defined()) return Route::first_dot_of_pair(pass, rows, g, g_dw);
+  if (!target.defined()) return Route::first_dot_of_pair(pass, rows, target, g, g_dw);
   // The first layer's direction routed to layer 1's input, through layer 1
   // at the start's weights and the direction's: ⟨walk(g, g_dw), v⟩ =
   // ⟨g, W_s v⟩ + ⟨g_dw, dW v⟩.
@@ -383,25 +384,17 @@ torch::Tensor OwnRoute::first_dot_of_pair(const SegmentPass& pass, const torch::
 }
 
 torch::Tensor OwnRoute::first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
-                                                      const torch::Tensor& g, const torch::Tensor& g_dw,
-                                                      const torch::Tensor& group, int64_t groups) const {
+                                                      const torch::Tensor& target, const torch::Tensor& g,
+                                                      const torch::Tensor& g_dw, const torch::Tensor& group,
+                                                      int64_t groups) const {
   torch::NoGradGuard no_grad;
-  const torch::Tensor target = first_selection(pass, rows);
-  if (!target.defined()) return Route::first_signals_of_pairs_summed(pass, rows, g, g_dw, group, groups);
-  const int64_t K = g.size(0), R = rows.size(0);
-  auto summed = [&](const torch::Tensor& v) {
-    std::vector<int64_t> sizes = v.sizes().vec();
-    sizes[1] = groups;
-    return torch::zeros(sizes, v.options()).index_add_(1, group, v);
-  };
+  if (!target.defined()) return Route::first_signals_of_pairs_summed(pass, rows, target, g, g_dw, group, groups);
+  const int64_t K = g.size(0);
   // Each group's sums through layer 1, once, routed by its first row's masks.
-  const torch::Tensor through = pair_backward(layers_[layer_index(1)], 1, summed(g), summed(g_dw), pass).flatten(2);
-  std::vector<int64_t> first(static_cast<size_t>(groups), 0), seen(static_cast<size_t>(groups), 0);
-  auto gp = group.accessor<int64_t, 1>();
-  for (int64_t r = 0; r < R; ++r) {
-    if (seen[gp[r]]++ == 0) first[gp[r]] = r;
-  }
-  const torch::Tensor ref = target.index_select(0, torch::tensor(first, torch::kLong));  // [groups, U1]
+  const torch::Tensor through =
+      pair_backward(layers_[layer_index(1)], 1, sum_by_group(g, group, groups), sum_by_group(g_dw, group, groups), pass)
+          .flatten(2);
+  const torch::Tensor ref = target.index_select(0, first_of_each_group(group, groups));  // [groups, U1]
   const torch::Tensor& y0 = pass.layer_inputs[layer_index(0) + 1];
   const int64_t U0 = y0[0].numel();
   torch::Tensor out = torch::zeros({K, groups, U0}, g.options());

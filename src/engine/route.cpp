@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "feature_parts.h"
 #include "pathkernel/error.h"
 #include "pathkernel/features.h"
 #include "routes.h"
@@ -41,19 +42,18 @@ torch::Tensor Route::first_signals_of_pair(const SegmentPass&, const torch::Tens
   return {};
 }
 
-torch::Tensor Route::first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows, const torch::Tensor& g,
+torch::Tensor Route::first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows,
+                                       const torch::Tensor& /*selection*/, const torch::Tensor& g,
                                        const torch::Tensor& g_dw) const {
   const SegmentPass r = rows_of(pass, rows);
   return (first_signals_of_pair(r, g, g_dw) * r.directions[0].unsqueeze(0)).flatten(2).sum(2);
 }
 
 torch::Tensor Route::first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
-                                                   const torch::Tensor& g, const torch::Tensor& g_dw,
-                                                   const torch::Tensor& group, int64_t groups) const {
-  const torch::Tensor s = first_signals_of_pair(rows_of(pass, rows), g, g_dw);
-  std::vector<int64_t> sizes = s.sizes().vec();
-  sizes[1] = groups;
-  return torch::zeros(sizes, s.options()).index_add_(1, group, s);
+                                                   const torch::Tensor& /*selection*/, const torch::Tensor& g,
+                                                   const torch::Tensor& g_dw, const torch::Tensor& group,
+                                                   int64_t groups) const {
+  return sum_by_group(first_signals_of_pair(rows_of(pass, rows), g, g_dw), group, groups);
 }
 
 SegmentPass rows_of(const SegmentPass& pass, const torch::Tensor& index) {
