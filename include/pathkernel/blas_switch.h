@@ -39,6 +39,11 @@ bool switch_blas_kernels(const std::string& name);
 /// OPENBLAS_CORETYPE is kept everywhere.
 bool blas_kernels_chosen_by_pathkernel();
 
+/// The kernels an EngineBlasKernels scope would switch to: the best for
+/// this CPU when pathkernel chose the process's kernels and they are
+/// others; "" when a scope would switch nothing.
+std::string engine_blas_kernels();
+
 /// For its scope, the best kernels for this CPU (best_blas_kernels) when
 /// pathkernel chose the process's kernels and they are others; the kernels
 /// before it at its end.

@@ -35,6 +35,35 @@ class ThreadScope {
   int previous_;
 };
 
+/// Sets OpenBLAS's thread count (one for the whole process) for the lifetime
+/// of the object, then restores it; nothing without OpenBLAS. n must be >= 1.
+class BlasThreads {
+ public:
+  explicit BlasThreads(int n);
+  ~BlasThreads();
+  BlasThreads(const BlasThreads&) = delete;
+  BlasThreads& operator=(const BlasThreads&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+/// OpenBLAS's thread count set to n and held there for the lifetime of the
+/// object: BlasThreads and OpenMpThreads leave it alone meanwhile (the
+/// OpenMP count, a thread's own, they still set). For a replay on a thread
+/// of its own (PathReader::set_replay_ahead), whose BLAS must run at the
+/// run's count while other threads work. One at a time; n must be >= 1.
+class BlasPin {
+ public:
+  explicit BlasPin(int n);
+  ~BlasPin();
+  BlasPin(const BlasPin&) = delete;
+  BlasPin& operator=(const BlasPin&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 /// Sets the calling thread's OpenMP thread count, the one LibTorch's parallel
 /// loops and reductions read, and OpenBLAS's thread count, for the lifetime
 /// of the object, then restores both. Cheap enough for every training step
@@ -51,7 +80,7 @@ class OpenMpThreads {
 
  private:
   int previous_openmp_ = 0;
-  int previous_blas_ = 0;
+  BlasThreads blas_;
 };
 
 /// Which BLAS library serves dgemm_ in this process.

@@ -76,6 +76,10 @@ struct DecompositionOptions {
   /// batch through the network twice more. Float64 runs only (others
   /// recompute in float64 regardless).
   bool replay_signals = true;
+  /// Replay the path on a thread of its own, ahead of the walk, where the
+  /// run allows it (PathReader::set_replay_ahead): the same steps, bit for
+  /// bit, with the replay's time hidden behind the walk's.
+  bool replay_ahead = true;
   /// Test points computed together (fewer when the memory budget says so);
   /// 0: automatic, 32 for a network of Linear layers on flat inputs and 4
   /// for others (the fastest measured for each, BENCHMARKS.md).

@@ -43,13 +43,18 @@ struct TimeSplit {
   double test_features = 0;     ///< the test points' integrand evaluations along each step's segment
   double training_signals = 0;  ///< the batch's gradient and per-sample signals, each step
   double contraction = 0;       ///< test features against training signals (and the reverse walk's accumulator)
-  double replay = 0;            ///< the path replayed: checkpoints read, steps between them retrained
+  /// The path replayed (checkpoints read, steps between them retrained), as
+  /// the walk waited for it: all of the replay when it ran in turn with the
+  /// walk, what was left to wait for when it ran ahead on its own thread.
+  double replay = 0;
+  double replay_ahead = 0;  ///< the replay's seconds on its own thread, ahead of the walk (0: in turn)
 
   void add(const TimeSplit& o) {
     test_features += o.test_features;
     training_signals += o.training_signals;
     contraction += o.contraction;
     replay += o.replay;
+    replay_ahead += o.replay_ahead;
   }
 };
 

@@ -22,6 +22,8 @@
 #pragma once
 
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -149,7 +151,8 @@ class PathReader {
   void forward(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end);
 
   /// Calls fn for s = N-1 .. 0, replaying one checkpoint segment at a time and
-  /// holding at most one segment in memory.
+  /// holding at most one segment in memory (two when it replays ahead: the
+  /// one walked and the next).
   void reverse(const std::function<void(const PathStep&)>& fn);
 
   /// Makes forward() and reverse() of a replayed (not recorded) run hand each step the batch's layer inputs,
@@ -157,6 +160,20 @@ class PathReader {
   /// a consumer need not run the batch through the network again. Costs
   /// the batch's activations per step held (one segment's in reverse()).
   void set_capture(bool on) { capture_ = on; }
+
+  /// Makes forward() replay on a thread of its own, up to two steps ahead
+  /// of the caller's work, where that changes no bit of either: a run
+  /// trained on one thread (OpenBLAS's count, the process's, then stays at
+  /// one for both while forward() runs), with OpenBLAS's kernels not
+  /// switched between the replay and the caller (blas_switch.h). Elsewhere
+  /// forward() replays in turn with fn, as without it. fn may call batch()
+  /// and the const methods meanwhile, not other replaying ones.
+  void set_replay_ahead(bool on) { ahead_ = on; }
+  /// Whether forward() replays ahead (set_replay_ahead, and the run allows it).
+  bool replays_ahead() const;
+  /// The seconds the last forward() replayed on its own thread; 0 when it
+  /// replayed in turn with fn.
+  double replay_ahead_seconds() const { return ahead_seconds_; }
 
   /// Replays every step and compares every checkpoint bit for bit.
   ReplayReport check(bool progress = false);
@@ -179,6 +196,15 @@ class PathReader {
   /// step, then compares with checkpoint k+1. Returns the max |diff| there
   /// (0 when bit for bit equal, +inf when bits differ but values are equal).
   double replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state);
+  /// The segments holding steps [begin, end), replayed in order, each step
+  /// of the range handed to take, each segment's end checked (require_equal).
+  void replay_range(int64_t begin, int64_t end, const std::function<void(PathStep&&)>& take);
+  /// forward() and reverse() with the replay on a thread of its own
+  /// (set_replay_ahead): steps two ahead, whole segments one ahead.
+  void forward_ahead(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end);
+  void reverse_ahead(const std::function<void(const PathStep&)>& fn);
+  /// A run recorded with every step stored: nothing is replayed.
+  bool stores_every_step() const { return manifest_.recorded && !replays_recorded(); }
   torch::Tensor batch_indices(int64_t s);
   OptimizerState checkpoint_state(size_t k) const;
   /// Checks that a network with BatchNorm in training mode has its running
@@ -198,10 +224,14 @@ class PathReader {
   Manifest manifest_;
   Dataset dataset_;
   Network net_{nullptr};
-  // The batch log currently loaded.
+  // The batch log currently loaded; read under batch_mutex_ (a replay
+  // ahead and its caller both read it).
+  std::unique_ptr<std::mutex> batch_mutex_ = std::make_unique<std::mutex>();
   int64_t batch_first_ = -1;
   torch::Tensor batch_rows_;
   bool capture_ = false;
+  bool ahead_ = false;
+  double ahead_seconds_ = 0;
   torch::Tensor clip_;  ///< c_s of every step, float64 [N]
   torch::Tensor loss_weights_;  ///< float64 [M], or undefined (all 1)
   /// Compact recorded runs: the drift at checkpoint k+1, per segment k

@@ -94,6 +94,7 @@ struct QuadratureArgs {
   /// --memory in bytes: the test side's budget (DecompositionOptions::memory_doubles)
   uint64_t memory = static_cast<uint64_t>(DecompositionOptions{}.memory_doubles) * sizeof(double);
   std::string route = "auto";  ///< TorchScript modules: auto or generic
+  std::string replay = "ahead";  ///< ahead or in-turn (DecompositionOptions::replay_ahead)
   const Globals* globals = nullptr;  ///< for --quiet
   /// Declares --quadrature, --tol, --gauss-nodes, --pieces, --kinks, --last-site, --point-block, --memory and --route on cmd.
   void add_to(CLI::App* cmd, const Globals& g);

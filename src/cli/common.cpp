@@ -66,6 +66,11 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
                   "else autograd) or generic (autograd alone)")
       ->check(CLI::IsMember({"auto", "generic"}))
       ->capture_default_str();
+  cmd->add_option("--replay", replay,
+                  "ahead (the path replayed on a thread of its own while the steps before are decomposed, where "
+                  "that changes no bit: a run trained on one thread, or one that stores every step) or in-turn")
+      ->check(CLI::IsMember({"ahead", "in-turn"}))
+      ->capture_default_str();
 }
 
 DecompositionOptions QuadratureArgs::options() const {
@@ -81,6 +86,7 @@ DecompositionOptions QuadratureArgs::options() const {
                                                          : QuadratureOptions::LastSite::Auto;
   options.quadrature.route = route == "generic" ? ModuleRoute::Generic : ModuleRoute::Auto;
   options.point_block = point_block;
+  options.replay_ahead = replay == "ahead";
   PK_CHECK(memory >= 64 * 1024 && memory <= (uint64_t{1} << 50),
            "--memory must be between 64KiB and 1PiB (got " << memory << " bytes)");
   options.memory_doubles = static_cast<int64_t>(memory / sizeof(double));

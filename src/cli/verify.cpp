@@ -130,7 +130,8 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              {"seconds_by_part", {{"test_features", s.time_split.test_features},
                                                   {"training_signals", s.time_split.training_signals},
                                                   {"contraction", s.time_split.contraction},
-                                                  {"replay", s.time_split.replay}}},
+                                                  {"replay", s.time_split.replay},
+                                                  {"replay_ahead", s.time_split.replay_ahead}}},
                              // How the network was evaluated: pathkernel's own layers, a
                              // TorchScript module's structured route, or autograd alone.
                              {"route", route.route},

@@ -89,11 +89,18 @@ bool switch_blas_kernels(const std::string& name) {
 
 bool blas_kernels_chosen_by_pathkernel() { return std::getenv(kBlasKernelsChosenVariable) != nullptr; }
 
-EngineBlasKernels::EngineBlasKernels() {
-  if (!blas_kernels_chosen_by_pathkernel()) return;
+std::string engine_blas_kernels() {
+  if (!blas_kernels_chosen_by_pathkernel()) return "";
   const std::string best = best_blas_kernels(CpuFeatures::current());
   const std::string now = active_blas_kernels();
-  if (best.empty() || now.empty() || ::strcasecmp(best.c_str(), now.c_str()) == 0) return;
+  if (best.empty() || now.empty() || ::strcasecmp(best.c_str(), now.c_str()) == 0) return "";
+  return best;
+}
+
+EngineBlasKernels::EngineBlasKernels() {
+  const std::string best = engine_blas_kernels();
+  if (best.empty()) return;
+  const std::string now = active_blas_kernels();
   if (switch_blas_kernels(best)) previous_ = now;
 }
 

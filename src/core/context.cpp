@@ -5,6 +5,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -62,21 +63,47 @@ int current_threads() { return torch::get_num_threads(); }
 ThreadScope::ThreadScope(int n) : previous_(current_threads()) { set_threads(n); }
 ThreadScope::~ThreadScope() { set_threads(previous_); }
 
-OpenMpThreads::OpenMpThreads(int n) {
+namespace {
+std::atomic<bool> blas_pinned{false};  ///< a BlasPin holds OpenBLAS's count
+}  // namespace
+
+BlasPin::BlasPin(int n) {
   PK_CHECK(n >= 1, "thread count must be >= 1 (got " << n << ")");
+  PK_ASSERT(!blas_pinned.load());
+  if (openblas_get_threads() != nullptr && openblas_set_threads() != nullptr) {
+    previous_ = openblas_get_threads()();
+    if (previous_ != n) openblas_set_threads()(n);
+  }
+  blas_pinned = true;
+}
+
+BlasPin::~BlasPin() {
+  blas_pinned = false;
+  if (previous_ > 0 && openblas_get_threads()() != previous_) openblas_set_threads()(previous_);
+}
+
+BlasThreads::BlasThreads(int n) {
+  PK_CHECK(n >= 1, "thread count must be >= 1 (got " << n << ")");
+  if (blas_pinned.load()) return;
+  if (openblas_get_threads() != nullptr && openblas_set_threads() != nullptr) {
+    previous_ = openblas_get_threads()();
+    if (previous_ != n) openblas_set_threads()(n);
+  }
+}
+
+BlasThreads::~BlasThreads() {
+  if (previous_ > 0 && !blas_pinned.load() && openblas_get_threads()() != previous_) openblas_set_threads()(previous_);
+}
+
+OpenMpThreads::OpenMpThreads(int n) : blas_(n) {
   if (openmp_get_threads() != nullptr && openmp_set_threads() != nullptr) {
     previous_openmp_ = openmp_get_threads()();
     if (previous_openmp_ != n) openmp_set_threads()(n);
-  }
-  if (openblas_get_threads() != nullptr && openblas_set_threads() != nullptr) {
-    previous_blas_ = openblas_get_threads()();
-    if (previous_blas_ != n) openblas_set_threads()(n);
   }
 }
 
 OpenMpThreads::~OpenMpThreads() {
   if (previous_openmp_ > 0 && openmp_get_threads()() != previous_openmp_) openmp_set_threads()(previous_openmp_);
-  if (previous_blas_ > 0 && openblas_get_threads()() != previous_blas_) openblas_set_threads()(previous_blas_);
 }
 
 BlasInfo active_blas() {

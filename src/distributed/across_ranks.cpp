@@ -93,6 +93,7 @@ void reduce_counters(const Communicator& comm, const Decomposition& d, Decomposi
   out.time_split.training_signals = summed(d.time_split.training_signals);
   out.time_split.contraction = summed(d.time_split.contraction);
   out.time_split.replay = summed(d.time_split.replay);
+  out.time_split.replay_ahead = summed(d.time_split.replay_ahead);
 }
 
 /// The tensors add_step_block() adds, in a fixed order.

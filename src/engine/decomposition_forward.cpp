@@ -261,11 +261,15 @@ Decomposition decompose_forward(PathReader& reader, const torch::Tensor& x_in, c
   ProgressBar bar(d.steps, "decompose", options.progress);
   ForwardWalk walk(reader, options, checkpoint, w, d, blk, bar, budget, end_step);
   const auto replay_start = std::chrono::steady_clock::now();
-  reader.forward([&](const PathStep& st) { w.clock.step([&] { walk.step(st); }); }, first, end_step);
+  {
+    ReplayAheadScope ahead(reader, options.replay_ahead);
+    reader.forward([&](const PathStep& st) { w.clock.step([&] { walk.step(st); }); }, first, end_step);
+  }
   const auto end = std::chrono::steady_clock::now();
   bar.finish();
   d.seconds = std::chrono::duration<double>(end - t0).count();
   d.time_split = w.clock.split(std::chrono::duration<double>(end - replay_start).count());
+  d.time_split.replay_ahead = reader.replay_ahead_seconds();
   return d;
 }
 

@@ -175,16 +175,21 @@ class ReverseWalk {
     const int64_t skip_from = m_.steps - ch.steps_done;  // steps s >= skip_from are done
     ReverseResiduals residuals(m_, beta_, d_.residuals);
     const auto replay_start = std::chrono::steady_clock::now();
-    reader_.reverse([&](const PathStep& st) {
-      if (st.step >= skip_from) return;
-      w_.clock.step([&] { step(st, ch, residuals); });
-    });
+    {
+      ReplayAheadScope ahead(reader_, options_.replay_ahead);
+      reader_.reverse([&](const PathStep& st) {
+        if (st.step >= skip_from) return;
+        w_.clock.step([&] { step(st, ch, residuals); });
+      });
+    }
     reader_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - replay_start).count();
+    ahead_seconds += reader_.replay_ahead_seconds();
     residuals.finish_walk();
   }
 
   int64_t done = 0;  ///< steps walked, summed over the chunks (the progress bar's)
   double reader_seconds = 0;  ///< the reader's walks, steps included (WalkClock::split)
+  double ahead_seconds = 0;   ///< the replay's on its own thread (TimeSplit::replay_ahead)
 
  private:
   /// Step st for the chunk's groups of test points, then the bar and the
@@ -337,6 +342,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   bar.finish();
   d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   d.time_split = w.clock.split(walk.reader_seconds);
+  d.time_split.replay_ahead = walk.ahead_seconds;
   return d;
 }
 

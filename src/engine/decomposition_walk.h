@@ -54,6 +54,18 @@ class CaptureScope {
   PathReader& reader_;
 };
 
+/// PathReader::set_replay_ahead for a scope.
+class ReplayAheadScope {
+ public:
+  ReplayAheadScope(PathReader& reader, bool on) : reader_(reader) { reader_.set_replay_ahead(on); }
+  ~ReplayAheadScope() { reader_.set_replay_ahead(false); }
+  ReplayAheadScope(const ReplayAheadScope&) = delete;
+  ReplayAheadScope& operator=(const ReplayAheadScope&) = delete;
+
+ private:
+  PathReader& reader_;
+};
+
 /// Where a walk's time goes (TimeSplit). Its parts are timed by Scope on
 /// whichever thread does them (their seconds add up across threads); the
 /// replay is the time the path reader takes outside the walk's steps.

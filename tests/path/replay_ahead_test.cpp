@@ -1,0 +1,185 @@
+// Tests of the replay run ahead on a thread of its own (PathReader::
+// set_replay_ahead): the same steps, bit for bit and in the same order, as
+// the replay in turn; its failures reach the caller as they did; a caller
+// that leaves early stops it; and the decomposition it feeds is the same.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "../test_util.h"
+#include "pathkernel/context.h"
+#include "pathkernel/decomposition.h"
+#include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/npy.h"
+#include "pathkernel/path.h"
+#include "pathkernel/trainer.h"
+
+namespace pathkernel {
+namespace {
+
+using testing::error_message;
+using testing::small_run;
+using testing::TempDir;
+
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.defined() == b.defined() &&
+         (!a.defined() || (a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+                           std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0));
+}
+
+void expect_same_steps(const std::vector<PathStep>& a, const std::vector<PathStep>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].step, b[i].step) << what;
+    EXPECT_TRUE(same_bits(a[i].w, b[i].w)) << what << " step " << a[i].step;
+    EXPECT_TRUE(same_bits(a[i].delta, b[i].delta)) << what << " step " << a[i].step;
+    EXPECT_TRUE(same_bits(a[i].batch, b[i].batch)) << what << " step " << a[i].step;
+    EXPECT_EQ(a[i].lr, b[i].lr) << what;
+    ASSERT_EQ(a[i].state.buffers.size(), b[i].state.buffers.size()) << what;
+    for (const auto& [name, buf] : a[i].state.buffers) {
+      EXPECT_TRUE(same_bits(buf, b[i].state.buffers.at(name))) << what << " " << name << " step " << a[i].step;
+    }
+  }
+}
+
+/// A run of `steps` steps, checkpoints every 3, trained on one thread (the
+/// runs a replay ahead serves).
+std::string one_thread_run(const TempDir& dir, const std::string& optimizer, int64_t steps) {
+  RunOptions r = small_run(dir / ("run_" + optimizer), optimizer, steps, 3);
+  ThreadScope one(1);
+  train_run(r);
+  return r.out;
+}
+
+std::vector<PathStep> forward_steps(PathReader& reader, bool ahead, int64_t begin, int64_t end) {
+  std::vector<PathStep> out;
+  reader.set_replay_ahead(ahead);
+  reader.forward([&](const PathStep& st) { out.push_back(st); }, begin, end);
+  reader.set_replay_ahead(false);
+  return out;
+}
+
+std::vector<PathStep> reverse_steps(PathReader& reader, bool ahead) {
+  std::vector<PathStep> out;
+  reader.set_replay_ahead(ahead);
+  reader.reverse([&](const PathStep& st) { out.push_back(st); });
+  reader.set_replay_ahead(false);
+  return out;
+}
+
+TEST(ReplayAhead, GivesTheStepsInTurnBitForBitForwardAndInReverse) {
+  TempDir dir("replay_ahead_steps");
+  for (const std::string opt : {"gd", "sgd", "adam"}) {
+    PathReader reader(one_thread_run(dir, opt, 10));
+    reader.set_replay_ahead(true);
+    ASSERT_TRUE(reader.replays_ahead()) << opt;
+    for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{0, 10}, {4, 8}, {9, 10}, {5, 5}}) {
+      const std::string what = opt + " [" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+      const std::vector<PathStep> in_turn = forward_steps(reader, false, begin, end);
+      EXPECT_EQ(reader.replay_ahead_seconds(), 0) << what;
+      expect_same_steps(forward_steps(reader, true, begin, end), in_turn, what);
+      if (end > begin) EXPECT_GT(reader.replay_ahead_seconds(), 0) << what;
+    }
+    const std::vector<PathStep> in_turn = reverse_steps(reader, false);
+    ASSERT_EQ(in_turn.size(), 10u);
+    expect_same_steps(reverse_steps(reader, true), in_turn, opt + " reverse");
+    EXPECT_GT(reader.replay_ahead_seconds(), 0) << opt;
+  }
+}
+
+// OpenBLAS's thread count is the process's: a replay of a run of two
+// threads would need it at two while the caller's groups set one, so such a
+// run replays in turn.
+TEST(ReplayAhead, ARunOfTwoThreadsReplaysInTurn) {
+  TempDir dir("replay_ahead_two");
+  RunOptions r = small_run(dir / "run", "sgd", 4, 2);
+  {
+    ThreadScope two(2);
+    train_run(r);
+  }
+  PathReader reader(r.out);
+  ASSERT_EQ(reader.manifest().threads, 2);
+  reader.set_replay_ahead(true);
+  EXPECT_FALSE(reader.replays_ahead());
+  int64_t seen = 0;
+  reader.forward([&](const PathStep&) { ++seen; });
+  EXPECT_EQ(seen, 4);
+  EXPECT_EQ(reader.replay_ahead_seconds(), 0);
+}
+
+// A checkpoint changed by 0.5 after training: the replay ahead hands out the
+// steps before it, then the error the replay in turn throws, forward and in
+// reverse.
+TEST(ReplayAhead, AReplayThatFailsFailsAsInTurn) {
+  TempDir dir("replay_ahead_fail");
+  const std::string run = one_thread_run(dir, "sgd", 9);
+  Manifest m = Manifest::load(run);
+  const std::string file = run + "/" + m.checkpoints[2].weights.file;  // step 6
+  torch::Tensor w = read_npy(file);
+  w.data_ptr<double>()[5] += 0.5;
+  const std::string bytes = npy_bytes(w);
+  write_file_atomic(file, bytes);
+  m.checkpoints[2].weights.crc32 = crc32_of(bytes);
+  m.save(run);
+
+  PathReader reader(run);
+  for (bool ahead : {false, true}) {
+    reader.set_replay_ahead(ahead);
+    std::vector<int64_t> seen;
+    const std::string msg = error_message([&] { reader.forward([&](const PathStep& st) { seen.push_back(st.step); }); });
+    EXPECT_CONTAINS(msg, "does not reproduce checkpoint step 6 bit for bit");
+    EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2, 3, 4, 5})) << (ahead ? "ahead" : "in turn");
+    const std::string rmsg = error_message([&] { reader.reverse([](const PathStep&) {}); });
+    EXPECT_CONTAINS(rmsg, "does not reproduce checkpoint step 9 bit for bit");
+  }
+}
+
+// A caller that throws from its work stops the replay (no step is handed
+// out after it) and gets its own error; the reader replays again after.
+TEST(ReplayAhead, ACallerThatLeavesEarlyStopsTheReplay) {
+  TempDir dir("replay_ahead_leave");
+  PathReader reader(one_thread_run(dir, "adam", 12));
+  const std::vector<PathStep> all = forward_steps(reader, false, 0, 12);
+  reader.set_replay_ahead(true);
+  int64_t calls = 0;
+  EXPECT_THROW(reader.forward([&](const PathStep& st) {
+    ++calls;
+    if (st.step == 4) throw std::runtime_error("the caller's own failure");
+  }), std::runtime_error);
+  EXPECT_EQ(calls, 5);
+  calls = 0;
+  EXPECT_THROW(reader.reverse([&](const PathStep& st) {
+    ++calls;
+    if (st.step == 7) throw std::runtime_error("the caller's own failure");
+  }), std::runtime_error);
+  EXPECT_EQ(calls, 5);  // 11 .. 7
+  expect_same_steps(forward_steps(reader, true, 0, 12), all, "after");
+}
+
+// The decomposition with the replay ahead and in turn, forward (sgd) and in
+// reverse (adam), by a caller of one thread (OpenBLAS's count one either
+// way): the same contributions, bit for bit.
+TEST(ReplayAhead, TheDecompositionIsTheSameBitForBit) {
+  TempDir dir("replay_ahead_decompose");
+  ThreadScope one(1);
+  for (const std::string opt : {"sgd", "adam"}) {
+    PathReader reader(one_thread_run(dir, opt, 9));
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    DecompositionOptions o;
+    o.progress = false;
+    o.replay_ahead = false;
+    const Decomposition in_turn = decompose(reader, x, o);
+    o.replay_ahead = true;
+    const Decomposition ahead = decompose(reader, x, o);
+    EXPECT_TRUE(same_bits(ahead.contributions, in_turn.contributions)) << opt;
+    EXPECT_TRUE(same_bits(ahead.rounding, in_turn.rounding)) << opt;
+    EXPECT_TRUE(same_bits(ahead.fN, in_turn.fN)) << opt;
+    EXPECT_EQ(in_turn.time_split.replay_ahead, 0) << opt;
+    EXPECT_GT(ahead.time_split.replay_ahead, 0) << opt;
+  }
+}
+
+}  // namespace
+}  // namespace pathkernel
