@@ -14,6 +14,8 @@
 #include <mutex>
 #include <thread>
 
+#include <ATen/ThreadLocalState.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/torch.h>
 
 namespace pathkernel {
@@ -79,7 +81,8 @@ class AheadQueue {
   std::exception_ptr failure_;
 };
 
-/// Runs produce(push) on a thread of its own, and consume(item) on the
+/// Runs produce(push) on a thread of its own, with the calling thread's
+/// thread-local settings, and consume(item) on the
 /// calling thread for every item it pushes, in order, at most `depth` of them
 /// waiting (0: the producer waits for each item to be taken before it goes
 /// on, so at most two are held, one taken and one in the making). The producer's failure is rethrown here after the items before
@@ -91,7 +94,15 @@ double hand_ahead(size_t depth, const std::function<void(const std::function<voi
                   const std::function<void(T&)>& consume) {
   AheadQueue<T> queue(depth);
   double seconds = 0;
+  // The caller's thread-local settings, which a new thread would not have:
+  // LibTorch's (grad mode and the like) and TorchScript's graph
+  // optimisation, which pathkernel turns off so that every call of a module
+  // runs the same operations (on, a tanh module's replay lost a bit).
+  const at::ThreadLocalState state;
+  const bool optimize = torch::jit::getGraphExecutorOptimize();
   std::thread producer([&] {
+    const at::ThreadLocalStateGuard same_state(state);
+    const torch::jit::GraphOptimizerEnabledGuard same_optimize(optimize);
     const auto t0 = std::chrono::steady_clock::now();
     std::chrono::steady_clock::duration waited{};
     try {

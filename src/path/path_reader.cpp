@@ -367,7 +367,10 @@ bool PathReader::replays_ahead() const {
   // caller's groups shared OpenBLAS's threads with the replay: the README
   // CNN's verify --test 10 took 18.8 s against 9.0 in turn. Switched
   // kernels are the process's too.
-  return ahead_ && (manifest_.threads == 1 || stores_every_step()) && engine_blas_kernels().empty();
+  // The replay's thread is one more than the caller's: not for a caller
+  // of one thread (--threads 1 keeps to one).
+  return ahead_ && current_threads() > 1 && (manifest_.threads == 1 || stores_every_step()) &&
+         engine_blas_kernels().empty();
 }
 
 void PathReader::forward_ahead(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end) {
