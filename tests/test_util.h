@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -72,6 +73,15 @@ inline CommandOutput run_shell(const std::string& cmd) {
       << "expected to find \"" << (part) << "\" in:\n  " << (text)
 
 namespace pathkernel::testing {
+
+/// Whether a and b hold the same bits: both undefined, or the same shape,
+/// dtype and bytes.
+inline bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.numel() * a.element_size()) == 0;
+}
 
 /// The message of the pathkernel::Error that `f` throws ("" and a failure if
 /// it throws nothing; other exception types propagate and fail the test).

@@ -13,6 +13,7 @@ namespace pathkernel {
 namespace {
 
 using testing::error_message;
+using testing::same_bits;
 
 TEST(Npy, RoundTripsEveryDtypeAndShape) {
   testing::TempDir dir("npy");
@@ -178,13 +179,6 @@ std::pair<torch::Tensor, torch::Tensor> encode(const torch::Tensor& a) {
   auto [table, inverse, counts] = torch::_unique2(bits.reshape(-1), /*sorted=*/true, /*return_inverse=*/true);
   (void)counts;
   return {inverse.to(torch::kUInt8).reshape(a.sizes()), table.view(a.scalar_type())};
-}
-
-/// a and b hold the same bits (so -0.0 and NaN count too).
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const auto bits_type = a.element_size() == 8 ? torch::kLong : torch::kInt;
-  return torch::equal(a.contiguous().view(bits_type), b.contiguous().view(bits_type));
 }
 
 TEST(NpyCodedArray, DecodesEveryDtypeBitForBit) {

@@ -50,10 +50,4 @@ inline torch::Tensor final_checkpoint(const std::string& run) {
   return read_npy(run + "/" + m.checkpoints.back().weights.file);
 }
 
-/// Whether two tensors hold the same bits.
-inline bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
-         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.numel() * a.element_size()) == 0;
-}
-
 }  // namespace pathkernel::testing

@@ -19,13 +19,9 @@ namespace pathkernel {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::same_bits;
 using testing::small_run;
 using testing::TempDir;
-
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0;
-}
 
 /// Trains `optimizer` (with weight decay and a cosine schedule) with a
 /// checkpoint every 3 steps into dir/own, and copies it to dir/compact marked

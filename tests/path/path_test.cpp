@@ -24,14 +24,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::error_message;
+using testing::same_bits;
 using testing::small_run;
 using testing::TempDir;
-
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.defined() == b.defined() &&
-         (!a.defined() || (a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
-                           std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0));
-}
 
 const std::vector<std::string> kOptimizers = {"gd", "sgd", "momentum", "nesterov", "adam", "adamw"};
 

@@ -20,13 +20,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::error_message;
+using testing::same_bits;
 using testing::small_run;
 using testing::TempDir;
-
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0;
-}
 
 /// Trains `optimizer` with a checkpoint at every step into dir/replayed, and
 /// copies it to dir/recorded marked as recorded. Returns the two directories.

@@ -21,14 +21,9 @@ namespace pathkernel {
 namespace {
 
 using testing::error_message;
+using testing::same_bits;
 using testing::small_run;
 using testing::TempDir;
-
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.defined() == b.defined() &&
-         (!a.defined() || (a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
-                           std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0));
-}
 
 void expect_same_steps(const std::vector<PathStep>& a, const std::vector<PathStep>& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
