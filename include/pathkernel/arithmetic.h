@@ -7,7 +7,12 @@
 // normalisation, embeddings' look-ups) is not. A row along a segment
 // evaluates each product at W_s and at dW_s; a cotangent walked back forms
 // each product's weight gradient and, from the second product on, its input
-// gradient (at W_s and at dW_s).
+// gradient (at W_s and at dW_s). Where a piece's first two layers come from
+// pairs of cotangents on layer 1 (QuadratureCounts::pair_pieces), its rows'
+// cotangents stop at layer 1 (short_cotangent_flop), each piece takes layer
+// 1 forward on one row (pair_piece_flop), and each test point's sums take
+// layer 1's input gradient and, for a convolution, its weight gradient
+// (pair_sum_flop per cotangent).
 #pragma once
 
 #include <optional>
@@ -24,10 +29,15 @@ namespace pathkernel {
 struct RowArithmetic {
   double forward_flop = 0;    ///< one row's forward pass along the segment
   double cotangent_flop = 0;  ///< one cotangent walked back through one row
+  double short_cotangent_flop = 0;  ///< one cotangent walked back to param layer 1 alone
+  double pair_piece_flop = 0;       ///< a piece's pair: layer 1 forward on one row at W_s and dW_s
+  double pair_sum_flop = 0;         ///< one cotangent of a test point's summed pair through layer 1
 
   /// The test side's operations for quadrature counts `c` (summed over
   /// points and steps) of a network with K outputs: integrand rows take a
-  /// forward pass and K cotangents, moment rows one, forward-only rows none.
+  /// forward pass and K cotangents, moment rows one, forward-only rows none;
+  /// of those cotangents, the short ones stop at layer 1 and the unwalked
+  /// ones take nothing; the pairs take their own.
   double test_side_flop(const QuadratureCounts& c, int64_t K) const;
 };
 

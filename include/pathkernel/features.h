@@ -67,6 +67,19 @@ struct QuadratureCounts {
   /// (the softmax factor's extra interpolation nodes), including refined-away ones
   int64_t moment_evaluations = 0;
   int64_t kinks = 0;                ///< kinks located (ReLU flips and max-pool switches)
+  /// Where a piece's first two param layers come from pairs of cotangents
+  /// on layer 1 (QuadratureOptions::piece_pairs, and a held site at layer
+  /// 1): of the rows' cotangents (K per integrand row, one per moment row),
+  /// those walked back to layer 1 alone and those not walked back at all (a
+  /// held site whose block comes from the pairs); the pieces whose pair was
+  /// formed (its first-layer part of J dw: one row forward through layer
+  /// 1); and the pairs' sums per test point and round, each walked through
+  /// layer 1 (K cotangents) and, for a convolution, contracted with its
+  /// input. Counted for the test side's arithmetic (arithmetic.h).
+  int64_t short_cotangents = 0;
+  int64_t unwalked_cotangents = 0;
+  int64_t pair_pieces = 0;
+  int64_t pair_sums = 0;
   /// The same kinks by site, where the route knows it (pathkernel's own
   /// layers and the structured route), kKinkKinds numbers per param layer l
   /// (the ReLU after it, and its max-pool): [3 l] ReLU flips, [3 l + 1]
@@ -90,6 +103,10 @@ struct QuadratureCounts {
     forward_evaluations += o.forward_evaluations;
     moment_evaluations += o.moment_evaluations;
     kinks += o.kinks;
+    short_cotangents += o.short_cotangents;
+    unwalked_cotangents += o.unwalked_cotangents;
+    pair_pieces += o.pair_pieces;
+    pair_sums += o.pair_sums;
     if (kinks_by_site.size() < o.kinks_by_site.size()) kinks_by_site.resize(o.kinks_by_site.size(), 0);
     for (size_t i = 0; i < o.kinks_by_site.size(); ++i) kinks_by_site[i] += o.kinks_by_site[i];
   }

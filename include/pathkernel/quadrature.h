@@ -97,6 +97,14 @@ struct QuadratureOptions {
   /// Pieces: every kink ends a piece (the reference).
   enum class LastSite { Auto, Local, Pieces };
   LastSite last_site = LastSite::Auto;
+  /// Whether a piece's first two param layers are taken from the sums of
+  /// its rows' signals at layer 1 (docs/math.md §7, "One walk per test
+  /// point below layer 1"), where the first layer's input is fixed and the
+  /// layers between it and layer 1 only select (the own and chain routes):
+  /// the rows walk back to layer 1 alone, and layer 1's input gradient and
+  /// a convolution's weight gradient are formed once per test point and
+  /// step. false: every row walks back to the first layer (the reference).
+  bool piece_pairs = true;
   int64_t max_rows = 512;  ///< integrand evaluations per batched pass (bounds memory)
   int max_depth = 30;   ///< halvings of a piece before it is accepted as is
   /// TorchScript modules: the structured route where every parameter has a

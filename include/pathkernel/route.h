@@ -132,6 +132,13 @@ class Route {
   /// `layer`. Routes whose layers are walked by hand (own, chain); the
   /// others throw.
   virtual std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const;
+  /// signals() of param layers 1 and above, the first param layer's left
+  /// undefined: its walk (through layer 1's input gradient) is not taken,
+  /// for a caller that takes the first layer from pairs of cotangents summed
+  /// over a piece's rows (first_signals_of_pairs_summed). Here signals()
+  /// with the first dropped; the own route stops its walk at layer 1.
+  virtual std::vector<torch::Tensor> signals_above_first(const SegmentPass& pass, const torch::Tensor& c,
+                                                         bool of_logits) const;
   /// The first param layer's signals of a pair of cotangents on param layer
   /// 1's pre-activation, [K, R, ...]: g taken through layer 1 at the
   /// segment's start W_s, g_dw at its direction dW (W_s g + dW g_dw, where

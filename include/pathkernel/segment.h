@@ -62,6 +62,13 @@ class SegmentEvaluator : public KinkSites {
     return route_->signals(pass, c, of_logits);
   }
 
+  /// batched_signals() of param layers 1 and above, the first's undefined
+  /// (Route::signals_above_first).
+  std::vector<torch::Tensor> batched_signals_above_first(const SegmentPass& pass, const torch::Tensor& c,
+                                                         bool of_logits = false) const {
+    return route_->signals_above_first(pass, c, of_logits);
+  }
+
   /// Signals walked back from cotangents g [K, R, ...] on param layer
   /// `layer`'s pre-activation (Route::signals_from).
   std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const {

@@ -78,6 +78,10 @@ void reduce_counters(const Communicator& comm, const Decomposition& d, Decomposi
   out.forward_evaluations = comm.sum(d.forward_evaluations);
   out.moment_evaluations = comm.sum(d.moment_evaluations);
   out.kinks = comm.sum(d.kinks);
+  out.short_cotangents = comm.sum(d.short_cotangents);
+  out.unwalked_cotangents = comm.sum(d.unwalked_cotangents);
+  out.pair_pieces = comm.sum(d.pair_pieces);
+  out.pair_sums = comm.sum(d.pair_sums);
   // Every rank takes the longest rank's sites (a rank whose points crossed
   // no kink at a deep site has a shorter list).
   const auto sites = static_cast<size_t>(comm.max(static_cast<double>(d.kinks_by_site.size())));

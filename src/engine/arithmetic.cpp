@@ -19,9 +19,12 @@ double multiply_adds(const ParamLayer& l, const torch::Tensor& y) {
 }  // namespace
 
 double RowArithmetic::test_side_flop(const QuadratureCounts& c, int64_t K) const {
-  return static_cast<double>(c.evaluations) * (forward_flop + static_cast<double>(K) * cotangent_flop) +
-         static_cast<double>(c.moment_evaluations) * (forward_flop + cotangent_flop) +
-         static_cast<double>(c.forward_evaluations) * forward_flop;
+  auto n = [](int64_t v) { return static_cast<double>(v); };
+  const double cotangents = n(c.evaluations) * n(K) + n(c.moment_evaluations);
+  const double whole = cotangents - n(c.short_cotangents) - n(c.unwalked_cotangents);
+  return n(c.evaluations + c.moment_evaluations + c.forward_evaluations) * forward_flop + whole * cotangent_flop +
+         n(c.short_cotangents) * short_cotangent_flop + n(c.pair_pieces) * pair_piece_flop +
+         n(c.pair_sums) * n(K) * pair_sum_flop;
 }
 
 std::optional<RowArithmetic> row_arithmetic(SegmentEvaluator& ev, const torch::Tensor& example) {
@@ -39,9 +42,17 @@ std::optional<RowArithmetic> row_arithmetic(SegmentEvaluator& ev, const torch::T
   const std::vector<ParamLayer>& layers = ev.param_layers();
   for (size_t l = 0; l < layers.size() && l < pass.preacts.size(); ++l) {
     const double macs = multiply_adds(layers[l], pass.preacts[l]);
+    const bool conv = layers[l].desc.kind == LayerDesc::Kind::Conv1d || layers[l].desc.kind == LayerDesc::Kind::Conv2d;
     a.forward_flop += 2 * 2 * macs;               // at W_s and at dW_s
     a.cotangent_flop += 2 * macs;                 // the weight gradient
     if (l > 0) a.cotangent_flop += 2 * 2 * macs;  // the input gradient, at W_s and at dW_s
+    if (l > 1) a.short_cotangent_flop += 3 * 2 * macs;
+    if (l != 1) continue;
+    // Layer 1 of a pair: a convolution's weight gradient from the sums
+    // (its input A + t B: two rows), another's from each row.
+    (conv ? a.pair_sum_flop : a.short_cotangent_flop) += (conv ? 2 : 1) * 2 * macs;
+    a.pair_sum_flop += 2 * 2 * macs;  // the input gradient, at W_s and at dW_s
+    a.pair_piece_flop += 2 * 2 * macs;
   }
   return a;
 }

@@ -71,6 +71,13 @@ const DecompositionProgress* DirectoryCheckpoint::resume_point() {
       p->partial.moment_evaluations = json_number<int64_t>(s.at("moment_evaluations"), "moment_evaluations");
     }
     p->partial.kinks = json_number<int64_t>(s.at("kinks"), "kinks");
+    // Absent from progress saved before the pairs were counted.
+    for (auto [name, count] : {std::pair<const char*, int64_t*>{"short_cotangents", &p->partial.short_cotangents},
+                               {"unwalked_cotangents", &p->partial.unwalked_cotangents},
+                               {"pair_pieces", &p->partial.pair_pieces},
+                               {"pair_sums", &p->partial.pair_sums}}) {
+      if (s.contains(name)) *count = json_number<int64_t>(s.at(name), name);
+    }
     if (s.contains("kinks_by_site")) {  // absent from progress saved before it was counted
       for (const auto& k : s.at("kinks_by_site")) p->partial.kinks_by_site.push_back(json_number<int64_t>(k, "kinks_by_site"));
     }
@@ -146,6 +153,10 @@ void DirectoryCheckpoint::save(const DecompositionProgress& p) {
                            {"forward_evaluations", p.partial.forward_evaluations},
                            {"moment_evaluations", p.partial.moment_evaluations},
                            {"kinks", p.partial.kinks},
+                           {"short_cotangents", p.partial.short_cotangents},
+                           {"unwalked_cotangents", p.partial.unwalked_cotangents},
+                           {"pair_pieces", p.partial.pair_pieces},
+                           {"pair_sums", p.partial.pair_sums},
                            {"kinks_by_site", p.partial.kinks_by_site},
                            {"residuals", {{"max_ratio", p.partial.residuals.max_ratio},
                                           {"max_residual", p.partial.residuals.max_residual},

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "feature_parts.h"
@@ -63,16 +64,14 @@ torch::Tensor end_select(const torch::Tensor& start, const torch::Tensor& end, c
   if (fresh.defined()) parts.push_back(fresh.detach());
   return torch::cat(parts, 0).index_select(0, index);
 }
-/// The logits' signals of exact pieces with the log-softmax weights folded
-/// in: row r (node j, Gauss weight ω_j) of the integral Σ_j (ω_j I − 1 v_jᵀ)
-/// J_z(t_j) has, for every output k, the signal of the cotangent
-/// ω_j e_k − v_r on the logits (the backward pass is linear in it), to be
-/// taken with weight 1 (every consumer multiplies by the weight).
-std::vector<torch::Tensor> folded_signals(const SegmentEvaluator& ev, const SegmentPass& pass,
-                                          const torch::Tensor& weight, const torch::Tensor& v) {
-  const torch::Tensor c = unit_cotangents(ev, weight.size(0), weight.options()) * weight.view({1, -1, 1}) -
-                          v.unsqueeze(0);  // [K, R, K]
-  return batched_signals(ev, pass, c, /*of_logits=*/true);
+/// The logits' cotangents of exact pieces with the log-softmax weights
+/// folded in, [K, R, K]: row r (node j, Gauss weight ω_j) of the integral
+/// Σ_j (ω_j I − 1 v_jᵀ) J_z(t_j) has, for every output k, the cotangent
+/// ω_j e_k − v_r on the logits (the backward pass is linear in it), its
+/// signals to be taken with weight 1 (every consumer multiplies by the
+/// weight).
+torch::Tensor folded_cotangents(const SegmentEvaluator& ev, const torch::Tensor& weight, const torch::Tensor& v) {
+  return unit_cotangents(ev, weight.size(0), weight.options()) * weight.view({1, -1, 1}) - v.unsqueeze(0);  // [K, R, K]
 }
 
 /// Whether a piece's certificate gap |Σ ω J dw − (f(b) − f(a))| is accepted;
@@ -202,7 +201,7 @@ class LayeredFeatures final : public Integrand {
   /// round's pairs, pair_walk_) to first_sum_: their test points are
   /// `present` [G], piece p's present[group[p]].
   void add_first_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present, const torch::Tensor& group);
-  /// Adds the held site's block of accepted pieces `pieces` (as
+  /// Adds layer 1's block of accepted pieces `pieces` (as
   /// add_first_of_pairs) to its Dense block (docs/math.md §7): per test
   /// point, its pairs' sums against layer 1's input A + t B under its first
   /// piece's selection, and each piece's own pair where its selection
@@ -211,6 +210,12 @@ class LayeredFeatures final : public Integrand {
   SegmentPass fresh_pass(const SharedRows& rows);
   std::vector<torch::Tensor> shared_sites(const SegmentPass& pf, const torch::Tensor& index) const;
   void evaluate_round(const PieceRound& rd);
+  /// The round's pieces' pairs from their rows' signals at layer 1, their
+  /// selections and their first-layer parts of J̄ dw (pair_walk_, not held).
+  void form_piece_pairs(const PieceRound& rd);
+  /// The signals of a pass for cotangents c [K, R, K_out] on its logits:
+  /// every param layer's, or with pair_walk_ layer 1's and above.
+  std::vector<torch::Tensor> round_signals(const SegmentPass& pass, const torch::Tensor& c) const;
   /// evaluate_round with the last site held: the nodes' cotangents on the
   /// site, walked back, and the logits' layer's integrals per piece.
   void evaluate_held_round(const PieceRound& rd);
@@ -279,25 +284,31 @@ class LayeredFeatures final : public Integrand {
   bool softmax_ = false;
   std::vector<std::vector<double>> switches_;
   LastSiteTerms terms_;  ///< the current round's
-  /// Held at param layer 1 with the first layer summed: the first layer's
-  /// signals are needed only as each piece's sum over its nodes, whose
-  /// masks agree (the pieces end at the first site's kinks), so a pair of
-  /// cotangents per piece gives it (Route::first_signals_of_pair): the
-  /// round's pairs Σ_j G_j and Σ_j t_j G_j, [K, np, ...], each piece's first
-  /// node row, whose masks (and first-layer direction) they take, and each
-  /// piece's first-layer part of J̄ dw, [K, np] (Route::first_dot_of_pair).
-  /// The accepted pieces' signals are summed per test point by
-  /// Route::first_signals_of_pairs_summed.
+  /// The first layer summed, and either held at param layer 1 or not held
+  /// with the route's first selection known (QuadratureOptions::
+  /// piece_pairs): the first layer's signals are needed only as each
+  /// piece's sum over its rows, whose masks agree (the pieces end at the
+  /// first site's kinks), so a pair of cotangents on layer 1 per piece
+  /// gives it (Route::first_signals_of_pair): the round's pairs Σ_j G_j and
+  /// Σ_j t_j G_j, [K, np, ...] (G_j a row's weighted signal at layer 1,
+  /// moment rows' included), each piece's first node row, whose masks (and
+  /// first-layer direction) they take, and each piece's first-layer part
+  /// of J̄ dw, [K, np] (Route::first_dot_of_pair). The accepted pieces'
+  /// signals are summed per test point by
+  /// Route::first_signals_of_pairs_summed. Not held, the rows walk back to
+  /// layer 1 alone (Route::signals_above_first).
   bool pair_walk_ = false;
   torch::Tensor piece_g_, piece_gt_, piece_first_row_, piece_first_dot_;
   /// Each piece's first-layer selection (Route::first_selection) at its
   /// first row, [np, U1], taken once a round for the route's pair methods
-  /// and the site's block; undefined where the route has none.
+  /// and layer 1's block; undefined where the route has none.
   torch::Tensor piece_sel_;
-  /// Whether the held site's block is formed from the pairs too
-  /// (add_site_of_pairs): the selection is known and the block is Dense (a
-  /// convolution). The nodes' cotangents are then never formed.
-  bool site_of_pairs() const { return piece_sel_.defined() && f_.layers[site_].form == Form::Dense; }
+  /// Whether layer 1's block (the held site's, or an unheld piece's layer
+  /// 1) is formed from the pairs too (add_site_of_pairs): the selection is
+  /// known and the block is Dense (a convolution). Held, the nodes'
+  /// cotangents are then never formed; not held, the rows' signals at
+  /// layer 1 serve the pairs and the certificate alone.
+  bool site_of_pairs() const { return piece_sel_.defined() && f_.layers[1].form == Form::Dense; }
   /// Per test point, the accepted pieces' sums of the logits' layer (last_site.h).
   torch::Tensor h_sum_, ph_sum_, p_sum_, len_sum_;
 };
@@ -346,6 +357,10 @@ LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor
     check_hidden_ = false;  // only sites before the held one are fitted
     for (size_t l = 1; l < site_; ++l) check_hidden_ = check_hidden_ || ev.relu_after()[l];
     pair_walk_ = site_ == 1 && sum_first_;
+  } else {
+    pair_walk_ = q.piece_pairs && sum_first_ && degree > 0 && layers_ >= 3 &&
+                 q.spec.kind == QuadratureSpec::Kind::Gauss &&
+                 ev.first_selection(p0_, torch::zeros({1}, torch::kLong)).defined();
   }
 }
 
@@ -392,17 +407,17 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   const torch::Tensor y0 = p0_.preacts[0].detach().index_select(0, present).flatten(1);                  // [G, U0]
   const torch::Tensor d0 = pass_.directions[0].detach().index_select(0, rows.index_select(0, ref)).flatten(1);
   auto routed = [](const torch::Tensor& v, const torch::Tensor& s) { return v.gather(1, s.clamp_min(0)) * (s >= 0); };
-  std::vector<int64_t> shape = pass_.inputs[site_].sizes().vec();
+  std::vector<int64_t> shape = pass_.inputs[1].sizes().vec();
   shape[0] = 2 * G;
   // Rows A, B of each point in turn (grouped by point, as add_dense takes
   // them best); B's bias columns, which would take Σ_j t_j G_j, are taken
   // back out: the bias has A's alone (its input is 1, not t).
   const torch::Tensor gts = sum_by_group(gt, group, G);
-  add_dense(ev_, site_, f_, torch::stack({routed(y0, ref_sel), routed(d0, ref_sel)}, 1).view(shape),
+  add_dense(ev_, 1, f_, torch::stack({routed(y0, ref_sel), routed(d0, ref_sel)}, 1).view(shape),
             torch::stack({sum_by_group(g, group, G), gts}, 2).flatten(1, 2), present.repeat_interleave(2), torch::Tensor());
-  const ParamLayer& pl = ev_.param_layers()[site_];
+  const ParamLayer& pl = ev_.param_layers()[1];
   if (pl.bias_numel > 0) {
-    f_.layers[site_].block.narrow(2, pl.weight_numel, pl.bias_numel)
+    f_.layers[1].block.narrow(2, pl.weight_numel, pl.bias_numel)
         .index_add_(1, present, gts.dim() > 3 ? -gts.flatten(3).sum(3) : -gts);
   }
   // A piece's units routed elsewhere than by its point's first piece: its
@@ -422,7 +437,7 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   m.point = present.index_select(0, in);
   m.da = change(y0);
   m.db = change(d0);
-  add_conv_mends(pl, shape, g, gt, m, f_.layers[site_].block);
+  add_conv_mends(pl, shape, g, gt, m, f_.layers[1].block);
 }
 
 /// Keeps the rows `rows` (ascending) of a pass with signals `sig`; `unit`:
@@ -434,6 +449,7 @@ void LayeredFeatures::keep(const SegmentPass& pass, const std::vector<torch::Ten
   torch::Tensor pr = all ? point : point.index_select(0, rows), wr = all ? weight : weight.index_select(0, rows);
   for (size_t l = 0; l < layers_; ++l) {
     if (!sig[l].defined()) continue;  // the held logits' layer: added by accept
+    if (l == 1 && pair_walk_ && site_of_pairs()) continue;  // added from the pairs by accept
     torch::Tensor s = all ? sig[l] : sig[l].index_select(1, rows);
     if (l == 0 && sum_first_) {
       keep_first(s, pr, wr, unit);
@@ -564,15 +580,45 @@ void LayeredFeatures::evaluate_round(const PieceRound& rd) {
   if (fold_) {
     auto [v, vm] = softmax_moments(rd, pass_.logits.detach(), pm_.out.defined() ? pm_.logits.detach() : torch::Tensor(),
                                    end_select(p0_.logits, p1_.logits, pf_.logits, end_index_));
-    sig_ = folded_signals(ev_, pass_, w_t_, v);
+    sig_ = round_signals(pass_, folded_cotangents(ev_, w_t_, v));
     // A moment row's signal, of the cotangent −v_j, is every output's.
-    if (rd.moment_rows > 0) msig_ = batched_signals(ev_, pm_, -vm.unsqueeze(0), /*of_logits=*/true);
+    if (rd.moment_rows > 0) msig_ = round_signals(pm_, -vm.unsqueeze(0));
     w_t_ = torch::ones_like(w_t_);
   } else {
-    sig_ = all_signals(ev_, pass_);
+    sig_ = pair_walk_ ? ev_.batched_signals_above_first(pass_, unit_cotangents(ev_, rd.rows, opts_))
+                      : all_signals(ev_, pass_);
   }
   f_.evaluations += rd.rows;
   f_.moment_evaluations += rd.moment_rows;
+  if (pair_walk_) form_piece_pairs(rd);
+}
+
+std::vector<torch::Tensor> LayeredFeatures::round_signals(const SegmentPass& pass, const torch::Tensor& c) const {
+  return pair_walk_ ? ev_.batched_signals_above_first(pass, c, /*of_logits=*/true)
+                    : batched_signals(ev_, pass, c, /*of_logits=*/true);
+}
+
+void LayeredFeatures::form_piece_pairs(const PieceRound& rd) {
+  piece_first_row_ = torch::tensor(std::vector<int64_t>(rd.first.begin(), rd.first.begin() + rd.np), torch::kLong);
+  piece_sel_ = ev_.first_selection(pass_, piece_first_row_);
+  // G_j = w_j δ_j at layer 1 (the weights are 1 where folded), summed per
+  // piece alone and times t_j; a moment row's signal is every output's.
+  auto pairs_of = [&](const torch::Tensor& s, const torch::Tensor& w, const torch::Tensor& t,
+                      const std::vector<int64_t>& piece_of) {
+    std::vector<int64_t> shape(s.dim(), 1);
+    shape[1] = s.size(1);
+    const torch::Tensor ws = w.defined() ? s * w.view(shape) : s, piece = torch::tensor(piece_of, torch::kLong);
+    return std::make_pair(sum_by_group(ws, piece, rd.np), sum_by_group(ws * t.view(shape), piece, rd.np));
+  };
+  std::tie(piece_g_, piece_gt_) = pairs_of(sig_[1], w_t_, pass_.t, rd.piece_of);
+  if (rd.moment_rows > 0) {
+    const auto [mg, mgt] = pairs_of(msig_[1], torch::Tensor(), pm_.t, rd.mpiece_of);
+    piece_g_ = piece_g_ + mg;
+    piece_gt_ = piece_gt_ + mgt;
+  }
+  piece_first_dot_ = ev_.first_dot_of_pair(pass_, piece_first_row_, piece_sel_, piece_g_, piece_gt_);
+  f_.short_cotangents += rd.rows * k_out_ + rd.moment_rows;
+  f_.pair_pieces += rd.np;
 }
 
 void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
@@ -615,6 +661,8 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
   piece_g_ = cotangents_of(e_sum, terms_.w0u, terms_.dwu, shape);
   piece_gt_ = cotangents_of(et_sum, terms_.w0u, terms_.dwu, shape);
   piece_first_dot_ = ev_.first_dot_of_pair(pass_, piece_first_row_, piece_sel_, piece_g_, piece_gt_);
+  (site_of_pairs() ? f_.unwalked_cotangents : f_.short_cotangents) += rd.rows * k_out_;
+  f_.pair_pieces += rd.np;
 }
 
 torch::Tensor LayeredFeatures::site_dot() const {
@@ -637,7 +685,7 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
   torch::Tensor jdw;  // [K, R]
   // Held, the logits' layer's part comes from its integrals (held_dot).
-  if (pair_walk_) {
+  if (held_ && pair_walk_) {
     jdw = site_dot();  // the first layer's part is walked per piece (below)
   } else {
     jdw = segment_dot(ev_, pass_, sig_).detach();
@@ -773,18 +821,23 @@ void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& a
     ph_sum_.index_add_(0, pt, terms_.ph_sum.index_select(0, pc));
     p_sum_.index_add_(0, pt, terms_.p_sum.index_select(0, pc));
     len_sum_.index_add_(0, pt, terms_.len.index_select(0, pc));
-    if (pair_walk_) {
-      // The accepted pieces' test points, numbered 0, 1, … in `group`.
-      const auto [present, group] = torch::_unique(pt, /*sorted=*/true, /*return_inverse=*/true);
-      add_first_of_pairs(pc, present, group);
-      if (site_of_pairs()) add_site_of_pairs(pc, present, group);
-    }
     for (int64_t p : accepted) {
       std::vector<double>& sw = switches_[static_cast<size_t>(rd.end_point[2 * p])];
       sw.insert(sw.end(), terms_.switches[p].begin(), terms_.switches[p].end());
       f_.count_kinks(static_cast<int64_t>(site_), QuadratureCounts::kReluFlip, terms_.flips[p]);
       f_.count_kinks(static_cast<int64_t>(site_), QuadratureCounts::kPoolSwitch, terms_.argmax[p]);
     }
+  }
+  if (pair_walk_ && !accepted.empty()) {
+    // The accepted pieces' test points, numbered 0, 1, … in `group`.
+    std::vector<int64_t> points;
+    for (int64_t p : accepted) points.push_back(rd.end_point[2 * p]);
+    const auto [present, group] =
+        torch::_unique(torch::tensor(points, torch::kLong), /*sorted=*/true, /*return_inverse=*/true);
+    const torch::Tensor pc = torch::tensor(accepted, torch::kLong);
+    add_first_of_pairs(pc, present, group);
+    if (site_of_pairs()) add_site_of_pairs(pc, present, group);
+    f_.pair_sums += present.size(0);
   }
   std::vector<int64_t> rows, moments;
   for (int64_t p : accepted) {

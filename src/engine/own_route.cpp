@@ -2,6 +2,7 @@
 // layer by hand; and the structured route of a TorchScript module whose
 // graph is a plain chain of such layers (ScriptGraph::chain()), walked the
 // same way without running the graph.
+#include <algorithm>
 #include <tuple>
 
 #include "feature_parts.h"
@@ -35,6 +36,8 @@ class OwnRoute final : public LayeredRoute {
   /// values as K autograd backward passes. The pass may be untracked.
   std::vector<torch::Tensor> signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits) const override;
   std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const override;
+  std::vector<torch::Tensor> signals_above_first(const SegmentPass& pass, const torch::Tensor& c,
+                                                 bool of_logits) const override;
   torch::Tensor first_signals_of_pair(const SegmentPass& pass, const torch::Tensor& g,
                                       const torch::Tensor& g_dw) const override;
   torch::Tensor first_dot_of_pair(const SegmentPass& pass, const torch::Tensor& rows, const torch::Tensor& selection,
@@ -73,11 +76,11 @@ class OwnRoute final : public LayeredRoute {
   torch::Tensor pool_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass) const;
   /// The gradient at parameter-free layer i's input from g at its output.
   torch::Tensor free_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass, bool of_logits) const;
-  /// Walks g, the gradient at layer `end`'s output [K, R, ...], back to the
-  /// first param layer, setting the signals of the param layers up to
-  /// `end` in sig.
+  /// Walks g, the gradient at layer `end`'s output [K, R, ...], back to
+  /// param layer `lowest` (the first by default), setting the signals of
+  /// the param layers from `lowest` up to `end` in sig.
   void walk_back(const SegmentPass& pass, torch::Tensor g, size_t end, bool of_logits,
-                 std::vector<torch::Tensor>& sig) const;
+                 std::vector<torch::Tensor>& sig, size_t lowest = 0) const;
   /// Whether the last kink site can be held (KinkHints::last_site_local).
   bool last_site_holds() const;
   /// Param layer l's index among the layers.
@@ -291,6 +294,15 @@ std::vector<torch::Tensor> OwnRoute::signals(const SegmentPass& pass, const torc
   return sig;
 }
 
+std::vector<torch::Tensor> OwnRoute::signals_above_first(const SegmentPass& pass, const torch::Tensor& c,
+                                                         bool of_logits) const {
+  PK_ASSERT(pass.t.defined() && c.dim() == 3 && pass.layer_inputs.size() == layers_.size());
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> sig(params_.size());
+  walk_back(pass, c, layers_.size(), of_logits, sig, std::min<size_t>(1, params_.size() - 1));
+  return sig;
+}
+
 std::vector<torch::Tensor> OwnRoute::signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const {
   PK_ASSERT(pass.t.defined() && layer < params_.size() && pass.layer_inputs.size() == layers_.size());
   torch::NoGradGuard no_grad;
@@ -424,7 +436,7 @@ size_t OwnRoute::layer_index(size_t l) const {
 }
 
 void OwnRoute::walk_back(const SegmentPass& pass, torch::Tensor g, size_t end, bool of_logits,
-                         std::vector<torch::Tensor>& sig) const {
+                         std::vector<torch::Tensor>& sig, size_t lowest) const {
   // Walk back: g is the gradient at the current layer's output, [K, R, ...]
   // (the rows' own shape with K in front); the weights at row r are
   // W_s + t_r dW_s, so every param layer's backward is two products, or one
@@ -439,7 +451,7 @@ void OwnRoute::walk_back(const SegmentPass& pass, torch::Tensor g, size_t end, b
       continue;
     }
     sig[--l] = g;
-    if (l == 0) return;
+    if (l <= lowest) return;
     g = param_backward(d, l, g, pass, at_start);
   }
   PK_ASSERT(false && "own route: no param layer");

@@ -30,6 +30,13 @@ std::vector<torch::Tensor> Route::signals(const SegmentPass&, const torch::Tenso
   return {};
 }
 
+std::vector<torch::Tensor> Route::signals_above_first(const SegmentPass& pass, const torch::Tensor& c,
+                                                      bool of_logits) const {
+  std::vector<torch::Tensor> sig = signals(pass, c, of_logits);
+  if (!sig.empty()) sig[0] = torch::Tensor();
+  return sig;
+}
+
 std::vector<torch::Tensor> Route::signals_from(const SegmentPass&, size_t layer, const torch::Tensor&) const {
   PK_CHECK(false, "the " << name() << " route cannot walk back from param layer " << layer
                          << ": only routes whose layers are walked by hand (own, chain) can");

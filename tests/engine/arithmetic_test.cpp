@@ -39,6 +39,34 @@ TEST(Arithmetic, CountsEachProductsMultiplyAddsFromItsShape) {
     EXPECT_EQ(a->forward_flop, 4.0 * (18 * 36 + 54));
     EXPECT_EQ(a->cotangent_flop, 2.0 * 18 * 36 + 6.0 * 54);
   }
+  {
+    // Convolutions 1 → 2 and 2 → 3 channels on 8 × 8 and 4 × 4 (padding 1),
+    // pooled to 3 × 2 × 2 = 12 features, then 12 → 3: 18 · 64, 54 · 16 and
+    // 36 multiply-adds a row.
+    Network net = network("cnn:2,3", {1, 8, 8});
+    SegmentEvaluator ev(net);
+    const auto a = row_arithmetic(ev, torch::randn({1, 1, 8, 8}, torch::kFloat64));
+    ASSERT_TRUE(a.has_value());
+    const double m0 = 18 * 64, m1 = 54 * 16, m2 = 36;
+    EXPECT_EQ(a->cotangent_flop, 2 * m0 + 6 * m1 + 6 * m2);
+    // Walked to layer 1 alone: the logits' layer, whose weight and input
+    // gradients it takes; layer 1, a convolution, takes its products from
+    // the pairs' sums: its input gradient at W_s and dW_s and its weight
+    // gradient from two rows (A + t B); a pair's piece, layer 1 forward on
+    // one row at W_s and dW_s.
+    EXPECT_EQ(a->short_cotangent_flop, 6 * m2);
+    EXPECT_EQ(a->pair_sum_flop, 4 * m1 + 4 * m1);
+    EXPECT_EQ(a->pair_piece_flop, 4 * m1);
+  }
+  {
+    // mlp 5 → 7 → 6 → 3: layer 1 Linear keeps its rows' weight gradients.
+    Network net = network("mlp:7,6", {5});
+    SegmentEvaluator ev(net);
+    const auto a = row_arithmetic(ev, torch::randn({1, 5}, torch::kFloat64));
+    ASSERT_TRUE(a.has_value());
+    EXPECT_EQ(a->short_cotangent_flop, 6.0 * 18 + 2.0 * 42);
+    EXPECT_EQ(a->pair_sum_flop, 4.0 * 42);
+  }
 }
 
 TEST(Arithmetic, TestSideCountsIntegrandMomentAndForwardRows) {
@@ -51,6 +79,24 @@ TEST(Arithmetic, TestSideCountsIntegrandMomentAndForwardRows) {
   c.forward_evaluations = 7;
   // 2 rows of a forward pass and K = 4 cotangents, 5 of one, 7 of none.
   EXPECT_EQ(a.test_side_flop(c, 4), 2 * (10 + 4 * 3) + 5 * (10 + 3) + 7 * 10);
+}
+
+TEST(Arithmetic, TestSideCountsShortAndUnwalkedCotangentsAndPairs) {
+  RowArithmetic a;
+  a.forward_flop = 10;
+  a.cotangent_flop = 3;
+  a.short_cotangent_flop = 2;
+  a.pair_piece_flop = 11;
+  a.pair_sum_flop = 13;
+  QuadratureCounts c;
+  c.evaluations = 2;
+  c.moment_evaluations = 5;
+  c.forward_evaluations = 7;
+  c.short_cotangents = 6;  // of the 2 · 4 + 5 = 13 cotangents, 6 short, 4 unwalked, 3 whole
+  c.unwalked_cotangents = 4;
+  c.pair_pieces = 3;
+  c.pair_sums = 2;  // each K = 4 cotangents
+  EXPECT_EQ(a.test_side_flop(c, 4), 14 * 10 + 3 * 3 + 6 * 2 + 3 * 11 + 2 * 4 * 13);
 }
 
 }  // namespace

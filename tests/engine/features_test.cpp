@@ -214,6 +214,10 @@ TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
   std::vector<Case> cases = kCases;
   cases.push_back({"mlp:6,5", {4}, OutputMap::Logits});
   cases.push_back({"mlp:6,5,4", {4}, OutputMap::LogSoftmax});  // L = 4: moment nodes of the higher order
+  // L = 4 with convolutions: the pieces' first two layers from their pairs
+  // (QuadratureOptions::piece_pairs), layer 1's block a convolution's.
+  cases.push_back({"cnn:2,3,3", {1, 16, 16}, OutputMap::LogSoftmax});
+  cases.push_back({"cnn:2,3,3", {1, 16, 16}, OutputMap::Logits});
   for (const Case& c : cases) {
     Network net = build_network(options_for(c, 3));
     torch::manual_seed(21);
@@ -270,6 +274,57 @@ TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
             << c.name() << " test " << n << " output " << k << ", " << f.breaks[n].size() - 1 << " pieces";
       }
     }
+  }
+}
+
+// A piece's rows walk back to param layer 1 alone, and the first two
+// layers' parts come from each piece's pair of summed signals, once per test
+// point and step (QuadratureOptions::piece_pairs; docs/math.md §7): the same
+// features as every row walked back to the first layer, whatever selects
+// between the first two layers (ReLU, max-pools tiling or not, a Linear
+// layer 1 kept by rows or a convolution's dense block), on pathkernel's own
+// networks (the scripted chain: last_site_test.cpp). Compared through what
+// consumers take.
+TEST(Features, PiecePairsGiveTheFeaturesOfEveryRowWalked) {
+  const std::vector<Case> cases = {
+      {"cnn:2,3", {1, 8, 8}, OutputMap::LogSoftmax},     {"cnn:2,3", {1, 9, 9}, OutputMap::Logits},
+      {"cnn:2,3,3", {1, 16, 16}, OutputMap::LogSoftmax}, {"cnn:2,3,3", {1, 18, 18}, OutputMap::Logits},
+      {"mlp:6,5", {4}, OutputMap::LogSoftmax},           {"mlp:6,5,4", {4}, OutputMap::Logits},
+  };
+  for (const Case& c : cases) {
+    Network net = build_network(options_for(c, 9));
+    torch::manual_seed(41);
+    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w), v = torch::randn_like(w);
+    std::vector<int64_t> xs{4}, ts{6};
+    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
+    ts.insert(ts.end(), c.shape.begin(), c.shape.end());
+    const torch::Tensor x = torch::randn(xs, torch::kFloat64), x_train = torch::randn(ts, torch::kFloat64);
+    const torch::Tensor y_train = torch::tensor({0, 2, 1, 1, 0, 2}, torch::kLong);
+    SegmentEvaluator ev(net);
+    ev.set_segment(w, dw);
+    QuadratureOptions q;
+    q.last_site = QuadratureOptions::LastSite::Pieces;  // every piece's rows walked
+    q.max_depth = 8;  // a wrong rule fails every piece: stop its splitting early
+    const TestFeatures pairs = test_features(ev, x, q);
+    q.piece_pairs = false;
+    const TestFeatures rows = test_features(ev, x, q);
+    auto close = [&](const torch::Tensor& got, const torch::Tensor& expect, const std::string& what) {
+      ASSERT_EQ(got.sizes(), expect.sizes()) << c.name() << " " << what;
+      EXPECT_LE((got - expect).abs().max().item<double>(), 1e-12 * std::max(1.0, expect.abs().max().item<double>()))
+          << c.name() << " " << what;
+    };
+    // The certificate's gaps round differently, so a piece at rounding
+    // level may be split in one and accepted in the other: about the same
+    // rows, and the assembled features' certificate (the sum of many
+    // pieces' gaps on this long segment) as close.
+    EXPECT_NEAR(pairs.evaluations, rows.evaluations, 0.05 * static_cast<double>(rows.evaluations)) << c.name();
+    EXPECT_GT(pairs.evaluations, 4 * 4) << c.name() << ": the segment should cross kinks";
+    EXPECT_LE(pairs.certificate_gap, std::max(1e-13, 2 * rows.certificate_gap)) << c.name();
+    close(dense_features(ev, pairs), dense_features(ev, rows), "dense J");
+    close(apply_features(ev, pairs, v), apply_features(ev, rows, v), "J v");
+    const TrainSignals t = train_signals(ev, x_train, y_train, c.map);
+    close(contract(ev, pairs, t), contract(ev, rows, t), "contraction");
+    close(output_kernel(ev, pairs, x_train), output_kernel(ev, rows, x_train), "output kernel");
   }
 }
 

@@ -149,6 +149,14 @@ TEST(LastSite, HeldSiteOfAScriptedChainGivesTheFeaturesOfEveryKinkAPiece) {
     ASSERT_TRUE(ev.last_site_local()) << name;
     const auto [held, every] = expect_held_as_every_kink(ev, x, map, name);
     EXPECT_LT(held.evaluations, every.evaluations) << name;
+    // The reference's pieces take their first two layers from pairs
+    // (QuadratureOptions::piece_pairs); every row walked gives the same.
+    QuadratureOptions q;
+    q.last_site = QuadratureOptions::LastSite::Pieces;
+    q.piece_pairs = false;
+    const torch::Tensor rows = dense_features(ev, test_features(ev, x, q)), pairs = dense_features(ev, every);
+    EXPECT_LE((pairs - rows).abs().max().item<double>(), 1e-12 * std::max(1.0, rows.abs().max().item<double>()))
+        << name << ": pieces' pairs against every row walked";
   }
 }
 
