@@ -161,15 +161,19 @@ class PathReader {
   /// the batch's activations per step held (one segment's in reverse()).
   void set_capture(bool on) { capture_ = on; }
 
-  /// Makes forward() replay on a thread of its own, up to two steps ahead
-  /// of the caller's work, where that changes no bit of either: a run
-  /// trained on one thread (OpenBLAS's count, the process's, then stays at
-  /// one for both while forward() runs), with OpenBLAS's kernels not
+  /// Makes forward() and reverse() replay on a thread of its own, ahead of
+  /// the caller's work (forward: up to two steps; reverse: the next
+  /// segment while the caller walks one), where that changes no bit of
+  /// either: a caller of two threads or more (one more thread than its
+  /// own), and a run trained on one thread (OpenBLAS's count, the
+  /// process's, then stays at one for both while they run) or one that
+  /// stores every step (nothing replayed), with OpenBLAS's kernels not
   /// switched between the replay and the caller (blas_switch.h). Elsewhere
-  /// forward() replays in turn with fn, as without it. fn may call batch()
-  /// and the const methods meanwhile, not other replaying ones.
+  /// they replay in turn with fn, as without it. fn may call batch() and
+  /// the const methods meanwhile, not other replaying ones.
   void set_replay_ahead(bool on) { ahead_ = on; }
-  /// Whether forward() replays ahead (set_replay_ahead, and the run allows it).
+  /// Whether forward() and reverse() replay ahead (set_replay_ahead, and
+  /// the run and the caller's threads allow it).
   bool replays_ahead() const;
   /// The seconds the last forward() replayed on its own thread; 0 when it
   /// replayed in turn with fn.
@@ -200,7 +204,8 @@ class PathReader {
   /// of the range handed to take, each segment's end checked (require_equal).
   void replay_range(int64_t begin, int64_t end, const std::function<void(PathStep&&)>& take);
   /// forward() and reverse() with the replay on a thread of its own
-  /// (set_replay_ahead): steps two ahead, whole segments one ahead.
+  /// (set_replay_ahead): at most two steps held ahead of fn, or two whole
+  /// segments (the one walked and the next).
   void forward_ahead(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end);
   void reverse_ahead(const std::function<void(const PathStep&)>& fn);
   /// A run recorded with every step stored: nothing is replayed.

@@ -138,14 +138,22 @@ struct SiteMends {
   torch::Tensor row, unit, point, da, db;  ///< [M] each
 };
 
-/// Adds to a convolution's block [K, n, Q] (layer pl, input shape
-/// `input_shape`, rows first) the mends' products with the pieces' pairs g,
-/// g_dw [K, np, C', H', W']: unit (c, y, x) enters weight entry (o, c, i, j)
-/// at the output position (y + P − i, x + P − j).
-void add_conv_mends(const ParamLayer& pl, const std::vector<int64_t>& input_shape, const torch::Tensor& g,
-                    const torch::Tensor& g_dw, const SiteMends& m, torch::Tensor& block) {
-  PK_ASSERT(pl.desc.kind == Kind::Conv2d);  // a Dense site (a Linear one keeps its rows)
-  const int64_t M = m.row.size(0), K = block.size(0), Q = pl.weight_numel + pl.bias_numel;
+/// Mends taken together by add_conv_mends: each takes kh · kw · K · C'
+/// values (23 KB on the user CNN's second convolution), and a step of many
+/// first-site kinks has thousands.
+constexpr int64_t kMendChunk = 256;
+
+/// add_conv_mends of mends [from, from + count) of m.
+void add_conv_mend_chunk(const ParamLayer& pl, const std::vector<int64_t>& input_shape, const torch::Tensor& g,
+                         const torch::Tensor& g_dw, const SiteMends& all, int64_t from, int64_t count,
+                         torch::Tensor& block) {
+  SiteMends m;
+  m.row = all.row.narrow(0, from, count);
+  m.unit = all.unit.narrow(0, from, count);
+  m.point = all.point.narrow(0, from, count);
+  m.da = all.da.narrow(0, from, count);
+  m.db = all.db.narrow(0, from, count);
+  const int64_t M = count, K = block.size(0), Q = pl.weight_numel + pl.bias_numel;
   const int64_t co = pl.weight_shape[0], ci = pl.weight_shape[1], kh = pl.weight_shape[2], kw = pl.weight_shape[3];
   const int64_t H = input_shape[2], W = input_shape[3], P = pl.desc.padding;
   const torch::Tensor c = m.unit.div(H * W, "floor"), y = m.unit.div(W, "floor").remainder(H), x = m.unit.remainder(W);
@@ -158,6 +166,19 @@ void add_conv_mends(const ParamLayer& pl, const std::vector<int64_t>& input_shap
   // in place (along dim 1 it would take a slice per index).
   const torch::Tensor every_k = torch::arange(K).view({K, 1}) * block[0].numel();  // [K, 1]
   block.view(-1).index_add_(0, (every_k + idx.view({1, -1})).flatten(), v.permute({3, 0, 1, 2, 4}).flatten());
+}
+
+/// Adds to a convolution's block [K, n, Q] (layer pl, input shape
+/// `input_shape`, rows first) the mends' products with the pieces' pairs g,
+/// g_dw [K, np, C', H', W']: unit (c, y, x) enters weight entry (o, c, i, j)
+/// at the output position (y + P − i, x + P − j).
+void add_conv_mends(const ParamLayer& pl, const std::vector<int64_t>& input_shape, const torch::Tensor& g,
+                    const torch::Tensor& g_dw, const SiteMends& m, torch::Tensor& block) {
+  PK_ASSERT(pl.desc.kind == Kind::Conv2d);  // a Dense site (a Linear one keeps its rows)
+  const int64_t M = m.row.size(0);
+  for (int64_t from = 0; from < M; from += kMendChunk) {
+    add_conv_mend_chunk(pl, input_shape, g, g_dw, m, from, std::min(kMendChunk, M - from), block);
+  }
 }
 
 /// Counts the kinks a search found in f, each at its site.
@@ -602,17 +623,31 @@ void LayeredFeatures::form_piece_pairs(const PieceRound& rd) {
   piece_first_row_ = torch::tensor(std::vector<int64_t>(rd.first.begin(), rd.first.begin() + rd.np), torch::kLong);
   piece_sel_ = ev_.first_selection(pass_, piece_first_row_);
   // G_j = w_j δ_j at layer 1 (the weights are 1 where folded), summed per
-  // piece alone and times t_j; a moment row's signal is every output's.
+  // piece alone and times t_j; a moment row's signal is every output's. A
+  // piece's rows are consecutive (first): pieces of as many rows each are
+  // summed as a view [K, np, m, ...].
   auto pairs_of = [&](const torch::Tensor& s, const torch::Tensor& w, const torch::Tensor& t,
-                      const std::vector<int64_t>& piece_of) {
+                      const std::vector<int64_t>& first, const std::vector<int64_t>& piece_of) {
+    const int64_t R = s.size(1), m = R / rd.np;
     std::vector<int64_t> shape(s.dim(), 1);
-    shape[1] = s.size(1);
-    const torch::Tensor ws = w.defined() ? s * w.view(shape) : s, piece = torch::tensor(piece_of, torch::kLong);
+    shape[1] = R;
+    const torch::Tensor ws = w.defined() ? s * w.view(shape) : s;
+    bool even = m * rd.np == R;
+    for (int64_t p = 0; even && p < rd.np; ++p) even = first[p + 1] - first[p] == m;
+    if (even) {
+      // [K, np, m, U]: the sums over m, and the t-weighted ones as
+      // products [1, m] × [m, U] (no copy of the signals).
+      const torch::Tensor by = ws.reshape({s.size(0), rd.np, m, -1});
+      std::vector<int64_t> out = s.sizes().vec();
+      out[1] = rd.np;
+      return std::make_pair(by.sum(2).view(out), torch::matmul(t.view({1, rd.np, 1, m}), by).view(out));
+    }
+    const torch::Tensor piece = torch::tensor(piece_of, torch::kLong);
     return std::make_pair(sum_by_group(ws, piece, rd.np), sum_by_group(ws * t.view(shape), piece, rd.np));
   };
-  std::tie(piece_g_, piece_gt_) = pairs_of(sig_[1], w_t_, pass_.t, rd.piece_of);
+  std::tie(piece_g_, piece_gt_) = pairs_of(sig_[1], fold_ ? torch::Tensor() : w_t_, pass_.t, rd.first, rd.piece_of);
   if (rd.moment_rows > 0) {
-    const auto [mg, mgt] = pairs_of(msig_[1], torch::Tensor(), pm_.t, rd.mpiece_of);
+    const auto [mg, mgt] = pairs_of(msig_[1], torch::Tensor(), pm_.t, rd.mfirst, rd.mpiece_of);
     piece_g_ = piece_g_ + mg;
     piece_gt_ = piece_gt_ + mgt;
   }
