@@ -46,13 +46,17 @@ std::optional<RowArithmetic> row_arithmetic(SegmentEvaluator& ev, const torch::T
     a.forward_flop += 2 * 2 * macs;               // at W_s and at dW_s
     a.cotangent_flop += 2 * macs;                 // the weight gradient
     if (l > 0) a.cotangent_flop += 2 * 2 * macs;  // the input gradient, at W_s and at dW_s
-    if (l > 1) a.short_cotangent_flop += 3 * 2 * macs;
+    if (l > 1) a.short_cotangent_flop += 3 * 2 * macs;  // the weight and input gradients
     if (l != 1) continue;
     // Layer 1 of a pair: a convolution's weight gradient from the sums
     // (its input A + t B: two rows), another's from each row.
-    (conv ? a.pair_sum_flop : a.short_cotangent_flop) += (conv ? 2 : 1) * 2 * macs;
-    a.pair_sum_flop += 2 * 2 * macs;  // the input gradient, at W_s and at dW_s
-    a.pair_piece_flop += 2 * 2 * macs;
+    if (conv) {
+      a.pair_sum_flop += 2 * 2 * macs;
+    } else {
+      a.short_cotangent_flop += 2 * macs;
+    }
+    a.pair_sum_flop += 2 * 2 * macs;    // the input gradient, at W_s and at dW_s
+    a.pair_piece_flop += 2 * 2 * macs;  // forward on one row, at W_s and at dW_s
   }
   return a;
 }

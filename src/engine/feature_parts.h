@@ -46,6 +46,12 @@ torch::Tensor conv_windows(const torch::Tensor& v, const torch::Tensor& row, con
 /// groups), [K, groups, ...].
 torch::Tensor sum_by_group(const torch::Tensor& v, const torch::Tensor& group, int64_t groups);
 
+/// Mends of a selection (units a piece routes elsewhere than its test
+/// point's first piece) taken together: each takes kh · kw · K · C' values of
+/// a convolution's windows (23 KB on the user CNN's second convolution), and
+/// a step of many first-site kinks has thousands.
+constexpr int64_t kMendChunk = 256;
+
 /// Each group's first row, [groups]: group [R] in [0, groups); row 0 for a
 /// group without rows (whose sums are zero).
 torch::Tensor first_of_each_group(const torch::Tensor& group, int64_t groups);

@@ -136,24 +136,18 @@ void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torc
 /// (its A) and db[m] (its B) from the point's first piece's.
 struct SiteMends {
   torch::Tensor row, unit, point, da, db;  ///< [M] each
+
+  /// Mends [from, from + count), views.
+  SiteMends narrow(int64_t from, int64_t count) const {
+    return {row.narrow(0, from, count), unit.narrow(0, from, count), point.narrow(0, from, count),
+            da.narrow(0, from, count), db.narrow(0, from, count)};
+  }
 };
 
-/// Mends taken together by add_conv_mends: each takes kh · kw · K · C'
-/// values (23 KB on the user CNN's second convolution), and a step of many
-/// first-site kinks has thousands.
-constexpr int64_t kMendChunk = 256;
-
-/// add_conv_mends of mends [from, from + count) of m.
+/// add_conv_mends of at most kMendChunk mends m.
 void add_conv_mend_chunk(const ParamLayer& pl, const std::vector<int64_t>& input_shape, const torch::Tensor& g,
-                         const torch::Tensor& g_dw, const SiteMends& all, int64_t from, int64_t count,
-                         torch::Tensor& block) {
-  SiteMends m;
-  m.row = all.row.narrow(0, from, count);
-  m.unit = all.unit.narrow(0, from, count);
-  m.point = all.point.narrow(0, from, count);
-  m.da = all.da.narrow(0, from, count);
-  m.db = all.db.narrow(0, from, count);
-  const int64_t M = count, K = block.size(0), Q = pl.weight_numel + pl.bias_numel;
+                         const torch::Tensor& g_dw, const SiteMends& m, torch::Tensor& block) {
+  const int64_t M = m.row.size(0), K = block.size(0), Q = pl.weight_numel + pl.bias_numel;
   const int64_t co = pl.weight_shape[0], ci = pl.weight_shape[1], kh = pl.weight_shape[2], kw = pl.weight_shape[3];
   const int64_t H = input_shape[2], W = input_shape[3], P = pl.desc.padding;
   const torch::Tensor c = m.unit.div(H * W, "floor"), y = m.unit.div(W, "floor").remainder(H), x = m.unit.remainder(W);
@@ -177,7 +171,7 @@ void add_conv_mends(const ParamLayer& pl, const std::vector<int64_t>& input_shap
   PK_ASSERT(pl.desc.kind == Kind::Conv2d);  // a Dense site (a Linear one keeps its rows)
   const int64_t M = m.row.size(0);
   for (int64_t from = 0; from < M; from += kMendChunk) {
-    add_conv_mend_chunk(pl, input_shape, g, g_dw, m, from, std::min(kMendChunk, M - from), block);
+    add_conv_mend_chunk(pl, input_shape, g, g_dw, m.narrow(from, std::min(kMendChunk, M - from)), block);
   }
 }
 
@@ -848,10 +842,10 @@ std::vector<std::vector<double>> LayeredFeatures::kinks_in(const PieceRound& rd,
 }
 
 void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& accepted) {
+  std::vector<int64_t> points;  // the accepted pieces' test points
+  for (int64_t p : accepted) points.push_back(rd.end_point[2 * p]);
+  const torch::Tensor pt = torch::tensor(points, torch::kLong), pc = torch::tensor(accepted, torch::kLong);
   if (held_ && !accepted.empty()) {
-    std::vector<int64_t> points;
-    for (int64_t p : accepted) points.push_back(rd.end_point[2 * p]);
-    const torch::Tensor pt = torch::tensor(points, torch::kLong), pc = torch::tensor(accepted, torch::kLong);
     h_sum_.index_add_(0, pt, terms_.h_sum.index_select(0, pc));
     ph_sum_.index_add_(0, pt, terms_.ph_sum.index_select(0, pc));
     p_sum_.index_add_(0, pt, terms_.p_sum.index_select(0, pc));
@@ -865,11 +859,7 @@ void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& a
   }
   if (pair_walk_ && !accepted.empty()) {
     // The accepted pieces' test points, numbered 0, 1, … in `group`.
-    std::vector<int64_t> points;
-    for (int64_t p : accepted) points.push_back(rd.end_point[2 * p]);
-    const auto [present, group] =
-        torch::_unique(torch::tensor(points, torch::kLong), /*sorted=*/true, /*return_inverse=*/true);
-    const torch::Tensor pc = torch::tensor(accepted, torch::kLong);
+    const auto [present, group] = torch::_unique(pt, /*sorted=*/true, /*return_inverse=*/true);
     add_first_of_pairs(pc, present, group);
     if (site_of_pairs()) add_site_of_pairs(pc, present, group);
     f_.pair_sums += present.size(0);

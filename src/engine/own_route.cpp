@@ -414,11 +414,9 @@ torch::Tensor OwnRoute::first_signals_of_pairs_summed(const SegmentPass& pass, c
   // A row's units routed elsewhere than by its group's first row: its own
   // gradient there moves from the first row's target to its own.
   const torch::Tensor at = (target != ref.index_select(0, group)).nonzero();  // [M, 2]
-  // Taken a chunk of mends at a time: a convolution's unit takes kh · kw ·
-  // K · C' values, and a step of many first-site kinks has thousands.
   torch::Tensor flat = out.view({K, groups * U0});
-  for (int64_t from = 0; from < at.size(0); from += 256) {
-    const torch::Tensor chunk = at.narrow(0, from, std::min<int64_t>(256, at.size(0) - from));
+  for (int64_t from = 0; from < at.size(0); from += kMendChunk) {
+    const torch::Tensor chunk = at.narrow(0, from, std::min(kMendChunk, at.size(0) - from));
     const torch::Tensor row = chunk.select(1, 0), unit = chunk.select(1, 1), in = group.index_select(0, row);
     const torch::Tensor value = pair_backward_at(g, g_dw, row, unit, pass);  // [K, M]
     const torch::Tensor own = target.index({row, unit}), was = ref.index({in, unit});

@@ -2,70 +2,70 @@
 // the layers' shapes.
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "pathkernel/arithmetic.h"
 #include "pathkernel/model.h"
 
 namespace pathkernel {
 namespace {
 
-/// A 3-class own network of `spec` on inputs of `shape`.
-Network network(const std::string& spec, const std::vector<int64_t>& shape) {
+/// The row arithmetic of a 3-class own network of `spec` on inputs of
+/// `shape`; throws (the test fails) when it has none.
+RowArithmetic arithmetic_of(const std::string& spec, const std::vector<int64_t>& shape) {
   NetworkOptions o;
   o.spec = ModelSpec::parse(spec);
   o.input_shape = shape;
   o.num_classes = 3;
   o.output = OutputMap::LogSoftmax;
   o.seed = 1;
-  return build_network(o);
+  Network net = build_network(o);
+  SegmentEvaluator ev(net);
+  std::vector<int64_t> row{1};
+  row.insert(row.end(), shape.begin(), shape.end());
+  const std::optional<RowArithmetic> a = row_arithmetic(ev, torch::randn(row, torch::kFloat64));
+  if (!a) throw std::runtime_error("no row arithmetic for " + spec);
+  return *a;
 }
 
 TEST(Arithmetic, CountsEachProductsMultiplyAddsFromItsShape) {
   {
     // 5 → 7 → 3: 35 and 21 multiply-adds a row.
-    Network net = network("mlp:7", {5});
-    SegmentEvaluator ev(net);
-    const auto a = row_arithmetic(ev, torch::randn({1, 5}, torch::kFloat64));
-    ASSERT_TRUE(a.has_value());
-    EXPECT_EQ(a->forward_flop, 4.0 * (35 + 21));      // each product at W_s and dW_s, 2 flop a multiply-add
-    EXPECT_EQ(a->cotangent_flop, 2.0 * 35 + 6.0 * 21);  // weight gradients; the second's input gradient twice
+    const RowArithmetic a = arithmetic_of("mlp:7", {5});
+    EXPECT_EQ(a.forward_flop, 4.0 * (35 + 21));      // each product at W_s and dW_s, 2 flop a multiply-add
+    EXPECT_EQ(a.cotangent_flop, 2.0 * 35 + 6.0 * 21);  // weight gradients; the second's input gradient twice
   }
   {
     // A 3 × 3 convolution 1 → 2 channels on 6 × 6 (padding 1): 18 weights at
     // 36 positions; pooled to 2 × 3 × 3 = 18 features, then 18 → 3.
-    Network net = network("cnn:2", {1, 6, 6});
-    SegmentEvaluator ev(net);
-    const auto a = row_arithmetic(ev, torch::randn({1, 1, 6, 6}, torch::kFloat64));
-    ASSERT_TRUE(a.has_value());
-    EXPECT_EQ(a->forward_flop, 4.0 * (18 * 36 + 54));
-    EXPECT_EQ(a->cotangent_flop, 2.0 * 18 * 36 + 6.0 * 54);
+    const RowArithmetic a = arithmetic_of("cnn:2", {1, 6, 6});
+    EXPECT_EQ(a.forward_flop, 4.0 * (18 * 36 + 54));
+    EXPECT_EQ(a.cotangent_flop, 2.0 * 18 * 36 + 6.0 * 54);
   }
   {
     // Convolutions 1 → 2 and 2 → 3 channels on 8 × 8 and 4 × 4 (padding 1),
     // pooled to 3 × 2 × 2 = 12 features, then 12 → 3: 18 · 64, 54 · 16 and
     // 36 multiply-adds a row.
-    Network net = network("cnn:2,3", {1, 8, 8});
-    SegmentEvaluator ev(net);
-    const auto a = row_arithmetic(ev, torch::randn({1, 1, 8, 8}, torch::kFloat64));
-    ASSERT_TRUE(a.has_value());
+    const RowArithmetic a = arithmetic_of("cnn:2,3", {1, 8, 8});
     const double m0 = 18 * 64, m1 = 54 * 16, m2 = 36;
-    EXPECT_EQ(a->cotangent_flop, 2 * m0 + 6 * m1 + 6 * m2);
+    EXPECT_EQ(a.cotangent_flop, 2 * m0 + 6 * m1 + 6 * m2);
     // Walked to layer 1 alone: the logits' layer, whose weight and input
     // gradients it takes; layer 1, a convolution, takes its products from
     // the pairs' sums: its input gradient at W_s and dW_s and its weight
     // gradient from two rows (A + t B); a pair's piece, layer 1 forward on
     // one row at W_s and dW_s.
-    EXPECT_EQ(a->short_cotangent_flop, 6 * m2);
-    EXPECT_EQ(a->pair_sum_flop, 4 * m1 + 4 * m1);
-    EXPECT_EQ(a->pair_piece_flop, 4 * m1);
+    EXPECT_EQ(a.short_cotangent_flop, 6 * m2);
+    EXPECT_EQ(a.pair_sum_flop, 4 * m1 + 4 * m1);
+    EXPECT_EQ(a.pair_piece_flop, 4 * m1);
   }
   {
     // mlp 5 → 7 → 6 → 3: layer 1 Linear keeps its rows' weight gradients.
-    Network net = network("mlp:7,6", {5});
-    SegmentEvaluator ev(net);
-    const auto a = row_arithmetic(ev, torch::randn({1, 5}, torch::kFloat64));
-    ASSERT_TRUE(a.has_value());
-    EXPECT_EQ(a->short_cotangent_flop, 6.0 * 18 + 2.0 * 42);
-    EXPECT_EQ(a->pair_sum_flop, 4.0 * 42);
+    const RowArithmetic a = arithmetic_of("mlp:7,6", {5});
+    EXPECT_EQ(a.short_cotangent_flop, 6.0 * 18 + 2.0 * 42);
+    EXPECT_EQ(a.pair_sum_flop, 4.0 * 42);
   }
 }
 

@@ -33,6 +33,13 @@ const std::vector<Case> kCases = {
 /// A 3-class network of the case's architecture.
 NetworkOptions options_for(const Case& c, uint64_t seed) { return c.options(3, seed); }
 
+/// got equals expect in shape, and within 1e-12 of max(1, |expect|).
+void expect_close(const torch::Tensor& got, const torch::Tensor& expect, const std::string& what) {
+  ASSERT_EQ(got.sizes(), expect.sizes()) << what;
+  EXPECT_LE((got - expect).abs().max().item<double>(), 1e-12 * std::max(1.0, expect.abs().max().item<double>()))
+      << what;
+}
+
 /// A network of the case, a segment w, w + dw of it, 4 test and 5 training inputs.
 struct Segment {
   NetworkOptions options;
@@ -309,9 +316,7 @@ TEST(Features, PiecePairsGiveTheFeaturesOfEveryRowWalked) {
     q.piece_pairs = false;
     const TestFeatures rows = test_features(ev, x, q);
     auto close = [&](const torch::Tensor& got, const torch::Tensor& expect, const std::string& what) {
-      ASSERT_EQ(got.sizes(), expect.sizes()) << c.name() << " " << what;
-      EXPECT_LE((got - expect).abs().max().item<double>(), 1e-12 * std::max(1.0, expect.abs().max().item<double>()))
-          << c.name() << " " << what;
+      expect_close(got, expect, c.name() + " " + what);
     };
     // The certificate's gaps round differently, so a piece at rounding
     // level may be split in one and accepted in the other: about the same
@@ -348,9 +353,7 @@ TEST(Features, ThreadGroupsGiveTheFeaturesOfOneThread) {
     ev.set_segment(w, dw);
     const QuadratureOptions q;
     auto close = [&](const torch::Tensor& got, const torch::Tensor& expect, const std::string& what) {
-      ASSERT_EQ(got.sizes(), expect.sizes()) << c.name() << " " << what;
-      EXPECT_LE((got - expect).abs().max().item<double>(), 1e-12 * std::max(1.0, expect.abs().max().item<double>()))
-          << c.name() << " " << what;
+      expect_close(got, expect, c.name() + " " + what);
     };
     TestFeatures one;
     {
