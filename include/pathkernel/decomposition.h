@@ -80,6 +80,12 @@ struct DecompositionOptions {
   /// run allows it (PathReader::set_replay_ahead): the same steps, bit for
   /// bit, with the replay's time hidden behind the walk's.
   bool replay_ahead = true;
+  /// The reverse walk forms step s−1's training side (the batch's signals,
+  /// per-sample gradients and c_s G_s) on a thread of its own while it
+  /// works on step s's test points, where it has two threads or more and
+  /// the route takes points concurrently: the same values as formed in
+  /// turn, with the training side's time behind the test side's.
+  bool training_ahead = true;
   /// Test points computed together (fewer when the memory budget says so);
   /// 0: automatic, 32 for a network of Linear layers on flat inputs and 4
   /// for others (the fastest measured for each, BENCHMARKS.md).

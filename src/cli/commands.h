@@ -95,6 +95,7 @@ struct QuadratureArgs {
   uint64_t memory = static_cast<uint64_t>(DecompositionOptions{}.memory_doubles) * sizeof(double);
   std::string route = "auto";  ///< TorchScript modules: auto or generic
   std::string replay = "ahead";  ///< ahead or in-turn (DecompositionOptions::replay_ahead)
+  std::string training_side = "ahead";  ///< ahead or in-turn (DecompositionOptions::training_ahead)
   const Globals* globals = nullptr;  ///< for --quiet
   /// Declares --quadrature, --tol, --gauss-nodes, --pieces, --kinks, --last-site, --point-block, --memory and --route on cmd.
   void add_to(CLI::App* cmd, const Globals& g);

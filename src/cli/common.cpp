@@ -71,6 +71,12 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
                   "that changes no bit: a run trained on one thread, or one that stores every step) or in-turn")
       ->check(CLI::IsMember({"ahead", "in-turn"}))
       ->capture_default_str();
+  cmd->add_option("--training-side", training_side,
+                  "Optimizers with a buffer (adam, momentum): ahead (each step's training side, the batch's "
+                  "signals and gradient, formed on a thread of its own while the step after it is decomposed; "
+                  "with two threads or more) or in-turn; the same values either way")
+      ->check(CLI::IsMember({"ahead", "in-turn"}))
+      ->capture_default_str();
 }
 
 DecompositionOptions QuadratureArgs::options() const {
@@ -87,6 +93,7 @@ DecompositionOptions QuadratureArgs::options() const {
   options.quadrature.route = route == "generic" ? ModuleRoute::Generic : ModuleRoute::Auto;
   options.point_block = point_block;
   options.replay_ahead = replay == "ahead";
+  options.training_ahead = training_side == "ahead";
   PK_CHECK(memory >= 64 * 1024 && memory <= (uint64_t{1} << 50),
            "--memory must be between 64KiB and 1PiB (got " << memory << " bytes)");
   options.memory_doubles = static_cast<int64_t>(memory / sizeof(double));

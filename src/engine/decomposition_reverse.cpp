@@ -3,10 +3,17 @@
 // walked backwards with a dense test-side accumulator per point.
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <future>
+#include <memory>
+#include <optional>
 #include <vector>
+
+#include <ATen/Parallel.h>
 
 #include "decomposition_walk.h"
 #include "point_groups.h"
+#include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/progress.h"
 
@@ -127,6 +134,21 @@ struct ReverseChunk {
   int64_t steps_done = 0;
 };
 
+/// A step whose training side (Walk::batch) is formed on another thread
+/// while the walk works on the step after it: the step (its tensors shared
+/// with the reader's) and the batch to come. Waits for the task when it
+/// goes, so that none outlives the walk.
+struct StepAhead {
+  PathStep st;
+  std::future<Walk::Batch> batch;
+  StepAhead() = default;
+  StepAhead(const StepAhead&) = delete;
+  StepAhead& operator=(const StepAhead&) = delete;
+  ~StepAhead() {
+    if (batch.valid()) batch.wait();
+  }
+};
+
 /// What step s gives every block of test points: its batch, d_s = c_s G_s +
 /// λ_c w_s, the update's coefficients, the buffer b_s (undefined without one)
 /// and the update's residual e_s.
@@ -158,7 +180,9 @@ class ReverseWalk {
         K_(w.K),
         P_(m_.parameter_count),
         beta_(rule.beta()),
-        lambda_(rule.coupled_decay()) {}
+        lambda_(rule.coupled_decay()),
+        ahead_(options.training_ahead && current_threads() >= 2 && w.ev.path_route().concurrent_points() &&
+               !w.ev.path_route().couples_batch()) {}
 
   /// Walks the path backwards for the chunk of test points starting at c0,
   /// from the saved progress `resumed` when it stopped in this chunk.
@@ -177,10 +201,26 @@ class ReverseWalk {
     const auto replay_start = std::chrono::steady_clock::now();
     {
       ReplayAheadScope ahead(reader_, options_.replay_ahead);
+      // Forming step s−1's training side while step s's test points are
+      // worked on: the two steps' training rows are kept at once, and
+      // OpenBLAS (one count for the process) runs on one thread for both.
+      std::optional<BlasThreads> one_blas;
+      if (ahead_) {
+        one_blas.emplace(1);
+        w_.keep_two_steps(true);
+        (void)w_.ahead_evaluator();  // made here, not on the task's thread
+      }
+      std::unique_ptr<StepAhead> held;  // formed ahead, walked next
       reader_.reverse([&](const PathStep& st) {
         if (st.step >= skip_from) return;
-        w_.clock.step([&] { step(st, ch, residuals); });
+        if (!ahead_) return w_.clock.step([&] { step(st, nullptr, ch, residuals); });
+        std::unique_ptr<StepAhead> next = form_ahead(st);
+        if (held) w_.clock.step([&] { step(held->st, held.get(), ch, residuals); });
+        held = std::move(next);
       });
+      if (held) w_.clock.step([&] { step(held->st, held.get(), ch, residuals); });
+      held.reset();
+      w_.keep_two_steps(false);
     }
     reader_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - replay_start).count();
     ahead_seconds += reader_.replay_ahead_seconds();
@@ -197,10 +237,12 @@ class ReverseWalk {
   /// thread done with its point takes the next instead of waiting for the
   /// rest of its block; with an observer, one block's groups at a time,
   /// which keep their features until it has seen them.
-  void step(const PathStep& st, ReverseChunk& ch, ReverseResiduals& residuals) {
+  void step(const PathStep& st, StepAhead* ahead, ReverseChunk& ch, ReverseResiduals& residuals) {
     w_.ev.set_segment(st.w, st.delta);
     w_.hold_statistics(st);  // μ_s: the segment is g(w_s + t Δw_s, μ_s; x)
-    const ReverseStep t = step_terms(st);
+    // G_s from the chunks the contractions take
+    const ReverseStep t =
+        step_terms(st, ahead ? ahead->batch.get() : w_.batch(reader_, st, false, options_.train_chunk));
     if (ch.c0 == 0) {  // the steps' residuals, once (they do not depend on the test points)
       residuals.visit(st.step, max_abs(t.residual), update_bound(m_, st), t.buf,
                       t.buf.defined() ? t.c.gamma * t.dvec : torch::Tensor());
@@ -224,9 +266,32 @@ class ReverseWalk {
     }
   }
 
-  ReverseStep step_terms(const PathStep& st) {
+  /// Step st's training side, formed on a task of LibTorch's inter-op pool
+  /// by the walk's second evaluator (one OpenMP thread: the walk's own
+  /// thread keeps its count).
+  std::unique_ptr<StepAhead> form_ahead(const PathStep& st) {
+    auto ahead = std::make_unique<StepAhead>();
+    ahead->st = st;
+    auto promise = std::make_shared<std::promise<Walk::Batch>>();
+    ahead->batch = promise->get_future();
+    const PathStep* s = &ahead->st;  // stays where it is: ahead is held by pointer
+    at::launch([this, promise, s] {
+      try {
+        (void)torch::get_num_threads();  // as run_point_groups: query, then set one
+        OpenMpThreads single(1);
+        SegmentEvaluator& at = w_.ahead_evaluator();
+        at.set_segment(s->w, s->delta);
+        promise->set_value(w_.batch(reader_, *s, false, options_.train_chunk, &at));
+      } catch (...) {
+        promise->set_exception(std::current_exception());
+      }
+    });
+    return ahead;
+  }
+
+  ReverseStep step_terms(const PathStep& st, Walk::Batch bt) {
     ReverseStep t;
-    t.bt = w_.batch(reader_, st, false, options_.train_chunk);  // G_s from the chunks the contractions take
+    t.bt = std::move(bt);
     t.dvec = t.bt.gradient + lambda_ * st.w;  // d_s = c_s G_s + λ_c w_s
     t.c = rule_.step(st.step, st.lr, st.w, st.state);
     t.buf = rule_.buffer(st.state);
@@ -300,6 +365,8 @@ class ReverseWalk {
   const PointBudget budget_;
   const int64_t workers_, chunk_, K_, P_;
   const double beta_, lambda_;
+  /// Whether each step's training side is formed ahead (training_ahead).
+  const bool ahead_;
 };
 
 }  // namespace

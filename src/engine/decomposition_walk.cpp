@@ -113,7 +113,24 @@ Walk::Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOpt
       gradient_from_signals(!captured && !ev.path_route().couples_batch() &&
                             layers_hold_every_parameter(ev, m.parameter_count)),
       layout(parameter_layout(net64)),
-      keep_doubles(options.memory_doubles / 4) {}
+      keep_doubles(options.memory_doubles / 4),
+      network_options(m.network_options(options.position)),
+      route(options.quadrature.route) {}
+
+SegmentEvaluator& Walk::ahead_evaluator() {
+  if (!ahead_ev) {
+    ahead64 = engine_network(network_options);
+    ahead_ev = std::make_unique<SegmentEvaluator>(ahead64, route);
+  }
+  return *ahead_ev;
+}
+
+void Walk::KeptStep::hold(int64_t s) {
+  if (step == s) return;
+  chunks.clear();
+  doubles = 0;
+  step = s;
+}
 
 TimeSplit WalkClock::split(double reader_seconds) const {
   const auto seconds = [this](Part p) { return static_cast<double>(nanoseconds_[p].load()) * 1e-9; };
@@ -125,7 +142,8 @@ TimeSplit WalkClock::split(double reader_seconds) const {
   return t;
 }
 
-Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x, int64_t signal_chunk) {
+Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x, int64_t signal_chunk,
+                        const SegmentEvaluator* at) {
   const bool from_signals = !captured && signal_chunk > 0 && gradient_from_signals;
   Batch out;
   {
@@ -140,18 +158,19 @@ Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x, int
     if (captured) out.gradient = st.gradient;
     else if (!from_signals) out.gradient = mean_gradient(grad64, m, st, out.xb, out.yb, out.wb);
   }
-  if (from_signals) out.gradient = signals_gradient(st, out, signal_chunk);  // timed by chunk_signals
+  if (from_signals) out.gradient = signals_gradient(st, out, signal_chunk, at ? *at : ev);  // timed by chunk_signals
   return out;
 }
 
-torch::Tensor Walk::signals_gradient(const PathStep& st, const Batch& bt, int64_t chunk) const {
+torch::Tensor Walk::signals_gradient(const PathStep& st, const Batch& bt, int64_t chunk,
+                                     const SegmentEvaluator& at) const {
   PK_ASSERT(gradient_from_signals && chunk > 0);
   torch::Tensor g = torch::zeros({m.parameter_count}, torch::kFloat64);
   for (int64_t r0 = 0; r0 < bt.b; r0 += chunk) {
     const int64_t nr = std::min(chunk, bt.b - r0);
     const DropoutStep dropout(m.init_seed, st.step);  // as train_chunks: the step's masks
-    const TrainSignals t = chunk_signals(st, bt, r0, nr);
-    for (size_t l = 0; l < ev.param_layers().size(); ++l) add_layer_gradient(ev, t, l, g);
+    const TrainSignals t = chunk_signals(st, bt, r0, nr, at);
+    for (size_t l = 0; l < at.param_layers().size(); ++l) add_layer_gradient(at, t, l, g);
   }
   return g.mul_(st.clip / static_cast<double>(bt.b));
 }
@@ -160,30 +179,34 @@ void Walk::hold_statistics(const PathStep& st) {
   if (st.buffers.defined()) set_flat_buffers(net64, st.buffers);
 }
 
-TrainSignals Walk::chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr) const {
+TrainSignals Walk::chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr,
+                                 const SegmentEvaluator& at) const {
   WalkClock::Scope timed(clock, WalkClock::kTrainingSignals);
+  PK_ASSERT(st.step >= 0);
+  if (!two_steps) {  // the other step's rows go
+    KeptStep& other = kept[static_cast<size_t>(1 - st.step % 2)];
+    std::lock_guard<std::mutex> lock(other.mutex);
+    other.hold(-1);
+  }
   // Groups of test points ask concurrently: the first forms a chunk, the
   // others wait and take it if kept.
-  std::lock_guard<std::mutex> lock(kept_mutex);
-  if (kept_step != st.step) {
-    kept.clear();
-    kept_step = st.step;
-    kept_doubles = 0;
-  }
-  const auto found = kept.find({r0, nr});
-  if (found != kept.end()) return found->second;
+  KeptStep& slot = kept[static_cast<size_t>(st.step % 2)];
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  slot.hold(st.step);
+  const auto found = slot.chunks.find({r0, nr});
+  if (found != slot.chunks.end()) return found->second;
   TrainSignals t;
   int64_t doubles = 0;
   if (captured) {
     t = captured_signals(st, r0, nr);  // views of the replay's own
   } else {
-    t = train_signals(ev, bt.xb.narrow(0, r0, nr), bt.yb.narrow(0, r0, nr), map, loss, rows(bt.wb, r0, nr));
+    t = train_signals(at, bt.xb.narrow(0, r0, nr), bt.yb.narrow(0, r0, nr), map, loss, rows(bt.wb, r0, nr));
     for (size_t l = 0; l < t.inputs.size(); ++l) doubles += t.inputs[l].numel() + t.signals[l].numel();
   }
-  doubles += form_sample_gradients(ev, t);
-  if (kept_doubles + doubles <= keep_doubles) {
-    kept.emplace(std::make_pair(r0, nr), t);
-    kept_doubles += doubles;
+  doubles += form_sample_gradients(at, t);
+  if (slot.doubles + doubles <= keep_doubles) {
+    slot.chunks.emplace(std::make_pair(r0, nr), t);
+    slot.doubles += doubles;
   }
   return t;
 }

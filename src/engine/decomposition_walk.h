@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -127,14 +128,18 @@ struct Walk {
   /// With `signal_chunk` > 0, c_s G_s is summed from the batch's training
   /// signals in chunks of that many rows where the route allows
   /// (signals_gradient), and those chunks are kept for the step's contractions.
-  Batch batch(PathReader& reader, const PathStep& st, bool need_x, int64_t signal_chunk = 0);
+  /// `at` evaluates the training rows: an evaluator whose segment starts at
+  /// w_s (ev unless given: the training side formed ahead takes
+  /// ahead_evaluator()).
+  Batch batch(PathReader& reader, const PathStep& st, bool need_x, int64_t signal_chunk = 0,
+              const SegmentEvaluator* at = nullptr);
 
   /// c_s G_s as the sum of the batch's per-sample gradients, layer by layer,
   /// from the training rows' signals in chunks of `chunk` rows (the chunks
   /// the contractions then take, formed once): no forward and backward pass
   /// of its own. Its float64 rounding differs from autograd's, which the
   /// rounding term E holds. Only where gradient_from_signals.
-  torch::Tensor signals_gradient(const PathStep& st, const Batch& bt, int64_t chunk) const;
+  torch::Tensor signals_gradient(const PathStep& st, const Batch& bt, int64_t chunk, const SegmentEvaluator& at) const;
 
   /// Holds step st's running statistics μ_s in the test side's network
   /// (batch_statistics.h): its segment is g(w_s + t Δw_s, μ_s; x). Nothing
@@ -155,7 +160,7 @@ struct Walk {
     for (int64_t r0 = 0; r0 < bt.b; r0 += chunk) {
       const int64_t nr = std::min(chunk, bt.b - r0);
       const DropoutStep dropout(m.init_seed, st.step);
-      const TrainSignals signals = chunk_signals(st, bt, r0, nr);
+      const TrainSignals signals = chunk_signals(st, bt, r0, nr, ev);
       torch::Tensor part;
       {
         WalkClock::Scope timed(clock, WalkClock::kContraction);
@@ -172,8 +177,20 @@ struct Walk {
   /// while they fit in `keep_doubles`, so that the step's other blocks of
   /// test points contract against them without forming them again (a
   /// convolution's per-sample gradients; every signal when they are not the
-  /// replay's).
-  TrainSignals chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr) const;
+  /// replay's). `at`: an evaluator whose segment starts at w_s.
+  TrainSignals chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr,
+                             const SegmentEvaluator& at) const;
+
+  /// A second evaluator of the run's network, for a step's training side
+  /// formed on another thread while ev holds the segment of the step whose
+  /// test points are worked on (the reverse walk's training ahead). Made on
+  /// first use; its segment is the caller's to set.
+  SegmentEvaluator& ahead_evaluator();
+
+  /// Keeps the training rows of two steps at once (the step being
+  /// contracted and the one formed ahead), each within keep_doubles;
+  /// otherwise a step's rows go when the next step's are formed.
+  void keep_two_steps(bool on) { two_steps = on; }
 
   const Manifest& m;
   const torch::Tensor x;
@@ -194,11 +211,25 @@ struct Walk {
   const std::vector<ParamInfo> layout;
   /// Memory for the training rows kept across a step's blocks of test points.
   int64_t keep_doubles = 0;
-  /// The step whose training rows are kept, and its chunks by (first row, rows).
-  mutable int64_t kept_step = -1;
-  mutable std::map<std::pair<int64_t, int64_t>, TrainSignals> kept;
-  mutable int64_t kept_doubles = 0;
-  mutable std::mutex kept_mutex;
+  /// A step's kept training rows: the step, its chunks by (first row, rows)
+  /// and their doubles. The chunks are formed under its mutex.
+  struct KeptStep {
+    std::mutex mutex;
+    int64_t step = -1;
+    std::map<std::pair<int64_t, int64_t>, TrainSignals> chunks;
+    int64_t doubles = 0;
+    /// Holds step s from now on (its chunks emptied if it held another).
+    void hold(int64_t s);
+  };
+  /// By the parity of the step: the step contracted and the one formed
+  /// ahead never share one.
+  mutable std::array<KeptStep, 2> kept;
+  bool two_steps = false;
+  /// What ahead_evaluator() makes its network and route from.
+  const NetworkOptions network_options;
+  const ModuleRoute route;
+  Network ahead64{nullptr};
+  std::unique_ptr<SegmentEvaluator> ahead_ev;
   /// Where the walk's time goes.
   mutable WalkClock clock;
 };

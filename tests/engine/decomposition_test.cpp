@@ -332,6 +332,53 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
   }
 }
 
+// With two threads the reverse walk forms step s−1's training side (the
+// batch's signals, per-sample gradients and c_s G_s) on a task of its own,
+// by a second evaluator, while it works on step s's test points
+// (DecompositionOptions::training_ahead): the decomposition is the one
+// formed in turn, contributions by layer included, for recomputed and
+// replayed signals, on a CNN (per-sample gradients kept for two steps at
+// once) and an MLP. Breaking the step the task evaluates at (the test
+// side's evaluator, a step later) fails it.
+TEST(TrainingAhead, GivesTheDecompositionFormedInTurn) {
+  struct Case {
+    std::string optimizer, data, model;
+  };
+  for (const Case& c : {Case{"adam", "mnist", "cnn:2,3"}, Case{"momentum", "gaussians3", "mlp:6,5"}}) {
+    testing::TempDir dir(c.optimizer);
+    RunOptions r = testing::small_run(dir / "run", c.optimizer, 5, 2);
+    r.data.spec = c.data;
+    r.data.train_size = 40;
+    r.data.test_size = 10;
+    r.model = c.model;
+    train_run(r);
+    PathReader reader(r.out);
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    for (const bool replay_signals : {true, false}) {
+      auto walk = [&](bool ahead) {
+        ThreadScope scope(2);
+        DecompositionOptions o;
+        o.progress = false;
+        o.train_chunk = 7;
+        o.by_layer = true;
+        o.replay_signals = replay_signals;
+        o.training_ahead = ahead;
+        return decompose(reader, x, o);
+      };
+      const Decomposition in_turn = walk(false), ahead = walk(true);
+      SCOPED_TRACE(c.optimizer + " " + c.model + (replay_signals ? " replayed" : " recomputed"));
+      const double scale = std::max(1.0, in_turn.contributions.abs().max().item<double>());
+      EXPECT_GT(in_turn.contributions.abs().max().item<double>(), 1e-6);
+      EXPECT_LE((ahead.contributions - in_turn.contributions).abs().max().item<double>(), 1e-12 * scale);
+      EXPECT_LE((ahead.layer_contributions - in_turn.layer_contributions).abs().max().item<double>(), 1e-12 * scale);
+      EXPECT_LE((ahead.rounding - in_turn.rounding).abs().max().item<double>(), 1e-12);
+      EXPECT_LE((ahead.regularization - in_turn.regularization).abs().max().item<double>(), 1e-12);
+      EXPECT_EQ(ahead.evaluations, in_turn.evaluations);
+      EXPECT_LT(summarize(ahead).max_rel_error, 1e-12);
+    }
+  }
+}
+
 // A float32 run is decomposed against the float64 network at its float32
 // weights and inputs (exactly representable in float64): f(w_0), f(w_N) and
 // the rounding term are float64, so the kernel machine matches that network
