@@ -314,23 +314,36 @@ namespace {
 /// when there is one).
 torch::Tensor end_to_end(const std::vector<torch::Tensor>& v) { return v.size() == 1 ? v[0] : torch::cat(v); }
 
-/// Σ_r ω_r s_r c_rᵀ per test point, for a Rows layer's signals s [K, R, out]
-/// and per-row columns c [R, cols]: [K, n, out, cols]. One product per test
-/// point over its rows, so the [K, R, out, cols] outer products (hundreds
-/// of MB for a CNN's last layer) are never formed.
-torch::Tensor point_outer_sums(const TestFeatures& f, const torch::Tensor& s, const torch::Tensor& c) {
+/// point_outer_sums written into dest [n, K, ...] (each point's and
+/// output's out·cols entries contiguous, as in a view of a dense feature
+/// matrix): one product per point and output, in place.
+void point_outer_sums_into(const TestFeatures& f, const torch::Tensor& s, const torch::Tensor& c,
+                           const torch::Tensor& dest) {
   const int64_t K = s.size(0), out = s.size(2), cols = c.size(1), n = f.num_points;
+  PK_ASSERT(dest.dim() >= 3 && dest.size(0) == n && dest.size(1) == K && dest[0][0].numel() == out * cols);
   // Rows grouped by test point (kept rows come round by round, so sort them).
   const torch::Tensor order = std::get<1>(f.point.sort(/*stable=*/true, 0, false));
   const torch::Tensor st = s.index_select(1, order).permute({0, 2, 1});                // [K, out, R]
   const torch::Tensor ct = (c * f.weight.view({-1, 1})).index_select(0, order);         // [R, cols]
   const torch::Tensor counts = torch::bincount(f.point, {}, n);
   auto cnt = counts.accessor<int64_t, 1>();
-  torch::Tensor sums = torch::zeros({K, n, out, cols}, s.options());
   for (int64_t p = 0, first = 0; p < n; first += cnt[p], ++p) {
-    if (cnt[p] == 0) continue;
-    sums.select(1, p).copy_(torch::matmul(st.narrow(2, first, cnt[p]), ct.narrow(0, first, cnt[p])));
+    for (int64_t k = 0; k < K; ++k) {
+      torch::Tensor to = dest[p][k].view({out, cols});  // in place: its rows laid out as the product's
+      if (cnt[p] == 0) to.zero_();
+      else torch::mm_out(to, st[k].narrow(1, first, cnt[p]), ct.narrow(0, first, cnt[p]));
+    }
   }
+}
+
+/// Σ_r ω_r s_r c_rᵀ per test point, for a Rows layer's signals s [K, R, out]
+/// and per-row columns c [R, cols]: [K, n, out, cols]. One product per test
+/// point over its rows, so the [K, R, out, cols] outer products (hundreds
+/// of MB for a CNN's last layer) are never formed.
+torch::Tensor point_outer_sums(const TestFeatures& f, const torch::Tensor& s, const torch::Tensor& c) {
+  const int64_t K = s.size(0), out = s.size(2), cols = c.size(1), n = f.num_points;
+  torch::Tensor sums = torch::empty({K, n, out, cols}, s.options());
+  point_outer_sums_into(f, s, c, sums.transpose(0, 1));
   return sums;
 }
 
@@ -465,7 +478,12 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
 
 torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f) {
   const int64_t n = f.num_points, K = ev.num_outputs();
-  torch::Tensor out = torch::zeros({n, K, ev.parameter_count()}, f.f0.options());
+  // Each layer writes its own parameters' entries: zeros only where a
+  // parameter belongs to none.
+  int64_t held = 0;
+  for (const ParamLayer& pl : ev.param_layers()) held += pl.weight_numel + pl.bias_numel;
+  torch::Tensor out = held == ev.parameter_count() ? torch::empty({n, K, held}, f.f0.options())
+                                                   : torch::zeros({n, K, ev.parameter_count()}, f.f0.options());
   for (size_t l = 0; l < ev.param_layers().size(); ++l) {
     const ParamLayer& pl = ev.param_layers()[l];
     torch::Tensor weight, bias;  // [K, n, weight_numel], [K, n, out]
@@ -479,12 +497,12 @@ torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f) 
         weight = (lf.signals.unsqueeze(3) * lf.inputs.unsqueeze(0).unsqueeze(2)).flatten(2);
         bias = lf.signals;
         break;
-      case Form::Rows:
-        weight = point_outer_sums(f, lf.signals, lf.inputs).flatten(2);  // [K, n, out·in]
+      case Form::Rows:  // the products written in place: no [K, n, out·in] formed and copied
+        point_outer_sums_into(f, lf.signals, lf.inputs, out.narrow(2, pl.weight_offset, pl.weight_numel));
         bias = aggregate(f, lf.signals);
         break;
     }
-    out.narrow(2, pl.weight_offset, pl.weight_numel).copy_(weight.transpose(0, 1));
+    if (weight.defined()) out.narrow(2, pl.weight_offset, pl.weight_numel).copy_(weight.transpose(0, 1));
     if (pl.bias_numel) out.narrow(2, pl.bias_offset, pl.bias_numel).copy_(bias.transpose(0, 1));
   }
   return out;
