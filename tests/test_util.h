@@ -189,4 +189,16 @@ inline RunOptions small_run(const std::string& out, const std::string& optimizer
   return r;
 }
 
+/// small_run of `model` on 40 training points of `data` and `test_size` test points.
+inline RunOptions small_run_of(const std::string& out, const std::string& optimizer, const std::string& data,
+                               const std::string& model, int64_t steps, int64_t checkpoint_every,
+                               int64_t test_size) {
+  RunOptions r = small_run(out, optimizer, steps, checkpoint_every);
+  r.data.spec = data;
+  r.data.train_size = 40;
+  r.data.test_size = test_size;
+  r.model = model;
+  return r;
+}
+
 }  // namespace pathkernel::testing

@@ -242,11 +242,7 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
                         Case{"sgd", "mnist", "cnn:2,3"}, Case{"momentum", "gaussians3", "mlp:6,5"},
                         Case{"adam", "mnist", "cnn:2,3"}}) {
     testing::TempDir dir(c.optimizer);
-    RunOptions r = testing::small_run(dir / "run", c.optimizer, 4, 2);
-    r.data.spec = c.data;
-    r.data.train_size = 40;
-    r.data.test_size = 40;
-    r.model = c.model;
+    RunOptions r = testing::small_run_of(dir / "run", c.optimizer, c.data, c.model, 4, 2, 40);
     r.train.optimizer.weight_decay = 1e-2;
     train_run(r);
     PathReader reader(r.out);
@@ -346,11 +342,7 @@ TEST(TrainingAhead, GivesTheDecompositionFormedInTurn) {
   };
   for (const Case& c : {Case{"adam", "mnist", "cnn:2,3"}, Case{"momentum", "gaussians3", "mlp:6,5"}}) {
     testing::TempDir dir(c.optimizer);
-    RunOptions r = testing::small_run(dir / "run", c.optimizer, 5, 2);
-    r.data.spec = c.data;
-    r.data.train_size = 40;
-    r.data.test_size = 10;
-    r.model = c.model;
+    RunOptions r = testing::small_run_of(dir / "run", c.optimizer, c.data, c.model, 5, 2, 10);
     train_run(r);
     PathReader reader(r.out);
     const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);

@@ -104,11 +104,7 @@ TEST(LayerSplit, SumsToTheContributionsOnBothWalks) {
                         Case{"adamw", "gaussians3", "mlp:6"},
                         Case{"sgd", "mnist", "cnn:2,3"}, Case{"nesterov", "mnist", "cnn:2,3"}}) {
     testing::TempDir dir(c.optimizer);
-    RunOptions r = testing::small_run(dir / "run", c.optimizer, 4, 2);
-    r.data.spec = c.data;
-    r.data.train_size = 40;
-    r.data.test_size = 10;
-    r.model = c.model;
+    RunOptions r = testing::small_run_of(dir / "run", c.optimizer, c.data, c.model, 4, 2, 10);
     r.train.optimizer.weight_decay = 1e-2;
     train_run(r);
     PathReader reader(r.out);
