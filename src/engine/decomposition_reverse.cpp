@@ -210,15 +210,18 @@ class ReverseWalk {
         w_.keep_two_steps(true);
         (void)w_.ahead_evaluator();  // made here, not on the task's thread
       }
+      auto walk = [&](const PathStep& st, StepAhead* ahead) {
+        w_.clock.step([&] { step(st, ahead, ch, residuals); });
+      };
       std::unique_ptr<StepAhead> held;  // formed ahead, walked next
       reader_.reverse([&](const PathStep& st) {
         if (st.step >= skip_from) return;
-        if (!ahead_) return w_.clock.step([&] { step(st, nullptr, ch, residuals); });
+        if (!ahead_) return walk(st, nullptr);
         std::unique_ptr<StepAhead> next = form_ahead(st);
-        if (held) w_.clock.step([&] { step(held->st, held.get(), ch, residuals); });
+        if (held) walk(held->st, held.get());
         held = std::move(next);
       });
-      if (held) w_.clock.step([&] { step(held->st, held.get(), ch, residuals); });
+      if (held) walk(held->st, held.get());
       held.reset();
       w_.keep_two_steps(false);
     }

@@ -104,18 +104,18 @@ Walk::Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOpt
       n(x.size(0)),
       M(x_train.size(0)),
       K(m.num_classes),
-      grad64(engine_network(m.network_options(options.position))),
-      net64(engine_network(m.network_options(options.position))),
-      ev(net64, options.quadrature.route),
+      network_options(m.network_options(options.position)),
+      route(options.quadrature.route),
+      grad64(engine_network(network_options)),
+      net64(engine_network(network_options)),
+      ev(net64, route),
       map(grad64->options().output),
       loss(grad64->options().loss),
       captured(use_capture(m, options)),
       gradient_from_signals(!captured && !ev.path_route().couples_batch() &&
                             layers_hold_every_parameter(ev, m.parameter_count)),
       layout(parameter_layout(net64)),
-      keep_doubles(options.memory_doubles / 4),
-      network_options(m.network_options(options.position)),
-      route(options.quadrature.route) {}
+      keep_doubles(options.memory_doubles / 4) {}
 
 SegmentEvaluator& Walk::ahead_evaluator() {
   if (!ahead_ev) {

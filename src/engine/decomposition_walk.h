@@ -112,8 +112,9 @@ class WalkClock {
 /// What both walks of the path share: the test points in float64, the
 /// training set (a batch's rows taken to float64 as needed), two float64
 /// networks of the run's own (the reader's is busy replaying the path: one
-/// for the batch gradient, one for the evaluator) and whether the replay's
-/// captured signals serve the contractions.
+/// for the batch gradient, one for the evaluator; a third, made on demand,
+/// for the training side formed ahead) and whether the replay's captured
+/// signals serve the contractions.
 struct Walk {
   Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options);
 
@@ -197,6 +198,9 @@ struct Walk {
   const torch::Tensor& x_train;
   const torch::Tensor& y_train;
   const int64_t n, M, K;
+  /// What the networks and evaluators are made from.
+  const NetworkOptions network_options;
+  const ModuleRoute route;
   Network grad64, net64;
   SegmentEvaluator ev;
   const OutputMap map;
@@ -225,9 +229,6 @@ struct Walk {
   /// ahead never share one.
   mutable std::array<KeptStep, 2> kept;
   bool two_steps = false;
-  /// What ahead_evaluator() makes its network and route from.
-  const NetworkOptions network_options;
-  const ModuleRoute route;
   Network ahead64{nullptr};
   std::unique_ptr<SegmentEvaluator> ahead_ev;
   /// Where the walk's time goes.
