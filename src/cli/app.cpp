@@ -1,9 +1,11 @@
 // The application object: global options and subcommand registration.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <sstream>
 
 #include "commands.h"
+#include "op_profile.h"
 #include "pathkernel/context.h"
 #include "pathkernel/version.h"
 
@@ -62,6 +64,8 @@ int run(int argc, char** argv) {
                         " ranks): only explain, verify, gram and evaluate split their work across ranks");
     });
   }
+  // PATHKERNEL_OP_PROFILE=FILE: where the command's time goes, by LibTorch operation.
+  const std::unique_ptr<OpProfile> profile = op_profile_from_environment();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -390,7 +390,7 @@ std::vector<RankedPoint> ranked_points(const torch::Tensor& c, const torch::Tens
   std::vector<RankedPoint> out;
   for (int64_t j = 0; j < index.size(0); ++j) {
     const int64_t i = index[j].item<int64_t>();
-    out.push_back({i, label_at(labels, i), values[j].item<double>(), {}});
+    out.push_back({i, label_at(labels, i), values[j].item<double>(), {}, {}});
   }
   return out;
 }

@@ -1,0 +1,161 @@
+#include "op_profile.h"
+
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <tuple>
+#include <vector>
+
+#include "pathkernel/files.h"
+
+namespace pathkernel::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// The operations in progress on one thread, outermost first.
+struct OpenOp {
+  const char* name;
+  Clock::time_point start;
+};
+
+struct Totals {
+  int64_t calls = 0;
+  double seconds = 0;
+};
+
+/// The shapes of an operation's tensor inputs, e.g. "[15, 16, 14, 14] [64, 16, 3, 3]".
+std::string input_shapes(const at::RecordFunction& fn) {
+  std::ostringstream out;
+  for (const c10::IValue& v : fn.inputs()) {
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    out << (out.tellp() > 0 ? " " : "") << v.toTensor().sizes();
+  }
+  return out.str();
+}
+
+}  // namespace
+
+struct OpProfile::Tally {
+  std::mutex mutex;
+  std::atomic<int> threads{0};
+  /// (thread, operation) -> totals, of operations called from outside any other.
+  std::map<std::pair<int, std::string>, Totals> outer;
+  /// (thread, operation, input shapes) -> totals, of the same operations.
+  std::map<std::tuple<int, std::string, std::string>, Totals> by_shape;
+};
+
+namespace {
+
+OpProfile::Tally* active = nullptr;  // the one profile's tally, while it lives
+int generation = 0;                  // profiles begun in this process
+
+struct ThreadState {
+  int generation = 0;  // the profile the rest is of
+  int thread = -1;
+  std::vector<OpenOp> open;
+  std::string shapes;  // the outermost operation's input shapes
+};
+thread_local ThreadState state;
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (active == nullptr) return nullptr;
+  if (state.generation != generation) {
+    state = ThreadState();
+    state.generation = generation;
+  }
+  if (state.thread < 0) state.thread = active->threads++;
+  if (state.open.empty()) state.shapes = input_shapes(fn);
+  state.open.push_back({fn.name(), Clock::now()});
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction&, at::ObserverContext*) {
+  if (active == nullptr || state.open.empty()) return;  // after the profile, or started before it
+  const OpenOp op = state.open.back();
+  state.open.pop_back();
+  if (!state.open.empty()) return;
+  const double seconds = std::chrono::duration<double>(Clock::now() - op.start).count();
+  std::lock_guard<std::mutex> lock(active->mutex);
+  Totals& t = active->outer[{state.thread, op.name}];
+  ++t.calls;
+  t.seconds += seconds;
+  Totals& s = active->by_shape[{state.thread, op.name, state.shapes}];
+  ++s.calls;
+  s.seconds += seconds;
+}
+
+/// Rows "seconds calls thread operation [shapes]", costliest first, at most `limit`.
+template <typename Key>
+void write_rows(std::ostringstream& out, const std::map<Key, Totals>& totals, size_t limit,
+                std::string (*label)(const Key&)) {
+  std::vector<std::pair<const Key*, const Totals*>> rows;
+  for (const auto& [key, t] : totals) rows.push_back({&key, &t});
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second->seconds > b.second->seconds; });
+  char line[64];
+  for (size_t i = 0; i < rows.size() && i < limit; ++i) {
+    std::snprintf(line, sizeof line, "%10.3f %9lld  ", rows[i].second->seconds,
+                  static_cast<long long>(rows[i].second->calls));
+    out << line << label(*rows[i].first) << "\n";
+  }
+}
+
+std::string outer_label(const std::pair<int, std::string>& k) {
+  return "thread " + std::to_string(k.first) + "  " + k.second;
+}
+
+std::string shape_label(const std::tuple<int, std::string, std::string>& k) {
+  return "thread " + std::to_string(std::get<0>(k)) + "  " + std::get<1>(k) + "  " + std::get<2>(k);
+}
+
+}  // namespace
+
+OpProfile::OpProfile(std::string path) : path_(std::move(path)), tally_(std::make_unique<Tally>()) {
+  ++generation;
+  active = tally_.get();
+  handle_ = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end).needsInputs(true));
+}
+
+OpProfile::~OpProfile() {
+  active = nullptr;  // operations still running on other threads count no more
+  at::removeCallback(handle_);
+  std::ostringstream out;
+  {
+    std::lock_guard<std::mutex> lock(tally_->mutex);
+    std::map<int, Totals> per_thread;
+    for (const auto& [key, t] : tally_->outer) {
+      per_thread[key.first].calls += t.calls;
+      per_thread[key.first].seconds += t.seconds;
+    }
+    out << "# pathkernel operation profile: LibTorch operations called from outside any other, per thread\n"
+        << "# (0: the program's own thread; others in the order they first ran one)\n"
+        << "# seconds     calls  thread  operation\n";
+    for (const auto& [thread, t] : per_thread) {
+      out << "# thread " << thread << ": " << t.calls << " operations, " << t.seconds << " s\n";
+    }
+    write_rows(out, tally_->outer, 200, outer_label);
+    out << "\n# the same by their inputs' shapes\n";
+    write_rows(out, tally_->by_shape, 200, shape_label);
+  }
+  try {
+    write_file_atomic(path_, out.str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pathkernel: warning: the operation profile was not written: %s\n", e.what());
+  }
+}
+
+std::unique_ptr<OpProfile> op_profile_from_environment() {
+  const char* path = std::getenv("PATHKERNEL_OP_PROFILE");
+  if (path == nullptr || *path == '\0') return nullptr;
+  return std::make_unique<OpProfile>(path);
+}
+
+}  // namespace pathkernel::cli

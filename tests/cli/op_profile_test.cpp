@@ -1,0 +1,63 @@
+// The operation profile (src/cli/op_profile.cpp): each operation pathkernel
+// calls counted once, on its thread, with the operations it runs inside it
+// left out; the file written when the profile ends.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "../../src/cli/op_profile.h"
+#include "../test_util.h"
+#include "pathkernel/files.h"
+
+namespace pathkernel::cli {
+namespace {
+
+using testing::TempDir;
+
+/// The calls the profile's first table gives `op` on `thread` (0: none listed).
+long long calls_of(const std::string& profile, int thread, const std::string& op) {
+  std::istringstream in(profile);
+  std::string line;
+  const std::string key = "thread " + std::to_string(thread) + "  " + op;
+  while (std::getline(in, line) && line.rfind("# the same by", 0) != 0) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t at = line.find(key);
+    if (at == std::string::npos || at + key.size() != line.size()) continue;
+    double seconds = 0;
+    long long calls = 0;
+    std::istringstream(line) >> seconds >> calls;
+    return calls;
+  }
+  return 0;
+}
+
+TEST(OpProfile, CountsEachOuterOperationOnItsThread) {
+  TempDir dir("op_profile");
+  const std::string path = dir / "ops.txt";
+  const torch::Tensor a = torch::randn({40, 30}, torch::kFloat64), b = torch::randn({30, 20}, torch::kFloat64);
+  {
+    OpProfile profile(path);
+    for (int i = 0; i < 3; ++i) (void)torch::mm(a, b);
+    (void)torch::matmul(a, b);  // runs aten::mm inside: one matmul, no mm more
+    std::thread other([&] {
+      for (int i = 0; i < 2; ++i) (void)torch::mm(a, b);
+    });
+    other.join();
+  }
+  const std::string profile = read_file(path);
+  EXPECT_EQ(calls_of(profile, 0, "aten::mm"), 3) << profile;
+  EXPECT_EQ(calls_of(profile, 0, "aten::matmul"), 1) << profile;
+  EXPECT_EQ(calls_of(profile, 1, "aten::mm"), 2) << profile;
+  EXPECT_NE(profile.find("aten::mm  [40, 30] [30, 20]"), std::string::npos) << profile;
+}
+
+TEST(OpProfile, IsOffWithoutItsEnvironmentVariable) {
+  ::unsetenv("PATHKERNEL_OP_PROFILE");
+  EXPECT_EQ(op_profile_from_environment(), nullptr);
+}
+
+}  // namespace
+}  // namespace pathkernel::cli
