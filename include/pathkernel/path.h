@@ -21,9 +21,12 @@
 // All weight vectors are flat float64 [P] in the manifest's parameter order.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -101,6 +104,15 @@ std::string replay_drift_message(const ReplayDrift& drift, double weight_scale);
 /// there are none, that the environments agree, so the run's files changed.
 std::string replay_mismatch_reason(const Manifest& manifest, const std::vector<std::string>& differences);
 
+/// Thrown by forward() when it replays ahead, on one thread, a run trained
+/// on several (PathReader::set_replay_ahead) and a checkpoint is not
+/// reproduced bit for bit that way: the steps of its segment already handed
+/// on were not the run's. The caller walks again with the replay in turn;
+/// step_verified() told it which steps it could keep.
+struct ReplayOnOneThreadDiffers : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class PathReader {
  public:
   /// Opens a run: reads and validates the manifest against the files, reloads
@@ -165,16 +177,33 @@ class PathReader {
   /// the caller's work (forward: up to two steps; reverse: the next
   /// segment while the caller walks one), where that changes no bit of
   /// either: a caller of two threads or more (one more thread than its
-  /// own), and a run trained on one thread (OpenBLAS's count, the
-  /// process's, then stays at one for both while they run) or one that
-  /// stores every step (nothing replayed), with OpenBLAS's kernels not
-  /// switched between the replay and the caller (blas_switch.h). Elsewhere
-  /// they replay in turn with fn, as without it. fn may call batch() and
-  /// the const methods meanwhile, not other replaying ones.
+  /// own), with OpenBLAS's kernels not switched between the replay and the
+  /// caller (blas_switch.h), OpenBLAS's count, the process's, held at one
+  /// for both while they run. So the replay runs on one thread: a run
+  /// trained on one, or one that stores every step (nothing replayed),
+  /// always; a run trained on several (not a recorded loop's, whose replay
+  /// rejoins its checkpoints) when one thread reproduces its shortest
+  /// segment bit for bit, checked once. Every checkpoint is still compared:
+  /// in reverse() a segment is handed on only once reproduced, and from
+  /// the first one thread does not reproduce the rest replay in turn at the
+  /// run's count; forward() hands each step on as it comes and throws
+  /// ReplayOnOneThreadDiffers there (step_verified). Elsewhere they replay
+  /// in turn with fn, as without it. fn may call batch() and the const
+  /// methods meanwhile, not other replaying ones.
   void set_replay_ahead(bool on) { ahead_ = on; }
   /// Whether forward() and reverse() replay ahead (set_replay_ahead, and
-  /// the run and the caller's threads allow it).
-  bool replays_ahead() const;
+  /// the run and the caller's threads allow it). For a run of several
+  /// threads, the first call replays its shortest segment on one thread.
+  bool replays_ahead();
+  /// Whether step s, handed on by the forward() in progress, is known to be
+  /// the run's: false only while a run of several threads is replayed ahead
+  /// on one and s's checkpoint segment is not compared yet. Progress a
+  /// caller saves for a later resume should end at such a step.
+  bool step_verified(int64_t s) const { return !forward_on_one_thread_ || s < verified_end_->load(); }
+  /// For tests of the replay of a run of several threads on one: segment
+  /// k's replay on one thread counts as not reproducing its checkpoint (-1:
+  /// none; the check of the shortest segment included).
+  void set_one_thread_differs_at(int64_t k) { one_thread_differs_at_ = k; }
   /// The seconds the last forward() replayed on its own thread; 0 when it
   /// replayed in turn with fn.
   double replay_ahead_seconds() const { return ahead_seconds_; }
@@ -208,6 +237,17 @@ class PathReader {
   /// segments (the one walked and the next).
   void forward_ahead(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end);
   void reverse_ahead(const std::function<void(const PathStep&)>& fn);
+  /// reverse() with the replay in turn with fn, of segments 0 .. segments-1
+  /// (the last first).
+  void reverse_in_turn(const std::function<void(const PathStep&)>& fn, size_t segments);
+  /// Whether a replay ahead runs on one thread a run trained on several.
+  bool replays_on_one_thread() const { return manifest_.threads > 1 && !manifest_.recorded; }
+  /// Whether one thread reproduces the run's shortest segment bit for bit
+  /// (replayed once, then remembered).
+  bool one_thread_reproduces();
+  /// Whether segment k, replayed on one thread, reproduced its checkpoint
+  /// (diff: its max |diff| there).
+  bool one_thread_reproduced(size_t k, double diff) const;
   /// A run recorded with every step stored: nothing is replayed.
   bool stores_every_step() const { return manifest_.recorded && !replays_recorded(); }
   torch::Tensor batch_indices(int64_t s);
@@ -237,6 +277,12 @@ class PathReader {
   bool capture_ = false;
   bool ahead_ = false;
   double ahead_seconds_ = 0;
+  int replay_threads_ = 0;  ///< the replay's OpenMP count: the run's (0), or one (replays_on_one_thread)
+  std::optional<bool> one_thread_reproduces_;
+  bool forward_on_one_thread_ = false;  ///< a forward() replaying a run of several threads on one, ahead
+  /// The steps before it are verified (step_verified); written by the replay's thread.
+  std::unique_ptr<std::atomic<int64_t>> verified_end_ = std::make_unique<std::atomic<int64_t>>(0);
+  int64_t one_thread_differs_at_ = -1;
   torch::Tensor clip_;  ///< c_s of every step, float64 [N]
   torch::Tensor loss_weights_;  ///< float64 [M], or undefined (all 1)
   /// Compact recorded runs: the drift at checkpoint k+1, per segment k

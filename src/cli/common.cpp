@@ -67,8 +67,9 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
       ->check(CLI::IsMember({"auto", "generic"}))
       ->capture_default_str();
   cmd->add_option("--replay", replay,
-                  "ahead (the path replayed on a thread of its own while the steps before are decomposed, where "
-                  "that changes no bit: a run trained on one thread, or one that stores every step) or in-turn")
+                  "ahead (the path replayed on one thread of its own while the steps before are decomposed, where "
+                  "that changes no bit: a run trained on one thread, one that stores every step, or one that one "
+                  "thread reproduces, checkpoint by checkpoint) or in-turn")
       ->check(CLI::IsMember({"ahead", "in-turn"}))
       ->capture_default_str();
   cmd->add_option("--training-side", training_side,

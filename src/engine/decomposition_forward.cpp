@@ -215,7 +215,9 @@ class ForwardWalk {
       add_step_block(d_, blk_.sums, blk_.rows);
       if (st.step + 1 < end_step_) blk_.open(st.step + 1);
     }
-    if (save_due(checkpoint_, st.step + 1 < end_step_)) {  // forward: one position (chunk n) for all chunks
+    // Saved progress holds only steps the replay has checked against their
+    // checkpoint (PathReader::step_verified): a due save waits for them.
+    if (save_due(checkpoint_, st.step + 1 < end_step_) && reader_.step_verified(st.step)) {  // forward: one position (chunk n) for all chunks
       save_progress(*checkpoint_, d_, w_.n, 0, st.step + 1, block_done ? Decomposition() : blk_.sums,
                     torch::Tensor());
     }
@@ -234,10 +236,10 @@ class ForwardWalk {
   const double lambda_;
 };
 
-}  // namespace
-
-Decomposition decompose_forward(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
-                                int64_t end_step, DecompositionCheckpoint* checkpoint) {
+/// The forward walk over steps [first, end_step) (first: options.first_step,
+/// or where saved progress ends).
+Decomposition walk_forward(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
+                           int64_t end_step, DecompositionCheckpoint* checkpoint) {
   auto t0 = std::chrono::steady_clock::now();
   Walk w(reader, x_in, options);
   // Forward, the path is replayed once whatever the chunk: one block at a time.
@@ -271,6 +273,22 @@ Decomposition decompose_forward(PathReader& reader, const torch::Tensor& x_in, c
   d.time_split = w.clock.split(std::chrono::duration<double>(end - replay_start).count());
   d.time_split.replay_ahead = reader.replay_ahead_seconds();
   return d;
+}
+
+}  // namespace
+
+Decomposition decompose_forward(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
+                                int64_t end_step, DecompositionCheckpoint* checkpoint) {
+  try {
+    return walk_forward(reader, x_in, options, end_step, checkpoint);
+  } catch (const ReplayOnOneThreadDiffers&) {
+    // A run of several threads replayed ahead on one, which reproduced its
+    // shortest segment but not a later one: the steps of that segment were
+    // not the run's. Walk again from where the walk began, replaying in turn.
+    DecompositionOptions in_turn = options;
+    in_turn.replay_ahead = false;
+    return walk_forward(reader, x_in, in_turn, end_step, checkpoint);
+  }
 }
 
 }  // namespace pathkernel::decomposition_walk

@@ -206,7 +206,7 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     {
       // The run's thread count for the step's arithmetic only: the caller's
       // work on the step (fn) runs with the caller's.
-      OpenMpThreads threads(static_cast<int>(manifest_.threads));
+      OpenMpThreads threads(replay_threads_ > 0 ? replay_threads_ : static_cast<int>(manifest_.threads));
       StepBatch batch{idx.defined() ? xt.index_select(0, idx) : xt, idx.defined() ? yt.index_select(0, idx) : yt,
                       loss_weights(idx), s, manifest_.learning_rates[s]};
       batch.clip = clip;
@@ -356,26 +356,87 @@ void PathReader::replay_range(int64_t begin, int64_t end, const std::function<vo
     double diff = replay_segment(k, [&](PathStep&& st) {
       if (st.step >= begin && st.step < end) take(std::move(st));
     }, true);
+    if (forward_on_one_thread_) {
+      if (!one_thread_reproduced(k, diff)) {
+        throw ReplayOnOneThreadDiffers("run '" + dir_ + "': one thread does not reproduce checkpoint step " +
+                                       std::to_string(manifest_.checkpoints[k + 1].step) + " of a run of " +
+                                       std::to_string(manifest_.threads) + " threads bit for bit");
+      }
+      verified_end_->store(manifest_.checkpoints[k + 1].step);
+    }
     require_equal(k, diff);
   }
 }
 
-bool PathReader::replays_ahead() const {
-  // A replay's BLAS count is the run's, and the process's: one for the
-  // replay and the caller alike only for a run of one thread (a run that
-  // stores every step replays none). Held at two for a run of two, the
-  // caller's groups shared OpenBLAS's threads with the replay: the README
-  // CNN's verify --test 10 took 18.8 s against 9.0 in turn. Switched
-  // kernels are the process's too.
-  // The replay's thread is one more than the caller's: not for a caller
-  // of one thread (--threads 1 keeps to one).
-  return ahead_ && current_threads() > 1 && (manifest_.threads == 1 || stores_every_step()) &&
-         engine_blas_kernels().empty();
+namespace {
+
+/// The replay's OpenMP count at one, and OpenBLAS's (the process's) held at
+/// one, for the lifetime of the object.
+class OneThreadReplay {
+ public:
+  explicit OneThreadReplay(int& threads) : threads_(threads), pinned_(1) { threads_ = 1; }
+  ~OneThreadReplay() { threads_ = 0; }
+  OneThreadReplay(const OneThreadReplay&) = delete;
+  OneThreadReplay& operator=(const OneThreadReplay&) = delete;
+
+ private:
+  int& threads_;
+  BlasPin pinned_;
+};
+
+}  // namespace
+
+bool PathReader::replays_ahead() {
+  // A replay's BLAS count is the process's: it and the caller's stay at one
+  // while it runs ahead (held at two for a run of two, the caller's groups
+  // shared OpenBLAS's threads with the replay: the README CNN's verify
+  // --test 10 took 18.8 s against 9.0 in turn). Switched kernels are the
+  // process's too. The replay's thread is one more than the caller's: not
+  // for a caller of one thread (--threads 1 keeps to one).
+  if (!ahead_ || current_threads() < 2 || !engine_blas_kernels().empty()) return false;
+  if (manifest_.threads == 1 || stores_every_step()) return true;
+  return replays_on_one_thread() && one_thread_reproduces();
+}
+
+bool PathReader::one_thread_reproduces() {
+  if (one_thread_reproduces_) return *one_thread_reproduces_;
+  // The shortest segment, replayed at one thread (OpenMP and OpenBLAS)
+  // where the run had several: reductions may split their work by the
+  // thread count (a full-batch run of 3,000 points does not replay on one
+  // thread; the README CNN's batches of 100 do).
+  size_t shortest = 0;
+  int64_t length = -1;
+  for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
+    const int64_t n = manifest_.checkpoints[k + 1].step - manifest_.checkpoints[k].step;
+    if (n > 0 && (length < 0 || n < length)) {
+      shortest = k;
+      length = n;
+    }
+  }
+  if (length < 0) return *(one_thread_reproduces_ = false);
+  const OneThreadReplay one(replay_threads_);
+  const double diff = replay_segment(shortest, [](PathStep&&) {}, false);
+  return *(one_thread_reproduces_ = one_thread_reproduced(shortest, diff));
+}
+
+bool PathReader::one_thread_reproduced(size_t k, double diff) const {
+  return diff == 0 && one_thread_differs_at_ != static_cast<int64_t>(k);
 }
 
 void PathReader::forward_ahead(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end) {
   std::optional<BlasPin> pinned;  // the replay's count, one, held: it is the process's
-  if (!stores_every_step()) pinned.emplace(1);
+  std::optional<OneThreadReplay> one;
+  if (replays_on_one_thread()) {
+    one.emplace(replay_threads_);
+    verified_end_->store(0);
+    forward_on_one_thread_ = true;
+  } else if (!stores_every_step()) {
+    pinned.emplace(1);
+  }
+  struct Done {
+    bool& on;
+    ~Done() { on = false; }
+  } done{forward_on_one_thread_};
   ahead_seconds_ = hand_ahead<PathStep>(
       2, [&](const std::function<void(PathStep&&)>& push) { replay_range(begin, end, push); },
       [&](PathStep& st) { fn(st); });
@@ -384,7 +445,11 @@ void PathReader::forward_ahead(const std::function<void(const PathStep&)>& fn, i
 void PathReader::reverse(const std::function<void(const PathStep&)>& fn) {
   ahead_seconds_ = 0;
   if (replays_ahead()) return reverse_ahead(fn);
-  for (size_t k = manifest_.checkpoints.size() - 1; k-- > 0;) {
+  reverse_in_turn(fn, manifest_.checkpoints.size() - 1);
+}
+
+void PathReader::reverse_in_turn(const std::function<void(const PathStep&)>& fn, size_t segments) {
+  for (size_t k = segments; k-- > 0;) {
     std::vector<PathStep> segment;
     double diff = replay_segment(k, [&](PathStep&& st) { segment.push_back(std::move(st)); }, true);
     require_equal(k, diff);
@@ -394,21 +459,34 @@ void PathReader::reverse(const std::function<void(const PathStep&)>& fn) {
 }
 
 void PathReader::reverse_ahead(const std::function<void(const PathStep&)>& fn) {
-  std::optional<BlasPin> pinned;  // the replay's count, one, held: it is the process's
-  if (!stores_every_step()) pinned.emplace(1);
-  ahead_seconds_ = hand_ahead<std::vector<PathStep>>(
-      0,  // two segments held at most: the one walked and the next
-      [&](const std::function<void(std::vector<PathStep>&&)>& push) {
-        for (size_t k = manifest_.checkpoints.size() - 1; k-- > 0;) {
-          std::vector<PathStep> segment;
-          double diff = replay_segment(k, [&](PathStep&& st) { segment.push_back(std::move(st)); }, true);
-          require_equal(k, diff);
-          push(std::move(segment));
-        }
-      },
-      [&](std::vector<PathStep>& segment) {
-        walk_back(segment, fn);
-      });
+  // Segments 0 .. rest-1 not handed on: one thread did not reproduce
+  // segment rest-1 of a run of several, so they replay in turn at its count.
+  size_t rest = 0;
+  {
+    std::optional<BlasPin> pinned;  // the replay's count, one, held: it is the process's
+    std::optional<OneThreadReplay> one;
+    if (replays_on_one_thread()) {
+      one.emplace(replay_threads_);
+    } else if (!stores_every_step()) {
+      pinned.emplace(1);
+    }
+    ahead_seconds_ = hand_ahead<std::vector<PathStep>>(
+        0,  // two segments held at most: the one walked and the next
+        [&](const std::function<void(std::vector<PathStep>&&)>& push) {
+          for (size_t k = manifest_.checkpoints.size() - 1; k-- > 0;) {
+            std::vector<PathStep> segment;
+            double diff = replay_segment(k, [&](PathStep&& st) { segment.push_back(std::move(st)); }, true);
+            if (one && !one_thread_reproduced(k, diff)) {
+              rest = k + 1;
+              return;
+            }
+            require_equal(k, diff);
+            push(std::move(segment));
+          }
+        },
+        [&](std::vector<PathStep>& segment) { walk_back(segment, fn); });
+  }
+  if (rest > 0) reverse_in_turn(fn, rest);
 }
 
 ReplayReport PathReader::check(bool progress) {

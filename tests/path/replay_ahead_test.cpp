@@ -4,6 +4,7 @@
 // that leaves early stops it; and the decomposition it feeds is the same.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <stdexcept>
@@ -108,25 +109,85 @@ TEST(ReplayAhead, ACallerOfOneThreadReplaysInTurn) {
   EXPECT_TRUE(reader.replays_ahead());
 }
 
-// OpenBLAS's thread count is the process's: a replay of a run of two
-// threads would need it at two while the caller's groups set one, so such a
-// run replays in turn.
-TEST(ReplayAhead, ARunOfTwoThreadsReplaysInTurn) {
+/// A run of 10 steps, checkpoints at 0, 3, 6, 9 and 10 (its shortest
+/// segment is the last, 3), trained on two threads.
+std::string two_thread_run(const TempDir& dir, const std::string& optimizer) {
+  RunOptions r = small_run(dir / ("run_two_" + optimizer), optimizer, 10, 3);
+  ThreadScope two(2);
+  train_run(r);
+  return r.out;
+}
+
+// A run of two threads replays ahead on one thread (OpenBLAS's count, the
+// process's, then stays at one for it and the caller alike) where one
+// thread reproduces it: this run's tensors are too small for any operation
+// to split its work by threads, so one does. The same steps, bit for bit.
+TEST(ReplayAhead, ARunOfTwoThreadsReplaysAheadOnOneWhereOneReproducesIt) {
   TempDir dir("replay_ahead_two");
-  RunOptions r = small_run(dir / "run", "sgd", 4, 2);
-  {
+  for (const std::string opt : {"sgd", "adam"}) {
+    PathReader reader(two_thread_run(dir, opt));
+    ASSERT_EQ(reader.manifest().threads, 2);
     ThreadScope two(2);
-    train_run(r);
+    reader.set_replay_ahead(true);
+    ASSERT_TRUE(reader.replays_ahead()) << opt;
+    const std::vector<PathStep> in_turn = forward_steps(reader, false, 0, 10);
+    expect_same_steps(forward_steps(reader, true, 0, 10), in_turn, opt + " forward");
+    EXPECT_GT(reader.replay_ahead_seconds(), 0) << opt;
+    expect_same_steps(reverse_steps(reader, true), reverse_steps(reader, false), opt + " reverse");
   }
-  PathReader reader(r.out);
-  ASSERT_EQ(reader.manifest().threads, 2);
+}
+
+// One thread not reproducing the run's shortest segment: it replays in
+// turn, at its own count.
+TEST(ReplayAhead, ARunOfTwoThreadsThatOneDoesNotReproduceReplaysInTurn) {
+  TempDir dir("replay_ahead_two_in_turn");
+  PathReader reader(two_thread_run(dir, "sgd"));
+  reader.set_one_thread_differs_at(3);  // steps [9, 10), the shortest
   reader.set_replay_ahead(true);
   ThreadScope two(2);
   EXPECT_FALSE(reader.replays_ahead());
   int64_t seen = 0;
   reader.forward([&](const PathStep&) { ++seen; });
-  EXPECT_EQ(seen, 4);
+  EXPECT_EQ(seen, 10);
   EXPECT_EQ(reader.replay_ahead_seconds(), 0);
+}
+
+// One thread reproducing the shortest segment but not a later one (steps 3
+// to 5): forward hands that segment's steps on unverified, then throws
+// ReplayOnOneThreadDiffers; reverse replays the segments from there down in
+// turn, and gives the steps in turn; the decomposition, forward (sgd) and
+// in reverse (adam), walks again in turn and is the one in turn, bit for bit.
+TEST(ReplayAhead, ASegmentOneThreadDoesNotReproduceIsReplayedInTurn) {
+  TempDir dir("replay_ahead_two_later");
+  for (const std::string opt : {"sgd", "adam"}) {
+    PathReader reader(two_thread_run(dir, opt));
+    ThreadScope two(2);
+    BlasThreads one(1);  // the count the replay ahead holds, for the steps in turn to compare with
+    const std::vector<PathStep> in_turn = forward_steps(reader, false, 0, 10);
+    const std::vector<PathStep> in_reverse = reverse_steps(reader, false);
+    reader.set_one_thread_differs_at(1);
+    reader.set_replay_ahead(true);
+    std::vector<int64_t> seen, unverified;
+    EXPECT_THROW(reader.forward([&](const PathStep& st) {
+      seen.push_back(st.step);
+      if (!reader.step_verified(st.step)) unverified.push_back(st.step);
+    }), ReplayOnOneThreadDiffers) << opt;
+    EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2, 3, 4, 5})) << opt;
+    for (int64_t s : {3, 4, 5}) EXPECT_NE(std::find(unverified.begin(), unverified.end(), s), unverified.end()) << opt;
+    expect_same_steps(reverse_steps(reader, true), in_reverse, opt + " reverse");
+    reader.set_replay_ahead(false);
+    expect_same_steps(forward_steps(reader, false, 0, 10), in_turn, opt + " after");
+
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    DecompositionOptions o;
+    o.progress = false;
+    o.replay_ahead = false;
+    const Decomposition expected = decompose(reader, x, o);
+    o.replay_ahead = true;
+    const Decomposition got = decompose(reader, x, o);
+    EXPECT_TRUE(same_bits(got.contributions, expected.contributions)) << opt;
+    EXPECT_TRUE(same_bits(got.rounding, expected.rounding)) << opt;
+  }
 }
 
 // A checkpoint changed by 0.5 after training: the replay ahead hands out the
