@@ -32,12 +32,17 @@ struct Totals {
   double seconds = 0;
 };
 
-/// The shapes of an operation's tensor inputs, e.g. "[15, 16, 14, 14] [64, 16, 3, 3]".
+/// The shapes of an operation's tensor inputs (a list's in turn), e.g. "[15, 16, 14, 14] [64, 16, 3, 3]".
 std::string input_shapes(const at::RecordFunction& fn) {
   std::ostringstream out;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) out << (out.tellp() > 0 ? " " : "") << t.sizes();
+  };
   for (const c10::IValue& v : fn.inputs()) {
-    if (!v.isTensor() || !v.toTensor().defined()) continue;
-    out << (out.tellp() > 0 ? " " : "") << v.toTensor().sizes();
+    if (v.isTensor()) add(v.toTensor());
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) add(t);
+    }
   }
   return out.str();
 }

@@ -401,9 +401,10 @@ bool PathReader::replays_ahead() {
 bool PathReader::one_thread_reproduces() {
   if (one_thread_reproduces_) return *one_thread_reproduces_;
   // The shortest segment, replayed at one thread (OpenMP and OpenBLAS)
-  // where the run had several: reductions may split their work by the
-  // thread count (a full-batch run of 3,000 points does not replay on one
-  // thread; the README CNN's batches of 100 do).
+  // where the run had several: OpenBLAS's products and LibTorch's
+  // reductions may split their work by the thread count (a full-batch MLP
+  // run of 3,000 points does not replay on one thread, nor on two with
+  // OpenBLAS at one; the README CNN's batches of 100 do).
   size_t shortest = 0;
   int64_t length = -1;
   for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {

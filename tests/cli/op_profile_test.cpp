@@ -42,6 +42,7 @@ TEST(OpProfile, CountsEachOuterOperationOnItsThread) {
     OpProfile profile(path);
     for (int i = 0; i < 3; ++i) (void)torch::mm(a, b);
     (void)torch::matmul(a, b);  // runs aten::mm inside: one matmul, no mm more
+    (void)torch::cat({a, a});   // a list's shapes in turn
     std::thread other([&] {
       for (int i = 0; i < 2; ++i) (void)torch::mm(a, b);
     });
@@ -52,6 +53,7 @@ TEST(OpProfile, CountsEachOuterOperationOnItsThread) {
   EXPECT_EQ(calls_of(profile, 0, "aten::matmul"), 1) << profile;
   EXPECT_EQ(calls_of(profile, 1, "aten::mm"), 2) << profile;
   EXPECT_NE(profile.find("aten::mm  [40, 30] [30, 20]"), std::string::npos) << profile;
+  EXPECT_NE(profile.find("aten::cat  [40, 30] [40, 30]"), std::string::npos) << profile;
 }
 
 TEST(OpProfile, IsOffWithoutItsEnvironmentVariable) {
