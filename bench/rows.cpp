@@ -562,7 +562,8 @@ json row_user_cnn(const BenchConfig& c) {
 }
 
 /// The README's CNN as docs/measurements.md trains it (MNIST, cnn:8,16, SGD
-/// lr 0.05, batch 100, 200 steps), then verify --test 10; both on two threads.
+/// lr 0.05, batch 100, 200 steps), then verify --test 10 (--repeats times,
+/// the median); all on two threads.
 json row_readme_cnn(const BenchConfig& c) {
   const int threads = 2;
   const std::string run = run_dir(c, "readme_cnn"), steps = c.quick ? "5" : "200", n = c.quick ? "2" : "10";
@@ -571,22 +572,34 @@ json row_readme_cnn(const BenchConfig& c) {
   if (c.quick) train.insert(train.end(), {"--train-size", "500"});
   std::filesystem::create_directories(c.work + "/runs");
   const CommandRun t = run_pathkernel(c, "readme_cnn_train", train, threads);
-  const CommandRun v = run_pathkernel(c, "readme_cnn_verify_10", {"verify", run, "--test", n}, threads);
+  // The median of --repeats verifies: the first after training ran up to a
+  // fifth slower than the ones after it (12.3 s in a run, 10.7 s alone).
+  std::vector<CommandRun> runs;
+  std::vector<double> seconds;
+  for (int i = 0; i < (c.quick ? 1 : std::max(1, c.repeats)); ++i) {
+    runs.push_back(run_pathkernel(c, "readme_cnn_verify_10_" + std::to_string(i), {"verify", run, "--test", n}, threads));
+    seconds.push_back(runs.back().seconds);
+  }
+  const CommandRun& v = runs.front();  // its outputs; every run's are the same
+  const double verify = median_of(seconds);
+  double peak = 0;
+  for (const CommandRun& r : runs) peak = std::max(peak, r.peak_rss_mb);
   const double training = t.out["seconds"].get<double>(), dgemm = machine_dgemm_gflops(c, threads);
   return json{{"setting", "mnist, cnn:8,16, SGD lr 0.05, batch 100, " + steps + " steps (pathkernel train); verify --test " +
                               n + "; two threads"},
               {"steps", std::stoll(steps)},
               {"seconds_training", training},
               {"seconds_train_command", t.seconds},
-              {"seconds_verify_10", v.seconds},
-              {"verify_10_over_training", v.seconds / training},
+              {"seconds_verify_10", verify},
+              {"seconds_verify_10_runs", seconds},
+              {"verify_10_over_training", verify / training},
               {"max_rel_error", v.out["max_rel_error"]},
               {"evaluations_per_step", v.out["mean_evaluations_per_step"]},
               {"test_side_gflop", test_side_gflop(v)},
               {"dgemm_gflops_2_threads", dgemm},
               {"floor_seconds", test_side_gflop(v) / dgemm},
-              {"verify_10_over_floor", v.seconds * dgemm / test_side_gflop(v)},
-              {"peak_rss_mb_verify_10", v.peak_rss_mb}};
+              {"verify_10_over_floor", verify * dgemm / test_side_gflop(v)},
+              {"peak_rss_mb_verify_10", peak}};
 }
 
 }  // namespace
