@@ -52,9 +52,8 @@ std::string input_shapes(const at::RecordFunction& fn) {
 struct OpProfile::Tally {
   std::mutex mutex;
   std::atomic<int> threads{0};
-  /// (thread, operation) -> totals, of operations called from outside any other.
-  std::map<std::pair<int, std::string>, Totals> outer;
-  /// (thread, operation, input shapes) -> totals, of the same operations.
+  /// (thread, operation, input shapes) -> totals, of operations called from
+  /// outside any other.
   std::map<std::tuple<int, std::string, std::string>, Totals> by_shape;
 };
 
@@ -90,9 +89,6 @@ void on_end(const at::RecordFunction&, at::ObserverContext*) {
   if (!state.open.empty()) return;
   const double seconds = std::chrono::duration<double>(Clock::now() - op.start).count();
   std::lock_guard<std::mutex> lock(active->mutex);
-  Totals& t = active->outer[{state.thread, op.name}];
-  ++t.calls;
-  t.seconds += seconds;
   Totals& s = active->by_shape[{state.thread, op.name, state.shapes}];
   ++s.calls;
   s.seconds += seconds;
@@ -135,10 +131,13 @@ OpProfile::~OpProfile() {
   std::ostringstream out;
   {
     std::lock_guard<std::mutex> lock(tally_->mutex);
+    std::map<std::pair<int, std::string>, Totals> outer;  // (thread, operation), over their shapes
     std::map<int, Totals> per_thread;
-    for (const auto& [key, t] : tally_->outer) {
-      per_thread[key.first].calls += t.calls;
-      per_thread[key.first].seconds += t.seconds;
+    for (const auto& [key, t] : tally_->by_shape) {
+      for (Totals* sum : {&outer[{std::get<0>(key), std::get<1>(key)}], &per_thread[std::get<0>(key)]}) {
+        sum->calls += t.calls;
+        sum->seconds += t.seconds;
+      }
     }
     out << "# pathkernel operation profile: LibTorch operations called from outside any other, per thread\n"
         << "# (0: the program's own thread; others in the order they first ran one)\n"
@@ -146,7 +145,7 @@ OpProfile::~OpProfile() {
     for (const auto& [thread, t] : per_thread) {
       out << "# thread " << thread << ": " << t.calls << " operations, " << t.seconds << " s\n";
     }
-    write_rows(out, tally_->outer, 200, outer_label);
+    write_rows(out, outer, 200, outer_label);
     out << "\n# the same by their inputs' shapes\n";
     write_rows(out, tally_->by_shape, 200, shape_label);
   }

@@ -3,6 +3,7 @@
 // (BENCHMARKS.md), switched on by an environment variable.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 

@@ -370,18 +370,17 @@ void PathReader::replay_range(int64_t begin, int64_t end, const std::function<vo
 
 namespace {
 
-/// The replay's OpenMP count at one, and OpenBLAS's (the process's) held at
-/// one, for the lifetime of the object.
+/// The replay's OpenMP count at one for the lifetime of the object (its
+/// OpenBLAS count, the process's, is the caller's to pin: BlasPin).
 class OneThreadReplay {
  public:
-  explicit OneThreadReplay(int& threads) : threads_(threads), pinned_(1) { threads_ = 1; }
+  explicit OneThreadReplay(int& threads) : threads_(threads) { threads_ = 1; }
   ~OneThreadReplay() { threads_ = 0; }
   OneThreadReplay(const OneThreadReplay&) = delete;
   OneThreadReplay& operator=(const OneThreadReplay&) = delete;
 
  private:
   int& threads_;
-  BlasPin pinned_;
 };
 
 }  // namespace
@@ -415,6 +414,7 @@ bool PathReader::one_thread_reproduces() {
     }
   }
   if (length < 0) return *(one_thread_reproduces_ = false);
+  const BlasPin pinned(1);
   const OneThreadReplay one(replay_threads_);
   const double diff = replay_segment(shortest, [](PathStep&&) {}, false);
   return *(one_thread_reproduces_ = one_thread_reproduced(shortest, diff));
@@ -426,13 +426,12 @@ bool PathReader::one_thread_reproduced(size_t k, double diff) const {
 
 void PathReader::forward_ahead(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end) {
   std::optional<BlasPin> pinned;  // the replay's count, one, held: it is the process's
+  if (!stores_every_step()) pinned.emplace(1);
   std::optional<OneThreadReplay> one;
   if (replays_on_one_thread()) {
     one.emplace(replay_threads_);
     verified_end_->store(0);
     forward_on_one_thread_ = true;
-  } else if (!stores_every_step()) {
-    pinned.emplace(1);
   }
   struct Done {
     bool& on;
@@ -465,12 +464,9 @@ void PathReader::reverse_ahead(const std::function<void(const PathStep&)>& fn) {
   size_t rest = 0;
   {
     std::optional<BlasPin> pinned;  // the replay's count, one, held: it is the process's
+    if (!stores_every_step()) pinned.emplace(1);
     std::optional<OneThreadReplay> one;
-    if (replays_on_one_thread()) {
-      one.emplace(replay_threads_);
-    } else if (!stores_every_step()) {
-      pinned.emplace(1);
-    }
+    if (replays_on_one_thread()) one.emplace(replay_threads_);
     ahead_seconds_ = hand_ahead<std::vector<PathStep>>(
         0,  // two segments held at most: the one walked and the next
         [&](const std::function<void(std::vector<PathStep>&&)>& push) {
