@@ -66,6 +66,10 @@ std::vector<Row> rows() {
   r.push_back({"conv2d", conv(Kind::Conv2d, {2, 1}, {1, 0}, {1, 2}, 2), {2, 6, 7}, {4, 1, 3, 2}, {4},
                [](auto& a, auto& w, auto& b) { return torch::conv2d(a, w, b, {2, 1}, {1, 0}, {1, 2}, 2); },
                "torch.conv2d(x, self.w, self.b, [2, 1], [1, 0], [1, 2], 2)"});
+  // Strided across columns, padded wider than the dilated kernel's reach on one side.
+  r.push_back({"conv2d_wide_stride", conv(Kind::Conv2d, {1, 3}, {2, 3}, {2, 1}, 1), {2, 5, 8}, {3, 2, 2, 2}, {3},
+               [](auto& a, auto& w, auto& b) { return torch::conv2d(a, w, b, {1, 3}, {2, 3}, {2, 1}, 1); },
+               "torch.conv2d(x, self.w, self.b, [1, 3], [2, 3], [2, 1], 1)"});
   r.push_back({"conv1d", conv(Kind::Conv1d, {2}, {1}, {1}, 2), {2, 9}, {4, 1, 3}, {4},
                [](auto& a, auto& w, auto& b) { return torch::conv1d(a, w, b, {2}, {1}, {1}, 2); },
                "torch.conv1d(x, self.w, self.b, [2], [1], [1], 2)"});
