@@ -42,21 +42,33 @@ constexpr int kMaxHalvings = 8;  // up to 256 sub-intervals
 /// Sub-pieces per batch: at most this many doubles of samples of y.
 constexpr int64_t kChunkDoubles = int64_t{1} << 22;
 
-/// The Lagrange basis of the samples xs [N, S] at x [N, T]: [N, T, S].
-torch::Tensor lagrange(const torch::Tensor& xs, const torch::Tensor& x) {
-  const int64_t S = xs.size(1);
-  const torch::Tensor diff = x.unsqueeze(2) - xs.unsqueeze(1);  // [N, T, S]
-  std::vector<torch::Tensor> basis;
-  for (int64_t s = 0; s < S; ++s) {
-    torch::Tensor num = torch::ones_like(x), den = torch::ones({xs.size(0), 1}, xs.options());
-    for (int64_t r = 0; r < S; ++r) {
-      if (r == s) continue;
-      num = num * diff.select(2, r);
-      den = den * (xs.narrow(1, s, 1) - xs.narrow(1, r, 1));
+template <typename T>
+void interpolate_rows(const T* y, const T* xs, const T* x, int64_t N, int64_t S, int64_t U, T* out) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* xn = xs + n * S;
+    for (int64_t s = 0; s < S; ++s) {
+      T l = 1;
+      for (int64_t r = 0; r < S; ++r) {
+        if (r != s) l *= (x[n] - xn[r]) / (xn[s] - xn[r]);
+      }
+      const T* ys_ns = y + (n * S + s) * U;
+      T* on = out + n * U;
+      for (int64_t u = 0; u < U; ++u) on[u] += l * ys_ns[u];
     }
-    basis.push_back(num / den);
   }
-  return torch::stack(basis, 2);
+}
+
+/// Each row's samples ys [N, S, U] at local xs [N, S], interpolated at its
+/// local x [N]: [N, U], Σ_s L_s(x) ys[n, s] (one pass over the samples).
+torch::Tensor interpolate_at(const torch::Tensor& ys, const torch::Tensor& xs, const torch::Tensor& x) {
+  const int64_t N = ys.size(0), S = ys.size(1), U = ys.size(2);
+  const torch::Tensor yc = ys.contiguous(), xc = xs.contiguous(), at = x.contiguous();
+  torch::Tensor out = torch::zeros({N, U}, ys.options());
+  AT_DISPATCH_FLOATING_TYPES(ys.scalar_type(), "interpolate_at", [&] {
+    interpolate_rows<scalar_t>(yc.data_ptr<scalar_t>(), xc.data_ptr<scalar_t>(), at.data_ptr<scalar_t>(), N, S, U,
+                               out.data_ptr<scalar_t>());
+  });
+  return out;
 }
 
 /// The roots in (−1, 1) of the polynomial Σ_i c[i] xⁱ of degree d,
@@ -313,7 +325,7 @@ std::pair<torch::Tensor, torch::Tensor> selection(const torch::Tensor& ys, const
                                                   const torch::Tensor& mid, const std::vector<int64_t>& shape,
                                                   int64_t pool) {
   const int64_t N = ys.size(0), U = ys.size(2);
-  const torch::Tensor y = torch::bmm(lagrange(xs, mid.unsqueeze(1)), ys).squeeze(1);  // [N, U]
+  const torch::Tensor y = interpolate_at(ys, xs, mid);  // [N, U]
   if (pool == 0) return {torch::arange(U).expand({N, U}), (y > 0).to(y.scalar_type())};
   PK_ASSERT(shape.size() == 4);
   const int64_t C = shape[1], H = shape[2], W = shape[3];
@@ -455,6 +467,41 @@ Sums sums_of(const std::vector<double>& a, const std::vector<double>& b, const s
   return out;
 }
 
+template <typename T>
+void add_node_rows(const int64_t* row, const int64_t* unit, const T* on, const T* c0, const T* c1, const T* pw,
+                   int64_t N, int64_t m, int64_t Hw, int64_t R, int64_t U, T* fields) {
+  T *e0 = fields, *e1 = e0 + R * U, *e2 = e1 + R * U;
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t nj = n * m + j, base = row[nj] * U;
+      for (int64_t w = 0; w < Hw; ++w) {
+        if (on[n * Hw + w] == 0) continue;  // adds nothing
+        const int64_t at = base + unit[n * Hw + w];
+        e0[at] += c0[nj];
+        e1[at] += c1[nj];
+        if (pw != nullptr) e2[at] += pw[nj * Hw + w];
+      }
+    }
+  }
+}
+
+/// Adds each sub-piece's node sums to the fields [3, R, U] on the units
+/// that pass on: node row rows[n, j] (rows [N, m]), unit sel[n, w] where
+/// mask[n, w] is 1, takes c0[n, j], c1[n, j] and, with the logits' moments,
+/// pw[n, j, w] (each field's entries added in the order of (n, j, w)).
+void add_node_fields(const torch::Tensor& rows, const torch::Tensor& sel, const torch::Tensor& mask,
+                     const torch::Tensor& c0, const torch::Tensor& c1, const torch::Tensor& pw, torch::Tensor& fields) {
+  PK_ASSERT(fields.is_contiguous());
+  const torch::Tensor rc = rows.contiguous(), sc = sel.contiguous(), mc = mask.contiguous();
+  const torch::Tensor a = c0.contiguous(), b = c1.contiguous(), p = pw.defined() ? pw.contiguous() : pw;
+  AT_DISPATCH_FLOATING_TYPES(fields.scalar_type(), "add_node_fields", [&] {
+    add_node_rows<scalar_t>(rc.data_ptr<int64_t>(), sc.data_ptr<int64_t>(), mc.data_ptr<scalar_t>(),
+                            a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(),
+                            p.defined() ? p.data_ptr<scalar_t>() : nullptr, rc.size(0), rc.size(1), sc.size(1),
+                            fields.size(1), fields.size(2), fields.data_ptr<scalar_t>());
+  });
+}
+
 }  // namespace
 
 torch::Tensor cotangents_of(const torch::Tensor& fields, const torch::Tensor& w0u, const torch::Tensor& dwu,
@@ -499,7 +546,7 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
   // piece's sub-pieces n (where u passes on) of ∫ ℓ_j, ∫ t ℓ_j and
   // ∫ ℓ_j pᵀ W(t)[:, w(u)].
   const torch::Tensor w_of_u = window_of_unit(shape, pool);  // [U]
-  torch::Tensor e0 = torch::zeros({R, U}, opts), e1 = torch::zeros({R, U}, opts), e2 = torch::zeros({R, U}, opts);
+  torch::Tensor fields = torch::zeros({3, R, U}, opts);  // e0, e1, e2
   LastSiteTerms out;
   out.h_sum = torch::zeros({np, Hw}, opts);
   out.ph_sum = torch::zeros({np, K, Hw}, opts);
@@ -566,22 +613,19 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
       // The logits' layer, per piece.
       const torch::Tensor piece = pieces_t.index_select(0, g);
       out.h_sum.index_add_(0, piece, torch::bmm(s.q.unsqueeze(1), hs).squeeze(1));
-      // The nodes' sums on the units that pass on: node row r, unit sel[n, w].
-      const torch::Tensor at = (rows_t.index_select(0, g).unsqueeze(2) * U + sel.unsqueeze(1)).flatten();  // [nc m Hw]
-      const torch::Tensor on = mask.unsqueeze(1);                                                          // [nc, 1, Hw]
-      e0.view(-1).index_add_(0, at, (s.c0.unsqueeze(2) * on).flatten());
-      e1.view(-1).index_add_(0, at, (s.c1.unsqueeze(2) * on).flatten());
+      torch::Tensor pw;  // [nc, m, Hw]
       if (softmax) {
         out.ph_sum.index_add_(0, piece, torch::bmm(s.pq, hs));
         out.p_sum.index_add_(0, piece, s.pq.sum(2));
-        const torch::Tensor pw = torch::matmul(s.p0, lg.w0) + torch::matmul(s.p1, lg.dw);  // [nc, m, Hw]
-        e2.view(-1).index_add_(0, at, (pw * on).flatten());
+        pw = torch::matmul(s.p0, lg.w0) + torch::matmul(s.p1, lg.dw);
       }
+      // The nodes' sums on the units that pass on: node row r, unit sel[n, w].
+      add_node_fields(rows_t.index_select(0, g), sel, mask, s.c0, s.c1, pw, fields);
     }
   }
   out.w0u = lg.w0.index_select(1, w_of_u);
   out.dwu = lg.dw.index_select(1, w_of_u);
-  out.fields = torch::stack({e0, e1, e2});
+  out.fields = fields;
   return out;
 }
 
