@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "pathkernel/error.h"
 
@@ -140,11 +141,34 @@ std::vector<Piece> initial_pieces(Integrand& f) {
   return pending;
 }
 
+/// Pieces of a test point that may fail without a kink found inside them
+/// (halved or retried) in one integration before it is an error. A kink the
+/// search misses fails one piece a halving, at most max_depth; pieces split
+/// at kinks found are progress and not counted. A certificate that cannot
+/// close (test features that disagree with the network along the segment)
+/// fails every piece of every halving, doubling the pieces each round up to
+/// 2^max_depth: ended here with an error instead.
+constexpr int64_t kMaxKinklessFailures = int64_t{1} << 14;
+
+/// The error for test point i, whose certificate did not close.
+[[noreturn]] void certificate_did_not_close(int64_t i, const Piece& pc, double gap, double scale,
+                                            const QuadratureOptions& q) {
+  PK_CHECK(false, "test point " << i << ": its certificate did not close after " << kMaxKinklessFailures
+                                << " pieces of one segment failed without a kink inside (the last, [" << pc.a << ", "
+                                << pc.b << "] at depth " << pc.depth << ", is " << gap << " from f(b) - f(a), "
+                                << "against a tolerance of " << q.tol << " of the scale " << scale
+                                << " by length): the test features disagree with the network along the segment, "
+                                << "which is a defect of pathkernel; please report it with the run");
+  std::abort();
+}
+
 /// Refines a round's failed pieces into `next`: at the kinks inside each,
 /// else (no kink, fewer than the exact nodes) once more with all of them,
-/// else at its midpoint.
+/// else at its midpoint; counts each point's failures without a kink in
+/// `kinkless` (at most kMaxKinklessFailures).
 void refine(Integrand& f, const QuadratureOptions& q, const PieceRound& rd, const std::vector<Piece>& pending,
-            const std::vector<int64_t>& failed, const std::vector<double>& gap, std::vector<Piece>& next) {
+            const std::vector<int64_t>& failed, const std::vector<double>& gap, const std::vector<double>& scale,
+            std::vector<Piece>& next, std::vector<int64_t>& kinkless) {
   if (failed.empty()) return;
   const std::vector<std::vector<double>> cuts = f.kinks_in(rd, failed);
   PK_ASSERT(cuts.size() == failed.size());
@@ -152,6 +176,9 @@ void refine(Integrand& f, const QuadratureOptions& q, const PieceRound& rd, cons
   for (size_t i = 0; i < failed.size(); ++i) {
     Piece pc = pending[failed[i]];
     const double g = gap[failed[i]];
+    if (cuts[i].empty() && ++kinkless[static_cast<size_t>(pc.point)] > kMaxKinklessFailures) {
+      certificate_did_not_close(pc.point, pc, g, scale[static_cast<size_t>(pc.point)], q);
+    }
     if (cuts[i].empty() && nodes_for(q, pc, exact) < exact) {
       pc.full = true;
       pc.parent_gap = g;
@@ -172,6 +199,7 @@ std::vector<std::vector<double>> integrate(Integrand& f, const QuadratureOptions
   }
   std::vector<Piece> pending = initial_pieces(f);
   const std::vector<double> scale = f.scales();
+  std::vector<int64_t> kinkless(static_cast<size_t>(f.points()), 0);  // refine's count
   while (!pending.empty()) {
     std::vector<Piece> next;
     const PieceRound rd = next_round(pending, next, q, f.max_rows(), f.exact_nodes(), f.split_outputs());
@@ -188,7 +216,7 @@ std::vector<std::vector<double>> integrate(Integrand& f, const QuadratureOptions
         failed.push_back(p);
       }
     }
-    refine(f, q, rd, pending, failed, gap, next);
+    refine(f, q, rd, pending, failed, gap, scale, next, kinkless);
     if (!accepted.empty()) f.accept(rd, accepted);
     pending = std::move(next);
   }

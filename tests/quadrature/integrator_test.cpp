@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "pathkernel/error.h"
 
 namespace pathkernel {
 namespace {
@@ -44,7 +47,8 @@ class KinkedPolynomial : public Integrand {
     std::vector<double> gap(rd.np);
     for (int64_t p = 0; p < rd.np; ++p) {
       const size_t i = static_cast<size_t>(rd.end_point[2 * p]);
-      gap[p] = std::abs(sums_[p] - (G(i, rd.ends[2 * p + 1]) - G(i, rd.ends[2 * p])));
+      const double len = rd.ends[2 * p + 1] - rd.ends[2 * p];
+      gap[p] = std::abs(sums_[p] - (G(i, rd.ends[2 * p + 1]) - G(i, rd.ends[2 * p])) + offset_ * len);
     }
     evaluations += rd.rows;
     ++rounds;
@@ -70,6 +74,8 @@ class KinkedPolynomial : public Integrand {
   double total(size_t i) const { return total_[i]; }
   void set_exact_nodes(int64_t n) { exact_ = n; }
   void set_polynomial(double cubic) { cubic_ = cubic; }
+  /// A certificate off by offset × the piece's length: it never closes.
+  void set_offset(double offset) { offset_ = offset; }
 
   int64_t evaluations = 0, rounds = 0, failed_pieces = 0, fixed_nodes = 0;
 
@@ -84,7 +90,7 @@ class KinkedPolynomial : public Integrand {
   Tell tell_;
   std::vector<double> total_, sums_;
   int64_t exact_ = 0;
-  double cubic_ = 0;
+  double cubic_ = 0, offset_ = 0;
 };
 
 QuadratureOptions gauss(double tol) {
@@ -142,6 +148,22 @@ TEST(Integrator, TheDepthLimitEndsRefinement) {
   EXPECT_EQ(f.failed_pieces, 4);
   EXPECT_EQ(breaks[0].size(), 6u);
   EXPECT_GT(std::abs(f.total(0) - f.exact(0)), 1e-12) << "accepted at the depth limit, not at the budget";
+}
+
+TEST(Integrator, ACertificateThatCannotCloseEndsInAnError) {
+  // Every piece fails at every depth: without a bound the pieces would
+  // double each round up to 2^max_depth.
+  KinkedPolynomial f({0.25, 0.5}, 3.0, KinkedPolynomial::Tell::Initially);
+  f.set_offset(1e-6);
+  try {
+    integrate(f, gauss(1e-12));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("test point 0: its certificate did not close"), std::string::npos) << what;
+    EXPECT_NE(what.find("tolerance of 1e-12"), std::string::npos) << what;
+  }
+  EXPECT_LE(f.failed_pieces, 3 * 16384) << "ended soon after the bound";
 }
 
 TEST(Integrator, APieceFailingWithoutAKinkIsRetriedWithTheExactNodes) {
