@@ -157,8 +157,9 @@ constexpr int64_t kMaxKinklessFailures = int64_t{1} << 14;
                                 << " pieces of one segment failed without a kink inside (the last, [" << pc.a << ", "
                                 << pc.b << "] at depth " << pc.depth << ", is " << gap << " from f(b) - f(a), "
                                 << "against a tolerance of " << q.tol << " of the scale " << scale
-                                << " by length): the test features disagree with the network along the segment, "
-                                << "which is a defect of pathkernel; please report it with the run");
+                                << " by length): either the test features disagree with the network along the "
+                                << "segment, a defect of pathkernel (please report it with the run), or the segment "
+                                << "crosses more kinks than halving its pieces can isolate");
   std::abort();
 }
 
