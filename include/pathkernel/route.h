@@ -182,7 +182,8 @@ class Route {
   virtual const std::vector<torch::Tensor>& kink_sites(const SegmentPass& pass) const { return pass.preacts; }
   const KinkHints& hints() const { return hints_; }
   /// Whether a step's test points may be integrated in concurrent groups
-  /// (point_groups.h).
+  /// (point_groups.h), each under inference mode: a route that says so
+  /// needs no autograd in its test features.
   virtual bool concurrent_points() const { return false; }
 
   /// Test features of the segment for test inputs x [n, ...] (features.h).

@@ -53,6 +53,9 @@ inline int64_t group_start(int64_t g, int64_t groups, int64_t n) { return g * n 
 /// thread runs the groups in order at its own thread count; a single group
 /// with more workers allowed still runs one-threaded, as it would beside
 /// others (so a point's bits do not depend on how the groups were batched).
+/// Several workers run each group under c10::InferenceMode: its operations
+/// record no autograd graph, and tensors a group makes are inference
+/// tensors (read anywhere; changed in place only inside a group).
 void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work, int64_t workers = 0);
 
 }  // namespace pathkernel
