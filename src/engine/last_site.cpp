@@ -42,15 +42,21 @@ constexpr int kMaxHalvings = 8;  // up to 256 sub-intervals
 /// Sub-pieces per batch: at most this many doubles of samples of y.
 constexpr int64_t kChunkDoubles = int64_t{1} << 22;
 
+/// The Lagrange basis polynomial of sample s of the S samples at xs, at x.
+template <typename T>
+T lagrange_basis(const T* xs, int64_t S, int64_t s, T x) {
+  T l = 1;
+  for (int64_t r = 0; r < S; ++r) {
+    if (r != s) l *= (x - xs[r]) / (xs[s] - xs[r]);
+  }
+  return l;
+}
+
 template <typename T>
 void interpolate_rows(const T* y, const T* xs, const T* x, int64_t N, int64_t S, int64_t U, T* out) {
   for (int64_t n = 0; n < N; ++n) {
-    const T* xn = xs + n * S;
     for (int64_t s = 0; s < S; ++s) {
-      T l = 1;
-      for (int64_t r = 0; r < S; ++r) {
-        if (r != s) l *= (x[n] - xn[r]) / (xn[s] - xn[r]);
-      }
+      const T l = lagrange_basis(xs + n * S, S, s, x[n]);
       const T* ys_ns = y + (n * S + s) * U;
       T* on = out + n * U;
       for (int64_t u = 0; u < U; ++u) on[u] += l * ys_ns[u];
@@ -370,19 +376,11 @@ void sub_piece_sums(const SubPiece& sp, int64_t parts, bool softmax, SubPieceSum
       const double w = len * unit.weights[g];
       const double x = (2 * t - sp.a - sp.b) / (sp.b - sp.a);
       for (int64_t s = 0; s < S; ++s) {  // L_s on all samples, ℓ_j on the nodes alone
-        double l = 1;
-        for (int64_t r = 0; r < S; ++r) {
-          if (r != s) l *= (x - sp.xs[r]) / (sp.xs[s] - sp.xs[r]);
-        }
-        ls[s] = l;
+        const double l = ls[s] = lagrange_basis(sp.xs, S, s, x);
         out.q[s] += w * l;
       }
       for (int64_t j = 0; j < m; ++j) {
-        double l = 1;
-        for (int64_t r = 0; r < m; ++r) {
-          if (r != j) l *= (x - sp.xs[r]) / (sp.xs[j] - sp.xs[r]);
-        }
-        lj[j] = l;
+        const double l = lj[j] = lagrange_basis(sp.xs, m, j, x);
         out.c0[j] += w * l;
         out.c1[j] += w * t * l;
       }
