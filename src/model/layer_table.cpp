@@ -167,12 +167,14 @@ torch::Tensor conv2d_direction(const LayerDesc& d, const torch::Tensor& a, const
   return torch::conv2d(a, vw, vb, g.stride, g.padding, g.dilation, d.groups);
 }
 
-/// One kernel offset's (i, j) patch rows: the [ho, wo] window of one input
-/// plane [H, W] that the offset sees, zero outside the plane.
+/// A 2-D convolution's input plane [H, W], output [ho, wo], strides,
+/// paddings and dilations.
 struct PatchGeometry {
   int64_t H, W, ho, wo, sh, sw, ph, pw, dh, dw;
 };
 
+/// One kernel offset's (i, j) patch rows: the [ho, wo] window of one input
+/// plane that the offset sees, zero outside the plane.
 template <typename T>
 void copy_offset(const T* plane, T* out, const PatchGeometry& g, int64_t i, int64_t j) {
   // The output columns x whose input column x sw + j dw − pw is inside [0, W).
@@ -223,21 +225,15 @@ torch::Tensor conv2d_patches(const LayerDesc& d, const torch::Tensor& a, const s
   g.ho = (g.H + 2 * g.ph - g.dh * (kh - 1) - 1) / g.sh + 1;
   g.wo = (g.W + 2 * g.pw - g.dw * (kw - 1) - 1) / g.sw + 1;
   PK_CHECK(g.ho > 0 && g.wo > 0, "a convolution's input " << a.sizes() << " is smaller than its kernel " << kh << "x" << kw);
-  torch::Tensor out = torch::empty({R, C, kh, kw, g.ho, g.wo}, a.options());
   if (a.requires_grad() && torch::GradMode::is_enabled()) {
-    // In a graph (a caller differentiates through the patches): one
-    // strided copy of the zero-padded input per kernel offset.
-    const torch::Tensor padded = torch::constant_pad_nd(a, {g.pw, g.pw, g.ph, g.ph});
-    for (int64_t i = 0; i < kh; ++i) {
-      for (int64_t j = 0; j < kw; ++j) {
-        out.select(2, i).select(2, j).copy_(padded.slice(2, i * g.dh, i * g.dh + (g.ho - 1) * g.sh + 1, g.sh)
-                                                .slice(3, j * g.dw, j * g.dw + (g.wo - 1) * g.sw + 1, g.sw));
-      }
-    }
-  } else {
-    const torch::Tensor in = a.contiguous();
-    AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "conv2d_patches", [&] { copy_patches<scalar_t>(in, out, g, kh, kw); });
+    // In a graph (a caller differentiates through the patches): LibTorch's
+    // im2col, which autograd follows.
+    namespace F = torch::nn::functional;
+    return F::unfold(a, F::UnfoldFuncOptions({kh, kw}).padding(c.padding).stride(c.stride).dilation(c.dilation));
   }
+  torch::Tensor out = torch::empty({R, C, kh, kw, g.ho, g.wo}, a.options());
+  const torch::Tensor in = a.contiguous();
+  AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "conv2d_patches", [&] { copy_patches<scalar_t>(in, out, g, kh, kw); });
   return out.view({R, C * kh * kw, g.ho * g.wo});
 }
 

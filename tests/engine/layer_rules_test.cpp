@@ -215,6 +215,10 @@ TEST_P(EveryLayerRule, SampleGradientsMatchAutogradAndCentralDifferences) {
                                                   .stride(pair(d.stride, 1))
                                                   .dilation(pair(d.dilation, 1)));
       EXPECT_TRUE(torch::equal(u, ref)) << where;
+      // In a graph the same values, and autograd follows them.
+      const torch::Tensor tracked = conv_patches(row_.desc, a_.clone().requires_grad_(true), row_.weight);
+      EXPECT_TRUE(tracked.requires_grad()) << where;
+      EXPECT_TRUE(torch::equal(tracked.detach(), ref)) << where;
     }
   }
 }
