@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "pathkernel/error.h"
 
@@ -153,14 +152,13 @@ constexpr int64_t kMaxKinklessFailures = int64_t{1} << 14;
 /// The error for test point i, whose certificate did not close.
 [[noreturn]] void certificate_did_not_close(int64_t i, const Piece& pc, double gap, double scale,
                                             const QuadratureOptions& q) {
-  PK_CHECK(false, "test point " << i << ": its certificate did not close after " << kMaxKinklessFailures
-                                << " pieces of one segment failed without a kink inside (the last, [" << pc.a << ", "
-                                << pc.b << "] at depth " << pc.depth << ", is " << gap << " from f(b) - f(a), "
-                                << "against a tolerance of " << q.tol << " of the scale " << scale
-                                << " by length): either the test features disagree with the network along the "
-                                << "segment, a defect of pathkernel (please report it with the run), or the segment "
-                                << "crosses more kinks than halving its pieces can isolate");
-  std::abort();
+  PK_THROW("test point " << i << ": its certificate did not close after " << kMaxKinklessFailures
+                         << " pieces of one segment failed without a kink inside (the last, [" << pc.a << ", " << pc.b
+                         << "] at depth " << pc.depth << ", is " << gap << " from f(b) - f(a), "
+                         << "against a tolerance of " << q.tol << " of the scale " << scale
+                         << " by length): either the test features disagree with the network along the "
+                         << "segment, a defect of pathkernel (please report it with the run), or the segment "
+                         << "crosses more kinks than halving its pieces can isolate");
 }
 
 /// Refines a round's failed pieces into `next`: at the kinks inside each,
