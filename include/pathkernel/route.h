@@ -235,12 +235,6 @@ class Route {
   int64_t num_outputs_ = 0, parameter_count_ = 0;
   bool log_softmax_ = false;
   torch::Tensor w_, dw_;
-
- private:
-  /// Every param layer's weight and bias views of w_ and dw_, made once a
-  /// segment (weight_of and bias_of are asked for them some hundred times a
-  /// test point and step).
-  std::vector<torch::Tensor> w_weight_, w_bias_, dw_weight_, dw_bias_;
 };
 
 /// The signals of a tracked pass for one cotangent c [R, K] on its outputs,

@@ -22,17 +22,6 @@ void Route::set_segment(const torch::Tensor& w, const torch::Tensor& dw) {
                                           << parameter_count_ << "]");
   w_ = w;
   dw_ = dw;
-  w_weight_.clear();
-  w_bias_.clear();
-  dw_weight_.clear();
-  dw_bias_.clear();
-  for (size_t l = 0; l < params_.size(); ++l) {
-    const ParamLayer& p = params_[l];
-    w_weight_.push_back(w.narrow(0, p.weight_offset, p.weight_numel).view(p.weight_shape));
-    w_bias_.push_back(w.narrow(0, p.bias_offset, p.bias_numel));
-    dw_weight_.push_back(dw.narrow(0, p.weight_offset, p.weight_numel).view(p.weight_shape));
-    dw_bias_.push_back(dw.narrow(0, p.bias_offset, p.bias_numel));
-  }
   segment_changed();
 }
 
@@ -96,15 +85,11 @@ SegmentPass rows_of(const SegmentPass& pass, const torch::Tensor& index) {
 }
 
 torch::Tensor Route::weight_of(const torch::Tensor& v, size_t l) const {
-  if (v.unsafeGetTensorImpl() == w_.unsafeGetTensorImpl()) return w_weight_[l];
-  if (v.unsafeGetTensorImpl() == dw_.unsafeGetTensorImpl()) return dw_weight_[l];
   const ParamLayer& p = params_[l];
   return v.narrow(0, p.weight_offset, p.weight_numel).view(p.weight_shape);
 }
 
 torch::Tensor Route::bias_of(const torch::Tensor& v, size_t l) const {
-  if (v.unsafeGetTensorImpl() == w_.unsafeGetTensorImpl()) return w_bias_[l];
-  if (v.unsafeGetTensorImpl() == dw_.unsafeGetTensorImpl()) return dw_bias_[l];
   const ParamLayer& p = params_[l];
   return v.narrow(0, p.bias_offset, p.bias_numel);
 }
