@@ -27,6 +27,7 @@
 #include "last_site.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 
@@ -62,19 +63,6 @@ void interpolate_rows(const T* y, const T* xs, const T* x, int64_t N, int64_t S,
       for (int64_t u = 0; u < U; ++u) on[u] += l * ys_ns[u];
     }
   }
-}
-
-/// Each row's samples ys [N, S, U] at local xs [N, S], interpolated at its
-/// local x [N]: [N, U], Σ_s L_s(x) ys[n, s] (one pass over the samples).
-torch::Tensor interpolate_at(const torch::Tensor& ys, const torch::Tensor& xs, const torch::Tensor& x) {
-  const int64_t N = ys.size(0), S = ys.size(1), U = ys.size(2);
-  const torch::Tensor yc = ys.contiguous(), xc = xs.contiguous(), at = x.contiguous();
-  torch::Tensor out = torch::zeros({N, U}, ys.options());
-  AT_DISPATCH_FLOATING_TYPES(ys.scalar_type(), "interpolate_at", [&] {
-    interpolate_rows<scalar_t>(yc.data_ptr<scalar_t>(), xc.data_ptr<scalar_t>(), at.data_ptr<scalar_t>(), N, S, U,
-                               out.data_ptr<scalar_t>());
-  });
-  return out;
 }
 
 /// The roots in (−1, 1) of the polynomial Σ_i c[i] xⁱ of degree d,
@@ -322,22 +310,88 @@ struct Logits {
   torch::Tensor w0, dw, b0, db;  ///< [K, Hw], [K, Hw], [K], [K]
 };
 
-/// Which units pass on at each sub-piece's midpoint: sel [N, Hw] (units of
-/// y, flattened) and mask [N, Hw] (1 where the unit passes on), from the
-/// samples ys [N, S, U] at local xs [N, S] and the midpoints' local x [N],
-/// for a site of shape `shape` (rows first) followed by a max-pool of
-/// `pool` (0: none).
-std::pair<torch::Tensor, torch::Tensor> selection(const torch::Tensor& ys, const torch::Tensor& xs,
-                                                  const torch::Tensor& mid, const std::vector<int64_t>& shape,
-                                                  int64_t pool) {
-  const int64_t N = ys.size(0), U = ys.size(2);
-  const torch::Tensor y = interpolate_at(ys, xs, mid);  // [N, U]
-  if (pool == 0) return {torch::arange(U).expand({N, U}), (y > 0).to(y.scalar_type())};
-  PK_ASSERT(shape.size() == 4);
-  const int64_t C = shape[1], H = shape[2], W = shape[3];
-  auto [pooled, idx] = torch::max_pool2d_with_indices(y.view({N, C, H, W}), pool);
-  return {(idx.flatten(2) + (torch::arange(C) * (H * W)).view({1, C, 1})).flatten(1),
-          (pooled.flatten(1) > 0).to(y.scalar_type())};
+/// What passes on at each sub-piece's midpoint, and the samples that carry it.
+struct Selection {
+  torch::Tensor sel;   ///< [N, Hw]: the unit of y (flattened) each of h's entries takes
+  torch::Tensor mask;  ///< [N, Hw]: 1 where that unit passes on, else 0
+  torch::Tensor hs;    ///< [N, S, Hw]: h at the samples, ys[piece, s, sel] mask
+};
+
+/// A max-pool's winner in each window of y [C, H, W] (stride = window
+/// `pool`, no padding): the unit (c H W + its index) and whether the
+/// window's maximum is positive, as LibTorch's max_pool2d_with_indices
+/// takes it (the first maximum in the window's row-major order; a NaN wins).
+template <typename T>
+void pool_winners(const T* y, int64_t C, int64_t H, int64_t W, int64_t pool, int64_t* sel, T* on) {
+  const int64_t Hp = H / pool, Wp = W / pool;
+  for (int64_t c = 0; c < C; ++c) {
+    const T* yc = y + c * H * W;
+    for (int64_t i = 0; i < Hp; ++i) {
+      for (int64_t j = 0; j < Wp; ++j) {
+        int64_t best = i * pool * W + j * pool;
+        T top = -std::numeric_limits<T>::infinity();
+        for (int64_t di = 0; di < pool; ++di) {
+          for (int64_t dj = 0; dj < pool; ++dj) {
+            const int64_t at = (i * pool + di) * W + j * pool + dj;
+            if (yc[at] > top || std::isnan(yc[at])) {
+              top = yc[at];
+              best = at;
+            }
+          }
+        }
+        const int64_t w = (c * Hp + i) * Wp + j;
+        sel[w] = c * H * W + best;
+        on[w] = static_cast<T>(top > 0);
+      }
+    }
+  }
+}
+
+template <typename T>
+void select_rows(const T* ys, const T* xs, const int64_t* piece, const T* mid, int64_t N, int64_t S, int64_t U,
+                 int64_t Hw, const std::vector<int64_t>& shape, int64_t pool, int64_t* sel, T* on, T* hs) {
+  std::vector<T> y(static_cast<size_t>(U));
+  for (int64_t n = 0; n < N; ++n) {
+    const T* yp = ys + piece[n] * S * U;
+    std::fill(y.begin(), y.end(), T(0));
+    interpolate_rows(yp, xs + piece[n] * S, mid + n, 1, S, U, y.data());
+    int64_t* sn = sel + n * Hw;
+    T* mn = on + n * Hw;
+    if (pool == 0) {
+      for (int64_t u = 0; u < U; ++u) {
+        sn[u] = u;
+        mn[u] = static_cast<T>(y[u] > 0);
+      }
+    } else {
+      pool_winners(y.data(), shape[1], shape[2], shape[3], pool, sn, mn);
+    }
+    for (int64_t s = 0; s < S; ++s) {
+      const T* ys_s = yp + s * U;
+      T* h = hs + (n * S + s) * Hw;
+      for (int64_t w = 0; w < Hw; ++w) h[w] = ys_s[sn[w]] * mn[w];
+    }
+  }
+}
+
+/// Which units pass on at each sub-piece's midpoint, from its piece's
+/// samples ys[piece[n]] [S, U] at local xs[piece[n]] [S] interpolated at
+/// the midpoint's local x mid[n], for a site of shape `shape` (rows first)
+/// followed by a max-pool of `pool` (0: none); with h's samples. One pass
+/// per sub-piece, reading the piece's samples in place.
+Selection selection(const torch::Tensor& ys, const torch::Tensor& xs, const torch::Tensor& piece,
+                    const torch::Tensor& mid, const std::vector<int64_t>& shape, int64_t pool) {
+  const int64_t N = piece.size(0), S = ys.size(1), U = ys.size(2);
+  PK_ASSERT(pool == 0 || shape.size() == 4);
+  const int64_t Hw = pool == 0 ? U : shape[1] * (shape[2] / pool) * (shape[3] / pool);
+  const torch::Tensor yc = ys.contiguous(), xc = xs.contiguous(), pc = piece.contiguous(), mc = mid.contiguous();
+  Selection out{torch::empty({N, Hw}, torch::kLong), torch::empty({N, Hw}, ys.options()),
+                torch::empty({N, S, Hw}, ys.options())};
+  AT_DISPATCH_FLOATING_TYPES(ys.scalar_type(), "selection", [&] {
+    select_rows<scalar_t>(yc.data_ptr<scalar_t>(), xc.data_ptr<scalar_t>(), pc.data_ptr<int64_t>(),
+                          mc.data_ptr<scalar_t>(), N, S, U, Hw, shape, pool, out.sel.data_ptr<int64_t>(),
+                          out.mask.data_ptr<scalar_t>(), out.hs.data_ptr<scalar_t>());
+  });
+  return out;
 }
 
 /// One sub-piece [c, d] of a piece [a, b] whose samples are at local xs
@@ -596,16 +650,15 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
     }
     for (int64_t n0 = 0; n0 < N; n0 += chunk) {
       const int64_t nc = std::min(chunk, N - n0);
-      const torch::Tensor g = sub_t.narrow(0, n0, nc), xg = xs_t.index_select(0, g), yg = ys.index_select(0, g);
+      const torch::Tensor g = sub_t.narrow(0, n0, nc), xg = xs_t.index_select(0, g);
       auto part = [&](const std::vector<double>& v) {
         return std::vector<double>(v.begin() + n0, v.begin() + n0 + nc);
       };
       const std::vector<double> a = part(sa), b = part(sb), c = part(sp.c), d = part(sp.d);
       std::vector<double> mid(static_cast<size_t>(nc));
       for (int64_t n = 0; n < nc; ++n) mid[n] = (c[n] + d[n] - a[n] - b[n]) / (b[n] - a[n]);
-      const auto [sel, mask] = selection(yg, xg, torch::tensor(mid, opts), shape, pool);
+      const auto [sel, mask, hs] = selection(ys, xs_t, g, torch::tensor(mid, opts), shape, pool);  // hs [nc, S, Hw]
       PK_ASSERT(sel.size(1) == Hw);
-      const torch::Tensor hs = yg.gather(2, sel.unsqueeze(1).expand({nc, S, Hw})) * mask.unsqueeze(1);  // [nc, S, Hw]
       const Sums s = sums_of(a, b, c, d, xg, torch::matmul(hs, lg.w0.t()), torch::matmul(hs, lg.dw.t()), lg, m,
                              softmax);
       // The logits' layer, per piece.
