@@ -582,6 +582,30 @@ torch::Tensor cotangents_of(const torch::Tensor& fields, const torch::Tensor& w0
   return cot.view(cot_shape);
 }
 
+std::pair<torch::Tensor, torch::Tensor> piece_cotangent_sums(const LastSiteTerms& terms, const PieceRound& rd,
+                                                             const torch::Tensor& t, const std::vector<int64_t>& shape) {
+  const torch::Tensor e = terms.fields.contiguous(), tc = t.contiguous();
+  const int64_t R = e.size(1), U = e.size(2), np = rd.np;
+  PK_ASSERT(static_cast<int64_t>(rd.piece_of.size()) == R && tc.numel() == R);
+  torch::Tensor sum = torch::zeros({3, np, U}, e.options()), tsum = torch::zeros({3, np, U}, e.options());
+  AT_DISPATCH_FLOATING_TYPES(e.scalar_type(), "piece_cotangent_sums", [&] {
+    const scalar_t* ep = e.data_ptr<scalar_t>();
+    const scalar_t* tp = tc.data_ptr<scalar_t>();
+    scalar_t *sp = sum.data_ptr<scalar_t>(), *tsp = tsum.data_ptr<scalar_t>();
+    for (int64_t f = 0; f < 3; ++f) {
+      for (int64_t r = 0; r < R; ++r) {
+        const scalar_t* er = ep + (f * R + r) * U;
+        const int64_t at = (f * np + rd.piece_of[r]) * U;
+        for (int64_t u = 0; u < U; ++u) {
+          sp[at + u] += er[u];
+          tsp[at + u] += er[u] * tp[r];
+        }
+      }
+    }
+  });
+  return {cotangents_of(sum, terms.w0u, terms.dwu, shape), cotangents_of(tsum, terms.w0u, terms.dwu, shape)};
+}
+
 LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, const torch::Tensor& node_y,
                               const torch::Tensor& end_y, bool softmax) {
   const size_t fin = ev.param_layers().size() - 1, site = fin - 1;

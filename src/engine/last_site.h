@@ -3,6 +3,7 @@
 // locally"): internal to the engine.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -43,6 +44,13 @@ struct LastSiteTerms {
 /// for a site of shape `shape` (its first entry, the rows, is not read).
 torch::Tensor cotangents_of(const torch::Tensor& fields, const torch::Tensor& w0u, const torch::Tensor& dwu,
                             const std::vector<int64_t>& shape);
+
+/// Per piece of round `rd`, the sums over its node rows of the cotangents
+/// of `terms` (cotangents_of) and of them times the rows' t: [K, np, ...]
+/// each, as cotangents_of of the fields summed by piece (each piece's rows
+/// added in order), without forming the fields times t.
+std::pair<torch::Tensor, torch::Tensor> piece_cotangent_sums(const LastSiteTerms& terms, const PieceRound& rd,
+                                                             const torch::Tensor& t, const std::vector<int64_t>& shape);
 
 /// The terms of round `rd` (one piece's nodes are its rows first[p] ..
 /// first[p+1]−1; no moment rows) of a network whose last site is held:

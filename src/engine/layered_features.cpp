@@ -136,43 +136,54 @@ void add_dense(const SegmentEvaluator& ev, size_t l, TestFeatures& f, const torc
 /// (its A) and db[m] (its B) from the point's first piece's.
 struct SiteMends {
   torch::Tensor row, unit, point, da, db;  ///< [M] each
-
-  /// Mends [from, from + count), views.
-  SiteMends narrow(int64_t from, int64_t count) const {
-    return {row.narrow(0, from, count), unit.narrow(0, from, count), point.narrow(0, from, count),
-            da.narrow(0, from, count), db.narrow(0, from, count)};
-  }
 };
 
-/// add_conv_mends of at most kMendChunk mends m.
-void add_conv_mend_chunk(const ParamLayer& pl, const std::vector<int64_t>& input_shape, const torch::Tensor& g,
-                         const torch::Tensor& g_dw, const SiteMends& m, torch::Tensor& block) {
-  const int64_t M = m.row.size(0), K = block.size(0), Q = pl.weight_numel + pl.bias_numel;
-  const int64_t co = pl.weight_shape[0], ci = pl.weight_shape[1], kh = pl.weight_shape[2], kw = pl.weight_shape[3];
-  const int64_t H = input_shape[2], W = input_shape[3], P = pl.desc.padding;
-  const torch::Tensor c = m.unit.div(H * W, "floor"), y = m.unit.div(W, "floor").remainder(H), x = m.unit.remainder(W);
-  const torch::Tensor v = conv_windows(g, m.row, y, x, P, kh, kw) * m.da.view({M, 1, 1, 1, 1}) +
-                          conv_windows(g_dw, m.row, y, x, P, kh, kw) * m.db.view({M, 1, 1, 1, 1});  // [M, kh, kw, K, C']
-  const torch::Tensor idx = (m.point * Q).view({M, 1, 1, 1}) + torch::arange(co).view({1, 1, 1, co}) * (ci * kh * kw) +
-                            c.view({M, 1, 1, 1}) * (kh * kw) + torch::arange(kh).view({1, kh, 1, 1}) * kw +
-                            torch::arange(kw).view({1, 1, kw, 1});  // [M, kh, kw, C']
-  // One flat index per entry: index_add_ over a 1-D tensor adds each value
-  // in place (along dim 1 it would take a slice per index).
-  const torch::Tensor every_k = torch::arange(K).view({K, 1}) * block[0].numel();  // [K, 1]
-  block.view(-1).index_add_(0, (every_k + idx.view({1, -1})).flatten(), v.permute({3, 0, 1, 2, 4}).flatten());
+template <typename T>
+void add_mend_entries(const T* g, const T* g_dw, const SiteMends& m, int64_t K, int64_t R, int64_t co, int64_t ci,
+                      int64_t kh, int64_t kw, int64_t H, int64_t W, int64_t Ho, int64_t Wo, int64_t P, int64_t Q,
+                      int64_t n, T* block) {
+  const int64_t M = m.row.size(0);
+  const int64_t *row = m.row.data_ptr<int64_t>(), *unit = m.unit.data_ptr<int64_t>(), *point = m.point.data_ptr<int64_t>();
+  const T *da = m.da.data_ptr<T>(), *db = m.db.data_ptr<T>();
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t j = 0; j < M; ++j) {
+      const int64_t c = unit[j] / (H * W), y = unit[j] / W % H, x = unit[j] % W;
+      T* out = block + (k * n + point[j]) * Q + c * kh * kw;
+      for (int64_t a = 0; a < kh; ++a) {
+        const int64_t yy = y + P - a;
+        if (yy < 0 || yy >= Ho) continue;  // adds zeros
+        for (int64_t b = 0; b < kw; ++b) {
+          const int64_t xx = x + P - b;
+          if (xx < 0 || xx >= Wo) continue;
+          const int64_t at = ((k * R + row[j]) * co * Ho + yy) * Wo + xx;
+          for (int64_t o = 0; o < co; ++o) {
+            out[o * ci * kh * kw + a * kw + b] += g[at + o * Ho * Wo] * da[j] + g_dw[at + o * Ho * Wo] * db[j];
+          }
+        }
+      }
+    }
+  }
 }
 
 /// Adds to a convolution's block [K, n, Q] (layer pl, input shape
 /// `input_shape`, rows first) the mends' products with the pieces' pairs g,
 /// g_dw [K, np, C', H', W']: unit (c, y, x) enters weight entry (o, c, i, j)
-/// at the output position (y + P − i, x + P − j).
+/// at the output position (y + P − i, x + P − j), g da + g_dw db, added in
+/// the order of (k, mend, i, j, o).
 void add_conv_mends(const ParamLayer& pl, const std::vector<int64_t>& input_shape, const torch::Tensor& g,
                     const torch::Tensor& g_dw, const SiteMends& m, torch::Tensor& block) {
   PK_ASSERT(pl.desc.kind == Kind::Conv2d);  // a Dense site (a Linear one keeps its rows)
-  const int64_t M = m.row.size(0);
-  for (int64_t from = 0; from < M; from += kMendChunk) {
-    add_conv_mend_chunk(pl, input_shape, g, g_dw, m.narrow(from, std::min(kMendChunk, M - from)), block);
-  }
+  PK_ASSERT(block.is_contiguous() && g.sizes() == g_dw.sizes());
+  const torch::Tensor gc = g.contiguous(), gdc = g_dw.contiguous();
+  const SiteMends mc{m.row.contiguous(), m.unit.contiguous(), m.point.contiguous(), m.da.contiguous(),
+                     m.db.contiguous()};
+  const int64_t K = block.size(0), Q = pl.weight_numel + pl.bias_numel;
+  AT_DISPATCH_FLOATING_TYPES(block.scalar_type(), "add_conv_mends", [&] {
+    add_mend_entries<scalar_t>(gc.data_ptr<scalar_t>(), gdc.data_ptr<scalar_t>(), mc, K, gc.size(1),
+                               pl.weight_shape[0], pl.weight_shape[1], pl.weight_shape[2], pl.weight_shape[3],
+                               input_shape[2], input_shape[3], gc.size(3), gc.size(4), pl.desc.padding, Q,
+                               block.size(1), block.data_ptr<scalar_t>());
+  });
 }
 
 /// Counts the kinks a search found in f, each at its site.
@@ -682,13 +693,7 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
   piece_sel_ = ev_.first_selection(pass_, piece_first_row_);
   if (!site_of_pairs()) sig_[site_] = cotangents_of(terms_.fields, terms_.w0u, terms_.dwu, shape);
   // The cotangents are linear in their fields: the sums are the fields'.
-  const torch::Tensor& e = terms_.fields;  // [3, R, U]
-  const torch::Tensor piece = torch::tensor(rd.piece_of, torch::kLong);
-  const torch::Tensor e_sum = torch::zeros({3, rd.np, e.size(2)}, opts_).index_add_(1, piece, e);
-  const torch::Tensor et_sum =
-      torch::zeros({3, rd.np, e.size(2)}, opts_).index_add_(1, piece, e * pass_.t.view({1, rd.rows, 1}));
-  piece_g_ = cotangents_of(e_sum, terms_.w0u, terms_.dwu, shape);
-  piece_gt_ = cotangents_of(et_sum, terms_.w0u, terms_.dwu, shape);
+  std::tie(piece_g_, piece_gt_) = piece_cotangent_sums(terms_, rd, pass_.t, shape);
   piece_first_dot_ = ev_.first_dot_of_pair(pass_, piece_first_row_, piece_sel_, piece_g_, piece_gt_);
   (site_of_pairs() ? f_.unwalked_cotangents : f_.short_cotangents) += rd.rows * k_out_;
   f_.pair_pieces += rd.np;
