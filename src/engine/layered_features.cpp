@@ -223,6 +223,10 @@ class LayeredFeatures final : public Integrand {
   /// Rows `pieces` along dim of a tensor of the round's pieces (v itself
   /// when they are all of them).
   torch::Tensor of_pieces(const torch::Tensor& v, int64_t dim, const torch::Tensor& pieces) const;
+  /// The test points' inputs at rows of points `point`: a group of one
+  /// point takes its input repeated as a view (rows of stride 0), whose
+  /// first convolution a route forms once.
+  torch::Tensor inputs_at(const torch::Tensor& point) const;
   /// Adds the first layer's signals of accepted pieces `pieces` (of the
   /// round's pairs, pair_walk_) to first_sum_: their test points are
   /// `present` [G], piece p's present[group[p]].
@@ -403,6 +407,13 @@ void LayeredFeatures::keep_first(const torch::Tensor& s, const torch::Tensor& pr
   first_sum_.index_add_(1, pr, every_output(unit ? s : s * wr.view(w_shape), k_out_));
 }
 
+torch::Tensor LayeredFeatures::inputs_at(const torch::Tensor& point) const {
+  if (n_ != 1) return x_.index_select(0, point);
+  std::vector<int64_t> rows = x_.sizes().vec();
+  rows[0] = point.size(0);
+  return x_.expand(rows);
+}
+
 torch::Tensor LayeredFeatures::of_pieces(const torch::Tensor& v, int64_t dim, const torch::Tensor& pieces) const {
   return pieces.size(0) == piece_first_row_.size(0) ? v : v.index_select(dim, pieces);  // every piece: no copy
 }
@@ -500,7 +511,7 @@ void LayeredFeatures::keep(const SegmentPass& pass, const std::vector<torch::Ten
 SegmentPass LayeredFeatures::fresh_pass(const SharedRows& rows) {
   SegmentPass pf;
   if (rows.fresh_t.empty()) return pf;
-  pf = ev_.forward(x_.index_select(0, torch::tensor(rows.fresh_point, torch::kLong)),
+  pf = ev_.forward(inputs_at(torch::tensor(rows.fresh_point, torch::kLong)),
                    torch::tensor(rows.fresh_t, opts_), false);
   f_.forward_evaluations += static_cast<int64_t>(rows.fresh_t.size());
   return pf;
@@ -590,7 +601,7 @@ void LayeredFeatures::evaluate_round(const PieceRound& rd) {
   sig_.clear();
   point_t_ = torch::tensor(rd.point, torch::kLong);
   w_t_ = torch::tensor(rd.w, opts_);
-  pass_ = ev_.forward(x_.index_select(0, point_t_), torch::tensor(rd.t, opts_), track_passes(ev_));
+  pass_ = ev_.forward(inputs_at(point_t_), torch::tensor(rd.t, opts_), track_passes(ev_));
   // The pieces' ends: only those not evaluated yet take a pass.
   const SharedRows er = shared_rows(rd.end_point, rd.ends, n_);
   end_index_ = torch::tensor(er.index, torch::kLong);
@@ -600,7 +611,7 @@ void LayeredFeatures::evaluate_round(const PieceRound& rd) {
   mpoint_t_ = torch::Tensor();
   if (rd.moment_rows > 0) {
     mpoint_t_ = torch::tensor(rd.mpoint, torch::kLong);
-    pm_ = ev_.forward(x_.index_select(0, mpoint_t_), torch::tensor(rd.mt, opts_), track_passes(ev_));
+    pm_ = ev_.forward(inputs_at(mpoint_t_), torch::tensor(rd.mt, opts_), track_passes(ev_));
   }
   msig_.clear();
   if (fold_) {
@@ -667,7 +678,7 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
   round_sites_.clear();
   point_t_ = torch::tensor(rd.point, torch::kLong);
   w_t_ = torch::ones({rd.rows}, opts_);  // the weights are in the cotangents
-  pass_ = ev_.forward(x_.index_select(0, point_t_), torch::tensor(rd.t, opts_), false);
+  pass_ = ev_.forward(inputs_at(point_t_), torch::tensor(rd.t, opts_), false);
   const SharedRows er = shared_rows(rd.end_point, rd.ends, n_);
   end_index_ = torch::tensor(er.index, torch::kLong);
   pf_ = fresh_pass(er);

@@ -159,10 +159,16 @@ torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const to
     y = torch::conv2d(h, weight_of(w_, l), bias_of(w_, l), 1, layer.padding);
   } else {
     // W_s and dW_s as one convolution of twice the channels: the input's
-    // patches are formed once, for both.
+    // patches are formed once, for both. Rows of one input repeated (a view
+    // of stride 0 along rows: a test point's rows along its segment) take
+    // one row's, repeated as a view: LibTorch convolves row by row, so each
+    // row's bits are the same.
     const int64_t c = weight_of(w_, l).size(0);
-    const torch::Tensor both = torch::conv2d(h, torch::cat({weight_of(w_, l), weight_of(dw_, l)}),
-                                             torch::cat({bias_of(w_, l), bias_of(dw_, l)}), 1, layer.padding);
+    const bool repeated = h.size(0) > 1 && h.stride(0) == 0;
+    torch::Tensor both = torch::conv2d(repeated ? h.narrow(0, 0, 1) : h,
+                                       torch::cat({weight_of(w_, l), weight_of(dw_, l)}),
+                                       torch::cat({bias_of(w_, l), bias_of(dw_, l)}), 1, layer.padding);
+    if (repeated) both = both.expand({h.size(0), -1, -1, -1});
     pass.directions.push_back(both.narrow(1, c, c));
     y = torch::addcmul(both.narrow(1, 0, c), t.view({-1, 1, 1, 1}), pass.directions.back());
   }
