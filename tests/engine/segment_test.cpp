@@ -108,6 +108,31 @@ TEST(Segment, DirectionsGiveTheOutputsDerivativeAlongTheSegment) {
   }
 }
 
+// One input's rows along the segment, passed as a view of it repeated
+// (stride 0 along rows, as a group of one test point passes them), give the
+// pass of its copies bit for bit: the route forms their first convolution
+// once.
+TEST(Segment, RowsOfOneInputRepeatedGiveThePassOfItsCopies) {
+  for (const Case& c : kCases) {
+    const int64_t R = 5;
+    SegmentCase s = segment_case(c, 1, 6);
+    SegmentEvaluator ev(s.net);
+    ev.set_segment(s.w, s.dw);
+    const torch::Tensor t = torch::rand({R}, torch::kFloat64);
+    std::vector<int64_t> rows = s.x.sizes().vec();
+    rows[0] = R;
+    const torch::Tensor repeated = s.x.expand(rows);
+    ASSERT_EQ(repeated.stride(0), 0);
+    const SegmentPass a = ev.forward(repeated, t, false), b = ev.forward(s.x.repeat_interleave(R, 0), t, false);
+    ASSERT_EQ(a.preacts.size(), b.preacts.size()) << c.spec;
+    for (size_t l = 0; l < a.preacts.size(); ++l) {
+      EXPECT_TRUE(torch::equal(a.preacts[l], b.preacts[l])) << c.spec << " layer " << l;
+      EXPECT_TRUE(torch::equal(a.directions[l], b.directions[l])) << c.spec << " layer " << l;
+    }
+    EXPECT_TRUE(torch::equal(a.out, b.out)) << c.spec;
+  }
+}
+
 // A pair of cotangents on layer 1 (the held site's sums over a piece's
 // nodes): its first-layer part of J dw taken forward, and its first-layer
 // signals summed per group of rows (one walk through layer 1 per group,
