@@ -48,6 +48,12 @@ struct ParamLayer {
   std::vector<int64_t> weight_shape;
 };
 
+/// Pairs of cotangents g, g_dw on rows (Route::first_signals_of_pairs_summed)
+/// summed by group of rows, [K, groups, ...] each; undefined where not formed.
+struct PairSums {
+  torch::Tensor g, g_dw;
+};
+
 /// The outcome of evaluating rows.
 struct SegmentPass {
   torch::Tensor out;                  ///< [R, K] network outputs
@@ -174,10 +180,12 @@ class Route {
   /// `selection` (as first_dot_of_pair), walks each group's sums through
   /// layer 1 once and routes them by one row's selection, then mends the few
   /// units where the group's rows select differently (docs/math.md §7).
+  /// `g_sums`, g's and g_dw's sums by group where the caller has them
+  /// (sum_by_group: the same bits), else formed where needed.
   virtual torch::Tensor first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
                                                       const torch::Tensor& selection, const torch::Tensor& g,
                                                       const torch::Tensor& g_dw, const torch::Tensor& group,
-                                                      int64_t groups) const;
+                                                      int64_t groups, const PairSums& g_sums = {}) const;
   /// The kink sites of a pass: tensors [R, ...] (KinkHints).
   virtual const std::vector<torch::Tensor>& kink_sites(const SegmentPass& pass) const { return pass.preacts; }
   const KinkHints& hints() const { return hints_; }

@@ -94,9 +94,9 @@ class SegmentEvaluator : public KinkSites {
   /// group of rows (Route::first_signals_of_pairs_summed).
   torch::Tensor first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
                                               const torch::Tensor& selection, const torch::Tensor& g,
-                                              const torch::Tensor& g_dw, const torch::Tensor& group,
-                                              int64_t groups) const {
-    return route_->first_signals_of_pairs_summed(pass, rows, selection, g, g_dw, group, groups);
+                                              const torch::Tensor& g_dw, const torch::Tensor& group, int64_t groups,
+                                              const PairSums& g_sums = {}) const {
+    return route_->first_signals_of_pairs_summed(pass, rows, selection, g, g_dw, group, groups, g_sums);
   }
   /// Whether the last kink site can be held (KinkHints::last_site_local).
   bool last_site_local() const { return route_->hints().last_site_local; }

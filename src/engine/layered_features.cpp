@@ -230,13 +230,16 @@ class LayeredFeatures final : public Integrand {
   /// Adds the first layer's signals of accepted pieces `pieces` (of the
   /// round's pairs, pair_walk_) to first_sum_: their test points are
   /// `present` [G], piece p's present[group[p]].
-  void add_first_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present, const torch::Tensor& group);
+  /// `sums`: the pairs' sums by group, where the selection is known.
+  void add_first_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present, const torch::Tensor& group,
+                          const PairSums& sums);
   /// Adds layer 1's block of accepted pieces `pieces` (as
   /// add_first_of_pairs) to its Dense block (docs/math.md §7): per test
   /// point, its pairs' sums against layer 1's input A + t B under its first
   /// piece's selection, and each piece's own pair where its selection
   /// differs.
-  void add_site_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present, const torch::Tensor& group);
+  void add_site_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present, const torch::Tensor& group,
+                         const PairSums& sums);
   SegmentPass fresh_pass(const SharedRows& rows);
   std::vector<torch::Tensor> shared_sites(const SegmentPass& pf, const torch::Tensor& index) const;
   void evaluate_round(const PieceRound& rd);
@@ -419,11 +422,12 @@ torch::Tensor LayeredFeatures::of_pieces(const torch::Tensor& v, int64_t dim, co
 }
 
 void LayeredFeatures::add_first_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present,
-                                         const torch::Tensor& group) {
+                                         const torch::Tensor& group, const PairSums& sums) {
   const torch::Tensor sel = piece_sel_.defined() ? of_pieces(piece_sel_, 0, pieces) : piece_sel_;
   const torch::Tensor s = ev_.first_signals_of_pairs_summed(pass_, of_pieces(piece_first_row_, 0, pieces), sel,
                                                             of_pieces(piece_g_, 1, pieces),
-                                                            of_pieces(piece_gt_, 1, pieces), group, present.size(0));
+                                                            of_pieces(piece_gt_, 1, pieces), group, present.size(0),
+                                                            sums);
   if (!first_sum_.defined()) {
     std::vector<int64_t> sizes = s.sizes().vec();
     sizes[1] = n_;
@@ -433,10 +437,11 @@ void LayeredFeatures::add_first_of_pairs(const torch::Tensor& pieces, const torc
 }
 
 void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch::Tensor& present,
-                                        const torch::Tensor& group) {
+                                        const torch::Tensor& group, const PairSums& sums) {
   const torch::Tensor sel = of_pieces(piece_sel_, 0, pieces), rows = of_pieces(piece_first_row_, 0, pieces);
   const torch::Tensor g = of_pieces(piece_g_, 1, pieces), gt = of_pieces(piece_gt_, 1, pieces);
   const int64_t G = present.size(0);
+  PK_ASSERT(sums.g.defined() && sums.g_dw.defined());
   // Each test point's first piece; its selection routes the point's sums.
   const torch::Tensor ref = first_of_each_group(group, G), ref_sel = sel.index_select(0, ref);  // [G, U1]
   // Layer 1's input on a piece is A + t B: the first layer's output at t = 0
@@ -449,9 +454,9 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   // Rows A, B of each point in turn (grouped by point, as add_dense takes
   // them best); B's bias columns, which would take Σ_j t_j G_j, are taken
   // back out: the bias has A's alone (its input is 1, not t).
-  const torch::Tensor gts = sum_by_group(gt, group, G);
+  const torch::Tensor& gts = sums.g_dw;
   add_dense(ev_, 1, f_, torch::stack({routed(y0, ref_sel), routed(d0, ref_sel)}, 1).view(shape),
-            torch::stack({sum_by_group(g, group, G), gts}, 2).flatten(1, 2), present.repeat_interleave(2), torch::Tensor());
+            torch::stack({sums.g, gts}, 2).flatten(1, 2), present.repeat_interleave(2), torch::Tensor());
   const ParamLayer& pl = ev_.param_layers()[1];
   if (pl.bias_numel > 0) {
     f_.layers[1].block.narrow(2, pl.weight_numel, pl.bias_numel)
@@ -876,8 +881,15 @@ void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& a
   if (pair_walk_ && !accepted.empty()) {
     // The accepted pieces' test points, numbered 0, 1, … in `group`.
     const auto [present, group] = torch::_unique(pt, /*sorted=*/true, /*return_inverse=*/true);
-    add_first_of_pairs(pc, present, group);
-    if (site_of_pairs()) add_site_of_pairs(pc, present, group);
+    // The pairs' sums per test point, once for both (where the selection
+    // routes them: the route sums them itself otherwise).
+    PairSums sums;
+    if (piece_sel_.defined()) {
+      sums = {sum_by_group(of_pieces(piece_g_, 1, pc), group, present.size(0)),
+              sum_by_group(of_pieces(piece_gt_, 1, pc), group, present.size(0))};
+    }
+    add_first_of_pairs(pc, present, group, sums);
+    if (site_of_pairs()) add_site_of_pairs(pc, present, group, sums);
     f_.pair_sums += present.size(0);
   }
   std::vector<int64_t> rows, moments;

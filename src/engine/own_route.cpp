@@ -44,8 +44,8 @@ class OwnRoute final : public LayeredRoute {
                                   const torch::Tensor& g, const torch::Tensor& g_dw) const override;
   torch::Tensor first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
                                               const torch::Tensor& selection, const torch::Tensor& g,
-                                              const torch::Tensor& g_dw, const torch::Tensor& group,
-                                              int64_t groups) const override;
+                                              const torch::Tensor& g_dw, const torch::Tensor& group, int64_t groups,
+                                              const PairSums& g_sums) const override;
   /// As their backward walk takes them: a unit's gradient goes to its
   /// target alone.
   torch::Tensor first_selection(const SegmentPass& pass, const torch::Tensor& rows) const override;
@@ -404,14 +404,16 @@ torch::Tensor OwnRoute::first_dot_of_pair(const SegmentPass& pass, const torch::
 torch::Tensor OwnRoute::first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
                                                       const torch::Tensor& target, const torch::Tensor& g,
                                                       const torch::Tensor& g_dw, const torch::Tensor& group,
-                                                      int64_t groups) const {
+                                                      int64_t groups, const PairSums& g_sums) const {
   torch::NoGradGuard no_grad;
   if (!target.defined()) return Route::first_signals_of_pairs_summed(pass, rows, target, g, g_dw, group, groups);
   const int64_t K = g.size(0);
   // Each group's sums through layer 1, once, routed by its first row's masks.
+  auto summed = [&](const torch::Tensor& sum, const torch::Tensor& v) {
+    return sum.defined() ? sum : sum_by_group(v, group, groups);
+  };
   const torch::Tensor through =
-      pair_backward(layers_[layer_index(1)], 1, sum_by_group(g, group, groups), sum_by_group(g_dw, group, groups), pass)
-          .flatten(2);
+      pair_backward(layers_[layer_index(1)], 1, summed(g_sums.g, g), summed(g_sums.g_dw, g_dw), pass).flatten(2);
   const torch::Tensor ref = target.index_select(0, first_of_each_group(group, groups));  // [groups, U1]
   const torch::Tensor& y0 = pass.layer_inputs[layer_index(0) + 1];
   const int64_t U0 = y0[0].numel();

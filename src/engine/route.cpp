@@ -59,7 +59,7 @@ torch::Tensor Route::first_dot_of_pair(const SegmentPass& pass, const torch::Ten
 torch::Tensor Route::first_signals_of_pairs_summed(const SegmentPass& pass, const torch::Tensor& rows,
                                                    const torch::Tensor& /*selection*/, const torch::Tensor& g,
                                                    const torch::Tensor& g_dw, const torch::Tensor& group,
-                                                   int64_t groups) const {
+                                                   int64_t groups, const PairSums& /*g_sums*/) const {
   return sum_by_group(first_signals_of_pair(rows_of(pass, rows), g, g_dw), group, groups);
 }
 
