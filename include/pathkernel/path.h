@@ -58,6 +58,11 @@ struct PathStep {
   std::vector<torch::Tensor> layer_inputs;   ///< per param layer: a_l [B_s, ...]
   std::vector<torch::Tensor> layer_signals;  ///< per param layer: ∂L_s/∂y_l [B_s, ...] of the batch's mean loss
   torch::Tensor gradient;                    ///< G_s = ∂L_s/∂w [P] float64, as the optimizer received it
+  /// What the capture's consumer formed from the captured tensors where it
+  /// asked (set_capture's `finish`: the engine's per-sample gradients of
+  /// the batch, per param layer, undefined for a layer without them);
+  /// empty otherwise.
+  std::vector<torch::Tensor> layer_gradients;
 };
 
 /// The outcome of replaying a whole path against its checkpoints.
@@ -171,7 +176,14 @@ class PathReader {
   /// backprop signals and gradient that its replay computed (PathStep), so
   /// a consumer need not run the batch through the network again. Costs
   /// the batch's activations per step held (one segment's in reverse()).
-  void set_capture(bool on) { capture_ = on; }
+  /// `finish`, when given, is called on each captured step before it is
+  /// handed on, on the thread that replayed it (its own when the replay
+  /// runs ahead): the consumer's work on the captured tensors, done ahead
+  /// of the consumer's need.
+  void set_capture(bool on, std::function<void(PathStep&)> finish = nullptr) {
+    capture_ = on;
+    capture_finish_ = on ? std::move(finish) : nullptr;
+  }
 
   /// Makes forward() and reverse() replay on a thread of its own, ahead of
   /// the caller's work (forward: up to two steps; reverse: the next
@@ -275,6 +287,7 @@ class PathReader {
   int64_t batch_first_ = -1;
   torch::Tensor batch_rows_;
   bool capture_ = false;
+  std::function<void(PathStep&)> capture_finish_;
   bool ahead_ = false;
   double ahead_seconds_ = 0;
   int replay_threads_ = 0;  ///< the replay's OpenMP count: the run's (0), or one (replays_on_one_thread)

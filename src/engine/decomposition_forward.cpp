@@ -251,7 +251,7 @@ Decomposition walk_forward(PathReader& reader, const torch::Tensor& x_in, const 
   const int64_t layers = options.by_layer ? static_cast<int64_t>(w.layout.size()) : 0;
   if (layers) d.layer_contributions = torch::zeros({w.n, w.M, w.K, layers}, torch::kFloat64);
   StepBlock blk(reader, options.first_step, end_step, w.n, w.M, w.K, options.kernel, layers);
-  CaptureScope capture(reader, w.captured);
+  CaptureScope capture(reader, w.captured, w.ev);
 
   // Steps s < first are done (or not asked for), and so are s >= end_step;
   // the reader replays only the segments of the others.

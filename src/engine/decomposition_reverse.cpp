@@ -397,7 +397,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   }
   const int64_t chunk = chunk_size(options, budget, w.n, block);
   const int64_t chunks = (w.n + chunk - 1) / chunk;
-  CaptureScope capture(reader, w.captured);
+  CaptureScope capture(reader, w.captured, w.ev);
 
   const DecompositionProgress* resumed = restore(checkpoint, d, chunk, false);
   ProgressBar bar(m.steps * chunks, "decompose", options.progress);

@@ -52,9 +52,24 @@ TrainSignals captured_signals(const PathStep& st, int64_t r0, int64_t nr) {
   for (size_t l = 0; l < st.layer_inputs.size(); ++l) {
     t.inputs.push_back(st.layer_inputs[l].narrow(0, r0, nr));
     t.signals.push_back(st.layer_signals[l].narrow(0, r0, nr));
+    const bool formed = l < st.layer_gradients.size() && st.layer_gradients[l].defined();
+    t.gradients.push_back(formed ? st.layer_gradients[l].narrow(0, r0, nr) : torch::Tensor());
   }
   return t;
 }
+
+}  // namespace
+
+CaptureScope::CaptureScope(PathReader& reader, bool on, const SegmentEvaluator& ev) : reader_(reader) {
+  reader_.set_capture(on, [&ev](PathStep& st) {
+    torch::NoGradGuard no_grad;
+    TrainSignals t{st.layer_inputs, st.layer_signals, {}};
+    form_sample_gradients(ev, t);
+    st.layer_gradients = std::move(t.gradients);
+  });
+}
+
+namespace {
 
 /// Whether the layers of ev's route hold every one of its P parameters, each
 /// with a gradient rule (no Module layer).

@@ -45,10 +45,14 @@ double run_epsilon(const Manifest& m);
 /// The rounding bound of step s's update residual (StepResiduals).
 double update_bound(const Manifest& m, const PathStep& st);
 
-/// Turns the reader's capture on for a scope.
+/// Turns the reader's capture on for a scope. Each captured step's
+/// per-sample gradients (form_sample_gradients on ev's layers) are formed
+/// where it is replayed, on the replay's own thread when it runs ahead, so
+/// that the walk's threads find them formed (they waited for one another's
+/// before: the first to need a step's training rows formed them).
 class CaptureScope {
  public:
-  CaptureScope(PathReader& reader, bool on) : reader_(reader) { reader_.set_capture(on); }
+  CaptureScope(PathReader& reader, bool on, const SegmentEvaluator& ev);
   ~CaptureScope() { reader_.set_capture(false); }
 
  private:

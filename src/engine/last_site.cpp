@@ -40,7 +40,8 @@ namespace {
 
 constexpr int kGaussPoints = 16;
 constexpr int kMaxHalvings = 8;  // up to 256 sub-intervals
-/// Sub-pieces per batch: at most this many doubles of samples of y.
+/// Sub-pieces per batch: as many as S samples of U units each come to at
+/// most this many doubles (their samples of h are no more).
 constexpr int64_t kChunkDoubles = int64_t{1} << 22;
 
 /// The Lagrange basis polynomial of sample s of the S samples at xs, at x.

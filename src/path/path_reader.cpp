@@ -234,6 +234,7 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
       std::vector<torch::Tensor> grads;
       for (auto& p : params) grads.push_back(p.grad().reshape({-1}).to(torch::kFloat64));
       step.gradient = torch::cat(grads);
+      if (capture_finish_) capture_finish_(step);
     }
     step.step = s;
     step.delta = next - w;

@@ -121,7 +121,8 @@ TEST(ReverseAccumulation, AgreesWithTheForwardRouteOnSgd) {
   EXPECT_LE((fwd.rounding - rev.rounding).abs().max().item<double>(), 1e-14);
 }
 
-// The replay's own signals (PathReader::set_capture) against signals
+// The replay's own signals (PathReader::set_capture, with the per-sample
+// gradients formed where the steps are replayed) against signals
 // recomputed by a separate pass of every batch through the engine's network:
 // two independent sources of the same per-sample gradients, for both routes,
 // an MLP under full-batch GD and a CNN (max-pools) under momentum.
@@ -153,7 +154,7 @@ TEST(ReplaySignals, AgreeWithRecomputedSignals) {
     EXPECT_LE((replayed.regularization - recomputed.regularization).abs().max().item<double>(), 1e-12 * scale);
     EXPECT_LE((replayed.rounding - recomputed.rounding).abs().max().item<double>(), 1e-13);
     // The reader is left as it was found: no capture.
-    reader.forward([](const PathStep& st) { EXPECT_TRUE(st.layer_inputs.empty()); });
+    reader.forward([](const PathStep& st) { EXPECT_TRUE(st.layer_inputs.empty() && st.layer_gradients.empty()); });
   }
 }
 
