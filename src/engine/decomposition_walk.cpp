@@ -46,30 +46,17 @@ torch::Tensor rows(const torch::Tensor& t, int64_t r0, int64_t nr) { return t.de
 
 /// Training rows r0 .. r0+nr of the step's batch as the replay computed them
 /// (PathReader::set_capture): layer inputs and the mean loss's signals, that
-/// is, the per-sample signals δ_i divided by |B_s|.
+/// is, the per-sample signals δ_i divided by |B_s|, with the per-sample
+/// gradients CaptureScope formed (undefined where it formed none).
 TrainSignals captured_signals(const PathStep& st, int64_t r0, int64_t nr) {
   TrainSignals t;
   for (size_t l = 0; l < st.layer_inputs.size(); ++l) {
     t.inputs.push_back(st.layer_inputs[l].narrow(0, r0, nr));
     t.signals.push_back(st.layer_signals[l].narrow(0, r0, nr));
-    const bool formed = l < st.layer_gradients.size() && st.layer_gradients[l].defined();
-    t.gradients.push_back(formed ? st.layer_gradients[l].narrow(0, r0, nr) : torch::Tensor());
+    t.gradients.push_back(l < st.layer_gradients.size() ? rows(st.layer_gradients[l], r0, nr) : torch::Tensor());
   }
   return t;
 }
-
-}  // namespace
-
-CaptureScope::CaptureScope(PathReader& reader, bool on, const SegmentEvaluator& ev) : reader_(reader) {
-  reader_.set_capture(on, [&ev](PathStep& st) {
-    torch::NoGradGuard no_grad;
-    TrainSignals t{st.layer_inputs, st.layer_signals, {}};
-    form_sample_gradients(ev, t);
-    st.layer_gradients = std::move(t.gradients);
-  });
-}
-
-namespace {
 
 /// Whether the layers of ev's route hold every one of its P parameters, each
 /// with a gradient rule (no Module layer).
@@ -109,6 +96,15 @@ double run_epsilon(const Manifest& m) {
 
 double update_bound(const Manifest& m, const PathStep& st) {
   return kRoundingSlack * run_epsilon(m) * (max_abs(st.w) + max_abs(st.w + st.delta));
+}
+
+CaptureScope::CaptureScope(PathReader& reader, bool on, const SegmentEvaluator& ev) : reader_(reader) {
+  reader_.set_capture(on, [&ev](PathStep& st) {
+    torch::NoGradGuard no_grad;
+    TrainSignals t{st.layer_inputs, st.layer_signals, {}};
+    form_sample_gradients(ev, t);
+    st.layer_gradients = std::move(t.gradients);
+  });
 }
 
 Walk::Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options)
