@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pathkernel/error.h"
+#include "pathkernel/max_pool.h"
 #include "pathkernel/quadrature.h"
 
 namespace pathkernel {
@@ -213,7 +214,7 @@ std::vector<torch::Tensor> activation_patterns(const KinkSites& ev, const std::v
     if (!ev.relu_after()[l]) {
       out.push_back(torch::zeros({y.size(0), 0}, torch::kLong));
     } else if (const int64_t k = ev.pool_after()[l]) {
-      auto [m, ind] = torch::max_pool2d_with_indices(y, k);
+      auto [m, ind] = max_pool_with_indices(y, k);
       out.push_back(torch::where(m > 0, ind, torch::full_like(ind, -1)).flatten(1).contiguous());
     } else {
       out.push_back((y.flatten(1) > 0).to(torch::kLong).contiguous());
@@ -277,7 +278,7 @@ std::vector<double> hidden_switches(const KinkSites& ev, const std::vector<torch
 PooledSwitches pooled_switches(const torch::Tensor& y, const torch::Tensor& at_a, const torch::Tensor& at_b,
                                int64_t k) {
   PK_CHECK(y.dim() == 4, "pooled_switches: a pooled site is [rows, C, H, W], got " << y.sizes());
-  auto [m, ind] = torch::max_pool2d_with_indices(y, k);
+  auto [m, ind] = max_pool_with_indices(y, k);
   const torch::Tensor plane = torch::arange(y.size(1)).view({1, -1, 1, 1}) * (y.size(2) * y.size(3));
   const torch::Tensor unit = (ind + plane).flatten(1), positive = m.flatten(1) > 0, flat = y.flatten(1) > 0;
   PooledSwitches out;

@@ -1,0 +1,123 @@
+// Max-pooling of non-overlapping windows and its gradient (max_pool.h).
+#include "pathkernel/max_pool.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+
+#include "pathkernel/error.h"
+
+namespace pathkernel {
+namespace {
+
+/// Planes p0 .. p1 of x (each H × W) pooled by k × k windows into out and
+/// index (each Hp × Wp): LibTorch's rule, the first maximum in row-major
+/// order, a NaN taking any number's place (and a later NaN an earlier one's).
+template <typename T>
+void pool_planes(const T* x, int64_t p0, int64_t p1, int64_t H, int64_t W, int64_t k, T* out, int64_t* index) {
+  const int64_t Hp = H / k, Wp = W / k;
+  for (int64_t p = p0; p < p1; ++p) {
+    const T* xp = x + p * H * W;
+    T* op = out + p * Hp * Wp;
+    int64_t* ip = index + p * Hp * Wp;
+    for (int64_t i = 0; i < Hp; ++i) {
+      for (int64_t j = 0; j < Wp; ++j) {
+        int64_t best = i * k * W + j * k;
+        T top = -std::numeric_limits<T>::infinity();
+        for (int64_t di = 0; di < k; ++di) {
+          const int64_t row = (i * k + di) * W + j * k;
+          for (int64_t dj = 0; dj < k; ++dj) {
+            const T v = xp[row + dj];
+            const bool take = v > top || std::isnan(v);
+            top = take ? v : top;
+            best = take ? row + dj : best;
+          }
+        }
+        op[i * Wp + j] = top;
+        ip[i * Wp + j] = best;
+      }
+    }
+  }
+}
+
+/// Planes p0 .. p1 of the K outputs' gradients g [K, planes, Hp, Wp] sent to
+/// their windows' argmax in out [K, planes, H, W], every other unit 0; a
+/// window's gradient times (its pooled value > 0) where `pooled` is given.
+template <typename T>
+void unpool_planes(const T* g, const int64_t* index, const T* pooled, int64_t K, int64_t planes, int64_t p0,
+                   int64_t p1, int64_t H, int64_t W, int64_t k, T* out) {
+  const int64_t Hp = H / k, Wp = W / k;
+  for (int64_t o = 0; o < K; ++o) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const T* gp = g + (o * planes + p) * Hp * Wp;
+      const int64_t* ip = index + p * Hp * Wp;
+      const T* pp = pooled ? pooled + p * Hp * Wp : nullptr;
+      T* dst = out + (o * planes + p) * H * W;
+      std::fill(dst, dst + H * W, T(0));
+      for (int64_t w = 0; w < Hp * Wp; ++w) {
+        // The product keeps a masked gradient's sign of zero (and a NaN).
+        dst[ip[w]] = pp ? gp[w] * static_cast<T>(pp[w] > 0) : gp[w];
+      }
+    }
+  }
+}
+
+/// Planes per task of at::parallel_for: enough that small passes stay on
+/// the calling thread.
+constexpr int64_t kGrainUnits = 1 << 16;
+
+int64_t grain(int64_t plane_units) { return std::max<int64_t>(1, kGrainUnits / std::max<int64_t>(1, plane_units)); }
+
+bool by_hand(const torch::Tensor& x) {
+  return (x.scalar_type() == torch::kFloat64 || x.scalar_type() == torch::kFloat32) && x.is_contiguous() &&
+         x.device().is_cpu();
+}
+
+}  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor> max_pool_with_indices(const torch::Tensor& x, int64_t k) {
+  PK_CHECK(x.dim() == 4 && k >= 1, "max_pool_with_indices: a pooled site is [rows, C, H, W] with a window of 1 or more, got "
+                                       << x.sizes() << " and window " << k);
+  if (!by_hand(x) || x.requires_grad() || x.size(2) < k || x.size(3) < k) return torch::max_pool2d_with_indices(x, k);
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), Hp = H / k, Wp = W / k;
+  torch::Tensor out = torch::empty({N, C, Hp, Wp}, x.options());
+  torch::Tensor index = torch::empty({N, C, Hp, Wp}, x.options().dtype(torch::kLong));
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "max_pool_with_indices", [&] {
+    const scalar_t* xs = x.data_ptr<scalar_t>();
+    scalar_t* os = out.data_ptr<scalar_t>();
+    int64_t* is = index.data_ptr<int64_t>();
+    at::parallel_for(0, N * C, grain(H * W), [&](int64_t p0, int64_t p1) {
+      pool_planes(xs, p0, p1, H, W, k, os, is);
+    });
+  });
+  return {out, index};
+}
+
+torch::Tensor max_unpool(const torch::Tensor& g, const torch::Tensor& index, int64_t k, int64_t H, int64_t W,
+                         const torch::Tensor& positive) {
+  PK_ASSERT(g.dim() == 5 && index.dim() == 4 && g.sizes().slice(1) == index.sizes());
+  const int64_t K = g.size(0), N = index.size(0), C = index.size(1), Hp = index.size(2), Wp = index.size(3);
+  PK_ASSERT(k >= 1 && H / k == Hp && W / k == Wp);
+  const torch::Tensor gc = g.contiguous(), ic = index.contiguous();
+  const torch::Tensor pc = positive.defined() ? positive.to(g.scalar_type()).contiguous() : positive;
+  if (!by_hand(gc)) {
+    const torch::Tensor gm = pc.defined() ? g * (positive > 0) : g;
+    return torch::zeros({K, N, C, H * W}, g.options())
+        .scatter_(3, index.flatten(2).unsqueeze(0).expand({K, -1, -1, -1}), gm.flatten(3))
+        .view({K, N, C, H, W});
+  }
+  torch::Tensor out = torch::empty({K, N, C, H, W}, g.options());
+  AT_DISPATCH_FLOATING_TYPES(gc.scalar_type(), "max_unpool", [&] {
+    const scalar_t* gs = gc.data_ptr<scalar_t>();
+    const int64_t* is = ic.data_ptr<int64_t>();
+    const scalar_t* ps = pc.defined() ? pc.data_ptr<scalar_t>() : nullptr;
+    scalar_t* os = out.data_ptr<scalar_t>();
+    at::parallel_for(0, N * C, grain(K * H * W), [&](int64_t p0, int64_t p1) {
+      unpool_planes(gs, is, ps, K, N * C, p0, p1, H, W, k, os);
+    });
+  });
+  return out;
+}
+
+}  // namespace pathkernel
