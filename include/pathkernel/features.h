@@ -136,15 +136,18 @@ struct TrainSignals {
   std::vector<torch::Tensor> inputs;   ///< per param layer: a_i [B, ...]
   std::vector<torch::Tensor> signals;  ///< per param layer: δ_i [B, ...]
   /// Per param layer: the per-sample gradients g_i [B, Q] where
-  /// form_sample_gradients formed them, else empty or undefined (the
-  /// contractions then form them for themselves).
+  /// form_sample_gradients formed them (or train_signals, for a convolution
+  /// whose forward pass took its input's patches: SegmentPass::patches),
+  /// else empty or undefined (the contractions then form them for
+  /// themselves).
   std::vector<torch::Tensor> gradients;
 };
 
 /// Forms t's per-sample gradients for the layers whose contractions need
 /// them (those not factored: convolutions, embeddings, Linear layers on
-/// unflattened inputs), so that contracting t against several sets of test
-/// features forms them once. Returns the doubles they take.
+/// unflattened inputs) and t does not hold yet, so that contracting t
+/// against several sets of test features forms them once. Returns the
+/// doubles of those it formed.
 int64_t form_sample_gradients(const SegmentEvaluator& ev, TrainSignals& t);
 
 /// Test features of the segment set in `ev` for test inputs x [n, *input_shape].

@@ -45,6 +45,11 @@ torch::Tensor sample_gradients(const LayerDesc& d, const torch::Tensor& a, const
 torch::Tensor sample_gradients_one(const LayerDesc& d, const torch::Tensor& a, const torch::Tensor& delta,
                                    const std::vector<int64_t>& weight_shape, int64_t bias_numel);
 
+/// The same from a convolution's input patches u [R, C_in·kernel, L]
+/// (conv_patches of its input) instead of the input: [R, Qw + Qb].
+torch::Tensor sample_gradients_of_patches(const LayerDesc& d, const torch::Tensor& u, const torch::Tensor& delta,
+                                          const std::vector<int64_t>& weight_shape, int64_t bias_numel);
+
 /// Whether the layer is a convolution, contracted through its patches.
 bool has_patches(const LayerDesc& d);
 

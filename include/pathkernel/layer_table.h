@@ -99,6 +99,10 @@ struct LayerRule {
   /// A convolution's patches of input a [R, C_in, ...]: [R, C_in·kernel, L].
   torch::Tensor (*patches)(const LayerDesc& d, const torch::Tensor& a,
                            const std::vector<int64_t>& weight_shape) = nullptr;
+  /// A convolution's per-sample gradients from its input's patches u [R,
+  /// C_in·kernel, L] (`patches`) where a pass formed them already.
+  GradientFactors (*gradients_of_patches)(const LayerDesc& d, const torch::Tensor& u, const torch::Tensor& delta,
+                                          const std::vector<int64_t>& weight_shape, int64_t bias_numel) = nullptr;
   /// A parameter-free layer of pathkernel's own networks applied to x [n, ...].
   torch::Tensor (*apply)(const LayerDesc& d, const torch::Tensor& x) = nullptr;
 };

@@ -213,6 +213,7 @@ TrainSignals Walk::chunk_signals(const PathStep& st, const Batch& bt, int64_t r0
   } else {
     t = train_signals(at, bt.xb.narrow(0, r0, nr), bt.yb.narrow(0, r0, nr), map, loss, rows(bt.wb, r0, nr));
     for (size_t l = 0; l < t.inputs.size(); ++l) doubles += t.inputs[l].numel() + t.signals[l].numel();
+    for (const torch::Tensor& g : t.gradients) doubles += g.defined() ? g.numel() : 0;  // a convolution's, from its patches
   }
   doubles += form_sample_gradients(at, t);
   if (slot.doubles + doubles <= keep_doubles) {

@@ -226,6 +226,14 @@ TrainSignals layered_loss_signals(const SegmentEvaluator& ev, const SegmentPass&
   TrainSignals t;
   for (const torch::Tensor& s : batched_signals(ev, pass, u.detach().unsqueeze(0))) t.signals.push_back(s[0]);
   for (auto& a : pass.inputs) t.inputs.push_back(a.detach());
+  // Convolutions whose forward pass took their input's patches: their
+  // per-sample gradients from the same patches.
+  for (size_t l = 0; l < pass.patches.size(); ++l) {
+    if (!pass.patches[l].defined()) continue;
+    const ParamLayer& p = ev.param_layers()[l];
+    t.gradients.resize(t.inputs.size());
+    t.gradients[l] = sample_gradients_of_patches(p.desc, pass.patches[l], t.signals[l], p.weight_shape, p.bias_numel);
+  }
   return t;
 }
 

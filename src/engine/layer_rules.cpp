@@ -23,12 +23,25 @@ torch::Tensor layer_direction(const LayerDesc& d, const torch::Tensor& a, const 
 
 bool factored(const LayerDesc& d, const torch::Tensor& a) { return layer_rule(d.kind).factored_rows && a.dim() == 2; }
 
+namespace {
+
+/// Weight, then bias: [K, R, Qw + Qb].
+torch::Tensor joined(const GradientFactors& g) { return g.bias.defined() ? torch::cat({g.weight, g.bias}, 2) : g.weight; }
+
+}  // namespace
+
 torch::Tensor sample_gradients(const LayerDesc& d, const torch::Tensor& a, const torch::Tensor& delta,
                                const std::vector<int64_t>& weight_shape, int64_t bias_numel) {
   const LayerRule& rule = layer_rule(d.kind);
   PK_ASSERT(rule.gradients && "sample_gradients: not a parameterised layer with a rule");
-  const GradientFactors g = rule.gradients(d, a, delta, weight_shape, bias_numel);
-  return g.bias.defined() ? torch::cat({g.weight, g.bias}, 2) : g.weight;
+  return joined(rule.gradients(d, a, delta, weight_shape, bias_numel));
+}
+
+torch::Tensor sample_gradients_of_patches(const LayerDesc& d, const torch::Tensor& u, const torch::Tensor& delta,
+                                          const std::vector<int64_t>& weight_shape, int64_t bias_numel) {
+  const LayerRule& rule = layer_rule(d.kind);
+  PK_ASSERT(rule.gradients_of_patches && "sample_gradients_of_patches: not a convolution");
+  return joined(rule.gradients_of_patches(d, u, delta.unsqueeze(0), weight_shape, bias_numel)).squeeze(0);
 }
 
 torch::Tensor sample_gradients_one(const LayerDesc& d, const torch::Tensor& a, const torch::Tensor& delta,

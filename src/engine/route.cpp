@@ -81,6 +81,7 @@ SegmentPass rows_of(const SegmentPass& pass, const torch::Tensor& index) {
   rows.t = take(pass.t);
   rows.layer_inputs = take_all(pass.layer_inputs);
   rows.argmax = take_all(pass.argmax);
+  rows.patches = take_all(pass.patches);
   return rows;
 }
 

@@ -237,19 +237,23 @@ torch::Tensor conv2d_patches(const LayerDesc& d, const torch::Tensor& a, const s
   return out.view({R, C * kh * kw, g.ho * g.wo});
 }
 
-/// Σ_positions δ ⊗ patch per group, Σ_positions δ: any convolution with
-/// patches [R, C_in·kernel, L].
-GradientFactors conv_gradients(const LayerDesc& d, const torch::Tensor& a, const torch::Tensor& delta,
-                               const std::vector<int64_t>& weight_shape, int64_t bias_numel) {
+/// Σ_positions δ ⊗ patch per group, Σ_positions δ: any convolution, from
+/// its input's patches u [R, C_in·kernel, L].
+GradientFactors conv_gradients_of_patches(const LayerDesc& d, const torch::Tensor& u, const torch::Tensor& delta,
+                                          const std::vector<int64_t>& weight_shape, int64_t bias_numel) {
   const int64_t K = delta.size(0), R = delta.size(1);
   const int64_t groups = d.groups, cout = weight_shape[0];
-  const torch::Tensor u = layer_rule(d.kind).patches(d, a, weight_shape);  // [R, Cin·kernel, L]
   const int64_t q = u.size(1) / groups, L = u.size(2);
   const torch::Tensor D = delta.reshape({K, R, groups, cout / groups, L});
   GradientFactors g;
   g.weight = torch::einsum("krgcl,rgql->krgcq", {D, u.view({R, groups, q, L})}).reshape({K, R, -1});
   if (bias_numel) g.bias = D.sum(4).reshape({K, R, cout});
   return g;
+}
+
+GradientFactors conv_gradients(const LayerDesc& d, const torch::Tensor& a, const torch::Tensor& delta,
+                               const std::vector<int64_t>& weight_shape, int64_t bias_numel) {
+  return conv_gradients_of_patches(d, layer_rule(d.kind).patches(d, a, weight_shape), delta, weight_shape, bias_numel);
 }
 
 torch::Tensor conv1d_direction(const LayerDesc& d, const torch::Tensor& a, const torch::Tensor& vw,
@@ -352,10 +356,12 @@ std::vector<LayerRule> make_layer_table() {
   LayerRule conv2d = parameterised(Kind::Conv2d, "conv2d", "aten::conv2d", weight_then_bias, read_conv, rewrite_conv,
                                    conv2d_direction, conv_gradients);
   conv2d.patches = conv2d_patches;
+  conv2d.gradients_of_patches = conv_gradients_of_patches;
   t.push_back(conv2d);
   LayerRule conv1d = parameterised(Kind::Conv1d, "conv1d", "aten::conv1d", weight_then_bias, read_conv, rewrite_conv,
                                    conv1d_direction, conv_gradients);
   conv1d.patches = conv1d_patches;
+  conv1d.gradients_of_patches = conv_gradients_of_patches;
   t.push_back(conv1d);
   LayerRule norm = parameterised(Kind::LayerNorm, "layer_norm", "aten::layer_norm", layer_norm_params,
                                  read_layer_norm, rewrite_layer_norm, layer_norm_direction, layer_norm_gradients);
