@@ -141,11 +141,15 @@ struct ReverseChunk {
 struct StepAhead {
   PathStep st;
   std::future<Walk::Batch> batch;
+  /// The test features of the chunk's groups in turn, where they are formed
+  /// ahead too (ReverseWalk::features_ahead_); else not valid.
+  std::future<std::vector<TestFeatures>> features;
   StepAhead() = default;
   StepAhead(const StepAhead&) = delete;
   StepAhead& operator=(const StepAhead&) = delete;
   ~StepAhead() {
     if (batch.valid()) batch.wait();
+    if (features.valid()) features.wait();
   }
 };
 
@@ -213,11 +217,19 @@ class ReverseWalk {
       auto walk = [&](const PathStep& st, StepAhead* ahead) {
         w_.clock.step([&] { step(st, ahead, ch, residuals); });
       };
+      // Fewer groups of test points than threads (one point): every other
+      // step's test features are formed ahead too, so that both threads
+      // work on test features.
+      // The memory budget must hold a second step's test features.
+      features_ahead_ = ahead_ && !options_.on_step && static_cast<int64_t>(ch.groups.size()) < current_threads() &&
+                        2 * ch.nc * budget_.per_point <= options_.memory_doubles;
+      if (features_ahead_) (void)w_.features_evaluator(PathStep());  // made here, not on the task's thread
+      int64_t turn = 0;
       std::unique_ptr<StepAhead> held;  // formed ahead, walked next
       reader_.reverse([&](const PathStep& st) {
         if (st.step >= skip_from) return;
         if (!ahead_) return walk(st, nullptr);
-        std::unique_ptr<StepAhead> next = form_ahead(st);
+        std::unique_ptr<StepAhead> next = form_ahead(st, features_ahead_ && turn++ % 2 == 1 ? &ch : nullptr);
         if (held) walk(held->st, held.get());
         held = std::move(next);
       });
@@ -250,6 +262,19 @@ class ReverseWalk {
       residuals.visit(st.step, max_abs(t.residual), update_bound(m_, st), t.buf,
                       t.buf.defined() ? t.c.gamma * t.dvec : torch::Tensor());
     }
+    // Features formed ahead are the chunk's groups' in turn (only without
+    // an observer, so all the chunk's groups are walked at once).
+    std::vector<TestFeatures> formed;
+    if (ahead && ahead->features.valid()) formed = ahead->features.get();
+    // With features formed ahead, every step's groups run as that task's do:
+    // one OpenMP thread, no graph (the same bits whichever thread takes a step).
+    std::optional<OpenMpThreads> single;
+    std::optional<c10::InferenceMode> inference;
+    if (features_ahead_) {
+      (void)torch::get_num_threads();
+      single.emplace(1);
+      inference.emplace();
+    }
     // With an observer, one block's groups at a time; else all the chunk's.
     const std::vector<PointGroup>& all = ch.groups;
     auto block_of = [&](const PointGroup& g) { return (g.first - ch.c0) / budget_.block; };
@@ -258,7 +283,11 @@ class ReverseWalk {
       std::vector<PointGroup> groups(all.begin() + static_cast<std::ptrdiff_t>(u0),
                                      all.begin() + static_cast<std::ptrdiff_t>(u1));
       run_point_groups(
-          static_cast<int64_t>(groups.size()), [&](int64_t g) { group_terms(st, t, ch, groups[static_cast<size_t>(g)]); },
+          static_cast<int64_t>(groups.size()),
+          [&](int64_t g) {
+            group_terms(st, t, ch, groups[static_cast<size_t>(g)],
+                        formed.empty() ? nullptr : &formed[u0 + static_cast<size_t>(g)]);
+          },
           workers_);
       for (PointGroup& g : groups) take_group(d_, options_, w_, st.step, t.bt.idx, g);
     }
@@ -271,8 +300,9 @@ class ReverseWalk {
 
   /// Step st's training side, formed on a task of LibTorch's inter-op pool
   /// by the walk's second evaluator (one OpenMP thread: the walk's own
-  /// thread keeps its count).
-  std::unique_ptr<StepAhead> form_ahead(const PathStep& st) {
+  /// thread keeps its count); with a chunk, its groups' test features too,
+  /// on another task by the walk's third evaluator.
+  std::unique_ptr<StepAhead> form_ahead(const PathStep& st, const ReverseChunk* features_of) {
     auto ahead = std::make_unique<StepAhead>();
     ahead->st = st;
     auto promise = std::make_shared<std::promise<Walk::Batch>>();
@@ -289,7 +319,33 @@ class ReverseWalk {
         promise->set_exception(std::current_exception());
       }
     });
+    if (features_of) ahead->features = features_ahead(*s, features_of->groups);
     return ahead;
+  }
+
+  /// The test features of `groups` at step st, in turn, on a task of the
+  /// inter-op pool, as a group's are formed on the walk's threads (one
+  /// OpenMP thread, no graph).
+  std::future<std::vector<TestFeatures>> features_ahead(const PathStep& st, const std::vector<PointGroup>& groups) {
+    auto promise = std::make_shared<std::promise<std::vector<TestFeatures>>>();
+    std::future<std::vector<TestFeatures>> out = promise->get_future();
+    at::launch([this, promise, s = &st, g = &groups] {
+      try {
+        (void)torch::get_num_threads();
+        OpenMpThreads single(1);
+        c10::InferenceMode inference;
+        SegmentEvaluator& fe = w_.features_evaluator(*s);
+        std::vector<TestFeatures> f;
+        for (const PointGroup& p : *g) {
+          WalkClock::Scope timed(w_.clock, WalkClock::kTestFeatures);
+          f.push_back(test_features(fe, w_.x.narrow(0, p.first, p.count), options_.quadrature));
+        }
+        promise->set_value(std::move(f));
+      } catch (...) {
+        promise->set_exception(std::current_exception());
+      }
+    });
+    return out;
   }
 
   ReverseStep step_terms(const PathStep& st, Walk::Batch bt) {
@@ -305,7 +361,8 @@ class ReverseWalk {
   /// Step st's terms for group g of the chunk's test points: Ã updated in
   /// place, A_s, and their shares of C_i, R and E (in the group's rows of d,
   /// so groups may run at once).
-  void group_terms(const PathStep& st, const ReverseStep& t, ReverseChunk& ch, PointGroup& g) {
+  void group_terms(const PathStep& st, const ReverseStep& t, ReverseChunk& ch, PointGroup& g,
+                   TestFeatures* formed) {
     SegmentEvaluator& ev = w_.ev;
     const Walk::Batch& bt = t.bt;
     const int64_t nb = g.count, p0 = g.first;
@@ -316,7 +373,9 @@ class ReverseWalk {
     if (t.buf.defined()) erow -= beta_ * torch::matmul(acc_b, t.buf);
 
     TestFeatures& f = g.f;
-    {
+    if (formed) {
+      f = std::move(*formed);
+    } else {
       WalkClock::Scope timed(w_.clock, WalkClock::kTestFeatures);
       f = test_features(ev, xb_test, options_.quadrature);
     }
@@ -370,6 +429,9 @@ class ReverseWalk {
   const double beta_, lambda_;
   /// Whether each step's training side is formed ahead (training_ahead).
   const bool ahead_;
+  /// Whether every other step's test features are formed ahead as well (a
+  /// chunk of fewer groups than threads, walked without an observer).
+  bool features_ahead_ = false;
 };
 
 }  // namespace

@@ -136,6 +136,18 @@ SegmentEvaluator& Walk::ahead_evaluator() {
   return *ahead_ev;
 }
 
+SegmentEvaluator& Walk::features_evaluator(const PathStep& st) {
+  if (!features_ev) {
+    features64 = engine_network(network_options);
+    features_ev = std::make_unique<SegmentEvaluator>(features64, route);
+  }
+  if (st.w.defined()) {
+    features_ev->set_segment(st.w, st.delta);
+    if (st.buffers.defined()) set_flat_buffers(features64, st.buffers);
+  }
+  return *features_ev;
+}
+
 void Walk::KeptStep::hold(int64_t s) {
   if (step == s) return;
   chunks.clear();

@@ -192,6 +192,12 @@ struct Walk {
   /// first use; its segment is the caller's to set.
   SegmentEvaluator& ahead_evaluator();
 
+  /// A third evaluator, for the test side of a step formed on another thread
+  /// while ev works on the step after it (the reverse walk's features
+  /// ahead): its segment set to st's and st's statistics held. Made on first
+  /// use (call it once on the walk's thread first).
+  SegmentEvaluator& features_evaluator(const PathStep& st);
+
   /// Keeps the training rows of two steps at once (the step being
   /// contracted and the one formed ahead), each within keep_doubles;
   /// otherwise a step's rows go when the next step's are formed.
@@ -235,6 +241,8 @@ struct Walk {
   bool two_steps = false;
   Network ahead64{nullptr};
   std::unique_ptr<SegmentEvaluator> ahead_ev;
+  Network features64{nullptr};
+  std::unique_ptr<SegmentEvaluator> features_ev;
   /// Where the walk's time goes.
   mutable WalkClock clock;
 };

@@ -336,7 +336,9 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
 // formed in turn, contributions by layer included, for recomputed and
 // replayed signals, on a CNN (per-sample gradients kept for two steps at
 // once) and an MLP. Breaking the step the task evaluates at (the test
-// side's evaluator, a step later) fails it.
+// side's evaluator, a step later) fails it. With one point (fewer groups
+// than threads) every other step's test features are formed ahead as well:
+// evaluating those at the step after fails it.
 TEST(TrainingAhead, GivesTheDecompositionFormedInTurn) {
   struct Case {
     std::string optimizer, data, model;
@@ -346,8 +348,12 @@ TEST(TrainingAhead, GivesTheDecompositionFormedInTurn) {
     RunOptions r = testing::small_run_of(dir / "run", c.optimizer, c.data, c.model, 5, 2, 10);
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
-    for (const bool replay_signals : {true, false}) {
+    // One point, fewer than the threads: every other step's test features
+    // are formed ahead too.
+    for (const std::pair<int64_t, bool>& run : std::vector<std::pair<int64_t, bool>>{{3, true}, {3, false}, {1, true}, {1, false}}) {
+      const int64_t points = run.first;
+      const bool replay_signals = run.second;
+      const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, points);
       auto walk = [&](bool ahead) {
         ThreadScope scope(2);
         DecompositionOptions o;
@@ -359,7 +365,8 @@ TEST(TrainingAhead, GivesTheDecompositionFormedInTurn) {
         return decompose(reader, x, o);
       };
       const Decomposition in_turn = walk(false), ahead = walk(true);
-      SCOPED_TRACE(c.optimizer + " " + c.model + (replay_signals ? " replayed" : " recomputed"));
+      SCOPED_TRACE(c.optimizer + " " + c.model + (replay_signals ? " replayed" : " recomputed") + ", " +
+                   std::to_string(points) + " points");
       const double scale = std::max(1.0, in_turn.contributions.abs().max().item<double>());
       EXPECT_GT(in_turn.contributions.abs().max().item<double>(), 1e-6);
       EXPECT_LE((ahead.contributions - in_turn.contributions).abs().max().item<double>(), 1e-12 * scale);
