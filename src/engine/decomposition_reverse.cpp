@@ -219,8 +219,8 @@ class ReverseWalk {
       };
       // Fewer groups of test points than threads (one point): every other
       // step's test features are formed ahead too, so that both threads
-      // work on test features.
-      // The memory budget must hold a second step's test features.
+      // work on test features, where the memory budget holds a second
+      // step's.
       features_ahead_ = ahead_ && !options_.on_step && static_cast<int64_t>(ch.groups.size()) < current_threads() &&
                         2 * ch.nc * budget_.per_point <= options_.memory_doubles;
       if (features_ahead_) (void)w_.features_evaluator(PathStep());  // made here, not on the task's thread
