@@ -19,6 +19,12 @@ namespace pathkernel {
 /// float64 contiguous x by hand, others through LibTorch).
 std::tuple<torch::Tensor, torch::Tensor> max_pool_with_indices(const torch::Tensor& x, int64_t k);
 
+/// The same loop on C planes of H × W at x, held in the caller's memory
+/// (one row's, last_site.cpp): each window's maximum into out and its
+/// argmax in the plane into index, [C, H / k, W / k] row-major.
+void pool_windows(const double* x, int64_t C, int64_t H, int64_t W, int64_t k, double* out, int64_t* index);
+void pool_windows(const float* x, int64_t C, int64_t H, int64_t W, int64_t k, float* out, int64_t* index);
+
 /// The gradient through such a pool of k × k windows: g [K, N, C, H', W']
 /// (the pooled gradients of K outputs) goes to each window's argmax `index`
 /// [N, C, H', W'] in an input plane of H × W, zero elsewhere; where `positive` [N, C,

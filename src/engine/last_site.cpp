@@ -32,6 +32,7 @@
 #include <map>
 
 #include "pathkernel/error.h"
+#include "pathkernel/max_pool.h"
 #include "pathkernel/quadrature.h"
 
 namespace pathkernel {
@@ -321,30 +322,15 @@ struct Selection {
 /// A max-pool's winner in each window of y [C, H, W] (stride = window
 /// `pool`, no padding): the unit (c H W + its index) and whether the
 /// window's maximum is positive, as LibTorch's max_pool2d_with_indices
-/// takes it (the first maximum in the window's row-major order; a NaN wins).
+/// takes it (pool_windows: the first maximum in the window's row-major
+/// order; a NaN wins).
 template <typename T>
 void pool_winners(const T* y, int64_t C, int64_t H, int64_t W, int64_t pool, int64_t* sel, T* on) {
-  const int64_t Hp = H / pool, Wp = W / pool;
-  for (int64_t c = 0; c < C; ++c) {
-    const T* yc = y + c * H * W;
-    for (int64_t i = 0; i < Hp; ++i) {
-      for (int64_t j = 0; j < Wp; ++j) {
-        int64_t best = i * pool * W + j * pool;
-        T top = -std::numeric_limits<T>::infinity();
-        for (int64_t di = 0; di < pool; ++di) {
-          for (int64_t dj = 0; dj < pool; ++dj) {
-            const int64_t at = (i * pool + di) * W + j * pool + dj;
-            if (yc[at] > top || std::isnan(yc[at])) {
-              top = yc[at];
-              best = at;
-            }
-          }
-        }
-        const int64_t w = (c * Hp + i) * Wp + j;
-        sel[w] = c * H * W + best;
-        on[w] = static_cast<T>(top > 0);
-      }
-    }
+  pool_windows(y, C, H, W, pool, on, sel);  // the maxima in `on` until they become its flags
+  const int64_t plane = (H / pool) * (W / pool);
+  for (int64_t w = 0; w < C * plane; ++w) {
+    sel[w] += (w / plane) * H * W;
+    on[w] = static_cast<T>(on[w] > 0);
   }
 }
 

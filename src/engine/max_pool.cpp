@@ -76,6 +76,14 @@ bool by_hand(const torch::Tensor& x) {
 
 }  // namespace
 
+void pool_windows(const double* x, int64_t C, int64_t H, int64_t W, int64_t k, double* out, int64_t* index) {
+  pool_planes(x, 0, C, H, W, k, out, index);
+}
+
+void pool_windows(const float* x, int64_t C, int64_t H, int64_t W, int64_t k, float* out, int64_t* index) {
+  pool_planes(x, 0, C, H, W, k, out, index);
+}
+
 std::tuple<torch::Tensor, torch::Tensor> max_pool_with_indices(const torch::Tensor& x, int64_t k) {
   PK_CHECK(x.dim() == 4 && k >= 1, "max_pool_with_indices: a pooled site is [rows, C, H, W] with a window of 1 or more, got "
                                        << x.sizes() << " and window " << k);
