@@ -96,6 +96,10 @@ BlasThreads::~BlasThreads() {
 }
 
 OpenMpThreads::OpenMpThreads(int n) : blas_(n) {
+  // LibTorch sets a thread's OpenMP count to the process's on the thread's
+  // first query of it: on a new thread that query must come before ours,
+  // or it would undo it.
+  (void)torch::get_num_threads();
   if (openmp_get_threads() != nullptr && openmp_set_threads() != nullptr) {
     previous_openmp_ = openmp_get_threads()();
     if (previous_openmp_ != n) openmp_set_threads()(n);

@@ -266,15 +266,10 @@ class ReverseWalk {
     // an observer, so all the chunk's groups are walked at once).
     std::vector<TestFeatures> formed;
     if (ahead && ahead->features.valid()) formed = ahead->features.get();
-    // With features formed ahead, every step's groups run as that task's do:
-    // one OpenMP thread, no graph (the same bits whichever thread takes a step).
-    std::optional<OpenMpThreads> single;
-    std::optional<c10::InferenceMode> inference;
-    if (features_ahead_) {
-      (void)torch::get_num_threads();
-      single.emplace(1);
-      inference.emplace();
-    }
+    // With features formed ahead, every step's groups run as that task's do
+    // (the same bits whichever thread takes a step).
+    std::optional<GroupThreadScope> as_group;
+    if (features_ahead_) as_group.emplace();
     // With an observer, one block's groups at a time; else all the chunk's.
     const std::vector<PointGroup>& all = ch.groups;
     auto block_of = [&](const PointGroup& g) { return (g.first - ch.c0) / budget_.block; };
@@ -310,7 +305,6 @@ class ReverseWalk {
     const PathStep* s = &ahead->st;  // stays where it is: ahead is held by pointer
     at::launch([this, promise, s] {
       try {
-        (void)torch::get_num_threads();  // as run_point_groups: query, then set one
         OpenMpThreads single(1);
         SegmentEvaluator& at = w_.ahead_evaluator();
         at.set_segment(s->w, s->delta);
@@ -324,16 +318,14 @@ class ReverseWalk {
   }
 
   /// The test features of `groups` at step st, in turn, on a task of the
-  /// inter-op pool, as a group's are formed on the walk's threads (one
-  /// OpenMP thread, no graph).
+  /// inter-op pool, as a group's are formed on the walk's threads
+  /// (GroupThreadScope).
   std::future<std::vector<TestFeatures>> features_ahead(const PathStep& st, const std::vector<PointGroup>& groups) {
     auto promise = std::make_shared<std::promise<std::vector<TestFeatures>>>();
     std::future<std::vector<TestFeatures>> out = promise->get_future();
     at::launch([this, promise, s = &st, g = &groups] {
       try {
-        (void)torch::get_num_threads();
-        OpenMpThreads single(1);
-        c10::InferenceMode inference;
+        GroupThreadScope as_group;
         SegmentEvaluator& fe = w_.features_evaluator(*s);
         std::vector<TestFeatures> f;
         for (const PointGroup& p : *g) {

@@ -39,13 +39,7 @@ void run_point_groups(int64_t groups, const std::function<void(int64_t)>& work, 
   std::vector<std::exception_ptr> failed(static_cast<size_t>(groups));
   auto one = [&](int64_t g) {
     try {
-      // OpenMP's count is per thread, and LibTorch sets a thread's to the
-      // process's on its first query: query first, then set one.
-      (void)torch::get_num_threads();
-      OpenMpThreads single(1);
-      // A group's operations record no graph and bump no version counters:
-      // about a twentieth of the README CNN's verify was that bookkeeping.
-      c10::InferenceMode inference;
+      GroupThreadScope as_group;
       work(g);
     } catch (...) {
       failed[static_cast<size_t>(g)] = std::current_exception();

@@ -16,9 +16,23 @@
 #include <cstdint>
 #include <functional>
 
+#include <c10/core/InferenceMode.h>
+
+#include "pathkernel/context.h"
+
 namespace pathkernel {
 
 class SegmentEvaluator;
+
+/// How a group of test points runs on whichever thread takes it
+/// (run_point_groups, and the reverse walk's test features ahead): one
+/// OpenMP thread, and no graph or version counters recorded (about a
+/// twentieth of the README CNN's verify was that bookkeeping).
+class GroupThreadScope {
+ private:
+  OpenMpThreads single_{1};
+  c10::InferenceMode inference_;
+};
 
 /// The threads that take n test points' groups on ev: one per thread of the
 /// caller, at most n, and one where the evaluator runs a module's graph (the
