@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -81,6 +82,14 @@ inline bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
   if (!a.defined()) return true;
   return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
          std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.numel() * a.element_size()) == 0;
+}
+
+/// Expects got and expect of the same shape to agree to `rel` relative to
+/// max(1, max |expect|), naming `what` on failure.
+inline void expect_close(const torch::Tensor& got, const torch::Tensor& expect, double rel, const std::string& what) {
+  ASSERT_EQ(got.sizes(), expect.sizes()) << what;
+  const double scale = std::max(1.0, expect.abs().max().item<double>());
+  EXPECT_LE((got - expect).abs().max().item<double>(), rel * scale) << what;
 }
 
 /// The message of the pathkernel::Error that `f` throws ("" and a failure if

@@ -83,6 +83,21 @@ struct SegmentPass {
 /// The rows `index` [R'] of a pass: every tensor it holds taken at those rows.
 SegmentPass rows_of(const SegmentPass& pass, const torch::Tensor& index);
 
+/// Test points x [n, ...] whose rows along the segment a pass evaluates
+/// (Route::forward_points), with what a route forms of them once a segment:
+/// where the first param layer's input is x itself (no parameter before
+/// it), its products at the start (W_s, b_s) and along the direction
+/// (dW_s, db_s), each [n, ...] in its output's shape, of which a row at t
+/// takes start + t · direction instead of both products of its own.
+struct SegmentPoints {
+  torch::Tensor x;
+  torch::Tensor start, direction;  ///< undefined: every row takes its own products
+};
+
+/// Rows `point` [R] of points x [n, ...]: a single point repeated as a view
+/// (rows of stride 0, whose first convolution a route forms once), else a copy.
+torch::Tensor rows_of_points(const torch::Tensor& x, const torch::Tensor& point);
+
 /// What is known of a route's kink sites (the tensors whose units' sign
 /// changes, and with a pool window argmax switches, are the integrand's
 /// kinks), for the kink search (kinks.h) and the exact pieces.
@@ -131,6 +146,19 @@ class Route {
   /// keeps an autograd graph so SegmentEvaluator::signals() can be taken
   /// (not on the generic route: its pass has outputs only).
   virtual SegmentPass forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const = 0;
+  /// Test points x [n, ...] on the current segment, for forward_points.
+  /// Here x alone; the own route forms its first layer's two products
+  /// (SegmentPoints), once for all the rows the points take on the segment.
+  virtual SegmentPoints segment_points(const torch::Tensor& x) const { return {x, {}, {}}; }
+  /// forward() of rows of test points: row r is point point[r] of `points`
+  /// (segment_points, on the current segment) at t[r]. Here forward() of
+  /// rows_of_points; the own route takes its first layer from the points'
+  /// products (the same values as forward() to rounding: a product of n
+  /// rows and one of R may round differently).
+  virtual SegmentPass forward_points(const SegmentPoints& points, const torch::Tensor& point, const torch::Tensor& t,
+                                     bool track) const {
+    return forward(rows_of_points(points.x, point), t, track);
+  }
   /// Whether signals() needs the pass tracked (autograd through it).
   virtual bool needs_graph() const = 0;
   /// The signals of a pass for K cotangents at once, c [K, R, K_out] (on

@@ -38,6 +38,13 @@ class SegmentEvaluator : public KinkSites {
   SegmentPass forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const {
     return route_->forward(x, t, track);
   }
+  /// Test points x [n, ...] on the current segment (Route::segment_points).
+  SegmentPoints segment_points(const torch::Tensor& x) const { return route_->segment_points(x); }
+  /// Rows `point` of test points at t (Route::forward_points).
+  SegmentPass forward_points(const SegmentPoints& points, const torch::Tensor& point, const torch::Tensor& t,
+                             bool track) const {
+    return route_->forward_points(points, point, t, track);
+  }
 
   /// The route that evaluates the network.
   const Route& path_route() const { return *route_; }

@@ -223,10 +223,11 @@ class LayeredFeatures final : public Integrand {
   /// Rows `pieces` along dim of a tensor of the round's pieces (v itself
   /// when they are all of them).
   torch::Tensor of_pieces(const torch::Tensor& v, int64_t dim, const torch::Tensor& pieces) const;
-  /// The test points' inputs at rows of points `point`: a group of one
-  /// point takes its input repeated as a view (rows of stride 0), whose
-  /// first convolution a route forms once.
-  torch::Tensor inputs_at(const torch::Tensor& point) const;
+  /// The pass of rows of points `point` at t (Route::forward_points): the
+  /// route takes their first layer from the points' products (points_).
+  SegmentPass rows_at(const torch::Tensor& point, const torch::Tensor& t, bool track) const {
+    return ev_.forward_points(points_, point, t, track);
+  }
   /// Adds the first layer's signals of accepted pieces `pieces` (of the
   /// round's pairs, pair_walk_) to first_sum_: their test points are
   /// `present` [G], piece p's present[group[p]].
@@ -271,6 +272,9 @@ class LayeredFeatures final : public Integrand {
 
   const SegmentEvaluator& ev_;
   const torch::Tensor& x_;
+  /// The test points on this step's segment, their first layer's products
+  /// formed once (Route::segment_points).
+  SegmentPoints points_;
   const QuadratureOptions& q_;
   TestFeatures& f_;
   const int64_t n_, k_out_;
@@ -350,8 +354,9 @@ LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor
                                  TestFeatures& f)
     : ev_(ev), x_(x), q_(q), f_(f), n_(x.size(0)), k_out_(ev.num_outputs()), opts_(x.options()) {
   f.num_points = n_;
-  p0_ = ev.forward(x, torch::zeros({n_}, opts_), false);
-  p1_ = ev.forward(x, torch::ones({n_}, opts_), false);
+  points_ = ev.segment_points(x);
+  p0_ = rows_at(torch::arange(n_), torch::zeros({n_}, opts_), false);
+  p1_ = rows_at(torch::arange(n_), torch::ones({n_}, opts_), false);
   f.f0 = p0_.out;
   f.f1 = p1_.out;
   // Each layer's form (LayerFeatures): accepted rows go straight into the
@@ -408,13 +413,6 @@ void LayeredFeatures::keep_first(const torch::Tensor& s, const torch::Tensor& pr
     first_sum_ = torch::zeros(sizes, s.options());
   }
   first_sum_.index_add_(1, pr, every_output(unit ? s : s * wr.view(w_shape), k_out_));
-}
-
-torch::Tensor LayeredFeatures::inputs_at(const torch::Tensor& point) const {
-  if (n_ != 1) return x_.index_select(0, point);
-  std::vector<int64_t> rows = x_.sizes().vec();
-  rows[0] = point.size(0);
-  return x_.expand(rows);
 }
 
 torch::Tensor LayeredFeatures::of_pieces(const torch::Tensor& v, int64_t dim, const torch::Tensor& pieces) const {
@@ -516,8 +514,7 @@ void LayeredFeatures::keep(const SegmentPass& pass, const std::vector<torch::Ten
 SegmentPass LayeredFeatures::fresh_pass(const SharedRows& rows) {
   SegmentPass pf;
   if (rows.fresh_t.empty()) return pf;
-  pf = ev_.forward(inputs_at(torch::tensor(rows.fresh_point, torch::kLong)),
-                   torch::tensor(rows.fresh_t, opts_), false);
+  pf = rows_at(torch::tensor(rows.fresh_point, torch::kLong), torch::tensor(rows.fresh_t, opts_), false);
   f_.forward_evaluations += static_cast<int64_t>(rows.fresh_t.size());
   return pf;
 }
@@ -538,7 +535,7 @@ void LayeredFeatures::integrate_fixed(const QuadratureRule& rule) {
   torch::Tensor point = torch::arange(n_).repeat_interleave(t_count);
   torch::Tensor t = torch::tensor(rule.nodes, opts_).repeat({n_});
   torch::Tensor w = torch::tensor(rule.weights, opts_).repeat({n_});
-  SegmentPass pass = ev_.forward(x_.index_select(0, point), t, track_passes(ev_));
+  SegmentPass pass = rows_at(point, t, track_passes(ev_));
   std::vector<torch::Tensor> sig = all_signals(ev_, pass);
   keep(pass, sig, torch::arange(point.size(0)), point, w, false);
   f_.evaluations = point.size(0);
@@ -606,7 +603,7 @@ void LayeredFeatures::evaluate_round(const PieceRound& rd) {
   sig_.clear();
   point_t_ = torch::tensor(rd.point, torch::kLong);
   w_t_ = torch::tensor(rd.w, opts_);
-  pass_ = ev_.forward(inputs_at(point_t_), torch::tensor(rd.t, opts_), track_passes(ev_));
+  pass_ = rows_at(point_t_, torch::tensor(rd.t, opts_), track_passes(ev_));
   // The pieces' ends: only those not evaluated yet take a pass.
   const SharedRows er = shared_rows(rd.end_point, rd.ends, n_);
   end_index_ = torch::tensor(er.index, torch::kLong);
@@ -616,7 +613,7 @@ void LayeredFeatures::evaluate_round(const PieceRound& rd) {
   mpoint_t_ = torch::Tensor();
   if (rd.moment_rows > 0) {
     mpoint_t_ = torch::tensor(rd.mpoint, torch::kLong);
-    pm_ = ev_.forward(inputs_at(mpoint_t_), torch::tensor(rd.mt, opts_), track_passes(ev_));
+    pm_ = rows_at(mpoint_t_, torch::tensor(rd.mt, opts_), track_passes(ev_));
   }
   msig_.clear();
   if (fold_) {
@@ -683,7 +680,7 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
   round_sites_.clear();
   point_t_ = torch::tensor(rd.point, torch::kLong);
   w_t_ = torch::ones({rd.rows}, opts_);  // the weights are in the cotangents
-  pass_ = ev_.forward(inputs_at(point_t_), torch::tensor(rd.t, opts_), false);
+  pass_ = rows_at(point_t_, torch::tensor(rd.t, opts_), false);
   const SharedRows er = shared_rows(rd.end_point, rd.ends, n_);
   end_index_ = torch::tensor(er.index, torch::kLong);
   pf_ = fresh_pass(er);

@@ -50,7 +50,14 @@ class OwnRoute final : public LayeredRoute {
   OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name);
 
   std::string name() const override { return name_; }
-  SegmentPass forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const override;
+  SegmentPass forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const override {
+    return forward_rows(x, t, track, all_zero(t), nullptr);
+  }
+  /// The first param layer's products of the points, where only
+  /// parameter-free layers that keep each unit (Flatten) come before it.
+  SegmentPoints segment_points(const torch::Tensor& x) const override;
+  SegmentPass forward_points(const SegmentPoints& points, const torch::Tensor& point, const torch::Tensor& t,
+                             bool track) const override;
   bool needs_graph() const override { return false; }
   /// By one backward walk through the layers over all K·R rows: the same
   /// values as K autograd backward passes. The pass may be untracked.
@@ -76,6 +83,24 @@ class OwnRoute final : public LayeredRoute {
   /// g, g_dw (pair_backward's, at those units alone), [K, M].
   torch::Tensor pair_backward_at(const torch::Tensor& g, const torch::Tensor& g_dw, const torch::Tensor& row,
                                  const torch::Tensor& unit, const SegmentPass& pass) const;
+  /// The first param layer's products at a pass's rows (SegmentPoints'
+  /// start and direction taken at the rows' points).
+  struct FirstRows {
+    torch::Tensor start, direction;
+  };
+  /// The pass of rows x at t (at_start: every t is 0); `first` given, the
+  /// first param layer's pre-activation is first->start + t first->direction.
+  SegmentPass forward_rows(const torch::Tensor& x, const torch::Tensor& t, bool track, bool at_start,
+                           const FirstRows* first) const;
+  /// The first param layer's products of inputs h [n, ...] (its input) at
+  /// W_s and at dW_s: [W_s; dW_s] as one layer of twice the outputs.
+  std::pair<torch::Tensor, torch::Tensor> products_at_start_and_direction(const LayerDesc& layer, size_t l,
+                                                                         const torch::Tensor& h) const;
+  /// The first param layer's pre-activation at rows h from their points'
+  /// products, keeping its input and direction in the pass (as
+  /// param_forward does).
+  torch::Tensor first_from_points(const torch::Tensor& h, const torch::Tensor& t, bool at_start,
+                                  const FirstRows& first, SegmentPass& pass) const;
   /// Param layer l's pre-activation at rows h, each at its t (at_start: all
   /// at t = 0), keeping its input and direction in the pass.
   torch::Tensor param_forward(const LayerDesc& layer, size_t l, const torch::Tensor& h, const torch::Tensor& t,
@@ -189,35 +214,97 @@ torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const to
       y = torch::conv2d(h, weight_of(w_, l), bias_of(w_, l), 1, layer.padding);
     }
   } else {
-    // W_s and dW_s as one convolution of twice the channels: the input's
-    // patches are formed once, for both. Rows of one input repeated (a view
-    // of stride 0 along rows: a test point's rows along its segment) take
-    // one row's, repeated as a view: the convolution works row by row, so
-    // each row's bits are the same.
-    const int64_t c = weight_of(w_, l).size(0);
+    // Rows of one input repeated (a view of stride 0 along rows: a test
+    // point's rows along its segment) take one row's products, repeated as
+    // a view: the convolution works row by row, so each row's bits are the
+    // same.
     const bool repeated = h.size(0) > 1 && h.stride(0) == 0;
-    const torch::Tensor in = repeated ? h.narrow(0, 0, 1) : h;
-    const torch::Tensor W2 = torch::cat({weight_of(w_, l), weight_of(dw_, l)});
-    const torch::Tensor b2 = torch::cat({bias_of(w_, l), bias_of(dw_, l)});
-    torch::Tensor both = by_patches ? conv_of_patches(conv_patches(layer, in, W2.sizes().vec()), W2, b2, Ho, Wo)
-                                    : torch::conv2d(in, W2, b2, 1, layer.padding);
-    if (repeated) both = both.expand({h.size(0), -1, -1, -1});
-    pass.directions.push_back(both.narrow(1, c, c));
-    y = torch::addcmul(both.narrow(1, 0, c), t.view({-1, 1, 1, 1}), pass.directions.back());
+    auto [start, direction] = products_at_start_and_direction(layer, l, repeated ? h.narrow(0, 0, 1) : h);
+    if (repeated) {
+      start = start.expand({h.size(0), -1, -1, -1});
+      direction = direction.expand({h.size(0), -1, -1, -1});
+    }
+    pass.directions.push_back(direction);
+    y = torch::addcmul(start, t.view({-1, 1, 1, 1}), direction);
   }
   pass.preacts.push_back(y);
   return y;
 }
 
-SegmentPass OwnRoute::forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const {
+std::pair<torch::Tensor, torch::Tensor> OwnRoute::products_at_start_and_direction(const LayerDesc& layer, size_t l,
+                                                                                   const torch::Tensor& h) const {
+  if (layer.kind == Kind::Linear) {
+    return {torch::addmm(bias_of(w_, l), h, weight_of(w_, l).t()), torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t())};
+  }
+  // W_s and dW_s as one convolution of twice the channels: the input's
+  // patches are formed once, for both.
+  const int64_t c = weight_of(w_, l).size(0);
+  const torch::Tensor W2 = torch::cat({weight_of(w_, l), weight_of(dw_, l)});
+  const torch::Tensor b2 = torch::cat({bias_of(w_, l), bias_of(dw_, l)});
+  torch::Tensor both;
+  if (plain_conv(layer) && !torch::GradMode::is_enabled()) {
+    const int64_t Ho = h.size(2) + 2 * layer.padding - W2.size(2) + 1, Wo = h.size(3) + 2 * layer.padding - W2.size(3) + 1;
+    both = conv_of_patches(conv_patches(layer, h, W2.sizes().vec()), W2, b2, Ho, Wo);
+  } else {
+    both = torch::conv2d(h, W2, b2, 1, layer.padding);
+  }
+  return {both.narrow(1, 0, c), both.narrow(1, c, c)};
+}
+
+SegmentPoints OwnRoute::segment_points(const torch::Tensor& x) const {
+  PK_ASSERT(w_.defined());
+  SegmentPoints points{x, {}, {}};
+  size_t i = 0;
+  while (i < layers_.size() && layers_[i].kind == Kind::Flatten) ++i;
+  if (i == layers_.size() || !has_params(layers_[i])) return points;
+  torch::NoGradGuard no_grad;  // as an untracked pass forms them
+  torch::Tensor h = x;
+  for (size_t j = 0; j < i; ++j) h = apply_parameter_free(layers_[j], h);
+  std::tie(points.start, points.direction) = products_at_start_and_direction(layers_[i], 0, h);
+  return points;
+}
+
+SegmentPass OwnRoute::forward_points(const SegmentPoints& points, const torch::Tensor& point, const torch::Tensor& t,
+                                     bool track) const {
+  const torch::Tensor x = rows_of_points(points.x, point);
+  const bool at_start = all_zero(t);
+  // A tracked pass (autograd through it) takes the whole pass, and so do a
+  // convolution's rows all at the start: their product at W_s alone, as
+  // forward() takes it, not the first half of the product at both.
+  const bool conv = points.start.defined() && points.start.dim() > 2;
+  if (!points.start.defined() || track || (at_start && conv)) return forward_rows(x, t, track, at_start, nullptr);
+  // A convolution's products of one point repeated as a view (as forward()
+  // takes them); a Linear layer's as rows of their own.
+  auto at_rows = [&](const torch::Tensor& v) { return conv ? rows_of_points(v, point) : v.index_select(0, point); };
+  const FirstRows first{at_rows(points.start), at_rows(points.direction)};
+  return forward_rows(x, t, track, at_start, &first);
+}
+
+torch::Tensor OwnRoute::first_from_points(const torch::Tensor& h, const torch::Tensor& t, bool at_start,
+                                          const FirstRows& first, SegmentPass& pass) const {
+  pass.inputs.push_back(h);
+  if (at_start) {
+    pass.preacts.push_back(first.start);
+    return first.start;
+  }
+  pass.directions.push_back(first.direction);
+  // param_forward's sums, term by term.
+  torch::Tensor y = first.start.dim() == 2 ? first.start + t.view({-1, 1}) * first.direction
+                                           : torch::addcmul(first.start, t.view({-1, 1, 1, 1}), first.direction);
+  pass.preacts.push_back(y);
+  return y;
+}
+
+SegmentPass OwnRoute::forward_rows(const torch::Tensor& x, const torch::Tensor& t, bool track, bool at_start,
+                                   const FirstRows* first) const {
   PK_ASSERT(w_.defined());
   PK_CHECK(t.dim() == 1 && t.size(0) == x.size(0),
            "segment rows: " << x.size(0) << " inputs but t has shape " << t.sizes());
   SegmentPass pass;
   torch::AutoGradMode grad_mode(track);
   pass.t = t;
-  // Every row at w_s (the training side's passes): one product per layer.
-  const bool at_start = all_zero(t);
+  // Every row at w_s (the training side's passes, at_start): one product
+  // per layer.
   torch::Tensor h = track ? x.detach().clone().requires_grad_(true) : x;
   size_t l = 0;
   pass.argmax.resize(layers_.size());
@@ -227,7 +314,11 @@ SegmentPass OwnRoute::forward(const torch::Tensor& x, const torch::Tensor& t, bo
     pass.layer_inputs.push_back(h);
     switch (layer.kind) {
       case Kind::Linear:
-      case Kind::Conv2d: h = param_forward(layer, l++, h, t, at_start, pass); break;
+      case Kind::Conv2d:
+        h = l == 0 && first ? first_from_points(h, t, at_start, *first, pass)
+                            : param_forward(layer, l, h, t, at_start, pass);
+        ++l;
+        break;
       case Kind::LogSoftmax:
         pass.logits = h;
         h = apply_parameter_free(layer, h);

@@ -63,6 +63,13 @@ torch::Tensor Route::first_signals_of_pairs_summed(const SegmentPass& pass, cons
   return sum_by_group(first_signals_of_pair(rows_of(pass, rows), g, g_dw), group, groups);
 }
 
+torch::Tensor rows_of_points(const torch::Tensor& x, const torch::Tensor& point) {
+  if (x.size(0) != 1) return x.index_select(0, point);
+  std::vector<int64_t> rows = x.sizes().vec();
+  rows[0] = point.size(0);
+  return x.expand(rows);
+}
+
 SegmentPass rows_of(const SegmentPass& pass, const torch::Tensor& index) {
   auto take = [&](const torch::Tensor& v) { return v.defined() ? v.index_select(0, index) : v; };
   auto take_all = [&](const std::vector<torch::Tensor>& vs) {

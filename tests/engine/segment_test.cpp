@@ -133,6 +133,47 @@ TEST(Segment, RowsOfOneInputRepeatedGiveThePassOfItsCopies) {
   }
 }
 
+// Rows of test points passed by point (forward_points) take their first
+// layer from the points' products at W_s and dW_s, formed once a segment
+// (segment_points): the pass of the rows themselves, to rounding (a product
+// of the points and one of the rows may round differently), rows at t = 0
+// among them and a pass of rows all at t = 0 too.
+TEST(Segment, RowsOfPointsTakeTheFirstLayerFromThePointsProducts) {
+  for (const Case& c : kCases) {
+    for (int64_t points : {1, 3}) {
+      const int64_t R = 8;
+      SegmentCase s = segment_case(c, points, 7);
+      SegmentEvaluator ev(s.net);
+      ev.set_segment(s.w, s.dw);
+      const SegmentPoints sp = ev.segment_points(s.x);
+      ASSERT_TRUE(sp.start.defined() && sp.direction.defined()) << c.spec;
+      const torch::Tensor point = torch::randint(points, {R}, torch::kLong);
+      torch::Tensor t = torch::rand({R}, torch::kFloat64);
+      t[2] = 0.0;
+      for (const torch::Tensor& at : {t, torch::zeros({R}, torch::kFloat64)}) {
+        const SegmentPass a = ev.forward_points(sp, point, at, false);
+        const SegmentPass b = ev.forward(s.x.index_select(0, point), at, false);
+        ASSERT_EQ(a.preacts.size(), b.preacts.size()) << c.spec;
+        ASSERT_EQ(a.directions.size(), b.directions.size()) << c.spec;
+        for (size_t l = 0; l < a.preacts.size(); ++l) {
+          testing::expect_close(a.preacts[l], b.preacts[l], 1e-13, c.spec + " preact " + std::to_string(l));
+          testing::expect_close(a.inputs[l], b.inputs[l], 1e-13, c.spec + " input " + std::to_string(l));
+        }
+        for (size_t l = 0; l < a.directions.size(); ++l) {
+          testing::expect_close(a.directions[l], b.directions[l], 1e-13, c.spec + " direction " + std::to_string(l));
+        }
+        testing::expect_close(a.out, b.out, 1e-13, c.spec + " out");
+        // The hand walk back takes the pass as it takes forward()'s.
+        const torch::Tensor cot = torch::randn({2, R, 3}, torch::kFloat64);
+        const std::vector<torch::Tensor> ga = ev.batched_signals(a, cot, false), gb = ev.batched_signals(b, cot, false);
+        for (size_t l = 0; l < ga.size(); ++l) {
+          testing::expect_close(ga[l], gb[l], 1e-13, c.spec + " signals " + std::to_string(l));
+        }
+      }
+    }
+  }
+}
+
 // A pair of cotangents on layer 1 (the held site's sums over a piece's
 // nodes): its first-layer part of J dw taken forward, and its first-layer
 // signals summed per group of rows (one walk through layer 1 per group,
