@@ -324,22 +324,28 @@ torch::Tensor end_to_end(const std::vector<torch::Tensor>& v) { return v.size() 
 
 /// point_outer_sums written into dest [n, K, ...] (each point's and
 /// output's out·cols entries contiguous, as in a view of a dense feature
-/// matrix): one product per point and output, in place.
+/// matrix): one product per point, its K outputs' rows stacked
+/// ([K·out, rows] × [rows, cols]), in place where its K outputs' entries
+/// are laid out as the product's.
 void point_outer_sums_into(const TestFeatures& f, const torch::Tensor& s, const torch::Tensor& c,
                            const torch::Tensor& dest) {
   const int64_t K = s.size(0), out = s.size(2), cols = c.size(1), n = f.num_points;
   PK_ASSERT(dest.dim() >= 3 && dest.size(0) == n && dest.size(1) == K && dest[0][0].numel() == out * cols);
   // Rows grouped by test point (kept rows come round by round, so sort them).
   const torch::Tensor order = std::get<1>(f.point.sort(/*stable=*/true, 0, false));
-  const torch::Tensor st = s.index_select(1, order).permute({0, 2, 1});                // [K, out, R]
-  const torch::Tensor ct = (c * f.weight.view({-1, 1})).index_select(0, order);         // [R, cols]
+  const torch::Tensor st = s.index_select(1, order).permute({0, 2, 1}).reshape({K * out, -1});  // [K·out, R]
+  const torch::Tensor ct = (c * f.weight.view({-1, 1})).index_select(0, order);                  // [R, cols]
   const torch::Tensor counts = torch::bincount(f.point, {}, n);
   auto cnt = counts.accessor<int64_t, 1>();
   for (int64_t p = 0, first = 0; p < n; first += cnt[p], ++p) {
-    for (int64_t k = 0; k < K; ++k) {
-      torch::Tensor to = dest[p][k].view({out, cols});  // in place: its rows laid out as the product's
-      if (cnt[p] == 0) to.zero_();
-      else torch::mm_out(to, st[k].narrow(1, first, cnt[p]), ct.narrow(0, first, cnt[p]));
+    const torch::Tensor to = dest[p];  // [K, ...]
+    if (cnt[p] == 0) {
+      to.zero_();
+    } else if (to.is_contiguous()) {
+      torch::Tensor rows = to.view({K * out, cols});
+      torch::mm_out(rows, st.narrow(1, first, cnt[p]), ct.narrow(0, first, cnt[p]));
+    } else {
+      to.view({K, out * cols}).copy_(torch::mm(st.narrow(1, first, cnt[p]), ct.narrow(0, first, cnt[p])).view({K, -1}));
     }
   }
 }
