@@ -83,15 +83,6 @@ class OpenMpThreads {
   BlasThreads blas_;
 };
 
-/// torch::zeros(sizes, options) filled by the calling thread alone (OpenMP
-/// at one thread). A large fresh block's first touch faults its pages in;
-/// faulted by LibTorch's parallel fill from two threads at once, the huge
-/// pages pathkernel's allocator asks for contend in the kernel (a real-size
-/// run's contributions of 100 test points, [100, 60000, 10] in float64:
-/// 0.66 s on two threads against 0.07 s on one). For blocks allocated once,
-/// not in a loop: freed memory is kept and reused without faults.
-torch::Tensor zeros_on_one_thread(at::IntArrayRef sizes, const torch::TensorOptions& options);
-
 /// Which BLAS library serves dgemm_ in this process.
 struct BlasInfo {
   std::string library;  ///< path of the shared object providing dgemm_, or "unknown"

@@ -106,11 +106,6 @@ OpenMpThreads::OpenMpThreads(int n) : blas_(n) {
   }
 }
 
-torch::Tensor zeros_on_one_thread(at::IntArrayRef sizes, const torch::TensorOptions& options) {
-  OpenMpThreads one(1);
-  return torch::zeros(sizes, options);
-}
-
 OpenMpThreads::~OpenMpThreads() {
   if (previous_openmp_ > 0 && openmp_get_threads()() != previous_openmp_) openmp_set_threads()(previous_openmp_);
 }

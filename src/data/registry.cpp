@@ -11,7 +11,6 @@
 // file adds "mean" and "std" and maps every input x to (x*s - mean)/std.
 #include <cmath>
 
-#include "pathkernel/context.h"
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
 #include "loaders.h"
@@ -92,13 +91,7 @@ std::pair<double, double> scaled_mean_std(const torch::Tensor& raw, double scale
 /// Raw split -> inputs in `dtype`, normalised as `normalization` records.
 torch::Tensor to_inputs(const torch::Tensor& raw, torch::Dtype dtype,
                         const nlohmann::json& normalization) {
-  torch::Tensor x;
-  {
-    // Converted on one thread: the first touch of a fresh block
-    // (zeros_on_one_thread, context.h).
-    OpenMpThreads one(1);
-    x = raw.to(dtype).contiguous();
-  }
+  torch::Tensor x = raw.to(dtype).contiguous();
   if (normalization.at("kind") == "standardize") {
     x.mul_(normalization.at("scale").get<double>());
     x.sub_(normalization.at("mean").get<double>());

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "decomposition_walk.h"
-#include "pathkernel/context.h"
 #include "pathkernel/progress.h"
 #include "point_groups.h"
 
@@ -248,9 +247,9 @@ Decomposition walk_forward(PathReader& reader, const torch::Tensor& x_in, const 
   const int64_t chunk = budget.block;
   Decomposition d = start(reader, w.grad64, w.x, chunk);
   d.steps = end_step - options.first_step;
-  if (options.kernel) d.kernel = zeros_on_one_thread({w.n, w.M, w.K, w.K}, torch::kFloat64);
+  if (options.kernel) d.kernel = torch::zeros({w.n, w.M, w.K, w.K}, torch::kFloat64);
   const int64_t layers = options.by_layer ? static_cast<int64_t>(w.layout.size()) : 0;
-  if (layers) d.layer_contributions = zeros_on_one_thread({w.n, w.M, w.K, layers}, torch::kFloat64);
+  if (layers) d.layer_contributions = torch::zeros({w.n, w.M, w.K, layers}, torch::kFloat64);
   StepBlock blk(reader, options.first_step, end_step, w.n, w.M, w.K, options.kernel, layers);
   CaptureScope capture(reader, w.captured, w.ev);
 

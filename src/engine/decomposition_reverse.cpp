@@ -447,7 +447,7 @@ Decomposition decompose_reverse(PathReader& reader, const torch::Tensor& x_in, c
   Decomposition d = start(reader, w.grad64, w.x, block);
   if (options.by_layer) {
     d.layer_contributions =
-        zeros_on_one_thread({w.n, w.M, w.K, static_cast<int64_t>(w.layout.size())}, torch::kFloat64);
+        torch::zeros({w.n, w.M, w.K, static_cast<int64_t>(w.layout.size())}, torch::kFloat64);
   }
   const int64_t chunk = chunk_size(options, budget, w.n, block);
   const int64_t chunks = (w.n + chunk - 1) / chunk;

@@ -7,7 +7,6 @@
 #include "feature_parts.h"
 #include "point_groups.h"
 #include "pathkernel/batch_statistics.h"
-#include "pathkernel/context.h"
 #include "pathkernel/error.h"
 
 namespace pathkernel::decomposition_walk {
@@ -300,7 +299,7 @@ Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x, 
   d.f0 = torch::cat(f0);
   d.fN = torch::cat(fN);
   d.fN_run = torch::cat(fN_run);
-  d.contributions = zeros_on_one_thread({n, M, K}, torch::kFloat64);
+  d.contributions = torch::zeros({n, M, K}, torch::kFloat64);
   d.regularization = torch::zeros({n, K}, torch::kFloat64);
   d.rounding = torch::zeros({n, K}, torch::kFloat64);
   d.gap_abs = torch::zeros({n, K}, torch::kFloat64);

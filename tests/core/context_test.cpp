@@ -45,17 +45,6 @@ TEST(Context, OpenMpThreadsSetsTheCountsForABlockAndRestoresThem) {
   EXPECT_THROW(OpenMpThreads(0), Error);
 }
 
-TEST(Context, ZerosOnOneThreadAreZerosAndLeaveTheCounts) {
-  ThreadScope outer(2);
-  const int blas = openblas_threads();
-  const torch::Tensor z = zeros_on_one_thread({3, 70000}, torch::kFloat64);
-  EXPECT_EQ(z.sizes(), (std::vector<int64_t>{3, 70000}));
-  EXPECT_EQ(z.scalar_type(), torch::kFloat64);
-  EXPECT_EQ(z.count_nonzero().item<int64_t>(), 0);
-  EXPECT_EQ(current_threads(), 2);
-  EXPECT_EQ(openblas_threads(), blas);
-}
-
 TEST(Context, TheActiveBlasIsOpenBlas) {
   // make deps installs libopenblas0-pthread; without it this process would
   // call reference BLAS, about 30x slower, and pathkernel warns at start-up.
