@@ -44,6 +44,14 @@ torch::Tensor conv_of_patches(const torch::Tensor& u, const torch::Tensor& W, co
   return y.view({R, O, Ho, Wo});
 }
 
+/// A param layer's pre-activation at rows each at its t [R], from its
+/// products at the segment's start and along its direction, [R, ...]:
+/// start + t · direction.
+torch::Tensor along_segment(const torch::Tensor& start, const torch::Tensor& t, const torch::Tensor& direction) {
+  return start.dim() == 2 ? start + t.view({-1, 1}) * direction
+                          : torch::addcmul(start, t.view({-1, 1, 1, 1}), direction);
+}
+
 class OwnRoute final : public LayeredRoute {
  public:
   /// A route over `layers` (the network's own, or a module's chain), named `name`.
@@ -92,8 +100,8 @@ class OwnRoute final : public LayeredRoute {
   /// first param layer's pre-activation is first->start + t first->direction.
   SegmentPass forward_rows(const torch::Tensor& x, const torch::Tensor& t, bool track, bool at_start,
                            const FirstRows* first) const;
-  /// The first param layer's products of inputs h [n, ...] (its input) at
-  /// W_s and at dW_s: [W_s; dW_s] as one layer of twice the outputs.
+  /// Param layer l's products of its inputs h at (W_s, b_s) and at
+  /// (dW_s, db_s); a convolution's as one of twice the channels.
   std::pair<torch::Tensor, torch::Tensor> products_at_start_and_direction(const LayerDesc& layer, size_t l,
                                                                          const torch::Tensor& h) const;
   /// The first param layer's pre-activation at rows h from their points'
@@ -199,12 +207,8 @@ torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const to
   const bool by_patches = plain_conv(layer) && !torch::GradMode::is_enabled();
   const int64_t Ho = by_patches ? h.size(2) + 2 * layer.padding - weight_of(w_, l).size(2) + 1 : 0;
   const int64_t Wo = by_patches ? h.size(3) + 2 * layer.padding - weight_of(w_, l).size(3) + 1 : 0;
-  if (layer.kind == Kind::Linear) {
+  if (at_start && layer.kind == Kind::Linear) {
     y = torch::addmm(bias_of(w_, l), h, weight_of(w_, l).t());
-    if (!at_start) {
-      pass.directions.push_back(torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t()));
-      y = y + t.view({-1, 1}) * pass.directions.back();
-    }
   } else if (at_start) {
     if (by_patches) {
       // The patches stay with the pass: the per-sample gradients take them.
@@ -214,18 +218,18 @@ torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const to
       y = torch::conv2d(h, weight_of(w_, l), bias_of(w_, l), 1, layer.padding);
     }
   } else {
-    // Rows of one input repeated (a view of stride 0 along rows: a test
-    // point's rows along its segment) take one row's products, repeated as
-    // a view: the convolution works row by row, so each row's bits are the
-    // same.
-    const bool repeated = h.size(0) > 1 && h.stride(0) == 0;
+    // A convolution's rows of one input repeated (a view of stride 0 along
+    // rows: a test point's rows along its segment) take one row's products,
+    // repeated as a view: the convolution works row by row, so each row's
+    // bits are the same.
+    const bool repeated = layer.kind == Kind::Conv2d && h.size(0) > 1 && h.stride(0) == 0;
     auto [start, direction] = products_at_start_and_direction(layer, l, repeated ? h.narrow(0, 0, 1) : h);
     if (repeated) {
       start = start.expand({h.size(0), -1, -1, -1});
       direction = direction.expand({h.size(0), -1, -1, -1});
     }
     pass.directions.push_back(direction);
-    y = torch::addcmul(start, t.view({-1, 1, 1, 1}), direction);
+    y = along_segment(start, t, direction);
   }
   pass.preacts.push_back(y);
   return y;
@@ -234,7 +238,8 @@ torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const to
 std::pair<torch::Tensor, torch::Tensor> OwnRoute::products_at_start_and_direction(const LayerDesc& layer, size_t l,
                                                                                    const torch::Tensor& h) const {
   if (layer.kind == Kind::Linear) {
-    return {torch::addmm(bias_of(w_, l), h, weight_of(w_, l).t()), torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t())};
+    return {torch::addmm(bias_of(w_, l), h, weight_of(w_, l).t()),
+            torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t())};
   }
   // W_s and dW_s as one convolution of twice the channels: the input's
   // patches are formed once, for both.
@@ -243,7 +248,8 @@ std::pair<torch::Tensor, torch::Tensor> OwnRoute::products_at_start_and_directio
   const torch::Tensor b2 = torch::cat({bias_of(w_, l), bias_of(dw_, l)});
   torch::Tensor both;
   if (plain_conv(layer) && !torch::GradMode::is_enabled()) {
-    const int64_t Ho = h.size(2) + 2 * layer.padding - W2.size(2) + 1, Wo = h.size(3) + 2 * layer.padding - W2.size(3) + 1;
+    const int64_t Ho = h.size(2) + 2 * layer.padding - W2.size(2) + 1;
+    const int64_t Wo = h.size(3) + 2 * layer.padding - W2.size(3) + 1;
     both = conv_of_patches(conv_patches(layer, h, W2.sizes().vec()), W2, b2, Ho, Wo);
   } else {
     both = torch::conv2d(h, W2, b2, 1, layer.padding);
@@ -288,9 +294,7 @@ torch::Tensor OwnRoute::first_from_points(const torch::Tensor& h, const torch::T
     return first.start;
   }
   pass.directions.push_back(first.direction);
-  // param_forward's sums, term by term.
-  torch::Tensor y = first.start.dim() == 2 ? first.start + t.view({-1, 1}) * first.direction
-                                           : torch::addcmul(first.start, t.view({-1, 1, 1, 1}), first.direction);
+  torch::Tensor y = along_segment(first.start, t, first.direction);
   pass.preacts.push_back(y);
   return y;
 }
