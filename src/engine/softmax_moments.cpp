@@ -24,18 +24,31 @@ struct PieceNodes {
   std::vector<double*> out;
 };
 
+/// What piece_moments reuses across its calls on one piece: the
+/// differences x_j − x_j2 of its nodes, each τ's differences τ − x_i, and
+/// the sums' buffers (no allocation per call).
+struct PieceScratch {
+  std::vector<double> node_gaps;  ///< [m · m]: x_j − x_j2 for nodes j, j2
+  std::vector<double> tau_gaps;   ///< [xs]: τ − x_i at the current τ
+  std::vector<double> z, p;       ///< [K]: the logits at τ and their exponentials
+};
+
 /// Σ over the nodes of kFine-node Gauss on S equal sub-intervals of [a, b]:
-/// per node j and output k, ∫ ℓ_j p_k, [m · K].
-std::vector<double> piece_moments(const PieceNodes& pn, int64_t S, std::vector<double>& z, std::vector<double>& p) {
+/// per node j and output k, ∫ ℓ_j p_k, [m · K], into `sum`.
+void piece_moments(const PieceNodes& pn, int64_t S, PieceScratch& sc, std::vector<double>& sum) {
   const int64_t m = pn.m, K = pn.K;
   const double a = pn.a, b = pn.b;
   const std::vector<double>& xs = pn.xs;
-  std::vector<double> sum(m * K, 0.0);
+  std::vector<double>& z = sc.z;
+  std::vector<double>& p = sc.p;
+  std::vector<double>& d = sc.tau_gaps;
+  sum.assign(static_cast<size_t>(m * K), 0.0);
   std::vector<double> cuts(S + 1);
   for (int64_t s = 0; s <= S; ++s) cuts[s] = s == S ? b : a + (b - a) * static_cast<double>(s) / S;
   const QuadratureRule fine = composite_gauss_legendre(kFine, cuts);
   for (size_t f = 0; f < fine.nodes.size(); ++f) {
     const double tau = fine.nodes[f], omega = fine.weights[f];
+    for (size_t i = 0; i < xs.size(); ++i) d[i] = tau - xs[i];
     // z(τ) by the barycentric formula (exactly a data point if τ is one).
     double den = 0;
     std::fill(z.begin(), z.end(), 0.0);
@@ -47,9 +60,10 @@ std::vector<double> piece_moments(const PieceNodes& pn, int64_t S, std::vector<d
       std::copy(pn.zs[hit], pn.zs[hit] + K, z.begin());
     } else {
       for (size_t i = 0; i < xs.size(); ++i) {
-        const double c = pn.bary[i] / (tau - xs[i]);
+        const double c = pn.bary[i] / d[i];
         den += c;
-        for (int64_t k = 0; k < K; ++k) z[k] += c * pn.zs[i][k];
+        const double* zi = pn.zs[i];
+        for (int64_t k = 0; k < K; ++k) z[k] += c * zi[k];
       }
       for (int64_t k = 0; k < K; ++k) z[k] /= den;
     }
@@ -58,30 +72,38 @@ std::vector<double> piece_moments(const PieceNodes& pn, int64_t S, std::vector<d
     for (int64_t k = 0; k < K; ++k) total += p[k] = std::exp(z[k] - zmax);
     for (int64_t j = 0; j < m; ++j) {
       double l = 1;  // ℓ_j(τ) on the nodes alone (the first m points)
+      const double* gaps = sc.node_gaps.data() + j * m;
       for (int64_t j2 = 0; j2 < m; ++j2) {
-        if (j2 != j) l *= (tau - xs[j2]) / (xs[j] - xs[j2]);
+        if (j2 != j) l *= d[j2] / gaps[j2];
       }
       const double scale = omega * l / total;
-      for (int64_t k = 0; k < K; ++k) sum[j * K + k] += scale * p[k];
+      double* row = sum.data() + j * K;
+      for (int64_t k = 0; k < K; ++k) row[k] += scale * p[k];
     }
   }
-  return sum;
 }
 
 /// The moments of one piece, sub-intervals doubled until two successive
 /// sums agree to rounding, written where its nodes' moments go.
-void integrate_piece(const PieceNodes& pn, std::vector<double>& z, std::vector<double>& p) {
+void integrate_piece(const PieceNodes& pn, PieceScratch& sc) {
   constexpr double kEps = kMachineEps;
   const double a = pn.a, b = pn.b;
-  std::vector<double> coarse = piece_moments(pn, 1, z, p), finer;
+  const int64_t m = pn.m;
+  sc.node_gaps.resize(static_cast<size_t>(m * m));
+  for (int64_t j = 0; j < m; ++j) {
+    for (int64_t j2 = 0; j2 < m; ++j2) sc.node_gaps[j * m + j2] = pn.xs[j] - pn.xs[j2];
+  }
+  sc.tau_gaps.resize(pn.xs.size());
+  std::vector<double> coarse, finer;
+  piece_moments(pn, 1, sc, coarse);
   for (int64_t S = 2, halving = 1;; S *= 2, ++halving) {
-    finer = piece_moments(pn, S, z, p);
+    piece_moments(pn, S, sc, finer);
     double diff = 0;
     for (size_t i = 0; i < finer.size(); ++i) diff = std::max(diff, std::abs(finer[i] - coarse[i]));
     // Stop at rounding, or before sub-intervals too short to be distinct.
     const bool too_short = (b - a) / static_cast<double>(2 * S) <= 16 * kEps * std::max(std::abs(a), std::abs(b));
     if (diff <= 4 * kEps * (b - a) || halving >= kMaxHalvings || too_short) break;
-    coarse = std::move(finer);
+    std::swap(coarse, finer);
   }
   for (int64_t j = 0; j < pn.m; ++j) std::copy(finer.begin() + j * pn.K, finer.begin() + (j + 1) * pn.K, pn.out[j]);
 }
@@ -98,7 +120,9 @@ std::pair<torch::Tensor, torch::Tensor> softmax_moments(const PieceRound& rd, co
   const double* ze_p = ze.data_ptr<double>();
   const double* zm_p = zm.defined() ? zm.data_ptr<double>() : nullptr;
   torch::Tensor v = torch::zeros({rd.rows, K}, zn.options()), vm = torch::zeros({rd.moment_rows, K}, zn.options());
-  std::vector<double> z(K), p(K);
+  PieceScratch sc;
+  sc.z.resize(K);
+  sc.p.resize(K);
   for (int64_t pc = 0; pc < rd.np; ++pc) {
     const int64_t r0 = rd.first[pc], g = rd.first[pc + 1] - r0;
     const int64_t m0 = rd.mfirst[pc], e = rd.mfirst[pc + 1] - m0;
@@ -127,7 +151,7 @@ std::pair<torch::Tensor, torch::Tensor> softmax_moments(const PieceRound& rd, co
         if (i2 != i) pn.bary[i] /= pn.xs[i] - pn.xs[i2];
       }
     }
-    integrate_piece(pn, z, p);
+    integrate_piece(pn, sc);
   }
   return {v, vm};
 }
