@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "add_at_rows.h"
 #include "decomposition_walk.h"
 #include "pathkernel/error.h"
 #include "pathkernel/loss.h"
@@ -87,12 +88,12 @@ void add_step_block(Decomposition& total, const Decomposition& block, const torc
   PK_CHECK(total.layer_contributions.defined() == block.layer_contributions.defined(),
            "add_step_block: the contributions by layer are in one decomposition and not in the other");
   if (block.layer_contributions.defined()) {
-    if (rows.defined()) total.layer_contributions.index_add_(1, rows, block.layer_contributions);
+    if (rows.defined()) add_at_rows(total.layer_contributions, rows, block.layer_contributions);
     else total.layer_contributions.add_(block.layer_contributions);
   }
   if (rows.defined()) {
-    total.contributions.index_add_(1, rows, block.contributions);
-    if (block.kernel.defined()) total.kernel.index_add_(1, rows, block.kernel);
+    add_at_rows(total.contributions, rows, block.contributions);
+    if (block.kernel.defined()) add_at_rows(total.kernel, rows, block.kernel);
   } else {
     total.contributions.add_(block.contributions);
     if (block.kernel.defined()) total.kernel.add_(block.kernel);

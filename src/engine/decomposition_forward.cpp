@@ -6,6 +6,7 @@
 #include <iterator>
 #include <vector>
 
+#include "add_at_rows.h"
 #include "decomposition_walk.h"
 #include "pathkernel/progress.h"
 #include "point_groups.h"
@@ -189,10 +190,10 @@ class ForwardWalk {
         st, bt, rows, -st.lr, [&](const TrainSignals& tr) { return contract(ev, f, tr); },
         [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [count, nr, K]
           const torch::Tensor at = blk_.index(bt.idx.narrow(0, r0, nr));
-          blk.contributions.narrow(0, p.first, p.count).index_add_(1, at, part);
+          add_at_rows(blk.contributions.narrow(0, p.first, p.count), at, part);
           if (p.step_c.defined()) p.step_c.narrow(1, r0, nr).copy_(part);
           if (options_.kernel) {
-            blk.kernel.narrow(0, p.first, p.count).index_add_(1, at, output_kernel(ev, f, bt.xb.narrow(0, r0, nr)));
+            add_at_rows(blk.kernel.narrow(0, p.first, p.count), at, output_kernel(ev, f, bt.xb.narrow(0, r0, nr)));
           }
         });
     if (options_.by_layer) {  // the same terms split by parameter tensor, into their own sums
@@ -200,7 +201,7 @@ class ForwardWalk {
           st, bt, options_.train_chunk, -st.lr,
           [&](const TrainSignals& tr) { return contract_by_tensor(ev, f, tr, w_.layout); },
           [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [count, nr, K, L]
-            blk.layer_contributions.narrow(0, p.first, p.count).index_add_(1, blk_.index(bt.idx.narrow(0, r0, nr)), part);
+            add_at_rows(blk.layer_contributions.narrow(0, p.first, p.count), blk_.index(bt.idx.narrow(0, r0, nr)), part);
           });
     }
     if (!options_.on_step) keep_counts(p.f);  // the features' memory goes now

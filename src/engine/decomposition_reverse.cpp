@@ -11,6 +11,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "add_at_rows.h"
 #include "decomposition_walk.h"
 #include "point_groups.h"
 #include "pathkernel/context.h"
@@ -394,7 +395,7 @@ class ReverseWalk {
     w_.train_chunks(
         st, bt, options_.train_chunk, 1.0, [&](const TrainSignals& tr) { return contract_dense(ev, a, tr); },
         [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [nb, nr, K]
-          d_.contributions.narrow(0, p0, nb).index_add_(1, bt.idx.narrow(0, r0, nr), part);
+          add_at_rows(d_.contributions.narrow(0, p0, nb), bt.idx.narrow(0, r0, nr), part);
           if (step_c.defined()) step_c.narrow(1, r0, nr).copy_(part);
         });
     if (options_.by_layer) {  // the same terms split by parameter tensor
@@ -402,7 +403,7 @@ class ReverseWalk {
           st, bt, options_.train_chunk, 1.0,
           [&](const TrainSignals& tr) { return contract_dense_by_tensor(ev, a, tr, w_.layout); },
           [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [nb, nr, K, L]
-            d_.layer_contributions.narrow(0, p0, nb).index_add_(1, bt.idx.narrow(0, r0, nr), part);
+            add_at_rows(d_.layer_contributions.narrow(0, p0, nb), bt.idx.narrow(0, r0, nr), part);
           });
     }
     if (!options_.on_step) keep_counts(f);  // the features' memory goes now
