@@ -13,6 +13,7 @@
 #include "pathkernel/layer_rules.h"
 #include "feature_parts.h"
 #include "point_groups.h"
+#include "rows_contraction.h"
 
 namespace pathkernel {
 
@@ -410,13 +411,13 @@ torch::Tensor contract_outputs(const SegmentEvaluator& ev, const TestFeatures& f
         const int64_t K = s.size(0), R = s.size(1), out = s.size(2), in = lf.inputs.size(1);
         const int64_t n = f.num_points, B = t0.inputs[l].size(0);
         const double bias = ev.param_layers()[l].bias_numel ? 1.0 : 0.0;  // the bias's "input" 1
-        if (R * (in + out) > n * in * out) {
-          // Few weights, many rows (docs/math.md §8): the dense block
-          // J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point [K, n, out, in+1], then
-          // δ_iᵀ J̄ [a_i, 1] for every training row: one GEMM against the
-          // training inputs, which are read once (per-sample gradients are
-          // never formed).
-          const int64_t cols = in + (bias ? 1 : 0);
+        const int64_t cols = in + (bias ? 1 : 0);
+        if (take_dense_block({K, n, R, in, out, cols, B, Kp})) {
+          // Many rows a point against few weights (docs/math.md §8): the
+          // dense block J̄ = Σ_r ω_r δ_r [a_r, 1]ᵀ per test point
+          // [K, n, out, in+1], then δ_iᵀ J̄ [a_i, 1] for every training row:
+          // one GEMM against the training inputs, which are read once
+          // (per-sample gradients are never formed).
           torch::Tensor ones = torch::ones({R, 1}, f.weight.options());
           torch::Tensor rows = bias ? torch::cat({lf.inputs, ones}, 1) : lf.inputs;  // [R, in+1]
           torch::Tensor block = point_outer_sums(f, s, rows);  // [K, n, out, in+1]
