@@ -26,7 +26,8 @@ struct PieceNodes {
 
 /// What piece_moments reuses across its calls on one piece: the
 /// differences x_j − x_j2 of its nodes, each τ's differences τ − x_i, and
-/// the sums' buffers (no allocation per call).
+/// the logits' and exponentials' buffers (the sub-intervals' cuts and the
+/// composite rule are still formed per call).
 struct PieceScratch {
   std::vector<double> node_gaps;  ///< [m · m]: x_j − x_j2 for nodes j, j2
   std::vector<double> tau_gaps;   ///< [xs]: τ − x_i at the current τ
