@@ -11,6 +11,7 @@
 #include "pathkernel/loss.h"
 #include "pathkernel/kinks.h"
 #include "pathkernel/layer_rules.h"
+#include "add_at_rows.h"
 #include "feature_parts.h"
 #include "point_groups.h"
 #include "rows_contraction.h"
@@ -86,7 +87,9 @@ torch::Tensor conv_windows(const torch::Tensor& v, const torch::Tensor& row, con
 torch::Tensor sum_by_group(const torch::Tensor& v, const torch::Tensor& group, int64_t groups) {
   std::vector<int64_t> sizes = v.sizes().vec();
   sizes[1] = groups;
-  return torch::zeros(sizes, v.options()).index_add_(1, group, v);
+  torch::Tensor sums = torch::zeros(sizes, v.options());
+  add_at_rows(sums, group, v);  // index_add_'s bits, without an operation per row
+  return sums;
 }
 
 torch::Tensor first_of_each_group(const torch::Tensor& group, int64_t groups) {
@@ -459,11 +462,9 @@ torch::Tensor output_kernel(const SegmentEvaluator& ev, const TestFeatures& f, c
 }
 
 torch::Tensor aggregate(const TestFeatures& f, const torch::Tensor& x) {
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape[1] = f.num_points;
   std::vector<int64_t> w_shape(x.dim(), 1);
   w_shape[1] = x.size(1);
-  return torch::zeros(shape, x.options()).index_add_(1, f.point, x * f.weight.view(w_shape));
+  return sum_by_group(x * f.weight.view(w_shape), f.point, f.num_points);
 }
 
 torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, const torch::Tensor& v) {
