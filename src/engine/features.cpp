@@ -434,7 +434,7 @@ torch::Tensor contract_outputs(const SegmentEvaluator& ev, const TestFeatures& f
           const torch::Tensor a =
               torch::addmm(torch::full({1}, bias, f.weight.options()), lf.inputs, t0.inputs[l].t());  // [R, B]
           const torch::Tensor dd = torch::matmul(s, end_to_end(sig).t()).view({K, R, Kp, B});
-          part = aggregate(f, dd * a.view({1, R, 1, B}));  // [K, n, K', B]
+          part = rows_point_sums(dd, a, f.weight, f.point, n);  // [K, n, K', B]
         }
         break;
       }

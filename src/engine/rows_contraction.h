@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include <torch/torch.h>
+
 namespace pathkernel {
 
 /// A Rows layer's sizes in one contraction: K outputs, n test points, R
@@ -28,6 +30,16 @@ double by_rows_cost(const RowsLayerSizes& s);
 /// Whether contract_outputs takes the dense block: where it costs less, or
 /// as a RowsContractionScope says.
 bool take_dense_block(const RowsLayerSizes& s);
+
+/// The by-rows form's sums into test points: out[k, p, j, b] = Σ over the
+/// rows r of point p (point[r] = p), in row order, of
+/// (dd[k, r, j, b] · a[r, b]) · weight[r], for dd [K, R, K', B], a [R, B],
+/// weight [R] (float64) and point [R] (int64, each in [0, n)); returns
+/// [K, n, K', B]. The bits of summing `dd * a * weight` by point (each
+/// product rounded, then added from zero in row order), in one pass over dd
+/// without its two [K, R, K', B] products.
+torch::Tensor rows_point_sums(const torch::Tensor& dd, const torch::Tensor& a, const torch::Tensor& weight,
+                              const torch::Tensor& point, int64_t n);
 
 /// For tests: while one lives, every Rows layer is contracted one way (its
 /// dense block, or by rows), whatever the costs; process-wide.

@@ -64,5 +64,35 @@ TEST(RowsContraction, TakesTheFormOfFewerMultiplyAdds) {
   EXPECT_TRUE(take_dense_block(many_rows));  // the scope is gone
 }
 
+TEST(RowsContraction, PointSumsAreTheWeightedProductsSummedInRowOrder) {
+  torch::manual_seed(7);
+  const int64_t K = 3, R = 9, Kp = 2, B = 5, n = 4;
+  const torch::Tensor dd = torch::randn({K, R, Kp, B}, torch::kFloat64) * 1e6;
+  const torch::Tensor a = torch::randn({R, B}, torch::kFloat64), weight = torch::rand({R}, torch::kFloat64);
+  // Points out of order and repeated (their sums depend on the order of the
+  // adds), and point 2 without rows (zeros).
+  const torch::Tensor point = torch::tensor(std::vector<int64_t>{3, 0, 3, 1, 0, 3, 1, 3, 0}, torch::kLong);
+  const torch::Tensor products = dd * a.view({1, R, 1, B}) * weight.view({1, R, 1, 1});
+  const torch::Tensor expect = torch::zeros({K, n, Kp, B}, torch::kFloat64).index_add_(1, point, products);
+  const torch::Tensor got = rows_point_sums(dd, a, weight, point, n);
+  EXPECT_TRUE(torch::equal(got, expect)) << "max difference " << (got - expect).abs().max().item<double>();
+  // A transposed dd is read as its values.
+  const torch::Tensor dd_t = dd.transpose(2, 3).contiguous().transpose(2, 3);
+  EXPECT_TRUE(torch::equal(rows_point_sums(dd_t, a, weight, point, n), expect));
+}
+
+TEST(RowsContraction, PointSumsRefuseRowsOfNoPoint) {
+  const torch::Tensor dd = torch::ones({1, 2, 1, 3}, torch::kFloat64), a = torch::ones({2, 3}, torch::kFloat64);
+  const torch::Tensor weight = torch::ones({2}, torch::kFloat64);
+  try {
+    rows_point_sums(dd, a, weight, torch::tensor(std::vector<int64_t>{0, 2}, torch::kLong), 2);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("row 1 belongs to point 2, outside the 2 test points"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(rows_point_sums(dd, a.t(), weight, torch::zeros({2}, torch::kLong), 1), std::exception);
+}
+
 }  // namespace
 }  // namespace pathkernel
