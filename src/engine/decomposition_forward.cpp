@@ -150,10 +150,11 @@ class ForwardWalk {
   ForwardStep step_terms(const PathStep& st) {
     ForwardStep t;
     t.bt = w_.batch(reader_, st, options_.kernel);  // the kernel needs the batch's rows
-    // Regularisation and rounding directions of this step.
-    t.rho = -st.lr * lambda_ * st.w;
-    t.e = st.delta + st.lr * (t.bt.gradient + lambda_ * st.w);
-    d_.residuals.add(st.step, max_abs(t.e), update_bound(m_, st));
+    // Regularisation (only where there is weight decay) and rounding directions of this step.
+    if (lambda_ != 0) t.rho = -st.lr * lambda_ * st.w;
+    const UpdateResidual e = update_residual(m_, st, t.bt.gradient, lambda_);
+    t.e = e.e;
+    d_.residuals.add(st.step, e.max_abs, e.bound);
     return t;
   }
 

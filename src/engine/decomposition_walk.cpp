@@ -1,6 +1,7 @@
 // What the decomposition's walks of the path share (decomposition_walk.h).
 #include "decomposition_walk.h"
 
+#include <cmath>
 #include <cstdio>
 #include <limits>
 
@@ -88,7 +89,35 @@ void add_layer_gradient(const SegmentEvaluator& ev, const TrainSignals& t, size_
 
 }  // namespace
 
-double max_abs(const torch::Tensor& t) { return t.defined() && t.numel() > 0 ? t.abs().max().item<double>() : 0.0; }
+namespace {
+
+/// Whether t is a contiguous float64 CPU tensor (its entries read as one array).
+bool flat_doubles(const torch::Tensor& t) {
+  return t.defined() && t.scalar_type() == torch::kFloat64 && t.device().is_cpu() && t.is_contiguous();
+}
+
+/// A running max |v| that keeps a NaN, as max() over a tensor does.
+struct MaxAbs {
+  double value = 0;
+  bool nan = false;
+  void add(double v) {
+    const double a = std::abs(v);
+    nan = nan || std::isnan(a);
+    value = a > value ? a : value;
+  }
+  double get() const { return nan ? std::numeric_limits<double>::quiet_NaN() : value; }
+};
+
+}  // namespace
+
+double max_abs(const torch::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return 0.0;
+  if (!flat_doubles(t)) return t.abs().max().item<double>();
+  MaxAbs m;
+  const double* p = t.data_ptr<double>();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) m.add(p[i]);
+  return m.get();
+}
 
 double run_epsilon(const Manifest& m) {
   return m.dtype == "float64" ? std::numeric_limits<double>::epsilon() : std::numeric_limits<float>::epsilon();
@@ -96,6 +125,34 @@ double run_epsilon(const Manifest& m) {
 
 double update_bound(const Manifest& m, const PathStep& st) {
   return kRoundingSlack * run_epsilon(m) * (max_abs(st.w) + max_abs(st.w + st.delta));
+}
+
+UpdateResidual update_residual(const Manifest& m, const PathStep& st, const torch::Tensor& gradient, double lambda) {
+  UpdateResidual r;
+  const int64_t P = st.w.numel();
+  if (!(flat_doubles(st.w) && flat_doubles(st.delta) && flat_doubles(gradient) && st.delta.numel() == P &&
+        gradient.numel() == P)) {
+    r.e = st.delta + st.lr * (gradient + lambda * st.w);
+    r.max_abs = max_abs(r.e);
+    r.bound = update_bound(m, st);
+    return r;
+  }
+  r.e = torch::empty_like(st.w);
+  const double* w = st.w.data_ptr<double>();
+  const double* d = st.delta.data_ptr<double>();
+  const double* g = gradient.data_ptr<double>();
+  double* e = r.e.data_ptr<double>();
+  const double lr = st.lr;
+  MaxAbs max_e, max_w, max_end;
+  for (int64_t i = 0; i < P; ++i) {
+    e[i] = d[i] + lr * (g[i] + lambda * w[i]);
+    max_e.add(e[i]);
+    max_w.add(w[i]);
+    max_end.add(w[i] + d[i]);
+  }
+  r.max_abs = max_e.get();
+  r.bound = kRoundingSlack * run_epsilon(m) * (max_w.get() + max_end.get());
+  return r;
 }
 
 CaptureScope::CaptureScope(PathReader& reader, bool on, const SegmentEvaluator& ev) : reader_(reader) {

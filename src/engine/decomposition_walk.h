@@ -45,6 +45,17 @@ double run_epsilon(const Manifest& m);
 /// The rounding bound of step s's update residual (StepResiduals).
 double update_bound(const Manifest& m, const PathStep& st);
 
+/// A gd or sgd step's update residual e_s = Δw_s + η_s (G_s + λ w_s) [P],
+/// what training's rounding left of the update (docs/math.md §4), with
+/// max |e_s| and update_bound(m, st): one pass over w_s, Δw_s and G_s, the
+/// same bits as the tensor expressions (each product and sum rounded in
+/// that order).
+struct UpdateResidual {
+  torch::Tensor e;
+  double max_abs = 0, bound = 0;
+};
+UpdateResidual update_residual(const Manifest& m, const PathStep& st, const torch::Tensor& gradient, double lambda);
+
 /// Turns the reader's capture on for a scope. Each captured step's
 /// per-sample gradients (form_sample_gradients on ev's layers) are formed
 /// where it is replayed, on the replay's own thread when it runs ahead, so

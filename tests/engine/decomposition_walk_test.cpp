@@ -1,10 +1,12 @@
-// BatchNorm in training mode through the decomposition's walks
-// (src/engine/decomposition_walk.cpp): completeness with the running-
-// statistics term S, and S against an explicit loop over the steps.
+// The decomposition's walks (src/engine/decomposition_walk.cpp): a step's
+// update residual in one pass against its tensor expressions; BatchNorm in
+// training mode, completeness with the running-statistics term S, and S
+// against an explicit loop over the steps.
 #include <gtest/gtest.h>
 
 #include "pathkernel/batch_statistics.h"
 #include "pathkernel/decomposition.h"
+#include "../../src/engine/decomposition_walk.h"
 #include "../model/torchscript_util.h"
 
 namespace pathkernel {
@@ -12,6 +14,49 @@ namespace {
 
 using testing::TempDir;
 using namespace testing::script;
+
+/// The residual and its checks as tensor expressions, for comparison bit for bit.
+void expect_residual_as_tensors(const Manifest& m, const PathStep& st, const torch::Tensor& g, double lambda) {
+  using namespace decomposition_walk;
+  const torch::Tensor e = st.delta + st.lr * (g + lambda * st.w);
+  const UpdateResidual r = update_residual(m, st, g, lambda);
+  EXPECT_TRUE(torch::equal(r.e, e)) << "max difference " << (r.e - e).abs().max().item<double>();
+  EXPECT_EQ(r.max_abs, e.abs().max().item<double>());
+  EXPECT_EQ(r.bound, kRoundingSlack * run_epsilon(m) *
+                         ((st.w.abs().max() + (st.w + st.delta).abs().max()).item<double>()));
+  EXPECT_EQ(r.bound, update_bound(m, st));
+}
+
+TEST(UpdateResidual, OnePassGivesTheTensorExpressionsBits) {
+  torch::manual_seed(11);
+  Manifest m;
+  m.dtype = "float32";
+  PathStep st;
+  st.w = torch::randn({1000}, torch::kFloat64);
+  st.lr = 0.1;
+  const torch::Tensor g = torch::randn({1000}, torch::kFloat64) * 3;
+  st.delta = -st.lr * g + 1e-8 * torch::randn({1000}, torch::kFloat64);  // training's rounding, magnified
+  for (double lambda : {0.0, 5e-4}) expect_residual_as_tensors(m, st, g, lambda);
+  // Strided tensors take the tensor expressions.
+  PathStep strided = st;
+  strided.w = torch::randn({2000}, torch::kFloat64).slice(0, 0, 2000, 2);
+  expect_residual_as_tensors(m, strided, g, 5e-4);
+}
+
+TEST(UpdateResidual, KeepsANotANumber) {
+  Manifest m;
+  m.dtype = "float64";
+  PathStep st;
+  st.w = torch::ones({5}, torch::kFloat64);
+  st.delta = torch::zeros({5}, torch::kFloat64);
+  st.lr = 0.5;
+  torch::Tensor g = torch::ones({5}, torch::kFloat64);
+  g[1] = std::numeric_limits<double>::quiet_NaN();
+  const decomposition_walk::UpdateResidual r = decomposition_walk::update_residual(m, st, g, 0.0);
+  EXPECT_TRUE(std::isnan(r.max_abs));
+  EXPECT_TRUE(std::isnan(decomposition_walk::max_abs(r.e)));
+  EXPECT_EQ(r.bound, decomposition_walk::update_bound(m, st));
+}
 
 /// A residual CNN with BatchNorm2d after each convolution, in training mode,
 /// on [1, 4, 4] images of 3 classes (a tiny scripts/measure_batchnorm.sh).
