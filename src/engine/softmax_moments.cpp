@@ -85,7 +85,15 @@ void piece_moments(const PieceNodes& pn, int64_t S, PieceScratch& sc, std::vecto
 }
 
 /// The moments of one piece, sub-intervals doubled until two successive
-/// sums agree to rounding, written where its nodes' moments go.
+/// sums agree to rounding, written where its nodes' moments go. Rounding
+/// here is that of the nodes' places: a node τ is a double, within
+/// ε·|τ|/2 of where the rule puts it, and so are the sub-intervals' cuts,
+/// so the sums can be trusted no closer than about ε·max(|a|, |b|) (the
+/// integrand is at most about 1: p ≤ 1 and ℓ_j of a few nodes). On a piece
+/// much shorter than its distance from 0 the sums differ by that much at
+/// every doubling and never agree to ε (b − a): 0.3 % of the real-size
+/// run's pieces went to 256 sub-intervals, and the 13 % past 2 took 60 %
+/// of the evaluations.
 void integrate_piece(const PieceNodes& pn, PieceScratch& sc) {
   constexpr double kEps = kMachineEps;
   const double a = pn.a, b = pn.b;
@@ -103,7 +111,7 @@ void integrate_piece(const PieceNodes& pn, PieceScratch& sc) {
     for (size_t i = 0; i < finer.size(); ++i) diff = std::max(diff, std::abs(finer[i] - coarse[i]));
     // Stop at rounding, or before sub-intervals too short to be distinct.
     const bool too_short = (b - a) / static_cast<double>(2 * S) <= 16 * kEps * std::max(std::abs(a), std::abs(b));
-    if (diff <= 4 * kEps * (b - a) || halving >= kMaxHalvings || too_short) break;
+    if (diff <= 4 * kEps * std::max({b - a, std::abs(a), std::abs(b)}) || halving >= kMaxHalvings || too_short) break;
     std::swap(coarse, finer);
   }
   for (int64_t j = 0; j < pn.m; ++j) std::copy(finer.begin() + j * pn.K, finer.begin() + (j + 1) * pn.K, pn.out[j]);
