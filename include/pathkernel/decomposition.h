@@ -56,7 +56,10 @@ struct DecompositionOptions {
   /// decomposed, −1 the last. Ignored for other models.
   int64_t position = -1;
   int64_t train_chunk = 1024;          ///< training rows per contraction
-  int64_t memory_doubles = 64 << 20;   ///< budget for one chunk of test features (doubles)
+  /// Budget for one chunk of test features and accumulators (doubles): 2 GiB.
+  /// A reverse walk replays the path once per chunk of test points that fits
+  /// it (the user CNN's 100 points: 7 walks at 512 MiB, 2 at 2 GiB).
+  int64_t memory_doubles = int64_t{256} << 20;
   bool progress = true;
   /// Also accumulate the kernel Σ_{s: i∈B_s} K_s(x, x_i) (K extra
   /// backprops per training point and step; n·M·K·K doubles).

@@ -57,10 +57,11 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
       ->capture_default_str();
   cmd->add_option("--memory", memory,
                   "Memory for the test points' features and accumulators, per process (per rank under mpirun), "
-                  "e.g. 512MiB or 2GiB: fewer test points are computed together when --point-block of them would "
-                  "not fit, at least one")
+                  "e.g. 512MiB or 4GiB: fewer test points are computed together when --point-block of them would "
+                  "not fit, at least one; optimizers with a buffer (adam, momentum) replay the path once per set of "
+                  "test points whose accumulators fit")
       ->transform(CLI::AsSizeValue(true))
-      ->default_str("512MiB");
+      ->default_str("2GiB");
   cmd->add_option("--route", route,
                   "TorchScript models: auto (the structured route where every parameter's operation has a rule, "
                   "else autograd) or generic (autograd alone)")

@@ -26,7 +26,7 @@ DecompositionOptions parse(std::vector<std::string> args) {
 
 TEST(QuadratureArgs, MemoryIsTheTestSidesBudgetInBytes) {
   EXPECT_EQ(parse({}).memory_doubles, DecompositionOptions{}.memory_doubles);
-  EXPECT_EQ(parse({}).memory_doubles, int64_t{512} * 1024 * 1024 / 8);  // the help's default
+  EXPECT_EQ(parse({}).memory_doubles, int64_t{2} * 1024 * 1024 * 1024 / 8);  // the help's default
   EXPECT_EQ(parse({"--memory", "2MiB"}).memory_doubles, 2 * 1024 * 1024 / 8);
   EXPECT_EQ(parse({"--memory", "3GB"}).memory_doubles, int64_t{3000000000} / 8);
   EXPECT_EQ(parse({"--memory", "64KiB"}).memory_doubles, 64 * 1024 / 8);
