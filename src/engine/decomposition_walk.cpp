@@ -123,8 +123,17 @@ double run_epsilon(const Manifest& m) {
   return m.dtype == "float64" ? std::numeric_limits<double>::epsilon() : std::numeric_limits<float>::epsilon();
 }
 
+namespace {
+
+/// The rounding bound of an update from its two ends' largest entries, max |w_s| and max |w_s + Δw_s|.
+double bound_of_ends(const Manifest& m, double max_w, double max_end) {
+  return kRoundingSlack * run_epsilon(m) * (max_w + max_end);
+}
+
+}  // namespace
+
 double update_bound(const Manifest& m, const PathStep& st) {
-  return kRoundingSlack * run_epsilon(m) * (max_abs(st.w) + max_abs(st.w + st.delta));
+  return bound_of_ends(m, max_abs(st.w), max_abs(st.w + st.delta));
 }
 
 UpdateResidual update_residual(const Manifest& m, const PathStep& st, const torch::Tensor& gradient, double lambda) {
@@ -151,7 +160,7 @@ UpdateResidual update_residual(const Manifest& m, const PathStep& st, const torc
     max_end.add(w[i] + d[i]);
   }
   r.max_abs = max_e.get();
-  r.bound = kRoundingSlack * run_epsilon(m) * (max_w.get() + max_end.get());
+  r.bound = bound_of_ends(m, max_w.get(), max_end.get());
   return r;
 }
 
