@@ -11,6 +11,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "accumulator_step.h"
 #include "add_at_rows.h"
 #include "decomposition_walk.h"
 #include "point_groups.h"
@@ -378,15 +379,10 @@ class ReverseWalk {
       d_.gap_abs.narrow(0, p0, nb).add_(f.gap.abs());
       erow += apply_features(ev, f, t.residual);
       if (t.c.rho.defined()) d_.regularization.narrow(0, p0, nb).add_(apply_features(ev, f, t.c.rho));
-      torch::Tensor jp = dense_features(ev, f);  // [nb, K, P]
-      if (t.c.metric.defined()) jp.mul_(t.c.metric);
-      a = t.c.alpha * jp;
-      if (t.buf.defined()) {
-        acc_b.mul_(beta_).add_(jp, t.c.kappa);
-        a.add_(acc_b, t.c.gamma);
-        erow += torch::matmul(acc_b, t.buf - t.c.gamma * t.dvec);
-      }
-      jp = torch::Tensor();
+      // a_s and Ã_s in one pass over the group's dense features [nb, K, P]
+      a = accumulator_step(dense_features(ev, f), t.c.metric, t.buf.defined() ? acc_b : torch::Tensor(),
+                           {t.c.alpha, beta_, t.c.kappa, t.c.gamma});
+      if (t.buf.defined()) erow += torch::matmul(acc_b, t.buf - t.c.gamma * t.dvec);
       d_.rounding.narrow(0, p0, nb).add_(erow);
       if (lambda_ != 0) d_.regularization.narrow(0, p0, nb).add_(lambda_ * torch::matmul(a, st.w));
     }
