@@ -284,15 +284,50 @@ int64_t plain_conv_padding(const LayerUse& l) {
   return all_ones(c.stride) && all_ones(c.dilation) && c.groups == 1 && square ? p[0] : -1;
 }
 
-/// Whether `list` is the shape [size(h, 0), -1] (view or reshape to rows).
+/// Whether v is the integer constant `want`.
+bool int_constant(Value* v, int64_t want) {
+  const auto c = constant(v);
+  return c && c->isInt() && c->toInt() == want;
+}
+
+/// Whether v is a positive integer constant.
+bool positive_constant(Value* v) {
+  const auto c = constant(v);
+  return c && c->isInt() && c->toInt() > 0;
+}
+
+/// Whether v is h's row count as a forward pass spells it: h.size(0),
+/// h.shape[0] (`__getitem__` of h.size()), or either through a traced
+/// module's NumToTensor and Int.
+bool row_count_of(Value* v, Value* h) {
+  Node* n = v->node();
+  if (n->kind() == aten("Int") || n->kind() == c10::prim::NumToTensor) return row_count_of(n->input(0), h);
+  if (n->kind() == aten("size")) return n->inputs().size() == 2 && n->input(0) == h && int_constant(n->input(1), 0);
+  if (n->kind() == aten("__getitem__") && n->inputs().size() == 2) {
+    Node* size = n->input(0)->node();
+    return size->kind() == aten("size") && size->inputs().size() == 1 && size->input(0) == h &&
+           int_constant(n->input(1), 0);
+  }
+  return false;
+}
+
+/// Whether `list` flattens h to rows: [rows, -1], or [rows, N] or [-1, N]
+/// with N a constant (rows: h's row count, row_count_of). The last two are
+/// a flattening only when N is the product of h's other dimensions, which
+/// the graph does not say: the chain's check against the module
+/// (rows_agree_with_module) refuses it otherwise.
 bool rows_shape(Value* list, Value* h) {
+  if (const auto c = constant(list)) {  // [-1, N] folded into one constant
+    if (!c->isIntList()) return false;
+    const c10::List<int64_t> v = c->toIntList();
+    return v.size() == 2 && v.get(0) == -1 && v.get(1) > 0;
+  }
   Node* n = list->node();
   if (n->kind() != c10::prim::ListConstruct || n->inputs().size() != 2) return false;
-  Node* size = n->input(0)->node();
-  auto dim = size->kind() == aten("size") && size->inputs().size() == 2 ? constant(size->input(1)) : c10::nullopt;
-  auto rest = constant(n->input(1));
-  return dim && dim->isInt() && dim->toInt() == 0 && size->input(0) == h && rest && rest->isInt() &&
-         rest->toInt() == -1;
+  Value* rows = n->input(0);
+  Value* rest = n->input(1);
+  if (row_count_of(rows, h)) return int_constant(rest, -1) || positive_constant(rest);
+  return int_constant(rows, -1) && positive_constant(rest);
 }
 
 /// The parameterised operation `n` of a chain as a layer of pathkernel's own:
@@ -325,6 +360,7 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
     const c10::Symbol k = n->kind();
     if (k == c10::prim::Constant || k == c10::prim::GetAttr || k == c10::prim::ListConstruct) continue;
     if (k == aten("size") && n->input(0) == h) continue;
+    if (n->outputs().size() == 1 && row_count_of(n->output(), h)) continue;  // h.shape[0] and the like
     if (n->inputs().empty() || n->input(0) != h || n->outputs().size() != 1) return {};
     // h feeds n, and otherwise only its own row count.
     for (const torch::jit::Use& u : h->uses()) {

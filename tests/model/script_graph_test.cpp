@@ -99,6 +99,13 @@ std::vector<Case> cases() {
                         "        h = torch.relu_(self.fc(h.view(h.size(0), -1)))\n"
                         "        return self.out(h)\n",
                {1, 12, 12}, false, 3, false});
+  // The same chain flattened as many users write it, x.view(-1, N): a
+  // flattening only because N is the rest of the shape.
+  Case view = c.back();
+  view.name = "chain-view";
+  const std::string rows = "h.view(h.size(0), -1)";
+  view.body.replace(view.body.find(rows), rows.size(), "h.view(-1, 16)");
+  c.push_back(view);
   // Layer lists compiled without Python: every layer of the grammar.
   Case images{"layers-images", "", {2, 8, 8}};
   images.spec = "layers:conv(4,3,padding=1),leakyrelu(0.1),res(conv(4,3,padding=1,groups=2),silu),"
@@ -221,7 +228,7 @@ TEST_P(EveryRule, AgreesWithTheGenericRouteAndAutograd) {
 
 INSTANTIATE_TEST_SUITE_P(
     ScriptGraph, EveryRule,
-    ::testing::Combine(::testing::Values("conv", "tokens", "relu", "chain", "layers-images", "layers-tokens"),
+    ::testing::Combine(::testing::Values("conv", "tokens", "relu", "chain", "chain-view", "layers-images", "layers-tokens"),
                        ::testing::Values(OutputMap::LogSoftmax, OutputMap::Logits)),
     [](const ::testing::TestParamInfo<EveryRule::ParamType>& info) {
       std::string name = std::get<0>(info.param) + "_" + output_map_name(std::get<1>(info.param));
@@ -248,7 +255,7 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
     return graph ? graph->chain() : std::vector<LayerDesc>{};
   };
   for (const Case& c : cases()) {
-    if (c.name != "chain") continue;
+    if (c.name != "chain" && c.name != "chain-view") continue;
     const std::vector<LayerDesc> chain = chain_of(c.name, c.body);
     std::vector<Kind> kinds;
     for (const LayerDesc& d : chain) kinds.push_back(d.kind);
@@ -277,6 +284,12 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
        "self.fc(torch.flatten(self.conv(x), 1))", false},
       {"no_bias", "self.fc = nn.Linear(4, 3, bias=False)", "self.fc(x)", false},
       {"plain", "self.fc = nn.Linear(4, 3)", "self.fc(x)", true},
+      // Flattenings to rows, spelled as users spell them.
+      {"view_rest", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(-1, 4))", true},
+      {"reshape_shape", "self.fc = nn.Linear(4, 3)", "self.fc(x.reshape(x.shape[0], -1))", true},
+      {"view_size_rest", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(x.size(0), 4))", true},
+      {"view_fixed_rows", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(2, -1))", false},
+      {"view_shape_1", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(x.shape[1], -1))", false},
   };
   for (const Module& m : modules) {
     const std::string body = "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n        " +
