@@ -25,6 +25,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -133,8 +134,11 @@ class Route {
 
   /// "own", "structured" or "generic" (for the JSON a run writes).
   virtual std::string name() const = 0;
-  /// Why a TorchScript module took the generic route under ModuleRoute::Auto ("" otherwise).
+  /// Under ModuleRoute::Auto, why a TorchScript module took the generic
+  /// route, or, on the structured route, why its rewritten graph is run
+  /// instead of its layers walked as a chain ("" otherwise).
   const std::string& reason() const { return reason_; }
+  void set_reason(std::string why) { reason_ = std::move(why); }
 
   /// Sets the segment: w [P] and dw [P], in the network's dtype.
   void set_segment(const torch::Tensor& w, const torch::Tensor& dw);

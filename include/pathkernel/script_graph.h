@@ -101,6 +101,8 @@ class ScriptGraph {
   /// are walked layer by layer like pathkernel's own networks (own_route.cpp),
   /// without running the graph. Empty for any other graph.
   const std::vector<LayerDesc>& chain() const { return chain_; }
+  /// Why chain() is empty: the operation that breaks the chain ("" for a chain).
+  const std::string& chain_refusal() const { return chain_refusal_; }
 
   /// Evaluates rows x [R, ...] (already the module's input dtype) at t [R]:
   /// the module's parameters hold w_s, and `directions` holds per layer its
@@ -115,6 +117,7 @@ class ScriptGraph {
   std::vector<int64_t> site_windows_;
   int64_t degree_ = 0;
   std::vector<LayerDesc> chain_;
+  std::string chain_refusal_;
   std::shared_ptr<torch::jit::Graph> graph_;
   std::unique_ptr<torch::jit::GraphExecutor> executor_;
 };

@@ -347,24 +347,45 @@ LayerDesc own_param_layer(const LayerUse& l, const torch::jit::Module& module) {
   return LayerDesc(Kind::Conv2d, name, w.size(1), w.size(0), w.size(2), padding);
 }
 
+/// An operation as a reason names it: its kind and, where it reads
+/// parameters, their module.
+std::string operation_name(const Node* n, const std::vector<LayerUse>& layers) {
+  std::string name = n->kind().toQualString();
+  auto layer = std::find_if(layers.begin(), layers.end(), [&](const LayerUse& l) { return l.node == n; });
+  if (layer != layers.end() && !module_of(layer->weight).empty()) name += " of '" + module_of(layer->weight) + "'";
+  return name;
+}
+
 /// g as a plain chain of pathkernel's own layers (ScriptGraph::chain()), or
-/// empty: each operation reads the one before it and nothing else does
-/// (but the row count a flattening view asks for), and its kink sites are
-/// where pathkernel's own networks have theirs.
-std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers, const torch::jit::Module& module) {
+/// empty with `why_not` saying which operation breaks it: each operation
+/// reads the one before it and nothing else does (but the row count a
+/// flattening view asks for), and its kink sites are where pathkernel's own
+/// networks have theirs.
+std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers, const torch::jit::Module& module,
+                                   std::string& why_not) {
   using Kind = LayerDesc::Kind;
-  if (g.inputs().size() != 2) return {};
+  auto refuse = [&](const std::string& why) {
+    why_not = why;
+    return std::vector<LayerDesc>{};
+  };
+  if (g.inputs().size() != 2) return refuse("its forward takes more than one input");
   std::vector<LayerDesc> chain;
+  std::vector<const Node*> nodes;  // chain[i]'s operation
   Value* h = g.inputs()[1];
   for (Node* n : g.nodes()) {
     const c10::Symbol k = n->kind();
     if (k == c10::prim::Constant || k == c10::prim::GetAttr || k == c10::prim::ListConstruct) continue;
     if (k == aten("size") && n->input(0) == h) continue;
     if (n->outputs().size() == 1 && row_count_of(n->output(), h)) continue;  // h.shape[0] and the like
-    if (n->inputs().empty() || n->input(0) != h || n->outputs().size() != 1) return {};
+    if (n->inputs().empty() || n->input(0) != h || n->outputs().size() != 1) {
+      return refuse(operation_name(n, layers) + " does not read the operation before it alone");
+    }
     // h feeds n, and otherwise only its own row count.
     for (const torch::jit::Use& u : h->uses()) {
-      if (u.user != n && u.user->kind() != aten("size")) return {};
+      if (u.user != n && u.user->kind() != aten("size")) {
+        return refuse("the input of " + operation_name(n, layers) + " is also read by " +
+                      operation_name(u.user, layers));
+      }
     }
     LayerDesc d;
     auto layer = std::find_if(layers.begin(), layers.end(), [&](const LayerUse& l) { return l.node == n; });
@@ -374,6 +395,10 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
     };
     if (layer != layers.end()) {
       d = own_param_layer(*layer, module);
+      if (d.kind == Kind::Module) {
+        return refuse(operation_name(n, layers) + " is not a Linear or a stride-1 Conv2d of square kernel and " +
+                      "padding with its module's weight and bias");
+      }
     } else if (is_relu(n)) {
       d.kind = Kind::ReLU;
     } else if (plain_window(n) > 0) {
@@ -384,23 +409,36 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
     } else if ((k == aten("view") || k == aten("reshape")) && rows_shape(n->input(1), h)) {
       d.kind = Kind::Flatten;
     }
-    if (d.kind == Kind::Module) return {};
+    if (d.kind == Kind::Module) {
+      return refuse(operation_name(n, layers) + " is none of a chain's layers (Linear, Conv2d, ReLU, a max-pool " +
+                    "of non-overlapping windows, a flattening to rows)");
+    }
     chain.push_back(d);
+    nodes.push_back(n);
     h = n->output();
   }
-  if (g.outputs()[0] != h) return {};
+  if (g.outputs()[0] != h) return refuse("its output is not its last operation's");
   // A max-pool and a ReLU commute: a pool then a ReLU is walked as the ReLU
   // then the pool, the order of pathkernel's own networks. Their kink
   // sites are a param layer's outputs: a ReLU must follow one, and a pool
   // such a ReLU.
   for (size_t i = 0; i + 1 < chain.size(); ++i) {
-    if (chain[i].kind == Kind::MaxPool2d && chain[i + 1].kind == Kind::ReLU) std::swap(chain[i], chain[i + 1]);
+    if (chain[i].kind == Kind::MaxPool2d && chain[i + 1].kind == Kind::ReLU) {
+      std::swap(chain[i], chain[i + 1]);
+      std::swap(nodes[i], nodes[i + 1]);
+    }
   }
   for (size_t i = 0; i < chain.size(); ++i) {
     const bool after_param = i > 0 && chain[i - 1].parameterised();
     const bool after_relu = i > 1 && chain[i - 1].kind == Kind::ReLU && chain[i - 2].parameterised();
-    if ((chain[i].kind == Kind::ReLU && !after_param) || (chain[i].kind == Kind::MaxPool2d && !after_relu)) return {};
+    if (chain[i].kind == Kind::ReLU && !after_param) {
+      return refuse(operation_name(nodes[i], layers) + " does not follow a Linear or Conv2d");
+    }
+    if (chain[i].kind == Kind::MaxPool2d && !after_relu) {
+      return refuse(operation_name(nodes[i], layers) + " is not beside a ReLU after a Linear or Conv2d");
+    }
   }
+  why_not.clear();
   return chain;
 }
 
@@ -516,7 +554,7 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
   // number of parameterised operations (read before the rewrite adds its own).
   const std::vector<SiteNodes> site_list = site_nodes(*g);
   out->degree_ = piecewise_linear(*g, layers, site_list) ? static_cast<int64_t>(layers.size()) : 0;
-  out->chain_ = plain_chain(*g, layers, module);
+  out->chain_ = plain_chain(*g, layers, module, out->chain_refusal_);
 
   // The rewrite: inputs t [R], then each layer's directions; after each
   // layer y = op(a; W_s), insert y + t ⊙ op_dir(a; dW) (t along rows).

@@ -273,28 +273,65 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
   }
   // Modules the chain reader refuses (and one it takes): their __init__
   // body and forward.
+  // and why it refuses them (ScriptGraph::chain_refusal()).
   struct Module {
-    std::string name, init, forward;
-    bool chain;
+    std::string name, init, forward, refusal;  ///< refusal "": a chain
   };
   const std::vector<Module> modules = {
-      {"residual", "self.fc = nn.Linear(4, 4)", "x + F.relu(self.fc(x))", false},
-      {"relu_first", "self.fc = nn.Linear(4, 3)", "self.fc(F.relu(x))", false},
+      {"residual", "self.fc = nn.Linear(4, 4)", "x + F.relu(self.fc(x))",
+       "the input of aten::linear of 'fc' is also read by aten::add"},
+      {"relu_first", "self.fc = nn.Linear(4, 3)", "self.fc(F.relu(x))", "aten::relu does not follow a Linear"},
       {"strided", "self.conv = nn.Conv2d(1, 2, 3, stride=2)\n        self.fc = nn.Linear(2, 3)",
-       "self.fc(torch.flatten(self.conv(x), 1))", false},
-      {"no_bias", "self.fc = nn.Linear(4, 3, bias=False)", "self.fc(x)", false},
-      {"plain", "self.fc = nn.Linear(4, 3)", "self.fc(x)", true},
+       "self.fc(torch.flatten(self.conv(x), 1))", "aten::conv2d of 'conv' is not a Linear or a stride-1 Conv2d"},
+      {"no_bias", "self.fc = nn.Linear(4, 3, bias=False)", "self.fc(x)", "aten::linear of 'fc' is not a Linear"},
+      {"leaky", "self.fc = nn.Linear(4, 3)", "F.leaky_relu(self.fc(x))", "aten::leaky_relu is none of a chain's"},
+      {"plain", "self.fc = nn.Linear(4, 3)", "self.fc(x)", ""},
       // Flattenings to rows, spelled as users spell them.
-      {"view_rest", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(-1, 4))", true},
-      {"reshape_shape", "self.fc = nn.Linear(4, 3)", "self.fc(x.reshape(x.shape[0], -1))", true},
-      {"view_size_rest", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(x.size(0), 4))", true},
-      {"view_fixed_rows", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(2, -1))", false},
-      {"view_shape_1", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(x.shape[1], -1))", false},
+      {"view_rest", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(-1, 4))", ""},
+      {"reshape_shape", "self.fc = nn.Linear(4, 3)", "self.fc(x.reshape(x.shape[0], -1))", ""},
+      {"view_size_rest", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(x.size(0), 4))", ""},
+      {"view_fixed_rows", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(2, -1))", "aten::view is none of"},
+      {"view_shape_1", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(x.shape[1], -1))",
+       "aten::__getitem__ does not read the operation before it alone"},
   };
   for (const Module& m : modules) {
     const std::string body = "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n        " +
                              m.init + "\n    def forward(self, x):\n        return " + m.forward + "\n";
-    EXPECT_EQ(!chain_of(m.name, body).empty(), m.chain) << m.name;
+    const std::string path = dir.path() + "/" + m.name + ".pt";
+    python(dir, body + "torch.manual_seed(1)\ntorch.jit.script(M()).save('" + path + "')\n");
+    std::string why_not;
+    const std::unique_ptr<ScriptGraph> graph = ScriptGraph::read(torch::jit::load(path), why_not);
+    ASSERT_NE(graph, nullptr) << m.name << ": " << why_not;
+    EXPECT_EQ(graph->chain().empty(), !m.refusal.empty()) << m.name;
+    if (m.refusal.empty()) {
+      EXPECT_EQ(graph->chain_refusal(), "") << m.name;
+    } else {
+      EXPECT_CONTAINS(graph->chain_refusal(), m.refusal);
+    }
+  }
+}
+
+/// A module on the structured route whose graph is not a chain says so,
+/// and why, in its route's reason; a chain says nothing.
+TEST(ScriptGraph, SaysWhyItsGraphIsNotWalkedAsAChain) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  for (const bool leaky : {true, false}) {
+    const std::string path = dir.path() + (leaky ? "/leaky.pt" : "/relu.pt");
+    python(dir, std::string("class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                            "        self.fc = nn.Linear(4, 5)\n        self.out = nn.Linear(5, 3)\n"
+                            "    def forward(self, x):\n        return self.out(F.") +
+                    (leaky ? "leaky_relu" : "relu") + "(self.fc(x)))\n"
+                    "torch.manual_seed(1)\ntorch.jit.script(M()).save('" + path + "')\n");
+    Case c{"m", "", {4}};
+    Network net = engine_network(options_for(path, c, OutputMap::LogSoftmax));
+    SegmentEvaluator ev(net);
+    EXPECT_EQ(ev.route(), "structured");
+    if (leaky) {
+      EXPECT_CONTAINS(ev.route_reason(), "not its layers walked as a chain (slower): aten::leaky_relu is none of");
+    } else {
+      EXPECT_EQ(ev.route_reason(), "");
+    }
   }
 }
 
