@@ -97,7 +97,8 @@ class ScriptGraph {
   /// parameters a module's "weight" and "bias"), a ReLU after one of those,
   /// a max-pool of non-overlapping windows beside such a ReLU (before it or
   /// after it: the two commute, and the chain puts the ReLU first) or a
-  /// flattening to rows. Such a module's rows
+  /// flattening to rows, and last, optionally, a log-softmax over the
+  /// classes (a module trained with F.nll_loss). Such a module's rows
   /// are walked layer by layer like pathkernel's own networks (own_route.cpp),
   /// without running the graph. Empty for any other graph.
   const std::vector<LayerDesc>& chain() const { return chain_; }

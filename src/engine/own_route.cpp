@@ -178,6 +178,9 @@ OwnRoute::OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name
   hints_.first_site_affine = !hints_.relu_after.empty() && hints_.relu_after[0];
   hints_.first_input_fixed = true;
   hints_.last_site_local = piecewise_linear && last_site_holds();
+  // A module's chain may end in its own log-softmax (its outputs taken as
+  // they are): the outputs are log-softmax either way.
+  if (!layers_.empty() && layers_.back().kind == Kind::LogSoftmax) log_softmax_ = true;
 }
 
 bool OwnRoute::last_site_holds() const {
@@ -599,8 +602,13 @@ std::unique_ptr<Route> make_chain_route(Network& net) {
   const ScriptGraph* graph = net->script_graph();
   if (graph == nullptr || graph->chain().empty()) return nullptr;
   std::vector<LayerDesc> layers = graph->chain();
-  // The output map, as pathkernel's own networks end with it.
-  if (net->layers().back().kind == Kind::LogSoftmax) layers.push_back(net->layers().back());
+  // The output map, as pathkernel's own networks end with it; a module that
+  // ends in its own log-softmax has its outputs taken as they are (a second
+  // log-softmax would change nothing, but the walk knows one).
+  if (net->layers().back().kind == Kind::LogSoftmax) {
+    if (layers.back().kind == Kind::LogSoftmax) return nullptr;
+    layers.push_back(net->layers().back());
+  }
   auto route = std::make_unique<OwnRoute>(net, std::move(layers), "structured");
   if (!rows_agree_with_module(*route, net)) return nullptr;
   return route;

@@ -408,6 +408,9 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
       d.kind = Kind::Flatten;
     } else if ((k == aten("view") || k == aten("reshape")) && rows_shape(n->input(1), h)) {
       d.kind = Kind::Flatten;
+    } else if (k == aten("log_softmax") && n->inputs().size() == 3 && (is_int(1, 1) || is_int(1, -1)) &&
+               n->input(2)->type()->kind() == c10::TypeKind::NoneType) {
+      d.kind = Kind::LogSoftmax;  // the outputs; only last (below)
     }
     if (d.kind == Kind::Module) {
       return refuse(operation_name(n, layers) + " is none of a chain's layers (Linear, Conv2d, ReLU, a max-pool " +
@@ -418,6 +421,9 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
     h = n->output();
   }
   if (g.outputs()[0] != h) return refuse("its output is not its last operation's");
+  for (size_t i = 0; i + 1 < chain.size(); ++i) {
+    if (chain[i].kind == Kind::LogSoftmax) return refuse("aten::log_softmax is not its last operation");
+  }
   // A max-pool and a ReLU commute: a pool then a ReLU is walked as the ReLU
   // then the pool, the order of pathkernel's own networks. Their kink
   // sites are a param layer's outputs: a ReLU must follow one, and a pool

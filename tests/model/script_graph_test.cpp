@@ -106,6 +106,13 @@ std::vector<Case> cases() {
   const std::string rows = "h.view(h.size(0), -1)";
   view.body.replace(view.body.find(rows), rows.size(), "h.view(-1, 16)");
   c.push_back(view);
+  // The same chain ending in its own log-softmax (a model trained with
+  // F.nll_loss): under the logits map its outputs are taken as they are.
+  Case nll = c[c.size() - 2];
+  nll.name = "chain-logsoftmax";
+  const std::string out = "return self.out(h)";
+  nll.body.replace(nll.body.find(out), out.size(), "return F.log_softmax(self.out(h), dim=1)");
+  c.push_back(nll);
   // Layer lists compiled without Python: every layer of the grammar.
   Case images{"layers-images", "", {2, 8, 8}};
   images.spec = "layers:conv(4,3,padding=1),leakyrelu(0.1),res(conv(4,3,padding=1,groups=2),silu),"
@@ -175,6 +182,11 @@ TEST_P(EveryRule, AgreesWithTheGenericRouteAndAutograd) {
       SegmentEvaluator tev(net), gev(generic, ModuleRoute::Generic);
       ASSERT_EQ(tev.route(), "structured") << where << ": " << tev.route_reason();
       ASSERT_EQ(gev.route(), "generic") << where;
+      // The chains are walked as chains (the reason is empty), but a module's
+      // own log-softmax under the log-softmax map.
+      if (c.name.rfind("chain", 0) == 0 && (c.name != "chain-logsoftmax" || map == OutputMap::Logits)) {
+        EXPECT_EQ(tev.route_reason(), "") << where;
+      }
       tev.set_segment(w, dw);
       gev.set_segment(w, dw);
 
@@ -228,7 +240,7 @@ TEST_P(EveryRule, AgreesWithTheGenericRouteAndAutograd) {
 
 INSTANTIATE_TEST_SUITE_P(
     ScriptGraph, EveryRule,
-    ::testing::Combine(::testing::Values("conv", "tokens", "relu", "chain", "chain-view", "layers-images", "layers-tokens"),
+    ::testing::Combine(::testing::Values("conv", "tokens", "relu", "chain", "chain-view", "chain-logsoftmax", "layers-images", "layers-tokens"),
                        ::testing::Values(OutputMap::LogSoftmax, OutputMap::Logits)),
     [](const ::testing::TestParamInfo<EveryRule::ParamType>& info) {
       std::string name = std::get<0>(info.param) + "_" + output_map_name(std::get<1>(info.param));
@@ -255,7 +267,7 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
     return graph ? graph->chain() : std::vector<LayerDesc>{};
   };
   for (const Case& c : cases()) {
-    if (c.name != "chain" && c.name != "chain-view") continue;
+    if (c.name != "chain" && c.name != "chain-view") continue;  // chain-logsoftmax: below
     const std::vector<LayerDesc> chain = chain_of(c.name, c.body);
     std::vector<Kind> kinds;
     for (const LayerDesc& d : chain) kinds.push_back(d.kind);
@@ -291,6 +303,9 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
       {"reshape_shape", "self.fc = nn.Linear(4, 3)", "self.fc(x.reshape(x.shape[0], -1))", ""},
       {"view_size_rest", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(x.size(0), 4))", ""},
       {"view_fixed_rows", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(2, -1))", "aten::view is none of"},
+      {"log_softmax", "self.fc = nn.Linear(4, 3)", "F.log_softmax(self.fc(x), dim=1)", ""},
+      {"log_softmax_inside", "self.fc = nn.Linear(4, 3)\n        self.out = nn.Linear(3, 3)",
+       "self.out(F.log_softmax(self.fc(x), dim=1))", "aten::log_softmax is not its last operation"},
       {"view_shape_1", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(x.shape[1], -1))",
        "aten::__getitem__ does not read the operation before it alone"},
   };
