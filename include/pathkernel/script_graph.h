@@ -93,8 +93,8 @@ class ScriptGraph {
   int64_t polynomial_degree() const { return degree_; }
   /// The graph as a plain chain of pathkernel's own layers, when it is one:
   /// each operation reads the one before it, and each is a Linear, a
-  /// stride-1 Conv2d with square kernel and padding (both with a bias, their
-  /// parameters a module's "weight" and "bias"), a ReLU after one of those,
+  /// stride-1 Conv2d with square kernel and padding (with or without a
+  /// bias, their parameters a module's "weight" and "bias"), a ReLU after one of those,
   /// a max-pool of non-overlapping windows beside such a ReLU (before it or
   /// after it: the two commute, and the chain puts the ReLU first) or a
   /// flattening to rows, and last, optionally, a log-softmax over the

@@ -44,6 +44,11 @@ torch::Tensor conv_of_patches(const torch::Tensor& u, const torch::Tensor& W, co
   return y.view({R, O, Ho, Wo});
 }
 
+/// h Wᵀ + b, a Linear layer's product (b undefined: a layer without a bias).
+torch::Tensor linear_of(const torch::Tensor& h, const torch::Tensor& W, const torch::Tensor& b) {
+  return b.defined() ? torch::addmm(b, h, W.t()) : torch::mm(h, W.t());
+}
+
 /// A param layer's pre-activation at rows each at its t [R], from its
 /// products at the segment's start and along its direction, [R, ...]:
 /// start + t · direction.
@@ -160,7 +165,7 @@ OwnRoute::OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name
         p.bias_numel = info.numel;
       }
     }
-    PK_ASSERT(p.weight_numel > 0 && p.bias_numel > 0);
+    PK_ASSERT(p.weight_numel > 0);  // a module's layer may have no bias
     params_.push_back(p);
   }
   bool piecewise_linear = true;
@@ -211,14 +216,14 @@ torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const to
   const int64_t Ho = by_patches ? h.size(2) + 2 * layer.padding - weight_of(w_, l).size(2) + 1 : 0;
   const int64_t Wo = by_patches ? h.size(3) + 2 * layer.padding - weight_of(w_, l).size(3) + 1 : 0;
   if (at_start && layer.kind == Kind::Linear) {
-    y = torch::addmm(bias_of(w_, l), h, weight_of(w_, l).t());
+    y = linear_of(h, weight_of(w_, l), bias_or_none(w_, l));
   } else if (at_start) {
     if (by_patches) {
       // The patches stay with the pass: the per-sample gradients take them.
       pass.patches[l] = conv_patches(layer, h, weight_of(w_, l).sizes().vec());
-      y = conv_of_patches(pass.patches[l], weight_of(w_, l), bias_of(w_, l), Ho, Wo);
+      y = conv_of_patches(pass.patches[l], weight_of(w_, l), bias_or_none(w_, l), Ho, Wo);
     } else {
-      y = torch::conv2d(h, weight_of(w_, l), bias_of(w_, l), 1, layer.padding);
+      y = torch::conv2d(h, weight_of(w_, l), bias_or_none(w_, l), 1, layer.padding);
     }
   } else {
     // A convolution's rows of one input repeated (a view of stride 0 along
@@ -241,14 +246,13 @@ torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const to
 std::pair<torch::Tensor, torch::Tensor> OwnRoute::products_at_start_and_direction(const LayerDesc& layer, size_t l,
                                                                                    const torch::Tensor& h) const {
   if (layer.kind == Kind::Linear) {
-    return {torch::addmm(bias_of(w_, l), h, weight_of(w_, l).t()),
-            torch::addmm(bias_of(dw_, l), h, weight_of(dw_, l).t())};
+    return {linear_of(h, weight_of(w_, l), bias_or_none(w_, l)), linear_of(h, weight_of(dw_, l), bias_or_none(dw_, l))};
   }
   // W_s and dW_s as one convolution of twice the channels: the input's
   // patches are formed once, for both.
   const int64_t c = weight_of(w_, l).size(0);
   const torch::Tensor W2 = torch::cat({weight_of(w_, l), weight_of(dw_, l)});
-  const torch::Tensor b2 = torch::cat({bias_of(w_, l), bias_of(dw_, l)});
+  const torch::Tensor b2 = params_[l].bias_numel ? torch::cat({bias_of(w_, l), bias_of(dw_, l)}) : torch::Tensor();
   torch::Tensor both;
   if (plain_conv(layer) && !torch::GradMode::is_enabled()) {
     const int64_t Ho = h.size(2) + 2 * layer.padding - W2.size(2) + 1;

@@ -331,12 +331,12 @@ bool rows_shape(Value* list, Value* h) {
 }
 
 /// The parameterised operation `n` of a chain as a layer of pathkernel's own:
-/// a Linear or plain Conv2d whose weight and bias are its module's "weight"
-/// and "bias". Kind::Module when it is none of these.
+/// a Linear or plain Conv2d whose weight and bias (if it has one) are its
+/// module's "weight" and "bias". Kind::Module when it is none of these.
 LayerDesc own_param_layer(const LayerUse& l, const torch::jit::Module& module) {
   using Kind = LayerDesc::Kind;
   const std::string name = module_of(l.weight);
-  if (name.empty() || l.weight != name + ".weight" || l.bias != name + ".bias") return {};
+  if (name.empty() || l.weight != name + ".weight" || (!l.bias.empty() && l.bias != name + ".bias")) return {};
   torch::Tensor w;
   for (const auto& p : module.named_parameters(/*recurse=*/true)) {
     if (p.name == l.weight) w = p.value;
@@ -397,7 +397,7 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
       d = own_param_layer(*layer, module);
       if (d.kind == Kind::Module) {
         return refuse(operation_name(n, layers) + " is not a Linear or a stride-1 Conv2d of square kernel and " +
-                      "padding with its module's weight and bias");
+                      "padding with its module's weight (and bias)");
       }
     } else if (is_relu(n)) {
       d.kind = Kind::ReLU;
