@@ -369,6 +369,10 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
     return std::vector<LayerDesc>{};
   };
   if (g.inputs().size() != 2) return refuse("its forward takes more than one input");
+  static const c10::Symbol kDropout = c10::Symbol::fromQualString("pathkernel::dropout");  // seeded (dropout.h)
+  for (const Node* n : g.nodes()) {
+    if (n->kind() == kDropout) return refuse("it has a dropout, which the chain's layers do not include");
+  }
   std::vector<LayerDesc> chain;
   std::vector<const Node*> nodes;  // chain[i]'s operation
   Value* h = g.inputs()[1];

@@ -314,6 +314,8 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
        "self.fc(torch.flatten(self.conv(x), 1))", "aten::conv2d of 'conv' is not a Linear or a stride-1 Conv2d"},
       {"no_bias", "self.fc = nn.Linear(4, 3, bias=False)", "self.fc(x)", ""},
       {"leaky", "self.fc = nn.Linear(4, 3)", "F.leaky_relu(self.fc(x))", "aten::leaky_relu is none of a chain's"},
+      {"dropout", "self.fc = nn.Linear(4, 3)\n        self.drop = nn.Dropout(0.5)", "self.fc(self.drop(x))",
+       "it has a dropout"},
       {"plain", "self.fc = nn.Linear(4, 3)", "self.fc(x)", ""},
       // Flattenings to rows, spelled as users spell them.
       {"view_rest", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(-1, 4))", ""},

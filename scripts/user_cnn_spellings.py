@@ -1,0 +1,175 @@
+#!/usr/bin/python3
+"""How a user's CNN is written decides how fast pathkernel walks it.
+
+Records the same small user CNN (two 3x3 convolutions of 16 and 32 channels,
+ReLU, 2x2 max-pools, a 64-unit layer, 10 logits; Adam, batch 128, float32,
+Fashion-MNIST's first --train images) written several ways, each in its own
+loop with pathkernel.record, then runs `pathkernel verify RUN --test 1 --json`
+on each and prints one line per spelling: the route, whether the module was
+walked as a chain (verify's `route_reason` is empty) or its rewritten graph
+run (the reason names the operation that breaks the chain), the seconds, the
+ratio to the first spelling's, and max_rel_error.
+
+  scripts/user_cnn_spellings.py                      # every spelling, 30 steps
+  scripts/user_cnn_spellings.py --only view_rest log_softmax --steps 10
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+from measure_compact_recording import fashion_mnist, sampler  # noqa: E402
+from pathkernel.record import Recorder  # noqa: E402
+
+
+class Base(nn.Module):
+    """The CNN with flatten(1) and logits: the reference spelling."""
+
+    def __init__(self, bias: bool = True) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1, bias=bias)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1, bias=bias)
+        self.fc1 = nn.Linear(32 * 7 * 7, 64)
+        self.out = nn.Linear(64, 10)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        return F.max_pool2d(torch.relu(self.conv2(x)), 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.fc1(self.features(x).flatten(1))))
+
+
+class Sequential(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(32 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class ViewRest(Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.fc1(self.features(x).view(-1, 32 * 7 * 7))))
+
+
+class ReshapeShape(Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.features(x)
+        return self.out(torch.relu(self.fc1(h.reshape(h.shape[0], -1))))
+
+
+class LogSoftmax(Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(self.out(torch.relu(self.fc1(self.features(x).flatten(1)))), dim=1)
+
+
+class NoBias(Base):
+    def __init__(self) -> None:
+        super().__init__(bias=False)
+
+
+class Dropout(Base):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.fc1(self.drop(self.features(x).flatten(1)))))
+
+
+class AvgPool(Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.avg_pool2d(torch.relu(self.conv1(x)), 2)
+        x = F.avg_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.out(torch.relu(self.fc1(x.flatten(1))))
+
+
+# name: (module, loss); in the order printed.
+SPELLINGS = {
+    "flatten": (Base, "cross_entropy"),
+    "sequential": (Sequential, "cross_entropy"),
+    "view_rest": (ViewRest, "cross_entropy"),
+    "reshape_shape": (ReshapeShape, "cross_entropy"),
+    "log_softmax": (LogSoftmax, "nll"),
+    "no_bias": (NoBias, "cross_entropy"),
+    "dropout": (Dropout, "cross_entropy"),
+    "avg_pool": (AvgPool, "cross_entropy"),
+}
+
+
+def record(name: str, run: str, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor,
+           steps: int) -> None:
+    cls, loss = SPELLINGS[name]
+    torch.manual_seed(0)
+    model = cls()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = F.nll_loss if loss == "nll" else F.cross_entropy
+    rec = Recorder(run, model, opt, x, y, test_x=xt, test_y=yt, loss=loss, overwrite=True)
+    for idx in sampler(x.shape[0], 128, steps):
+        opt.zero_grad()
+        loss_fn(model(x[idx]), y[idx]).backward()
+        opt.step()
+        rec.step(idx)
+    rec.close()
+
+
+def verify(binary: str, run: str) -> dict:
+    start = time.perf_counter()
+    p = subprocess.run([binary, "--quiet", "--threads", "2", "verify", run, "--test", "1", "--json"],
+                       capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if p.returncode != 0:
+        return {"error": p.stderr.strip()[-500:], "seconds": seconds}
+    j = json.loads(p.stdout)
+    return {"route": j["route"], "reason": j.get("route_reason", ""), "max_rel_error": j["max_rel_error"],
+            "seconds": seconds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", default=list(SPELLINGS), choices=list(SPELLINGS))
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--train", type=int, default=4000, help="training images (the first ones)")
+    ap.add_argument("--bin", default=os.environ.get("PATHKERNEL_BIN") or os.path.join(REPO, "build", "pathkernel"))
+    ap.add_argument("--json", default="", help="also write the lines to this file")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    x, y, xt, yt = fashion_mnist()
+    x, y = x[:a.train].contiguous(), y[:a.train].contiguous()
+    lines, first = [], None
+    with tempfile.TemporaryDirectory(prefix="pk-spellings-") as tmp:
+        for name in a.only:
+            run = os.path.join(tmp, name)
+            record(name, run, x, y, xt, yt, a.steps)
+            v = verify(a.bin, run)
+            v["spelling"] = name
+            if "error" not in v:
+                first = first or v["seconds"]
+                v["chain"] = v["route"] == "structured" and not v["reason"]
+                v["over_first"] = v["seconds"] / first
+                print(f"{name:14s} {v['route']:10s} chain={str(v['chain']):5s} {v['seconds']:7.1f} s "
+                      f"{v['over_first']:5.2f}x  max_rel_error {v['max_rel_error']:.2e}  {v['reason']}", flush=True)
+            else:
+                print(f"{name:14s} error: {v['error']}", flush=True)
+            lines.append(v)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(lines, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
