@@ -345,6 +345,26 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
   }
 }
 
+/// A traced module's row count (aten::size, NumToTensor, Int) flattens to
+/// rows as a scripted module's does.
+TEST(ScriptGraph, ReadsATracedModulesFlatteningToRows) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  const std::string path = dir.path() + "/traced.pt";
+  python(dir, "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.fc = nn.Linear(4, 5)\n        self.out = nn.Linear(5, 3)\n"
+              "    def forward(self, x):\n        return self.out(F.relu(self.fc(x.view(x.size(0), -1))))\n"
+              "torch.manual_seed(1)\ntorch.jit.trace(M(), torch.randn(2, 2, 2)).save('" + path + "')\n");
+  std::string why_not;
+  const std::unique_ptr<ScriptGraph> graph = ScriptGraph::read(torch::jit::load(path), why_not);
+  ASSERT_NE(graph, nullptr) << why_not;
+  std::vector<LayerDesc::Kind> kinds;
+  for (const LayerDesc& d : graph->chain()) kinds.push_back(d.kind);
+  using Kind = LayerDesc::Kind;
+  EXPECT_EQ(kinds, std::vector<Kind>({Kind::Flatten, Kind::Linear, Kind::ReLU, Kind::Linear}))
+      << graph->chain_refusal();
+}
+
 /// A module on the structured route whose graph is not a chain says so,
 /// and why, in its route's reason; a chain says nothing.
 TEST(ScriptGraph, SaysWhyItsGraphIsNotWalkedAsAChain) {
