@@ -3,7 +3,7 @@
 
 Records the same small user CNN (two 3x3 convolutions of 16 and 32 channels,
 ReLU, 2x2 max-pools, a 64-unit layer, 10 logits; Adam, batch 128, float32,
-Fashion-MNIST's first --train images) written several ways, each in its own
+Fashion-MNIST's first --train images) written several ways (and once traced instead of scripted), each in its own
 loop with pathkernel.record, then runs `pathkernel verify RUN --test 1 --json`
 on each and prints one line per spelling: the route, whether the module was
 walked as a chain (verify's `route_reason` is empty) or its rewritten graph
@@ -106,6 +106,7 @@ SPELLINGS = {
     "reshape_shape": (ReshapeShape, "cross_entropy"),
     "log_softmax": (LogSoftmax, "nll"),
     "no_bias": (NoBias, "cross_entropy"),
+    "traced": (Base, "cross_entropy"),  # recorded as torch.jit.trace(model, two images)
     "dropout": (Dropout, "cross_entropy"),
     "avg_pool": (AvgPool, "cross_entropy"),
 }
@@ -118,7 +119,8 @@ def record(name: str, run: str, x: torch.Tensor, y: torch.Tensor, xt: torch.Tens
     model = cls()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = F.nll_loss if loss == "nll" else F.cross_entropy
-    rec = Recorder(run, model, opt, x, y, test_x=xt, test_y=yt, loss=loss, overwrite=True)
+    script = torch.jit.trace(model, x[:2]) if name == "traced" else None
+    rec = Recorder(run, model, opt, x, y, test_x=xt, test_y=yt, loss=loss, overwrite=True, script=script)
     for idx in sampler(x.shape[0], 128, steps):
         opt.zero_grad()
         loss_fn(model(x[idx]), y[idx]).backward()

@@ -512,6 +512,30 @@ void return_tuple(Graph& g, const std::vector<Value*>& values) {
 
 }  // namespace
 
+/// A traced module's convolutions, recorded as aten::_convolution, as the
+/// conv1d or conv2d they are (not transposed, one or two spatial
+/// dimensions), which the layer table reads: conv2d calls _convolution
+/// with the same arguments (the cuDNN and benchmark flags do nothing on the
+/// CPU), so the values are the same.
+void untrace_convolutions(Graph& g) {
+  std::vector<Node*> traced;
+  for (Node* n : g.nodes()) {
+    if (n->kind() == aten("_convolution") && n->inputs().size() == 13) traced.push_back(n);
+  }
+  for (Node* n : traced) {
+    const auto transposed = constant(n->input(6));
+    const auto stride = constant(n->input(3));
+    if (!transposed || !transposed->isBool() || transposed->toBool() || !stride || !stride->isIntList()) continue;
+    const size_t dims = stride->toIntList().size();
+    if (dims != 1 && dims != 2) continue;
+    torch::jit::WithInsertPoint guard(n);
+    Value* conv = g.insert(aten(dims == 2 ? "conv2d" : "conv1d"),
+                           {n->input(0), n->input(1), n->input(2), n->input(3), n->input(4), n->input(5), n->input(8)});
+    n->output()->replaceAllUsesWith(conv);
+    n->destroy();
+  }
+}
+
 std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module, int64_t* dropout_sites) {
   std::shared_ptr<Graph> g = module.get_method("forward").graph()->copy();
   // One pass inlines one level of calls (a callee's own calls arrive
@@ -524,6 +548,7 @@ std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& mod
   };
   for (int depth = 0; depth < 64 && has_calls(); ++depth) torch::jit::Inline(*g);
   torch::jit::ConstantPropagation(g);
+  untrace_convolutions(*g);
   const int64_t sites = seed_dropout(*g);
   if (dropout_sites != nullptr) *dropout_sites = sites;
   return g;

@@ -363,6 +363,26 @@ TEST(ScriptGraph, ReadsATracedModulesFlatteningToRows) {
   using Kind = LayerDesc::Kind;
   EXPECT_EQ(kinds, std::vector<Kind>({Kind::Flatten, Kind::Linear, Kind::ReLU, Kind::Linear}))
       << graph->chain_refusal();
+  // Tracing records a convolution as aten::_convolution: read as the
+  // conv2d it is, the module a chain (else it took the generic route).
+  const std::string cnn = dir.path() + "/traced_cnn.pt";
+  python(dir, "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.conv = nn.Conv2d(1, 2, 3, padding=1)\n        self.fc = nn.Linear(8, 3)\n"
+              "    def forward(self, x):\n        h = F.max_pool2d(F.relu(self.conv(x)), 2)\n"
+              "        return self.fc(h.view(h.size(0), -1))\n"
+              "torch.manual_seed(1)\ntorch.jit.trace(M(), torch.randn(2, 1, 4, 4)).save('" + cnn + "')\n");
+  const std::unique_ptr<ScriptGraph> traced = ScriptGraph::read(torch::jit::load(cnn), why_not);
+  ASSERT_NE(traced, nullptr) << why_not;
+  kinds.clear();
+  for (const LayerDesc& d : traced->chain()) kinds.push_back(d.kind);
+  EXPECT_EQ(kinds, std::vector<Kind>({Kind::Conv2d, Kind::ReLU, Kind::MaxPool2d, Kind::Flatten, Kind::Linear}))
+      << traced->chain_refusal();
+  // And the evaluator walks it as one, agreeing with the module.
+  Case c{"traced", "", {1, 4, 4}};
+  Network net = engine_network(options_for(cnn, c, OutputMap::LogSoftmax));
+  SegmentEvaluator ev(net);
+  EXPECT_EQ(ev.route(), "structured");
+  EXPECT_EQ(ev.route_reason(), "");
 }
 
 /// A module on the structured route whose graph is not a chain says so,
