@@ -602,19 +602,27 @@ void OwnRoute::walk_back(const SegmentPass& pass, torch::Tensor g, size_t end, b
 
 std::unique_ptr<Route> make_own_route(Network& net) { return std::make_unique<OwnRoute>(net, net->layers(), "own"); }
 
-std::unique_ptr<Route> make_chain_route(Network& net) {
+std::unique_ptr<Route> make_chain_route(Network& net, std::string& why_not) {
   const ScriptGraph* graph = net->script_graph();
-  if (graph == nullptr || graph->chain().empty()) return nullptr;
+  if (graph == nullptr) return nullptr;
+  why_not = graph->chain_refusal();
+  if (graph->chain().empty()) return nullptr;
   std::vector<LayerDesc> layers = graph->chain();
   // The output map, as pathkernel's own networks end with it; a module that
   // ends in its own log-softmax has its outputs taken as they are (a second
   // log-softmax would change nothing, but the walk knows one).
   if (net->layers().back().kind == Kind::LogSoftmax) {
-    if (layers.back().kind == Kind::LogSoftmax) return nullptr;
+    if (layers.back().kind == Kind::LogSoftmax) {
+      why_not = "the module ends in its own log_softmax and its run applies the log-softmax map on top";
+      return nullptr;
+    }
     layers.push_back(net->layers().back());
   }
   auto route = std::make_unique<OwnRoute>(net, std::move(layers), "structured");
-  if (!rows_agree_with_module(*route, net)) return nullptr;
+  if (!rows_agree_with_module(*route, net)) {
+    why_not = "its layers, walked as a chain, do not reproduce the module's outputs";
+    return nullptr;
+  }
   return route;
 }
 

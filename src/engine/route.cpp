@@ -173,11 +173,10 @@ std::unique_ptr<Route> make_route(Network& net, ModuleRoute choice) {
   }
   std::string reason;
   if (choice == ModuleRoute::Auto && net->script_graph()) {
-    if (std::unique_ptr<Route> chain = make_chain_route(net)) return chain;
+    std::string not_chain;
+    if (std::unique_ptr<Route> chain = make_chain_route(net, not_chain)) return chain;
     if (std::unique_ptr<Route> structured = make_script_route(net)) {
-      const std::string& why = net->script_graph()->chain_refusal();
-      structured->set_reason("its rewritten graph is run, not its layers walked as a chain (slower): " +
-                             (why.empty() ? std::string("the chain does not reproduce the module's outputs") : why));
+      structured->set_reason("its rewritten graph is run, not its layers walked as a chain (slower): " + not_chain);
       return structured;
     }
     reason = "its graph, rewritten to evaluate rows at their own points of a segment, does not reproduce "

@@ -15,8 +15,8 @@ std::unique_ptr<Route> make_own_route(Network& net);
 /// The structured route for a TorchScript module whose graph is a plain
 /// chain of pathkernel's own layers (ScriptGraph::chain()), walked as own
 /// networks are (own_route.cpp); null for any other module, or when the
-/// walk does not reproduce the module's outputs.
-std::unique_ptr<Route> make_chain_route(Network& net);
+/// walk does not reproduce the module's outputs, with `why_not` saying why.
+std::unique_ptr<Route> make_chain_route(Network& net, std::string& why_not);
 
 /// Whether `route` evaluates the module's own outputs: two rows at t = 0.3
 /// and 0.8 of a segment that moves every parameter, against the module at
