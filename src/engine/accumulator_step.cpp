@@ -11,34 +11,36 @@ namespace pathkernel {
 
 namespace {
 
+/// The step over elements [p0, p1) of one row (metric and acc given where
+/// kMetric and kBuffer say).
+template <bool kMetric, bool kBuffer>
+__attribute__((always_inline)) inline void step_row(double* a, double* acc, const double* metric, int64_t p0,
+                                                    int64_t p1, const AccumulatorScalars& c) {
+  for (int64_t p = p0; p < p1; ++p) {
+    double j = a[p];
+    if constexpr (kMetric) j = j * metric[p];
+    if constexpr (kBuffer) {
+      const double s = std::fma(c.kappa, j, c.beta * acc[p]);
+      acc[p] = s;
+      a[p] = std::fma(c.gamma, s, c.alpha * j);
+    } else {
+      a[p] = c.alpha * j;
+    }
+  }
+}
+
 /// The step over elements [i0, i1) of the flattened [n·K·P] blocks
 /// (metric read at i mod P). Inlined into both loops below.
 __attribute__((always_inline)) inline void step_elements(double* a, double* acc, const double* metric, int64_t P,
                                                         int64_t i0, int64_t i1, const AccumulatorScalars& c) {
   for (int64_t row = i0 / P; row * P < i1; ++row) {
-    const int64_t b = std::max(i0, row * P), e = std::min(i1, (row + 1) * P);
+    const int64_t p0 = std::max(i0, row * P) - row * P, p1 = std::min(i1, (row + 1) * P) - row * P;
     double* ar = a + row * P;
     double* accr = acc ? acc + row * P : nullptr;
-    const int64_t p0 = b - row * P, p1 = e - row * P;
-    if (metric && accr) {
-      for (int64_t p = p0; p < p1; ++p) {
-        const double j = ar[p] * metric[p];
-        const double s = std::fma(c.kappa, j, c.beta * accr[p]);
-        accr[p] = s;
-        ar[p] = std::fma(c.gamma, s, c.alpha * j);
-      }
-    } else if (accr) {
-      for (int64_t p = p0; p < p1; ++p) {
-        const double j = ar[p];
-        const double s = std::fma(c.kappa, j, c.beta * accr[p]);
-        accr[p] = s;
-        ar[p] = std::fma(c.gamma, s, c.alpha * j);
-      }
-    } else if (metric) {
-      for (int64_t p = p0; p < p1; ++p) ar[p] = c.alpha * (ar[p] * metric[p]);
-    } else {
-      for (int64_t p = p0; p < p1; ++p) ar[p] = c.alpha * ar[p];
-    }
+    if (metric && accr) step_row<true, true>(ar, accr, metric, p0, p1, c);
+    else if (accr) step_row<false, true>(ar, accr, metric, p0, p1, c);
+    else if (metric) step_row<true, false>(ar, accr, metric, p0, p1, c);
+    else step_row<false, false>(ar, accr, metric, p0, p1, c);
   }
 }
 

@@ -597,10 +597,12 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
                               const torch::Tensor& end_y, bool softmax) {
   const size_t fin = ev.param_layers().size() - 1, site = fin - 1;
   // A logits' layer without a bias: zero biases (adding 0 changes no value).
-  const bool bias = ev.param_layers()[fin].bias_numel > 0;
-  const torch::Tensor none = torch::zeros({ev.num_outputs()}, torch::kFloat64);
-  Logits lg{ev.weight_of(ev.start(), fin), ev.weight_of(ev.direction(), fin),
-            bias ? ev.bias_of(ev.start(), fin) : none, bias ? ev.bias_of(ev.direction(), fin) : none};
+  auto bias_of = [&](const torch::Tensor& v) {
+    return ev.param_layers()[fin].bias_numel > 0 ? ev.bias_of(v, fin)
+                                                 : torch::zeros({ev.num_outputs()}, torch::kFloat64);
+  };
+  Logits lg{ev.weight_of(ev.start(), fin), ev.weight_of(ev.direction(), fin), bias_of(ev.start()),
+            bias_of(ev.direction())};
   const int64_t K = lg.w0.size(0), Hw = lg.w0.size(1), R = rd.rows, np = rd.np;
   const torch::Tensor ny = node_y.flatten(1), ey = end_y.flatten(1);  // [R, U], [2 np, U]
   const int64_t U = ny.size(1);

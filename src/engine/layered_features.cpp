@@ -721,14 +721,16 @@ torch::Tensor LayeredFeatures::site_dot() const {
 torch::Tensor LayeredFeatures::held_dot() const {
   const size_t l = layers_ - 1;
   const torch::Tensor dw = ev_.weight_of(ev_.direction(), l);  // [K, Hw]
-  // Output k: h_sum · dW_k + len db_k − Σ_k' (ph_sum_k' · dW_k' + p_sum_k' db_k') (no db: a layer without a bias).
-  if (ev_.param_layers()[l].bias_numel == 0) {
-    const torch::Tensor shared = (terms_.ph_sum * dw.unsqueeze(0)).sum({1, 2});
-    return torch::matmul(terms_.h_sum, dw.t()) - shared.unsqueeze(1);
+  // Output k: h_sum · dW_k + len db_k − Σ_k' (ph_sum_k' · dW_k' + p_sum_k' db_k'), the db terms
+  // only with a bias.
+  torch::Tensor shared = (terms_.ph_sum * dw.unsqueeze(0)).sum({1, 2});
+  torch::Tensor own = torch::matmul(terms_.h_sum, dw.t());
+  if (ev_.param_layers()[l].bias_numel > 0) {
+    const torch::Tensor db = ev_.bias_of(ev_.direction(), l);  // [K]
+    shared = shared + torch::matmul(terms_.p_sum, db);
+    own = own + terms_.len.unsqueeze(1) * db.unsqueeze(0);
   }
-  const torch::Tensor db = ev_.bias_of(ev_.direction(), l);  // [K]
-  const torch::Tensor shared = (terms_.ph_sum * dw.unsqueeze(0)).sum({1, 2}) + torch::matmul(terms_.p_sum, db);
-  return torch::matmul(terms_.h_sum, dw.t()) + terms_.len.unsqueeze(1) * db.unsqueeze(0) - shared.unsqueeze(1);
+  return own - shared.unsqueeze(1);
 }
 
 std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {

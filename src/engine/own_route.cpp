@@ -44,11 +44,6 @@ torch::Tensor conv_of_patches(const torch::Tensor& u, const torch::Tensor& W, co
   return y.view({R, O, Ho, Wo});
 }
 
-/// h Wᵀ + b, a Linear layer's product (b undefined: a layer without a bias).
-torch::Tensor linear_of(const torch::Tensor& h, const torch::Tensor& W, const torch::Tensor& b) {
-  return b.defined() ? torch::addmm(b, h, W.t()) : torch::mm(h, W.t());
-}
-
 /// A param layer's pre-activation at rows each at its t [R], from its
 /// products at the segment's start and along its direction, [R, ...]:
 /// start + t · direction.
@@ -183,9 +178,9 @@ OwnRoute::OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name
   hints_.first_site_affine = !hints_.relu_after.empty() && hints_.relu_after[0];
   hints_.first_input_fixed = true;
   hints_.last_site_local = piecewise_linear && last_site_holds();
-  // A module's chain may end in its own log-softmax (its outputs taken as
-  // they are): the outputs are log-softmax either way.
-  if (!layers_.empty() && layers_.back().kind == Kind::LogSoftmax) log_softmax_ = true;
+  // Log-softmax outputs where the layers end in one: the output map of own
+  // networks, or a module chain's own log-softmax (its outputs taken as they are).
+  log_softmax_ = !layers_.empty() && layers_.back().kind == Kind::LogSoftmax;
 }
 
 bool OwnRoute::last_site_holds() const {
@@ -216,7 +211,7 @@ torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const to
   const int64_t Ho = by_patches ? h.size(2) + 2 * layer.padding - weight_of(w_, l).size(2) + 1 : 0;
   const int64_t Wo = by_patches ? h.size(3) + 2 * layer.padding - weight_of(w_, l).size(3) + 1 : 0;
   if (at_start && layer.kind == Kind::Linear) {
-    y = linear_of(h, weight_of(w_, l), bias_or_none(w_, l));
+    y = torch::linear(h, weight_of(w_, l), bias_or_none(w_, l));  // addmm with a bias, as before
   } else if (at_start) {
     if (by_patches) {
       // The patches stay with the pass: the per-sample gradients take them.
@@ -246,7 +241,8 @@ torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const to
 std::pair<torch::Tensor, torch::Tensor> OwnRoute::products_at_start_and_direction(const LayerDesc& layer, size_t l,
                                                                                    const torch::Tensor& h) const {
   if (layer.kind == Kind::Linear) {
-    return {linear_of(h, weight_of(w_, l), bias_or_none(w_, l)), linear_of(h, weight_of(dw_, l), bias_or_none(dw_, l))};
+    return {torch::linear(h, weight_of(w_, l), bias_or_none(w_, l)),
+            torch::linear(h, weight_of(dw_, l), bias_or_none(dw_, l))};
   }
   // W_s and dW_s as one convolution of twice the channels: the input's
   // patches are formed once, for both.

@@ -510,8 +510,6 @@ void return_tuple(Graph& g, const std::vector<Value*>& values) {
   g.registerOutput(tuple->output());
 }
 
-}  // namespace
-
 /// A traced module's convolutions, recorded as aten::_convolution, as the
 /// conv1d or conv2d they are (not transposed, one or two spatial
 /// dimensions), which the layer table reads: conv2d calls _convolution
@@ -535,6 +533,8 @@ void untrace_convolutions(Graph& g) {
     n->destroy();
   }
 }
+
+}  // namespace
 
 std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module, int64_t* dropout_sites) {
   std::shared_ptr<Graph> g = module.get_method("forward").graph()->copy();
