@@ -14,8 +14,11 @@
 // reader (src/path/path_reader.cpp) hands each replayed step to the engine
 // inside an EngineBlasKernels scope.
 //
-// A switch must not meet a BLAS call in flight on another thread: scopes are
-// opened and closed between the steps of a walk, when no other thread works.
+// A switch must not meet a BLAS call in flight on another thread (OpenBLAS
+// forgets its kernels, then chooses again: a call in flight crashes). Scopes
+// are opened and closed between the steps of a walk, and work a walk hands
+// to another thread that may outlast a step (the reverse walk's training
+// side formed ahead) holds a BlasKernelsHeld, for which a switch waits.
 #pragma once
 
 #include <string>
@@ -43,6 +46,23 @@ bool blas_kernels_chosen_by_pathkernel();
 /// this CPU when pathkernel chose the process's kernels and they are
 /// others; "" when a scope would switch nothing.
 std::string engine_blas_kernels();
+
+/// Work on another thread that calls the BLAS with the kernels of when it
+/// was handed on: made by the handing thread, before it hands the work on,
+/// and ended by the work (on its own thread) when its last BLAS call is
+/// done. switch_blas_kernels waits until no BlasKernelsHeld is left, so the
+/// work neither crashes nor runs on other kernels (other bits) than its
+/// hander meant.
+class BlasKernelsHeld {
+ public:
+  BlasKernelsHeld();
+  ~BlasKernelsHeld();
+  BlasKernelsHeld(const BlasKernelsHeld&) = delete;
+  BlasKernelsHeld& operator=(const BlasKernelsHeld&) = delete;
+};
+
+/// The BlasKernelsHeld alive now (for tests).
+int blas_kernels_held();
 
 /// For its scope, the best kernels for this CPU (best_blas_kernels) when
 /// pathkernel chose the process's kernels and they are others; the kernels

@@ -4,7 +4,9 @@
 #include <dlfcn.h>
 #include <strings.h>
 
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 
 #include "pathkernel/blas_kernels.h"
 
@@ -59,14 +61,51 @@ class CoretypeVariable {
   std::string old_;
 };
 
-/// Has OpenBLAS choose its kernels again, from OPENBLAS_CORETYPE = `name`.
+/// The BlasKernelsHeld alive, and what a switch waits on.
+struct HeldKernels {
+  std::mutex mutex;
+  std::condition_variable none_left;
+  int held = 0;
+
+  static HeldKernels& get() {
+    static HeldKernels h;
+    return h;
+  }
+};
+
+/// Has OpenBLAS choose its kernels again, from OPENBLAS_CORETYPE = `name`,
+/// once no work holds the kernels it runs on (BlasKernelsHeld).
 void load_kernels(const DynamicArch& d, const std::string& name) {
+  HeldKernels& h = HeldKernels::get();
+  std::unique_lock<std::mutex> lock(h.mutex);
+  h.none_left.wait(lock, [&] { return h.held == 0; });
   CoretypeVariable variable(name);
   d.quit();
   d.init();
 }
 
 }  // namespace
+
+BlasKernelsHeld::BlasKernelsHeld() {
+  HeldKernels& h = HeldKernels::get();
+  const std::lock_guard<std::mutex> lock(h.mutex);
+  ++h.held;
+}
+
+BlasKernelsHeld::~BlasKernelsHeld() {
+  HeldKernels& h = HeldKernels::get();
+  {
+    const std::lock_guard<std::mutex> lock(h.mutex);
+    --h.held;
+  }
+  h.none_left.notify_all();
+}
+
+int blas_kernels_held() {
+  HeldKernels& h = HeldKernels::get();
+  const std::lock_guard<std::mutex> lock(h.mutex);
+  return h.held;
+}
 
 std::string active_blas_kernels() {
   const DynamicArch& d = DynamicArch::get();

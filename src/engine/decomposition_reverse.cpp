@@ -15,6 +15,7 @@
 #include "add_at_rows.h"
 #include "decomposition_walk.h"
 #include "point_groups.h"
+#include "pathkernel/blas_switch.h"
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
 #include "pathkernel/progress.h"
@@ -305,13 +306,19 @@ class ReverseWalk {
     auto promise = std::make_shared<std::promise<Walk::Batch>>();
     ahead->batch = promise->get_future();
     const PathStep* s = &ahead->st;  // stays where it is: ahead is held by pointer
-    at::launch([this, promise, s] {
+    // The reader may switch OpenBLAS's kernels when this step's segment
+    // ends: not before the task is done (BlasKernelsHeld).
+    auto held = std::make_shared<BlasKernelsHeld>();
+    at::launch([this, promise, s, held]() mutable {
       try {
         OpenMpThreads single(1);
         SegmentEvaluator& at = w_.ahead_evaluator();
         at.set_segment(s->w, s->delta);
-        promise->set_value(w_.batch(reader_, *s, false, options_.train_chunk, &at));
+        Walk::Batch batch = w_.batch(reader_, *s, false, options_.train_chunk, &at);
+        held.reset();
+        promise->set_value(std::move(batch));
       } catch (...) {
+        held.reset();
         promise->set_exception(std::current_exception());
       }
     });
@@ -325,7 +332,8 @@ class ReverseWalk {
   std::future<std::vector<TestFeatures>> features_ahead(const PathStep& st, const std::vector<PointGroup>& groups) {
     auto promise = std::make_shared<std::promise<std::vector<TestFeatures>>>();
     std::future<std::vector<TestFeatures>> out = promise->get_future();
-    at::launch([this, promise, s = &st, g = &groups] {
+    auto held = std::make_shared<BlasKernelsHeld>();  // as form_ahead's task
+    at::launch([this, promise, s = &st, g = &groups, held]() mutable {
       try {
         GroupThreadScope as_group;
         SegmentEvaluator& fe = w_.features_evaluator(*s);
@@ -334,8 +342,10 @@ class ReverseWalk {
           WalkClock::Scope timed(w_.clock, WalkClock::kTestFeatures);
           f.push_back(test_features(fe, w_.x.narrow(0, p.first, p.count), options_.quadrature));
         }
+        held.reset();
         promise->set_value(std::move(f));
       } catch (...) {
+        held.reset();
         promise->set_exception(std::current_exception());
       }
     });

@@ -6,7 +6,11 @@
 #include <strings.h>
 #include <torch/torch.h>
 
+#include <atomic>
+#include <chrono>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "../test_util.h"
 #include "pathkernel/blas_kernels.h"
@@ -75,6 +79,29 @@ TEST_F(BlasSwitch, EngineScopeRunsTheBestKernelsWhenPathkernelChose) {
     const EngineBlasKernels engine;
     EXPECT_TRUE(same_name(active_blas_kernels(), "Prescott")) << active_blas_kernels();
   }
+}
+
+TEST_F(BlasSwitch, WaitsForWorkHoldingTheKernels) {
+  // A switch does not meet a BLAS call in flight on another thread, nor
+  // change the kernels under work handed on with them: it waits until the
+  // work lets them go.
+  if (best_.empty()) GTEST_SKIP() << "this CPU has no kernels better than OpenBLAS's own choice";
+  ASSERT_TRUE(switch_blas_kernels("Prescott"));
+  auto held = std::make_unique<BlasKernelsHeld>();
+  EXPECT_EQ(blas_kernels_held(), 1);
+  std::atomic<bool> switched{false};
+  std::thread other([&] {
+    switch_blas_kernels(best_);
+    switched = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(switched.load()) << "the kernels were switched under work that held them";
+  EXPECT_TRUE(same_name(active_blas_kernels(), "Prescott")) << active_blas_kernels();
+  held.reset();
+  other.join();
+  EXPECT_TRUE(switched.load());
+  EXPECT_EQ(blas_kernels_held(), 0);
+  EXPECT_TRUE(same_name(active_blas_kernels(), best_)) << active_blas_kernels();
 }
 
 }  // namespace
