@@ -98,6 +98,15 @@ class AvgPool(Base):
         return self.out(torch.relu(self.fc1(x.flatten(1))))
 
 
+class LeakyReLU(Base):
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.leaky_relu(self.conv1(x)), 2)
+        return F.max_pool2d(F.leaky_relu(self.conv2(x)), 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.leaky_relu(self.fc1(self.features(x).flatten(1))))
+
+
 # name: (module, loss); in the order printed.
 SPELLINGS = {
     "flatten": (Base, "cross_entropy"),
@@ -109,6 +118,7 @@ SPELLINGS = {
     "traced": (Base, "cross_entropy"),  # recorded as torch.jit.trace(model, two images)
     "dropout": (Dropout, "cross_entropy"),
     "avg_pool": (AvgPool, "cross_entropy"),
+    "leaky_relu": (LeakyReLU, "cross_entropy"),
 }
 
 
@@ -148,12 +158,14 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=4000, help="training images (the first ones)")
     ap.add_argument("--bin", default=os.environ.get("PATHKERNEL_BIN") or os.path.join(REPO, "build", "pathkernel"))
     ap.add_argument("--json", default="", help="also write the lines to this file")
+    ap.add_argument("--keep", default="", help="record the runs into this directory and keep them")
     a = ap.parse_args()
     torch.set_num_threads(1)
     x, y, xt, yt = fashion_mnist()
     x, y = x[:a.train].contiguous(), y[:a.train].contiguous()
     lines, first = [], None
     with tempfile.TemporaryDirectory(prefix="pk-spellings-") as tmp:
+        tmp = a.keep or tmp
         for name in a.only:
             run = os.path.join(tmp, name)
             record(name, run, x, y, xt, yt, a.steps)

@@ -39,6 +39,13 @@ class KinkSites {
   virtual const std::vector<bool>& relu_after() const = 0;
   /// Per kink site: the max-pool window following its ReLU, or 0.
   virtual const std::vector<int64_t>& pool_after() const = 0;
+  /// Per kink site: whether its activation passes negative values on (a
+  /// leaky ReLU of slope > 0), so that its pool's argmax switches are kinks
+  /// at any sign. Shorter than the sites (empty by default): the rest are
+  /// ReLUs.
+  virtual const std::vector<bool>& leaky_after() const;
+  /// Whether site l is leaky (leaky_after).
+  bool leaky(size_t l) const { return l < leaky_after().size() && leaky_after()[l]; }
   /// The kink sites of rows x [R, *input_shape] at t [R], rows first.
   virtual std::vector<torch::Tensor> sites_at(const torch::Tensor& x, const torch::Tensor& t) const = 0;
 };
@@ -99,6 +106,9 @@ struct KinkSearch {
 /// positive maximum at a or at b (the flips of the others are not kinks of
 /// the network), and the argmax switches of windows positive at both ends
 /// (one into or out of a zero window is the flip of the unit that crosses 0).
+/// After a `leaky` ReLU the pool passes negative maxima on too: the flips of
+/// units that are their window's maximum at a or at b, and every argmax
+/// switch.
 /// Units are indexed in a row of y flattened; windows, in a row of the
 /// pooled output flattened.
 struct PooledSwitches {
@@ -107,7 +117,7 @@ struct PooledSwitches {
   torch::Tensor from, to;  ///< [R, windows]: the unit each window passes on at a, and at b
 };
 PooledSwitches pooled_switches(const torch::Tensor& y, const torch::Tensor& at_a, const torch::Tensor& at_b,
-                               int64_t k);
+                               int64_t k, bool leaky = false);
 
 /// Kinks inside every bracket. `preacts` are the kink sites of the evaluated
 /// rows (KinkSites: own models' param layer
@@ -127,7 +137,8 @@ KinkSearch find_kinks(const KinkSites& ev, const torch::Tensor& x, const std::ve
 
 /// Per kink site, each row's activation pattern [R, units] (int64): the sign
 /// of every ReLU unit (1 or 0), or with a pool per window the unit it passes
-/// on (−1 for none). Rows with equal patterns are on the same piece.
+/// on (−1 for none; after a leaky ReLU, −2 − the unit for a negative one).
+/// Rows with equal patterns are on the same piece.
 std::vector<torch::Tensor> activation_patterns(const KinkSites& ev, const std::vector<torch::Tensor>& sites);
 
 /// Switches hidden between the evaluated rows of pieces of a piecewise-linear
@@ -151,7 +162,8 @@ std::vector<double> hidden_switches(const KinkSites& ev, const std::vector<torch
 /// (that pre-activation is affine in t). Without a max-pool these are the
 /// ReLU units' zero crossings; with one, every break of a window's
 /// max(0, max_u y_u(t)), i.e. the ReLU kinks of its maximum and its argmax
-/// switches while positive. Sorted, in (0, 1), no duplicates; empty when no
+/// switches while positive (after a leaky ReLU, every argmax switch and the
+/// maximum's zero crossings). Sorted, in (0, 1), no duplicates; empty when no
 /// ReLU follows the layer. Throws Error on mismatched shapes or non-finite
 /// values.
 std::vector<double> first_layer_kinks(const KinkSites& ev, const torch::Tensor& y0, const torch::Tensor& y1);

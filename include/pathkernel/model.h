@@ -167,6 +167,10 @@ class NetworkImpl : public torch::nn::Module {
   /// TorchScript only: per kink site, the window of the max-pool fused with
   /// it, or 0.
   const std::vector<int64_t>& kink_site_windows() const;
+  /// TorchScript only: per kink site, whether it is a leaky ReLU of slope
+  /// above 0 (its negative values pass on, so a fused pool's argmax
+  /// switches count at any sign).
+  const std::vector<bool>& kink_site_leaky() const;
 
   /// TorchScript only: the module's graph read as parameterised operations
   /// (the structured route, script_graph.h), or nullptr when some parameter

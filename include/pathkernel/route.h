@@ -107,6 +107,10 @@ struct KinkHints {
   std::vector<bool> relu_after;
   /// Per kink site: the max-pool window following its ReLU, or 0.
   std::vector<int64_t> pool_after;
+  /// Per kink site: whether its activation passes negative values on (a
+  /// leaky ReLU of slope above 0), so that its pool's argmax switches are
+  /// kinks at any sign. Empty when none is (pathkernel's own layers).
+  std::vector<bool> leaky_after;
   /// The degree in t of the logits on a piece of the segment that crosses no
   /// kink, when the network is piecewise linear in its input (ReLU, max-pool,
   /// Flatten) and each of its L param layers is linear in its weights: L.

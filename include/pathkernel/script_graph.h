@@ -45,10 +45,13 @@ std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& mod
 /// plain max-pool fused with one (ReLU then pool or pool then ReLU, as
 /// ScriptGraph pairs them), read where the first of the two reads them (a
 /// copy, inserted into g, before an in-place ReLU overwrites it). Per site,
-/// the fused pool's window, or 0, goes to `windows`. Folds g's `is None`
-/// tests of constants first (nn.MaxPool2d's default stride is one).
-std::vector<torch::jit::Value*> kink_site_values(std::shared_ptr<torch::jit::Graph>& g,
-                                                 std::vector<int64_t>& windows);
+/// the fused pool's window, or 0, goes to `windows`, and to `leaky` whether
+/// its activation is a leaky ReLU of a constant slope above 0 (a pool is
+/// fused with a leaky ReLU of slope ≥ 0 only: the two commute because it is
+/// nondecreasing). Folds g's `is None` tests of constants first
+/// (nn.MaxPool2d's default stride is one).
+std::vector<torch::jit::Value*> kink_site_values(std::shared_ptr<torch::jit::Graph>& g, std::vector<int64_t>& windows,
+                                                 std::vector<bool>& leaky);
 
 /// A kink site's value for `rows` rows as the kink search reads it:
 /// flattened per row [rows, U], or, fused with a max-pool (window > 0), as
@@ -82,6 +85,10 @@ class ScriptGraph {
   /// Such a site is the ReLU's (or the pool's) input [R, C, H, W], and the
   /// argmax switches of its windows are kinks too.
   const std::vector<int64_t>& site_windows() const { return site_windows_; }
+  /// Per kink site: whether its activation is a leaky ReLU of slope > 0,
+  /// which passes its negative values on: a fused pool's argmax switches
+  /// are then kinks at any sign, not only above 0.
+  const std::vector<bool>& site_leaky() const { return site_leaky_; }
   /// The number of parameterised operations when every other operation of
   /// the graph keeps the network piecewise linear in its input with its
   /// switches at kink sites (ReLU, leaky ReLU, average pooling, sums,
@@ -116,6 +123,7 @@ class ScriptGraph {
   std::vector<ScriptLayer> layers_;
   int64_t sites_ = 0;
   std::vector<int64_t> site_windows_;
+  std::vector<bool> site_leaky_;
   int64_t degree_ = 0;
   std::vector<LayerDesc> chain_;
   std::string chain_refusal_;

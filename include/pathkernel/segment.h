@@ -126,6 +126,7 @@ class SegmentEvaluator : public KinkSites {
   const std::vector<bool>& relu_after() const override { return route_->hints().relu_after; }
   /// Per kink site: the max-pool window following its ReLU, or 0.
   const std::vector<int64_t>& pool_after() const override { return route_->hints().pool_after; }
+  const std::vector<bool>& leaky_after() const override { return route_->hints().leaky_after; }
   /// The kink sites of rows x at t: kink_values of an untracked pass.
   std::vector<torch::Tensor> sites_at(const torch::Tensor& x, const torch::Tensor& t) const override {
     return kink_values(forward(x, t, false));

@@ -50,6 +50,8 @@ class AutogradRoute final : public Route {
   std::vector<torch::Tensor> sites_at(const torch::Tensor& x, double t) const;
   /// Per kink site, the window of the max-pool fused with it, or 0.
   const std::vector<int64_t>& site_windows() const { return net_->kink_site_windows(); }
+  /// Per kink site, whether it is a leaky ReLU of slope above 0.
+  const std::vector<bool>& site_leaky() const { return net_->kink_site_leaky(); }
   /// Whether the module has kink sites.
   bool has_sites() const { return net_->kink_sites() > 0; }
 

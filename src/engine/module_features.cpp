@@ -61,7 +61,7 @@ std::vector<double> module_kinks(const AutogradRoute& ev, const torch::Tensor& x
     const torch::Tensor y = torch::cat(samples);  // [intervals + 1, ...]
     torch::Tensor flips;                          // [intervals, units]
     if (windows[i] > 0) {
-      const PooledSwitches sw = pooled_switches(y, at_a, at_b, windows[i]);
+      const PooledSwitches sw = pooled_switches(y, at_a, at_b, windows[i], ev.site_leaky()[i]);
       const torch::Tensor hits = sw.switches.nonzero();  // [F, 2]: interval, window
       auto h = hits.accessor<int64_t, 2>();
       auto to = sw.to.accessor<int64_t, 2>(), from = sw.from.accessor<int64_t, 2>();

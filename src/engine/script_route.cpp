@@ -56,6 +56,7 @@ ScriptRoute::ScriptRoute(Network& net) : LayeredRoute(net), net_(net) {
   }
   hints_.relu_after.assign(static_cast<size_t>(net->script_graph()->sites()), true);
   hints_.pool_after = net->script_graph()->site_windows();
+  hints_.leaky_after = net->script_graph()->site_leaky();
   hints_.polynomial_degree = static_cast<int>(net->script_graph()->polynomial_degree());
   hints_.first_site_affine = false;
   hints_.first_input_fixed = true;

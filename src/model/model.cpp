@@ -93,6 +93,7 @@ struct ScriptModule {
   std::unique_ptr<torch::jit::GraphExecutor> forward;     ///< its inlined graph, when it has dropout
   std::unique_ptr<torch::jit::GraphExecutor> with_sites;
   std::vector<int64_t> site_windows;  ///< per kink site: its fused max-pool's window, or 0
+  std::vector<bool> site_leaky;       ///< per kink site: a leaky ReLU of slope > 0
   std::unique_ptr<ScriptGraph> graph;  ///< the structured route, if every parameter has a rule
   std::string graph_refusal;           ///< why not, otherwise
   /// The BatchNorm submodules that were in training mode when loaded: their
@@ -241,7 +242,7 @@ void NetworkImpl::load_script() {
   if (dropout_sites > 0) {
     script_->forward = std::make_unique<torch::jit::GraphExecutor>(g->copy(), "pathkernel_seeded_dropout");
   }
-  const std::vector<torch::jit::Value*> sites = kink_site_values(g, script_->site_windows);
+  const std::vector<torch::jit::Value*> sites = kink_site_values(g, script_->site_windows, script_->site_leaky);
   std::vector<torch::jit::Value*> values{g->outputs()[0]};
   values.insert(values.end(), sites.begin(), sites.end());
   torch::jit::Node* tuple = g->createTuple(values);
@@ -419,6 +420,11 @@ std::pair<torch::Tensor, std::vector<torch::Tensor>> NetworkImpl::forward_with_s
 const std::vector<int64_t>& NetworkImpl::kink_site_windows() const {
   PK_ASSERT(script_);
   return script_->site_windows;
+}
+
+const std::vector<bool>& NetworkImpl::kink_site_leaky() const {
+  PK_ASSERT(script_);
+  return script_->site_leaky;
 }
 
 torch::Tensor apply_parameter_free(const LayerDesc& layer, const torch::Tensor& x) {

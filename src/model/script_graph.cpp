@@ -3,6 +3,8 @@
 #include "pathkernel/script_graph.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -104,36 +106,49 @@ int64_t plain_window(const Node* n) {
 
 bool is_relu(const Node* n) { return n->kind() == aten("relu") || n->kind() == aten("relu_"); }
 
+bool is_leaky_relu(const Node* n) { return n->kind() == aten("leaky_relu") || n->kind() == aten("leaky_relu_"); }
+
+/// A leaky ReLU's negative slope when it is a constant number, else NaN.
+double leaky_slope(Node* n) {
+  auto s = n->inputs().size() > 1 ? constant(n->input(1)) : c10::nullopt;
+  if (s && s->isDouble()) return s->toDouble();
+  if (s && s->isInt()) return static_cast<double>(s->toInt());
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
 /// A kink site of the graph: a ReLU or leaky ReLU, and the plain max-pool
-/// it is fused with (ReLU then pool, or pool then ReLU: the two commute),
-/// whose argmax switches are then kinks of the same site.
+/// it is fused with (activation then pool, or pool then activation: the
+/// two commute for a nondecreasing activation, a ReLU or a leaky ReLU of
+/// slope ≥ 0), whose argmax switches are then kinks of the same site.
 struct SiteNodes {
   Node* activation;
   Node* pool = nullptr;
   bool pool_first = false;
   int64_t window = 0;
+  bool leaky = false;  ///< a leaky ReLU of slope > 0: negative values pass on
 };
 
 std::vector<SiteNodes> site_nodes(Graph& g) {
   std::vector<SiteNodes> out;
   std::set<const Node*> taken;  // a pool between two ReLUs goes with the first
   for (Node* n : g.nodes()) {
-    const c10::Symbol k = n->kind();
-    if (!is_relu(n) && k != aten("leaky_relu") && k != aten("leaky_relu_")) continue;
+    if (!is_relu(n) && !is_leaky_relu(n)) continue;
     SiteNodes s{n};
-    if (is_relu(n)) {
+    const double slope = is_leaky_relu(n) ? leaky_slope(n) : 0.0;
+    s.leaky = slope > 0;
+    if (slope >= 0) {  // nondecreasing (NaN: a slope not known)
       Value* in = n->input(0);
       Node* before = in->node();
       const auto& after = n->output()->uses();
       if (plain_window(before) && !taken.count(before) && in->uses().size() == 1 &&
           !has_in_place_use(before->input(0))) {
-        // pool then ReLU: the site is the pool's input, read once here.
+        // pool then activation: the site is the pool's input, read once here.
         s.pool = before;
         s.pool_first = true;
       } else if (after.size() == 1 && after[0].offset == 0 && plain_window(after[0].user) &&
-                 (k == aten("relu") || in->uses().size() == 1)) {
-        // ReLU then pool; an in-place ReLU's input must feed nothing else,
-        // or its other readers would see the ReLU's output unpooled.
+                 (!in_place(n) || in->uses().size() == 1)) {
+        // activation then pool; an in-place activation's input must feed
+        // nothing else, or its other readers would see its output unpooled.
         s.pool = after[0].user;
       }
       if (s.pool) {
@@ -147,8 +162,10 @@ std::vector<SiteNodes> site_nodes(Graph& g) {
 }
 
 /// The values of `sites` in g: the input of each pair's first operation,
-/// copied before an in-place one overwrites it. Their windows go to `windows`.
-std::vector<Value*> site_values(Graph& g, const std::vector<SiteNodes>& sites, std::vector<int64_t>& windows) {
+/// copied before an in-place one overwrites it. Their windows go to
+/// `windows`, and whether each is leaky to `leaky`.
+std::vector<Value*> site_values(Graph& g, const std::vector<SiteNodes>& sites, std::vector<int64_t>& windows,
+                                std::vector<bool>& leaky) {
   std::vector<Value*> values;
   for (const SiteNodes& s : sites) {
     Node* n = s.pool_first ? s.pool : s.activation;
@@ -159,6 +176,7 @@ std::vector<Value*> site_values(Graph& g, const std::vector<SiteNodes>& sites, s
       values.push_back(n->input(0));
     }
     windows.push_back(s.window);
+    leaky.push_back(s.leaky);
   }
   return values;
 }
@@ -176,7 +194,7 @@ struct LayerUse {
 /// piecewise linear with its switches at kink sites (ScriptGraph::
 /// polynomial_degree()). Conservative: an operation not in the graph op
 /// table makes it false; a max-pool counts only when it is fused with a
-/// ReLU site.
+/// kink site.
 bool piecewise_linear(Graph& g, const std::vector<LayerUse>& layers, const std::vector<SiteNodes>& sites) {
   std::set<const Node*> pools;
   for (const SiteNodes& s : sites) {
@@ -554,9 +572,10 @@ std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& mod
   return g;
 }
 
-std::vector<Value*> kink_site_values(std::shared_ptr<Graph>& g, std::vector<int64_t>& windows) {
+std::vector<Value*> kink_site_values(std::shared_ptr<Graph>& g, std::vector<int64_t>& windows,
+                                     std::vector<bool>& leaky) {
   fold_none_tests(g);
-  return site_values(*g, site_nodes(*g), windows);
+  return site_values(*g, site_nodes(*g), windows, leaky);
 }
 
 torch::Tensor site_rows(const torch::Tensor& site, int64_t rows, int64_t window) {
@@ -603,7 +622,7 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
     return nullptr;
   }
   // Kink sites, read after the rewrite, which has replaced the layers' outputs.
-  const std::vector<Value*> sites = site_values(*g, site_list, out->site_windows_);
+  const std::vector<Value*> sites = site_values(*g, site_list, out->site_windows_, out->site_leaky_);
   std::vector<Value*> values{g->outputs()[0]};
   values.insert(values.end(), captured_inputs.begin(), captured_inputs.end());
   values.insert(values.end(), captured_outputs.begin(), captured_outputs.end());

@@ -147,8 +147,10 @@ std::vector<std::vector<uint64_t>> upstream_pieces(const KinkSites& ev, const st
 /// ReLU unit's value with the sign that makes it ≤ 0 there; with a pool of
 /// window k, per window each unit's and the zero line's margin over the
 /// window's winner at `ref` (the units of rows or columns the windows leave
-/// out never pass on, and are left out).
-torch::Tensor margins(const torch::Tensor& y, int64_t k, int64_t ref) {
+/// out never pass on, and are left out). After a `leaky` ReLU the winner is
+/// the units' maximum at any sign, and the zero line's column is instead the
+/// winner's value with the sign that makes it ≤ 0 at `ref`.
+torch::Tensor margins(const torch::Tensor& y, int64_t k, int64_t ref, bool leaky) {
   const int64_t P = y.size(0), S = y.size(1);
   if (k == 0) {
     const torch::Tensor v = y.flatten(2);
@@ -157,6 +159,12 @@ torch::Tensor margins(const torch::Tensor& y, int64_t k, int64_t ref) {
   const int64_t C = y.size(2), h = y.size(3) / k, w = y.size(4) / k;
   torch::Tensor win = y.narrow(3, 0, h * k).narrow(4, 0, w * k).reshape({P, S, C, h, k, w, k});
   win = win.permute({0, 1, 2, 3, 5, 4, 6}).reshape({P, S, C * h * w, k * k});
+  if (leaky) {
+    const torch::Tensor winner = win.select(1, ref).argmax(2, /*keepdim=*/true).unsqueeze(1).expand({P, S, -1, 1});
+    const torch::Tensor top = win.gather(3, winner);  // [P, S, windows, 1]
+    const torch::Tensor sign = torch::where(top.select(1, ref) > 0, -1.0, 1.0).unsqueeze(1);
+    return torch::cat({win - top, top * sign}, 3).flatten(2);
+  }
   win = torch::cat({win, torch::zeros({P, S, C * h * w, 1}, y.options())}, 3);  // the zero line last
   const torch::Tensor winner = win.select(1, ref).argmax(2, /*keepdim=*/true).unsqueeze(1).expand({P, S, -1, 1});
   return (win - win.gather(3, winner)).flatten(2);
@@ -207,6 +215,11 @@ std::pair<torch::Tensor, torch::Tensor> interior_max(const torch::Tensor& c) {
 
 }  // namespace
 
+const std::vector<bool>& KinkSites::leaky_after() const {
+  static const std::vector<bool> none;
+  return none;
+}
+
 std::vector<torch::Tensor> activation_patterns(const KinkSites& ev, const std::vector<torch::Tensor>& sites) {
   std::vector<torch::Tensor> out;
   for (size_t l = 0; l < sites.size(); ++l) {
@@ -215,7 +228,8 @@ std::vector<torch::Tensor> activation_patterns(const KinkSites& ev, const std::v
       out.push_back(torch::zeros({y.size(0), 0}, torch::kLong));
     } else if (const int64_t k = ev.pool_after()[l]) {
       auto [m, ind] = max_pool_with_indices(y, k);
-      out.push_back(torch::where(m > 0, ind, torch::full_like(ind, -1)).flatten(1).contiguous());
+      const torch::Tensor negative = ev.leaky(l) ? -2 - ind : torch::full_like(ind, -1);
+      out.push_back(torch::where(m > 0, ind, negative).flatten(1).contiguous());
     } else {
       out.push_back((y.flatten(1) > 0).to(torch::kLong).contiguous());
     }
@@ -249,7 +263,7 @@ std::vector<double> hidden_switches(const KinkSites& ev, const std::vector<torch
       const torch::Tensor y = sites[l].detach().index_select(0, index);
       std::vector<int64_t> shape{P, n};
       for (int64_t i = 1; i < y.dim(); ++i) shape.push_back(y.size(i));
-      const torch::Tensor m = margins(y.view(shape), ev.pool_after()[l], 1);  // [P, S, M]
+      const torch::Tensor m = margins(y.view(shape), ev.pool_after()[l], 1, ev.leaky(l));  // [P, S, M]
       // The least-squares polynomial of degree d through each margin's rows.
       const torch::Tensor uu = torch::tensor(u, y.options()).view({P, n, 1});
       const torch::Tensor V = uu.pow(torch::arange(d + 1, y.options()).view({1, 1, -1}));  // [P, S, d + 1]
@@ -276,11 +290,13 @@ std::vector<double> hidden_switches(const KinkSites& ev, const std::vector<torch
 }
 
 PooledSwitches pooled_switches(const torch::Tensor& y, const torch::Tensor& at_a, const torch::Tensor& at_b,
-                               int64_t k) {
+                               int64_t k, bool leaky) {
   PK_CHECK(y.dim() == 4, "pooled_switches: a pooled site is [rows, C, H, W], got " << y.sizes());
   auto [m, ind] = max_pool_with_indices(y, k);
   const torch::Tensor plane = torch::arange(y.size(1)).view({1, -1, 1, 1}) * (y.size(2) * y.size(3));
-  const torch::Tensor unit = (ind + plane).flatten(1), positive = m.flatten(1) > 0, flat = y.flatten(1) > 0;
+  // After a leaky ReLU every window passes its maximum on, as if positive.
+  const torch::Tensor positive = leaky ? torch::ones_like(m, torch::kBool).flatten(1) : m.flatten(1) > 0;
+  const torch::Tensor unit = (ind + plane).flatten(1), flat = y.flatten(1) > 0;
   PooledSwitches out;
   out.from = unit.index_select(0, at_a);
   out.to = unit.index_select(0, at_b);
@@ -392,7 +408,7 @@ void Search::detect(const std::vector<KinkBracket>& brackets, bool skip_first_la
     if (!ev.relu_after()[l] || (l == 0 && skip_first_layer)) continue;
     if (const int64_t k = ev.pool_after()[l]) {
       const torch::Tensor& y = preacts[l].detach();  // [R, C, H, W]
-      const PooledSwitches sw = pooled_switches(y, at_a, at_b, k);
+      const PooledSwitches sw = pooled_switches(y, at_a, at_b, k, ev.leaky(l));
       add(static_cast<int64_t>(l), sw.switches, sw.to, sw.from);
       add(static_cast<int64_t>(l), sw.flips, torch::Tensor(), torch::Tensor());
     } else {
@@ -616,6 +632,9 @@ std::vector<double> first_layer_kinks(const KinkSites& ev, const torch::Tensor& 
   if (k == 0) return affine_crossings(p0, p1);
   PK_CHECK(y0.dim() == 3, "first_layer_kinks: a pooled layer's pre-activation is [C, H, W], got " << y0.sizes());
   const int64_t channels = y0.size(0), height = y0.size(1), width = y0.size(2);
+  // After a ReLU the zero line (line 0) is one of the envelope's lines; after
+  // a leaky ReLU it is not, and the envelope's own zero crossings are kinks.
+  const size_t first = ev.leaky(0) ? 1 : 0;
   std::vector<double> kinks;
   std::vector<long double> lo, slope;
   for (int64_t c = 0; c < channels; ++c) {
@@ -636,15 +655,15 @@ std::vector<double> first_layer_kinks(const KinkSites& ev, const torch::Tensor& 
             slope.push_back(static_cast<long double>(p1[u]) - p0[u]);
           }
         }
-        size_t cur = 0;
-        for (size_t i = 1; i < lo.size(); ++i) {
+        size_t cur = first;
+        for (size_t i = first + 1; i < lo.size(); ++i) {
           if (lo[i] > lo[cur] || (lo[i] == lo[cur] && slope[i] > slope[cur])) cur = i;
         }
         long double t = 0;
         while (true) {
           size_t best = cur;
           long double best_t = 1;
-          for (size_t i = 0; i < lo.size(); ++i) {
+          for (size_t i = first; i < lo.size(); ++i) {
             if (slope[i] <= slope[cur]) continue;
             const long double ti = (lo[cur] - lo[i]) / (slope[i] - slope[cur]);
             if (ti < t) continue;
@@ -652,6 +671,11 @@ std::vector<double> first_layer_kinks(const KinkSites& ev, const torch::Tensor& 
               best = i;
               best_t = ti;
             }
+          }
+          if (first > 0 && slope[cur] != 0) {
+            // The current line's zero crossing while it is the maximum.
+            const long double z = -lo[cur] / slope[cur];
+            if (z > t && z > 0 && z < best_t) kinks.push_back(static_cast<double>(z));
           }
           if (best == cur || best_t >= 1) break;
           if (best_t > 0) kinks.push_back(static_cast<double>(best_t));

@@ -367,6 +367,65 @@ TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
   }
 }
 
+/// A max-pool beside a leaky ReLU of slope > 0 is fused with it too (the
+/// two commute: the leaky ReLU is nondecreasing), but the pool passes
+/// negative maxima on, so its argmax switches are kinks at any sign. With
+/// exact pieces (no refinement to hide a missed kink) the certificate holds,
+/// the pieces need no more evaluations than their rule, and the generic
+/// route, whose scan finds the same switches its own way, agrees. A slope
+/// of 0 is a ReLU; a negative slope does not commute with a pool, which is
+/// then not fused (the adaptive rule).
+TEST(TorchScript, MaxPoolingBesideALeakyReLUIsPiecewiseLinear) {
+  auto options = [](const std::string& spec) {
+    NetworkOptions o;
+    o.spec = ModelSpec::parse(spec);
+    o.input_shape = {1, 8, 8};
+    o.num_classes = 3;
+    o.output = OutputMap::LogSoftmax;
+    return o;
+  };
+  const std::string leaky_cnn =
+      "layers:conv(4,3,padding=1),leakyrelu(0.1),maxpool(2),conv(6,3,padding=1),maxpool(2),leakyrelu(0.3)";
+  for (const std::string& spec : {leaky_cnn, std::string("layers:conv(4,3,padding=1),leakyrelu(0),maxpool(2),"
+                                                         "conv(6,3,padding=1),leakyrelu(0.5),maxpool(2)")}) {
+    const bool first_leaky = spec == leaky_cnn;
+    Network net = engine_network(options(spec));
+    SegmentEvaluator ev(net);
+    ASSERT_EQ(ev.route(), "structured") << spec << ": " << ev.route_reason();
+    EXPECT_EQ(ev.polynomial_degree(), 3) << spec;
+    EXPECT_EQ(ev.pool_after(), std::vector<int64_t>({2, 2})) << spec;
+    EXPECT_EQ(ev.leaky_after(), std::vector<bool>({first_leaky, true})) << spec;
+    EXPECT_EQ(net->kink_site_windows(), std::vector<int64_t>({2, 2})) << spec;
+    EXPECT_EQ(net->kink_site_leaky(), std::vector<bool>({first_leaky, true})) << spec;
+    torch::manual_seed(17);
+    const int64_t P = parameter_count(net);
+    const torch::Tensor w = flatten_parameters(net), dw = 0.3 * torch::randn({P}, torch::kFloat64);
+    // Biases pushed down, so that many windows are negative throughout and
+    // their argmax switches are kinks only of the leaky network.
+    const torch::Tensor x = torch::randn({3, 1, 8, 8}, torch::kFloat64);
+    torch::Tensor w_low = w.clone();
+    for (const ParamInfo& p : parameter_layout(net)) {
+      if (p.name.find("bias") != std::string::npos) w_low.narrow(0, p.offset, p.numel).sub_(0.4);
+    }
+    ev.set_segment(w_low, dw);
+    const TestFeatures f = test_features(ev, x, exact_rule_options());
+    EXPECT_LE(f.certificate_gap, 1e-13) << spec;
+    EXPECT_GT(f.kinks, 0) << spec;
+    EXPECT_EQ(f.evaluations % 2, 0) << spec;
+    SegmentEvaluator gev(net, ModuleRoute::Generic);
+    gev.set_segment(w_low, dw);
+    const QuadratureOptions adaptive;
+    const TestFeatures g = test_features(gev, x, adaptive);
+    EXPECT_LE(g.certificate_gap, 1e-13) << spec;
+    EXPECT_LE(max_rel(dense_features(gev, g), dense_features(ev, f)), 1e-12) << spec;
+    EXPECT_LE(g.evaluations, adaptive.gauss_nodes * (g.kinks + 3)) << spec << ": " << g.kinks << " kinks";
+  }
+  Network net = engine_network(options("layers:conv(4,3,padding=1),leakyrelu(-0.2),maxpool(2)"));
+  SegmentEvaluator ev(net);
+  EXPECT_EQ(ev.polynomial_degree(), 0);
+  EXPECT_EQ(net->kink_site_windows(), std::vector<int64_t>({0}));
+}
+
 TEST(TorchScript, RefusesWhatItCannotDecompose) {
   REQUIRE_PYTHON_TORCH();
   TempDir dir;

@@ -404,14 +404,33 @@ TEST(FirstLayerKinks, RejectsMismatchedShapes) {
 /// on a piece) with a ReLU and, if `pool`, a max-pool of that window.
 class GivenSites final : public KinkSites {
  public:
-  explicit GivenSites(int64_t pool) : pool_{0, pool} {}
+  /// `leaky`: site 1's ReLU is a leaky one (its pool passes negative maxima on).
+  explicit GivenSites(int64_t pool, bool leaky = false) : pool_{0, pool}, leaky_{false, leaky} {}
   const std::vector<bool>& relu_after() const override { return relu_; }
   const std::vector<int64_t>& pool_after() const override { return pool_; }
+  const std::vector<bool>& leaky_after() const override { return leaky_; }
   std::vector<torch::Tensor> sites_at(const torch::Tensor&, const torch::Tensor&) const override { return {}; }
 
  private:
   std::vector<bool> relu_{false, true};
   std::vector<int64_t> pool_;
+  std::vector<bool> leaky_;
+};
+
+/// One site (a ReLU or leaky ReLU and a pool of window `pool`) given as
+/// values, for first_layer_kinks.
+class FirstSite final : public KinkSites {
+ public:
+  FirstSite(int64_t pool, bool leaky) : pool_{pool}, leaky_{leaky} {}
+  const std::vector<bool>& relu_after() const override { return relu_; }
+  const std::vector<int64_t>& pool_after() const override { return pool_; }
+  const std::vector<bool>& leaky_after() const override { return leaky_; }
+  std::vector<torch::Tensor> sites_at(const torch::Tensor&, const torch::Tensor&) const override { return {}; }
+
+ private:
+  std::vector<bool> relu_{true};
+  std::vector<int64_t> pool_;
+  std::vector<bool> leaky_;
 };
 
 /// One piece [0, 1] evaluated at its ends and two Gauss nodes, site 1 from
@@ -456,6 +475,107 @@ TEST(HiddenSwitches, FindsAPoolArgmaxThatSwitchesAndSwitchesBackButNotInRowsTheW
     return y;
   };
   EXPECT_TRUE(std::isnan(hidden_on_one_piece(ev, only_left_out)[0]));
+}
+
+// ---------------------------------------------------------------- leaky ReLU sites
+
+/// Per 2 × 2 window of y [C, H, W]: its argmax in the plane and, after a
+/// leaky ReLU, its maximum's sign; after a ReLU, −1 for a window ≤ 0.
+std::vector<int64_t> leaky_states(const torch::Tensor& y, bool leaky) {
+  auto [m, ind] = torch::max_pool2d_with_indices(y.unsqueeze(0), 2);
+  const torch::Tensor negative = leaky ? -2 - ind : torch::full_like(ind, -1);
+  const torch::Tensor state = torch::where(m > 0, ind, negative).flatten().contiguous();
+  return std::vector<int64_t>(state.data_ptr<int64_t>(), state.data_ptr<int64_t>() + state.numel());
+}
+
+TEST(PooledSwitches, AfterALeakyReLUCountEverySwitchAndTheMaximumsFlips) {
+  // Two rows of one 2 × 2 window: every unit negative, the argmax moving
+  // from unit 0 to unit 3 (a switch only for a leaky ReLU); then unit 3
+  // crossing 0 while it is the maximum (a flip either way).
+  const torch::Tensor y = torch::tensor({-1.0, -3.0, -3.0, -2.0, -2.0, -3.0, -3.0, -1.0, -2.0, -3.0, -3.0, 0.5},
+                                        torch::kFloat64)
+                              .view({3, 1, 2, 2});
+  const torch::Tensor a = torch::tensor({0, 1}, torch::kLong), b = torch::tensor({1, 2}, torch::kLong);
+  const PooledSwitches relu = pooled_switches(y, a, b, 2), leaky = pooled_switches(y, a, b, 2, true);
+  EXPECT_FALSE(relu.switches[0][0].item<bool>());
+  EXPECT_TRUE(leaky.switches[0][0].item<bool>());
+  EXPECT_EQ(leaky.from[0][0].item<int64_t>(), 0);
+  EXPECT_EQ(leaky.to[0][0].item<int64_t>(), 3);
+  EXPECT_EQ(relu.flips[0].sum().item<int64_t>(), 0);
+  EXPECT_EQ(leaky.flips[0].sum().item<int64_t>(), 0);
+  for (const PooledSwitches& sw : {relu, leaky}) {
+    EXPECT_TRUE(sw.flips[1][3].item<bool>());
+    EXPECT_EQ(sw.flips[1].sum().item<int64_t>(), 1);
+    EXPECT_FALSE(sw.switches[1][0].item<bool>());
+  }
+  // The patterns: a negative window's argmax is part of the leaky one's.
+  const GivenSites relu_sites(2), leaky_sites(2, true);
+  const torch::Tensor zeros = torch::zeros({3, 1}, torch::kFloat64);
+  const torch::Tensor pr = activation_patterns(relu_sites, {zeros, y})[1];
+  const torch::Tensor pl = activation_patterns(leaky_sites, {zeros, y})[1];
+  EXPECT_TRUE(torch::equal(pr.flatten(), torch::tensor({-1, -1, 3}, torch::kLong)));
+  EXPECT_TRUE(torch::equal(pl.flatten(), torch::tensor({-2, -5, 3}, torch::kLong)));
+}
+
+TEST(HiddenSwitches, AfterALeakyReLUFindNegativeArgmaxSwitchesAndTheWinnersZeroCrossing) {
+  // One 2 × 2 window, all its units negative at every row. Unit 1
+  // overtakes unit 0 on (0.418, 0.482) only: hidden for a leaky ReLU, none
+  // after a ReLU (the window passes 0 on throughout).
+  auto below = [](double s) {
+    torch::Tensor y = torch::full({1, 2, 2}, -3.0, torch::kFloat64);
+    y[0][0][0] = -1.0;
+    y[0][0][1] = -1.0 - (s - 0.45) * (s - 0.45) + 1e-3;
+    return y;
+  };
+  EXPECT_TRUE(std::isnan(hidden_on_one_piece(GivenSites(2), below)[0]));
+  EXPECT_NEAR(hidden_on_one_piece(GivenSites(2, true), below)[0], 0.45, 1e-12);
+  // The winner, unit 0, rising above 0 on (0.418, 0.482) only: a flip and
+  // a flip back, hidden either way.
+  auto crossing = [](double s) {
+    torch::Tensor y = torch::full({1, 2, 2}, -3.0, torch::kFloat64);
+    y[0][0][0] = -(s - 0.45) * (s - 0.45) + 1e-3;
+    return y;
+  };
+  EXPECT_NEAR(hidden_on_one_piece(GivenSites(2), crossing)[0], 0.45, 1e-12);
+  EXPECT_NEAR(hidden_on_one_piece(GivenSites(2, true), crossing)[0], 0.45, 1e-12);
+}
+
+TEST(FirstLayerKinks, AfterALeakyReLUAreEveryArgmaxSwitchAndTheMaximumsZeroCrossings) {
+  // Random lines on 3 channels of 6 × 6 units, windows of 2 × 2, against a
+  // fine grid of window states: each change between grid points has a
+  // closed-form kink within that cell, and each kink changes a state across
+  // it. Lowered, so that many windows are negative.
+  torch::manual_seed(5);
+  const torch::Tensor y0 = torch::randn({3, 6, 6}, torch::kFloat64) - 0.8;
+  const torch::Tensor y1 = torch::randn({3, 6, 6}, torch::kFloat64) - 0.8;
+  int64_t only_leaky = 0;
+  for (const bool leaky : {false, true}) {
+    const FirstSite ev(2, leaky);
+    const std::vector<double> kinks = first_layer_kinks(ev, y0, y1);
+    ASSERT_TRUE(std::is_sorted(kinks.begin(), kinks.end()));
+    auto at = [&](double t) { return leaky_states(y0 + t * (y1 - y0), leaky); };
+    for (double t : kinks) {
+      ASSERT_GT(t, 0.0);
+      ASSERT_LT(t, 1.0);
+      EXPECT_NE(at(t - 1e-9), at(t + 1e-9)) << "leaky " << leaky << " t " << t;
+    }
+    const int64_t fine = 4096;
+    std::vector<int64_t> prev = at(0.0);
+    int64_t changes = 0;
+    for (int64_t j = 1; j <= fine; ++j) {
+      const double a = static_cast<double>(j - 1) / fine, b = static_cast<double>(j) / fine;
+      const std::vector<int64_t> now = at(b);
+      if (now != prev) {
+        ++changes;
+        EXPECT_TRUE(std::any_of(kinks.begin(), kinks.end(), [&](double t) { return t >= a && t <= b; }))
+            << "leaky " << leaky << ": a window changes in [" << a << ", " << b << "]";
+      }
+      prev = now;
+    }
+    EXPECT_GT(changes, 5);
+    only_leaky += leaky ? static_cast<int64_t>(kinks.size()) : -static_cast<int64_t>(kinks.size());
+  }
+  EXPECT_GT(only_leaky, 5);  // the negative windows' switches
 }
 
 }  // namespace
