@@ -269,6 +269,16 @@ TEST(TorchScript, PiecewiseLinearModulesIntegrateTheirPiecesExactly) {
   EXPECT_EQ(sev.polynomial_degree(), 0);
 }
 
+/// A 3-class network of `spec` on 1 × 8 × 8 images, log-softmax outputs.
+NetworkOptions pooled_cnn_options(const std::string& spec) {
+  NetworkOptions o;
+  o.spec = ModelSpec::parse(spec);
+  o.input_shape = {1, 8, 8};
+  o.num_classes = 3;
+  o.output = OutputMap::LogSoftmax;
+  return o;
+}
+
 /// Max-pooling of non-overlapping windows beside a ReLU, in either order
 /// (they commute), is piecewise linear on the structured route: the
 /// argmax switches are kinks of the ReLU's site. A module laid out like
@@ -277,14 +287,7 @@ TEST(TorchScript, PiecewiseLinearModulesIntegrateTheirPiecesExactly) {
 /// same switches. A max-pool whose windows overlap, or with no ReLU beside
 /// it, keeps the adaptive rule.
 TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
-  auto options = [](const std::string& spec) {
-    NetworkOptions o;
-    o.spec = ModelSpec::parse(spec);
-    o.input_shape = {1, 8, 8};
-    o.num_classes = 3;
-    o.output = OutputMap::LogSoftmax;
-    return o;
-  };
+  const auto options = pooled_cnn_options;
   Network own = engine_network(options("cnn:4,6"));
   SegmentEvaluator oev(own);
   torch::manual_seed(17);
@@ -371,19 +374,12 @@ TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
 /// two commute: the leaky ReLU is nondecreasing), but the pool passes
 /// negative maxima on, so its argmax switches are kinks at any sign. With
 /// exact pieces (no refinement to hide a missed kink) the certificate holds,
-/// the pieces need no more evaluations than their rule, and the generic
-/// route, whose scan finds the same switches its own way, agrees. A slope
+/// and the generic route, whose scan finds the same switches its own way,
+/// agrees without refining. A slope
 /// of 0 is a ReLU; a negative slope does not commute with a pool, which is
 /// then not fused (the adaptive rule).
 TEST(TorchScript, MaxPoolingBesideALeakyReLUIsPiecewiseLinear) {
-  auto options = [](const std::string& spec) {
-    NetworkOptions o;
-    o.spec = ModelSpec::parse(spec);
-    o.input_shape = {1, 8, 8};
-    o.num_classes = 3;
-    o.output = OutputMap::LogSoftmax;
-    return o;
-  };
+  const auto options = pooled_cnn_options;
   const std::string leaky_cnn =
       "layers:conv(4,3,padding=1),leakyrelu(0.1),maxpool(2),conv(6,3,padding=1),maxpool(2),leakyrelu(0.3)";
   for (const std::string& spec : {leaky_cnn, std::string("layers:conv(4,3,padding=1),leakyrelu(0),maxpool(2),"
