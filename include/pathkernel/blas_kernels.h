@@ -16,6 +16,7 @@
 // Header-only, without LibTorch: the `pathkernel` launcher uses it.
 #pragma once
 
+#include <strings.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -54,6 +55,19 @@ inline std::string best_blas_kernels(const CpuFeatures& cpu) {
   if (cpu.avx512) return "SkylakeX";
   if (cpu.avx2_fma) return "Haswell";
   return "";
+}
+
+/// Whether OpenBLAS's kernels `a` and `b` (OPENBLAS_CORETYPE names, any
+/// case) do the same float64 arithmetic, so that switching between them
+/// would gain nothing: the same name, or Zen and Haswell (OpenBLAS's Zen
+/// target builds its GEMM from Haswell's kernels; on a 2-core AMD EPYC
+/// without AVX-512, float64 products up to an inner dimension of 10,000 and
+/// a convolution through LibTorch gave the same bits with either, at the
+/// same speed).
+inline bool same_blas_arithmetic(const std::string& a, const std::string& b) {
+  auto is = [](const std::string& x, const char* name) { return ::strcasecmp(x.c_str(), name) == 0; };
+  if (is(a, b.c_str())) return true;
+  return (is(a, "Zen") && is(b, "Haswell")) || (is(a, "Haswell") && is(b, "Zen"));
 }
 
 /// Whether a CPU with `cpu`'s features runs OpenBLAS's kernels `name`:

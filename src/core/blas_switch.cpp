@@ -132,7 +132,7 @@ std::string engine_blas_kernels() {
   if (!blas_kernels_chosen_by_pathkernel()) return "";
   const std::string best = best_blas_kernels(CpuFeatures::current());
   const std::string now = active_blas_kernels();
-  if (best.empty() || now.empty() || ::strcasecmp(best.c_str(), now.c_str()) == 0) return "";
+  if (best.empty() || now.empty() || same_blas_arithmetic(best, now)) return "";
   return best;
 }
 

@@ -46,6 +46,15 @@ TEST(BlasKernels, BestFollowsTheCpusWidestVectors) {
   EXPECT_EQ(best_blas_kernels(cpu(false, false, false)), "");
 }
 
+TEST(BlasKernels, ZenAndHaswellAreTheSameArithmetic) {
+  EXPECT_TRUE(same_blas_arithmetic("Zen", "Haswell"));
+  EXPECT_TRUE(same_blas_arithmetic("HASWELL", "zen"));
+  EXPECT_TRUE(same_blas_arithmetic("SkylakeX", "skylakex"));
+  EXPECT_FALSE(same_blas_arithmetic("SkylakeX", "Haswell"));
+  EXPECT_FALSE(same_blas_arithmetic("Zen", "Prescott"));
+  EXPECT_FALSE(same_blas_arithmetic("Cooperlake", "SkylakeX"));
+}
+
 TEST(BlasKernels, RunsOnlyKernelsTheCpuHas) {
   EXPECT_TRUE(runs_blas_kernels(cpu(false, false, false), "Prescott"));
   EXPECT_TRUE(runs_blas_kernels(cpu(false, true, true), "Haswell"));

@@ -79,6 +79,14 @@ TEST_F(BlasSwitch, EngineScopeRunsTheBestKernelsWhenPathkernelChose) {
     const EngineBlasKernels engine;
     EXPECT_TRUE(same_name(active_blas_kernels(), "Prescott")) << active_blas_kernels();
   }
+  if (same_name(best_, "Haswell") && switch_blas_kernels("Zen")) {
+    // A loop recorded on an AMD CPU runs Zen's kernels: the same arithmetic
+    // as Haswell's, so nothing is switched (and the replay may go ahead).
+    const ScopedEnv chosen(kBlasKernelsChosenVariable, "1");
+    EXPECT_EQ(engine_blas_kernels(), "");
+    const EngineBlasKernels engine;
+    EXPECT_TRUE(same_name(active_blas_kernels(), "Zen")) << active_blas_kernels();
+  }
 }
 
 TEST_F(BlasSwitch, WaitsForWorkHoldingTheKernels) {
