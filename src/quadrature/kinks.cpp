@@ -159,15 +159,12 @@ torch::Tensor margins(const torch::Tensor& y, int64_t k, int64_t ref, bool leaky
   const int64_t C = y.size(2), h = y.size(3) / k, w = y.size(4) / k;
   torch::Tensor win = y.narrow(3, 0, h * k).narrow(4, 0, w * k).reshape({P, S, C, h, k, w, k});
   win = win.permute({0, 1, 2, 3, 5, 4, 6}).reshape({P, S, C * h * w, k * k});
-  if (leaky) {
-    const torch::Tensor winner = win.select(1, ref).argmax(2, /*keepdim=*/true).unsqueeze(1).expand({P, S, -1, 1});
-    const torch::Tensor top = win.gather(3, winner);  // [P, S, windows, 1]
-    const torch::Tensor sign = torch::where(top.select(1, ref) > 0, -1.0, 1.0).unsqueeze(1);
-    return torch::cat({win - top, top * sign}, 3).flatten(2);
-  }
-  win = torch::cat({win, torch::zeros({P, S, C * h * w, 1}, y.options())}, 3);  // the zero line last
+  if (!leaky) win = torch::cat({win, torch::zeros({P, S, C * h * w, 1}, y.options())}, 3);  // the zero line last
   const torch::Tensor winner = win.select(1, ref).argmax(2, /*keepdim=*/true).unsqueeze(1).expand({P, S, -1, 1});
-  return (win - win.gather(3, winner)).flatten(2);
+  const torch::Tensor top = win.gather(3, winner);  // [P, S, windows, 1]
+  if (!leaky) return (win - top).flatten(2);
+  const torch::Tensor sign = torch::where(top.select(1, ref) > 0, -1.0, 1.0).unsqueeze(1);
+  return torch::cat({win - top, top * sign}, 3).flatten(2);
 }
 
 /// The polynomial with coefficients c [P, d + 1, M] (ascending powers) at

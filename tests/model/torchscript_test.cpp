@@ -279,6 +279,21 @@ NetworkOptions pooled_cnn_options(const std::string& spec) {
   return o;
 }
 
+/// The generic route on `net` at segment (w, dw): certified Gauss keeps its
+/// certificate, agrees with `expected` (dense features of x) and, its scan
+/// seeing every switch at the kink sites, converges without refining (a
+/// missed switch costs dozens of halvings).
+void expect_generic_route_agrees(Network& net, const torch::Tensor& w, const torch::Tensor& dw,
+                                 const torch::Tensor& x, const torch::Tensor& expected, const std::string& spec) {
+  SegmentEvaluator gev(net, ModuleRoute::Generic);
+  gev.set_segment(w, dw);
+  const QuadratureOptions adaptive;
+  const TestFeatures g = test_features(gev, x, adaptive);
+  EXPECT_LE(g.certificate_gap, 1e-13) << spec;
+  EXPECT_LE(max_rel(dense_features(gev, g), expected), 1e-12) << spec;
+  EXPECT_LE(g.evaluations, adaptive.gauss_nodes * (g.kinks + 3)) << spec << ": " << g.kinks << " kinks";
+}
+
 /// Max-pooling of non-overlapping windows beside a ReLU, in either order
 /// (they commute), is piecewise linear on the structured route: the
 /// argmax switches are kinks of the ReLU's site. A module laid out like
@@ -287,8 +302,7 @@ NetworkOptions pooled_cnn_options(const std::string& spec) {
 /// same switches. A max-pool whose windows overlap, or with no ReLU beside
 /// it, keeps the adaptive rule.
 TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
-  const auto options = pooled_cnn_options;
-  Network own = engine_network(options("cnn:4,6"));
+  Network own = engine_network(pooled_cnn_options("cnn:4,6"));
   SegmentEvaluator oev(own);
   torch::manual_seed(17);
   const int64_t P = parameter_count(own);
@@ -321,7 +335,7 @@ TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
     specs.push_back("torchscript:" + path);
   }
   for (const std::string& spec : specs) {
-    Network net = engine_network(options(spec));
+    Network net = engine_network(pooled_cnn_options(spec));
     ASSERT_EQ(parameter_count(net), P) << spec;
     SegmentEvaluator ev(net);
     ASSERT_EQ(ev.route(), "structured") << spec << ": " << ev.route_reason();
@@ -350,18 +364,12 @@ TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
     const auto sites = net->forward_with_sites(x.narrow(0, 0, 1)).second;
     ASSERT_EQ(sites.size(), 2u) << spec;
     EXPECT_EQ(sites[1].sizes(), torch::IntArrayRef({1, 6, 4, 4})) << spec;
-    SegmentEvaluator gev(net, ModuleRoute::Generic);
-    gev.set_segment(w, dw);
-    const QuadratureOptions adaptive;
-    const TestFeatures g = test_features(gev, x, adaptive);
-    EXPECT_LE(g.certificate_gap, 1e-13) << spec;
-    EXPECT_LE(max_rel(dense_features(gev, g), dense_features(oev, of)), 1e-12) << spec;
-    EXPECT_LE(g.evaluations, adaptive.gauss_nodes * (g.kinks + 3)) << spec << ": " << g.kinks << " kinks";
+    expect_generic_route_agrees(net, w, dw, x, dense_features(oev, of), spec);
   }
   for (const std::string spec : {"layers:conv(4,3,padding=1),relu,maxpool(3,2)",
                                  "layers:conv(4,3,padding=1),maxpool(2),tanh",
                                  "layers:conv(4,3,padding=1),maxpool(2)"}) {
-    Network net = engine_network(options(spec));
+    Network net = engine_network(pooled_cnn_options(spec));
     SegmentEvaluator ev(net);
     ASSERT_EQ(ev.route(), "structured") << spec << ": " << ev.route_reason();
     EXPECT_EQ(ev.polynomial_degree(), 0) << spec;
@@ -379,13 +387,12 @@ TEST(TorchScript, MaxPoolingBesideAReLUIsPiecewiseLinear) {
 /// of 0 is a ReLU; a negative slope does not commute with a pool, which is
 /// then not fused (the adaptive rule).
 TEST(TorchScript, MaxPoolingBesideALeakyReLUIsPiecewiseLinear) {
-  const auto options = pooled_cnn_options;
   const std::string leaky_cnn =
       "layers:conv(4,3,padding=1),leakyrelu(0.1),maxpool(2),conv(6,3,padding=1),maxpool(2),leakyrelu(0.3)";
   for (const std::string& spec : {leaky_cnn, std::string("layers:conv(4,3,padding=1),leakyrelu(0),maxpool(2),"
                                                          "conv(6,3,padding=1),leakyrelu(0.5),maxpool(2)")}) {
     const bool first_leaky = spec == leaky_cnn;
-    Network net = engine_network(options(spec));
+    Network net = engine_network(pooled_cnn_options(spec));
     SegmentEvaluator ev(net);
     ASSERT_EQ(ev.route(), "structured") << spec << ": " << ev.route_reason();
     EXPECT_EQ(ev.polynomial_degree(), 3) << spec;
@@ -408,15 +415,9 @@ TEST(TorchScript, MaxPoolingBesideALeakyReLUIsPiecewiseLinear) {
     EXPECT_LE(f.certificate_gap, 1e-13) << spec;
     EXPECT_GT(f.kinks, 0) << spec;
     EXPECT_EQ(f.evaluations % 2, 0) << spec;
-    SegmentEvaluator gev(net, ModuleRoute::Generic);
-    gev.set_segment(w_low, dw);
-    const QuadratureOptions adaptive;
-    const TestFeatures g = test_features(gev, x, adaptive);
-    EXPECT_LE(g.certificate_gap, 1e-13) << spec;
-    EXPECT_LE(max_rel(dense_features(gev, g), dense_features(ev, f)), 1e-12) << spec;
-    EXPECT_LE(g.evaluations, adaptive.gauss_nodes * (g.kinks + 3)) << spec << ": " << g.kinks << " kinks";
+    expect_generic_route_agrees(net, w_low, dw, x, dense_features(ev, f), spec);
   }
-  Network net = engine_network(options("layers:conv(4,3,padding=1),leakyrelu(-0.2),maxpool(2)"));
+  Network net = engine_network(pooled_cnn_options("layers:conv(4,3,padding=1),leakyrelu(-0.2),maxpool(2)"));
   SegmentEvaluator ev(net);
   EXPECT_EQ(ev.polynomial_degree(), 0);
   EXPECT_EQ(net->kink_site_windows(), std::vector<int64_t>({0}));
