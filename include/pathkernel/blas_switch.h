@@ -19,6 +19,8 @@
 // are opened and closed between the steps of a walk, and work a walk hands
 // to another thread that may outlast a step (the reverse walk's training
 // side formed ahead) holds a BlasKernelsHeld, for which a switch waits.
+// OpenBLAS's thread count is the process's too: a replayed step that sets
+// the run's count keeps such work out meanwhile (BlasAlone).
 #pragma once
 
 #include <string>
@@ -59,6 +61,21 @@ class BlasKernelsHeld {
   ~BlasKernelsHeld();
   BlasKernelsHeld(const BlasKernelsHeld&) = delete;
   BlasKernelsHeld& operator=(const BlasKernelsHeld&) = delete;
+};
+
+/// For its scope, no work handed on to another thread calls the BLAS: made
+/// once no BlasKernelsHeld is left, and a new one waits until the scope
+/// ends. For a replayed step that runs OpenBLAS at the run's thread count,
+/// which is the process's: work on another thread would run on that count,
+/// or set its own back in the middle of the step (a user CNN's replay in
+/// turn with a reverse walk drifted at one of its ten checkpoints, another
+/// each run). The scope's own thread must not make a BlasKernelsHeld.
+class BlasAlone {
+ public:
+  BlasAlone();
+  ~BlasAlone();
+  BlasAlone(const BlasAlone&) = delete;
+  BlasAlone& operator=(const BlasAlone&) = delete;
 };
 
 /// The BlasKernelsHeld alive now (for tests).

@@ -252,6 +252,12 @@ class PathReader {
   /// reverse() with the replay in turn with fn, of segments 0 .. segments-1
   /// (the last first).
   void reverse_in_turn(const std::function<void(const PathStep&)>& fn, size_t segments);
+  /// The OpenBLAS threads the run's steps ran with: the recorded count, or
+  /// the run's threads where none was recorded.
+  int run_blas_threads() const {
+    return static_cast<int>(manifest_.environment.blas_threads > 0 ? manifest_.environment.blas_threads
+                                                                    : manifest_.threads);
+  }
   /// Whether a replay ahead runs on one thread a run trained on several.
   bool replays_on_one_thread() const { return manifest_.threads > 1 && !manifest_.recorded; }
   /// Whether one thread reproduces the run's shortest segment bit for bit

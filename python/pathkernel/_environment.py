@@ -2,7 +2,7 @@
 describes it (the C++ side: src/core/environment.cpp)."""
 import ctypes
 import re
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -44,31 +44,44 @@ def libtorch_version() -> str:
     return m.group(0) if m else torch.__version__
 
 
-def openblas() -> Tuple[str, str]:
-    """The OpenBLAS this process loaded (torch's BLAS), as the C++ side names
-    it: its configuration and the kernels it picked for this CPU (what
-    OPENBLAS_CORETYPE names), or ("", "") when no OpenBLAS is loaded. A run
-    is replayed with the kernels it was recorded with: kernels differ in
-    their rounding (include/pathkernel/blas_kernels.h)."""
+def _openblas_library() -> Optional[ctypes.CDLL]:
+    """The OpenBLAS this process loaded (torch's BLAS), or None."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "openblas" in line and ".so" in line}
     except OSError:
-        return "", ""
+        return None
     for path in sorted(paths):
         try:
             lib = ctypes.CDLL(path)  # the library already loaded: no second copy
             lib.openblas_get_config.restype = ctypes.c_char_p
             lib.openblas_get_corename.restype = ctypes.c_char_p
-            return lib.openblas_get_config().decode().strip(), lib.openblas_get_corename().decode().strip()
+            lib.openblas_get_num_threads.restype = ctypes.c_int
+            return lib
         except (OSError, AttributeError):
             continue
-    return "", ""
+    return None
+
+
+def openblas() -> Tuple[str, str, int]:
+    """The OpenBLAS this process loaded (torch's BLAS), as the C++ side names
+    it: its configuration, the kernels it picked for this CPU (what
+    OPENBLAS_CORETYPE names) and its thread count, or ("", "", 0) when no
+    OpenBLAS is loaded. A run is replayed with the kernels and threads it was
+    recorded with: kernels differ in their rounding
+    (include/pathkernel/blas_kernels.h), and a product split over more
+    threads may add in another order. OpenBLAS's threads are its own:
+    torch.set_num_threads does not set them."""
+    lib = _openblas_library()
+    if lib is None:
+        return "", "", 0
+    return (lib.openblas_get_config().decode().strip(), lib.openblas_get_corename().decode().strip(),
+            int(lib.openblas_get_num_threads()))
 
 
 def environment() -> Environment:
     """This process's environment, its intra-op threads as they are now."""
-    blas, kernels = openblas()
+    blas, kernels, blas_threads = openblas()
     return Environment(cpu=cpu_model(), cpu_capability=torch_config_value("CPU capability usage:"),
                        libtorch=libtorch_version(), threads=torch.get_num_threads(), blas=blas,
-                       blas_kernels=kernels)
+                       blas_kernels=kernels, blas_threads=blas_threads)

@@ -289,17 +289,24 @@ class Environment:
     threads: int
     blas: str = ""
     blas_kernels: str = ""
+    # OpenBLAS's own thread count, which torch.set_num_threads leaves alone;
+    # 0: not recorded (the same as threads, as in the engine's own runs).
+    blas_threads: int = 0
 
     def to_json(self) -> JsonObject:
-        return {"cpu": self.cpu, "cpu_capability": self.cpu_capability, "blas": self.blas,
-                "blas_kernels": self.blas_kernels, "libtorch": self.libtorch, "threads": self.threads}
+        out: JsonObject = {"cpu": self.cpu, "cpu_capability": self.cpu_capability, "blas": self.blas,
+                           "blas_kernels": self.blas_kernels, "libtorch": self.libtorch, "threads": self.threads}
+        if self.blas_threads > 0:
+            out["blas_threads"] = self.blas_threads
+        return out
 
     @classmethod
     def from_json(cls, j: Any) -> "Environment":
         def get(key: str, kind: JsonType) -> Any:
             return field(j, key, "environment", kind)
         return cls(cpu=get("cpu", str), cpu_capability=get("cpu_capability", str), libtorch=get("libtorch", str),
-                   threads=get("threads", int), blas=get("blas", str), blas_kernels=get("blas_kernels", str))
+                   threads=get("threads", int), blas=get("blas", str), blas_kernels=get("blas_kernels", str),
+                   blas_threads=get("blas_threads", int) if "blas_threads" in j else 0)
 
 
 @dataclass

@@ -61,11 +61,13 @@ class CoretypeVariable {
   std::string old_;
 };
 
-/// The BlasKernelsHeld alive, and what a switch waits on.
+/// The BlasKernelsHeld alive, whether a BlasAlone scope is open, and what
+/// a switch, a BlasAlone and a new holder wait on.
 struct HeldKernels {
   std::mutex mutex;
-  std::condition_variable none_left;
+  std::condition_variable changed;
   int held = 0;
+  bool alone = false;
 
   static HeldKernels& get() {
     static HeldKernels h;
@@ -78,7 +80,7 @@ struct HeldKernels {
 void load_kernels(const DynamicArch& d, const std::string& name) {
   HeldKernels& h = HeldKernels::get();
   std::unique_lock<std::mutex> lock(h.mutex);
-  h.none_left.wait(lock, [&] { return h.held == 0; });
+  h.changed.wait(lock, [&] { return h.held == 0; });
   CoretypeVariable variable(name);
   d.quit();
   d.init();
@@ -88,7 +90,8 @@ void load_kernels(const DynamicArch& d, const std::string& name) {
 
 BlasKernelsHeld::BlasKernelsHeld() {
   HeldKernels& h = HeldKernels::get();
-  const std::lock_guard<std::mutex> lock(h.mutex);
+  std::unique_lock<std::mutex> lock(h.mutex);
+  h.changed.wait(lock, [&] { return !h.alone; });
   ++h.held;
 }
 
@@ -98,7 +101,23 @@ BlasKernelsHeld::~BlasKernelsHeld() {
     const std::lock_guard<std::mutex> lock(h.mutex);
     --h.held;
   }
-  h.none_left.notify_all();
+  h.changed.notify_all();
+}
+
+BlasAlone::BlasAlone() {
+  HeldKernels& h = HeldKernels::get();
+  std::unique_lock<std::mutex> lock(h.mutex);
+  h.changed.wait(lock, [&] { return h.held == 0 && !h.alone; });
+  h.alone = true;
+}
+
+BlasAlone::~BlasAlone() {
+  HeldKernels& h = HeldKernels::get();
+  {
+    const std::lock_guard<std::mutex> lock(h.mutex);
+    h.alone = false;
+  }
+  h.changed.notify_all();
 }
 
 int blas_kernels_held() {

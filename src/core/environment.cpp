@@ -74,8 +74,10 @@ ReplayEnvironment ReplayEnvironment::current(int64_t threads) {
 }
 
 nlohmann::ordered_json ReplayEnvironment::to_json() const {
-  return nlohmann::ordered_json{{"cpu", cpu},   {"cpu_capability", cpu_capability}, {"blas", blas},
-                                {"blas_kernels", blas_kernels}, {"libtorch", libtorch}, {"threads", threads}};
+  nlohmann::ordered_json j{{"cpu", cpu},   {"cpu_capability", cpu_capability}, {"blas", blas},
+                           {"blas_kernels", blas_kernels}, {"libtorch", libtorch}, {"threads", threads}};
+  if (blas_threads > 0) j["blas_threads"] = blas_threads;
+  return j;
 }
 
 ReplayEnvironment ReplayEnvironment::from_json(const nlohmann::ordered_json& j) {
@@ -96,6 +98,12 @@ ReplayEnvironment ReplayEnvironment::from_json(const nlohmann::ordered_json& j) 
   auto it = j.find("threads");
   PK_CHECK(it != j.end(), "manifest: environment.threads is missing");
   e.threads = json_number<int64_t>(*it, "manifest: environment.threads");
+  it = j.find("blas_threads");
+  if (it != j.end()) {
+    e.blas_threads = json_number<int64_t>(*it, "manifest: environment.blas_threads");
+    PK_CHECK(e.blas_threads >= 1 && e.blas_threads <= 4096,
+             "manifest: environment.blas_threads is " << e.blas_threads << ", expected 1 to 4096");
+  }
   return e;
 }
 

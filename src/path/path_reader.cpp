@@ -204,9 +204,18 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     LayerTrace trace;
     if (capture_) net_->set_trace(&trace);
     {
-      // The run's thread count for the step's arithmetic only: the caller's
-      // work on the step (fn) runs with the caller's.
+      // The run's thread counts for the step's arithmetic only: the caller's
+      // work on the step (fn) runs with the caller's. A loop's OpenBLAS may
+      // have run on other threads than its torch (a replay at torch's count
+      // reproduced 0 of 8 replayed checkpoints of a user's CNN, all 8 at
+      // OpenBLAS's own).
+      // OpenBLAS's count is the process's: work the caller handed to another
+      // thread waits (a replay on several threads is never ahead).
+      std::optional<BlasAlone> alone;
+      if (replay_threads_ == 0 && run_blas_threads() > 1) alone.emplace();
       OpenMpThreads threads(replay_threads_ > 0 ? replay_threads_ : static_cast<int>(manifest_.threads));
+      std::optional<BlasThreads> blas;
+      if (replay_threads_ == 0 && run_blas_threads() != manifest_.threads) blas.emplace(run_blas_threads());
       StepBatch batch{idx.defined() ? xt.index_select(0, idx) : xt, idx.defined() ? yt.index_select(0, idx) : yt,
                       loss_weights(idx), s, manifest_.learning_rates[s]};
       batch.clip = clip;
@@ -394,7 +403,7 @@ bool PathReader::replays_ahead() {
   // process's too. The replay's thread is one more than the caller's: not
   // for a caller of one thread (--threads 1 keeps to one).
   if (!ahead_ || current_threads() < 2 || !engine_blas_kernels().empty()) return false;
-  if (manifest_.threads == 1 || stores_every_step()) return true;
+  if ((manifest_.threads == 1 && run_blas_threads() == 1) || stores_every_step()) return true;
   return replays_on_one_thread() && one_thread_reproduces();
 }
 

@@ -112,5 +112,34 @@ TEST_F(BlasSwitch, WaitsForWorkHoldingTheKernels) {
   EXPECT_TRUE(same_name(active_blas_kernels(), best_)) << active_blas_kernels();
 }
 
+TEST(BlasAlone, WaitsForWorkHandedOnAndKeepsNewWorkOut) {
+  // A replayed step that sets OpenBLAS's thread count (the process's) starts
+  // once the work handed to other threads has let the BLAS go, and work
+  // handed on meanwhile waits until the step is done.
+  auto held = std::make_unique<BlasKernelsHeld>();
+  std::atomic<bool> alone{false}, step_done{false};
+  std::thread step([&] {
+    const BlasAlone scope;
+    alone = true;
+    while (!step_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(alone.load()) << "the step began while work handed on held the BLAS";
+  held.reset();
+  while (!alone.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::atomic<bool> handed{false};
+  std::thread work([&] {
+    const BlasKernelsHeld h;
+    handed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(handed.load()) << "work was handed on in the middle of the step";
+  step_done = true;
+  step.join();
+  work.join();
+  EXPECT_TRUE(handed.load());
+  EXPECT_EQ(blas_kernels_held(), 0);
+}
+
 }  // namespace
 }  // namespace pathkernel

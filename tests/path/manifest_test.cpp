@@ -171,6 +171,7 @@ TEST(HostileRun, NumbersTheirFieldsCannotHoldAreRefusedWithAClearError) {
        "field 'learning_rates' of the manifest element must be a number, got \"fast\""},
       {[](ojson& j) { j["checkpoints"][0]["crc32"] = 4294967296.0; },
        "field 'crc32' of checkpoint 0 must be a whole number"},
+      {[](ojson& j) { j["environment"]["blas_threads"] = 0; }, "environment.blas_threads is 0, expected 1 to 4096"},
   };
   for (const auto& [corrupt, expected] : cases) {
     ojson j = ojson::parse(read_file(source + "/manifest.json"));
@@ -250,6 +251,21 @@ namespace {
 
 // The training data's CRC is the CRC of the inputs' bytes followed by the
 // labels' (what every run's manifest records), computed without a copy.
+// A loop's OpenBLAS threads (which torch's count does not set) are kept
+// where a recorder wrote them; the engine's own runs set both counts and
+// write none.
+TEST(Manifest, OpenBlasThreadsOfALoopAreKept) {
+  TempDir dir("blas_threads");
+  const std::string run = train_source(dir);
+  Manifest m = Manifest::load(run);
+  EXPECT_EQ(m.environment.blas_threads, 0);
+  EXPECT_EQ(read_file(run + "/manifest.json").find("blas_threads"), std::string::npos);
+  m.environment.blas_threads = 2;
+  m.save(run);
+  EXPECT_EQ(Manifest::load(run).environment.blas_threads, 2);
+  EXPECT_EQ(Manifest::load(run).to_json()["environment"]["blas_threads"], 2);
+}
+
 TEST(Manifest, TrainingDataCrcIsTheCrcOfInputsThenLabels) {
   torch::manual_seed(0);
   const torch::Tensor x = torch::randn({7, 3, 2}, torch::kFloat64), y = torch::randint(0, 4, {7}, torch::kLong);

@@ -8,7 +8,9 @@ import json
 import os
 import zlib
 
-from _helpers import F, Recorder, TempDirTest, batches, blobs, cli, clip_grad_norm_, mlp, need_binary, np, torch
+from _helpers import MLP, F, Recorder, TempDirTest, batches, blobs, cli, clip_grad_norm_, mlp, need_binary, np, torch
+
+from pathkernel._environment import _openblas_library
 
 MAX_REL_ERROR = 1e-12
 
@@ -105,6 +107,41 @@ class CompactRecordings(TempDirTest):
         j = self.verify(run)
         self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR)
         self.assertNotIn("replay_drift", j)
+
+    def test_a_loop_whose_openblas_ran_on_more_threads_than_torch_replays_bit_for_bit(self):
+        """torch.set_num_threads leaves OpenBLAS's own thread count alone, and
+        a float32 product split over two threads may add in another order
+        than on one: the recorder records OpenBLAS's count, and the replay
+        runs OpenBLAS at it (at torch's count, none of this run's replayed
+        checkpoints was reproduced on an AMD EPYC)."""
+        lib = _openblas_library()
+        if lib is None:
+            self.skipTest("torch does not run on OpenBLAS here")
+        torch_threads, blas_threads = torch.get_num_threads(), lib.openblas_get_num_threads()
+        run = self.path("blas-threads")
+        torch.set_num_threads(1)
+        lib.openblas_set_num_threads(2)
+        try:
+            x, y = blobs(256, d=100, k=10, dtype=torch.float32)
+            xt, yt = blobs(12, d=100, k=10, seed=5, dtype=torch.float32)
+            torch.manual_seed(0)
+            model = MLP(d=100, h=100, k=10).float()
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            with Recorder(run, model, opt, x, y, test_x=xt, test_y=yt, expected_steps=16) as rec:
+                for idx in batches(256, 64, 16):
+                    opt.zero_grad()
+                    F.cross_entropy(model(x[idx]), y[idx]).backward()
+                    opt.step()
+                    rec.step(idx)
+        finally:
+            torch.set_num_threads(torch_threads)
+            lib.openblas_set_num_threads(blas_threads)
+        environment = manifest(run)["environment"]
+        self.assertEqual((environment["threads"], environment["blas_threads"]), (1, 2), environment)
+        j = self.verify(run)
+        drift = j["replay_drift"]
+        self.assertEqual(drift["bit_for_bit"], drift["checkpoints"], drift)
+        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, j)
 
     def test_drift_is_reported_at_its_checkpoint(self):
         """A checkpoint the replay does not reproduce (here: changed after

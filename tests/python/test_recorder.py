@@ -10,6 +10,7 @@ from _helpers import (F, MLP, Recorder, TempDirTest, batches, blobs, cli, cli_js
 
 import pathkernel
 from pathkernel.record import RecorderError
+from pathkernel._environment import _openblas_library
 
 
 def record_loop(directory, model, opt, x, y, steps=12, b=10, sched=None, clip=None, loss="cross_entropy",
@@ -126,6 +127,9 @@ class RecordedRunFormat(TempDirTest):
         self.assertEqual(data["train_crc32"], zlib.crc32(y.tobytes(), zlib.crc32(x.tobytes())))
         for key in ("cpu", "cpu_capability", "blas", "blas_kernels", "libtorch", "threads"):
             self.assertIn(key, m["environment"])
+        lib = _openblas_library()
+        if lib is not None:  # OpenBLAS's own count, which torch's does not set
+            self.assertEqual(m["environment"]["blas_threads"], lib.openblas_get_num_threads())
         self.assertEqual(m["summary"]["test_accuracy"], None)
         # The module's initial weights are w_0.
         module = torch.jit.load(os.path.join(d, "model.pt"))
