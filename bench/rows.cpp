@@ -537,7 +537,7 @@ double test_side_gflop(const CommandRun& verify) {
 /// The user CNN (scripts/measure_compact_recording.py: two 3x3
 /// convolutions, 105,866 parameters, Adam, float32, Fashion-MNIST) trained
 /// and recorded by its own Python loop for one epoch (468 steps, on one
-/// thread, as the loop was measured), then verified on 1 and on 8 test
+/// thread, torch's and OpenBLAS's, as the loop was measured), then verified on 1 and on 8 test
 /// points on two threads; the floor at two threads' dgemm speed.
 json row_user_cnn(const BenchConfig& c) {
   const int64_t steps = c.quick ? 3 : 468, threads = 2;

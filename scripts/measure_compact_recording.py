@@ -43,7 +43,8 @@ import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python"))
-from pathkernel.record import Recorder  # noqa: E402
+from pathkernel.record import Recorder, set_threads  # noqa: E402
+from pathkernel._environment import _openblas_library as openblas_library  # noqa: E402
 
 DATA = "/usr/share/datasets/fashion-mnist"
 
@@ -146,10 +147,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="timings: the minimum over this many loops each")
     ap.add_argument("--verify-test", type=int, default=0, help="run verify on this many test points (0: skip)")
     ap.add_argument("--json", default="", help="also write the figures to this file")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads of the loop (default: torch's own)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="the loop's threads, torch's and OpenBLAS's (default: torch's own and OpenBLAS's own)")
+    ap.add_argument("--blas-threads", type=int, default=0,
+                    help="OpenBLAS's threads of the loop where they differ from --threads (as torch.set_num_threads "
+                         "alone leaves them)")
     a = ap.parse_args()
     if a.threads > 0:
-        torch.set_num_threads(a.threads)
+        set_threads(a.threads)
+    if a.blas_threads > 0:
+        openblas_library().openblas_set_num_threads(a.blas_threads)
     x, y, xt, yt = fashion_mnist()
     tmp = tempfile.mkdtemp(prefix="pk-cnn-")
     run = a.run or os.path.join(tmp, "run")

@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 from measure_compact_recording import fashion_mnist, sampler  # noqa: E402
-from pathkernel.record import Recorder  # noqa: E402
+from pathkernel.record import Recorder, set_threads  # noqa: E402
 
 
 class Base(nn.Module):
@@ -160,7 +160,7 @@ def main() -> None:
     ap.add_argument("--json", default="", help="also write the lines to this file")
     ap.add_argument("--keep", default="", help="record the runs into this directory and keep them")
     a = ap.parse_args()
-    torch.set_num_threads(1)
+    set_threads(1)  # torch's and OpenBLAS's: the replay runs ahead, bit for bit
     x, y, xt, yt = fashion_mnist()
     x, y = x[:a.train].contiguous(), y[:a.train].contiguous()
     lines, first = [], None

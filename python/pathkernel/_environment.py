@@ -79,6 +79,16 @@ def openblas() -> Tuple[str, str, int]:
             int(lib.openblas_get_num_threads()))
 
 
+def set_threads(n: int) -> None:
+    """Sets torch's and OpenBLAS's thread counts to n (record.set_threads)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"set_threads: n is {n!r}, expected a whole number >= 1")
+    torch.set_num_threads(n)
+    lib = _openblas_library()
+    if lib is not None:
+        lib.openblas_set_num_threads(n)
+
+
 def environment() -> Environment:
     """This process's environment, its intra-op threads as they are now."""
     blas, kernels, blas_threads = openblas()

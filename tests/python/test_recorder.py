@@ -136,6 +136,25 @@ class RecordedRunFormat(TempDirTest):
         w0 = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy()
         self.assertTrue(np.array_equal(w0, pathkernel.read_run(d).weights(0)))
 
+    def test_set_threads_sets_torch_and_openblas(self):
+        from pathkernel.record import set_threads
+        lib = _openblas_library()
+        torch_threads = torch.get_num_threads()
+        blas_threads = lib.openblas_get_num_threads() if lib is not None else 0
+        try:
+            for n in (1, 2):
+                set_threads(n)
+                self.assertEqual(torch.get_num_threads(), n)
+                if lib is not None:
+                    self.assertEqual(lib.openblas_get_num_threads(), n)
+            for bad in (0, -1, 1.5, "2", True):
+                with self.assertRaisesRegex(ValueError, "set_threads: n is .*, expected a whole number >= 1"):
+                    set_threads(bad)
+        finally:
+            torch.set_num_threads(torch_threads)
+            if lib is not None:
+                lib.openblas_set_num_threads(blas_threads)
+
     def test_manifest_round_trips_through_the_schema(self):
         # manifest.json -> pathkernel._manifest.Manifest -> the same bytes.
         from pathkernel._files import json_text
