@@ -192,7 +192,7 @@ class PathReader {
   /// own), with OpenBLAS's kernels not switched between the replay and the
   /// caller (blas_switch.h), OpenBLAS's count, the process's, held at one
   /// for both while they run. So the replay runs on one thread: a run
-  /// trained on one, or one that stores every step (nothing replayed),
+  /// trained on one (torch's and OpenBLAS's), or one that stores every step (nothing replayed),
   /// always; a run trained on several (not a recorded loop's, whose replay
   /// rejoins its checkpoints) when one thread reproduces its shortest
   /// segment bit for bit, checked once. Every checkpoint is still compared:
@@ -207,6 +207,9 @@ class PathReader {
   /// the run and the caller's threads allow it). For a run of several
   /// threads, the first call replays its shortest segment on one thread.
   bool replays_ahead();
+  /// Why the last forward() or reverse() replayed in turn with fn, not
+  /// ahead: empty when it replayed ahead (or nothing was replayed yet).
+  const std::string& replay_in_turn_reason() const { return in_turn_reason_; }
   /// Whether step s, handed on by the forward() in progress, is known to be
   /// the run's: false only while a run of several threads is replayed ahead
   /// on one and s's checkpoint segment is not compared yet. Progress a
@@ -258,6 +261,9 @@ class PathReader {
     return static_cast<int>(manifest_.environment.blas_threads > 0 ? manifest_.environment.blas_threads
                                                                     : manifest_.threads);
   }
+  /// Why forward() and reverse() would replay in turn: empty when they
+  /// replay ahead (replays_ahead).
+  std::string in_turn_reason();
   /// Whether a replay ahead runs on one thread a run trained on several.
   bool replays_on_one_thread() const { return manifest_.threads > 1 && !manifest_.recorded; }
   /// Whether one thread reproduces the run's shortest segment bit for bit
@@ -296,6 +302,7 @@ class PathReader {
   std::function<void(PathStep&)> capture_finish_;
   bool ahead_ = false;
   double ahead_seconds_ = 0;
+  std::string in_turn_reason_;  ///< replay_in_turn_reason
   int replay_threads_ = 0;  ///< the replay's OpenMP count: the run's (0), or one (replays_on_one_thread)
   std::optional<bool> one_thread_reproduces_;
   bool forward_on_one_thread_ = false;  ///< a forward() replaying a run of several threads on one, ahead

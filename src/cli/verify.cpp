@@ -153,6 +153,8 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                         {"max_rel_error", s.max_rel_error},
                         {"error_bound", s.worst_point_error_bound}};
     if (!route.reason.empty()) j["route_reason"] = route.reason;
+    // Why the path was replayed between the walk's steps, not beside them.
+    if (!reader.replay_in_turn_reason().empty()) j["replay_in_turn_reason"] = reader.replay_in_turn_reason();
     j["arithmetic"] = arithmetic_json(reader, options, x, d);
     if (reader.manifest().sequence_length > 0) {  // the position whose outputs were decomposed
       j["position"] = resolve_position(options.position, reader.manifest().sequence_length);

@@ -396,15 +396,35 @@ class OneThreadReplay {
 }  // namespace
 
 bool PathReader::replays_ahead() {
+  in_turn_reason_ = in_turn_reason();
+  return in_turn_reason_.empty();
+}
+
+std::string PathReader::in_turn_reason() {
   // A replay's BLAS count is the process's: it and the caller's stay at one
   // while it runs ahead (held at two for a run of two, the caller's groups
   // shared OpenBLAS's threads with the replay: the README CNN's verify
   // --test 10 took 18.8 s against 9.0 in turn). Switched kernels are the
   // process's too. The replay's thread is one more than the caller's: not
   // for a caller of one thread (--threads 1 keeps to one).
-  if (!ahead_ || current_threads() < 2 || !engine_blas_kernels().empty()) return false;
-  if ((manifest_.threads == 1 && run_blas_threads() == 1) || stores_every_step()) return true;
-  return replays_on_one_thread() && one_thread_reproduces();
+  if (!ahead_) return "asked for (--replay in-turn)";
+  if (current_threads() < 2) return "one thread (--threads 1): a replay ahead takes a second";
+  const std::string engine = engine_blas_kernels();
+  if (!engine.empty()) {
+    return "the replay runs OpenBLAS's " + active_blas_kernels() + " kernels, the run's, and the engine its " + engine +
+           " ones: the two cannot run at once";
+  }
+  if ((manifest_.threads == 1 && run_blas_threads() == 1) || stores_every_step()) return "";
+  if (replays_on_one_thread() && one_thread_reproduces()) return "";
+  const std::string counts = std::to_string(manifest_.threads) + " torch thread(s) and " +
+                             std::to_string(run_blas_threads()) + " OpenBLAS thread(s)";
+  if (manifest_.recorded) {
+    return "the loop ran on " + counts + ", and a replay ahead runs on one of each; a loop that calls "
+           "pathkernel.record.set_threads(1) first (torch.set_num_threads(1) leaves OpenBLAS's count) replays ahead";
+  }
+  if (!replays_on_one_thread()) return "the run was trained on " + counts + ", and a replay ahead runs on one of each";
+  return "the run was trained on " + counts + ", and one thread does not reproduce its shortest checkpoint segment "
+         "bit for bit";
 }
 
 bool PathReader::one_thread_reproduces() {

@@ -105,8 +105,13 @@ TEST(ReplayAhead, ACallerOfOneThreadReplaysInTurn) {
   reader.set_replay_ahead(true);
   ThreadScope one(1);
   EXPECT_FALSE(reader.replays_ahead());
+  EXPECT_CONTAINS(reader.replay_in_turn_reason(), "one thread (--threads 1)");
   ThreadScope two(2);
   EXPECT_TRUE(reader.replays_ahead());
+  EXPECT_EQ(reader.replay_in_turn_reason(), "");
+  reader.set_replay_ahead(false);
+  EXPECT_FALSE(reader.replays_ahead());
+  EXPECT_EQ(reader.replay_in_turn_reason(), "asked for (--replay in-turn)");
 }
 
 /// A run of 10 steps, checkpoints at 0, 3, 6, 9 and 10 (its shortest
@@ -146,6 +151,9 @@ TEST(ReplayAhead, ARunOfTwoThreadsThatOneDoesNotReproduceReplaysInTurn) {
   reader.set_replay_ahead(true);
   ThreadScope two(2);
   EXPECT_FALSE(reader.replays_ahead());
+  EXPECT_EQ(reader.replay_in_turn_reason(),
+            "the run was trained on 2 torch thread(s) and 2 OpenBLAS thread(s), and one thread does not reproduce "
+            "its shortest checkpoint segment bit for bit");
   int64_t seen = 0;
   reader.forward([&](const PathStep&) { ++seen; });
   EXPECT_EQ(seen, 10);

@@ -113,35 +113,48 @@ class CompactRecordings(TempDirTest):
         a float32 product split over two threads may add in another order
         than on one: the recorder records OpenBLAS's count, and the replay
         runs OpenBLAS at it (at torch's count, none of this run's replayed
-        checkpoints was reproduced on an AMD EPYC)."""
+        checkpoints was reproduced on an AMD EPYC), in turn with the walk;
+        a loop after set_threads(1), one thread of each, replays ahead."""
+        from pathkernel.record import set_threads
         lib = _openblas_library()
         if lib is None:
             self.skipTest("torch does not run on OpenBLAS here")
         torch_threads, blas_threads = torch.get_num_threads(), lib.openblas_get_num_threads()
-        run = self.path("blas-threads")
-        torch.set_num_threads(1)
-        lib.openblas_set_num_threads(2)
-        try:
-            x, y = blobs(256, d=100, k=10, dtype=torch.float32)
-            xt, yt = blobs(12, d=100, k=10, seed=5, dtype=torch.float32)
-            torch.manual_seed(0)
-            model = MLP(d=100, h=100, k=10).float()
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-            with Recorder(run, model, opt, x, y, test_x=xt, test_y=yt, expected_steps=16) as rec:
-                for idx in batches(256, 64, 16):
-                    opt.zero_grad()
-                    F.cross_entropy(model(x[idx]), y[idx]).backward()
-                    opt.step()
-                    rec.step(idx)
-        finally:
-            torch.set_num_threads(torch_threads)
-            lib.openblas_set_num_threads(blas_threads)
-        environment = manifest(run)["environment"]
-        self.assertEqual((environment["threads"], environment["blas_threads"]), (1, 2), environment)
-        j = self.verify(run)
-        drift = j["replay_drift"]
-        self.assertEqual(drift["bit_for_bit"], drift["checkpoints"], drift)
-        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, j)
+        x, y = blobs(256, d=100, k=10, dtype=torch.float32)
+        xt, yt = blobs(12, d=100, k=10, seed=5, dtype=torch.float32)
+
+        def loop(run, blas):
+            set_threads(1)
+            lib.openblas_set_num_threads(blas)
+            try:
+                torch.manual_seed(0)
+                model = MLP(d=100, h=100, k=10).float()
+                opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+                with Recorder(run, model, opt, x, y, test_x=xt, test_y=yt, expected_steps=16) as rec:
+                    for idx in batches(256, 64, 16):
+                        opt.zero_grad()
+                        F.cross_entropy(model(x[idx]), y[idx]).backward()
+                        opt.step()
+                        rec.step(idx)
+            finally:
+                torch.set_num_threads(torch_threads)
+                lib.openblas_set_num_threads(blas_threads)
+            environment = manifest(run)["environment"]
+            self.assertEqual((environment["threads"], environment["blas_threads"]), (1, blas), environment)
+            rc, out, err = cli(["--quiet", "--json", "--threads", "2", "verify", run, "--test", "3"], cwd=self.tmp)
+            self.assertEqual(rc, 0, "verify failed:\n%s\n%s" % (out, err[-3000:]))
+            j = json.loads(out[out.find("{"):])
+            drift = j["replay_drift"]
+            self.assertEqual(drift["bit_for_bit"], drift["checkpoints"], drift)
+            self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, j)
+            return j
+
+        in_turn = loop(self.path("blas-threads-2"), 2)
+        self.assertIn("the loop ran on 1 torch thread(s) and 2 OpenBLAS thread(s)", in_turn["replay_in_turn_reason"])
+        self.assertEqual(in_turn["seconds_by_part"]["replay_ahead"], 0)
+        ahead = loop(self.path("blas-threads-1"), 1)
+        self.assertNotIn("replay_in_turn_reason", ahead)
+        self.assertGreater(ahead["seconds_by_part"]["replay_ahead"], 0)
 
     def test_drift_is_reported_at_its_checkpoint(self):
         """A checkpoint the replay does not reproduce (here: changed after
