@@ -303,6 +303,7 @@ class PathReader {
   bool ahead_ = false;
   double ahead_seconds_ = 0;
   std::string in_turn_reason_;  ///< replay_in_turn_reason
+  std::string one_thread_differed_;  ///< where a forward walk ahead on one thread met a segment it did not reproduce
   int replay_threads_ = 0;  ///< the replay's OpenMP count: the run's (0), or one (replays_on_one_thread)
   std::optional<bool> one_thread_reproduces_;
   bool forward_on_one_thread_ = false;  ///< a forward() replaying a run of several threads on one, ahead

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -25,6 +26,27 @@ namespace pathkernel {
 namespace fs = std::filesystem;
 
 namespace {
+
+/// A replayed step's thread counts for its arithmetic, the caller's back
+/// after it: OpenMP's, and OpenBLAS's, which a loop may have run at another
+/// count than its torch (a replay at torch's count reproduced 0 of 8
+/// replayed checkpoints of a user's CNN, all 8 at OpenBLAS's own).
+/// OpenBLAS's count is the process's, so while a step runs it on several
+/// threads, work the caller handed to other threads waits (BlasAlone; a
+/// replay on several threads is never ahead).
+class StepThreads {
+ public:
+  StepThreads(int openmp, int blas)
+      : alone_(blas > 1 ? std::make_unique<BlasAlone>() : nullptr),
+        openmp_(openmp),
+        blas_(blas != openmp ? std::make_unique<BlasThreads>(blas) : nullptr) {}
+
+ private:
+  std::unique_ptr<BlasAlone> alone_;
+  OpenMpThreads openmp_;
+  std::unique_ptr<BlasThreads> blas_;
+};
+
 bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
   return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
          std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0;
@@ -205,17 +227,9 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     if (capture_) net_->set_trace(&trace);
     {
       // The run's thread counts for the step's arithmetic only: the caller's
-      // work on the step (fn) runs with the caller's. A loop's OpenBLAS may
-      // have run on other threads than its torch (a replay at torch's count
-      // reproduced 0 of 8 replayed checkpoints of a user's CNN, all 8 at
-      // OpenBLAS's own).
-      // OpenBLAS's count is the process's: work the caller handed to another
-      // thread waits (a replay on several threads is never ahead).
-      std::optional<BlasAlone> alone;
-      if (replay_threads_ == 0 && run_blas_threads() > 1) alone.emplace();
-      OpenMpThreads threads(replay_threads_ > 0 ? replay_threads_ : static_cast<int>(manifest_.threads));
-      std::optional<BlasThreads> blas;
-      if (replay_threads_ == 0 && run_blas_threads() != manifest_.threads) blas.emplace(run_blas_threads());
+      // work on the step (fn) runs with the caller's.
+      const StepThreads threads(replay_threads_ > 0 ? replay_threads_ : static_cast<int>(manifest_.threads),
+                                replay_threads_ > 0 ? replay_threads_ : run_blas_threads());
       StepBatch batch{idx.defined() ? xt.index_select(0, idx) : xt, idx.defined() ? yt.index_select(0, idx) : yt,
                       loss_weights(idx), s, manifest_.learning_rates[s]};
       batch.clip = clip;
@@ -368,9 +382,10 @@ void PathReader::replay_range(int64_t begin, int64_t end, const std::function<vo
     }, true);
     if (forward_on_one_thread_) {
       if (!one_thread_reproduced(k, diff)) {
-        throw ReplayOnOneThreadDiffers("run '" + dir_ + "': one thread does not reproduce checkpoint step " +
-                                       std::to_string(manifest_.checkpoints[k + 1].step) + " of a run of " +
-                                       std::to_string(manifest_.threads) + " threads bit for bit");
+        one_thread_differed_ = "one thread does not reproduce checkpoint step " +
+                               std::to_string(manifest_.checkpoints[k + 1].step) + " of the run's " +
+                               std::to_string(manifest_.threads) + " threads bit for bit";
+        throw ReplayOnOneThreadDiffers("run '" + dir_ + "': " + one_thread_differed_);
       }
       verified_end_->store(manifest_.checkpoints[k + 1].step);
     }
@@ -407,7 +422,9 @@ std::string PathReader::in_turn_reason() {
   // --test 10 took 18.8 s against 9.0 in turn). Switched kernels are the
   // process's too. The replay's thread is one more than the caller's: not
   // for a caller of one thread (--threads 1 keeps to one).
-  if (!ahead_) return "asked for (--replay in-turn)";
+  // A forward walk that met a segment one thread does not reproduce walks
+  // again in turn (decomposition_forward.cpp).
+  if (!ahead_) return one_thread_differed_.empty() ? "asked for (--replay in-turn)" : one_thread_differed_;
   if (current_threads() < 2) return "one thread (--threads 1): a replay ahead takes a second";
   const std::string engine = engine_blas_kernels();
   if (!engine.empty()) {

@@ -185,6 +185,10 @@ TEST(ReplayAhead, ASegmentOneThreadDoesNotReproduceIsReplayedInTurn) {
     expect_same_steps(reverse_steps(reader, true), in_reverse, opt + " reverse");
     reader.set_replay_ahead(false);
     expect_same_steps(forward_steps(reader, false, 0, 10), in_turn, opt + " after");
+    // A forward walk that met it walks again in turn, and says why.
+    EXPECT_EQ(reader.replay_in_turn_reason(),
+              "one thread does not reproduce checkpoint step 6 of the run's 2 threads bit for bit")
+        << opt;
 
     const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
     DecompositionOptions o;
