@@ -65,7 +65,7 @@ from . import __version__ as _pathkernel_version
 from ._checks import (LOSSES, SUPPORTED_OPTIMIZERS, RecordSpec, batch_counts, check_batch_counts, check_gradients,
                       check_hyper_parameters, check_modes, check_record, check_vocabulary, clip_factor_of_step,
                       flat_indices, optimizer_step_count, step_learning_rate)
-from ._environment import environment, libtorch_version, set_threads as _set_threads
+from ._environment import environment, libtorch_version, set_threads
 from ._errors import RecorderError
 from ._manifest import DataInfo, FileRecord, Manifest, ModelInfo, TrainingInfo, parameter_layout
 from ._metrics import Metrics, outputs_loss_and_accuracy
@@ -77,17 +77,6 @@ __all__ = ["Recorder", "RecorderError", "clip_grad_norm_", "set_threads", "SUPPO
 
 # Recorders that are open, so that clip_grad_norm_ can tell them the factor.
 _open_recorders: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
-
-
-def set_threads(n: int) -> None:
-    """Sets the loop's thread count: torch's (``torch.set_num_threads``) and
-    OpenBLAS's own, which torch's leaves at the number of cores. The Recorder
-    records both, and the engine replays the loop's steps at both, bit for
-    bit. A loop whose two counts are 1 replays on a thread of its own while
-    ``verify`` works: on a user's CNN of one epoch (2 cores), verify --test 1
-    took 62 s against 78 s for the loop with torch alone on one thread,
-    whose replay runs in turn."""
-    _set_threads(n)
 
 
 def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0,
