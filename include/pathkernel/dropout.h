@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include <torch/script.h>
 
@@ -61,6 +62,20 @@ int64_t seed_dropout(torch::jit::Graph& graph);
 /// input is fixed off (a constant, or the `training` flag of a module in
 /// eval mode) passes its input through and is not counted.
 torch::jit::Node* unseeded_random_op(torch::jit::Graph& graph, const torch::jit::Module& module);
+
+/// The value of `v` (a value of `graph`, an inlined forward graph of
+/// `module`) where the module fixes it: a constant, or a chain of attributes
+/// from the graph's `self` (a submodule's `training` flag, nn.Dropout's `p`);
+/// nullopt when it is computed at run time.
+std::optional<c10::IValue> fixed_value(torch::jit::Value* v, const torch::jit::Graph& graph,
+                                       const torch::jit::Module& module);
+
+/// What pathkernel::dropout multiplies `h` [n, ...] by: the mask of the
+/// current DropoutStep for the rows of the network's input `x` [n, ...],
+/// times 1 / (1 − p), in h's shape and dtype; undefined where it passes `h`
+/// through (outside a DropoutStep, `train` false or `p` 0). A route that
+/// walks dropout back by hand keeps it for the backward walk.
+torch::Tensor dropout_scale(const torch::Tensor& h, double p, bool train, int64_t site, const torch::Tensor& x);
 
 /// pathkernel::dropout itself: `h` [n, ...] with the mask of the current
 /// DropoutStep for the rows of the network's input `x` [n, ...], or `h` as

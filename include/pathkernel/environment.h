@@ -18,6 +18,10 @@
 
 namespace pathkernel {
 
+/// The most threads a run may say it trained on (its training's, its
+/// OpenBLAS's): a manifest's larger count is a hostile or corrupt number.
+constexpr int64_t kMaxRunThreads = 4096;
+
 struct ReplayEnvironment {
   std::string cpu;             ///< the CPU model name, e.g. "AMD EPYC 7B13"
   std::string cpu_capability;  ///< LibTorch's vectorised kernel family: "AVX512", "AVX2", "DEFAULT"

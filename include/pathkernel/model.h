@@ -57,9 +57,11 @@ struct LayerDesc {
   /// (script_graph.h), Conv1d, LayerNorm, Embedding and Addend (a parameter added to
   /// a tensor). Module: a whole TorchScript module the engine does not look
   /// inside; its parameters are one block, taken by autograd (the generic
-  /// route).
+  /// route). Dropout: a module chain's seeded dropout (dropout.h), which
+  /// drops only while a DropoutStep is on.
   enum class Kind {
-    Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax, Module, LayerNorm, Embedding, Addend, Conv1d
+    Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax, Module, LayerNorm, Embedding, Addend, Conv1d,
+    Dropout
   };
   LayerDesc() = default;
   LayerDesc(Kind kind, std::string module, int64_t in, int64_t out, int64_t kernel, int64_t padding)
@@ -78,6 +80,8 @@ struct LayerDesc {
   std::vector<int64_t> norm_shape;  ///< LayerNorm: the normalised trailing shape
   double eps = 0;                   ///< LayerNorm: the variance's epsilon
   int64_t padding_index = -1;       ///< Embedding: the row that receives no gradient (-1: none)
+  double drop = 0;                  ///< Dropout: the probability of dropping an element
+  int64_t site = -1;                ///< Dropout: its site, which its masks are drawn for
 
   bool parameterised() const {
     return kind == Kind::Linear || kind == Kind::Conv2d || kind == Kind::Module || kind == Kind::LayerNorm ||

@@ -74,6 +74,9 @@ struct SegmentPass {
   torch::Tensor t;                    ///< [R] each row's position on the segment (own networks)
   std::vector<torch::Tensor> layer_inputs;  ///< own networks: each layer's input, by layer index
   std::vector<torch::Tensor> argmax;        ///< own networks: a max-pool layer's window argmax, by layer index
+  /// Own networks: a dropout layer's factor (dropout_scale), by layer index;
+  /// undefined outside a DropoutStep, where it passes its input through.
+  std::vector<torch::Tensor> dropout;
   /// Own networks, every row at the segment's start (the training side's
   /// passes): per param layer, a convolution's input patches [R,
   /// C_in·kernel, L] (layer_rules.h), which its product with the weight

@@ -101,8 +101,8 @@ ReplayEnvironment ReplayEnvironment::from_json(const nlohmann::ordered_json& j) 
   it = j.find("blas_threads");
   if (it != j.end()) {
     e.blas_threads = json_number<int64_t>(*it, "manifest: environment.blas_threads");
-    PK_CHECK(e.blas_threads >= 1 && e.blas_threads <= 4096,
-             "manifest: environment.blas_threads is " << e.blas_threads << ", expected 1 to 4096");
+    PK_CHECK(e.blas_threads >= 1 && e.blas_threads <= kMaxRunThreads,
+             "manifest: environment.blas_threads is " << e.blas_threads << ", expected 1 to " << kMaxRunThreads);
   }
   return e;
 }

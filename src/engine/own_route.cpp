@@ -7,6 +7,7 @@
 
 #include "feature_parts.h"
 #include "layered_route.h"
+#include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
 #include "pathkernel/layer_rules.h"
 #include "pathkernel/max_pool.h"
@@ -167,7 +168,7 @@ OwnRoute::OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Kind k = layers_[i].kind;
     piecewise_linear = piecewise_linear && (has_params(layers_[i]) || k == Kind::ReLU || k == Kind::MaxPool2d ||
-                                            k == Kind::Flatten || k == Kind::LogSoftmax);
+                                            k == Kind::Flatten || k == Kind::LogSoftmax || k == Kind::Dropout);
     if (!has_params(layers_[i])) continue;
     bool relu = i + 1 < layers_.size() && layers_[i + 1].kind == Kind::ReLU;
     bool pool = relu && i + 2 < layers_.size() && layers_[i + 2].kind == Kind::MaxPool2d;
@@ -315,6 +316,7 @@ SegmentPass OwnRoute::forward_rows(const torch::Tensor& x, const torch::Tensor& 
   torch::Tensor h = track ? x.detach().clone().requires_grad_(true) : x;
   size_t l = 0;
   pass.argmax.resize(layers_.size());
+  pass.dropout.resize(layers_.size());
   pass.patches.resize(params_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerDesc& layer = layers_[i];
@@ -333,6 +335,12 @@ SegmentPass OwnRoute::forward_rows(const torch::Tensor& x, const torch::Tensor& 
       case Kind::MaxPool2d:
         // The argmax comes with the pooled values; the backward walk uses it.
         std::tie(h, pass.argmax[i]) = max_pool_with_indices(h, layer.kernel);
+        break;
+      case Kind::Dropout:
+        // The step's masks inside a DropoutStep (the training side), kept
+        // for the backward walk; the input as it is elsewhere.
+        pass.dropout[i] = dropout_scale(h, layer.drop, /*train=*/true, layer.site, x);
+        if (pass.dropout[i].defined()) h = h * pass.dropout[i];
         break;
       default: h = apply_parameter_free(layer, h); break;
     }
@@ -399,6 +407,7 @@ torch::Tensor OwnRoute::free_backward(size_t i, const torch::Tensor& g, const Se
     case Kind::GELU: return g * torch::gelu_backward(torch::ones_like(in[i]), in[i]);
     case Kind::MaxPool2d: return pool_backward(i, g, pass);
     case Kind::Flatten: return g.reshape(input_shape(i));
+    case Kind::Dropout: return pass.dropout[i].defined() ? g * pass.dropout[i] : g;
     default: PK_ASSERT(false && "own route: a layer own networks do not have"); return g;
   }
 }
@@ -478,6 +487,9 @@ torch::Tensor OwnRoute::first_selection(const SegmentPass& pass, const torch::Te
         break;
       }
       case Kind::Flatten: break;
+      case Kind::Dropout:
+        if (pass.dropout[i].defined()) return torch::Tensor();  // it scales as well as selects
+        break;
       default: return torch::Tensor();
     }
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "feature_parts.h"
+#include "pathkernel/dropout.h"
 #include "pathkernel/error.h"
 #include "pathkernel/features.h"
 #include "pathkernel/script_graph.h"
@@ -89,6 +90,7 @@ SegmentPass rows_of(const SegmentPass& pass, const torch::Tensor& index) {
   rows.t = take(pass.t);
   rows.layer_inputs = take_all(pass.layer_inputs);
   rows.argmax = take_all(pass.argmax);
+  rows.dropout = take_all(pass.dropout);
   rows.patches = take_all(pass.patches);
   return rows;
 }
@@ -122,7 +124,8 @@ std::vector<torch::Tensor> autograd_signals(const SegmentPass& pass, const torch
 
 bool rows_agree_with_module(Route& route, Network& net) {
   // Two rows of a fixed pattern (integer codes 0 and 1 for token ids) at
-  // t = 0.3 and 0.8 along a direction that moves every parameter.
+  // t = 0.3 and 0.8 along a direction that moves every parameter; again
+  // inside a training step, where a module's dropout draws its masks.
   const NetworkOptions& o = net->options();
   std::vector<int64_t> shape{2};
   shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
@@ -134,10 +137,12 @@ bool rows_agree_with_module(Route& route, Network& net) {
   const torch::Tensor dw =
       0.05 * torch::cos(torch::arange(route.parameter_count(), torch::kFloat64) + 1) * (1 + w.abs());
   const torch::Tensor t = torch::tensor({0.3, 0.8}, torch::kFloat64);
-  route.set_segment(w, dw);
-  bool agrees = false;
-  try {
+  auto agree = [&] {
     torch::NoGradGuard guard;
+    // A route that runs the module's graph reads the module's own
+    // parameters as w: set again, since the rows below move them.
+    set_flat_parameters(net, w);
+    route.set_segment(w, dw);
     const torch::Tensor got = route.forward(x, t, false).out;
     std::vector<torch::Tensor> want;
     for (int64_t r = 0; r < 2; ++r) {
@@ -146,7 +151,15 @@ bool rows_agree_with_module(Route& route, Network& net) {
     }
     const torch::Tensor ref = torch::cat(want);
     const double scale = std::max(1.0, ref.abs().max().item<double>());
-    agrees = got.sizes() == ref.sizes() && (got - ref).abs().max().item<double>() <= 1e-9 * scale;
+    return got.sizes() == ref.sizes() && (got - ref).abs().max().item<double>() <= 1e-9 * scale;
+  };
+  bool agrees = false;
+  try {
+    agrees = agree();
+    if (agrees) {
+      const DropoutStep training(/*seed=*/7, /*step=*/3);
+      agrees = agree();
+    }
   } catch (const c10::Error&) {  // e.g. a flattening view whose width is not the rest of the shape
     agrees = false;
   } catch (const Error&) {

@@ -65,14 +65,14 @@ DropoutStep::DropoutStep(uint64_t seed, int64_t step)
 
 DropoutStep::~DropoutStep() { current = {active_, seed_, step_}; }
 
-torch::Tensor seeded_dropout(const torch::Tensor& h, double p, bool train, int64_t site, const torch::Tensor& x) {
+torch::Tensor dropout_scale(const torch::Tensor& h, double p, bool train, int64_t site, const torch::Tensor& x) {
   PK_CHECK(p >= 0 && p <= 1, "dropout probability " << p << " is outside [0, 1]");
-  if (!train || !current.active || p == 0) return h;
+  if (!train || !current.active || p == 0) return torch::Tensor();
   PK_CHECK(h.dim() >= 1 && x.dim() >= 1 && h.size(0) == x.size(0),
            "dropout site " << site << ": its input has shape " << h.sizes() << " but the network's input has "
                            << x.size(0) << " rows; pathkernel draws each example's mask from its own input row, "
                            << "so the first dimension of a dropped tensor must be the batch");
-  if (p == 1) return h * 0;
+  if (p == 1) return torch::zeros_like(h);
   const std::vector<uint64_t> rows = row_hashes(x);
   const int64_t n = h.size(0), per_row = h.numel() / std::max<int64_t>(n, 1);
   torch::Tensor mask = torch::empty({n, per_row}, h.options().dtype(torch::kFloat64).requires_grad(false));
@@ -86,7 +86,12 @@ torch::Tensor seeded_dropout(const torch::Tensor& h, double p, bool train, int64
       m[r * per_row + e] = u >= p ? scale : 0.0;
     }
   }
-  return h * mask.view(h.sizes()).to(h.scalar_type());
+  return mask.view(h.sizes()).to(h.scalar_type());
+}
+
+torch::Tensor seeded_dropout(const torch::Tensor& h, double p, bool train, int64_t site, const torch::Tensor& x) {
+  const torch::Tensor scale = dropout_scale(h, p, train, site, x);
+  return scale.defined() ? h * scale : h;
 }
 
 int64_t seed_dropout(torch::jit::Graph& graph) {
@@ -116,16 +121,9 @@ int64_t seed_dropout(torch::jit::Graph& graph) {
   return site;
 }
 
-namespace {
-
-/// The value of boolean `v` when the module fixes it: a constant, or a chain
-/// of attributes from the graph's `self` (the `training` flag of a
-/// submodule); nullopt when it is computed at run time.
-std::optional<bool> fixed_bool(torch::jit::Value* v, const torch::jit::Graph& graph, const torch::jit::Module& module) {
-  if (const auto c = torch::jit::toIValue(v)) {  // c10::optional: IValue would take it as None
-    if (c->isBool()) return c->toBool();
-    return std::nullopt;
-  }
+std::optional<c10::IValue> fixed_value(torch::jit::Value* v, const torch::jit::Graph& graph,
+                                       const torch::jit::Module& module) {
+  if (const auto c = torch::jit::toIValue(v)) return *c;  // c10::optional: IValue would take it as None
   std::vector<std::string> names;
   while (v->node()->kind() == c10::prim::GetAttr) {
     names.push_back(v->node()->s(c10::attr::name));
@@ -137,7 +135,15 @@ std::optional<bool> fixed_bool(torch::jit::Value* v, const torch::jit::Graph& gr
     if (!object.isObject() || !object.toObjectRef().type()->hasAttribute(*name)) return std::nullopt;
     object = object.toObjectRef().getAttr(*name);
   }
-  if (object.isBool()) return object.toBool();
+  return object;
+}
+
+namespace {
+
+/// The value of boolean `v` when the module fixes it (fixed_value).
+std::optional<bool> fixed_bool(torch::jit::Value* v, const torch::jit::Graph& graph, const torch::jit::Module& module) {
+  const std::optional<c10::IValue> value = fixed_value(v, graph, module);
+  if (value && value->isBool()) return value->toBool();
   return std::nullopt;
 }
 

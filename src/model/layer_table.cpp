@@ -390,6 +390,12 @@ std::vector<LayerRule> make_layer_table() {
   t.push_back(parameter_free(
       Kind::LogSoftmax, "log_softmax", "aten::log_softmax",
       [](const LayerDesc&, const torch::Tensor& x) { return torch::log_softmax(x, 1); }, true));
+  // As evaluated away from a training step, which is everywhere a layer is
+  // applied alone: its masks need the network's input, which a route has
+  // (seeded_dropout).
+  t.push_back(parameter_free(
+      Kind::Dropout, "dropout", "pathkernel::dropout", [](const LayerDesc&, const torch::Tensor& x) { return x; },
+      true));
   return t;
 }
 

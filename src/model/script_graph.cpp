@@ -374,6 +374,26 @@ std::string operation_name(const Node* n, const std::vector<LayerUse>& layers) {
   return name;
 }
 
+/// The seeded dropout `n` (pathkernel::dropout: input, p, train, site, x) as
+/// a chain's layer in `d`: Kind::Dropout with its probability and site, or
+/// left Kind::Module where it passes its input through (its training flag
+/// off or p 0). False when the module does not fix p or the flag, or its
+/// masks are not drawn from the network's input.
+bool chain_dropout(Node* n, Graph& g, const torch::jit::Module& module, LayerDesc& d) {
+  const auto p = fixed_value(n->input(1), g, module), train = fixed_value(n->input(2), g, module);
+  const auto site = constant(n->input(3));
+  if (!p || !(p->isDouble() || p->isInt()) || !train || !train->isBool() || !site || !site->isInt() ||
+      n->input(4) != g.inputs()[1]) {
+    return false;
+  }
+  const double drop = p->isDouble() ? p->toDouble() : static_cast<double>(p->toInt());
+  if (!train->toBool() || drop == 0) return true;
+  d.kind = LayerDesc::Kind::Dropout;
+  d.drop = drop;
+  d.site = site->toInt();
+  return true;
+}
+
 /// g as a plain chain of pathkernel's own layers (ScriptGraph::chain()), or
 /// empty with `why_not` saying which operation breaks it: each operation
 /// reads the one before it and nothing else does (but the row count a
@@ -388,9 +408,7 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
   };
   if (g.inputs().size() != 2) return refuse("its forward takes more than one input");
   static const c10::Symbol kDropout = c10::Symbol::fromQualString("pathkernel::dropout");  // seeded (dropout.h)
-  for (const Node* n : g.nodes()) {
-    if (n->kind() == kDropout) return refuse("it has a dropout, which the chain's layers do not include");
-  }
+  Value* x = g.inputs()[1];
   std::vector<LayerDesc> chain;
   std::vector<const Node*> nodes;  // chain[i]'s operation
   Value* h = g.inputs()[1];
@@ -404,7 +422,8 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
     }
     // h feeds n, and otherwise only its own row count.
     for (const torch::jit::Use& u : h->uses()) {
-      if (u.user != n && u.user->kind() != aten("size")) {
+      const bool masks_drawn = h == x && u.user->kind() == kDropout && u.offset == 4;  // a dropout's own input row
+      if (u.user != n && u.user->kind() != aten("size") && !masks_drawn) {
         return refuse("the input of " + operation_name(n, layers) + " is also read by " +
                       operation_name(u.user, layers));
       }
@@ -430,13 +449,21 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
       d.kind = Kind::Flatten;
     } else if ((k == aten("view") || k == aten("reshape")) && rows_shape(n->input(1), h)) {
       d.kind = Kind::Flatten;
+    } else if (k == kDropout) {
+      if (!chain_dropout(n, g, module, d)) {
+        return refuse(operation_name(n, layers) + " has a probability or training flag the module does not fix");
+      }
+      if (d.kind == Kind::Module) {  // it passes its input through
+        h = n->output();
+        continue;
+      }
     } else if (k == aten("log_softmax") && n->inputs().size() == 3 && (is_int(1, 1) || is_int(1, -1)) &&
                n->input(2)->type()->kind() == c10::TypeKind::NoneType) {
       d.kind = Kind::LogSoftmax;  // the outputs; only last (below)
     }
     if (d.kind == Kind::Module) {
       return refuse(operation_name(n, layers) + " is none of a chain's layers (Linear, Conv2d, ReLU, a max-pool " +
-                    "of non-overlapping windows, a flattening to rows)");
+                    "of non-overlapping windows, a flattening to rows, a dropout)");
     }
     chain.push_back(d);
     nodes.push_back(n);

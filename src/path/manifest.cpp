@@ -435,8 +435,8 @@ void validate_run(const std::string& run_dir, const Manifest& m) {
   PK_CHECK(m.status == "running" || m.status == "complete" || m.status == "diverged",
            where << ": unknown status '" << m.status << "' (expected running, complete or diverged)");
   PK_CHECK(m.steps >= 0, where << ": negative step count " << m.steps);
-  PK_CHECK(m.threads >= 1 && m.threads <= 4096,
-           where << ": training.threads is " << m.threads << ", expected 1 to 4096");
+  PK_CHECK(m.threads >= 1 && m.threads <= kMaxRunThreads,
+           where << ": training.threads is " << m.threads << ", expected 1 to " << kMaxRunThreads);
   PK_CHECK(m.num_train >= 1, where << ": data.num_train is " << m.num_train << ", expected >= 1");
   PK_CHECK(m.batch_size >= 0, where << ": training.batch_size is " << m.batch_size
                                     << ", expected >= 0 (0: full batch)");

@@ -134,6 +134,34 @@ TEST(SeededDropout, ANetworkWithDropoutTrainsReplaysRetrainsAndDecomposesExactly
   expect_both_routes_exact(reader, reader.dataset().x_test.narrow(0, 0, 4));
 }
 
+/// A user's CNN with nn.Dropout after its pool and after its hidden layer's
+/// ReLU is walked as a chain, the masks drawn by the walk on the training
+/// side, and decomposes exactly, as the generic route does.
+TEST(SeededDropout, AChainWithDropoutIsWalkedByHandAndDecomposesExactly) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  const std::string path = dir.path() + "/cnn.pt";
+  python(dir, "import torch.nn.functional as F\n"
+              "class M(nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.conv = nn.Conv2d(1, 3, 3, padding=1)\n"
+              "        self.fc = nn.Linear(12, 8)\n"
+              "        self.out = nn.Linear(8, 3)\n"
+              "        self.drop1 = nn.Dropout(0.25)\n"
+              "        self.drop2 = nn.Dropout(0.5)\n"
+              "    def forward(self, x):\n"
+              "        h = self.drop1(F.max_pool2d(F.relu(self.conv(x)), 2)).flatten(1)\n"
+              "        return self.out(self.drop2(F.relu(self.fc(h))))\n"
+              "torch.manual_seed(1)\n"
+              "torch.jit.script(M().double()).save('" + path + "')\n");
+  train_small_image_run(dir, "torchscript:" + path);
+  PathReader reader(dir.path() + "/run");
+  DecompositionOptions d;
+  EXPECT_EQ(engine_route(reader, d).reason, "");  // a chain
+  expect_both_routes_exact(reader, reader.dataset().x_test.narrow(0, 0, 4));
+}
+
 /// The EPK's Gram matrix pairs each step's test feature with the training
 /// point's Jacobian under that step's masks (per-example autograd inside a
 /// DropoutStep); the DPK sees the network in eval mode.

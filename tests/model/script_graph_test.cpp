@@ -316,8 +316,9 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
        "self.fc(torch.flatten(self.conv(x), 1))", "aten::conv2d of 'conv' is not a Linear or a stride-1 Conv2d"},
       {"no_bias", "self.fc = nn.Linear(4, 3, bias=False)", "self.fc(x)", ""},
       {"leaky", "self.fc = nn.Linear(4, 3)", "F.leaky_relu(self.fc(x))", "aten::leaky_relu is none of a chain's"},
-      {"dropout", "self.fc = nn.Linear(4, 3)\n        self.drop = nn.Dropout(0.5)", "self.fc(self.drop(x))",
-       "it has a dropout"},
+      {"dropout", "self.fc = nn.Linear(4, 3)\n        self.drop = nn.Dropout(0.5)", "self.fc(self.drop(x))", ""},
+      {"dropout_before_relu", "self.fc = nn.Linear(4, 3)\n        self.drop = nn.Dropout(0.5)",
+       "F.relu(self.drop(self.fc(x)))", "aten::relu does not follow a Linear"},
       {"plain", "self.fc = nn.Linear(4, 3)", "self.fc(x)", ""},
       // Flattenings to rows, spelled as users spell them.
       {"view_rest", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(-1, 4))", ""},
@@ -345,6 +346,35 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
       EXPECT_CONTAINS(graph->chain_refusal(), m.refusal);
     }
   }
+}
+
+/// A seeded dropout is a layer of the chain, with its probability and its
+/// site; one whose module is in eval mode passes its input through and is
+/// none.
+TEST(ScriptGraph, ReadsADropoutAsAChainLayer) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  using Kind = LayerDesc::Kind;
+  const std::string path = dir.path() + "/dropout.pt";
+  python(dir, "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.fc = nn.Linear(4, 5)\n        self.out = nn.Linear(5, 3)\n"
+              "        self.first = nn.Dropout(0.2)\n        self.off = nn.Dropout(0.4).eval()\n"
+              "        self.second = nn.Dropout(0.5)\n"
+              "    def forward(self, x):\n"
+              "        return self.out(self.second(self.off(F.relu(self.fc(self.first(x))))))\n"
+              "torch.manual_seed(1)\ntorch.jit.script(M()).save('" + path + "')\n");
+  std::string why_not;
+  const std::unique_ptr<ScriptGraph> graph = ScriptGraph::read(torch::jit::load(path), why_not);
+  ASSERT_NE(graph, nullptr) << why_not;
+  const std::vector<LayerDesc> chain = graph->chain();
+  std::vector<Kind> kinds;
+  for (const LayerDesc& d : chain) kinds.push_back(d.kind);
+  ASSERT_EQ(kinds, std::vector<Kind>({Kind::Dropout, Kind::Linear, Kind::ReLU, Kind::Dropout, Kind::Linear}))
+      << graph->chain_refusal();
+  EXPECT_EQ(chain[0].drop, 0.2);
+  EXPECT_EQ(chain[0].site, 0);
+  EXPECT_EQ(chain[3].drop, 0.5);
+  EXPECT_EQ(chain[3].site, 2);  // the sites are the graph's, the one in eval mode included
 }
 
 /// A traced module's row count (aten::size, NumToTensor, Int) flattens to
