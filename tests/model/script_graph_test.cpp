@@ -120,6 +120,18 @@ std::vector<Case> cases() {
     unbiased.body.insert(unbiased.body.find(layer) + layer.size(), ", bias=False");
   }
   c.push_back(unbiased);
+  // The same chain with dropout between the convolutions and before the
+  // last layer (which passes its input through outside a training step).
+  const std::string first = "F.max_pool2d(F.relu(self.conv1(x)), 2)";
+  Case dropout = c[c.size() - 4];
+  dropout.name = "chain-dropout";
+  const std::string init = "        self.out = nn.Linear(5, 3)\n";
+  dropout.body.insert(dropout.body.find(init) + init.size(),
+                      "        self.drop1 = nn.Dropout(0.3)\n        self.drop2 = nn.Dropout(0.5)\n");
+  dropout.body.replace(dropout.body.find(first), first.size(), "self.drop1(" + first + ")");
+  const std::string logits = "return self.out(h)";
+  dropout.body.replace(dropout.body.find(logits), logits.size(), "return self.out(self.drop2(h))");
+  c.push_back(dropout);
   // Layer lists compiled without Python: every layer of the grammar.
   Case images{"layers-images", "", {2, 8, 8}};
   images.spec = "layers:conv(4,3,padding=1),leakyrelu(0.1),res(conv(4,3,padding=1,groups=2),silu),"
@@ -259,7 +271,8 @@ TEST_P(EveryRule, AgreesWithTheGenericRouteAndAutograd) {
 
 INSTANTIATE_TEST_SUITE_P(
     ScriptGraph, EveryRule,
-    ::testing::Combine(::testing::Values("conv", "tokens", "relu", "chain", "chain-view", "chain-logsoftmax", "chain-nobias", "layers-images", "layers-tokens"),
+    ::testing::Combine(::testing::Values("conv", "tokens", "relu", "chain", "chain-view", "chain-logsoftmax", "chain-nobias",
+                                         "chain-dropout", "layers-images", "layers-tokens"),
                        ::testing::Values(OutputMap::LogSoftmax, OutputMap::Logits)),
     [](const ::testing::TestParamInfo<EveryRule::ParamType>& info) {
       std::string name = std::get<0>(info.param) + "_" + output_map_name(std::get<1>(info.param));
