@@ -92,10 +92,16 @@ struct QuadratureOptions {
   /// (KinkHints::last_site_local) and the pieces are exact: pieces end at
   /// the earlier sites' kinks only, and the last site's switches inside a
   /// piece enter through scalar integrals over the piece's interpolants, at
-  /// L − 1 nodes a piece. Auto: where that is no more nodes a piece than
-  /// the pieces' own rule (L = 3); Local: wherever the route allows it;
-  /// Pieces: every kink ends a piece (the reference).
-  enum class LastSite { Auto, Local, Pieces };
+  /// L − 1 nodes a piece. Hidden: the site of param layer L − 3 held through
+  /// the hidden Linear layer L − 2 and its ReLU (KinkHints::hidden_site_local;
+  /// docs/math.md §7, "Held through a hidden layer"): pieces end at the
+  /// earlier sites' kinks and at the hidden layer's, which are found on the
+  /// pieces' interpolants like the held site's switches; L − 2 nodes a piece. Auto: Local
+  /// where that is no more nodes a piece than the pieces' own rule (L = 3),
+  /// else Hidden where the route allows it and it is no more (L = 4, 5);
+  /// Local: wherever the route allows it; Pieces: every kink ends a piece
+  /// (the reference).
+  enum class LastSite { Auto, Local, Hidden, Pieces };
   LastSite last_site = LastSite::Auto;
   /// Whether a piece's first two param layers are taken from the sums of
   /// its rows' signals at layer 1 (docs/math.md §7, "One walk per test

@@ -133,6 +133,13 @@ struct KinkHints {
   /// flatten alone; the network is piecewise linear. Route::signals_from
   /// walks back from that site.
   bool last_site_local = false;
+  /// Whether the site below the last hidden layer can be held (docs/math.md
+  /// §7, "Held through a hidden layer"): at least 4 param layers, the logits
+  /// a Linear layer fed by param layer L − 2's ReLU alone, layer L − 2 a
+  /// Linear layer fed by param layer L − 3's pre-activation through its
+  /// ReLU, an optional max-pool and a flatten; the network is piecewise
+  /// linear. Route::signals_from walks back from that site.
+  bool hidden_site_local = false;
 };
 
 class Route {

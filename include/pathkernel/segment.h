@@ -107,6 +107,8 @@ class SegmentEvaluator : public KinkSites {
   }
   /// Whether the last kink site can be held (KinkHints::last_site_local).
   bool last_site_local() const { return route_->hints().last_site_local; }
+  /// Whether the site below the last hidden layer can be held (KinkHints::hidden_site_local).
+  bool hidden_site_local() const { return route_->hints().hidden_site_local; }
   /// The segment's start w [P].
   const torch::Tensor& start() const { return route_->start(); }
   /// The degree in t of the logits on a piece of the segment that crosses

@@ -46,8 +46,12 @@ void QuadratureArgs::add_to(CLI::App* cmd, const Globals& g) {
                   "gauss, exact pieces: local (where the logits are a Linear layer fed by the site of the layer "
                   "before through its ReLU, max-pool and flatten alone, that site's switches inside a piece enter "
                   "through scalar integrals: pieces end at the earlier sites' kinks only, L-1 nodes a piece), "
-                  "pieces (every kink ends a piece) or auto (local where it takes no more nodes a piece: L = 3)")
-      ->check(CLI::IsMember({"auto", "local", "pieces"}))
+                  "hidden (where the logits' Linear layer is fed by a hidden Linear layer through its ReLU alone, "
+                  "and that layer by the site below as above, that site held through the hidden layer: pieces end at "
+                  "the earlier sites' kinks and the hidden layer's, found on the pieces' interpolants, L-2 nodes a "
+                  "piece), pieces (every kink ends a piece) or auto (local where it takes no more nodes a piece: "
+                  "L = 3; else hidden where it does: L = 4, 5)")
+      ->check(CLI::IsMember({"auto", "local", "hidden", "pieces"}))
       ->capture_default_str();
   cmd->add_option("--point-block", point_block,
                   "Test points computed together (0: automatic, 32 for a network of Linear layers on flat inputs, "
@@ -90,6 +94,7 @@ DecompositionOptions QuadratureArgs::options() const {
   options.quadrature.exact_pieces = pieces == "exact";
   options.quadrature.fit_kinks = kinks == "fit";
   options.quadrature.last_site = last_site == "local"    ? QuadratureOptions::LastSite::Local
+                                 : last_site == "hidden" ? QuadratureOptions::LastSite::Hidden
                                  : last_site == "pieces" ? QuadratureOptions::LastSite::Pieces
                                                          : QuadratureOptions::LastSite::Auto;
   options.quadrature.route = route == "generic" ? ModuleRoute::Generic : ModuleRoute::Auto;

@@ -30,6 +30,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
 
 #include "pathkernel/error.h"
 #include "pathkernel/max_pool.h"
@@ -260,6 +261,7 @@ torch::Tensor window_of_unit(const std::vector<int64_t>& shape, int64_t pool) {
 struct SubPieces {
   std::vector<int64_t> piece;  ///< per sub-piece: its piece in the group
   std::vector<double> c, d;    ///< per sub-piece: its ends
+  torch::Tensor coef;          ///< [ng, d + 1, U]: each piece's units' polynomials in local x
 };
 
 /// The sub-pieces of the group's pieces (`pieces`, their samples ys
@@ -278,6 +280,7 @@ SubPieces sub_pieces(const PieceRound& rd, const std::vector<int64_t>& pieces, c
       2);                                                             // [ng, S, d + 1]
   const torch::Tensor coef = torch::matmul(torch::linalg_pinv(V), ys);  // [ng, d + 1, U]
   SubPieces sp;
+  sp.coef = coef;
   for (size_t g = 0; g < pieces.size(); ++g) {
     const int64_t p = pieces[g];
     const double a = rd.ends[2 * p], b = rd.ends[2 * p + 1];
@@ -446,21 +449,105 @@ void sub_piece_sums(const SubPiece& sp, int64_t parts, bool softmax, SubPieceSum
   }
 }
 
+/// The largest change of the integrals of p between two levels of a sub-piece's sums.
+double p_change(const SubPieceSums& a, const SubPieceSums& b) {
+  double change = 0;
+  for (auto [x, y] : {std::make_pair(&a.pq, &b.pq), std::make_pair(&a.p0, &b.p0), std::make_pair(&a.p1, &b.p1)}) {
+    for (size_t i = 0; i < x->size(); ++i) change = std::max(change, std::abs((*x)[i] - (*y)[i]));
+  }
+  return change;
+}
+
+/// One sub-piece of a piece held through a hidden layer, with the logits of
+/// its selection at the samples: z(t) = Σ_s L_s(t) Σ_a tᵃ z_a,s + Σ_a tᵃ
+/// bias_a (a = 0, 1, 2).
+struct HiddenSubPiece {
+  int64_t S = 0, m = 0, K = 0;
+  double a = 0, b = 0, c = 0, d = 0;
+  const double* xs = nullptr;
+  const double* z = nullptr;     ///< [3, S, K]
+  const double* bias = nullptr;  ///< [3, K]
+};
+
+/// A hidden sub-piece's sums: ∫ tᵃ L_s (a < 2), ∫ tᵃ ℓ_j (a < 3), ∫ tᵃ p_k
+/// L_s (a < 2) and ∫ tᵃ ℓ_j p_k (a < 3).
+struct HiddenSubPieceSums {
+  std::vector<double> q, c, pq, pc;  ///< [2, S], [3, m], [2, K, S], [3, m, K]
+  HiddenSubPieceSums(int64_t S, int64_t m, int64_t K) : q(2 * S), c(3 * m), pq(2 * K * S), pc(3 * m * K) {}
+  void clear() {
+    for (std::vector<double>* v : {&q, &c, &pq, &pc}) std::fill(v->begin(), v->end(), 0.0);
+  }
+};
+
+double p_change(const HiddenSubPieceSums& a, const HiddenSubPieceSums& b) {
+  double change = 0;
+  for (auto [x, y] : {std::make_pair(&a.pq, &b.pq), std::make_pair(&a.pc, &b.pc)}) {
+    for (size_t i = 0; i < x->size(); ++i) change = std::max(change, std::abs((*x)[i] - (*y)[i]));
+  }
+  return change;
+}
+
+/// A hidden sub-piece's sums by kGaussPoints-node Gauss–Legendre on `parts`
+/// equal sub-intervals (the integrals of p only with `softmax`).
+void sub_piece_sums(const HiddenSubPiece& sp, int64_t parts, bool softmax, HiddenSubPieceSums& out) {
+  const QuadratureRule& unit = gauss_legendre(kGaussPoints, 0.0, 1.0);
+  const int64_t S = sp.S, m = sp.m, K = sp.K;
+  std::vector<double> ls(S), lj(m), z(K), p(K);
+  out.clear();
+  const double len = (sp.d - sp.c) / static_cast<double>(parts);
+  for (int64_t part = 0; part < parts; ++part) {
+    for (size_t g = 0; g < unit.nodes.size(); ++g) {
+      const double t = sp.c + len * (static_cast<double>(part) + unit.nodes[g]);
+      const double w = len * unit.weights[g];
+      const double tw[3] = {w, w * t, w * t * t};
+      const double x = (2 * t - sp.a - sp.b) / (sp.b - sp.a);
+      for (int64_t s = 0; s < S; ++s) {
+        const double l = ls[s] = lagrange_basis(sp.xs, S, s, x);
+        out.q[s] += tw[0] * l;
+        out.q[S + s] += tw[1] * l;
+      }
+      for (int64_t j = 0; j < m; ++j) {
+        const double l = lj[j] = lagrange_basis(sp.xs, m, j, x);
+        for (int a = 0; a < 3; ++a) out.c[a * m + j] += tw[a] * l;
+      }
+      if (!softmax) continue;
+      double top = -std::numeric_limits<double>::infinity(), total = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        double v = sp.bias[k] + t * (sp.bias[K + k] + t * sp.bias[2 * K + k]);
+        for (int64_t s = 0; s < S; ++s) {
+          const double* zs = sp.z + s * K + k;  // z_a,s at zs[a S K]
+          v += ls[s] * (zs[0] + t * (zs[S * K] + t * zs[2 * S * K]));
+        }
+        z[k] = v;
+        top = std::max(top, v);
+      }
+      for (int64_t k = 0; k < K; ++k) total += p[k] = std::exp(z[k] - top);
+      for (int64_t k = 0; k < K; ++k) {
+        const double pk = p[k] / total;
+        for (int64_t s = 0; s < S; ++s) {
+          out.pq[k * S + s] += tw[0] * pk * ls[s];
+          out.pq[(K + k) * S + s] += tw[1] * pk * ls[s];
+        }
+        for (int64_t j = 0; j < m; ++j) {
+          for (int a = 0; a < 3; ++a) out.pc[(a * m + j) * K + k] += tw[a] * pk * lj[j];
+        }
+      }
+    }
+  }
+}
+
 /// A sub-piece's sums, refined until two successive levels agree to
 /// rounding (the integrals of p; the others are exact at once): until the
 /// change is within 64 ε of its length, or, from the third halving on, no
 /// longer halves (rounding), or after kMaxHalvings.
-void converged_sums(const SubPiece& sp, bool softmax, SubPieceSums& out, SubPieceSums& finer) {
+template <typename Piece, typename PieceSums>
+void converged_sums(const Piece& sp, bool softmax, PieceSums& out, PieceSums& finer) {
   sub_piece_sums(sp, 1, softmax, out);
   if (!softmax) return;
   double last = std::numeric_limits<double>::infinity();
   for (int h = 1; h <= kMaxHalvings; ++h) {
     sub_piece_sums(sp, int64_t{1} << h, softmax, finer);
-    double change = 0;
-    for (auto [a, b] : {std::make_pair(&finer.pq, &out.pq), std::make_pair(&finer.p0, &out.p0),
-                        std::make_pair(&finer.p1, &out.p1)}) {
-      for (size_t i = 0; i < a->size(); ++i) change = std::max(change, std::abs((*a)[i] - (*b)[i]));
-    }
+    const double change = p_change(finer, out);
     std::swap(out, finer);
     if (change <= 64 * kMachineEps * (sp.d - sp.c) || (h >= 3 && change > 0.5 * last)) return;
     last = change;
@@ -541,6 +628,364 @@ void add_node_fields(const torch::Tensor& rows, const torch::Tensor& sel, const 
   });
 }
 
+/// Adds each hidden sub-piece's node sums to the fields [4, R, U] on the
+/// units that pass on: node row rows[n, j], unit sel[n, w] where mask[n, w]
+/// is 1, takes c[n, a, j] into e_a (a < 3) and, with the softmax, pw[n, j,
+/// w] into e3 (each field's entries added in the order of (n, j, w)).
+void add_hidden_node_fields(const torch::Tensor& rows, const torch::Tensor& sel, const torch::Tensor& mask,
+                            const torch::Tensor& c, const torch::Tensor& pw, torch::Tensor& fields) {
+  PK_ASSERT(fields.is_contiguous() && fields.scalar_type() == torch::kFloat64);
+  const torch::Tensor rc = rows.contiguous(), sc = sel.contiguous(), mc = mask.contiguous(), cc = c.contiguous();
+  const torch::Tensor pc = pw.defined() ? pw.contiguous() : pw;
+  const int64_t N = rc.size(0), m = rc.size(1), Hw = sc.size(1), R = fields.size(1), U = fields.size(2);
+  const int64_t *row = rc.data_ptr<int64_t>(), *unit = sc.data_ptr<int64_t>();
+  const double *on = mc.data_ptr<double>(), *cs = cc.data_ptr<double>();
+  const double* p = pc.defined() ? pc.data_ptr<double>() : nullptr;
+  double* e = fields.data_ptr<double>();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t nj = n * m + j, base = row[nj] * U;
+      for (int64_t w = 0; w < Hw; ++w) {
+        if (on[n * Hw + w] == 0) continue;  // adds nothing
+        const int64_t at = base + unit[n * Hw + w];
+        for (int64_t a = 0; a < 3; ++a) e[a * R * U + at] += cs[(n * 3 + a) * m + j];
+        if (p != nullptr) e[3 * R * U + at] += p[nj * Hw + w];
+      }
+    }
+  }
+}
+
+/// The sums of N hidden sub-pieces (sums_of's, with z [N, 3, S, K] and
+/// bias [N, 3, K]): ∫ tᵃ L_s [N, 2, S], ∫ tᵃ ℓ_j [N, 3, m], ∫ tᵃ p_k L_s
+/// [N, 2, K, S], ∫ tᵃ ℓ_j p_k [N, 3, m, K].
+struct HiddenSums {
+  torch::Tensor q, c, pq, pc;
+};
+
+HiddenSums hidden_sums_of(const std::vector<double>& a, const std::vector<double>& b, const std::vector<double>& c,
+                          const std::vector<double>& d, const torch::Tensor& xs, const torch::Tensor& z,
+                          const torch::Tensor& bias, int64_t m, bool softmax) {
+  const int64_t N = xs.size(0), S = xs.size(1), K = z.size(3);
+  const torch::TensorOptions opts = xs.options();
+  HiddenSums out{torch::empty({N, 2, S}, opts), torch::empty({N, 3, m}, opts), torch::zeros({N, 2, K, S}, opts),
+                 torch::zeros({N, 3, m, K}, opts)};
+  const torch::Tensor xc = xs.contiguous(), zc = z.contiguous(), bc = bias.contiguous();
+  HiddenSubPieceSums one(S, m, K), spare(S, m, K);
+  for (int64_t n = 0; n < N; ++n) {
+    HiddenSubPiece sp;
+    sp.S = S;
+    sp.m = m;
+    sp.K = K;
+    sp.a = a[n];
+    sp.b = b[n];
+    sp.c = c[n];
+    sp.d = d[n];
+    sp.xs = xc.data_ptr<double>() + n * S;
+    sp.z = zc.data_ptr<double>() + n * 3 * S * K;
+    sp.bias = bc.data_ptr<double>() + n * 3 * K;
+    converged_sums(sp, softmax, one, spare);
+    std::copy(one.q.begin(), one.q.end(), out.q.data_ptr<double>() + n * 2 * S);
+    std::copy(one.c.begin(), one.c.end(), out.c.data_ptr<double>() + n * 3 * m);
+    if (!softmax) continue;
+    std::copy(one.pq.begin(), one.pq.end(), out.pq.data_ptr<double>() + n * 2 * K * S);
+    std::copy(one.pc.begin(), one.pc.end(), out.pc.data_ptr<double>() + n * 3 * m * K);
+  }
+  return out;
+}
+
+/// A group of a round's pieces with m nodes each, and their samples of the
+/// site's pre-activation y: nodes then ends, at local x ∈ [−1, 1].
+struct PieceGroup {
+  int64_t m = 0, S = 0, ng = 0;
+  std::vector<int64_t> pieces;
+  std::vector<double> pa, pb;   ///< each piece's ends
+  torch::Tensor ys, xs, rows, index;  ///< [ng, S, U], [ng, S], node rows [ng, m], pieces [ng]
+};
+
+PieceGroup piece_group(const PieceRound& rd, const std::vector<int64_t>& pieces, int64_t m, const torch::Tensor& ny,
+                       const torch::Tensor& ey) {
+  PieceGroup g;
+  g.m = m;
+  g.S = m + 2;
+  g.ng = static_cast<int64_t>(pieces.size());
+  g.pieces = pieces;
+  const int64_t U = ny.size(1);
+  std::vector<int64_t> node_rows, end_rows;
+  std::vector<double> xs;
+  for (int64_t p : pieces) {
+    const double a = rd.ends[2 * p], b = rd.ends[2 * p + 1];
+    for (int64_t r = rd.first[p]; r < rd.first[p + 1]; ++r) {
+      node_rows.push_back(r);
+      xs.push_back((2 * rd.t[r] - a - b) / (b - a));
+    }
+    xs.push_back(-1.0);
+    xs.push_back(1.0);
+    end_rows.push_back(2 * p);
+    end_rows.push_back(2 * p + 1);
+    g.pa.push_back(a);
+    g.pb.push_back(b);
+  }
+  g.ys = torch::cat({ny.index_select(0, torch::tensor(node_rows, torch::kLong)).view({g.ng, m, U}),
+                     ey.index_select(0, torch::tensor(end_rows, torch::kLong)).view({g.ng, 2, U})},
+                    1);  // [ng, S, U]
+  g.xs = torch::tensor(xs, ny.options()).view({g.ng, g.S});
+  g.rows = torch::tensor(node_rows, torch::kLong).view({g.ng, m});
+  g.index = torch::tensor(pieces, torch::kLong);
+  return g;
+}
+
+/// The round's pieces grouped by their node count (all alike but for short
+/// pieces).
+std::map<int64_t, std::vector<int64_t>> pieces_by_nodes(const PieceRound& rd) {
+  std::map<int64_t, std::vector<int64_t>> by_nodes;
+  for (int64_t p = 0; p < rd.np; ++p) by_nodes[rd.first[p + 1] - rd.first[p]].push_back(p);
+  return by_nodes;
+}
+
+/// A chunk of a group's sub-pieces n0 .. n0 + nc − 1: their pieces' ends
+/// a, b, their own c, d, and their midpoints' local x.
+struct SubChunk {
+  int64_t n0 = 0, nc = 0;
+  torch::Tensor g;  ///< each one's piece in the group [nc]
+  std::vector<double> a, b, c, d, mid;
+};
+
+std::vector<SubChunk> sub_chunks(const PieceGroup& grp, const SubPieces& sp, int64_t U) {
+  const int64_t N = static_cast<int64_t>(sp.piece.size());
+  const int64_t chunk = std::max<int64_t>(1, kChunkDoubles / (grp.S * U));
+  const torch::Tensor sub_t = torch::tensor(sp.piece, torch::kLong);
+  std::vector<SubChunk> out;
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    SubChunk ch;
+    ch.n0 = n0;
+    ch.nc = std::min(chunk, N - n0);
+    ch.g = sub_t.narrow(0, n0, ch.nc);
+    for (int64_t n = n0; n < n0 + ch.nc; ++n) {
+      const size_t g = static_cast<size_t>(sp.piece[n]);
+      ch.a.push_back(grp.pa[g]);
+      ch.b.push_back(grp.pb[g]);
+      ch.c.push_back(sp.c[n]);
+      ch.d.push_back(sp.d[n]);
+      ch.mid.push_back((sp.c[n] + sp.d[n] - grp.pa[g] - grp.pb[g]) / (grp.pb[g] - grp.pa[g]));
+    }
+    out.push_back(std::move(ch));
+  }
+  return out;
+}
+
+/// A param layer's weight and bias at the segment's start and its direction
+/// (zero biases where it has none: adding 0 changes no value).
+struct LayerAt {
+  torch::Tensor w0, dw, b0, db;
+};
+
+LayerAt layer_at(const SegmentEvaluator& ev, size_t l) {
+  const int64_t out = ev.weight_of(ev.start(), l).size(0);
+  auto bias_of = [&](const torch::Tensor& v) {
+    return ev.param_layers()[l].bias_numel > 0 ? ev.bias_of(v, l) : torch::zeros({out}, torch::kFloat64);
+  };
+  return {ev.weight_of(ev.start(), l), ev.weight_of(ev.direction(), l), bias_of(ev.start()), bias_of(ev.direction())};
+}
+
+/// The value at local x of each of a polynomial's units, c [d + 1, H]
+/// (coefficients first) at unit i.
+double poly_at(const double* c, int64_t d, int64_t H, int64_t i, double x) {
+  double v = 0;
+  for (int64_t k = d; k >= 0; --k) v = v * x + c[k * H + i];
+  return v;
+}
+
+/// Pass 1 of a group held through a hidden layer: the hidden layer's
+/// pre-activation on each sub-piece (a polynomial of one degree more than
+/// y's, from y's fit through the selection), its sign at the sub-piece's
+/// midpoint, and its switches inside: each piece's mask is its first
+/// sub-piece's, and a switch (or a sub-piece whose signs differ from it)
+/// is a hidden kink of the piece.
+void hidden_masks(const PieceGroup& grp, const SubPieces& sp, const SubChunk& ch, const Selection& sel,
+                  const LayerAt& hid, LastSiteTerms& out, std::vector<bool>& seen) {
+  const int64_t nc = ch.nc, d = sp.coef.size(1) - 1, Hw = sel.sel.size(1), H = hid.w0.size(0);
+  // y's coefficients through each sub-piece's selection: [nc, d + 1, Hw].
+  const torch::Tensor cg = sp.coef.index_select(0, ch.g);
+  const torch::Tensor hc = cg.gather(2, sel.sel.unsqueeze(1).expand({nc, d + 1, Hw})) * sel.mask.unsqueeze(1);
+  const torch::Tensor g0 = torch::matmul(hc, hid.w0.t()), g1 = torch::matmul(hc, hid.dw.t());  // [nc, d + 1, H]
+  // In local x, t = α + β x: y_h = g0 + t g1 + b + t db, of degree d + 1.
+  std::vector<double> alpha(nc), beta(nc);
+  for (int64_t n = 0; n < nc; ++n) {
+    alpha[n] = 0.5 * (ch.a[n] + ch.b[n]);
+    beta[n] = 0.5 * (ch.b[n] - ch.a[n]);
+  }
+  const torch::TensorOptions opts = g0.options();
+  const torch::Tensor al = torch::tensor(alpha, opts).view({nc, 1, 1}), be = torch::tensor(beta, opts).view({nc, 1, 1});
+  torch::Tensor Y = torch::zeros({nc, d + 2, H}, opts);
+  Y.narrow(1, 0, d + 1).add_(g0 + al * g1);
+  Y.narrow(1, 1, d + 1).add_(be * g1);
+  Y.select(1, 0).add_(hid.b0.unsqueeze(0) + al.view({nc, 1}) * hid.db.unsqueeze(0));
+  Y.select(1, 1).add_(be.view({nc, 1}) * hid.db.unsqueeze(0));
+  const torch::Tensor Yc = Y.contiguous();
+  std::vector<double> roots, coef(static_cast<size_t>(d + 2));
+  for (int64_t n = 0; n < nc; ++n) {
+    const int64_t g = ch.g[n].item<int64_t>(), p = grp.pieces[static_cast<size_t>(g)];
+    const double* y = Yc.data_ptr<double>() + n * (d + 2) * H;
+    const double xc = (2 * ch.c[n] - ch.a[n] - ch.b[n]) / (ch.b[n] - ch.a[n]);
+    const double xd = (2 * ch.d[n] - ch.a[n] - ch.b[n]) / (ch.b[n] - ch.a[n]);
+    // The layer's rounding: a unit within it of 0 on the sub-piece passes
+    // on no more than that whatever its sign, and a root where the unit
+    // stays within it up to the piece's end is that end's own switch (the
+    // piece was cut there), moved by rounding.
+    double scale = 0;
+    for (int64_t i = 0; i < H; ++i) {
+      double bound = 0;
+      for (int64_t k = 0; k <= d + 1; ++k) bound += std::abs(y[k * H + i]);
+      scale = std::max(scale, bound);
+    }
+    const double noise = 64 * kMachineEps * scale;
+    torch::Tensor mask = out.mask[p];
+    double* mk = mask.data_ptr<double>();
+    std::vector<double>& kinks = out.hidden_kinks[static_cast<size_t>(p)];
+    const bool first = !seen[static_cast<size_t>(p)];
+    seen[static_cast<size_t>(p)] = true;
+    bool differs = false;
+    for (int64_t i = 0; i < H; ++i) {
+      const double mid = poly_at(y, d + 1, H, i, ch.mid[n]);
+      if (first) mk[i] = mid > 0 ? 1.0 : 0.0;
+      differs = differs || (std::abs(mid) > noise && mk[i] != (mid > 0 ? 1.0 : 0.0));
+      roots.clear();
+      for (int64_t k = 0; k <= d + 1; ++k) coef[k] = y[k * H + i];
+      roots_in(coef.data(), d + 1, roots);
+      for (double x : roots) {
+        if (x < xc || x > xd) continue;
+        const double end = x < 0 ? -1.0 : 1.0;
+        if (std::abs(poly_at(y, d + 1, H, i, 0.5 * (x + end))) <= noise &&
+            std::abs(poly_at(y, d + 1, H, i, end)) <= noise) {
+          continue;
+        }
+        const double t = ch.a[n] + 0.5 * (x + 1) * (ch.b[n] - ch.a[n]);
+        if (t - ch.a[n] > kMinPiece && ch.b[n] - t > kMinPiece) kinks.push_back(t);
+      }
+    }
+    if (differs && ch.c[n] - ch.a[n] > kMinPiece) kinks.push_back(ch.c[n]);
+  }
+}
+
+/// The effective weights of a held site through a hidden layer per piece:
+/// W(t) D W_h(t) = Σ_a tᵃ E_a [np, 3, K, Hw] and W(t) D b_h(t) + b(t) =
+/// Σ_a tᵃ B_a [np, 3, K], D the piece's mask.
+std::pair<torch::Tensor, torch::Tensor> effective_weights(const LayerAt& fin, const LayerAt& hid,
+                                                          const torch::Tensor& mask) {
+  const torch::Tensor wm = fin.w0.unsqueeze(0) * mask.unsqueeze(1), dwm = fin.dw.unsqueeze(0) * mask.unsqueeze(1);
+  const torch::Tensor e = torch::stack({torch::matmul(wm, hid.w0), torch::matmul(wm, hid.dw) + torch::matmul(dwm, hid.w0),
+                                        torch::matmul(dwm, hid.dw)},
+                                       1);
+  const torch::Tensor b = torch::stack({torch::matmul(wm, hid.b0) + fin.b0, torch::matmul(wm, hid.db) +
+                                                                                torch::matmul(dwm, hid.b0) + fin.db,
+                                        torch::matmul(dwm, hid.db)},
+                                       1);
+  return {e, b};
+}
+
+/// The terms of a round held through a hidden layer (last_site_terms).
+LastSiteTerms hidden_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, const torch::Tensor& node_y,
+                                const torch::Tensor& end_y, bool softmax) {
+  const size_t fin_l = ev.param_layers().size() - 1, hid_l = fin_l - 1, site = fin_l - 2;
+  const LayerAt fin = layer_at(ev, fin_l), hid = layer_at(ev, hid_l);
+  const int64_t K = fin.w0.size(0), H = hid.w0.size(0), Hw = hid.w0.size(1), R = rd.rows, np = rd.np;
+  const torch::Tensor ny = node_y.flatten(1), ey = end_y.flatten(1);  // [R, U], [2 np, U]
+  const int64_t U = ny.size(1);
+  const torch::TensorOptions opts = ny.options();
+  const int64_t pool = ev.pool_after()[site];
+  const std::vector<int64_t> shape = node_y.sizes().vec();
+  const int64_t degree = ev.polynomial_degree() - 2;  // of y on a piece
+  LastSiteTerms out;
+  out.switches.resize(static_cast<size_t>(np));
+  out.hidden_kinks.resize(static_cast<size_t>(np));
+  out.flips.assign(static_cast<size_t>(np), 0);
+  out.argmax.assign(static_cast<size_t>(np), 0);
+  out.mask = torch::zeros({np, H}, opts);
+  std::vector<double> len(static_cast<size_t>(np)), t1(static_cast<size_t>(np));
+  for (int64_t p = 0; p < np; ++p) {
+    const double a = rd.ends[2 * p], b = rd.ends[2 * p + 1];
+    len[static_cast<size_t>(p)] = b - a;
+    t1[static_cast<size_t>(p)] = 0.5 * (b - a) * (b + a);
+  }
+  out.len = torch::tensor(len, opts);
+  out.t1 = torch::tensor(t1, opts);
+  // Pass 1: the sub-pieces, their selections, and each piece's mask.
+  struct Group {
+    PieceGroup grp;
+    SubPieces sp;
+    std::vector<SubChunk> chunks;
+    std::vector<Selection> sel;
+  };
+  std::vector<Group> groups;
+  std::vector<bool> seen(static_cast<size_t>(np), false);
+  for (const auto& [m, pieces] : pieces_by_nodes(rd)) {
+    Group& gr = groups.emplace_back();
+    gr.grp = piece_group(rd, pieces, m, ny, ey);
+    gr.sp = sub_pieces(rd, pieces, gr.grp.ys, gr.grp.xs, degree, shape, pool, out);
+    gr.chunks = sub_chunks(gr.grp, gr.sp, U);
+    for (const SubChunk& ch : gr.chunks) {
+      gr.sel.push_back(selection(gr.grp.ys, gr.grp.xs, ch.g, torch::tensor(ch.mid, opts), shape, pool));
+      PK_ASSERT(gr.sel.back().sel.size(1) == Hw);
+      hidden_masks(gr.grp, gr.sp, ch, gr.sel.back(), hid, out, seen);
+    }
+  }
+  for (std::vector<double>& k : out.hidden_kinks) {
+    std::sort(k.begin(), k.end());
+    k.erase(std::unique(k.begin(), k.end()), k.end());
+  }
+  // Pass 2: each sub-piece's sums under its piece's mask.
+  const auto [e, bias] = effective_weights(fin, hid, out.mask);  // [np, 3, K, Hw], [np, 3, K]
+  torch::Tensor fields = torch::zeros({4, R, U}, opts);
+  out.h0 = torch::zeros({np, Hw}, opts);
+  out.h1 = torch::zeros({np, Hw}, opts);
+  out.p0 = torch::zeros({np, K, Hw}, opts);
+  out.p1 = torch::zeros({np, K, Hw}, opts);
+  out.p0s = torch::zeros({np, K}, opts);
+  out.p1s = torch::zeros({np, K}, opts);
+  for (const Group& gr : groups) {
+    for (size_t c = 0; c < gr.chunks.size(); ++c) {
+      const SubChunk& ch = gr.chunks[c];
+      const Selection& sl = gr.sel[c];
+      const torch::Tensor piece = gr.grp.index.index_select(0, ch.g);
+      const torch::Tensor ep = e.index_select(0, piece);  // [nc, 3, K, Hw]
+      const torch::Tensor z = torch::matmul(sl.hs.unsqueeze(1), ep.transpose(2, 3));  // [nc, 3, S, K]
+      const HiddenSums s = hidden_sums_of(ch.a, ch.b, ch.c, ch.d, gr.grp.xs.index_select(0, ch.g), z,
+                                          bias.index_select(0, piece), gr.grp.m, softmax);
+      out.h0.index_add_(0, piece, torch::bmm(s.q.narrow(1, 0, 1), sl.hs).squeeze(1));
+      out.h1.index_add_(0, piece, torch::bmm(s.q.narrow(1, 1, 1), sl.hs).squeeze(1));
+      torch::Tensor pw;  // [nc, m, Hw]
+      if (softmax) {
+        out.p0.index_add_(0, piece, torch::bmm(s.pq.select(1, 0), sl.hs));
+        out.p1.index_add_(0, piece, torch::bmm(s.pq.select(1, 1), sl.hs));
+        out.p0s.index_add_(0, piece, s.pq.select(1, 0).sum(2));
+        out.p1s.index_add_(0, piece, s.pq.select(1, 1).sum(2));
+        pw = torch::matmul(s.pc, ep).sum(1);  // Σ_a ∫ tᵃ ℓ_j pᵀ E_a
+      }
+      add_hidden_node_fields(gr.grp.rows.index_select(0, ch.g), sl.sel, sl.mask, s.c, pw, fields);
+    }
+  }
+  // The logits' layer, whose input is D y_h, y_h = W_h(t) h + b_h(t).
+  const torch::Tensor lt = out.len.unsqueeze(1), tt = out.t1.unsqueeze(1);
+  out.h_sum = out.mask * (torch::matmul(out.h0, hid.w0.t()) + torch::matmul(out.h1, hid.dw.t()) + lt * hid.b0 +
+                          tt * hid.db);
+  out.ph_sum = out.mask.unsqueeze(1) * (torch::matmul(out.p0, hid.w0.t()) + torch::matmul(out.p1, hid.dw.t()) +
+                                        out.p0s.unsqueeze(2) * hid.b0 + out.p1s.unsqueeze(2) * hid.db);
+  out.p_sum = out.p0s;
+  // The hidden layer's part of J̄ dw: its block (hidden_block) against
+  // [dW_h, db_h], through the direction's products with the integrals.
+  const torch::Tensor u0 = torch::matmul(out.h0, hid.dw.t()) + lt * hid.db;
+  const torch::Tensor u1 = torch::matmul(out.h1, hid.dw.t()) + tt * hid.db;
+  const torch::Tensor v0 = torch::matmul(out.p0, hid.dw.t()) + out.p0s.unsqueeze(2) * hid.db;
+  const torch::Tensor v1 = torch::matmul(out.p1, hid.dw.t()) + out.p1s.unsqueeze(2) * hid.db;
+  const torch::Tensor wm = fin.w0.unsqueeze(0) * out.mask.unsqueeze(1), dwm = fin.dw.unsqueeze(0) * out.mask.unsqueeze(1);
+  const torch::Tensor own = torch::matmul(wm, u0.unsqueeze(2)).squeeze(2) + torch::matmul(dwm, u1.unsqueeze(2)).squeeze(2);
+  out.hidden_dot = own - (wm * v0 + dwm * v1).sum({1, 2}).unsqueeze(1);
+  out.eu = e;
+  out.w_of_u = window_of_unit(shape, pool);
+  out.fields = fields;
+  return out;
+}
+
 }  // namespace
 
 torch::Tensor cotangents_of(const torch::Tensor& fields, const torch::Tensor& w0u, const torch::Tensor& dwu,
@@ -574,12 +1019,13 @@ std::pair<torch::Tensor, torch::Tensor> piece_cotangent_sums(const LastSiteTerms
   const torch::Tensor e = terms.fields.contiguous(), tc = t.contiguous();
   const int64_t R = e.size(1), U = e.size(2), np = rd.np;
   PK_ASSERT(static_cast<int64_t>(rd.piece_of.size()) == R && tc.numel() == R);
-  torch::Tensor sum = torch::zeros({3, np, U}, e.options()), tsum = torch::zeros({3, np, U}, e.options());
+  const int64_t F = e.size(0);
+  torch::Tensor sum = torch::zeros({F, np, U}, e.options()), tsum = torch::zeros({F, np, U}, e.options());
   AT_DISPATCH_FLOATING_TYPES(e.scalar_type(), "piece_cotangent_sums", [&] {
     const scalar_t* ep = e.data_ptr<scalar_t>();
     const scalar_t* tp = tc.data_ptr<scalar_t>();
     scalar_t *sp = sum.data_ptr<scalar_t>(), *tsp = tsum.data_ptr<scalar_t>();
-    for (int64_t f = 0; f < 3; ++f) {
+    for (int64_t f = 0; f < F; ++f) {
       for (int64_t r = 0; r < R; ++r) {
         const scalar_t* er = ep + (f * R + r) * U;
         const int64_t at = (f * np + rd.piece_of[r]) * U;
@@ -590,19 +1036,71 @@ std::pair<torch::Tensor, torch::Tensor> piece_cotangent_sums(const LastSiteTerms
       }
     }
   });
-  return {cotangents_of(sum, terms.w0u, terms.dwu, shape), cotangents_of(tsum, terms.w0u, terms.dwu, shape)};
+  std::vector<int64_t> own(static_cast<size_t>(np));
+  std::iota(own.begin(), own.end(), 0);
+  return {site_cotangents(terms, sum, own, shape), site_cotangents(terms, tsum, own, shape)};
+}
+
+torch::Tensor site_cotangents(const LastSiteTerms& terms, const torch::Tensor& fields,
+                              const std::vector<int64_t>& piece_of, const std::vector<int64_t>& shape) {
+  if (!terms.hidden()) return cotangents_of(fields, terms.w0u, terms.dwu, shape);
+  const int64_t K = terms.eu.size(2), Hw = terms.eu.size(3), R = fields.size(1), U = fields.size(2);
+  PK_ASSERT(static_cast<int64_t>(piece_of.size()) == R && fields.size(0) == 4);
+  std::vector<int64_t> cot_shape{K, R};
+  cot_shape.insert(cot_shape.end(), shape.begin() + 1, shape.end());
+  const torch::Tensor e = fields.contiguous(), eu = terms.eu.contiguous(), w = terms.w_of_u.contiguous();
+  torch::Tensor cot = torch::empty({K, R, U}, fields.options());
+  AT_DISPATCH_FLOATING_TYPES(fields.scalar_type(), "site_cotangents", [&] {
+    const scalar_t* ep = e.data_ptr<scalar_t>();
+    const scalar_t* E = eu.data_ptr<scalar_t>();
+    const int64_t* wu = w.data_ptr<int64_t>();
+    scalar_t* out = cot.data_ptr<scalar_t>();
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t r = 0; r < R; ++r) {
+        const scalar_t* E0 = E + (piece_of[r] * 3 * K + k) * Hw;
+        const scalar_t *E1 = E0 + K * Hw, *E2 = E1 + K * Hw;
+        const scalar_t *e0 = ep + r * U, *e1 = e0 + R * U, *e2 = e1 + R * U, *e3 = e2 + R * U;
+        scalar_t* o = out + (k * R + r) * U;
+        for (int64_t u = 0; u < U; ++u) o[u] = E0[wu[u]] * e0[u] + E1[wu[u]] * e1[u] + E2[wu[u]] * e2[u] - e3[u];
+      }
+    }
+  });
+  return cot.view(cot_shape);
+}
+
+torch::Tensor site_dot(const LastSiteTerms& terms, const torch::Tensor& direction,
+                       const std::vector<int64_t>& piece_of) {
+  const torch::Tensor d = direction.flatten(1);  // [R, U]
+  if (terms.hidden()) {
+    return (site_cotangents(terms, terms.fields, piece_of, d.sizes().vec()) * d.unsqueeze(0)).sum(2);
+  }
+  // G_{k,r} · d_r = (e0 ⊙ d) w0uᵀ + (e1 ⊙ d) dwuᵀ − Σ_u e2 ⊙ d, per row.
+  const torch::Tensor ed = terms.fields * d.unsqueeze(0);  // [3, R, U]
+  return (torch::matmul(ed[0], terms.w0u.t()) + torch::matmul(ed[1], terms.dwu.t()) - ed[2].sum(1, true)).t();
+}
+
+torch::Tensor hidden_block(const SegmentEvaluator& ev, const torch::Tensor& mask, const torch::Tensor& h0,
+                           const torch::Tensor& h1, const torch::Tensor& p0, const torch::Tensor& p1,
+                           const torch::Tensor& len, const torch::Tensor& t1, const torch::Tensor& p0s,
+                           const torch::Tensor& p1s) {
+  const size_t fin_l = ev.param_layers().size() - 1;
+  const LayerAt fin = layer_at(ev, fin_l);
+  const int64_t K = fin.w0.size(0), H = mask.size(0);
+  const torch::Tensor wm = fin.w0 * mask, dwm = fin.dw * mask;  // [K, H]
+  const torch::Tensor shared = torch::matmul(wm.t(), p0) + torch::matmul(dwm.t(), p1);  // [H, Hw]
+  const torch::Tensor weight = wm.unsqueeze(2) * h0.view({1, 1, -1}) + dwm.unsqueeze(2) * h1.view({1, 1, -1}) -
+                               shared.unsqueeze(0);  // [K, H, Hw]
+  if (ev.param_layers()[fin_l - 1].bias_numel == 0) return weight.reshape({K, -1});
+  const torch::Tensor bias = wm * len + dwm * t1 - (torch::matmul(wm.t(), p0s) + torch::matmul(dwm.t(), p1s));
+  return torch::cat({weight.reshape({K, -1}), bias.view({K, H})}, 1);
 }
 
 LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, const torch::Tensor& node_y,
-                              const torch::Tensor& end_y, bool softmax) {
+                              const torch::Tensor& end_y, bool softmax, bool hidden) {
+  if (hidden) return hidden_site_terms(ev, rd, node_y, end_y, softmax);
   const size_t fin = ev.param_layers().size() - 1, site = fin - 1;
-  // A logits' layer without a bias: zero biases (adding 0 changes no value).
-  auto bias_of = [&](const torch::Tensor& v) {
-    return ev.param_layers()[fin].bias_numel > 0 ? ev.bias_of(v, fin)
-                                                 : torch::zeros({ev.num_outputs()}, torch::kFloat64);
-  };
-  Logits lg{ev.weight_of(ev.start(), fin), ev.weight_of(ev.direction(), fin), bias_of(ev.start()),
-            bias_of(ev.direction())};
+  const LayerAt at = layer_at(ev, fin);
+  Logits lg{at.w0, at.dw, at.b0, at.db};
   const int64_t K = lg.w0.size(0), Hw = lg.w0.size(1), R = rd.rows, np = rd.np;
   const torch::Tensor ny = node_y.flatten(1), ey = end_y.flatten(1);  // [R, U], [2 np, U]
   const int64_t U = ny.size(1);
@@ -624,61 +1122,20 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
   out.argmax.assign(static_cast<size_t>(np), 0);
   const int64_t degree = ev.polynomial_degree() - 1;  // of y on a piece
   std::vector<double> len(static_cast<size_t>(np));
-  // Pieces by their node count (all alike but for short pieces).
-  std::map<int64_t, std::vector<int64_t>> by_nodes;
-  for (int64_t p = 0; p < np; ++p) {
-    by_nodes[rd.first[p + 1] - rd.first[p]].push_back(p);
-    len[static_cast<size_t>(p)] = rd.ends[2 * p + 1] - rd.ends[2 * p];
-  }
+  for (int64_t p = 0; p < np; ++p) len[static_cast<size_t>(p)] = rd.ends[2 * p + 1] - rd.ends[2 * p];
   out.len = torch::tensor(len, opts);
-  for (const auto& [m, pieces] : by_nodes) {
-    const int64_t ng = static_cast<int64_t>(pieces.size()), S = m + 2;
-    // Each piece's samples of y, nodes then ends, at local x ∈ [−1, 1].
-    std::vector<int64_t> node_rows, end_rows;
-    std::vector<double> xs, pa, pb;
-    for (int64_t p : pieces) {
-      const double a = rd.ends[2 * p], b = rd.ends[2 * p + 1];
-      for (int64_t r = rd.first[p]; r < rd.first[p + 1]; ++r) {
-        node_rows.push_back(r);
-        xs.push_back((2 * rd.t[r] - a - b) / (b - a));
-      }
-      xs.push_back(-1.0);
-      xs.push_back(1.0);
-      end_rows.push_back(2 * p);
-      end_rows.push_back(2 * p + 1);
-      pa.push_back(a);
-      pb.push_back(b);
-    }
-    const torch::Tensor ys = torch::cat({ny.index_select(0, torch::tensor(node_rows, torch::kLong)).view({ng, m, U}),
-                                         ey.index_select(0, torch::tensor(end_rows, torch::kLong)).view({ng, 2, U})},
-                                        1);  // [ng, S, U]
-    const torch::Tensor xs_t = torch::tensor(xs, opts).view({ng, S});
-    const torch::Tensor rows_t = torch::tensor(node_rows, torch::kLong).view({ng, m});
-    const torch::Tensor pieces_t = torch::tensor(pieces, torch::kLong);
-    const SubPieces sp = sub_pieces(rd, pieces, ys, xs_t, degree, shape, pool, out);
-    const int64_t N = static_cast<int64_t>(sp.piece.size());
-    const int64_t chunk = std::max<int64_t>(1, kChunkDoubles / (S * U));
-    const torch::Tensor sub_t = torch::tensor(sp.piece, torch::kLong);
-    std::vector<double> sa, sb;  // each sub-piece's piece's ends
-    for (int64_t g : sp.piece) {
-      sa.push_back(pa[static_cast<size_t>(g)]);
-      sb.push_back(pb[static_cast<size_t>(g)]);
-    }
-    for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-      const int64_t nc = std::min(chunk, N - n0);
-      const torch::Tensor g = sub_t.narrow(0, n0, nc), xg = xs_t.index_select(0, g);
-      auto part = [&](const std::vector<double>& v) {
-        return std::vector<double>(v.begin() + n0, v.begin() + n0 + nc);
-      };
-      const std::vector<double> a = part(sa), b = part(sb), c = part(sp.c), d = part(sp.d);
-      std::vector<double> mid(static_cast<size_t>(nc));
-      for (int64_t n = 0; n < nc; ++n) mid[n] = (c[n] + d[n] - a[n] - b[n]) / (b[n] - a[n]);
-      const auto [sel, mask, hs] = selection(ys, xs_t, g, torch::tensor(mid, opts), shape, pool);  // hs [nc, S, Hw]
+  for (const auto& [m, pieces] : pieces_by_nodes(rd)) {
+    const PieceGroup grp = piece_group(rd, pieces, m, ny, ey);
+    const SubPieces sp = sub_pieces(rd, pieces, grp.ys, grp.xs, degree, shape, pool, out);
+    for (const SubChunk& ch : sub_chunks(grp, sp, U)) {
+      const torch::Tensor& g = ch.g;
+      const torch::Tensor xg = grp.xs.index_select(0, g);
+      const auto [sel, mask, hs] = selection(grp.ys, grp.xs, g, torch::tensor(ch.mid, opts), shape, pool);  // hs [nc, S, Hw]
       PK_ASSERT(sel.size(1) == Hw);
-      const Sums s = sums_of(a, b, c, d, xg, torch::matmul(hs, lg.w0.t()), torch::matmul(hs, lg.dw.t()), lg, m,
-                             softmax);
+      const Sums s = sums_of(ch.a, ch.b, ch.c, ch.d, xg, torch::matmul(hs, lg.w0.t()), torch::matmul(hs, lg.dw.t()),
+                             lg, m, softmax);
       // The logits' layer, per piece.
-      const torch::Tensor piece = pieces_t.index_select(0, g);
+      const torch::Tensor piece = grp.index.index_select(0, g);
       out.h_sum.index_add_(0, piece, torch::bmm(s.q.unsqueeze(1), hs).squeeze(1));
       torch::Tensor pw;  // [nc, m, Hw]
       if (softmax) {
@@ -687,7 +1144,7 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
         pw = torch::matmul(s.p0, lg.w0) + torch::matmul(s.p1, lg.dw);
       }
       // The nodes' sums on the units that pass on: node row r, unit sel[n, w].
-      add_node_fields(rows_t.index_select(0, g), sel, mask, s.c0, s.c1, pw, fields);
+      add_node_fields(grp.rows.index_select(0, g), sel, mask, s.c0, s.c1, pw, fields);
     }
   }
   out.w0u = lg.w0.index_select(1, w_of_u);

@@ -38,7 +38,52 @@ struct LastSiteTerms {
   /// and a positive pool window's argmax's.
   std::vector<std::vector<double>> switches;
   std::vector<int64_t> flips, argmax;
+
+  /// Held through a hidden layer (QuadratureOptions::LastSite::Hidden: the
+  /// site of param layer L − 3, then the hidden Linear layer L − 2 and its
+  /// ReLU, then the logits). The fields are then [4, R, U]: e0, e1, e2 the
+  /// sums of ∫ σ_u tᵃ ℓ_j, e3 the softmax's part; output k's cotangent on
+  /// unit u of node row r (of piece p) is Σ_a eu[p, a, k, w(u)] e_a[r, u] −
+  /// e3[r, u], with eu [np, 3, K, Hw] the tᵃ terms of W(t) D W_h(t) (the
+  /// logits' layer, the hidden layer's ReLU mask D on the piece, the
+  /// hidden layer) and w_of_u [U] each unit's window. h_sum, ph_sum, p_sum
+  /// and len are the logits' layer's, whose input is D y_h.
+  torch::Tensor eu, w_of_u;
+  /// Per piece: the hidden layer's mask D [np, H], the integrals of its
+  /// input h, ∫ h and ∫ t h [np, Hw], ∫ p hᵀ and ∫ t p hᵀ [np, K, Hw], ∫ t
+  /// [np], ∫ p and ∫ t p [np, K] (hidden_block forms its part of J̄ from
+  /// them), and that part times the direction, [np, K].
+  torch::Tensor mask, h0, h1, p0, p1, t1, p0s, p1s, hidden_dot;
+  /// Per piece, the hidden layer's switches inside it (t, ascending), found
+  /// on the interpolants: the piece must end there (its terms are not used).
+  std::vector<std::vector<double>> hidden_kinks;
+
+  bool hidden() const { return eu.defined(); }
 };
+
+/// Every output's cotangent [K, R, ...] on the held site of `fields` [F, R,
+/// U] (LastSiteTerms::fields, or sums of them), row r's weights those of
+/// piece piece_of[r] (held through a hidden layer; else not read), for a
+/// site of shape `shape` (its first entry, the rows, is not read).
+torch::Tensor site_cotangents(const LastSiteTerms& terms, const torch::Tensor& fields,
+                              const std::vector<int64_t>& piece_of, const std::vector<int64_t>& shape);
+
+/// The held site's part of J̄ dw per node row [K, R]: the rows' cotangents
+/// (site_cotangents of terms.fields) against the site's direction
+/// [R, U] (a pass's `directions` at the site).
+torch::Tensor site_dot(const LastSiteTerms& terms, const torch::Tensor& direction,
+                       const std::vector<int64_t>& piece_of);
+
+/// Held through a hidden layer: the hidden layer's part of J̄ [K, Q] (its
+/// weight [H, Hw] row-major, then its bias where it has one) of a test
+/// point from sums over its pieces that share the mask `mask` [H]: h0, h1
+/// [Hw], p0, p1 [K, Hw], len and t1 scalars [1], p0s, p1s [K]. Output k's
+/// weight block is D (W[k] ⊗ h0 + dW[k] ⊗ h1 − Wᵀ p0 − dWᵀ p1) with W, dW
+/// the logits' layer at the start and its direction [K, H].
+torch::Tensor hidden_block(const SegmentEvaluator& ev, const torch::Tensor& mask, const torch::Tensor& h0,
+                           const torch::Tensor& h1, const torch::Tensor& p0, const torch::Tensor& p1,
+                           const torch::Tensor& len, const torch::Tensor& t1, const torch::Tensor& p0s,
+                           const torch::Tensor& p1s);
 
 /// The cotangents [K, R, ...] of fields [3, R, U] (LastSiteTerms::fields)
 /// for a site of shape `shape` (its first entry, the rows, is not read).
@@ -57,8 +102,9 @@ std::pair<torch::Tensor, torch::Tensor> piece_cotangent_sums(const LastSiteTerms
 /// `node_y` [R, ...] the site's pre-activation at the round's nodes, `end_y`
 /// [2 np, ...] at its pieces' ends (the site's switches inside a piece are
 /// found on their interpolant), `softmax` whether the outputs are the
-/// log-softmax of the logits (p = softmax(z); else p = 0).
+/// log-softmax of the logits (p = softmax(z); else p = 0), `hidden` whether
+/// the site is held through a hidden layer (param layer L − 3's; else L − 2's).
 LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, const torch::Tensor& node_y,
-                              const torch::Tensor& end_y, bool softmax);
+                              const torch::Tensor& end_y, bool softmax, bool hidden = false);
 
 }  // namespace pathkernel

@@ -4,6 +4,7 @@
 // signals are kept per layer in the form the layer's rule keeps them, and
 // failed pieces are searched for kinks between their evaluated rows.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -207,6 +208,8 @@ class LayeredFeatures final : public Integrand {
   int64_t max_rows() const override { return q_.max_rows; }
   std::vector<double> certificate_gaps(const PieceRound& rd) override;
   std::vector<std::vector<double>> kinks_in(const PieceRound& rd, const std::vector<int64_t>& failed) override;
+  /// The kinks inside the failed pieces that the network's rows find.
+  std::vector<std::vector<double>> search_kinks(const PieceRound& rd, const std::vector<int64_t>& failed);
   void accept(const PieceRound& rd, const std::vector<int64_t>& accepted) override;
 
   /// Assembles the kept rows and the first layer's sums into f's layers,
@@ -255,9 +258,9 @@ class LayeredFeatures final : public Integrand {
   void evaluate_held_round(const PieceRound& rd);
   /// The held logits' layer's part of J̄ dw per piece, [np, K].
   torch::Tensor held_dot() const;
-  /// The held site's part of J̄ dw per node row, [K, R], from the
-  /// cotangents' fields.
-  torch::Tensor site_dot() const;
+  /// Held through a hidden layer: adds the accepted piece p's integrals to
+  /// its test point's group of pieces with the same mask.
+  void add_hidden_piece(int64_t point, int64_t p);
   /// The kink sites of the round's rows, nodes then ends (formed once a
   /// round, for find_hidden and kinks_in), and the rows' points and t in
   /// that order.
@@ -317,7 +320,17 @@ class LayeredFeatures final : public Integrand {
   /// at the earlier sites' kinks, and each test point's switches of the
   /// held site (sorted) enter through last_site_terms.
   bool held_ = false;
-  size_t site_ = 0;  ///< the held site: param layer L − 2
+  size_t site_ = 0;  ///< the held site: param layer L − 2, or L − 3 held through a hidden layer
+  /// Held through a hidden layer (QuadratureOptions::LastSite::Hidden):
+  /// the logits' layer's input is the hidden layer's ReLU, and the hidden
+  /// layer's block is formed per test point from its pieces' integrals,
+  /// summed over the pieces that share its mask (hidden_groups_).
+  bool hidden_ = false;
+  struct HiddenGroup {
+    torch::Tensor mask;
+    std::array<torch::Tensor, 8> sums;  ///< h0, h1, p0, p1, len, t1, p0s, p1s (LastSiteTerms)
+  };
+  std::vector<std::vector<HiddenGroup>> hidden_groups_;
   bool softmax_ = false;
   std::vector<std::vector<double>> switches_;
   LastSiteTerms terms_;  ///< the current round's
@@ -376,17 +389,27 @@ LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor
   // Held, a piece takes L − 1 nodes against the pieces' own ⌈L/2⌉ (and
   // moment nodes): under Auto, only where that is no more (L = 3).
   using LastSite = QuadratureOptions::LastSite;
-  held_ = degree > 0 && q.spec.kind == QuadratureSpec::Kind::Gauss && ev.last_site_local() &&
+  const bool gauss = degree > 0 && q.spec.kind == QuadratureSpec::Kind::Gauss;
+  held_ = gauss && ev.last_site_local() &&
           (q.last_site == LastSite::Local || (q.last_site == LastSite::Auto && degree - 1 <= (degree + 1) / 2));
+  // Through a hidden layer, L − 2 nodes a piece.
+  hidden_ = !held_ && gauss && ev.hidden_site_local() &&
+            (q.last_site == LastSite::Hidden || (q.last_site == LastSite::Auto && degree - 2 <= (degree + 1) / 2));
+  held_ = held_ || hidden_;
   if (held_) {
-    // ∂y/∂θ at the held site has degree L − 2 on a piece: L − 1 nodes
-    // interpolate it; the softmax factor is integrated with the scalars.
-    site_ = layers_ - 2;
+    // ∂y/∂θ at the held site has degree L − 2 on a piece (L − 3 through a
+    // hidden layer): L − 1 nodes (L − 2) interpolate it; the softmax factor
+    // is integrated with the scalars.
+    site_ = layers_ - (hidden_ ? 3 : 2);
     softmax_ = ev.log_softmax_output();
     fold_ = false;
-    exact_nodes_ = degree - 1;
+    exact_nodes_ = degree - (hidden_ ? 2 : 1);
     switches_.resize(static_cast<size_t>(n_));
     f.layers[layers_ - 1].form = Form::Dense;
+    if (hidden_) {
+      f.layers[layers_ - 2].form = Form::Dense;
+      hidden_groups_.resize(static_cast<size_t>(n_));
+    }
     const int64_t hw = ev.weight_of(ev.start(), layers_ - 1).size(1);
     h_sum_ = torch::zeros({n_, hw}, opts_);
     ph_sum_ = torch::zeros({n_, k_out_, hw}, opts_);
@@ -686,11 +709,11 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
   pf_ = fresh_pass(er);
   const torch::Tensor end_y = end_select(p0_.preacts[site_], p1_.preacts[site_],
                                          pf_.out.defined() ? pf_.preacts[site_] : torch::Tensor(), end_index_);
-  terms_ = last_site_terms(ev_, rd, pass_.preacts[site_].detach(), end_y, softmax_);
+  terms_ = last_site_terms(ev_, rd, pass_.preacts[site_].detach(), end_y, softmax_, hidden_);
   f_.evaluations += rd.rows;
   const std::vector<int64_t> shape = pass_.preacts[site_].sizes().vec();
   if (!pair_walk_) {
-    sig_ = ev_.signals_from(pass_, site_, cotangents_of(terms_.fields, terms_.w0u, terms_.dwu, shape));
+    sig_ = ev_.signals_from(pass_, site_, site_cotangents(terms_, terms_.fields, rd.piece_of, shape));
     return;
   }
   // The first layer's signals, and the site's block where the first
@@ -704,18 +727,12 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
   }
   piece_first_row_ = torch::tensor(first_row, torch::kLong);
   piece_sel_ = ev_.first_selection(pass_, piece_first_row_);
-  if (!site_of_pairs()) sig_[site_] = cotangents_of(terms_.fields, terms_.w0u, terms_.dwu, shape);
+  if (!site_of_pairs()) sig_[site_] = site_cotangents(terms_, terms_.fields, rd.piece_of, shape);
   // The cotangents are linear in their fields: the sums are the fields'.
   std::tie(piece_g_, piece_gt_) = piece_cotangent_sums(terms_, rd, pass_.t, shape);
   piece_first_dot_ = ev_.first_dot_of_pair(pass_, piece_first_row_, piece_sel_, piece_g_, piece_gt_);
   (site_of_pairs() ? f_.unwalked_cotangents : f_.short_cotangents) += rd.rows * k_out_;
   f_.pair_pieces += rd.np;
-}
-
-torch::Tensor LayeredFeatures::site_dot() const {
-  // G_{k,r} · d_r = (e0 ⊙ d) w0uᵀ + (e1 ⊙ d) dwuᵀ − Σ_u e2 ⊙ d, per row.
-  const torch::Tensor ed = terms_.fields * pass_.directions[site_].flatten(1).unsqueeze(0);  // [3, R, U]
-  return (torch::matmul(ed[0], terms_.w0u.t()) + torch::matmul(ed[1], terms_.dwu.t()) - ed[2].sum(1, true)).t();
 }
 
 torch::Tensor LayeredFeatures::held_dot() const {
@@ -740,13 +757,14 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   torch::Tensor jdw;  // [K, R]
   // Held, the logits' layer's part comes from its integrals (held_dot).
   if (held_ && pair_walk_) {
-    jdw = site_dot();  // the first layer's part is walked per piece (below)
+    jdw = site_dot(terms_, pass_.directions[site_], rd.piece_of);  // the first layer's part is walked per piece (below)
   } else {
     jdw = segment_dot(ev_, pass_, sig_).detach();
   }
   torch::Tensor integral = torch::zeros({rd.np, jdw.size(0)}, opts_).index_add_(
       0, torch::tensor(rd.piece_of, torch::kLong), (jdw * w_t_.unsqueeze(0)).t());  // [np, K]
   if (held_) integral += held_dot();
+  if (hidden_) integral += terms_.hidden_dot;
   if (pair_walk_) integral += piece_first_dot_.t();
   if (rd.moment_rows > 0) {
     const torch::Tensor mdw = segment_dot(ev_, pm_, msig_).detach();  // [1, R_m]
@@ -756,6 +774,10 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   torch::Tensor gap = (integral - (fe.select(1, 1) - fe.select(1, 0))).abs().amax(1).contiguous();  // [np]
   std::vector<double> gaps(gap.data_ptr<double>(), gap.data_ptr<double>() + gap.numel());
   find_hidden(rd, gaps);
+  // A piece across a switch of the hidden layer's ReLU ends there.
+  for (size_t p = 0; p < terms_.hidden_kinks.size(); ++p) {
+    if (!terms_.hidden_kinks[p].empty()) gaps[p] = std::numeric_limits<double>::infinity();
+  }
   return gaps;
 }
 
@@ -828,6 +850,31 @@ void LayeredFeatures::find_hidden(const PieceRound& rd, std::vector<double>& gap
 }
 
 std::vector<std::vector<double>> LayeredFeatures::kinks_in(const PieceRound& rd, const std::vector<int64_t>& failed) {
+  // Held through a hidden layer, a piece across the hidden layer's switches
+  // ends at them, found on its interpolants; the others are searched.
+  if (hidden_) {
+    std::vector<std::vector<double>> cuts(failed.size());
+    std::vector<int64_t> searched, at;
+    for (size_t i = 0; i < failed.size(); ++i) {
+      const std::vector<double>& k = terms_.hidden_kinks[static_cast<size_t>(failed[i])];
+      if (k.empty()) {
+        searched.push_back(failed[i]);
+        at.push_back(static_cast<int64_t>(i));
+        continue;
+      }
+      cuts[i] = k;
+      f_.count_kinks(static_cast<int64_t>(layers_ - 2), QuadratureCounts::kReluFlip, static_cast<int64_t>(k.size()));
+    }
+    if (searched.empty()) return cuts;
+    std::vector<std::vector<double>> found = search_kinks(rd, searched);
+    for (size_t j = 0; j < at.size(); ++j) cuts[static_cast<size_t>(at[j])] = std::move(found[j]);
+    return cuts;
+  }
+  return search_kinks(rd, failed);
+}
+
+std::vector<std::vector<double>> LayeredFeatures::search_kinks(const PieceRound& rd,
+                                                               const std::vector<int64_t>& failed) {
   // Search a, nodes..., b of each failed piece for kinks that the scan
   // missed, with a confirmed hidden switch's row among them (its pattern
   // differs from its neighbours', so both switches are found).
@@ -876,6 +923,7 @@ void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& a
     p_sum_.index_add_(0, pt, terms_.p_sum.index_select(0, pc));
     len_sum_.index_add_(0, pt, terms_.len.index_select(0, pc));
     for (int64_t p : accepted) {
+      if (hidden_) add_hidden_piece(rd.end_point[2 * p], p);
       std::vector<double>& sw = switches_[static_cast<size_t>(rd.end_point[2 * p])];
       sw.insert(sw.end(), terms_.switches[p].begin(), terms_.switches[p].end());
       f_.count_kinks(static_cast<int64_t>(site_), QuadratureCounts::kReluFlip, terms_.flips[p]);
@@ -908,6 +956,21 @@ void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& a
   }
 }
 
+void LayeredFeatures::add_hidden_piece(int64_t point, int64_t p) {
+  const torch::Tensor mask = terms_.mask[p];
+  const std::array<torch::Tensor, 8> sums{terms_.h0[p],  terms_.h1[p],  terms_.p0[p],  terms_.p1[p], terms_.len.narrow(0, p, 1),
+                                          terms_.t1.narrow(0, p, 1), terms_.p0s[p], terms_.p1s[p]};
+  std::vector<HiddenGroup>& groups = hidden_groups_[static_cast<size_t>(point)];
+  auto same = std::find_if(groups.begin(), groups.end(), [&](const HiddenGroup& g) { return g.mask.equal(mask); });
+  if (same == groups.end()) {
+    HiddenGroup& g = groups.emplace_back();
+    g.mask = mask.clone();
+    for (size_t i = 0; i < sums.size(); ++i) g.sums[i] = sums[i].clone();
+    return;
+  }
+  for (size_t i = 0; i < sums.size(); ++i) same->sums[i].add_(sums[i]);
+}
+
 void LayeredFeatures::assemble() {
   for (size_t l = 0; l < layers_; ++l) {
     LayerFeatures& lf = f_.layers[l];
@@ -923,6 +986,19 @@ void LayeredFeatures::assemble() {
     } else if (lf.form == Form::Rows) {
       lf.inputs = torch::cat(kept_inputs_[l], 0);
       lf.signals = torch::cat(kept_signals_[l], 1);
+    }
+  }
+  if (hidden_) {
+    // The hidden layer of every output, per test point from its pieces'
+    // integrals, one block per mask.
+    LayerFeatures& lf = f_.layers[layers_ - 2];
+    const ParamLayer& pl = ev_.param_layers()[layers_ - 2];
+    lf.block = torch::zeros({k_out_, n_, pl.weight_numel + pl.bias_numel}, opts_);
+    for (int64_t i = 0; i < n_; ++i) {
+      for (const HiddenGroup& g : hidden_groups_[static_cast<size_t>(i)]) {
+        const std::array<torch::Tensor, 8>& v = g.sums;
+        lf.block.select(1, i).add_(hidden_block(ev_, g.mask, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]));
+      }
     }
   }
   if (held_) {

@@ -137,6 +137,17 @@ class OwnRoute final : public LayeredRoute {
                  std::vector<torch::Tensor>& sig, size_t lowest = 0) const;
   /// Whether the last kink site can be held (KinkHints::last_site_local).
   bool last_site_holds() const;
+  /// Whether the site below the last hidden layer can be held
+  /// (KinkHints::hidden_site_local).
+  bool hidden_site_holds() const;
+  /// Whether layers first .. last − 1 are a site's ReLU, then an optional
+  /// max-pool and an optional flatten alone.
+  bool relu_pool_flatten(size_t first, size_t last) const;
+  /// The layer index of each param layer.
+  std::vector<size_t> param_positions() const;
+  /// Whether the last param layer (at: param_positions) is a Linear layer
+  /// followed by nothing but a log-softmax: the logits' layer.
+  bool logits_last(const std::vector<size_t>& at) const;
   /// Param layer l's index among the layers.
   size_t layer_index(size_t l) const;
 
@@ -179,27 +190,51 @@ OwnRoute::OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name
   hints_.first_site_affine = !hints_.relu_after.empty() && hints_.relu_after[0];
   hints_.first_input_fixed = true;
   hints_.last_site_local = piecewise_linear && last_site_holds();
+  hints_.hidden_site_local = piecewise_linear && hidden_site_holds();
   // Log-softmax outputs where the layers end in one: the output map of own
   // networks, or a module chain's own log-softmax (its outputs taken as they are).
   log_softmax_ = !layers_.empty() && layers_.back().kind == Kind::LogSoftmax;
 }
 
-bool OwnRoute::last_site_holds() const {
-  std::vector<size_t> at;  // layer index of each param layer
+std::vector<size_t> OwnRoute::param_positions() const {
+  std::vector<size_t> at;
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (has_params(layers_[i])) at.push_back(i);
   }
-  if (at.size() < 3 || layers_[at.back()].kind != Kind::Linear) return false;
+  return at;
+}
+
+bool OwnRoute::logits_last(const std::vector<size_t>& at) const {
+  if (at.empty() || layers_[at.back()].kind != Kind::Linear) return false;
   for (size_t i = at.back() + 1; i < layers_.size(); ++i) {
     if (layers_[i].kind != Kind::LogSoftmax) return false;
   }
+  return true;
+}
+
+bool OwnRoute::relu_pool_flatten(size_t first, size_t last) const {
+  size_t i = first;
+  if (i >= last || layers_[i].kind != Kind::ReLU) return false;
+  if (++i < last && layers_[i].kind == Kind::MaxPool2d) ++i;
+  if (i < last && layers_[i].kind == Kind::Flatten) ++i;
+  return i == last;
+}
+
+bool OwnRoute::last_site_holds() const {
+  const std::vector<size_t> at = param_positions();
   // Between the site and the logits: its ReLU, then an optional max-pool
   // and an optional flatten.
-  size_t i = at[at.size() - 2] + 1;
-  if (i >= at.back() || layers_[i].kind != Kind::ReLU) return false;
-  if (++i < at.back() && layers_[i].kind == Kind::MaxPool2d) ++i;
-  if (i < at.back() && layers_[i].kind == Kind::Flatten) ++i;
-  return i == at.back();
+  return at.size() >= 3 && logits_last(at) && relu_pool_flatten(at[at.size() - 2] + 1, at.back());
+}
+
+bool OwnRoute::hidden_site_holds() const {
+  const std::vector<size_t> at = param_positions();
+  const size_t n = at.size();
+  if (n < 4 || !logits_last(at) || layers_[at[n - 2]].kind != Kind::Linear) return false;
+  // The hidden layer's ReLU alone before the logits; the site's ReLU, an
+  // optional max-pool and a flatten before the hidden layer.
+  return at[n - 2] + 2 == at[n - 1] && layers_[at[n - 2] + 1].kind == Kind::ReLU &&
+         relu_pool_flatten(at[n - 3] + 1, at[n - 2]);
 }
 
 torch::Tensor OwnRoute::param_forward(const LayerDesc& layer, size_t l, const torch::Tensor& h,

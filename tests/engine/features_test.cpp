@@ -258,10 +258,16 @@ TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
     // L = 2 (2 whole nodes cost 8, 1 Gauss node and 2 moment nodes 8 too).
     // A held last site (last_site_test.cpp; by default where L = 3) takes
     // L − 1 nodes a piece and no moment nodes, and its switches are breaks
-    // but not pieces.
-    const bool held = ev.last_site_local() && L == 3;
+    // but not pieces; a site held through a hidden layer (by default where
+    // L = 4, 5) L − 2.
+    const bool held_last = ev.last_site_local() && L == 3;
+    const bool held_hidden = !held_last && ev.hidden_site_local() && (L == 4 || L == 5);
+    const bool held = held_last || held_hidden;
     const bool split = c.map == OutputMap::LogSoftmax && L > 2;
-    const int64_t nodes = held ? L - 1 : c.map == OutputMap::Logits || split ? (L + 1) / 2 : L;
+    const int64_t nodes = held_last     ? L - 1
+                          : held_hidden ? L - 2
+                          : c.map == OutputMap::Logits || split ? (L + 1) / 2
+                                                                : L;
     const int64_t moments = !split || held ? 0 : L % 2 ? L / 2 : L / 2 + 1;
     int64_t pieces = 0;
     for (const std::vector<double>& b : f.breaks) pieces += static_cast<int64_t>(b.size()) - 1;

@@ -23,14 +23,16 @@ using testing::script::have_python_torch;
 /// A 4-class network of the case's architecture.
 NetworkOptions options_for(const Case& c) { return c.options(4, 5); }
 
-/// Held-site features of x on ev's segment against the reference where every
+/// Held-site features of x on ev's segment (the last site, or with `mode`
+/// Hidden the site below the hidden layer) against the reference where every
 /// kink ends a piece, to 1e-12: the features, the certificate, and the held
 /// logits' layer contracted through its factors against a batch's loss
 /// signals and against every output's (the kernel). Returns both.
-std::pair<TestFeatures, TestFeatures> expect_held_as_every_kink(const SegmentEvaluator& ev, const torch::Tensor& x,
-                                                                 OutputMap map, const std::string& name) {
+std::pair<TestFeatures, TestFeatures> expect_held_as_every_kink(
+    const SegmentEvaluator& ev, const torch::Tensor& x, OutputMap map, const std::string& name,
+    QuadratureOptions::LastSite mode = QuadratureOptions::LastSite::Local) {
   QuadratureOptions q;
-  q.last_site = QuadratureOptions::LastSite::Local;
+  q.last_site = mode;
   TestFeatures held = test_features(ev, x, q);
   q.last_site = QuadratureOptions::LastSite::Pieces;
   TestFeatures every = test_features(ev, x, q);
@@ -160,6 +162,83 @@ TEST(LastSite, HeldSiteOfAScriptedChainGivesTheFeaturesOfEveryKinkAPiece) {
   }
 }
 
+/// Held through the hidden layer against every kink a piece
+/// (expect_held_as_every_kink), with the held site's kinks counted, fewer
+/// rows, and auto holding it too (the same features, bit for bit). Returns
+/// the hidden layer's kinks.
+int64_t expect_hidden_held_as_every_kink(const SegmentEvaluator& ev, const torch::Tensor& x, OutputMap map,
+                                         const std::string& name) {
+  EXPECT_TRUE(ev.hidden_site_local()) << name << " (" << ev.route() << ": " << ev.route_reason() << ")";
+  if (!ev.hidden_site_local()) return 0;
+  const auto [held, every] = expect_held_as_every_kink(ev, x, map, name, QuadratureOptions::LastSite::Hidden);
+  EXPECT_TRUE(held.layers[held.layers.size() - 2].block.defined()) << name;
+  const size_t site = ev.param_layers().size() - 3;
+  EXPECT_GT(kinks_at(held, site), 0) << name;
+  EXPECT_LT(held.evaluations + held.moment_evaluations, every.evaluations + every.moment_evaluations) << name;
+  // Auto holds it at four and five param layers.
+  const torch::Tensor a = dense_features(ev, test_features(ev, x, QuadratureOptions())), b = dense_features(ev, held);
+  EXPECT_TRUE(a.equal(b)) << name << ": auto holds the site through the hidden layer";
+  return kinks_at(held, site + 1);
+}
+
+// Networks whose site below a hidden Linear layer can be held through it:
+// MLPs of four and five param layers; logits and log-softmax. Pieces end at
+// the earlier sites' kinks and the hidden layer's, which are found on the
+// pieces' interpolants: a long step crosses both.
+TEST(LastSite, SiteHeldThroughAHiddenLayerGivesTheFeaturesOfEveryKinkAPiece) {
+  const std::vector<Case> cases = {
+      {"mlp:6,5,4", {4}, OutputMap::LogSoftmax},
+      {"mlp:6,5,4", {4}, OutputMap::Logits},
+      {"mlp:6,5,4,3", {4}, OutputMap::LogSoftmax},
+  };
+  int64_t hidden_kinks = 0;
+  for (const Case& c : cases) {
+    Network net = build_network(options_for(c));
+    torch::manual_seed(17);
+    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
+    SegmentEvaluator ev(net);
+    ev.set_segment(w, dw);
+    hidden_kinks += expect_hidden_held_as_every_kink(ev, torch::randn({5, 4}, torch::kFloat64), c.map, c.name());
+  }
+  EXPECT_GT(hidden_kinks, 0) << "no case crossed a switch of the hidden layer";
+}
+
+// A user's TorchScript CNN like the bench's (two convolutions with ReLU and
+// max-pools, a hidden Linear layer and its ReLU, the logits), walked as a
+// chain: the second convolution's site held through the hidden layer.
+TEST(LastSite, SiteOfAScriptedCnnHeldThroughItsHiddenLayer) {
+  REQUIRE_PYTHON_TORCH();
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/cnn.pt";
+  testing::script::python(dir, "class M(nn.Module):\n"
+                               "    def __init__(self):\n"
+                               "        super().__init__()\n"
+                               "        self.conv1 = nn.Conv2d(1, 2, 3, padding=1)\n"
+                               "        self.conv2 = nn.Conv2d(2, 3, 3, padding=1)\n"
+                               "        self.fc1 = nn.Linear(12, 5)\n"
+                               "        self.fc2 = nn.Linear(5, 4)\n"
+                               "    def forward(self, x):\n"
+                               "        h = F.max_pool2d(F.relu(self.conv1(x)), 2)\n"
+                               "        h = F.max_pool2d(F.relu(self.conv2(h)), 2)\n"
+                               "        return self.fc2(F.relu(self.fc1(torch.flatten(h, 1))))\n"
+                               "torch.manual_seed(3)\ntorch.jit.script(M()).save('" + path + "')\n");
+  for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
+    NetworkOptions o;
+    o.spec = ModelSpec::parse("torchscript:" + path);
+    o.input_shape = {1, 8, 8};
+    o.num_classes = 4;
+    o.output = map;
+    Network net = engine_network(o);
+    torch::manual_seed(17);
+    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
+    SegmentEvaluator ev(net);
+    ev.set_segment(w, dw);
+    const std::string name = "scripted cnn/" + output_map_name(map);
+    ASSERT_EQ(ev.route(), "structured") << name << ": " << ev.route_reason();
+    expect_hidden_held_as_every_kink(ev, torch::randn({5, 1, 8, 8}, torch::kFloat64), map, name);
+  }
+}
+
 // Only a piecewise-linear network of three param layers or more holds its
 // last site: with two, that site is the first, whose kinks are closed-form
 // already; smooth units have no kinks.
@@ -170,6 +249,16 @@ TEST(LastSite, OnlyASiteFeedingTheLogitsAloneIsHeld) {
     Network net = build_network(options_for(c));
     SegmentEvaluator ev(net);
     EXPECT_FALSE(ev.last_site_local()) << c.name();
+    EXPECT_FALSE(ev.hidden_site_local()) << c.name();
+  }
+  // Through a hidden layer only where the logits' input is the hidden
+  // layer's ReLU alone, fed by a Linear layer.
+  for (const Case& c : std::vector<Case>{{"cnn:2,3", {1, 8, 8}, OutputMap::LogSoftmax},
+                                         {"cnn:2,3,3", {1, 8, 8}, OutputMap::LogSoftmax},
+                                         {"mlp:6,5", {4}, OutputMap::Logits}}) {
+    Network net = build_network(options_for(c));
+    SegmentEvaluator ev(net);
+    EXPECT_FALSE(ev.hidden_site_local()) << c.name();
   }
 }
 
