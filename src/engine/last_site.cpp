@@ -385,12 +385,24 @@ Selection selection(const torch::Tensor& ys, const torch::Tensor& xs, const torc
 }
 
 /// One sub-piece [c, d] of a piece [a, b] whose samples are at local xs
-/// [S] (the first m the nodes), with the logits of its selection at the
-/// samples: z(t) = Σ_s L_s(t) (z0_s + t z1_s) + b0 + t db.
-struct SubPiece {
+/// [S] (the first m the nodes), of K outputs.
+struct SubPieceSpan {
   int64_t S = 0, m = 0, K = 0;
   double a = 0, b = 0, c = 0, d = 0;
   const double* xs = nullptr;
+};
+
+/// Sub-piece n's span of N: ends c, d, its piece's ends a, b and its
+/// samples' local xs (xc [N, S], contiguous).
+SubPieceSpan span_of(int64_t n, int64_t m, int64_t K, const std::vector<double>& a, const std::vector<double>& b,
+                     const std::vector<double>& c, const std::vector<double>& d, const torch::Tensor& xc) {
+  const int64_t S = xc.size(1);
+  return {S, m, K, a[n], b[n], c[n], d[n], xc.data_ptr<double>() + n * S};
+}
+
+/// A sub-piece with the logits of its selection at the samples:
+/// z(t) = Σ_s L_s(t) (z0_s + t z1_s) + b0 + t db.
+struct SubPiece : SubPieceSpan {
   const double* z0 = nullptr;  ///< [S, K]
   const double* z1 = nullptr;  ///< [S, K]
   const double* b0 = nullptr;
@@ -461,10 +473,7 @@ double p_change(const SubPieceSums& a, const SubPieceSums& b) {
 /// One sub-piece of a piece held through a hidden layer, with the logits of
 /// its selection at the samples: z(t) = Σ_s L_s(t) Σ_a tᵃ z_a,s + Σ_a tᵃ
 /// bias_a (a = 0, 1, 2).
-struct HiddenSubPiece {
-  int64_t S = 0, m = 0, K = 0;
-  double a = 0, b = 0, c = 0, d = 0;
-  const double* xs = nullptr;
+struct HiddenSubPiece : SubPieceSpan {
   const double* z = nullptr;     ///< [3, S, K]
   const double* bias = nullptr;  ///< [3, K]
 };
@@ -569,14 +578,7 @@ Sums sums_of(const std::vector<double>& a, const std::vector<double>& b, const s
   SubPieceSums one(S, m, K), spare(S, m, K);
   for (int64_t n = 0; n < N; ++n) {
     SubPiece sp;
-    sp.S = S;
-    sp.m = m;
-    sp.K = K;
-    sp.a = a[n];
-    sp.b = b[n];
-    sp.c = c[n];
-    sp.d = d[n];
-    sp.xs = xc.data_ptr<double>() + n * S;
+    static_cast<SubPieceSpan&>(sp) = span_of(n, m, K, a, b, c, d, xc);
     sp.z0 = z0.data_ptr<double>() + n * S * K;
     sp.z1 = z1.data_ptr<double>() + n * S * K;
     sp.b0 = b0.data_ptr<double>();
@@ -673,14 +675,7 @@ HiddenSums hidden_sums_of(const std::vector<double>& a, const std::vector<double
   HiddenSubPieceSums one(S, m, K), spare(S, m, K);
   for (int64_t n = 0; n < N; ++n) {
     HiddenSubPiece sp;
-    sp.S = S;
-    sp.m = m;
-    sp.K = K;
-    sp.a = a[n];
-    sp.b = b[n];
-    sp.c = c[n];
-    sp.d = d[n];
-    sp.xs = xc.data_ptr<double>() + n * S;
+    static_cast<SubPieceSpan&>(sp) = span_of(n, m, K, a, b, c, d, xc);
     sp.z = zc.data_ptr<double>() + n * 3 * S * K;
     sp.bias = bc.data_ptr<double>() + n * 3 * K;
     converged_sums(sp, softmax, one, spare);

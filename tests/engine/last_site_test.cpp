@@ -52,6 +52,36 @@ std::pair<TestFeatures, TestFeatures> expect_held_as_every_kink(
   return {std::move(held), std::move(every)};
 }
 
+/// A user's TorchScript CNN for 1 × 8 × 8 inputs and 4 classes, saved in
+/// dir: two convolutions (2 and 3 channels) with ReLU and 2 × 2 max-pools,
+/// then the layers `init` (lines of __init__) and `head` (the forward's
+/// return, of h flattened); read as the engine's network with output map
+/// `map` for each map.
+std::string scripted_cnn(const testing::TempDir& dir, const std::string& init, const std::string& head) {
+  const std::string path = dir.path() + "/cnn.pt";
+  testing::script::python(dir, "class M(nn.Module):\n"
+                               "    def __init__(self):\n"
+                               "        super().__init__()\n"
+                               "        self.conv1 = nn.Conv2d(1, 2, 3, padding=1)\n"
+                               "        self.conv2 = nn.Conv2d(2, 3, 3, padding=1)\n" +
+                                   init +
+                                   "    def forward(self, x):\n"
+                                   "        h = F.max_pool2d(F.relu(self.conv1(x)), 2)\n"
+                                   "        h = torch.flatten(F.max_pool2d(F.relu(self.conv2(h)), 2), 1)\n"
+                                   "        return " +
+                                   head + "\ntorch.manual_seed(3)\ntorch.jit.script(M()).save('" + path + "')\n");
+  return path;
+}
+
+Network scripted_network(const std::string& path, OutputMap map) {
+  NetworkOptions o;
+  o.spec = ModelSpec::parse("torchscript:" + path);
+  o.input_shape = {1, 8, 8};
+  o.num_classes = 4;
+  o.output = map;
+  return engine_network(o);
+}
+
 /// The kinks counted at site l (flips, switches and closed form).
 int64_t kinks_at(const TestFeatures& f, size_t l) {
   int64_t n = 0;
@@ -122,25 +152,9 @@ TEST(LastSite, HeldSiteGivesTheFeaturesOfEveryKinkAPiece) {
 TEST(LastSite, HeldSiteOfAScriptedChainGivesTheFeaturesOfEveryKinkAPiece) {
   REQUIRE_PYTHON_TORCH();
   testing::TempDir dir;
-  const std::string path = dir.path() + "/cnn.pt";
-  testing::script::python(dir, "class M(nn.Module):\n"
-                               "    def __init__(self):\n"
-                               "        super().__init__()\n"
-                               "        self.conv1 = nn.Conv2d(1, 2, 3, padding=1)\n"
-                               "        self.conv2 = nn.Conv2d(2, 3, 3, padding=1)\n"
-                               "        self.fc = nn.Linear(12, 4)\n"
-                               "    def forward(self, x):\n"
-                               "        h = F.max_pool2d(F.relu(self.conv1(x)), 2)\n"
-                               "        h = F.max_pool2d(F.relu(self.conv2(h)), 2)\n"
-                               "        return self.fc(torch.flatten(h, 1))\n"
-                               "torch.manual_seed(3)\ntorch.jit.script(M()).save('" + path + "')\n");
+  const std::string path = scripted_cnn(dir, "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)");
   for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
-    NetworkOptions o;
-    o.spec = ModelSpec::parse("torchscript:" + path);
-    o.input_shape = {1, 8, 8};
-    o.num_classes = 4;
-    o.output = map;
-    Network net = engine_network(o);
+    Network net = scripted_network(path, map);
     torch::manual_seed(17);
     const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
     const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
@@ -209,26 +223,10 @@ TEST(LastSite, SiteHeldThroughAHiddenLayerGivesTheFeaturesOfEveryKinkAPiece) {
 TEST(LastSite, SiteOfAScriptedCnnHeldThroughItsHiddenLayer) {
   REQUIRE_PYTHON_TORCH();
   testing::TempDir dir;
-  const std::string path = dir.path() + "/cnn.pt";
-  testing::script::python(dir, "class M(nn.Module):\n"
-                               "    def __init__(self):\n"
-                               "        super().__init__()\n"
-                               "        self.conv1 = nn.Conv2d(1, 2, 3, padding=1)\n"
-                               "        self.conv2 = nn.Conv2d(2, 3, 3, padding=1)\n"
-                               "        self.fc1 = nn.Linear(12, 5)\n"
-                               "        self.fc2 = nn.Linear(5, 4)\n"
-                               "    def forward(self, x):\n"
-                               "        h = F.max_pool2d(F.relu(self.conv1(x)), 2)\n"
-                               "        h = F.max_pool2d(F.relu(self.conv2(h)), 2)\n"
-                               "        return self.fc2(F.relu(self.fc1(torch.flatten(h, 1))))\n"
-                               "torch.manual_seed(3)\ntorch.jit.script(M()).save('" + path + "')\n");
+  const std::string path = scripted_cnn(dir, "        self.fc1 = nn.Linear(12, 5)\n        self.fc2 = nn.Linear(5, 4)\n",
+                                        "self.fc2(F.relu(self.fc1(h)))");
   for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
-    NetworkOptions o;
-    o.spec = ModelSpec::parse("torchscript:" + path);
-    o.input_shape = {1, 8, 8};
-    o.num_classes = 4;
-    o.output = map;
-    Network net = engine_network(o);
+    Network net = scripted_network(path, map);
     torch::manual_seed(17);
     const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
     SegmentEvaluator ev(net);
