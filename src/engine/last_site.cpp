@@ -878,49 +878,40 @@ std::pair<torch::Tensor, torch::Tensor> effective_weights(const LayerAt& fin, co
   return {e, b};
 }
 
-/// The terms of a round held through a hidden layer (last_site_terms).
-LastSiteTerms hidden_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, const torch::Tensor& node_y,
-                                const torch::Tensor& end_y, bool softmax) {
-  const size_t fin_l = ev.param_layers().size() - 1, hid_l = fin_l - 1, site = fin_l - 2;
-  const LayerAt fin = layer_at(ev, fin_l), hid = layer_at(ev, hid_l);
-  const int64_t K = fin.w0.size(0), H = hid.w0.size(0), Hw = hid.w0.size(1), R = rd.rows, np = rd.np;
-  const torch::Tensor ny = node_y.flatten(1), ey = end_y.flatten(1);  // [R, U], [2 np, U]
-  const int64_t U = ny.size(1);
-  const torch::TensorOptions opts = ny.options();
-  const int64_t pool = ev.pool_after()[site];
-  const std::vector<int64_t> shape = node_y.sizes().vec();
+/// A group of pieces held through a hidden layer, with its sub-pieces in
+/// chunks and each chunk's selection.
+struct HiddenGroup {
+  PieceGroup grp;
+  SubPieces sp;
+  std::vector<SubChunk> chunks;
+  std::vector<Selection> sel;
+};
+
+/// Pass 1 of a round held through a hidden layer: the pieces' sub-pieces at
+/// the site's switches (into out.switches and their counts), their
+/// selections, each piece's mask out.mask [np, H] and the hidden layer's
+/// kinks inside it (out.hidden_kinks, sorted).
+std::vector<HiddenGroup> hidden_groups(const SegmentEvaluator& ev, const PieceRound& rd, const torch::Tensor& ny,
+                                       const torch::Tensor& ey, const std::vector<int64_t>& shape, const LayerAt& hid,
+                                       LastSiteTerms& out) {
+  const size_t site = ev.param_layers().size() - 3;
+  const int64_t np = rd.np, U = ny.size(1), pool = ev.pool_after()[site];
   const int64_t degree = ev.polynomial_degree() - 2;  // of y on a piece
-  LastSiteTerms out;
   out.switches.resize(static_cast<size_t>(np));
   out.hidden_kinks.resize(static_cast<size_t>(np));
   out.flips.assign(static_cast<size_t>(np), 0);
   out.argmax.assign(static_cast<size_t>(np), 0);
-  out.mask = torch::zeros({np, H}, opts);
-  std::vector<double> len(static_cast<size_t>(np)), t1(static_cast<size_t>(np));
-  for (int64_t p = 0; p < np; ++p) {
-    const double a = rd.ends[2 * p], b = rd.ends[2 * p + 1];
-    len[static_cast<size_t>(p)] = b - a;
-    t1[static_cast<size_t>(p)] = 0.5 * (b - a) * (b + a);
-  }
-  out.len = torch::tensor(len, opts);
-  out.t1 = torch::tensor(t1, opts);
-  // Pass 1: the sub-pieces, their selections, and each piece's mask.
-  struct Group {
-    PieceGroup grp;
-    SubPieces sp;
-    std::vector<SubChunk> chunks;
-    std::vector<Selection> sel;
-  };
-  std::vector<Group> groups;
+  out.mask = torch::zeros({np, hid.w0.size(0)}, ny.options());
+  std::vector<HiddenGroup> groups;
   std::vector<bool> seen(static_cast<size_t>(np), false);
   for (const auto& [m, pieces] : pieces_by_nodes(rd)) {
-    Group& gr = groups.emplace_back();
+    HiddenGroup& gr = groups.emplace_back();
     gr.grp = piece_group(rd, pieces, m, ny, ey);
     gr.sp = sub_pieces(rd, pieces, gr.grp.ys, gr.grp.xs, degree, shape, pool, out);
     gr.chunks = sub_chunks(gr.grp, gr.sp, U);
     for (const SubChunk& ch : gr.chunks) {
-      gr.sel.push_back(selection(gr.grp.ys, gr.grp.xs, ch.g, torch::tensor(ch.mid, opts), shape, pool));
-      PK_ASSERT(gr.sel.back().sel.size(1) == Hw);
+      gr.sel.push_back(selection(gr.grp.ys, gr.grp.xs, ch.g, torch::tensor(ch.mid, ny.options()), shape, pool));
+      PK_ASSERT(gr.sel.back().sel.size(1) == hid.w0.size(1));
       hidden_masks(gr.grp, gr.sp, ch, gr.sel.back(), hid, out, seen);
     }
   }
@@ -928,16 +919,21 @@ LastSiteTerms hidden_site_terms(const SegmentEvaluator& ev, const PieceRound& rd
     std::sort(k.begin(), k.end());
     k.erase(std::unique(k.begin(), k.end()), k.end());
   }
-  // Pass 2: each sub-piece's sums under its piece's mask.
-  const auto [e, bias] = effective_weights(fin, hid, out.mask);  // [np, 3, K, Hw], [np, 3, K]
-  torch::Tensor fields = torch::zeros({4, R, U}, opts);
-  out.h0 = torch::zeros({np, Hw}, opts);
-  out.h1 = torch::zeros({np, Hw}, opts);
-  out.p0 = torch::zeros({np, K, Hw}, opts);
-  out.p1 = torch::zeros({np, K, Hw}, opts);
-  out.p0s = torch::zeros({np, K}, opts);
-  out.p1s = torch::zeros({np, K}, opts);
-  for (const Group& gr : groups) {
+  return groups;
+}
+
+/// Pass 2: every sub-piece's sums under its piece's mask, into the node
+/// rows' fields [4, R, U] and the pieces' integrals of the hidden layer's
+/// input (out.h0, h1, p0, p1, p0s, p1s), with the effective weights e [np,
+/// 3, K, Hw] and biases [np, 3, K].
+void add_hidden_sums(const std::vector<HiddenGroup>& groups, const torch::Tensor& e, const torch::Tensor& bias,
+                     bool softmax, torch::Tensor& fields, LastSiteTerms& out) {
+  const int64_t np = e.size(0), K = e.size(2), Hw = e.size(3);
+  const torch::TensorOptions opts = e.options();
+  for (torch::Tensor* v : {&out.h0, &out.h1}) *v = torch::zeros({np, Hw}, opts);
+  for (torch::Tensor* v : {&out.p0, &out.p1}) *v = torch::zeros({np, K, Hw}, opts);
+  for (torch::Tensor* v : {&out.p0s, &out.p1s}) *v = torch::zeros({np, K}, opts);
+  for (const HiddenGroup& gr : groups) {
     for (size_t c = 0; c < gr.chunks.size(); ++c) {
       const SubChunk& ch = gr.chunks[c];
       const Selection& sl = gr.sel[c];
@@ -959,15 +955,18 @@ LastSiteTerms hidden_site_terms(const SegmentEvaluator& ev, const PieceRound& rd
       add_hidden_node_fields(gr.grp.rows.index_select(0, ch.g), sl.sel, sl.mask, s.c, pw, fields);
     }
   }
-  // The logits' layer, whose input is D y_h, y_h = W_h(t) h + b_h(t).
+}
+
+/// From the pieces' integrals of the hidden layer's input: the logits'
+/// layer's sums (its input D y_h, y_h = W_h(t) h + b_h(t)) and the hidden
+/// layer's part of J̄ dw (its block, hidden_block, against [dW_h, db_h]).
+void finish_hidden_terms(const LayerAt& fin, const LayerAt& hid, LastSiteTerms& out) {
   const torch::Tensor lt = out.len.unsqueeze(1), tt = out.t1.unsqueeze(1);
   out.h_sum = out.mask * (torch::matmul(out.h0, hid.w0.t()) + torch::matmul(out.h1, hid.dw.t()) + lt * hid.b0 +
                           tt * hid.db);
   out.ph_sum = out.mask.unsqueeze(1) * (torch::matmul(out.p0, hid.w0.t()) + torch::matmul(out.p1, hid.dw.t()) +
                                         out.p0s.unsqueeze(2) * hid.b0 + out.p1s.unsqueeze(2) * hid.db);
   out.p_sum = out.p0s;
-  // The hidden layer's part of J̄ dw: its block (hidden_block) against
-  // [dW_h, db_h], through the direction's products with the integrals.
   const torch::Tensor u0 = torch::matmul(out.h0, hid.dw.t()) + lt * hid.db;
   const torch::Tensor u1 = torch::matmul(out.h1, hid.dw.t()) + tt * hid.db;
   const torch::Tensor v0 = torch::matmul(out.p0, hid.dw.t()) + out.p0s.unsqueeze(2) * hid.db;
@@ -975,14 +974,37 @@ LastSiteTerms hidden_site_terms(const SegmentEvaluator& ev, const PieceRound& rd
   const torch::Tensor wm = fin.w0.unsqueeze(0) * out.mask.unsqueeze(1), dwm = fin.dw.unsqueeze(0) * out.mask.unsqueeze(1);
   const torch::Tensor own = torch::matmul(wm, u0.unsqueeze(2)).squeeze(2) + torch::matmul(dwm, u1.unsqueeze(2)).squeeze(2);
   out.hidden_dot = own - (wm * v0 + dwm * v1).sum({1, 2}).unsqueeze(1);
+}
+
+/// The terms of a round held through a hidden layer (last_site_terms).
+LastSiteTerms hidden_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, const torch::Tensor& node_y,
+                                const torch::Tensor& end_y, bool softmax) {
+  const size_t fin_l = ev.param_layers().size() - 1;
+  const LayerAt fin = layer_at(ev, fin_l), hid = layer_at(ev, fin_l - 1);
+  const torch::Tensor ny = node_y.flatten(1), ey = end_y.flatten(1);  // [R, U], [2 np, U]
+  const torch::TensorOptions opts = ny.options();
+  const std::vector<int64_t> shape = node_y.sizes().vec();
+  LastSiteTerms out;
+  std::vector<double> len(static_cast<size_t>(rd.np)), t1(static_cast<size_t>(rd.np));
+  for (int64_t p = 0; p < rd.np; ++p) {
+    const double a = rd.ends[2 * p], b = rd.ends[2 * p + 1];
+    len[static_cast<size_t>(p)] = b - a;
+    t1[static_cast<size_t>(p)] = 0.5 * (b - a) * (b + a);
+  }
+  out.len = torch::tensor(len, opts);
+  out.t1 = torch::tensor(t1, opts);
+  const std::vector<HiddenGroup> groups = hidden_groups(ev, rd, ny, ey, shape, hid, out);
+  const auto [e, bias] = effective_weights(fin, hid, out.mask);  // [np, 3, K, Hw], [np, 3, K]
+  out.fields = torch::zeros({4, rd.rows, ny.size(1)}, opts);
+  add_hidden_sums(groups, e, bias, softmax, out.fields, out);
+  finish_hidden_terms(fin, hid, out);
   out.eu = e;
-  out.w_of_u = window_of_unit(shape, pool);
-  out.fields = fields;
+  out.w_of_u = window_of_unit(shape, ev.pool_after()[fin_l - 2]);
   return out;
 }
 
-}  // namespace
-
+/// The cotangents [K, R, ...] of fields [3, R, U] (LastSiteTerms::fields)
+/// for a site of shape `shape` (its first entry, the rows, is not read).
 torch::Tensor cotangents_of(const torch::Tensor& fields, const torch::Tensor& w0u, const torch::Tensor& dwu,
                             const std::vector<int64_t>& shape) {
   const int64_t K = w0u.size(0), R = fields.size(1), U = fields.size(2);
@@ -1008,6 +1030,8 @@ torch::Tensor cotangents_of(const torch::Tensor& fields, const torch::Tensor& w0
   }
   return cot.view(cot_shape);
 }
+
+}  // namespace
 
 std::pair<torch::Tensor, torch::Tensor> piece_cotangent_sums(const LastSiteTerms& terms, const PieceRound& rd,
                                                              const torch::Tensor& t, const std::vector<int64_t>& shape) {

@@ -22,7 +22,7 @@ namespace pathkernel {
 struct LastSiteTerms {
   /// Per node row, every output's cotangent on y, factored (the rows walk
   /// it back to the layers below, Route::signals_from, formed by
-  /// cotangents_of): output k's on unit u (window w(u)) is
+  /// site_cotangents): output k's on unit u (window w(u)) is
   /// w0u[k, u] e0[r, u] + dwu[k, u] e1[r, u] − e2[r, u], with
   /// fields = [e0, e1, e2] [3, R, U] and w0u, dwu [K, U] the logits' layer's
   /// weights at the start and its direction, taken at each unit's window.
@@ -85,14 +85,9 @@ torch::Tensor hidden_block(const SegmentEvaluator& ev, const torch::Tensor& mask
                            const torch::Tensor& len, const torch::Tensor& t1, const torch::Tensor& p0s,
                            const torch::Tensor& p1s);
 
-/// The cotangents [K, R, ...] of fields [3, R, U] (LastSiteTerms::fields)
-/// for a site of shape `shape` (its first entry, the rows, is not read).
-torch::Tensor cotangents_of(const torch::Tensor& fields, const torch::Tensor& w0u, const torch::Tensor& dwu,
-                            const std::vector<int64_t>& shape);
-
 /// Per piece of round `rd`, the sums over its node rows of the cotangents
-/// of `terms` (cotangents_of) and of them times the rows' t: [K, np, ...]
-/// each, as cotangents_of of the fields summed by piece (each piece's rows
+/// of `terms` (site_cotangents) and of them times the rows' t: [K, np, ...]
+/// each, as site_cotangents of the fields summed by piece (each piece's rows
 /// added in order), without forming the fields times t.
 std::pair<torch::Tensor, torch::Tensor> piece_cotangent_sums(const LastSiteTerms& terms, const PieceRound& rd,
                                                              const torch::Tensor& t, const std::vector<int64_t>& shape);

@@ -325,7 +325,7 @@ class LayeredFeatures final : public Integrand {
   /// the logits' layer's input is the hidden layer's ReLU, and the hidden
   /// layer's block is formed per test point from its pieces' integrals,
   /// summed over the pieces that share its mask (hidden_groups_).
-  bool hidden_ = false;
+  bool through_hidden_ = false;
   struct HiddenGroup {
     torch::Tensor mask;
     std::array<torch::Tensor, 8> sums;  ///< h0, h1, p0, p1, len, t1, p0s, p1s (LastSiteTerms)
@@ -393,20 +393,20 @@ LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor
   held_ = gauss && ev.last_site_local() &&
           (q.last_site == LastSite::Local || (q.last_site == LastSite::Auto && degree - 1 <= (degree + 1) / 2));
   // Through a hidden layer, L − 2 nodes a piece.
-  hidden_ = !held_ && gauss && ev.hidden_site_local() &&
+  through_hidden_ = !held_ && gauss && ev.hidden_site_local() &&
             (q.last_site == LastSite::Hidden || (q.last_site == LastSite::Auto && degree - 2 <= (degree + 1) / 2));
-  held_ = held_ || hidden_;
+  held_ = held_ || through_hidden_;
   if (held_) {
     // ∂y/∂θ at the held site has degree L − 2 on a piece (L − 3 through a
     // hidden layer): L − 1 nodes (L − 2) interpolate it; the softmax factor
     // is integrated with the scalars.
-    site_ = layers_ - (hidden_ ? 3 : 2);
+    site_ = layers_ - (through_hidden_ ? 3 : 2);
     softmax_ = ev.log_softmax_output();
     fold_ = false;
-    exact_nodes_ = degree - (hidden_ ? 2 : 1);
+    exact_nodes_ = degree - (through_hidden_ ? 2 : 1);
     switches_.resize(static_cast<size_t>(n_));
     f.layers[layers_ - 1].form = Form::Dense;
-    if (hidden_) {
+    if (through_hidden_) {
       f.layers[layers_ - 2].form = Form::Dense;
       hidden_groups_.resize(static_cast<size_t>(n_));
     }
@@ -709,7 +709,7 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
   pf_ = fresh_pass(er);
   const torch::Tensor end_y = end_select(p0_.preacts[site_], p1_.preacts[site_],
                                          pf_.out.defined() ? pf_.preacts[site_] : torch::Tensor(), end_index_);
-  terms_ = last_site_terms(ev_, rd, pass_.preacts[site_].detach(), end_y, softmax_, hidden_);
+  terms_ = last_site_terms(ev_, rd, pass_.preacts[site_].detach(), end_y, softmax_, through_hidden_);
   f_.evaluations += rd.rows;
   const std::vector<int64_t> shape = pass_.preacts[site_].sizes().vec();
   if (!pair_walk_) {
@@ -764,7 +764,7 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   torch::Tensor integral = torch::zeros({rd.np, jdw.size(0)}, opts_).index_add_(
       0, torch::tensor(rd.piece_of, torch::kLong), (jdw * w_t_.unsqueeze(0)).t());  // [np, K]
   if (held_) integral += held_dot();
-  if (hidden_) integral += terms_.hidden_dot;
+  if (through_hidden_) integral += terms_.hidden_dot;
   if (pair_walk_) integral += piece_first_dot_.t();
   if (rd.moment_rows > 0) {
     const torch::Tensor mdw = segment_dot(ev_, pm_, msig_).detach();  // [1, R_m]
@@ -852,7 +852,7 @@ void LayeredFeatures::find_hidden(const PieceRound& rd, std::vector<double>& gap
 std::vector<std::vector<double>> LayeredFeatures::kinks_in(const PieceRound& rd, const std::vector<int64_t>& failed) {
   // Held through a hidden layer, a piece across the hidden layer's switches
   // ends at them, found on its interpolants; the others are searched.
-  if (hidden_) {
+  if (through_hidden_) {
     std::vector<std::vector<double>> cuts(failed.size());
     std::vector<int64_t> searched, at;
     for (size_t i = 0; i < failed.size(); ++i) {
@@ -923,7 +923,7 @@ void LayeredFeatures::accept(const PieceRound& rd, const std::vector<int64_t>& a
     p_sum_.index_add_(0, pt, terms_.p_sum.index_select(0, pc));
     len_sum_.index_add_(0, pt, terms_.len.index_select(0, pc));
     for (int64_t p : accepted) {
-      if (hidden_) add_hidden_piece(rd.end_point[2 * p], p);
+      if (through_hidden_) add_hidden_piece(rd.end_point[2 * p], p);
       std::vector<double>& sw = switches_[static_cast<size_t>(rd.end_point[2 * p])];
       sw.insert(sw.end(), terms_.switches[p].begin(), terms_.switches[p].end());
       f_.count_kinks(static_cast<int64_t>(site_), QuadratureCounts::kReluFlip, terms_.flips[p]);
@@ -988,7 +988,7 @@ void LayeredFeatures::assemble() {
       lf.signals = torch::cat(kept_signals_[l], 1);
     }
   }
-  if (hidden_) {
+  if (through_hidden_) {
     // The hidden layer of every output, per test point from its pieces'
     // integrals, one block per mask.
     LayerFeatures& lf = f_.layers[layers_ - 2];
