@@ -418,47 +418,61 @@ struct SubPieceSums {
   }
 };
 
-/// A sub-piece's sums by kGaussPoints-node Gauss–Legendre on `parts` equal
-/// sub-intervals (the integrals of p only with `softmax`).
-void sub_piece_sums(const SubPiece& sp, int64_t parts, bool softmax, SubPieceSums& out) {
+/// Calls at(t, w, x) at every node of kGaussPoints-node Gauss–Legendre on
+/// `parts` equal sub-intervals of the sub-piece [c, d]: the node t, its
+/// weight w and its local x in the piece [a, b].
+template <typename Fn>
+void for_each_node(const SubPieceSpan& sp, int64_t parts, Fn&& at) {
   const QuadratureRule& unit = gauss_legendre(kGaussPoints, 0.0, 1.0);
-  const int64_t S = sp.S, m = sp.m, K = sp.K;
-  std::vector<double> ls(S), lj(m), z(K), p(K);
-  out.clear();
   const double len = (sp.d - sp.c) / static_cast<double>(parts);
   for (int64_t part = 0; part < parts; ++part) {
     for (size_t g = 0; g < unit.nodes.size(); ++g) {
       const double t = sp.c + len * (static_cast<double>(part) + unit.nodes[g]);
-      const double w = len * unit.weights[g];
-      const double x = (2 * t - sp.a - sp.b) / (sp.b - sp.a);
-      for (int64_t s = 0; s < S; ++s) {  // L_s on all samples, ℓ_j on the nodes alone
-        const double l = ls[s] = lagrange_basis(sp.xs, S, s, x);
-        out.q[s] += w * l;
-      }
-      for (int64_t j = 0; j < m; ++j) {
-        const double l = lj[j] = lagrange_basis(sp.xs, m, j, x);
-        out.c0[j] += w * l;
-        out.c1[j] += w * t * l;
-      }
-      if (!softmax) continue;
-      double top = -std::numeric_limits<double>::infinity(), total = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        double v = sp.b0[k] + t * sp.db[k];
-        for (int64_t s = 0; s < S; ++s) v += ls[s] * (sp.z0[s * K + k] + t * sp.z1[s * K + k]);
-        z[k] = v;
-        top = std::max(top, v);
-      }
-      for (int64_t k = 0; k < K; ++k) total += p[k] = std::exp(z[k] - top);
-      for (int64_t k = 0; k < K; ++k) {
-        const double wp = w * p[k] / total;
-        for (int64_t s = 0; s < S; ++s) out.pq[k * S + s] += wp * ls[s];
-        for (int64_t j = 0; j < m; ++j) {
-          out.p0[j * K + k] += wp * lj[j];
-          out.p1[j * K + k] += wp * t * lj[j];
-        }
-      }
+      at(t, len * unit.weights[g], (2 * t - sp.a - sp.b) / (sp.b - sp.a));
     }
   }
+}
+
+/// p = exp(z − max z) and its sum, the softmax's denominator.
+double unnormalised_softmax(const std::vector<double>& z, std::vector<double>& p) {
+  const double top = *std::max_element(z.begin(), z.end());
+  double total = 0;
+  for (size_t k = 0; k < z.size(); ++k) total += p[k] = std::exp(z[k] - top);
+  return total;
+}
+
+/// A sub-piece's sums by kGaussPoints-node Gauss–Legendre on `parts` equal
+/// sub-intervals (the integrals of p only with `softmax`).
+void sub_piece_sums(const SubPiece& sp, int64_t parts, bool softmax, SubPieceSums& out) {
+  const int64_t S = sp.S, m = sp.m, K = sp.K;
+  std::vector<double> ls(S), lj(m), z(K), p(K);
+  out.clear();
+  for_each_node(sp, parts, [&](double t, double w, double x) {
+    for (int64_t s = 0; s < S; ++s) {  // L_s on all samples, ℓ_j on the nodes alone
+      const double l = ls[s] = lagrange_basis(sp.xs, S, s, x);
+      out.q[s] += w * l;
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const double l = lj[j] = lagrange_basis(sp.xs, m, j, x);
+      out.c0[j] += w * l;
+      out.c1[j] += w * t * l;
+    }
+    if (!softmax) return;
+    for (int64_t k = 0; k < K; ++k) {
+      double v = sp.b0[k] + t * sp.db[k];
+      for (int64_t s = 0; s < S; ++s) v += ls[s] * (sp.z0[s * K + k] + t * sp.z1[s * K + k]);
+      z[k] = v;
+    }
+    const double total = unnormalised_softmax(z, p);
+    for (int64_t k = 0; k < K; ++k) {
+      const double wp = w * p[k] / total;
+      for (int64_t s = 0; s < S; ++s) out.pq[k * S + s] += wp * ls[s];
+      for (int64_t j = 0; j < m; ++j) {
+        out.p0[j * K + k] += wp * lj[j];
+        out.p1[j * K + k] += wp * t * lj[j];
+      }
+    }
+  });
 }
 
 /// The largest change of the integrals of p between two levels of a sub-piece's sums.
@@ -499,50 +513,41 @@ double p_change(const HiddenSubPieceSums& a, const HiddenSubPieceSums& b) {
 /// A hidden sub-piece's sums by kGaussPoints-node Gauss–Legendre on `parts`
 /// equal sub-intervals (the integrals of p only with `softmax`).
 void sub_piece_sums(const HiddenSubPiece& sp, int64_t parts, bool softmax, HiddenSubPieceSums& out) {
-  const QuadratureRule& unit = gauss_legendre(kGaussPoints, 0.0, 1.0);
   const int64_t S = sp.S, m = sp.m, K = sp.K;
   std::vector<double> ls(S), lj(m), z(K), p(K);
   out.clear();
-  const double len = (sp.d - sp.c) / static_cast<double>(parts);
-  for (int64_t part = 0; part < parts; ++part) {
-    for (size_t g = 0; g < unit.nodes.size(); ++g) {
-      const double t = sp.c + len * (static_cast<double>(part) + unit.nodes[g]);
-      const double w = len * unit.weights[g];
-      const double tw[3] = {w, w * t, w * t * t};
-      const double x = (2 * t - sp.a - sp.b) / (sp.b - sp.a);
+  for_each_node(sp, parts, [&](double t, double w, double x) {
+    const double tw[3] = {w, w * t, w * t * t};
+    for (int64_t s = 0; s < S; ++s) {
+      const double l = ls[s] = lagrange_basis(sp.xs, S, s, x);
+      out.q[s] += tw[0] * l;
+      out.q[S + s] += tw[1] * l;
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const double l = lj[j] = lagrange_basis(sp.xs, m, j, x);
+      for (int a = 0; a < 3; ++a) out.c[a * m + j] += tw[a] * l;
+    }
+    if (!softmax) return;
+    for (int64_t k = 0; k < K; ++k) {
+      double v = sp.bias[k] + t * (sp.bias[K + k] + t * sp.bias[2 * K + k]);
       for (int64_t s = 0; s < S; ++s) {
-        const double l = ls[s] = lagrange_basis(sp.xs, S, s, x);
-        out.q[s] += tw[0] * l;
-        out.q[S + s] += tw[1] * l;
+        const double* zs = sp.z + s * K + k;  // z_a,s at zs[a S K]
+        v += ls[s] * (zs[0] + t * (zs[S * K] + t * zs[2 * S * K]));
+      }
+      z[k] = v;
+    }
+    const double total = unnormalised_softmax(z, p);
+    for (int64_t k = 0; k < K; ++k) {
+      const double pk = p[k] / total;
+      for (int64_t s = 0; s < S; ++s) {
+        out.pq[k * S + s] += tw[0] * pk * ls[s];
+        out.pq[(K + k) * S + s] += tw[1] * pk * ls[s];
       }
       for (int64_t j = 0; j < m; ++j) {
-        const double l = lj[j] = lagrange_basis(sp.xs, m, j, x);
-        for (int a = 0; a < 3; ++a) out.c[a * m + j] += tw[a] * l;
-      }
-      if (!softmax) continue;
-      double top = -std::numeric_limits<double>::infinity(), total = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        double v = sp.bias[k] + t * (sp.bias[K + k] + t * sp.bias[2 * K + k]);
-        for (int64_t s = 0; s < S; ++s) {
-          const double* zs = sp.z + s * K + k;  // z_a,s at zs[a S K]
-          v += ls[s] * (zs[0] + t * (zs[S * K] + t * zs[2 * S * K]));
-        }
-        z[k] = v;
-        top = std::max(top, v);
-      }
-      for (int64_t k = 0; k < K; ++k) total += p[k] = std::exp(z[k] - top);
-      for (int64_t k = 0; k < K; ++k) {
-        const double pk = p[k] / total;
-        for (int64_t s = 0; s < S; ++s) {
-          out.pq[k * S + s] += tw[0] * pk * ls[s];
-          out.pq[(K + k) * S + s] += tw[1] * pk * ls[s];
-        }
-        for (int64_t j = 0; j < m; ++j) {
-          for (int a = 0; a < 3; ++a) out.pc[(a * m + j) * K + k] += tw[a] * pk * lj[j];
-        }
+        for (int a = 0; a < 3; ++a) out.pc[(a * m + j) * K + k] += tw[a] * pk * lj[j];
       }
     }
-  }
+  });
 }
 
 /// A sub-piece's sums, refined until two successive levels agree to
