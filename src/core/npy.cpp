@@ -2,6 +2,7 @@
 #include "pathkernel/npy.h"
 #include "pathkernel/npy_array.h"
 
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -274,6 +275,32 @@ void check_values(const torch::Tensor& values, const std::string& what) {
                                                    << " (one per uint8 code)");
 }
 
+/// out[i] = table[codes[i]] for element type T (the table's bits, whatever
+/// its dtype), one pass over the codes.
+template <typename T>
+void gather_as(const uint8_t* codes, const void* table, void* out, int64_t n) {
+  const T* t = static_cast<const T*>(table);
+  T* o = static_cast<T*>(out);
+  for (int64_t i = 0; i < n; ++i) o[i] = t[codes[i]];
+}
+
+/// The coded array: each code's entry of the table, in the table's dtype.
+/// Gathered by element size straight from the uint8 codes, so that no
+/// int64 index as large as the array (eight bytes a code) is made on the way.
+torch::Tensor gather_codes(const torch::Tensor& codes, const torch::Tensor& values) {
+  torch::Tensor out = torch::empty(codes.sizes(), values.options());
+  const uint8_t* c = codes.data_ptr<uint8_t>();
+  const int64_t n = codes.numel();
+  // A table holds float64, float32, int64 or int32 (parse): 8 or 4 bytes.
+  PK_ASSERT(values.element_size() == 8 || values.element_size() == 4);
+  if (values.element_size() == 8) {
+    gather_as<uint64_t>(c, values.data_ptr(), out.data_ptr(), n);
+  } else {
+    gather_as<uint32_t>(c, values.data_ptr(), out.data_ptr(), n);
+  }
+  return out;
+}
+
 }  // namespace
 
 torch::Tensor parse_npy(const std::string& bytes, const std::string& what) { return parse(bytes, what, false); }
@@ -294,7 +321,7 @@ torch::Tensor decode_values(const torch::Tensor& codes, const torch::Tensor& val
   PK_CHECK(largest < values.size(0), what << ": code " << largest << " is out of range of the table of "
                                           << values.size(0) << " values (codes must be in [0, "
                                           << values.size(0) << "))");
-  return values.index_select(0, codes.reshape(-1).to(torch::kLong)).reshape(codes.sizes());
+  return gather_codes(codes.contiguous(), values.contiguous());
 }
 
 std::vector<std::string> npy_array_files(const std::string& dir, const std::string& name) {

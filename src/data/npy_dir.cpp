@@ -86,17 +86,30 @@ void check_labels(const torch::Tensor& y, const torch::Tensor& x, const std::str
                                               << "], expected class numbers in [0, " << kMaxClasses << ")");
 }
 
+/// Whether every value of a float array is finite: one pass over it, with
+/// no temporary as large as the array (torch::isfinite makes three; a
+/// training set is hundreds of MB).
+bool all_finite(const torch::Tensor& x) {
+  const torch::Tensor c = x.contiguous();
+  bool finite = true;
+  AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), "all_finite", [&] {
+    const scalar_t* p = c.data_ptr<scalar_t>();
+    for (int64_t i = 0, n = c.numel(); i < n; ++i) finite &= static_cast<bool>(std::isfinite(p[i]));
+  });
+  return finite;
+}
+
 void check_inputs(const torch::Tensor& x, const std::string& what, const std::string& where) {
   PK_CHECK(x.dim() >= 2, where << ": " << what << "_x.npy has shape " << x.sizes()
                                << ", expected [n, *input_shape] with at least one input dimension");
   if (x.numel() == 0) return;
   if (is_integer(x)) {
-    const double largest = x.abs().max().item<double>();
+    // From the extremes (reductions), not x.abs() (a copy of the array).
+    const double largest = std::max(std::abs(x.min().item<double>()), std::abs(x.max().item<double>()));
     PK_CHECK(largest < kMaxExactInteger, where << ": " << what << "_x.npy holds the integer " << largest
                                                << ", expected |x| < 2^53 (exact in float64)");
   } else {
-    PK_CHECK(torch::isfinite(x).all().item<bool>(),
-             where << ": " << what << "_x.npy holds a value that is not finite (NaN or infinite)");
+    PK_CHECK(all_finite(x), where << ": " << what << "_x.npy holds a value that is not finite (NaN or infinite)");
   }
 }
 

@@ -1,9 +1,11 @@
 // Tests of the npy:DIR dataset (src/data/npy_dir.cpp) with coded arrays: an
 // input of at most 256 distinct values stored as NAME.codes.npy (uint8) and
-// NAME.values.npy, as the recorder writes it.
+// NAME.values.npy, as the recorder writes it; and the checks of the inputs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "../test_util.h"
 #include "pathkernel/dataset.h"
@@ -72,6 +74,45 @@ TEST(NpyDirCoded, ABrokenPairIsAClearErrorNamingTheDataset) {
   EXPECT_CONTAINS(e, "train_x.codes.npy but not train_x.values.npy");
   std::filesystem::remove(dir / "train_x.codes.npy");
   EXPECT_CONTAINS(error_message([&] { load_dataset(o); }), "missing train_x.npy");
+}
+
+TEST(NpyDir, RefusesInputsThatAreNotFiniteOrTooLargeNamingTheArray) {
+  TempDir dir;
+  write_npy(dir / "train_y.npy", torch::zeros({5}, torch::kLong));
+  write_npy(dir / "test_y.npy", torch::zeros({0}, torch::kLong));
+  DataOptions o;
+  o.spec = "npy:" + dir.path();
+  const double bad_values[] = {std::nan(""), std::numeric_limits<double>::infinity(),
+                               -std::numeric_limits<double>::infinity()};
+  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    write_npy(dir / "test_x.npy", torch::zeros({0, 1, 4, 4}, dtype));
+    for (double bad : bad_values) {
+      torch::Tensor x = torch::rand({5, 1, 4, 4}, torch::kFloat64).to(dtype);
+      write_npy(dir / "train_x.npy", x);
+      EXPECT_EQ(load_dataset(o).x_train.size(0), 5) << dtype;
+      x[4][0][3][3] = bad;  // the last value: a check that stops short misses it
+      write_npy(dir / "train_x.npy", x);
+      EXPECT_CONTAINS(error_message([&] { load_dataset(o); }),
+                      "train_x.npy holds a value that is not finite (NaN or infinite)");
+    }
+  }
+  // A coded array's NaN is found in the decoded array.
+  std::filesystem::remove(dir / "train_x.npy");
+  torch::Tensor codes = torch::zeros({5, 1, 4, 4}, torch::kUInt8);
+  codes[3][0][2][1] = 2;
+  write_npy(dir / "train_x.codes.npy", codes);
+  write_npy(dir / "train_x.values.npy", torch::tensor({0.0f, 0.5f, std::nanf("")}));
+  EXPECT_CONTAINS(error_message([&] { load_dataset(o); }), "train_x.npy holds a value that is not finite");
+  std::filesystem::remove(dir / "train_x.codes.npy");
+  std::filesystem::remove(dir / "train_x.values.npy");
+  // Integer codes: |x| < 2^53, by the smallest value as well as the largest.
+  write_npy(dir / "test_x.npy", torch::zeros({0, 3}, torch::kLong));
+  for (int64_t bad : {int64_t(1) << 53, -(int64_t(1) << 53)}) {
+    torch::Tensor x = torch::ones({5, 3}, torch::kLong);
+    x[2][1] = bad;
+    write_npy(dir / "train_x.npy", x);
+    EXPECT_CONTAINS(error_message([&] { load_dataset(o); }), "train_x.npy holds the integer 9.0072e+15");
+  }
 }
 
 }  // namespace
