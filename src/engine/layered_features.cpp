@@ -26,6 +26,15 @@ namespace {
 using Kind = LayerDesc::Kind;
 using Form = LayerFeatures::Form;
 
+/// A round's rows each walk K cotangents back through every layer, so its
+/// largest blocks hold about rows × K × (one row's activations) doubles.
+/// Rounds are held to kRoundDoubles of them (32 MiB), and at least
+/// kMinRoundRows rows: a step with many kinks (a large early step) takes
+/// more rounds rather than more memory. (The user CNN's one-epoch `verify`:
+/// rounds of up to 158 rows, 1.2 GB at its peak, without the bound.)
+constexpr int64_t kRoundDoubles = int64_t(1) << 22;
+constexpr int64_t kMinRoundRows = 8;
+
 /// Rows (point[j], t[j]) as rows of three passes laid end to end: the
 /// segment's start (row i: t = 0 of test point i), its end (n + i: t = 1)
 /// and `fresh`, the other distinct (point, t) pairs, each once. The scan's
@@ -205,7 +214,7 @@ class LayeredFeatures final : public Integrand {
   std::vector<std::vector<double>> initial_kinks() override;
   int64_t exact_nodes() const override { return exact_nodes_; }
   int64_t split_outputs() const override { return fold_ ? ev_.num_outputs() : 0; }
-  int64_t max_rows() const override { return q_.max_rows; }
+  int64_t max_rows() const override { return max_rows_; }
   std::vector<double> certificate_gaps(const PieceRound& rd) override;
   std::vector<std::vector<double>> kinks_in(const PieceRound& rd, const std::vector<int64_t>& failed) override;
   /// The kinks inside the failed pieces that the network's rows find.
@@ -269,6 +278,10 @@ class LayeredFeatures final : public Integrand {
   std::vector<double> round_t(const PieceRound& rd) const;
   /// Piece p's rows of round_sites() ascending in t: its ends and its nodes.
   std::vector<int64_t> piece_rows(const PieceRound& rd, int64_t p) const;
+  /// Rows a round: at most `most` (QuadratureOptions::max_rows) and within
+  /// kRoundDoubles of K cotangents' activations (one row's: its input and
+  /// every param layer's output, from p0_).
+  int64_t round_rows(int64_t most) const;
   /// Fails (gap +inf) every piece with a switch hidden between its rows
   /// that a pass at the fits' candidate confirms, keeping that row.
   void find_hidden(const PieceRound& rd, std::vector<double>& gap);
@@ -283,6 +296,7 @@ class LayeredFeatures final : public Integrand {
   const int64_t n_, k_out_;
   const torch::TensorOptions opts_;
   SegmentPass p0_, p1_;  ///< every point at t = 0 and t = 1
+  int64_t max_rows_ = 0;  ///< rows a round (round_rows)
   size_t layers_ = 0;
   /// The first param layer's input is the same at every node of a test point
   /// (first_input_fixed), and its block is linear in the signals for a fixed
@@ -363,6 +377,13 @@ class LayeredFeatures final : public Integrand {
   torch::Tensor h_sum_, ph_sum_, p_sum_, len_sum_;
 };
 
+int64_t LayeredFeatures::round_rows(int64_t most) const {
+  int64_t per_row = x_.numel() / std::max<int64_t>(1, n_);
+  for (const torch::Tensor& y : p0_.preacts) per_row += y.defined() ? y.numel() / std::max<int64_t>(1, n_) : 0;
+  const int64_t fit = kRoundDoubles / std::max<int64_t>(1, k_out_ * per_row);
+  return std::min(most, std::max(kMinRoundRows, fit));
+}
+
 LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& q,
                                  TestFeatures& f)
     : ev_(ev), x_(x), q_(q), f_(f), n_(x.size(0)), k_out_(ev.num_outputs()), opts_(x.options()) {
@@ -372,6 +393,7 @@ LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor
   p1_ = rows_at(torch::arange(n_), torch::ones({n_}, opts_), false);
   f.f0 = p0_.out;
   f.f1 = p1_.out;
+  max_rows_ = round_rows(q.max_rows);
   // Each layer's form (LayerFeatures): accepted rows go straight into the
   // Dense blocks and the Summed first layer; only Rows layers keep them.
   layers_ = ev.param_layers().size();

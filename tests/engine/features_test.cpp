@@ -344,6 +344,52 @@ TEST(Features, PiecePairsGiveTheFeaturesOfEveryRowWalked) {
   }
 }
 
+// A step's pieces are evaluated in rounds of at most max_rows rows (a round's
+// K cotangents' activations bounded besides: layered_features.cpp,
+// round_rows), so a step of many kinks takes several rounds: the same
+// features as one round, every piece kept with its own rows, on the held
+// last site (cnn:2,3 at L = 3), held through a hidden layer (mlp:6,5,4),
+// and every kink a piece.
+TEST(Features, RoundsOfAFewRowsGiveTheFeaturesOfOneRound) {
+  const std::vector<Case> cases = {
+      {"cnn:2,3", {1, 8, 8}, OutputMap::LogSoftmax}, {"cnn:2,3", {1, 9, 9}, OutputMap::Logits},
+      {"mlp:6,5,4", {4}, OutputMap::LogSoftmax},     {"mlp:6,5", {4}, OutputMap::Logits},
+  };
+  for (const Case& c : cases) {
+    Network net = build_network(options_for(c, 9));
+    torch::manual_seed(43);
+    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w), v = torch::randn_like(w);
+    std::vector<int64_t> xs{4}, ts{6};
+    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
+    ts.insert(ts.end(), c.shape.begin(), c.shape.end());
+    const torch::Tensor x = torch::randn(xs, torch::kFloat64), x_train = torch::randn(ts, torch::kFloat64);
+    const torch::Tensor y_train = torch::tensor({0, 2, 1, 1, 0, 2}, torch::kLong);
+    SegmentEvaluator ev(net);
+    ev.set_segment(w, dw);
+    const TrainSignals t = train_signals(ev, x_train, y_train, c.map);
+    for (auto site : {QuadratureOptions::LastSite::Auto, QuadratureOptions::LastSite::Pieces}) {
+      QuadratureOptions q;
+      q.last_site = site;
+      const TestFeatures one = test_features(ev, x, q);
+      q.max_rows = 1;  // a piece a round
+      const TestFeatures few = test_features(ev, x, q);
+      const std::string at = c.name() + (site == QuadratureOptions::LastSite::Auto ? " auto" : " pieces");
+      auto close = [&](const torch::Tensor& got, const torch::Tensor& expect, const std::string& what) {
+        expect_close(got, expect, at + " " + what);
+      };
+      EXPECT_GT(one.evaluations, 4 * 4) << at << ": the segment should cross kinks";
+      EXPECT_NEAR(few.evaluations, one.evaluations, 0.05 * static_cast<double>(one.evaluations)) << at;
+      EXPECT_LE(few.certificate_gap, 1e-13) << at;
+      close(few.f0, one.f0, "f0");
+      close(few.f1, one.f1, "f1");
+      close(apply_features(ev, few, v), apply_features(ev, one, v), "J v");
+      close(dense_features(ev, few), dense_features(ev, one), "dense J");
+      close(contract(ev, few, t), contract(ev, one, t), "contraction");
+      close(output_kernel(ev, few, x_train), output_kernel(ev, one, x_train), "output kernel");
+    }
+  }
+}
+
 // With several threads own networks give each of a call's test points a
 // group of its own, each computed on one thread, and join the groups'
 // features. The joined
