@@ -295,6 +295,45 @@ TEST(Features, ExactPiecesMatchAutogradOnTheirPieces) {
   }
 }
 
+/// A long step (dw = 0.5 randn) of the case's network from seed `seed`, set
+/// on its evaluator, with 4 test points, 6 training points and their signals,
+/// and a direction v: a segment that crosses many kinks.
+struct LongStep {
+  LongStep(const Case& c, uint64_t seed) : net(build_network(options_for(c, 9))), ev(net) {
+    torch::manual_seed(seed);
+    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
+    v = torch::randn_like(w);
+    std::vector<int64_t> xs{4}, ts{6};
+    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
+    ts.insert(ts.end(), c.shape.begin(), c.shape.end());
+    x = torch::randn(xs, torch::kFloat64);
+    x_train = torch::randn(ts, torch::kFloat64);
+    ev.set_segment(w, dw);
+    t = train_signals(ev, x_train, torch::tensor({0, 2, 1, 1, 0, 2}, torch::kLong), c.map);
+  }
+  Network net;
+  SegmentEvaluator ev;
+  torch::Tensor v, x, x_train;
+  TrainSignals t;
+};
+
+/// `got` and `expect`, features of one step, agree through what consumers
+/// take: the dense J̄, J̄ v, the contraction with the training signals and
+/// the output kernel. The certificate's gaps round differently, so a piece
+/// at rounding level may be split in one and accepted in the other: about
+/// the same rows, and the assembled certificate (the sum of many pieces'
+/// gaps on a long segment) as close.
+void expect_same_features(const LongStep& s, const TestFeatures& got, const TestFeatures& expect,
+                          const std::string& what) {
+  EXPECT_NEAR(got.evaluations, expect.evaluations, 0.05 * static_cast<double>(expect.evaluations)) << what;
+  EXPECT_GT(expect.evaluations, 4 * 4) << what << ": the segment should cross kinks";
+  EXPECT_LE(got.certificate_gap, std::max(1e-13, 2 * expect.certificate_gap)) << what;
+  expect_close(dense_features(s.ev, got), dense_features(s.ev, expect), what + " dense J");
+  expect_close(apply_features(s.ev, got, s.v), apply_features(s.ev, expect, s.v), what + " J v");
+  expect_close(contract(s.ev, got, s.t), contract(s.ev, expect, s.t), what + " contraction");
+  expect_close(output_kernel(s.ev, got, s.x_train), output_kernel(s.ev, expect, s.x_train), what + " output kernel");
+}
+
 // A piece's rows walk back to param layer 1 alone, and the first two
 // layers' parts come from each piece's pair of summed signals, once per test
 // point and step (QuadratureOptions::piece_pairs; docs/math.md §7): the same
@@ -310,82 +349,38 @@ TEST(Features, PiecePairsGiveTheFeaturesOfEveryRowWalked) {
       {"mlp:6,5", {4}, OutputMap::LogSoftmax},           {"mlp:6,5,4", {4}, OutputMap::Logits},
   };
   for (const Case& c : cases) {
-    Network net = build_network(options_for(c, 9));
-    torch::manual_seed(41);
-    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w), v = torch::randn_like(w);
-    std::vector<int64_t> xs{4}, ts{6};
-    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
-    ts.insert(ts.end(), c.shape.begin(), c.shape.end());
-    const torch::Tensor x = torch::randn(xs, torch::kFloat64), x_train = torch::randn(ts, torch::kFloat64);
-    const torch::Tensor y_train = torch::tensor({0, 2, 1, 1, 0, 2}, torch::kLong);
-    SegmentEvaluator ev(net);
-    ev.set_segment(w, dw);
+    const LongStep s(c, 41);
     QuadratureOptions q;
     q.last_site = QuadratureOptions::LastSite::Pieces;  // every piece's rows walked
     q.max_depth = 8;  // a wrong rule fails every piece: stop its splitting early
-    const TestFeatures pairs = test_features(ev, x, q);
+    const TestFeatures pairs = test_features(s.ev, s.x, q);
     q.piece_pairs = false;
-    const TestFeatures rows = test_features(ev, x, q);
-    auto close = [&](const torch::Tensor& got, const torch::Tensor& expect, const std::string& what) {
-      expect_close(got, expect, c.name() + " " + what);
-    };
-    // The certificate's gaps round differently, so a piece at rounding
-    // level may be split in one and accepted in the other: about the same
-    // rows, and the assembled features' certificate (the sum of many
-    // pieces' gaps on this long segment) as close.
-    EXPECT_NEAR(pairs.evaluations, rows.evaluations, 0.05 * static_cast<double>(rows.evaluations)) << c.name();
-    EXPECT_GT(pairs.evaluations, 4 * 4) << c.name() << ": the segment should cross kinks";
-    EXPECT_LE(pairs.certificate_gap, std::max(1e-13, 2 * rows.certificate_gap)) << c.name();
-    close(dense_features(ev, pairs), dense_features(ev, rows), "dense J");
-    close(apply_features(ev, pairs, v), apply_features(ev, rows, v), "J v");
-    const TrainSignals t = train_signals(ev, x_train, y_train, c.map);
-    close(contract(ev, pairs, t), contract(ev, rows, t), "contraction");
-    close(output_kernel(ev, pairs, x_train), output_kernel(ev, rows, x_train), "output kernel");
+    expect_same_features(s, pairs, test_features(s.ev, s.x, q), c.name());
   }
 }
 
 // A step's pieces are evaluated in rounds of at most max_rows rows (a round's
 // K cotangents' activations bounded besides: layered_features.cpp,
 // round_rows), so a step of many kinks takes several rounds: the same
-// features as one round, every piece kept with its own rows, on the held
-// last site (cnn:2,3 at L = 3), held through a hidden layer (mlp:6,5,4),
-// and every kink a piece.
+// features as one round, on the held last site (cnn:2,3 at L = 3), held
+// through a hidden layer (mlp:6,5,4), and every kink a piece.
 TEST(Features, RoundsOfAFewRowsGiveTheFeaturesOfOneRound) {
   const std::vector<Case> cases = {
       {"cnn:2,3", {1, 8, 8}, OutputMap::LogSoftmax}, {"cnn:2,3", {1, 9, 9}, OutputMap::Logits},
       {"mlp:6,5,4", {4}, OutputMap::LogSoftmax},     {"mlp:6,5", {4}, OutputMap::Logits},
   };
   for (const Case& c : cases) {
-    Network net = build_network(options_for(c, 9));
-    torch::manual_seed(43);
-    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w), v = torch::randn_like(w);
-    std::vector<int64_t> xs{4}, ts{6};
-    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
-    ts.insert(ts.end(), c.shape.begin(), c.shape.end());
-    const torch::Tensor x = torch::randn(xs, torch::kFloat64), x_train = torch::randn(ts, torch::kFloat64);
-    const torch::Tensor y_train = torch::tensor({0, 2, 1, 1, 0, 2}, torch::kLong);
-    SegmentEvaluator ev(net);
-    ev.set_segment(w, dw);
-    const TrainSignals t = train_signals(ev, x_train, y_train, c.map);
+    const LongStep s(c, 43);
     for (auto site : {QuadratureOptions::LastSite::Auto, QuadratureOptions::LastSite::Pieces}) {
       QuadratureOptions q;
       q.last_site = site;
-      const TestFeatures one = test_features(ev, x, q);
+      const TestFeatures one = test_features(s.ev, s.x, q);
       q.max_rows = 1;  // a piece a round
-      const TestFeatures few = test_features(ev, x, q);
+      const TestFeatures few = test_features(s.ev, s.x, q);
       const std::string at = c.name() + (site == QuadratureOptions::LastSite::Auto ? " auto" : " pieces");
-      auto close = [&](const torch::Tensor& got, const torch::Tensor& expect, const std::string& what) {
-        expect_close(got, expect, at + " " + what);
-      };
-      EXPECT_GT(one.evaluations, 4 * 4) << at << ": the segment should cross kinks";
-      EXPECT_NEAR(few.evaluations, one.evaluations, 0.05 * static_cast<double>(one.evaluations)) << at;
-      EXPECT_LE(few.certificate_gap, 1e-13) << at;
-      close(few.f0, one.f0, "f0");
-      close(few.f1, one.f1, "f1");
-      close(apply_features(ev, few, v), apply_features(ev, one, v), "J v");
-      close(dense_features(ev, few), dense_features(ev, one), "dense J");
-      close(contract(ev, few, t), contract(ev, one, t), "contraction");
-      close(output_kernel(ev, few, x_train), output_kernel(ev, one, x_train), "output kernel");
+      expect_same_features(s, few, one, at);
+      expect_close(few.f0, one.f0, at + " f0");
+      expect_close(few.f1, one.f1, at + " f1");
     }
   }
 }
