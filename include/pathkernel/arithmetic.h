@@ -13,6 +13,12 @@
 // 1 forward on one row (pair_piece_flop), and each test point's sums take
 // layer 1's input gradient and, for a convolution, its weight gradient
 // (pair_sum_flop per cotangent).
+//
+// The training side is counted too: every step's batch at w_s, each row's
+// forward pass at W_s, its loss signal walked back (each product's input
+// gradient from the second on) and each product's weight gradient (a
+// convolution's per sample from its patches, a Linear layer's in the batch's
+// mean gradient), for one walk of the path.
 #pragma once
 
 #include <optional>
@@ -21,6 +27,7 @@
 
 #include "pathkernel/decomposition.h"
 #include "pathkernel/features.h"
+#include "pathkernel/manifest.h"
 #include "pathkernel/segment.h"
 
 namespace pathkernel {
@@ -32,6 +39,7 @@ struct RowArithmetic {
   double short_cotangent_flop = 0;  ///< one cotangent walked back to param layer 1 alone
   double pair_piece_flop = 0;       ///< a piece's pair: layer 1 forward on one row at W_s and dW_s
   double pair_sum_flop = 0;         ///< one cotangent of a test point's summed pair through layer 1
+  double training_row_flop = 0;     ///< one training row's signals and weight gradients at w_s
 
   /// The test side's operations for quadrature counts `c` (summed over
   /// points and steps) of a network with K outputs: integrand rows take a
@@ -39,6 +47,12 @@ struct RowArithmetic {
   /// of those cotangents, the short ones stop at layer 1 and the unwalked
   /// ones take nothing; the pairs take their own.
   double test_side_flop(const QuadratureCounts& c, int64_t K) const;
+
+  /// The training side's operations in one walk of the run's path: every
+  /// step's batch (batch_size rows, or every training point for full-batch
+  /// runs) at training_row_flop. A reverse walk in several chunks of test
+  /// points (their accumulators beyond --memory) forms it once per chunk.
+  double training_side_flop(const Manifest& m) const;
 };
 
 /// The row arithmetic of ev's network on rows shaped like `example`

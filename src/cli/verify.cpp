@@ -28,16 +28,18 @@ struct VerifyArgs {
   double fail_above = -1;
 };
 
-/// The test side's arithmetic (arithmetic.h) as `verify --json` reports it
-/// (divided by seconds_by_part's test_features, its rate); null on the
-/// generic route.
+/// The test side's and the training side's arithmetic (arithmetic.h) as
+/// `verify --json` reports it (divided by seconds_by_part's test_features
+/// and training_signals, their rates); null on the generic route.
 nlohmann::ordered_json arithmetic_json(PathReader& reader, const DecompositionOptions& options, const torch::Tensor& x,
                                        const Decomposition& d) {
   const std::optional<RowArithmetic> a = row_arithmetic(reader, options, x);
   if (!a) return nullptr;
   return {{"test_side_gflop", a->test_side_flop(d, d.f0.size(1)) / 1e9},
+          {"training_side_gflop", a->training_side_flop(reader.manifest()) / 1e9},
           {"forward_mflop_per_row", a->forward_flop / 1e6},
-          {"cotangent_mflop_per_row", a->cotangent_flop / 1e6}};
+          {"cotangent_mflop_per_row", a->cotangent_flop / 1e6},
+          {"training_mflop_per_row", a->training_row_flop / 1e6}};
 }
 
 /// Kinks per test point and step by site (DecompositionSummary::

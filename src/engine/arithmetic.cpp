@@ -1,6 +1,8 @@
 // The test side's arithmetic from the layer shapes (arithmetic.h).
 #include "pathkernel/arithmetic.h"
 
+#include <algorithm>
+
 namespace pathkernel {
 
 namespace {
@@ -27,6 +29,11 @@ double RowArithmetic::test_side_flop(const QuadratureCounts& c, int64_t K) const
          n(c.pair_sums) * n(K) * pair_sum_flop;
 }
 
+double RowArithmetic::training_side_flop(const Manifest& m) const {
+  const int64_t rows = m.batch_size > 0 ? std::min(m.batch_size, m.num_train) : m.num_train;
+  return static_cast<double>(rows) * static_cast<double>(m.steps) * training_row_flop;
+}
+
 std::optional<RowArithmetic> row_arithmetic(SegmentEvaluator& ev, const torch::Tensor& example) {
   if (ev.route() == "generic") return std::nullopt;
   int64_t p = 0;
@@ -43,6 +50,8 @@ std::optional<RowArithmetic> row_arithmetic(SegmentEvaluator& ev, const torch::T
   for (size_t l = 0; l < layers.size() && l < pass.preacts.size(); ++l) {
     const double macs = multiply_adds(layers[l], pass.preacts[l]);
     const bool conv = layers[l].desc.kind == LayerDesc::Kind::Conv1d || layers[l].desc.kind == LayerDesc::Kind::Conv2d;
+    a.training_row_flop += 2 * macs + 2 * macs;   // forward at W_s, the weight gradient
+    if (l > 0) a.training_row_flop += 2 * macs;   // the input gradient, at W_s
     a.forward_flop += 2 * 2 * macs;               // at W_s and at dW_s
     a.cotangent_flop += 2 * macs;                 // the weight gradient
     if (l > 0) a.cotangent_flop += 2 * 2 * macs;  // the input gradient, at W_s and at dW_s

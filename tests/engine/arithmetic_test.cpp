@@ -1,5 +1,5 @@
-// The test side's arithmetic (arithmetic.h) against counts made by hand from
-// the layers' shapes.
+// The test side's and the training side's arithmetic (arithmetic.h) against
+// counts made by hand from the layers' shapes.
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -37,6 +37,15 @@ TEST(Arithmetic, CountsEachProductsMultiplyAddsFromItsShape) {
     const RowArithmetic a = arithmetic_of("mlp:7", {5});
     EXPECT_EQ(a.forward_flop, 4.0 * (35 + 21));      // each product at W_s and dW_s, 2 flop a multiply-add
     EXPECT_EQ(a.cotangent_flop, 2.0 * 35 + 6.0 * 21);  // weight gradients; the second's input gradient twice
+    // A training row at W_s: forward and weight gradient of both, the second's input gradient.
+    EXPECT_EQ(a.training_row_flop, 4.0 * (35 + 21) + 2.0 * 21);
+    Manifest m;
+    m.steps = 7;
+    m.num_train = 50;
+    m.batch_size = 16;
+    EXPECT_EQ(a.training_side_flop(m), 7.0 * 16 * a.training_row_flop);
+    m.batch_size = 0;  // full batch
+    EXPECT_EQ(a.training_side_flop(m), 7.0 * 50 * a.training_row_flop);
   }
   {
     // A 3 × 3 convolution 1 → 2 channels on 6 × 6 (padding 1): 18 weights at
@@ -52,6 +61,7 @@ TEST(Arithmetic, CountsEachProductsMultiplyAddsFromItsShape) {
     const RowArithmetic a = arithmetic_of("cnn:2,3", {1, 8, 8});
     const double m0 = 18 * 64, m1 = 54 * 16, m2 = 36;
     EXPECT_EQ(a.cotangent_flop, 2 * m0 + 6 * m1 + 6 * m2);
+    EXPECT_EQ(a.training_row_flop, 4 * (m0 + m1 + m2) + 2 * (m1 + m2));
     // Walked to layer 1 alone: the logits' layer, whose weight and input
     // gradients it takes; layer 1, a convolution, takes its products from
     // the pairs' sums: its input gradient at W_s and dW_s and its weight
