@@ -1,6 +1,7 @@
-// The arithmetic of a decomposition's test side, counted from the network's
-// layer shapes: what `verify --json` reports beside the seconds, so that a
-// user (and the bench) can read the cost against the machine's floor.
+// The arithmetic of a decomposition's test side and training side, counted
+// from the network's layer shapes: what `verify --json` reports beside the
+// seconds, so that a user (and the bench) can read the cost against the
+// machine's floor.
 //
 // Counted are the layers' products (Linear, Conv1d, Conv2d), in floating-point
 // operations (2 per multiply-add); elementwise work (activations, masks,

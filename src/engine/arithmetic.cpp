@@ -1,4 +1,4 @@
-// The test side's arithmetic from the layer shapes (arithmetic.h).
+// The test and training sides' arithmetic from the layer shapes (arithmetic.h).
 #include "pathkernel/arithmetic.h"
 
 #include <algorithm>
