@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -11,11 +12,49 @@
 namespace pathkernel {
 namespace {
 
+/// Whether v takes a window's maximum from top: LibTorch's rule, the first
+/// maximum in row-major order, a NaN taking any number's place (and a later
+/// NaN an earlier one's).
+template <typename T>
+bool takes(T v, T top) {
+  return v > top || std::isnan(v);
+}
+
+/// pool_planes for 2 × 2 windows, the pools of the networks pathkernel
+/// meets most: each window's four values read in row-major order, without
+/// the loops over the window (which made the general loop several times
+/// slower). The first value starts the maximum, as −∞ would leave it.
+template <typename T>
+void pool_planes_2(const T* x, int64_t p0, int64_t p1, int64_t H, int64_t W, T* out, int64_t* index) {
+  const int64_t Hp = H / 2, Wp = W / 2;
+  for (int64_t p = p0; p < p1; ++p) {
+    const T* xp = x + p * H * W;
+    T* op = out + p * Hp * Wp;
+    int64_t* ip = index + p * Hp * Wp;
+    for (int64_t i = 0; i < Hp; ++i) {
+      const int64_t r0 = 2 * i * W, r1 = r0 + W;
+      for (int64_t j = 0; j < Wp; ++j) {
+        const int64_t at[4] = {r0 + 2 * j, r0 + 2 * j + 1, r1 + 2 * j, r1 + 2 * j + 1};
+        T top = xp[at[0]];
+        int64_t best = at[0];
+        for (int q = 1; q < 4; ++q) {
+          const T v = xp[at[q]];
+          const bool take = takes(v, top);
+          top = take ? v : top;
+          best = take ? at[q] : best;
+        }
+        op[i * Wp + j] = top;
+        ip[i * Wp + j] = best;
+      }
+    }
+  }
+}
+
 /// Planes p0 .. p1 of x (each H × W) pooled by k × k windows into out and
-/// index (each Hp × Wp): LibTorch's rule, the first maximum in row-major
-/// order, a NaN taking any number's place (and a later NaN an earlier one's).
+/// index (each Hp × Wp), by the rule of `takes`.
 template <typename T>
 void pool_planes(const T* x, int64_t p0, int64_t p1, int64_t H, int64_t W, int64_t k, T* out, int64_t* index) {
+  if (k == 2) return pool_planes_2(x, p0, p1, H, W, out, index);
   const int64_t Hp = H / k, Wp = W / k;
   for (int64_t p = p0; p < p1; ++p) {
     const T* xp = x + p * H * W;
@@ -29,7 +68,7 @@ void pool_planes(const T* x, int64_t p0, int64_t p1, int64_t H, int64_t W, int64
           const int64_t row = (i * k + di) * W + j * k;
           for (int64_t dj = 0; dj < k; ++dj) {
             const T v = xp[row + dj];
-            const bool take = v > top || std::isnan(v);
+            const bool take = takes(v, top);
             top = take ? v : top;
             best = take ? row + dj : best;
           }
@@ -41,12 +80,51 @@ void pool_planes(const T* x, int64_t p0, int64_t p1, int64_t H, int64_t W, int64
   }
 }
 
+/// A window's gradient: g, or g times (its pooled value > 0) where `pooled`
+/// is given. The product keeps a masked gradient's sign of zero (and a NaN).
+template <typename T>
+T passed(const T* g, const T* pooled, int64_t w) {
+  return pooled ? g[w] * static_cast<T>(pooled[w] > 0) : g[w];
+}
+
+/// unpool_planes for 2 × 2 windows: each input unit written once, its
+/// window's gradient where it is the argmax and 0 elsewhere (a column or
+/// row past the last window 0), rather than the whole plane zeroed first
+/// and the argmaxes written after.
+template <typename T>
+void unpool_planes_2(const T* g, const int64_t* index, const T* pooled, int64_t K, int64_t planes, int64_t p0,
+                     int64_t p1, int64_t H, int64_t W, T* out) {
+  const int64_t Hp = H / 2, Wp = W / 2;
+  for (int64_t o = 0; o < K; ++o) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const T* gp = g + (o * planes + p) * Hp * Wp;
+      const int64_t* ip = index + p * Hp * Wp;
+      const T* pp = pooled ? pooled + p * Hp * Wp : nullptr;
+      T* dst = out + (o * planes + p) * H * W;
+      for (int64_t i = 0; i < Hp; ++i) {
+        const int64_t r0 = 2 * i * W, r1 = r0 + W;
+        for (int64_t j = 0; j < Wp; ++j) {
+          const int64_t w = i * Wp + j, at = ip[w];
+          const T v = passed(gp, pp, w);
+          dst[r0 + 2 * j] = at == r0 + 2 * j ? v : T(0);
+          dst[r0 + 2 * j + 1] = at == r0 + 2 * j + 1 ? v : T(0);
+          dst[r1 + 2 * j] = at == r1 + 2 * j ? v : T(0);
+          dst[r1 + 2 * j + 1] = at == r1 + 2 * j + 1 ? v : T(0);
+        }
+        if (W % 2) dst[r0 + W - 1] = dst[r1 + W - 1] = T(0);
+      }
+      if (H % 2) std::fill(dst + (H - 1) * W, dst + H * W, T(0));
+    }
+  }
+}
+
 /// Planes p0 .. p1 of the K outputs' gradients g [K, planes, Hp, Wp] sent to
 /// their windows' argmax in out [K, planes, H, W], every other unit 0; a
-/// window's gradient times (its pooled value > 0) where `pooled` is given.
+/// window's gradient as `passed` gives it.
 template <typename T>
 void unpool_planes(const T* g, const int64_t* index, const T* pooled, int64_t K, int64_t planes, int64_t p0,
                    int64_t p1, int64_t H, int64_t W, int64_t k, T* out) {
+  if (k == 2) return unpool_planes_2(g, index, pooled, K, planes, p0, p1, H, W, out);
   const int64_t Hp = H / k, Wp = W / k;
   for (int64_t o = 0; o < K; ++o) {
     for (int64_t p = p0; p < p1; ++p) {
@@ -55,10 +133,7 @@ void unpool_planes(const T* g, const int64_t* index, const T* pooled, int64_t K,
       const T* pp = pooled ? pooled + p * Hp * Wp : nullptr;
       T* dst = out + (o * planes + p) * H * W;
       std::fill(dst, dst + H * W, T(0));
-      for (int64_t w = 0; w < Hp * Wp; ++w) {
-        // The product keeps a masked gradient's sign of zero (and a NaN).
-        dst[ip[w]] = pp ? gp[w] * static_cast<T>(pp[w] > 0) : gp[w];
-      }
+      for (int64_t w = 0; w < Hp * Wp; ++w) dst[ip[w]] = passed(gp, pp, w);
     }
   }
 }

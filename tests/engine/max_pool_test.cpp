@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <tuple>
 
 #include "pathkernel/max_pool.h"
 
@@ -50,22 +51,27 @@ TEST(MaxPool, ViewsAndOtherTypesGoThroughLibTorch) {
 }
 
 /// The unpool against autograd through LibTorch's pool (each output's
-/// gradient in turn), with and without the mask of a ReLU before the pool.
+/// gradient in turn), with and without the mask of a ReLU before the pool:
+/// 2 × 2 windows (their own loop) with a column, a row, both or neither past
+/// the last window, and 3 × 3 windows (the general loop).
 TEST(MaxPool, UnpoolIsTheGradientThroughThePool) {
   torch::manual_seed(3);
-  const int64_t K = 3, k = 2;
-  const torch::Tensor y = torch::randn({2, 3, 6, 7}, torch::kFloat64);  // 7: a column past the last window
-  const torch::Tensor h = torch::relu(y);
-  auto [pooled, index] = max_pool_with_indices(h, k);
-  const torch::Tensor g = torch::randn({K, 2, 3, 3, 3}, torch::kFloat64);
-  for (bool relu : {false, true}) {
-    const torch::Tensor got = max_unpool(g, index, k, 6, 7, relu ? pooled : torch::Tensor());
-    ASSERT_EQ(got.sizes(), (std::vector<int64_t>{K, 2, 3, 6, 7}));
-    for (int64_t o = 0; o < K; ++o) {
-      const torch::Tensor leaf = (relu ? y : h).clone().requires_grad_(true);
-      const torch::Tensor out = torch::max_pool2d(relu ? torch::relu(leaf) : leaf, k);
-      const torch::Tensor want = torch::autograd::grad({out}, {leaf}, {g[o]})[0];
-      EXPECT_TRUE(torch::equal(got[o], want)) << "output " << o << (relu ? " after a ReLU" : "");
+  const int64_t K = 3;
+  for (auto [k, H, W] : {std::tuple<int64_t, int64_t, int64_t>{2, 6, 7}, {2, 7, 6}, {2, 7, 7}, {2, 6, 8}, {3, 7, 9}}) {
+    const torch::Tensor y = torch::randn({2, 3, H, W}, torch::kFloat64);
+    const torch::Tensor h = torch::relu(y);
+    auto [pooled, index] = max_pool_with_indices(h, k);
+    const torch::Tensor g = torch::randn({K, 2, 3, H / k, W / k}, torch::kFloat64);
+    for (bool relu : {false, true}) {
+      const torch::Tensor got = max_unpool(g, index, k, H, W, relu ? pooled : torch::Tensor());
+      ASSERT_EQ(got.sizes(), (std::vector<int64_t>{K, 2, 3, H, W}));
+      for (int64_t o = 0; o < K; ++o) {
+        const torch::Tensor leaf = (relu ? y : h).clone().requires_grad_(true);
+        const torch::Tensor out = torch::max_pool2d(relu ? torch::relu(leaf) : leaf, k);
+        const torch::Tensor want = torch::autograd::grad({out}, {leaf}, {g[o]})[0];
+        EXPECT_TRUE(torch::equal(got[o], want))
+            << "output " << o << (relu ? " after a ReLU" : "") << ", window " << k << ", plane " << H << " x " << W;
+      }
     }
   }
 }
