@@ -1,8 +1,9 @@
 // Max-pooling of non-overlapping windows and its gradient, by hand: own
 // networks' forward and backward passes (own_route.cpp) and the kink search
-// (kinks.cpp) pool every row they evaluate, and LibTorch's float64 kernel
-// takes about 8 ms for a batch of 128 images of 16 × 28 × 28 (one thread),
-// several times the memory's pace.
+// (kinks.cpp) pool every row they evaluate, a TorchScript module's forward
+// pools every step it replays (script_pool.h), and LibTorch's kernel takes
+// about 8 ms for a batch of 128 images of 16 × 28 × 28 in float64, 10 ms in
+// float32 (one thread), several times the memory's pace.
 #pragma once
 
 #include <tuple>

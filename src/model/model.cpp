@@ -13,6 +13,7 @@
 #include "pathkernel/layer_table.h"
 #include "pathkernel/sequence.h"
 #include "pathkernel/script_graph.h"
+#include "pathkernel/script_pool.h"
 #include "pathkernel/text.h"
 
 namespace pathkernel {
@@ -228,8 +229,8 @@ void NetworkImpl::load_script() {
   // level, kink_site_values). ReLUs inside remaining branches or loops are
   // not sites; the certificate catches their kinks where they move the
   // quadrature off f(b) − f(a) (not a flip and its flip back between nodes).
-  // A module with dropout runs its inlined graph, where the masks are
-  // seeded; other modules run their own forward.
+  // A module with dropout or a max-pool runs its inlined graph (below);
+  // other modules run their own forward.
   int64_t dropout_sites = 0;
   std::shared_ptr<torch::jit::Graph> g = inlined_forward(m, &dropout_sites);
   if (const torch::jit::Node* random = unseeded_random_op(*g, m)) {
@@ -239,8 +240,13 @@ void NetworkImpl::load_script() {
                        << "use it instead, or call .eval() on the module before exporting if the randomness is "
                        << "a dropout variant (it then passes its input through)");
   }
-  if (dropout_sites > 0) {
-    script_->forward = std::make_unique<torch::jit::GraphExecutor>(g->copy(), "pathkernel_seeded_dropout");
+  // The network runs its own copy of the graph where dropout is seeded or
+  // max-pools are pathkernel's (script_pool.h); the kink sites are read from
+  // LibTorch's pools.
+  std::shared_ptr<torch::jit::Graph> run = g->copy();
+  const int64_t hand_pooled = hand_pools(*run);
+  if (dropout_sites > 0 || hand_pooled > 0) {
+    script_->forward = std::make_unique<torch::jit::GraphExecutor>(run, "pathkernel_forward");
   }
   const std::vector<torch::jit::Value*> sites = kink_site_values(g, script_->site_windows, script_->site_leaky);
   std::vector<torch::jit::Value*> values{g->outputs()[0]};
