@@ -34,11 +34,16 @@ namespace pathkernel {
 
 /// A copy of `module`'s forward graph with every method and function call
 /// inlined, constant branches folded and its dropout seeded (dropout.h): the
-/// graph the network runs when it has dropout, and the graph both the
+/// graph the network runs (with its max-pools by hand, script_pool.h) when
+/// it has dropout or a max-pool, and the graph both the
 /// structured route and the generic route's kink sites read. The number of
 /// dropout sites goes to `dropout_sites` when given.
 std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module,
                                                    int64_t* dropout_sites = nullptr);
+
+/// The nodes of `graph` of any of `kinds`, in its nested blocks too: the
+/// calls a rewrite replaces (dropout.h, script_pool.h).
+std::vector<torch::jit::Node*> nodes_of_kinds(torch::jit::Graph& graph, const std::vector<c10::Symbol>& kinds);
 
 /// The kink sites of an inlined forward graph `g` (inlined_forward), in
 /// graph order: the inputs of its top-level ReLUs and leaky ReLUs, or of the

@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include "pathkernel/error.h"
+#include "pathkernel/script_graph.h"
 
 namespace pathkernel {
 
@@ -99,16 +100,7 @@ int64_t seed_dropout(torch::jit::Graph& graph) {
   torch::jit::Value* x = graph.inputs()[1];
   const c10::Symbol dropout = symbol("aten::dropout"), dropout_ = symbol("aten::dropout_"),
                    seeded = symbol("pathkernel::dropout");
-  std::vector<torch::jit::Node*> found;
-  std::vector<torch::jit::Block*> blocks{graph.block()};
-  while (!blocks.empty()) {
-    torch::jit::Block* b = blocks.back();
-    blocks.pop_back();
-    for (torch::jit::Node* n : b->nodes()) {
-      if (n->kind() == dropout || n->kind() == dropout_) found.push_back(n);
-      for (torch::jit::Block* inner : n->blocks()) blocks.push_back(inner);
-    }
-  }
+  const std::vector<torch::jit::Node*> found = nodes_of_kinds(graph, {dropout, dropout_});
   int64_t site = 0;
   for (torch::jit::Node* n : found) {
     torch::jit::WithInsertPoint guard(n);

@@ -87,35 +87,26 @@ T passed(const T* g, const T* pooled, int64_t w) {
   return pooled ? g[w] * static_cast<T>(pooled[w] > 0) : g[w];
 }
 
-/// unpool_planes for 2 × 2 windows: each input unit written once, its
+/// One plane's unpool for 2 × 2 windows: each input unit written once, its
 /// window's gradient where it is the argmax and 0 elsewhere (a column or
 /// row past the last window 0), rather than the whole plane zeroed first
 /// and the argmaxes written after.
 template <typename T>
-void unpool_planes_2(const T* g, const int64_t* index, const T* pooled, int64_t K, int64_t planes, int64_t p0,
-                     int64_t p1, int64_t H, int64_t W, T* out) {
+void unpool_plane_2(const T* gp, const int64_t* ip, const T* pp, int64_t H, int64_t W, T* dst) {
   const int64_t Hp = H / 2, Wp = W / 2;
-  for (int64_t o = 0; o < K; ++o) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const T* gp = g + (o * planes + p) * Hp * Wp;
-      const int64_t* ip = index + p * Hp * Wp;
-      const T* pp = pooled ? pooled + p * Hp * Wp : nullptr;
-      T* dst = out + (o * planes + p) * H * W;
-      for (int64_t i = 0; i < Hp; ++i) {
-        const int64_t r0 = 2 * i * W, r1 = r0 + W;
-        for (int64_t j = 0; j < Wp; ++j) {
-          const int64_t w = i * Wp + j, at = ip[w];
-          const T v = passed(gp, pp, w);
-          dst[r0 + 2 * j] = at == r0 + 2 * j ? v : T(0);
-          dst[r0 + 2 * j + 1] = at == r0 + 2 * j + 1 ? v : T(0);
-          dst[r1 + 2 * j] = at == r1 + 2 * j ? v : T(0);
-          dst[r1 + 2 * j + 1] = at == r1 + 2 * j + 1 ? v : T(0);
-        }
-        if (W % 2) dst[r0 + W - 1] = dst[r1 + W - 1] = T(0);
-      }
-      if (H % 2) std::fill(dst + (H - 1) * W, dst + H * W, T(0));
+  for (int64_t i = 0; i < Hp; ++i) {
+    const int64_t r0 = 2 * i * W, r1 = r0 + W;
+    for (int64_t j = 0; j < Wp; ++j) {
+      const int64_t w = i * Wp + j, at = ip[w];
+      const T v = passed(gp, pp, w);
+      dst[r0 + 2 * j] = at == r0 + 2 * j ? v : T(0);
+      dst[r0 + 2 * j + 1] = at == r0 + 2 * j + 1 ? v : T(0);
+      dst[r1 + 2 * j] = at == r1 + 2 * j ? v : T(0);
+      dst[r1 + 2 * j + 1] = at == r1 + 2 * j + 1 ? v : T(0);
     }
+    if (W % 2) dst[r0 + W - 1] = dst[r1 + W - 1] = T(0);
   }
+  if (H % 2) std::fill(dst + (H - 1) * W, dst + H * W, T(0));
 }
 
 /// Planes p0 .. p1 of the K outputs' gradients g [K, planes, Hp, Wp] sent to
@@ -124,7 +115,6 @@ void unpool_planes_2(const T* g, const int64_t* index, const T* pooled, int64_t 
 template <typename T>
 void unpool_planes(const T* g, const int64_t* index, const T* pooled, int64_t K, int64_t planes, int64_t p0,
                    int64_t p1, int64_t H, int64_t W, int64_t k, T* out) {
-  if (k == 2) return unpool_planes_2(g, index, pooled, K, planes, p0, p1, H, W, out);
   const int64_t Hp = H / k, Wp = W / k;
   for (int64_t o = 0; o < K; ++o) {
     for (int64_t p = p0; p < p1; ++p) {
@@ -132,6 +122,10 @@ void unpool_planes(const T* g, const int64_t* index, const T* pooled, int64_t K,
       const int64_t* ip = index + p * Hp * Wp;
       const T* pp = pooled ? pooled + p * Hp * Wp : nullptr;
       T* dst = out + (o * planes + p) * H * W;
+      if (k == 2) {
+        unpool_plane_2(gp, ip, pp, H, W, dst);
+        continue;
+      }
       std::fill(dst, dst + H * W, T(0));
       for (int64_t w = 0; w < Hp * Wp; ++w) dst[ip[w]] = passed(gp, pp, w);
     }

@@ -581,6 +581,20 @@ void untrace_convolutions(Graph& g) {
 
 }  // namespace
 
+std::vector<Node*> nodes_of_kinds(Graph& graph, const std::vector<c10::Symbol>& kinds) {
+  std::vector<Node*> found;
+  std::vector<torch::jit::Block*> blocks{graph.block()};
+  while (!blocks.empty()) {
+    torch::jit::Block* b = blocks.back();
+    blocks.pop_back();
+    for (Node* n : b->nodes()) {
+      if (std::find(kinds.begin(), kinds.end(), n->kind()) != kinds.end()) found.push_back(n);
+      for (torch::jit::Block* inner : n->blocks()) blocks.push_back(inner);
+    }
+  }
+  return found;
+}
+
 std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& module, int64_t* dropout_sites) {
   std::shared_ptr<Graph> g = module.get_method("forward").graph()->copy();
   // One pass inlines one level of calls (a callee's own calls arrive

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "pathkernel/max_pool.h"
+#include "pathkernel/script_graph.h"
 
 namespace pathkernel {
 namespace {
@@ -56,16 +57,7 @@ torch::Tensor script_max_pool2d(const torch::Tensor& self, c10::IntArrayRef kern
 int64_t hand_pools(torch::jit::Graph& graph) {
   const c10::Symbol libtorch = c10::Symbol::fromQualString("aten::max_pool2d"),
                    own = c10::Symbol::fromQualString("pathkernel::max_pool2d");
-  std::vector<torch::jit::Node*> found;
-  std::vector<torch::jit::Block*> blocks{graph.block()};
-  while (!blocks.empty()) {
-    torch::jit::Block* b = blocks.back();
-    blocks.pop_back();
-    for (torch::jit::Node* n : b->nodes()) {
-      if (n->kind() == libtorch && n->inputs().size() == 6) found.push_back(n);
-      for (torch::jit::Block* inner : n->blocks()) blocks.push_back(inner);
-    }
-  }
+  const std::vector<torch::jit::Node*> found = nodes_of_kinds(graph, {libtorch});
   for (torch::jit::Node* n : found) {
     torch::jit::WithInsertPoint guard(n);
     const std::vector<torch::jit::Value*> args(n->inputs().begin(), n->inputs().end());
