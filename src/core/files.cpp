@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -85,6 +86,17 @@ void set_write_hook(std::shared_ptr<WriteHook> hook) { installed_hook() = std::m
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   PK_CHECK(in.good(), "cannot open '" << path << "': " << std::strerror(errno));
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::is_regular_file(path, ec) ? std::filesystem::file_size(path, ec) : 0;
+  if (!ec && size > 0) {
+    // A regular file is read into a string of its size: one allocation, no
+    // copy (a stream's buffer grew by doubling and was copied out again).
+    std::string bytes(static_cast<size_t>(size), '\0');
+    in.read(bytes.data(), static_cast<std::streamsize>(size));
+    PK_CHECK(in.gcount() == static_cast<std::streamsize>(size) && in.peek() == std::char_traits<char>::eof(),
+             "cannot read '" << path << "': it changed size while being read");
+    return bytes;
+  }
   std::ostringstream ss;
   ss << in.rdbuf();
   PK_CHECK(!in.bad(), "cannot read '" << path << "'");

@@ -2,6 +2,13 @@
 #include "pathkernel/npy.h"
 #include "pathkernel/npy_array.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -228,43 +235,145 @@ class HeaderParser {
 
 namespace {
 
-torch::Tensor parse(const std::string& bytes, const std::string& what, bool codes) {
-  PK_CHECK(bytes.size() >= 10 && std::memcmp(bytes.data(), kMagic, 6) == 0,
+/// Where a .npy file's array lies: its dtype and shape, and its data's
+/// offset and size in bytes.
+struct NpyLayout {
+  torch::Dtype dtype;
+  std::vector<int64_t> shape;
+  size_t data_offset = 0;
+  size_t data_bytes = 0;
+};
+
+/// The bytes from a .npy file's start to its data's: its magic, version,
+/// header length and header. `head` holds the file's first bytes (all of
+/// them when it is shorter), `total` its size.
+size_t header_end(const std::string& head, size_t total, const std::string& what, size_t* offset) {
+  PK_CHECK(total >= 10 && head.size() >= 10 && std::memcmp(head.data(), kMagic, 6) == 0,
            what << ": not a .npy file (bad magic; expected \\x93NUMPY)");
-  unsigned major = static_cast<unsigned char>(bytes[6]);
-  size_t header_len, offset;
+  unsigned major = static_cast<unsigned char>(head[6]);
+  size_t header_len;
   if (major == 1) {
-    header_len = static_cast<unsigned char>(bytes[8]) | (static_cast<unsigned char>(bytes[9]) << 8);
-    offset = 10;
+    header_len = static_cast<unsigned char>(head[8]) | (static_cast<unsigned char>(head[9]) << 8);
+    *offset = 10;
   } else {
     PK_CHECK(major == 2 || major == 3, what << ": unsupported .npy version " << major);
-    PK_CHECK(bytes.size() >= 12, what << ": truncated .npy header");
+    PK_CHECK(total >= 12 && head.size() >= 12, what << ": truncated .npy header");
     header_len = 0;
-    for (int i = 3; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes[8 + i]);
-    offset = 12;
+    for (int i = 3; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(head[8 + i]);
+    *offset = 12;
   }
-  PK_CHECK(bytes.size() >= offset + header_len,
-           what << ": truncated .npy header (file has " << bytes.size() << " bytes, header needs "
-                << offset + header_len << ")");
-  const NpyHeader header = HeaderParser(bytes.substr(offset, header_len), what).parse();
-  torch::Dtype dtype = dtype_of(header.descr, what, codes);
+  PK_CHECK(total >= *offset + header_len, what << ": truncated .npy header (file has " << total
+                                               << " bytes, header needs " << *offset + header_len << ")");
+  return *offset + header_len;
+}
+
+/// The layout of a .npy file of `total` bytes whose first bytes, at least
+/// to its data's start (header_end), are `head`. Sizes are checked against
+/// the bytes present, with overflow-checked arithmetic, before anything is
+/// allocated.
+NpyLayout layout_of(const std::string& head, size_t total, const std::string& what, bool codes) {
+  size_t offset = 0;
+  const size_t end = header_end(head, total, what, &offset);
+  PK_ASSERT(head.size() >= end);
+  const NpyHeader header = HeaderParser(head.substr(offset, end - offset), what).parse();
+  NpyLayout l;
+  l.dtype = dtype_of(header.descr, what, codes);
   PK_CHECK(!header.fortran_order, what << ": .npy file must be C order (fortran_order False)");
-  // Sizes are checked against the bytes present, with overflow-checked
-  // arithmetic, before anything is allocated.
   const std::string count_what = what + ": .npy element count";
   int64_t numel = 1;
   for (int64_t d : header.shape) numel = mul_no_overflow(numel, d, count_what.c_str());
-  size_t esize = torch::elementSize(dtype);
-  size_t data_offset = offset + header_len;
-  size_t need = static_cast<size_t>(
+  const size_t esize = torch::elementSize(l.dtype);
+  l.data_offset = end;
+  l.data_bytes = static_cast<size_t>(
       mul_no_overflow(numel, static_cast<int64_t>(esize), (what + ": .npy byte count").c_str()));
-  PK_CHECK(bytes.size() - data_offset == need,
-           what << ": .npy data has " << bytes.size() - data_offset << " bytes, expected " << need
+  PK_CHECK(total - l.data_offset == l.data_bytes,
+           what << ": .npy data has " << total - l.data_offset << " bytes, expected " << l.data_bytes
                 << " for shape " << header.shape_text);
-  torch::Tensor t = torch::empty(header.shape, torch::TensorOptions().dtype(dtype));
-  if (need > 0) std::memcpy(t.data_ptr(), bytes.data() + data_offset, need);
+  l.shape = header.shape;
+  return l;
+}
+
+torch::Tensor parse(const std::string& bytes, const std::string& what, bool codes) {
+  const NpyLayout l = layout_of(bytes, bytes.size(), what, codes);
+  torch::Tensor t = torch::empty(l.shape, torch::TensorOptions().dtype(l.dtype));
+  if (l.data_bytes > 0) std::memcpy(t.data_ptr(), bytes.data() + l.data_offset, l.data_bytes);
   return t;
 }
+
+/// Arrays of at least this many bytes are read into pages of their own
+/// (read_into_plain_pages).
+constexpr size_t kPlainPagesBytes = size_t{16} << 20;
+
+/// An empty array for a file's data: one of kPlainPagesBytes or more in
+/// anonymous pages of its own, without the huge-page advice the allocator
+/// gives the memory it takes (src/cli/allocator.h). A data set is read once,
+/// front to back, and then by rows: huge pages save it few TLB misses, and
+/// on a virtual machine whose host backs fresh huge pages lazily they cost
+/// seconds (the user CNN's 188 MB Fashion-MNIST images: about 3.5 s of a
+/// `verify`'s start, BENCHMARKS.md).
+torch::Tensor empty_for_reading(const std::vector<int64_t>& shape, torch::Dtype dtype) {
+  const torch::TensorOptions options = torch::TensorOptions().dtype(dtype);
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const size_t bytes = static_cast<size_t>(numel) * torch::elementSize(dtype);
+  if (bytes < kPlainPagesBytes) return torch::empty(shape, options);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  PK_CHECK(p != MAP_FAILED, "cannot allocate " << bytes << " bytes for an array of shape " << c10::IntArrayRef(shape)
+                                               << ": " << std::strerror(errno));
+  return torch::from_blob(p, shape, [bytes](void* q) { ::munmap(q, bytes); }, options);
+}
+
+/// A file open for reading, its size known.
+class InFile {
+ public:
+  explicit InFile(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    PK_CHECK(fd_ >= 0, "cannot open '" << path << "': " << std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      PK_THROW("cannot read '" << path << "': not a regular file");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+  }
+  ~InFile() { ::close(fd_); }
+  InFile(const InFile&) = delete;
+  InFile& operator=(const InFile&) = delete;
+
+  size_t size() const { return size_; }
+
+  /// Bytes [at, at + n) into out: all of them, or Error.
+  void read(size_t at, size_t n, void* out) const {
+    char* o = static_cast<char*>(out);
+    while (n > 0) {
+      const ssize_t got = ::pread(fd_, o, n, static_cast<off_t>(at));
+      if (got < 0 && errno == EINTR) continue;
+      PK_CHECK(got > 0, "cannot read '" << path_ << "' at byte " << at << ": "
+                                        << (got == 0 ? "the file ended early" : std::strerror(errno)));
+      o += got;
+      at += static_cast<size_t>(got);
+      n -= static_cast<size_t>(got);
+    }
+  }
+
+  /// The file's first bytes, up to its data's start (header_end) or its end.
+  std::string head() const {
+    std::string h(std::min<size_t>(size_, 4096), '\0');
+    read(0, h.size(), h.data());
+    size_t offset = 0;
+    const size_t end = header_end(h, size_, path_, &offset);
+    if (end > h.size()) {
+      const size_t have = h.size();
+      h.resize(end);
+      read(have, end - have, h.data() + have);
+    }
+    return h;
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+  size_t size_ = 0;
+};
 
 /// The values of a coded array: a 1-D table of at most kMaxCodedValues.
 void check_values(const torch::Tensor& values, const std::string& what) {
@@ -297,6 +406,40 @@ torch::Tensor gather_codes(const torch::Tensor& codes, const torch::Tensor& valu
     gather_as<uint64_t>(c, values.data_ptr(), out.data_ptr(), n);
   } else {
     gather_as<uint32_t>(c, values.data_ptr(), out.data_ptr(), n);
+  }
+  return out;
+}
+
+/// Codes read and decoded a block at a time (read_coded).
+constexpr size_t kCodeBlock = size_t{1} << 20;
+
+/// The coded array in the codes file `path` against `values` (checked):
+/// the codes read a block at a time, each block checked against the table
+/// and decoded into the array, so that neither the file nor its codes are
+/// copied whole. `what` names the pair in errors.
+torch::Tensor read_coded(const std::string& path, const torch::Tensor& values, const std::string& what) {
+  const InFile file(path);
+  const NpyLayout l = layout_of(file.head(), file.size(), path, true);
+  PK_CHECK(!l.shape.empty(), what << ": codes of shape " << c10::IntArrayRef(l.shape) << ", expected the array's "
+                                  << "shape (at least one dimension)");
+  const torch::Tensor table = values.contiguous();
+  const int64_t entries = table.size(0);
+  torch::Tensor out = empty_for_reading(l.shape, table.scalar_type());
+  std::vector<uint8_t> block(std::min(kCodeBlock, l.data_bytes));
+  char* o = static_cast<char*>(out.data_ptr());
+  const size_t esize = static_cast<size_t>(table.element_size());
+  PK_ASSERT(esize == 8 || esize == 4);  // float64, float32, int64 or int32 (layout_of)
+  for (size_t at = 0; at < l.data_bytes; at += block.size()) {
+    const size_t n = std::min(block.size(), l.data_bytes - at);
+    file.read(l.data_offset + at, n, block.data());
+    const int64_t largest = *std::max_element(block.begin(), block.begin() + static_cast<std::ptrdiff_t>(n));
+    PK_CHECK(largest < entries, what << ": code " << largest << " is out of range of the table of " << entries
+                                     << " values (codes must be in [0, " << entries << "))");
+    if (esize == 8) {
+      gather_as<uint64_t>(block.data(), table.data_ptr(), o + at * 8, static_cast<int64_t>(n));
+    } else {
+      gather_as<uint32_t>(block.data(), table.data_ptr(), o + at * 4, static_cast<int64_t>(n));
+    }
   }
   return out;
 }
@@ -352,13 +495,20 @@ torch::Tensor read_npy_array(const std::string& dir, const std::string& name) {
   const std::string second = (std::filesystem::path(dir) / files[1]).string();
   const torch::Tensor values = read_npy(second);
   check_values(values, second);  // before the codes are read
-  return decode_values(parse_npy_codes(read_file(first), first), values, first + " with " + second);
+  return read_coded(first, values, first + " with " + second);
 }
 
 void write_npy(const std::string& path, const torch::Tensor& tensor) {
   write_file_atomic(path, npy_bytes(tensor));
 }
 
-torch::Tensor read_npy(const std::string& path) { return parse_npy(read_file(path), path); }
+torch::Tensor read_npy(const std::string& path) {
+  // Straight from the file into the array: no copy of the file's bytes.
+  const InFile file(path);
+  const NpyLayout l = layout_of(file.head(), file.size(), path, false);
+  torch::Tensor t = empty_for_reading(l.shape, l.dtype);
+  if (l.data_bytes > 0) file.read(l.data_offset, l.data_bytes, t.data_ptr());
+  return t;
+}
 
 }  // namespace pathkernel

@@ -57,6 +57,15 @@ TEST(Npy, RejectsCorruptFiles) {
     }
   }
   EXPECT_THROW(read_npy("/nonexistent/x.npy"), Error);
+  // Read from a file, the same checks, naming the file.
+  testing::TempDir dir("npy_corrupt");
+  for (const auto& [bytes, message] : cases) {
+    write_file_atomic(dir / "x.npy", bytes);
+    const std::string e = error_message([&] { read_npy(dir / "x.npy"); });
+    EXPECT_CONTAINS(e, message);
+    EXPECT_CONTAINS(e, dir / "x.npy");
+  }
+  EXPECT_CONTAINS(error_message([&] { read_npy(dir.path()); }), "not a regular file");
 }
 
 /// .npy bytes with a hand-written header dictionary (version 1 or 2).
@@ -250,6 +259,27 @@ TEST(NpyCodedArray, RefusesABadPairNamingTheFileAndTheExpectation) {
   EXPECT_CONTAINS(reading(), "unsupported .npy dtype '|u1'");
   // Other readers still refuse uint8: a checkpoint is never codes.
   EXPECT_CONTAINS(error_message([&] { read_npy(dir / "train_x.codes.npy"); }), "unsupported .npy dtype '|u1'");
+}
+
+TEST(NpyCodedArray, ReadsALargeArrayBlockByBlock) {
+  // Past 16 MiB an array is read into pages of its own, and codes a block
+  // of 1 MiB at a time: every block decoded bit for bit, a bad code in the
+  // last block found.
+  testing::TempDir dir("coded_large");
+  torch::manual_seed(5);
+  const int64_t n = (int64_t{17} << 20) / 4 + 123;
+  torch::Tensor codes = torch::randint(0, 200, {n / 4, 4}, torch::kLong).to(torch::kUInt8);
+  const torch::Tensor values = torch::randn({200}, torch::kFloat32);
+  const torch::Tensor decoded = values.index_select(0, codes.reshape(-1).to(torch::kLong)).view(codes.sizes());
+  write_npy(dir / "train_x.codes.npy", codes);
+  write_npy(dir / "train_x.values.npy", values);
+  EXPECT_TRUE(same_bits(read_npy_array(dir.path(), "train_x"), decoded));
+  write_npy(dir / "test_x.npy", decoded);
+  EXPECT_TRUE(same_bits(read_npy(dir / "test_x.npy"), decoded));
+  codes[-1][3] = 250;
+  write_npy(dir / "train_x.codes.npy", codes);
+  EXPECT_CONTAINS(error_message([&] { read_npy_array(dir.path(), "train_x"); }),
+                  "code 250 is out of range of the table of 200 values");
 }
 
 }  // namespace
