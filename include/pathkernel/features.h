@@ -56,6 +56,27 @@ struct LayerFeatures {
   /// contractions take them, K times fewer products than the block.
   /// Undefined otherwise.
   torch::Tensor held_h, held_ph;
+  /// Held through a hidden layer (QuadratureOptions::LastSite::Hidden),
+  /// that hidden Linear layer keeps its block J̄ as factors and `block` is
+  /// undefined. Per group g of one test point's pieces that share the
+  /// layer's ReLU mask D_g, output k's part of the block is
+  /// D_g (W[k] ⊗ h0 + dW[k] ⊗ h1 − Wᵀ p0 − dWᵀ p1) [H, in] (the bias the
+  /// column of an input's 1), with W, dW [K, H] the logits' layer at the
+  /// segment's start and its direction. Against a training batch the
+  /// factors take products with the batch's inputs and signals alone,
+  /// where the block ([K, n, H·in]: 8 MB a test point on a user CNN with a
+  /// 64-unit layer of 1,568 inputs) took the batch's per-sample gradients
+  /// [B, H·in] each step (docs/math.md §7, "Held through a hidden layer").
+  struct HiddenFactors {
+    torch::Tensor point;  ///< [G] each group's test point
+    torch::Tensor mask;   ///< [G, H] D_g (0 or 1)
+    torch::Tensor h;      ///< [G, 2, cols] ∫h and ∫t h, then (with a bias) ∫1 and ∫t
+    torch::Tensor p;      ///< [G, 2, K, cols] ∫p hᵀ and ∫t p hᵀ, then (with a bias) ∫p and ∫t p
+    torch::Tensor w;      ///< [2, K, H] W and dW
+    bool bias = false;    ///< whether the layer has a bias: cols = in + 1, else in
+    bool defined() const { return point.defined(); }
+  };
+  HiddenFactors hidden;
 };
 
 /// What certifying test features cost and found, summed over test points

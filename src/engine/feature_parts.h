@@ -56,6 +56,20 @@ constexpr int64_t kMendChunk = 256;
 /// group without rows (whose sums are zero).
 torch::Tensor first_of_each_group(const torch::Tensor& group, int64_t groups);
 
+/// Layer features' block J̄ [K, n, Q]: `block`, or the one its hidden
+/// factors give (LayerFeatures::HiddenFactors) for n test points.
+torch::Tensor dense_block(const LayerFeatures& lf, int64_t n);
+
+/// Hidden factors against K' sets of training signals sig [B, H] of rows
+/// whose inputs, with the bias's column of ones, are a [B, cols]:
+/// Σ_{h,j} J̄_k[h, j] δ_h a_j per test point, [K, n, K', B].
+torch::Tensor hidden_contract(const LayerFeatures::HiddenFactors& hf, const torch::Tensor& a,
+                              const std::vector<torch::Tensor>& sig, int64_t n);
+
+/// Hidden factors against a direction of the layer, v [H, cols] (its
+/// weight, then its bias's column): J̄ v per test point, [K, n].
+torch::Tensor hidden_dot(const LayerFeatures::HiddenFactors& hf, const torch::Tensor& v, int64_t n);
+
 /// Whether passes must keep an autograd graph for their signals.
 bool track_passes(const SegmentEvaluator& ev);
 

@@ -132,6 +132,58 @@ LayerFeatures::Form layer_form(const SegmentEvaluator& ev, size_t l, const torch
   return l == 0 && ev.first_input_fixed() ? Form::Summed : Form::Rows;
 }
 
+torch::Tensor dense_block(const LayerFeatures& lf, int64_t n) {
+  if (!lf.hidden.defined()) return lf.block;
+  const LayerFeatures::HiddenFactors& hf = lf.hidden;
+  const int64_t G = hf.point.size(0), K = hf.w.size(1), H = hf.w.size(2), cols = hf.h.size(2);
+  const int64_t in = hf.bias ? cols - 1 : cols;
+  torch::Tensor out = torch::zeros({K, n, H * cols}, hf.h.options());
+  const torch::Tensor weight = out.narrow(2, 0, H * in).view({K, n, H, in});
+  for (int64_t g = 0; g < G; ++g) {
+    const torch::Tensor wm = hf.w[0] * hf.mask[g], dwm = hf.w[1] * hf.mask[g];  // [K, H]
+    const torch::Tensor h = hf.h[g], p = hf.p[g];
+    const torch::Tensor shared = torch::matmul(wm.t(), p[0]) + torch::matmul(dwm.t(), p[1]);  // [H, cols]
+    const torch::Tensor part = wm.unsqueeze(2) * h[0].view({1, 1, cols}) + dwm.unsqueeze(2) * h[1].view({1, 1, cols}) -
+                               shared.unsqueeze(0);  // [K, H, cols]
+    const int64_t i = hf.point[g].item<int64_t>();
+    weight.select(1, i).add_(part.narrow(2, 0, in));
+    if (hf.bias) out.select(1, i).narrow(1, H * in, H).add_(part.select(2, in));
+  }
+  return out;
+}
+
+torch::Tensor hidden_contract(const LayerFeatures::HiddenFactors& hf, const torch::Tensor& a,
+                              const std::vector<torch::Tensor>& sig, int64_t n) {
+  const int64_t G = hf.point.size(0), K = hf.w.size(1), H = hf.w.size(2), cols = hf.h.size(2), B = a.size(0);
+  PK_ASSERT(a.size(1) == cols);
+  // Σ_{h,j} δ_h a_j D_h (W[k,h] h0_j + dW[k,h] h1_j − Σ_k' (W[k',h] p0[k',j] + dW[k',h] p1[k',j]))
+  //   = d0_k (h0·a) + d1_k (h1·a) − Σ_k' (d0_k' (p0[k']·a) + d1_k' (p1[k']·a)),
+  // with d0 = W (D δ), d1 = dW (D δ).
+  const torch::Tensor ha = torch::matmul(hf.h.reshape({G * 2, cols}), a.t()).view({G, 2, 1, B});
+  const torch::Tensor pa = torch::matmul(hf.p.reshape({G * 2 * K, cols}), a.t()).view({G, 2, K, B});
+  const torch::Tensor w = hf.w.reshape({2 * K, H});
+  std::vector<torch::Tensor> per;
+  for (const torch::Tensor& s : sig) {
+    const torch::Tensor masked = hf.mask.unsqueeze(2) * s.reshape({B, H}).t().unsqueeze(0);  // [G, H, B]
+    const torch::Tensor d = torch::matmul(w, masked).view({G, 2, K, B});
+    const torch::Tensor r = (d * ha).sum(1) - (d * pa).sum({1, 2}).unsqueeze(1);  // [G, K, B]
+    per.push_back(torch::zeros({n, K, B}, r.options()).index_add_(0, hf.point, r).transpose(0, 1));
+  }
+  return torch::stack(per, 2);
+}
+
+torch::Tensor hidden_dot(const LayerFeatures::HiddenFactors& hf, const torch::Tensor& v, int64_t n) {
+  const int64_t G = hf.point.size(0), K = hf.w.size(1), H = hf.w.size(2), cols = hf.h.size(2);
+  PK_ASSERT(v.size(0) == H && v.size(1) == cols);
+  // Σ_{h,j} v[h, j] D_h (...): as hidden_contract with v's rows for δ_h a_j.
+  const torch::Tensor vh = torch::matmul(hf.h.reshape({G * 2, cols}), v.t()).view({G, 2, H}) * hf.mask.unsqueeze(1);
+  const torch::Tensor vp =
+      torch::matmul(hf.p.reshape({G * 2 * K, cols}), v.t()).view({G, 2, K, H}) * hf.mask.view({G, 1, 1, H});
+  const torch::Tensor own = torch::matmul(vh.reshape({G, 2 * H}), hf.w.transpose(1, 2).reshape({2 * H, K}));  // [G, K]
+  const torch::Tensor r = own - (vp * hf.w.unsqueeze(0)).sum({1, 2, 3}).unsqueeze(1);
+  return torch::zeros({n, K}, r.options()).index_add_(0, hf.point, r).t();
+}
+
 namespace {
 
 /// The features of consecutive groups of test points as those of all of
@@ -162,10 +214,23 @@ TestFeatures join_features(std::vector<TestFeatures>& parts) {
     lf.form = parts[0].layers[l].form;
     // Rows and Summed: inputs rows first, signals [K, rows, ...]; Dense: [K, n, Q].
     std::vector<torch::Tensor> inputs, signals, blocks, held_h, held_ph;
+    std::vector<torch::Tensor> hidden_point, hidden_mask, hidden_h, hidden_p;
+    int64_t points_before = 0;
     for (TestFeatures& p : parts) {
       LayerFeatures& pl = p.layers[l];
       PK_ASSERT(pl.form == lf.form);
-      if (lf.form == Form::Dense) {
+      if (pl.hidden.defined()) {  // every group's, or none
+        hidden_point.push_back(pl.hidden.point + points_before);
+        hidden_mask.push_back(std::move(pl.hidden.mask));
+        hidden_h.push_back(std::move(pl.hidden.h));
+        hidden_p.push_back(std::move(pl.hidden.p));
+        lf.hidden.w = pl.hidden.w;
+        lf.hidden.bias = pl.hidden.bias;
+      }
+      points_before += p.num_points;
+      if (pl.hidden.defined()) {
+        PK_ASSERT(!pl.block.defined());
+      } else if (lf.form == Form::Dense) {
         blocks.push_back(std::move(pl.block));
         if (pl.held_h.defined()) {
           held_h.push_back(std::move(pl.held_h));
@@ -176,7 +241,13 @@ TestFeatures join_features(std::vector<TestFeatures>& parts) {
         signals.push_back(std::move(pl.signals));
       }
     }
-    if (lf.form == Form::Dense) {
+    if (!hidden_point.empty()) {
+      PK_ASSERT(hidden_point.size() == parts.size());
+      lf.hidden.point = torch::cat(hidden_point);
+      lf.hidden.mask = torch::cat(hidden_mask);
+      lf.hidden.h = torch::cat(hidden_h);
+      lf.hidden.p = torch::cat(hidden_p);
+    } else if (lf.form == Form::Dense) {
       lf.block = torch::cat(blocks, 1);
       if (held_h.size() == parts.size()) {  // every group's, or none
         lf.held_h = torch::cat(held_h, 0);
@@ -443,6 +514,12 @@ torch::Tensor contract_outputs(const SegmentEvaluator& ev, const TestFeatures& f
           part = held_part(lf, t0.inputs[l], sig);
           break;
         }
+        if (lf.hidden.defined()) {
+          const torch::Tensor a = t0.inputs[l].flatten(1);
+          part = hidden_contract(lf.hidden, lf.hidden.bias ? torch::cat({a, torch::ones({a.size(0), 1}, a.options())}, 1) : a,
+                                 sig, f.num_points);
+          break;
+        }
         std::vector<torch::Tensor> g;  // K' x [B, Q]
         for (const TrainSignals& t : ts) g.push_back(layer_sample_gradients(ev, t, l));
         const torch::Tensor& b = lf.block;  // [K, n, Q]
@@ -474,6 +551,12 @@ torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, 
     torch::Tensor part;
     switch (lf.form) {
       case Form::Dense:
+        if (lf.hidden.defined()) {
+          const torch::Tensor w = ev.weight_of(v, l);
+          part = hidden_dot(lf.hidden, lf.hidden.bias ? torch::cat({w, ev.bias_of(v, l).unsqueeze(1)}, 1) : w,
+                            f.num_points);
+          break;
+        }
         part = torch::matmul(lf.block, torch::cat({ev.weight_of(v, l).flatten(), ev.bias_of(v, l)}));  // bias [0] if none
         break;
       case Form::Summed:
@@ -492,6 +575,63 @@ torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const 
   return contract_outputs(ev, f, {t}).squeeze(3);  // [n, B, K]
 }
 
+namespace {
+
+/// Hidden factors' block (LayerFeatures::HiddenFactors) written into the
+/// dense features out [n, K, P] at the layer's weight [H, in] and bias [H]:
+/// each test point's rows in one pass per group (its first group written,
+/// the others added; a point without groups zero). The block formed and
+/// then copied made seven passes over it.
+void write_hidden_block(const LayerFeatures::HiddenFactors& hf, const ParamLayer& pl, torch::Tensor& out) {
+  PK_ASSERT(out.is_contiguous() && out.scalar_type() == torch::kFloat64);
+  const int64_t G = hf.point.size(0), K = hf.w.size(1), H = hf.w.size(2), cols = hf.h.size(2);
+  const int64_t in = hf.bias ? cols - 1 : cols, n = out.size(0), P = out.size(2);
+  PK_ASSERT(pl.weight_numel == H * in && pl.bias_numel == (hf.bias ? H : 0));
+  // Output k's part, D (W[k] ⊗ h0 + dW[k] ⊗ h1 − S) with S = Wᵀ p0 + dWᵀ p1 [H, cols] per group.
+  const torch::Tensor S = (torch::matmul(hf.w[0].t(), hf.p.select(1, 0)) + torch::matmul(hf.w[1].t(), hf.p.select(1, 1)))
+                              .contiguous();  // [G, H, cols]
+  const torch::Tensor h = hf.h.contiguous(), w = hf.w.contiguous(), mask = hf.mask.contiguous();
+  const torch::Tensor point = hf.point.contiguous();
+  const double *sp = S.data_ptr<double>(), *hp = h.data_ptr<double>(), *wp = w.data_ptr<double>();
+  const double* mp = mask.data_ptr<double>();
+  const int64_t* pp = point.data_ptr<int64_t>();
+  double* o = out.data_ptr<double>();
+  std::vector<char> written(static_cast<size_t>(n), 0);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t i = pp[g];
+    const bool first = !written[static_cast<size_t>(i)];
+    written[static_cast<size_t>(i)] = 1;
+    const double *h0 = hp + g * 2 * cols, *h1 = h0 + cols;
+    for (int64_t k = 0; k < K; ++k) {
+      double* row = o + (i * K + k) * P;
+      for (int64_t u = 0; u < H; ++u) {
+        const bool on = mp[g * H + u] != 0;
+        const double a = on ? wp[k * H + u] : 0.0, b = on ? wp[(K + k) * H + u] : 0.0;
+        const double* s = sp + (g * H + u) * cols;
+        double* ow = row + pl.weight_offset + u * in;
+        if (!on) {
+          if (first) std::fill(ow, ow + in, 0.0);
+        } else if (first) {
+          for (int64_t j = 0; j < in; ++j) ow[j] = a * h0[j] + b * h1[j] - s[j];
+        } else {
+          for (int64_t j = 0; j < in; ++j) ow[j] += a * h0[j] + b * h1[j] - s[j];
+        }
+        if (!hf.bias) continue;
+        const double v = on ? a * h0[in] + b * h1[in] - s[in] : 0.0;
+        double& ob = row[pl.bias_offset + u];
+        ob = first ? v : ob + v;
+      }
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (written[static_cast<size_t>(i)]) continue;
+    out[i].narrow(1, pl.weight_offset, pl.weight_numel).zero_();
+    if (hf.bias) out[i].narrow(1, pl.bias_offset, pl.bias_numel).zero_();
+  }
+}
+
+}  // namespace
+
 torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f) {
   const int64_t n = f.num_points, K = ev.num_outputs();
   // Each layer writes its own parameters' entries: zeros only where a
@@ -506,6 +646,10 @@ torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f) 
     const LayerFeatures& lf = f.layers[l];
     switch (lf.form) {
       case Form::Dense:
+        if (lf.hidden.defined()) {
+          write_hidden_block(lf.hidden, pl, out);
+          continue;
+        }
         weight = lf.block.narrow(2, 0, pl.weight_numel);
         bias = lf.block.narrow(2, pl.weight_numel, pl.bias_numel);
         break;

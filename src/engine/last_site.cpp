@@ -964,7 +964,7 @@ void add_hidden_sums(const std::vector<HiddenGroup>& groups, const torch::Tensor
 
 /// From the pieces' integrals of the hidden layer's input: the logits'
 /// layer's sums (its input D y_h, y_h = W_h(t) h + b_h(t)) and the hidden
-/// layer's part of J̄ dw (its block, hidden_block, against [dW_h, db_h]).
+/// layer's part of J̄ dw (its block, LayerFeatures::HiddenFactors, against [dW_h, db_h]).
 void finish_hidden_terms(const LayerAt& fin, const LayerAt& hid, LastSiteTerms& out) {
   const torch::Tensor lt = out.len.unsqueeze(1), tt = out.t1.unsqueeze(1);
   out.h_sum = out.mask * (torch::matmul(out.h0, hid.w0.t()) + torch::matmul(out.h1, hid.dw.t()) + lt * hid.b0 +
@@ -1101,22 +1101,6 @@ torch::Tensor site_dot(const LastSiteTerms& terms, const torch::Tensor& directio
   // G_{k,r} · d_r = (e0 ⊙ d) w0uᵀ + (e1 ⊙ d) dwuᵀ − Σ_u e2 ⊙ d, per row.
   const torch::Tensor ed = terms.fields * d.unsqueeze(0);  // [3, R, U]
   return (torch::matmul(ed[0], terms.w0u.t()) + torch::matmul(ed[1], terms.dwu.t()) - ed[2].sum(1, true)).t();
-}
-
-torch::Tensor hidden_block(const SegmentEvaluator& ev, const torch::Tensor& mask, const torch::Tensor& h0,
-                           const torch::Tensor& h1, const torch::Tensor& p0, const torch::Tensor& p1,
-                           const torch::Tensor& len, const torch::Tensor& t1, const torch::Tensor& p0s,
-                           const torch::Tensor& p1s) {
-  const size_t fin_l = ev.param_layers().size() - 1;
-  const LayerAt fin = layer_at(ev, fin_l);
-  const int64_t K = fin.w0.size(0), H = mask.size(0);
-  const torch::Tensor wm = fin.w0 * mask, dwm = fin.dw * mask;  // [K, H]
-  const torch::Tensor shared = torch::matmul(wm.t(), p0) + torch::matmul(dwm.t(), p1);  // [H, Hw]
-  const torch::Tensor weight = wm.unsqueeze(2) * h0.view({1, 1, -1}) + dwm.unsqueeze(2) * h1.view({1, 1, -1}) -
-                               shared.unsqueeze(0);  // [K, H, Hw]
-  if (ev.param_layers()[fin_l - 1].bias_numel == 0) return weight.reshape({K, -1});
-  const torch::Tensor bias = wm * len + dwm * t1 - (torch::matmul(wm.t(), p0s) + torch::matmul(dwm.t(), p1s));
-  return torch::cat({weight.reshape({K, -1}), bias.view({K, H})}, 1);
 }
 
 LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, const torch::Tensor& node_y,

@@ -51,7 +51,7 @@ struct LastSiteTerms {
   torch::Tensor eu, w_of_u;
   /// Per piece: the hidden layer's mask D [np, H], the integrals of its
   /// input h, ∫ h and ∫ t h [np, Hw], ∫ p hᵀ and ∫ t p hᵀ [np, K, Hw], ∫ t
-  /// [np], ∫ p and ∫ t p [np, K] (hidden_block forms its part of J̄ from
+  /// [np], ∫ p and ∫ t p [np, K] (LayerFeatures::HiddenFactors keep its part of J̄ from
   /// them), and that part times the direction, [np, K].
   torch::Tensor mask, h0, h1, p0, p1, t1, p0s, p1s, hidden_dot;
   /// Per piece, the hidden layer's switches inside it (t, ascending), found
@@ -73,17 +73,6 @@ torch::Tensor site_cotangents(const LastSiteTerms& terms, const torch::Tensor& f
 /// [R, U] (a pass's `directions` at the site).
 torch::Tensor site_dot(const LastSiteTerms& terms, const torch::Tensor& direction,
                        const std::vector<int64_t>& piece_of);
-
-/// Held through a hidden layer: the hidden layer's part of J̄ [K, Q] (its
-/// weight [H, Hw] row-major, then its bias where it has one) of a test
-/// point from sums over its pieces that share the mask `mask` [H]: h0, h1
-/// [Hw], p0, p1 [K, Hw], len and t1 scalars [1], p0s, p1s [K]. Output k's
-/// weight block is D (W[k] ⊗ h0 + dW[k] ⊗ h1 − Wᵀ p0 − dWᵀ p1) with W, dW
-/// the logits' layer at the start and its direction [K, H].
-torch::Tensor hidden_block(const SegmentEvaluator& ev, const torch::Tensor& mask, const torch::Tensor& h0,
-                           const torch::Tensor& h1, const torch::Tensor& p0, const torch::Tensor& p1,
-                           const torch::Tensor& len, const torch::Tensor& t1, const torch::Tensor& p0s,
-                           const torch::Tensor& p1s);
 
 /// Per piece of round `rd`, the sums over its node rows of the cotangents
 /// of `terms` (site_cotangents) and of them times the rows' t: [K, np, ...]

@@ -72,9 +72,10 @@ torch::Tensor contract_by_tensor(const SegmentEvaluator& ev, const TestFeatures&
       continue;
     }
     const torch::Tensor g = layer_sample_gradients(ev, t, l);  // [B, Q]
+    const torch::Tensor block = dense_block(lf, n);
     for (const TensorPiece& piece : pieces) {
       total.select(3, piece.tensor)
-          .add_(torch::matmul(lf.block.narrow(2, piece.start, piece.numel), g.narrow(1, piece.start, piece.numel).t()));
+          .add_(torch::matmul(block.narrow(2, piece.start, piece.numel), g.narrow(1, piece.start, piece.numel).t()));
     }
   }
   return total.permute({1, 2, 0, 3}).contiguous();  // [n, B, K, L]

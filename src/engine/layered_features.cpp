@@ -1013,15 +1013,27 @@ void LayeredFeatures::assemble() {
   if (through_hidden_) {
     // The hidden layer of every output, per test point from its pieces'
     // integrals, one block per mask.
-    LayerFeatures& lf = f_.layers[layers_ - 2];
-    const ParamLayer& pl = ev_.param_layers()[layers_ - 2];
-    lf.block = torch::zeros({k_out_, n_, pl.weight_numel + pl.bias_numel}, opts_);
+    LayerFeatures::HiddenFactors& hf = f_.layers[layers_ - 2].hidden;
+    hf.bias = ev_.param_layers()[layers_ - 2].bias_numel > 0;
+    std::vector<int64_t> point;
+    std::vector<torch::Tensor> mask, h, p;
     for (int64_t i = 0; i < n_; ++i) {
       for (const HiddenGroup& g : hidden_groups_[static_cast<size_t>(i)]) {
-        const std::array<torch::Tensor, 8>& v = g.sums;
-        lf.block.select(1, i).add_(hidden_block(ev_, g.mask, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]));
+        const std::array<torch::Tensor, 8>& v = g.sums;  // h0, h1, p0, p1, len, t1, p0s, p1s
+        point.push_back(i);
+        mask.push_back(g.mask);
+        h.push_back(hf.bias ? torch::stack({torch::cat({v[0], v[4]}), torch::cat({v[1], v[5]})})
+                            : torch::stack({v[0], v[1]}));
+        p.push_back(hf.bias ? torch::stack({torch::cat({v[2], v[6].unsqueeze(1)}, 1), torch::cat({v[3], v[7].unsqueeze(1)}, 1)})
+                            : torch::stack({v[2], v[3]}));
       }
     }
+    const size_t fin = layers_ - 1;
+    hf.point = torch::tensor(point, torch::kLong);
+    hf.mask = torch::stack(mask);
+    hf.h = torch::stack(h);
+    hf.p = torch::stack(p);
+    hf.w = torch::stack({ev_.weight_of(ev_.start(), fin), ev_.weight_of(ev_.direction(), fin)});
   }
   if (held_) {
     // The logits' layer of every output k: weight e_k ⊗ ∫h − ∫p hᵀ, bias e_k len − ∫p.

@@ -185,7 +185,9 @@ int64_t expect_hidden_held_as_every_kink(const SegmentEvaluator& ev, const torch
   EXPECT_TRUE(ev.hidden_site_local()) << name << " (" << ev.route() << ": " << ev.route_reason() << ")";
   if (!ev.hidden_site_local()) return 0;
   const auto [held, every] = expect_held_as_every_kink(ev, x, map, name, QuadratureOptions::LastSite::Hidden);
-  EXPECT_TRUE(held.layers[held.layers.size() - 2].block.defined()) << name;
+  // The hidden layer's block kept as its factors (dense_features formed it above).
+  EXPECT_TRUE(held.layers[held.layers.size() - 2].hidden.defined()) << name;
+  EXPECT_FALSE(held.layers[held.layers.size() - 2].block.defined()) << name;
   const size_t site = ev.param_layers().size() - 3;
   EXPECT_GT(kinks_at(held, site), 0) << name;
   EXPECT_LT(held.evaluations + held.moment_evaluations, every.evaluations + every.moment_evaluations) << name;
@@ -222,18 +224,22 @@ TEST(LastSite, SiteHeldThroughAHiddenLayerGivesTheFeaturesOfEveryKinkAPiece) {
 // chain: the second convolution's site held through the hidden layer.
 TEST(LastSite, SiteOfAScriptedCnnHeldThroughItsHiddenLayer) {
   REQUIRE_PYTHON_TORCH();
-  testing::TempDir dir;
-  const std::string path = scripted_cnn(dir, "        self.fc1 = nn.Linear(12, 5)\n        self.fc2 = nn.Linear(5, 4)\n",
-                                        "self.fc2(F.relu(self.fc1(h)))");
-  for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
-    Network net = scripted_network(path, map);
-    torch::manual_seed(17);
-    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
-    SegmentEvaluator ev(net);
-    ev.set_segment(w, dw);
-    const std::string name = "scripted cnn/" + output_map_name(map);
-    ASSERT_EQ(ev.route(), "structured") << name << ": " << ev.route_reason();
-    expect_hidden_held_as_every_kink(ev, torch::randn({5, 1, 8, 8}, torch::kFloat64), map, name);
+  // The hidden layer with a bias and without.
+  for (const std::string bias : {"True", "False"}) {
+    testing::TempDir dir_b("bias_" + bias);
+    const std::string path =
+        scripted_cnn(dir_b, "        self.fc1 = nn.Linear(12, 5, bias=" + bias + ")\n        self.fc2 = nn.Linear(5, 4)\n",
+                     "self.fc2(F.relu(self.fc1(h)))");
+    for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
+      Network net = scripted_network(path, map);
+      torch::manual_seed(17);
+      const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
+      SegmentEvaluator ev(net);
+      ev.set_segment(w, dw);
+      const std::string name = "scripted cnn/bias " + bias + "/" + output_map_name(map);
+      ASSERT_EQ(ev.route(), "structured") << name << ": " << ev.route_reason();
+      expect_hidden_held_as_every_kink(ev, torch::randn({5, 1, 8, 8}, torch::kFloat64), map, name);
+    }
   }
 }
 
