@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "pathkernel/error.h"
 
@@ -20,10 +23,33 @@ bool takes(T v, T top) {
   return v > top || std::isnan(v);
 }
 
+/// The unsigned integer of T's width, for selecting by masks.
+template <typename T>
+using BitsOf = std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>;
+
+/// (r, ir) where r takes a window's maximum from l (`takes`), else (l, il):
+/// selected by masks, without a branch. A branch on which of a window's
+/// values is largest is taken at random on real activations, and its
+/// mispredictions made the 2 × 2 pool 1.6 (float64) to 4 (float32) times
+/// slower.
+template <typename T>
+void pick(T l, int64_t il, T r, int64_t ir, T& out, int64_t& index) {
+  using U = BitsOf<T>;
+  const bool take = (r > l) | (r != r);  // `takes`, both sides evaluated
+  const U m = U(0) - U(take);
+  U lb, rb;
+  std::memcpy(&lb, &l, sizeof l);
+  std::memcpy(&rb, &r, sizeof r);
+  const U ob = (rb & m) | (lb & ~m);
+  std::memcpy(&out, &ob, sizeof out);
+  const uint64_t mi = uint64_t(0) - uint64_t(take);
+  index = static_cast<int64_t>((static_cast<uint64_t>(ir) & mi) | (static_cast<uint64_t>(il) & ~mi));
+}
+
 /// pool_planes for 2 × 2 windows, the pools of the networks pathkernel
-/// meets most: each window's four values read in row-major order, without
-/// the loops over the window (which made the general loop several times
-/// slower). The first value starts the maximum, as −∞ would leave it.
+/// meets most: each row's pairs first, then the two rows' winners (the
+/// rule of `takes` picks the same value and index in that order as in
+/// row-major order: the last NaN, else the first maximum).
 template <typename T>
 void pool_planes_2(const T* x, int64_t p0, int64_t p1, int64_t H, int64_t W, T* out, int64_t* index) {
   const int64_t Hp = H / 2, Wp = W / 2;
@@ -33,18 +59,15 @@ void pool_planes_2(const T* x, int64_t p0, int64_t p1, int64_t H, int64_t W, T* 
     int64_t* ip = index + p * Hp * Wp;
     for (int64_t i = 0; i < Hp; ++i) {
       const int64_t r0 = 2 * i * W, r1 = r0 + W;
+      const T *a = xp + r0, *c = xp + r1;
+      T* o = op + i * Wp;
+      int64_t* ix = ip + i * Wp;
       for (int64_t j = 0; j < Wp; ++j) {
-        const int64_t at[4] = {r0 + 2 * j, r0 + 2 * j + 1, r1 + 2 * j, r1 + 2 * j + 1};
-        T top = xp[at[0]];
-        int64_t best = at[0];
-        for (int q = 1; q < 4; ++q) {
-          const T v = xp[at[q]];
-          const bool take = takes(v, top);
-          top = take ? v : top;
-          best = take ? at[q] : best;
-        }
-        op[i * Wp + j] = top;
-        ip[i * Wp + j] = best;
+        T top, bottom;
+        int64_t it, ib;
+        pick(a[2 * j], r0 + 2 * j, a[2 * j + 1], r0 + 2 * j + 1, top, it);
+        pick(c[2 * j], r1 + 2 * j, c[2 * j + 1], r1 + 2 * j + 1, bottom, ib);
+        pick(top, it, bottom, ib, o[j], ix[j]);
       }
     }
   }
