@@ -1012,7 +1012,7 @@ void LayeredFeatures::assemble() {
   }
   if (through_hidden_) {
     // The hidden layer of every output, per test point from its pieces'
-    // integrals, one block per mask.
+    // integrals: one group of factors per mask (LayerFeatures::HiddenFactors).
     LayerFeatures::HiddenFactors& hf = f_.layers[layers_ - 2].hidden;
     hf.bias = ev_.param_layers()[layers_ - 2].bias_numel > 0;
     std::vector<int64_t> point;
@@ -1028,6 +1028,7 @@ void LayeredFeatures::assemble() {
                             : torch::stack({v[2], v[3]}));
       }
     }
+    PK_ASSERT(!point.empty() && "every test point has a piece, so a group");
     const size_t fin = layers_ - 1;
     hf.point = torch::tensor(point, torch::kLong);
     hf.mask = torch::stack(mask);
