@@ -301,7 +301,7 @@ torch::Tensor parse(const std::string& bytes, const std::string& what, bool code
 }
 
 /// Arrays of at least this many bytes are read into pages of their own
-/// (read_into_plain_pages).
+/// (empty_for_reading).
 constexpr size_t kPlainPagesBytes = size_t{16} << 20;
 
 /// An empty array for a file's data: one of kPlainPagesBytes or more in
@@ -311,11 +311,9 @@ constexpr size_t kPlainPagesBytes = size_t{16} << 20;
 /// on a virtual machine whose host backs fresh huge pages lazily they cost
 /// seconds (the user CNN's 188 MB Fashion-MNIST images: about 3.5 s of a
 /// `verify`'s start, BENCHMARKS.md).
-torch::Tensor empty_for_reading(const std::vector<int64_t>& shape, torch::Dtype dtype) {
+/// `bytes` is the array's size, checked against overflow (layout_of).
+torch::Tensor empty_for_reading(const std::vector<int64_t>& shape, torch::Dtype dtype, size_t bytes) {
   const torch::TensorOptions options = torch::TensorOptions().dtype(dtype);
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
-  const size_t bytes = static_cast<size_t>(numel) * torch::elementSize(dtype);
   if (bytes < kPlainPagesBytes) return torch::empty(shape, options);
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   PK_CHECK(p != MAP_FAILED, "cannot allocate " << bytes << " bytes for an array of shape " << c10::IntArrayRef(shape)
@@ -393,21 +391,26 @@ void gather_as(const uint8_t* codes, const void* table, void* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = t[codes[i]];
 }
 
-/// The coded array: each code's entry of the table, in the table's dtype.
-/// Gathered by element size straight from the uint8 codes, so that no
-/// int64 index as large as the array (eight bytes a code) is made on the way.
-torch::Tensor gather_codes(const torch::Tensor& codes, const torch::Tensor& values) {
-  torch::Tensor out = torch::empty(codes.sizes(), values.options());
-  const uint8_t* c = codes.data_ptr<uint8_t>();
-  const int64_t n = codes.numel();
-  // A table holds float64, float32, int64 or int32 (parse): 8 or 4 bytes.
-  PK_ASSERT(values.element_size() == 8 || values.element_size() == 4);
-  if (values.element_size() == 8) {
-    gather_as<uint64_t>(c, values.data_ptr(), out.data_ptr(), n);
+/// Every one of the n codes names an entry of a table of `entries`, or
+/// Error naming the largest code.
+void check_codes(const uint8_t* codes, int64_t n, int64_t entries, const std::string& what) {
+  if (n == 0) return;
+  const int64_t largest = *std::max_element(codes, codes + n);
+  PK_CHECK(largest < entries, what << ": code " << largest << " is out of range of the table of " << entries
+                                   << " values (codes must be in [0, " << entries << "))");
+}
+
+/// out[i] = table[codes[i]] for the n codes, in the table's dtype (float64,
+/// float32, int64 or int32: 8 or 4 bytes, parse), by element size straight
+/// from the uint8 codes, so that no int64 index as large as the array (eight
+/// bytes a code) is made on the way. `table` is contiguous.
+void decode_into(const uint8_t* codes, int64_t n, const torch::Tensor& table, void* out) {
+  PK_ASSERT(table.element_size() == 8 || table.element_size() == 4);
+  if (table.element_size() == 8) {
+    gather_as<uint64_t>(codes, table.data_ptr(), out, n);
   } else {
-    gather_as<uint32_t>(c, values.data_ptr(), out.data_ptr(), n);
+    gather_as<uint32_t>(codes, table.data_ptr(), out, n);
   }
-  return out;
 }
 
 /// Codes read and decoded a block at a time (read_coded).
@@ -424,22 +427,15 @@ torch::Tensor read_coded(const std::string& path, const torch::Tensor& values, c
                                   << "shape (at least one dimension)");
   const torch::Tensor table = values.contiguous();
   const int64_t entries = table.size(0);
-  torch::Tensor out = empty_for_reading(l.shape, table.scalar_type());
+  const size_t esize = static_cast<size_t>(table.element_size());
+  torch::Tensor out = empty_for_reading(l.shape, table.scalar_type(), l.data_bytes * esize);  // a byte a code
   std::vector<uint8_t> block(std::min(kCodeBlock, l.data_bytes));
   char* o = static_cast<char*>(out.data_ptr());
-  const size_t esize = static_cast<size_t>(table.element_size());
-  PK_ASSERT(esize == 8 || esize == 4);  // float64, float32, int64 or int32 (layout_of)
   for (size_t at = 0; at < l.data_bytes; at += block.size()) {
     const size_t n = std::min(block.size(), l.data_bytes - at);
     file.read(l.data_offset + at, n, block.data());
-    const int64_t largest = *std::max_element(block.begin(), block.begin() + static_cast<std::ptrdiff_t>(n));
-    PK_CHECK(largest < entries, what << ": code " << largest << " is out of range of the table of " << entries
-                                     << " values (codes must be in [0, " << entries << "))");
-    if (esize == 8) {
-      gather_as<uint64_t>(block.data(), table.data_ptr(), o + at * 8, static_cast<int64_t>(n));
-    } else {
-      gather_as<uint32_t>(block.data(), table.data_ptr(), o + at * 4, static_cast<int64_t>(n));
-    }
+    check_codes(block.data(), static_cast<int64_t>(n), entries, what);
+    decode_into(block.data(), static_cast<int64_t>(n), table, o + at * esize);
   }
   return out;
 }
@@ -458,13 +454,12 @@ torch::Tensor decode_values(const torch::Tensor& codes, const torch::Tensor& val
   PK_CHECK(codes.dim() >= 1, what << ": codes of shape " << codes.sizes() << ", expected the array's shape "
                                   << "(at least one dimension)");
   check_values(values, what);
-  if (codes.numel() == 0) return torch::empty(codes.sizes(), values.options());
+  const torch::Tensor c = codes.contiguous(), table = values.contiguous();
   // Every code names an entry of the table, checked before the array is allocated.
-  const int64_t largest = codes.max().item<int64_t>();
-  PK_CHECK(largest < values.size(0), what << ": code " << largest << " is out of range of the table of "
-                                          << values.size(0) << " values (codes must be in [0, "
-                                          << values.size(0) << "))");
-  return gather_codes(codes.contiguous(), values.contiguous());
+  check_codes(c.data_ptr<uint8_t>(), c.numel(), table.size(0), what);
+  torch::Tensor out = torch::empty(codes.sizes(), table.options());
+  decode_into(c.data_ptr<uint8_t>(), c.numel(), table, out.data_ptr());
+  return out;
 }
 
 std::vector<std::string> npy_array_files(const std::string& dir, const std::string& name) {
@@ -506,7 +501,7 @@ torch::Tensor read_npy(const std::string& path) {
   // Straight from the file into the array: no copy of the file's bytes.
   const InFile file(path);
   const NpyLayout l = layout_of(file.head(), file.size(), path, false);
-  torch::Tensor t = empty_for_reading(l.shape, l.dtype);
+  torch::Tensor t = empty_for_reading(l.shape, l.dtype, l.data_bytes);
   if (l.data_bytes > 0) file.read(l.data_offset, l.data_bytes, t.data_ptr());
   return t;
 }

@@ -132,24 +132,74 @@ LayerFeatures::Form layer_form(const SegmentEvaluator& ev, size_t l, const torch
   return l == 0 && ev.first_input_fixed() ? Form::Summed : Form::Rows;
 }
 
+namespace {
+
+/// Hidden factors' block (LayerFeatures::HiddenFactors) written into the
+/// dense features out [n, K, P] at the layer's weight [H, in] and bias [H]:
+/// each test point's rows in one pass per group (its first group written,
+/// the others added; a point without groups zero). The block formed and
+/// then copied made seven passes over it.
+void write_hidden_block(const LayerFeatures::HiddenFactors& hf, const ParamLayer& pl, torch::Tensor& out) {
+  PK_ASSERT(out.is_contiguous() && out.scalar_type() == torch::kFloat64);
+  const int64_t G = hf.point.size(0), K = hf.w.size(1), H = hf.w.size(2), cols = hf.h.size(2);
+  const int64_t in = hf.bias ? cols - 1 : cols, n = out.size(0), P = out.size(2);
+  PK_ASSERT(pl.weight_numel == H * in && pl.bias_numel == (hf.bias ? H : 0));
+  // Output k's part, D (W[k] ⊗ h0 + dW[k] ⊗ h1 − S) with S = Wᵀ p0 + dWᵀ p1 [H, cols] per group.
+  const torch::Tensor S = (torch::matmul(hf.w[0].t(), hf.p.select(1, 0)) + torch::matmul(hf.w[1].t(), hf.p.select(1, 1)))
+                              .contiguous();  // [G, H, cols]
+  const torch::Tensor h = hf.h.contiguous(), w = hf.w.contiguous(), mask = hf.mask.contiguous();
+  const torch::Tensor point = hf.point.contiguous();
+  const double *sp = S.data_ptr<double>(), *hp = h.data_ptr<double>(), *wp = w.data_ptr<double>();
+  const double* mp = mask.data_ptr<double>();
+  const int64_t* pp = point.data_ptr<int64_t>();
+  double* o = out.data_ptr<double>();
+  std::vector<char> written(static_cast<size_t>(n), 0);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t i = pp[g];
+    const bool first = !written[static_cast<size_t>(i)];
+    written[static_cast<size_t>(i)] = 1;
+    const double *h0 = hp + g * 2 * cols, *h1 = h0 + cols;
+    for (int64_t k = 0; k < K; ++k) {
+      double* row = o + (i * K + k) * P;
+      for (int64_t u = 0; u < H; ++u) {
+        const bool on = mp[g * H + u] != 0;
+        const double a = on ? wp[k * H + u] : 0.0, b = on ? wp[(K + k) * H + u] : 0.0;
+        const double* s = sp + (g * H + u) * cols;
+        double* ow = row + pl.weight_offset + u * in;
+        if (!on) {
+          if (first) std::fill(ow, ow + in, 0.0);
+        } else if (first) {
+          for (int64_t j = 0; j < in; ++j) ow[j] = a * h0[j] + b * h1[j] - s[j];
+        } else {
+          for (int64_t j = 0; j < in; ++j) ow[j] += a * h0[j] + b * h1[j] - s[j];
+        }
+        if (!hf.bias) continue;
+        const double v = on ? a * h0[in] + b * h1[in] - s[in] : 0.0;
+        double& ob = row[pl.bias_offset + u];
+        ob = first ? v : ob + v;
+      }
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (written[static_cast<size_t>(i)]) continue;
+    out[i].narrow(1, pl.weight_offset, pl.weight_numel).zero_();
+    if (hf.bias) out[i].narrow(1, pl.bias_offset, pl.bias_numel).zero_();
+  }
+}
+
+}  // namespace
+
 torch::Tensor dense_block(const LayerFeatures& lf, int64_t n) {
   if (!lf.hidden.defined()) return lf.block;
   const LayerFeatures::HiddenFactors& hf = lf.hidden;
-  const int64_t G = hf.point.size(0), K = hf.w.size(1), H = hf.w.size(2), cols = hf.h.size(2);
-  const int64_t in = hf.bias ? cols - 1 : cols;
-  torch::Tensor out = torch::zeros({K, n, H * cols}, hf.h.options());
-  const torch::Tensor weight = out.narrow(2, 0, H * in).view({K, n, H, in});
-  for (int64_t g = 0; g < G; ++g) {
-    const torch::Tensor wm = hf.w[0] * hf.mask[g], dwm = hf.w[1] * hf.mask[g];  // [K, H]
-    const torch::Tensor h = hf.h[g], p = hf.p[g];
-    const torch::Tensor shared = torch::matmul(wm.t(), p[0]) + torch::matmul(dwm.t(), p[1]);  // [H, cols]
-    const torch::Tensor part = wm.unsqueeze(2) * h[0].view({1, 1, cols}) + dwm.unsqueeze(2) * h[1].view({1, 1, cols}) -
-                               shared.unsqueeze(0);  // [K, H, cols]
-    const int64_t i = hf.point[g].item<int64_t>();
-    weight.select(1, i).add_(part.narrow(2, 0, in));
-    if (hf.bias) out.select(1, i).narrow(1, H * in, H).add_(part.select(2, in));
-  }
-  return out;
+  const int64_t K = hf.w.size(1), H = hf.w.size(2), in = hf.h.size(2) - (hf.bias ? 1 : 0);
+  ParamLayer pl;  // the layer alone: its weight [H, in], then its bias [H]
+  pl.weight_numel = H * in;
+  pl.bias_offset = pl.weight_numel;
+  pl.bias_numel = hf.bias ? H : 0;
+  torch::Tensor out = torch::empty({n, K, pl.weight_numel + pl.bias_numel}, hf.h.options());
+  write_hidden_block(hf, pl, out);
+  return out.transpose(0, 1);
 }
 
 torch::Tensor hidden_contract(const LayerFeatures::HiddenFactors& hf, const torch::Tensor& a,
@@ -574,63 +624,6 @@ torch::Tensor apply_features(const SegmentEvaluator& ev, const TestFeatures& f, 
 torch::Tensor contract(const SegmentEvaluator& ev, const TestFeatures& f, const TrainSignals& t) {
   return contract_outputs(ev, f, {t}).squeeze(3);  // [n, B, K]
 }
-
-namespace {
-
-/// Hidden factors' block (LayerFeatures::HiddenFactors) written into the
-/// dense features out [n, K, P] at the layer's weight [H, in] and bias [H]:
-/// each test point's rows in one pass per group (its first group written,
-/// the others added; a point without groups zero). The block formed and
-/// then copied made seven passes over it.
-void write_hidden_block(const LayerFeatures::HiddenFactors& hf, const ParamLayer& pl, torch::Tensor& out) {
-  PK_ASSERT(out.is_contiguous() && out.scalar_type() == torch::kFloat64);
-  const int64_t G = hf.point.size(0), K = hf.w.size(1), H = hf.w.size(2), cols = hf.h.size(2);
-  const int64_t in = hf.bias ? cols - 1 : cols, n = out.size(0), P = out.size(2);
-  PK_ASSERT(pl.weight_numel == H * in && pl.bias_numel == (hf.bias ? H : 0));
-  // Output k's part, D (W[k] ⊗ h0 + dW[k] ⊗ h1 − S) with S = Wᵀ p0 + dWᵀ p1 [H, cols] per group.
-  const torch::Tensor S = (torch::matmul(hf.w[0].t(), hf.p.select(1, 0)) + torch::matmul(hf.w[1].t(), hf.p.select(1, 1)))
-                              .contiguous();  // [G, H, cols]
-  const torch::Tensor h = hf.h.contiguous(), w = hf.w.contiguous(), mask = hf.mask.contiguous();
-  const torch::Tensor point = hf.point.contiguous();
-  const double *sp = S.data_ptr<double>(), *hp = h.data_ptr<double>(), *wp = w.data_ptr<double>();
-  const double* mp = mask.data_ptr<double>();
-  const int64_t* pp = point.data_ptr<int64_t>();
-  double* o = out.data_ptr<double>();
-  std::vector<char> written(static_cast<size_t>(n), 0);
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t i = pp[g];
-    const bool first = !written[static_cast<size_t>(i)];
-    written[static_cast<size_t>(i)] = 1;
-    const double *h0 = hp + g * 2 * cols, *h1 = h0 + cols;
-    for (int64_t k = 0; k < K; ++k) {
-      double* row = o + (i * K + k) * P;
-      for (int64_t u = 0; u < H; ++u) {
-        const bool on = mp[g * H + u] != 0;
-        const double a = on ? wp[k * H + u] : 0.0, b = on ? wp[(K + k) * H + u] : 0.0;
-        const double* s = sp + (g * H + u) * cols;
-        double* ow = row + pl.weight_offset + u * in;
-        if (!on) {
-          if (first) std::fill(ow, ow + in, 0.0);
-        } else if (first) {
-          for (int64_t j = 0; j < in; ++j) ow[j] = a * h0[j] + b * h1[j] - s[j];
-        } else {
-          for (int64_t j = 0; j < in; ++j) ow[j] += a * h0[j] + b * h1[j] - s[j];
-        }
-        if (!hf.bias) continue;
-        const double v = on ? a * h0[in] + b * h1[in] - s[in] : 0.0;
-        double& ob = row[pl.bias_offset + u];
-        ob = first ? v : ob + v;
-      }
-    }
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    if (written[static_cast<size_t>(i)]) continue;
-    out[i].narrow(1, pl.weight_offset, pl.weight_numel).zero_();
-    if (hf.bias) out[i].narrow(1, pl.bias_offset, pl.bias_numel).zero_();
-  }
-}
-
-}  // namespace
 
 torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f) {
   const int64_t n = f.num_points, K = ev.num_outputs();
