@@ -310,7 +310,7 @@ constexpr size_t kPlainPagesBytes = size_t{16} << 20;
 /// front to back, and then by rows: huge pages save it few TLB misses, and
 /// on a virtual machine whose host backs fresh huge pages lazily they cost
 /// seconds (the user CNN's 188 MB Fashion-MNIST images: about 3.5 s of a
-/// `verify`'s start, BENCHMARKS.md).
+/// `verify`'s start, BENCHMARKS.md at `1abb9c4`).
 /// `bytes` is the array's size, checked against overflow (layout_of).
 torch::Tensor empty_for_reading(const std::vector<int64_t>& shape, torch::Dtype dtype, size_t bytes) {
   const torch::TensorOptions options = torch::TensorOptions().dtype(dtype);
