@@ -4,8 +4,8 @@
 // OpenBLAS picks its kernels from the CPU's model number. A CPU it does not
 // know (a newer model, or one a virtual machine describes only by its
 // features) gets its oldest x86-64 kernels, "Prescott": on the 2-core
-// Sapphire Rapids machine of BENCHMARKS.md a float64 matrix product ran 3.6
-// times slower with them than with the AVX-512 ones (scripts/blas_kernels.sh).
+// machine of docs/cli.md float64 matrix products ran 4.7 times slower with
+// them than with SkylakeX's (scripts/blas_kernels.sh measures it).
 // pathkernel chooses by the CPU's features instead, with two rules:
 // - a run is replayed with the kernels that trained it (its manifest's
 //   environment.blas_kernels): replay reproduces the checkpoints bit for bit

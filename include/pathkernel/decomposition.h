@@ -91,7 +91,8 @@ struct DecompositionOptions {
   bool training_ahead = true;
   /// Test points computed together (fewer when the memory budget says so);
   /// 0: automatic, 32 for a network of Linear layers on flat inputs and 4
-  /// for others (the fastest measured for each, BENCHMARKS.md).
+  /// for others (the fastest measured for each when chosen, `git show
+  /// bfd5e78:BENCHMARKS.md`).
   /// A point's numbers depend only on the block it falls in (blocks start
   /// at multiples of decomposition_block()), so any split of the test points
   /// at block boundaries, across processes for instance, gives the same bits.

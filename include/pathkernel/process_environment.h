@@ -39,8 +39,8 @@ inline std::string with_tunable(const char* current, const std::string& name, co
 ///   features' large temporaries (a CNN's [K, rows, channels, 28, 28] blocks)
 ///   were otherwise faulted in 4 KiB at a time: 355,000 minor faults in
 ///   `verify --test 2` of the README's CNN, against 8,900 with it, and about
-///   15% less user time from fewer TLB misses (BENCHMARKS.md, "Process
-///   overhead"). Without transparent huge pages in the kernel it does nothing.
+///   15% less user time from fewer TLB misses (docs/measurements.md,
+///   "Process overhead"). Without transparent huge pages in the kernel it does nothing.
 /// - TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=2^40: tcmalloc, the program's
 ///   allocator (src/cli/allocator.h), would otherwise print a warning with a
 ///   stack trace for every block of 1 GiB or more, which a large run's test

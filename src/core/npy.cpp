@@ -311,7 +311,10 @@ constexpr size_t kPlainPagesBytes = size_t{16} << 20;
 /// on a virtual machine whose host backs fresh huge pages lazily they cost
 /// seconds (the user CNN's 188 MB Fashion-MNIST images: about 3.5 s of a
 /// `verify`'s start, BENCHMARKS.md at `1abb9c4`).
-/// `bytes` is the array's size, checked against overflow (layout_of).
+/// `bytes` is the array's size: a plain array's data bytes, which layout_of
+/// checks against overflow and the file's size; for a coded array, its
+/// codes (a byte each, so at most the file's size) times the values'
+/// element size.
 torch::Tensor empty_for_reading(const std::vector<int64_t>& shape, torch::Dtype dtype, size_t bytes) {
   const torch::TensorOptions options = torch::TensorOptions().dtype(dtype);
   if (bytes < kPlainPagesBytes) return torch::empty(shape, options);

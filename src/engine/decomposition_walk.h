@@ -323,7 +323,8 @@ struct PointBudget {
   /// decomposition is mostly thin GEMMs of the block's features against the
   /// training rows, which wider blocks make fewer and wider) and 4 otherwise
   /// (convolutions, sequences, modules: the test features are most of the
-  /// work, and small blocks were measured faster; see BENCHMARKS.md); fewer
+  /// work, and small blocks were measured faster; `git show
+  /// bfd5e78:BENCHMARKS.md`); fewer
   /// when per_point doubles each would not fit in the budget. It does not
   /// depend on n, so a point's block (and its numbers) are the same in any
   /// split at block boundaries.
