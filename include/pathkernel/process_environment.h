@@ -42,7 +42,7 @@ inline std::string with_tunable(const char* current, const std::string& name, co
 ///   15% less user time from fewer TLB misses (docs/measurements.md,
 ///   "Process overhead"). Without transparent huge pages in the kernel it does nothing.
 /// - TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=2^40: tcmalloc, the program's
-///   allocator (src/cli/allocator.h), would otherwise print a warning with a
+///   allocator (src/program/allocator.h), would otherwise print a warning with a
 ///   stack trace for every block of 1 GiB or more, which a large run's test
 ///   features reach by design.
 inline void prepare_library_environment() {

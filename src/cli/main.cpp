@@ -3,14 +3,14 @@
 #include <exception>
 #include <string>
 
-#include "allocator.h"
+#include "program/allocator.h"
 #include "commands.h"
 #include "pathkernel/context.h"
 #include "pathkernel/distributed.h"
 
 int main(int argc, char** argv) {
   pathkernel::reexec_with_library_environment(argc, argv);
-  pathkernel::cli::set_up_allocator();
+  pathkernel::program::set_up_allocator();
 #ifdef PATHKERNEL_TEST_HOOKS
   pathkernel::cli::install_test_write_hook();
 #endif

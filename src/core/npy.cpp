@@ -306,7 +306,7 @@ constexpr size_t kPlainPagesBytes = size_t{16} << 20;
 
 /// An empty array for a file's data: one of kPlainPagesBytes or more in
 /// anonymous pages of its own, without the huge-page advice the allocator
-/// gives the memory it takes (src/cli/allocator.h). A data set is read once,
+/// gives the memory it takes (src/program/allocator.h). A data set is read once,
 /// front to back, and then by rows: huge pages save it few TLB misses, and
 /// on a virtual machine whose host backs fresh huge pages lazily they cost
 /// seconds (the user CNN's 188 MB Fashion-MNIST images: about 3.5 s of a

@@ -1,13 +1,15 @@
-// How the program's memory allocator keeps and hands out memory.
+// How pathkernel's programs' memory allocator keeps and hands out memory:
+// the command-line program and the benchmark suite, whose rows measure the
+// library's time and peak memory under the allocator users run.
 #pragma once
 
-namespace pathkernel::cli {
+namespace pathkernel::program {
 
 /// Sets up the allocator once, at start-up, before any test point is
 /// computed. Built with tcmalloc (PATHKERNEL_TCMALLOC, the default): the
 /// memory tcmalloc takes from the kernel is asked for in transparent huge
-/// pages, and what is freed is kept for reuse. Otherwise glibc's malloc keeps freed memory
-/// (pathkernel::keep_freed_memory).
+/// pages, and what is freed is kept for reuse. Otherwise glibc's malloc keeps
+/// freed memory (pathkernel::keep_freed_memory).
 ///
 /// Why tcmalloc: with several threads, glibc gives each thread an arena of
 /// its own of at most 64 MiB, and a CNN's test-feature temporaries (tens to
@@ -17,4 +19,4 @@ namespace pathkernel::cli {
 /// every thread (docs/measurements.md).
 void set_up_allocator();
 
-}  // namespace pathkernel::cli
+}  // namespace pathkernel::program

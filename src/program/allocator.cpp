@@ -7,7 +7,7 @@
 #include <sys/mman.h>
 #endif
 
-namespace pathkernel::cli {
+namespace pathkernel::program {
 
 #ifdef PATHKERNEL_TCMALLOC
 namespace {
@@ -49,4 +49,4 @@ void set_up_allocator() {
 void set_up_allocator() { keep_freed_memory(); }
 #endif
 
-}  // namespace pathkernel::cli
+}  // namespace pathkernel::program
