@@ -3,10 +3,10 @@
 #include <exception>
 #include <string>
 
-#include "program/allocator.h"
 #include "commands.h"
 #include "pathkernel/context.h"
 #include "pathkernel/distributed.h"
+#include "program/allocator.h"
 
 int main(int argc, char** argv) {
   pathkernel::reexec_with_library_environment(argc, argv);
