@@ -28,7 +28,7 @@
 #include "pathkernel/files.h"
 #include "pathkernel/text.h"
 #include "pathkernel/version.h"
-#include "program/allocator.h"
+#include "../src/program/allocator.h"
 
 extern char** environ;
 

@@ -6,7 +6,7 @@
 #include "commands.h"
 #include "pathkernel/context.h"
 #include "pathkernel/distributed.h"
-#include "program/allocator.h"
+#include "../program/allocator.h"
 
 int main(int argc, char** argv) {
   pathkernel::reexec_with_library_environment(argc, argv);
