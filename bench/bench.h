@@ -29,10 +29,9 @@ struct BenchConfig {
   int repeats = 3;                  ///< timings of short measurements: median of this many
   bool quick = false;               ///< tiny sizes, for the suite's own smoke test
   int threads = 1;                  ///< the rows' threads (--threads)
-  /// With --round: the one round of a row that runs its rounds as
-  /// processes of their own (run_rounds) that this process runs; −1 for
-  /// the whole row.
-  int round = -1;
+  /// With --part: the one part of a row that runs its parts as processes
+  /// of their own (run_parts) that this process runs; −1 for the whole row.
+  int part = -1;
 };
 
 /// A row: a name, what it measures, and the function measuring it.
@@ -84,13 +83,13 @@ struct ProcessRun {
 ProcessRun run_process(const std::vector<std::string>& args, const std::string& what,
                        const std::string& stdout_file = "");
 
-/// Runs `rounds` rounds of row `name`, each as a process of its own (this
-/// program with --row NAME --round I), in turn, and returns each round's
-/// JSON with its process's "seconds" and "peak_rss_mb" added. A row whose
-/// rounds each train and attribute runs them so: in one process, the
-/// allocator's heap kept growing from round to round, so the row's peak
-/// memory was not one training and one attribution's.
-std::vector<nlohmann::ordered_json> run_rounds(const BenchConfig& c, const std::string& name, int rounds);
+/// Runs parts 0 … count − 1 of row `name`, each as a process of its own
+/// (this program with --row NAME --part I), in turn, and returns each
+/// part's JSON with its process's "seconds" and "peak_rss_mb" added. So a
+/// row's peak memory is its largest part's: the real-size row's rounds
+/// (in one process the allocator's heap grew from round to round), and
+/// the algorithm1 row's baseline apart from pathkernel.
+std::vector<nlohmann::ordered_json> run_parts(const BenchConfig& c, const std::string& name, int count);
 
 /// GFLOP/s of float64 n×n matrix products on the current threads: the
 /// median of `repeats` (machine.cpp).

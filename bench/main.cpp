@@ -121,20 +121,20 @@ RowRun run_row(const std::string& self, const std::string& name, const BenchConf
 
 }  // namespace
 
-std::vector<json> run_rounds(const BenchConfig& c, const std::string& name, int rounds) {
+std::vector<json> run_parts(const BenchConfig& c, const std::string& name, int count) {
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
   std::filesystem::create_directories(c.work + "/rows");
   std::vector<json> out;
-  for (int i = 0; i < rounds; ++i) {
-    const std::string file = c.work + "/rows/" + name + "_round_" + std::to_string(i) + ".json";
+  for (int i = 0; i < count; ++i) {
+    const std::string file = c.work + "/rows/" + name + "_part_" + std::to_string(i) + ".json";
     std::filesystem::remove(file);
-    std::vector<std::string> args{self,    "--row",     name, "--round", std::to_string(i), "--row-out", file,
+    std::vector<std::string> args{self,    "--row",     name, "--part", std::to_string(i), "--row-out", file,
                                   "--work", c.work, "--repeats", std::to_string(c.repeats), "--threads",
                                   std::to_string(c.threads)};
     if (c.quick) args.push_back("--quick");
-    const ProcessRun p = run_process(args, "round " + std::to_string(i) + " of row " + name);
+    const ProcessRun p = run_process(args, "part " + std::to_string(i) + " of row " + name);
     PK_CHECK(p.ok && std::filesystem::exists(file),
-             "round " << i << " of row " << name << " failed (its process exited with an error or wrote no "
+             "part " << i << " of row " << name << " failed (its process exited with an error or wrote no "
                       << file << ")");
     json j = json::parse(read_file(file));
     j["seconds"] = p.seconds;
@@ -383,9 +383,9 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", c.quick, "Tiny sizes: a smoke test of the suite, not a measurement");
   app.add_option("--row", row, "Run one row in this process (used by the driver)");
   app.add_option("--row-out", row_out, "Where --row (or --dgemm-gflops) writes its result");
-  app.add_option("--round", c.round,
-                 "With --row: run only this round of a row whose rounds run as processes of their own (used by "
-                 "the row)")
+  app.add_option("--part", c.part,
+                 "With --row: run only this part of a row whose parts run as processes of their own (used by the "
+                 "row)")
       ->check(CLI::Range(0, 100));
   int64_t dgemm_size = 0;
   app.add_option("--dgemm-gflops", dgemm_size,
@@ -397,7 +397,7 @@ int main(int argc, char** argv) {
     if (threads == 0) threads = hardware_threads();
     set_threads(threads);
     c.threads = threads;
-    PK_CHECK(c.round < 0 || !row.empty(), "--round " << c.round << " needs --row, the row whose round it is");
+    PK_CHECK(c.part < 0 || !row.empty(), "--part " << c.part << " needs --row, the row whose part it is");
     if (dgemm_size > 0) {
       PK_CHECK(!row_out.empty(), "--dgemm-gflops needs --row-out, the file its GFLOP/s are written to");
       write_file_atomic(row_out, std::to_string(dgemm_gflops(dgemm_size, c.repeats)) + "\n");

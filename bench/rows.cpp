@@ -107,6 +107,13 @@ Algorithm1Setup algorithm1_setup(const BenchConfig& c) {
   return s;
 }
 
+/// Peak resident memory of this process so far, in MB (ru_maxrss is in KiB).
+double peak_rss_mb() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
 /// The model of the peer rows; the generic row exports the same network from PyTorch.
 const int kAlgorithm1Hidden = 32;
 const std::string kAlgorithm1Model = "mlp:" + std::to_string(kAlgorithm1Hidden);
@@ -141,7 +148,22 @@ void export_peer_input(PathReader& reader, const torch::Tensor& x, const Decompo
 /// load of other processes moves less than a median of three.
 int peer_repeats(const BenchConfig& c) { return 3 * c.repeats; }
 
+/// The algorithm1 row's part 0: Algorithm 1 on the row's run and test
+/// points, in a process of its own, its contributions and prediction
+/// written to WORK/algorithm1/.
+json algorithm1_part(const BenchConfig& c) {
+  Algorithm1Setup s = algorithm1_setup(c);
+  PathReader reader(algorithm1_run(c).out);
+  Algorithm1Result a = algorithm1(reader, test_points(reader, s.test), s.T);
+  const std::string dir = c.work + "/algorithm1";
+  std::filesystem::create_directories(dir);
+  write_npy(dir + "/contributions.npy", a.contributions.contiguous());
+  write_npy(dir + "/prediction.npy", a.prediction().contiguous());
+  return json{{"algorithm1_seconds", a.seconds}, {"peak_rss_mb_in_process", peak_rss_mb()}};
+}
+
 json row_algorithm1(const BenchConfig& c) {
+  if (c.part >= 0) return algorithm1_part(c);
   Algorithm1Setup s = algorithm1_setup(c);
   RunOptions r = algorithm1_run(c);
   double train = train_seconds(r);
@@ -149,17 +171,26 @@ json row_algorithm1(const BenchConfig& c) {
   torch::Tensor x = test_points(reader, s.test);
   Decomposition d;
   double pk = time_decompose(reader, x, quiet_decomposition(), peer_repeats(c), d);
-  Algorithm1Result a = algorithm1(reader, x, s.T);
+  const double pathkernel_peak = peak_rss_mb();  // training and attribution, before the peers' files
   export_peer_input(reader, x, d, kAlgorithm1Model, s.T, c.work + "/peer_input");
+  // The baseline in a process of its own, as the peers run: the row's
+  // peak memory is then the larger of pathkernel's and the baseline's, not
+  // their sum in one heap.
+  const json a = run_parts(c, "algorithm1", 1).front();
+  const torch::Tensor contributions = read_npy(c.work + "/algorithm1/contributions.npy"),
+                      prediction = read_npy(c.work + "/algorithm1/prediction.npy");
   return json{{"setting", "gaussians3, " + std::to_string(s.train) + " training points, mlp:32, GD, " +
-                              std::to_string(s.steps) + " steps, " + std::to_string(s.test) + " test points"},
+                              std::to_string(s.steps) + " steps, " + std::to_string(s.test) +
+                              " test points; Algorithm 1 in a process of its own"},
               {"training_seconds", train},
               {"pathkernel_seconds", pk},
-              {"algorithm1_seconds", a.seconds},
+              {"algorithm1_seconds", a["algorithm1_seconds"]},
               {"algorithm1_T", s.T},
               {"pathkernel_max_rel_error", max_rel_error(d.prediction(), d.fN)},
-              {"algorithm1_max_rel_error", max_rel_error(a.prediction(), d.fN)},
-              {"contributions_max_abs_difference", (a.contributions - d.contributions).abs().max().item<double>()}};
+              {"algorithm1_max_rel_error", max_rel_error(prediction, d.fN)},
+              {"contributions_max_abs_difference", (contributions - d.contributions).abs().max().item<double>()},
+              {"pathkernel_peak_rss_mb", pathkernel_peak},
+              {"algorithm1_peak_rss_mb", a["peak_rss_mb"]}};
 }
 
 /// Runs a command, returning its standard output; throws Error on failure.
@@ -303,15 +334,8 @@ json row_full_batch(const BenchConfig& c) {
 
 // --- 3b: a real-size run: full Fashion-MNIST, one epoch ----------------------
 
-/// Peak resident memory of this process so far, in MB (ru_maxrss is in KiB).
-double peak_rss_mb() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_maxrss) / 1024.0;
-}
-
-/// One round of the real-size row: training, then the attribution of the
-/// test points, in this process; its peaks after each.
+/// One round of the real-size row (its part c.part): training, then the
+/// attribution of the test points, in this process; its peaks after each.
 json real_size_round(const BenchConfig& c) {
   const int64_t n = c.quick ? 4 : 100;
   RunOptions r = run_options("fashion-mnist", c.quick ? 500 : -1, "mlp:128", "sgd", -1, 128, 0.1,
@@ -336,7 +360,7 @@ json real_size_round(const BenchConfig& c) {
 }
 
 json row_real_size(const BenchConfig& c) {
-  if (c.round >= 0) return real_size_round(c);
+  if (c.part >= 0) return real_size_round(c);
   // Training and attribution in turn, --repeats rounds, as the full-batch
   // row: the training, under a second, timed once moved the ratio by a
   // tenth from run to run. Training is deterministic: every round trains
@@ -344,7 +368,7 @@ json row_real_size(const BenchConfig& c) {
   // `pathkernel train` and then an attribution: in one process the
   // allocator's heap grew from round to round (570, 1,027 and 1,485 MB at
   // the rounds' starts, 42 MB of it in use).
-  const std::vector<json> rounds = run_rounds(c, "real_size", c.quick ? 1 : c.repeats);
+  const std::vector<json> rounds = run_parts(c, "real_size", c.quick ? 1 : c.repeats);
   std::vector<double> trains, attributions, ratios, errors, peaks_training, peaks_attribution, peaks_process;
   for (const json& r : rounds) {
     trains.push_back(r["training_seconds"].get<double>());
