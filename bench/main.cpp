@@ -165,6 +165,8 @@ json derive_keys(const std::map<std::string, RowRun>& runs) {
     k["speedup_vs_algorithm1"] = (*a)["algorithm1_seconds"].get<double>() / (*a)["pathkernel_seconds"].get<double>();
     k["algorithm1_max_rel_error"] = (*a)["algorithm1_max_rel_error"];
     k["pathkernel_max_rel_error"] = (*a)["pathkernel_max_rel_error"];
+    k["algorithm1_row_pathkernel_peak_rss_mb"] = (*a)["pathkernel_peak_rss_mb"];
+    k["algorithm1_row_baseline_peak_rss_mb"] = (*a)["algorithm1_peak_rss_mb"];
   }
   if (const json* p = row("pytorch_peer")) {
     k["speedup_vs_pytorch_peer"] = (*p)["peer_seconds"].get<double>() / (*p)["pathkernel_seconds"].get<double>();
@@ -274,6 +276,7 @@ void print_table(const json& results) {
   const json& keys = results["keys"];
   for (const char* extra : {"machine_dgemm_gflops_1_thread", "machine_two_thread_scaling",
                             "machine_two_process_scaling", "thread_speedup", "algorithm1_max_rel_error",
+                            "algorithm1_row_pathkernel_peak_rss_mb", "algorithm1_row_baseline_peak_rss_mb",
                             "pytorch_peer_max_rel_error", "gauss_max_rel_error",
                             "gram_max_rel_difference", "generic_route_speedup_vs_pytorch_peer",
                             "generic_route_max_rel_error", "real_size_attribution_over_training_100",
