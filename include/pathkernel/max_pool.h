@@ -20,6 +20,10 @@ namespace pathkernel {
 /// float64 contiguous x by hand, others through LibTorch).
 std::tuple<torch::Tensor, torch::Tensor> max_pool_with_indices(const torch::Tensor& x, int64_t k);
 
+/// Whether max_pool_with_indices and max_unpool take x by their own loops
+/// (float32 or float64, contiguous, on the CPU) rather than LibTorch's.
+bool pooled_by_hand(const torch::Tensor& x);
+
 /// The same loop on C planes of H × W at x, held in the caller's memory
 /// (one row's, last_site.cpp): each window's maximum into out and its
 /// argmax in the plane into index, [C, H / k, W / k] row-major.

@@ -161,12 +161,12 @@ constexpr int64_t kGrainUnits = 1 << 16;
 
 int64_t grain(int64_t plane_units) { return std::max<int64_t>(1, kGrainUnits / std::max<int64_t>(1, plane_units)); }
 
-bool by_hand(const torch::Tensor& x) {
+}  // namespace
+
+bool pooled_by_hand(const torch::Tensor& x) {
   return (x.scalar_type() == torch::kFloat64 || x.scalar_type() == torch::kFloat32) && x.is_contiguous() &&
          x.device().is_cpu();
 }
-
-}  // namespace
 
 void pool_windows(const double* x, int64_t C, int64_t H, int64_t W, int64_t k, double* out, int64_t* index) {
   pool_planes(x, 0, C, H, W, k, out, index);
@@ -179,7 +179,7 @@ void pool_windows(const float* x, int64_t C, int64_t H, int64_t W, int64_t k, fl
 std::tuple<torch::Tensor, torch::Tensor> max_pool_with_indices(const torch::Tensor& x, int64_t k) {
   PK_CHECK(x.dim() == 4 && k >= 1, "max_pool_with_indices: a pooled site is [rows, C, H, W] with a window of 1 or more, got "
                                        << x.sizes() << " and window " << k);
-  if (!by_hand(x) || x.requires_grad() || x.size(2) < k || x.size(3) < k) return torch::max_pool2d_with_indices(x, k);
+  if (!pooled_by_hand(x) || x.requires_grad() || x.size(2) < k || x.size(3) < k) return torch::max_pool2d_with_indices(x, k);
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), Hp = H / k, Wp = W / k;
   torch::Tensor out = torch::empty({N, C, Hp, Wp}, x.options());
   torch::Tensor index = torch::empty({N, C, Hp, Wp}, x.options().dtype(torch::kLong));
@@ -201,7 +201,7 @@ torch::Tensor max_unpool(const torch::Tensor& g, const torch::Tensor& index, int
   PK_ASSERT(k >= 1 && H / k == Hp && W / k == Wp);
   const torch::Tensor gc = g.contiguous(), ic = index.contiguous();
   const torch::Tensor pc = positive.defined() ? positive.to(g.scalar_type()).contiguous() : positive;
-  if (!by_hand(gc)) {
+  if (!pooled_by_hand(gc)) {
     const torch::Tensor gm = pc.defined() ? g * (positive > 0) : g;
     return torch::zeros({K, N, C, H * W}, g.options())
         .scatter_(3, index.flatten(2).unsqueeze(0).expand({K, -1, -1, -1}), gm.flatten(3))

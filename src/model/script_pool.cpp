@@ -38,8 +38,7 @@ bool all_equal(c10::IntArrayRef values, int64_t v) {
 
 int64_t hand_pool_window(const torch::Tensor& self, c10::IntArrayRef kernel_size, c10::IntArrayRef stride,
                          c10::IntArrayRef padding, c10::IntArrayRef dilation, bool ceil_mode) {
-  const bool type = self.scalar_type() == torch::kFloat32 || self.scalar_type() == torch::kFloat64;
-  if (!type || self.dim() != 4 || !self.device().is_cpu() || !self.is_contiguous() || ceil_mode) return 0;
+  if (!pooled_by_hand(self) || self.dim() != 4 || ceil_mode) return 0;
   if (kernel_size.empty() || kernel_size.size() > 2) return 0;
   const int64_t k = kernel_size[0];
   const bool windows = k >= 1 && all_equal(kernel_size, k) && (stride.empty() || (stride.size() <= 2 && all_equal(stride, k)));
