@@ -28,4 +28,7 @@ Dataset load_npy_dir(const std::string& argument, uint64_t seed);        // npy_
 /// source["split"] describing the rule. Defined in subset.cpp.
 Dataset split_last_fifth_per_class(const torch::Tensor& x, const torch::Tensor& y);
 
+/// split_last_fifth_per_class's source["split"].
+inline constexpr const char* kLastFifthSplit = "per class, in file order: last floor(20%) -> test";
+
 }  // namespace pathkernel::detail

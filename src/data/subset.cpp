@@ -89,7 +89,7 @@ Dataset split_last_fifth_per_class(const torch::Tensor& x, const torch::Tensor& 
   data.y_train = labels.index_select(0, to_index_tensor(train));
   data.x_test = x.index_select(0, to_index_tensor(test));
   data.y_test = labels.index_select(0, to_index_tensor(test));
-  data.source = {{"split", "per class, in file order: last floor(20%) -> test"}};
+  data.source = {{"split", kLastFifthSplit}};
   return data;
 }
 

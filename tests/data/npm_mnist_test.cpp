@@ -13,6 +13,7 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "../../src/data/loaders.h"
 #include "../test_util.h"
 
 namespace {
@@ -274,6 +275,20 @@ TEST(NpmMnist, EveryNumberSpellingReadAsADocumentParse) {
     }
     fs::remove_all(package);
   }
+}
+
+// The loader splits while it joins the digits; it must give what the
+// shared split rule gives on the package read in file order, bit for bit.
+TEST(NpmMnist, LoaderSplitsAsTheSharedRule) {
+  const auto& [x, y] = raw_mnist();
+  const Dataset rule = pathkernel::detail::split_last_fifth_per_class(x, y);
+  const Dataset loaded = pathkernel::detail::load_mnist("", 0);
+  EXPECT_TRUE(torch::equal(loaded.x_train, rule.x_train));
+  EXPECT_TRUE(torch::equal(loaded.y_train, rule.y_train));
+  EXPECT_TRUE(torch::equal(loaded.x_test, rule.x_test));
+  EXPECT_TRUE(torch::equal(loaded.y_test, rule.y_test));
+  EXPECT_EQ(loaded.source.at("split"), rule.source.at("split"));
+  EXPECT_TRUE(loaded.x_train.is_contiguous() && loaded.x_test.is_contiguous());
 }
 
 TEST(NpmMnist, SmallPackageReadsOneImagePerDigit) {
