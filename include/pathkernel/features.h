@@ -157,19 +157,26 @@ struct TrainSignals {
   std::vector<torch::Tensor> inputs;   ///< per param layer: a_i [B, ...]
   std::vector<torch::Tensor> signals;  ///< per param layer: δ_i [B, ...]
   /// Per param layer: the per-sample gradients g_i [B, Q] where
-  /// form_sample_gradients formed them (or train_signals, for a convolution
-  /// whose forward pass took its input's patches: SegmentPass::patches),
-  /// else empty or undefined (the contractions then form them for
-  /// themselves).
+  /// form_sample_gradients formed them, else empty or undefined (the
+  /// contractions then form them for themselves).
   std::vector<torch::Tensor> gradients;
+  /// Per param layer: a convolution's input patches u_i [B, C_in·kernel, L]
+  /// where its forward pass took them (SegmentPass::patches), which its
+  /// per-sample gradients are formed from, until they are; else empty or
+  /// undefined.
+  std::vector<torch::Tensor> patches;
 };
 
 /// Forms t's per-sample gradients for the layers whose contractions need
 /// them (those not factored: convolutions, embeddings, Linear layers on
 /// unflattened inputs) and t does not hold yet, so that contracting t
-/// against several sets of test features forms them once. Returns the
-/// doubles of those it formed.
+/// against several sets of test features forms them once; the patches they
+/// were formed from go. Returns the doubles of those it formed less those
+/// of the patches that went.
 int64_t form_sample_gradients(const SegmentEvaluator& ev, TrainSignals& t);
+
+/// The doubles of t's tensors: inputs, signals, per-sample gradients and patches.
+int64_t signal_doubles(const TrainSignals& t);
 
 /// Test features of the segment set in `ev` for test inputs x [n, *input_shape].
 TestFeatures test_features(const SegmentEvaluator& ev, const torch::Tensor& x, const QuadratureOptions& options);

@@ -174,7 +174,7 @@ std::vector<TrainSignals> AutogradRoute::output_signals(const SegmentEvaluator&,
                              "are; decompose without the kernel)");
   const torch::Tensor jac = row_jacobians(x, t);
   std::vector<TrainSignals> out;
-  for (int64_t k = 0; k < num_outputs_; ++k) out.push_back({{torch::Tensor()}, {jac.select(1, k)}, {}});
+  for (int64_t k = 0; k < num_outputs_; ++k) out.push_back({{torch::Tensor()}, {jac.select(1, k)}, {}, {}});
   return out;
 }
 

@@ -259,8 +259,9 @@ class ReverseWalk {
     w_.ev.set_segment(st.w, st.delta);
     w_.hold_statistics(st);  // μ_s: the segment is g(w_s + t Δw_s, μ_s; x)
     // G_s from the chunks the contractions take
-    const ReverseStep t =
-        step_terms(st, ahead ? ahead->batch.get() : w_.batch(reader_, st, false, options_.train_chunk));
+    Walk::Batch bt = ahead ? ahead->batch.get() : w_.batch(reader_, st, false, options_.train_chunk);
+    w_.finish_batch(st, bt, options_.train_chunk);  // formed ahead without c_s G_s
+    const ReverseStep t = step_terms(st, std::move(bt));
     if (ch.c0 == 0) {  // the steps' residuals, once (they do not depend on the test points)
       residuals.visit(st.step, max_abs(t.residual), update_bound(m_, st), t.buf,
                       t.buf.defined() ? t.c.gamma * t.dvec : torch::Tensor());
@@ -299,7 +300,11 @@ class ReverseWalk {
   /// Step st's training side, formed on a task of LibTorch's inter-op pool
   /// by the walk's second evaluator (one OpenMP thread: the walk's own
   /// thread keeps its count); with a chunk, its groups' test features too,
-  /// on another task by the walk's third evaluator.
+  /// on another task by the walk's third evaluator. The task forms the
+  /// batch's signals only (Walk::batch_signals): the per-sample gradients
+  /// and c_s G_s are formed when the walk takes the step (finish_batch), as
+  /// the task was the walk's critical path (a user's CNN, one test point:
+  /// its per-sample convolution gradients were a quarter of the task).
   std::unique_ptr<StepAhead> form_ahead(const PathStep& st, const ReverseChunk* features_of) {
     auto ahead = std::make_unique<StepAhead>();
     ahead->st = st;
@@ -314,7 +319,7 @@ class ReverseWalk {
         OpenMpThreads single(1);
         SegmentEvaluator& at = w_.ahead_evaluator();
         at.set_segment(s->w, s->delta);
-        Walk::Batch batch = w_.batch(reader_, *s, false, options_.train_chunk, &at);
+        Walk::Batch batch = w_.batch_signals(reader_, *s, options_.train_chunk, at);
         held.reset();
         promise->set_value(std::move(batch));
       } catch (...) {

@@ -8,6 +8,7 @@
 #include "feature_parts.h"
 #include "point_groups.h"
 #include "pathkernel/batch_statistics.h"
+#include "pathkernel/context.h"
 #include "pathkernel/error.h"
 
 namespace pathkernel::decomposition_walk {
@@ -167,7 +168,7 @@ UpdateResidual update_residual(const Manifest& m, const PathStep& st, const torc
 CaptureScope::CaptureScope(PathReader& reader, bool on, const SegmentEvaluator& ev) : reader_(reader) {
   reader_.set_capture(on, [&ev](PathStep& st) {
     torch::NoGradGuard no_grad;
-    TrainSignals t{st.layer_inputs, st.layer_signals, {}};
+    TrainSignals t{st.layer_inputs, st.layer_signals, {}, {}};
     form_sample_gradients(ev, t);
     st.layer_gradients = std::move(t.gradients);
   });
@@ -233,6 +234,22 @@ TimeSplit WalkClock::split(double reader_seconds) const {
 
 Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x, int64_t signal_chunk,
                         const SegmentEvaluator* at) {
+  return batch_of(reader, st, need_x, signal_chunk, at, true);
+}
+
+Walk::Batch Walk::batch_signals(PathReader& reader, const PathStep& st, int64_t signal_chunk,
+                                const SegmentEvaluator& at) {
+  return batch_of(reader, st, false, signal_chunk, &at, false);
+}
+
+void Walk::finish_batch(const PathStep& st, Batch& bt, int64_t signal_chunk) const {
+  if (bt.gradient.defined()) return;
+  OpenMpThreads single(1);  // as the task that formed the batch's signals would have
+  bt.gradient = signals_gradient(st, bt, signal_chunk, ev);
+}
+
+Walk::Batch Walk::batch_of(PathReader& reader, const PathStep& st, bool need_x, int64_t signal_chunk,
+                           const SegmentEvaluator* at, bool gradient) {
   const bool from_signals = !captured && signal_chunk > 0 && gradient_from_signals;
   Batch out;
   {
@@ -247,7 +264,14 @@ Walk::Batch Walk::batch(PathReader& reader, const PathStep& st, bool need_x, int
     if (captured) out.gradient = st.gradient;
     else if (!from_signals) out.gradient = mean_gradient(grad64, m, st, out.xb, out.yb, out.wb);
   }
-  if (from_signals) out.gradient = signals_gradient(st, out, signal_chunk, at ? *at : ev);  // timed by chunk_signals
+  if (from_signals && gradient) {
+    out.gradient = signals_gradient(st, out, signal_chunk, at ? *at : ev);  // timed by chunk_signals
+  } else if (from_signals) {  // the chunks' signals only, kept for finish_batch
+    for (int64_t r0 = 0; r0 < out.b; r0 += signal_chunk) {
+      const DropoutStep dropout(m.init_seed, st.step);  // as signals_gradient
+      (void)chunk_signals(st, out, r0, std::min(signal_chunk, out.b - r0), at ? *at : ev, false);
+    }
+  }
   return out;
 }
 
@@ -269,7 +293,7 @@ void Walk::hold_statistics(const PathStep& st) {
 }
 
 TrainSignals Walk::chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr,
-                                 const SegmentEvaluator& at) const {
+                                 const SegmentEvaluator& at, bool gradients) const {
   WalkClock::Scope timed(clock, WalkClock::kTrainingSignals);
   PK_ASSERT(st.step >= 0);
   if (!two_steps) {  // the other step's rows go
@@ -283,17 +307,21 @@ TrainSignals Walk::chunk_signals(const PathStep& st, const Batch& bt, int64_t r0
   std::lock_guard<std::mutex> lock(slot.mutex);
   slot.hold(st.step);
   const auto found = slot.chunks.find({r0, nr});
-  if (found != slot.chunks.end()) return found->second;
+  if (found != slot.chunks.end()) {
+    // Kept without its per-sample gradients (batch_signals): the first
+    // to need them forms them in place.
+    if (gradients) slot.doubles += form_sample_gradients(at, found->second);
+    return found->second;
+  }
   TrainSignals t;
   int64_t doubles = 0;
   if (captured) {
     t = captured_signals(st, r0, nr);  // views of the replay's own
   } else {
     t = train_signals(at, bt.xb.narrow(0, r0, nr), bt.yb.narrow(0, r0, nr), map, loss, rows(bt.wb, r0, nr));
-    for (size_t l = 0; l < t.inputs.size(); ++l) doubles += t.inputs[l].numel() + t.signals[l].numel();
-    for (const torch::Tensor& g : t.gradients) doubles += g.defined() ? g.numel() : 0;  // a convolution's, from its patches
+    doubles += signal_doubles(t);
   }
-  doubles += form_sample_gradients(at, t);
+  if (gradients) doubles += form_sample_gradients(at, t);
   if (slot.doubles + doubles <= keep_doubles) {
     slot.chunks.emplace(std::make_pair(r0, nr), t);
     slot.doubles += doubles;

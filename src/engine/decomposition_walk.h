@@ -150,6 +150,19 @@ struct Walk {
   Batch batch(PathReader& reader, const PathStep& st, bool need_x, int64_t signal_chunk = 0,
               const SegmentEvaluator* at = nullptr);
 
+  /// The same batch where c_s G_s is summed from its training signals
+  /// (gradient_from_signals), with only its chunks' signals formed and kept,
+  /// not their per-sample gradients nor c_s G_s (left undefined):
+  /// finish_batch forms those, on another thread. Where c_s G_s is not
+  /// summed from signals, batch()'s.
+  Batch batch_signals(PathReader& reader, const PathStep& st, int64_t signal_chunk, const SegmentEvaluator& at);
+
+  /// Forms c_s G_s of a batch from batch_signals (nothing if it has it):
+  /// its chunks' per-sample gradients formed in place where they are kept,
+  /// then summed, on one thread as batch() does it where the training side
+  /// is formed ahead (the same bits).
+  void finish_batch(const PathStep& st, Batch& bt, int64_t signal_chunk) const;
+
   /// c_s G_s as the sum of the batch's per-sample gradients, layer by layer,
   /// from the training rows' signals in chunks of `chunk` rows (the chunks
   /// the contractions then take, formed once): no forward and backward pass
@@ -188,14 +201,15 @@ struct Walk {
   }
 
   /// Training rows r0 .. r0+nr of step st's batch (under the step's dropout
-  /// masks, which the caller sets), with the per-sample
-  /// gradients their contractions need formed. A step's chunks are kept
+  /// masks, which the caller sets), with the per-sample gradients their
+  /// contractions need formed (without `gradients`, not yet: a kept chunk
+  /// has them formed by the first call that asks). A step's chunks are kept
   /// while they fit in `keep_doubles`, so that the step's other blocks of
   /// test points contract against them without forming them again (a
   /// convolution's per-sample gradients; every signal when they are not the
   /// replay's). `at`: an evaluator whose segment starts at w_s.
   TrainSignals chunk_signals(const PathStep& st, const Batch& bt, int64_t r0, int64_t nr,
-                             const SegmentEvaluator& at) const;
+                             const SegmentEvaluator& at, bool gradients = true) const;
 
   /// A second evaluator of the run's network, for a step's training side
   /// formed on another thread while ev holds the segment of the step whose
@@ -216,6 +230,7 @@ struct Walk {
 
   const Manifest& m;
   const torch::Tensor x;
+
   const torch::Tensor& x_train;
   const torch::Tensor& y_train;
   const int64_t n, M, K;
@@ -256,6 +271,11 @@ struct Walk {
   std::unique_ptr<SegmentEvaluator> features_ev;
   /// Where the walk's time goes.
   mutable WalkClock clock;
+
+ private:
+  /// batch(), or batch_signals() without `gradient`.
+  Batch batch_of(PathReader& reader, const PathStep& st, bool need_x, int64_t signal_chunk,
+                 const SegmentEvaluator* at, bool gradient);
 };
 
 /// Adds the test features' counts and certificate to d's.

@@ -25,6 +25,9 @@ torch::Tensor layer_sample_gradients(const SegmentEvaluator& ev, const TrainSign
   const ParamLayer& p = ev.param_layers()[l];
   if (p.desc.kind == Kind::Module) return t.signals[l];
   if (l < t.gradients.size() && t.gradients[l].defined()) return t.gradients[l];
+  if (l < t.patches.size() && t.patches[l].defined()) {
+    return sample_gradients_of_patches(p.desc, t.patches[l], t.signals[l], p.weight_shape, p.bias_numel);
+  }
   return sample_gradients_one(p.desc, t.inputs[l], t.signals[l], p.weight_shape, p.bias_numel);
 }
 
@@ -352,13 +355,8 @@ TrainSignals layered_loss_signals(const SegmentEvaluator& ev, const SegmentPass&
   for (const torch::Tensor& s : batched_signals(ev, pass, u.detach().unsqueeze(0))) t.signals.push_back(s[0]);
   for (auto& a : pass.inputs) t.inputs.push_back(a.detach());
   // Convolutions whose forward pass took their input's patches: their
-  // per-sample gradients from the same patches.
-  for (size_t l = 0; l < pass.patches.size(); ++l) {
-    if (!pass.patches[l].defined()) continue;
-    const ParamLayer& p = ev.param_layers()[l];
-    t.gradients.resize(t.inputs.size());
-    t.gradients[l] = sample_gradients_of_patches(p.desc, pass.patches[l], t.signals[l], p.weight_shape, p.bias_numel);
-  }
+  // per-sample gradients are formed from the same patches.
+  t.patches = pass.patches;
   return t;
 }
 
@@ -375,7 +373,7 @@ std::vector<TrainSignals> layered_output_signals(const SegmentEvaluator& ev, con
   const std::vector<torch::Tensor> sig = all_signals(ev, pass);
   std::vector<TrainSignals> out;
   for (int64_t k = 0; k < ev.num_outputs(); ++k) {
-    TrainSignals ts{inputs, {}, {}};
+    TrainSignals ts{inputs, {}, {}, {}};
     for (const torch::Tensor& s : sig) ts.signals.push_back(s[k]);
     out.push_back(std::move(ts));
   }
@@ -390,6 +388,18 @@ int64_t form_sample_gradients(const SegmentEvaluator& ev, TrainSignals& t) {
     if (d.kind == Kind::Module || factored(d, t.inputs[l]) || t.gradients[l].defined()) continue;
     t.gradients[l] = layer_sample_gradients(ev, t, l);
     doubles += t.gradients[l].numel();
+    if (l < t.patches.size() && t.patches[l].defined()) {
+      doubles -= t.patches[l].numel();
+      t.patches[l] = torch::Tensor();
+    }
+  }
+  return doubles;
+}
+
+int64_t signal_doubles(const TrainSignals& t) {
+  int64_t doubles = 0;
+  for (const auto* part : {&t.inputs, &t.signals, &t.gradients, &t.patches}) {
+    for (const torch::Tensor& x : *part) doubles += x.defined() ? x.numel() : 0;
   }
   return doubles;
 }

@@ -98,17 +98,24 @@ TEST(Features, ContractionMatchesPerSampleAutograd) {
     torch::Tensor dense = dense_features(ev, f);                                       // [4, 3, P]
     torch::Tensor got_dense = contract_dense(ev, dense, train_signals(ev, x_train, y_train, c.map));
     TrainSignals formed = train_signals(ev, x_train, y_train, c.map);
-    auto gradient_numel = [&] {
+    auto numel_of = [](const std::vector<torch::Tensor>& ts) {
       int64_t numel = 0;
-      for (const torch::Tensor& g : formed.gradients) numel += g.defined() ? g.numel() : 0;
+      for (const torch::Tensor& g : ts) numel += g.defined() ? g.numel() : 0;
       return numel;
     };
-    const int64_t from_the_pass = gradient_numel();  // convolutions' from the forward pass's patches
+    // Convolutions keep their forward pass's patches, their per-sample
+    // gradients not formed yet; forming them lets the patches go.
+    const int64_t from_the_pass = numel_of(formed.gradients), patches = numel_of(formed.patches);
+    EXPECT_EQ(from_the_pass, 0) << c.name();
+    EXPECT_EQ(patches > 0, c.spec.rfind("cnn", 0) == 0) << c.name();
+    const int64_t before = signal_doubles(formed);
     const int64_t formed_doubles = form_sample_gradients(ev, formed);
     const torch::Tensor got_formed = contract(ev, f, formed);
     const torch::Tensor got_formed_dense = contract_dense(ev, dense, formed);
-    const int64_t formed_numel = gradient_numel();
-    EXPECT_EQ(formed_doubles, formed_numel - from_the_pass) << c.name();
+    const int64_t formed_numel = numel_of(formed.gradients);
+    EXPECT_EQ(formed_doubles, formed_numel - patches) << c.name();
+    EXPECT_EQ(numel_of(formed.patches), 0) << c.name();
+    EXPECT_EQ(signal_doubles(formed), before + formed_doubles) << c.name();
     // Convolutions' per-sample gradients are formed; Linear layers on flat rows stay factored.
     EXPECT_EQ(formed_numel > 0, c.spec.rfind("cnn", 0) == 0) << c.name();
 

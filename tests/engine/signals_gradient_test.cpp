@@ -44,5 +44,54 @@ TEST(SignalsGradient, EqualsAutogradsBatchGradient) {
   }
 }
 
+// The reverse walk's training side formed ahead: its task forms the
+// batch's signals only (batch_signals), the walk's thread the per-sample
+// gradients and c_s G_s (finish_batch). The same bits as batch(), whether
+// the chunks were kept or formed again, and the kept chunks hold their
+// per-sample gradients afterwards, their patches gone.
+TEST(SignalsGradient, FormedLaterIsBatchsBitForBit) {
+  testing::TempDir dir("signals-gradient-later");
+  RunOptions r = testing::small_run(dir / "run", "adam", 3, 3);
+  r.data.spec = "mnist";
+  r.data.train_size = 40;
+  r.model = "cnn:2,3";
+  r.data.dtype = torch::kFloat32;
+  train_run(r);
+  PathReader reader(r.out);
+  DecompositionOptions o;
+  o.progress = false;
+  decomposition_walk::Walk w(reader, reader.dataset().x_test.narrow(0, 0, 1), o);
+  ASSERT_TRUE(w.gradient_from_signals);
+  const int64_t chunk = 7;  // several chunks to a batch
+  int64_t steps = 0;
+  reader.forward([&](const PathStep& st) {
+    w.ev.set_segment(st.w, st.delta);
+    auto& slot = w.kept[static_cast<size_t>(st.step % 2)];
+    const torch::Tensor want = w.batch(reader, st, false, chunk).gradient;
+    for (int64_t keep : {w.keep_doubles, int64_t{0}}) {  // chunks kept, and formed again
+      SCOPED_TRACE("keep_doubles " + std::to_string(keep));
+      slot.hold(-1);
+      w.keep_doubles = keep;
+      decomposition_walk::Walk::Batch bt = w.batch_signals(reader, st, chunk, w.ev);
+      EXPECT_FALSE(bt.gradient.defined());
+      if (keep > 0) {
+        EXPECT_EQ(static_cast<int64_t>(slot.chunks.size()), (bt.b + chunk - 1) / chunk);
+        for (const auto& [rows, t] : slot.chunks) {
+          ASSERT_TRUE(t.patches.size() > 0 && t.patches[0].defined());  // the first convolution's
+        }
+      }
+      w.finish_batch(st, bt, chunk);
+      EXPECT_TRUE(torch::equal(bt.gradient, want));
+      for (const auto& [rows, t] : slot.chunks) {
+        ASSERT_TRUE(t.gradients.size() > 0 && t.gradients[0].defined());
+        EXPECT_FALSE(t.patches[0].defined());
+      }
+    }
+    w.keep_doubles = o.memory_doubles / 4;
+    ++steps;
+  });
+  EXPECT_EQ(steps, 3);
+}
+
 }  // namespace
 }  // namespace pathkernel
