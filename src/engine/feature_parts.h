@@ -28,6 +28,13 @@ torch::Tensor unit_cotangents(const SegmentEvaluator& ev, int64_t rows, const to
 /// per layer as [K, R, ...].
 std::vector<torch::Tensor> all_signals(const SegmentEvaluator& ev, const SegmentPass& pass, bool of_logits = false);
 
+/// δ_iᵀ W a_i of a Linear layer on flat rows for every test row's weight
+/// block W: w [n, K, out, in] (the layer's part of dense features [n, K,
+/// P]), training rows' inputs a [B, in] and signals δ [B, out]: [n, B, K].
+/// W a_i as n·K products that share a's matrix (no copy of w, which a
+/// product of w as one [n·K·out, in] matrix would make).
+torch::Tensor linear_rows_contraction(const torch::Tensor& w, const torch::Tensor& a, const torch::Tensor& delta);
+
 /// Per-sample gradients of layer l (weight, then bias) from training
 /// signals t: [B, Q], those form_sample_gradients kept when it did. A
 /// Module's signals are its per-sample gradients [B, P] already.

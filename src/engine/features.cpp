@@ -671,6 +671,12 @@ torch::Tensor dense_features(const SegmentEvaluator& ev, const TestFeatures& f) 
   return out;
 }
 
+torch::Tensor linear_rows_contraction(const torch::Tensor& w, const torch::Tensor& a, const torch::Tensor& delta) {
+  const int64_t n = w.size(0), K = w.size(1), out = w.size(2), in = w.size(3), B = a.size(0);
+  const torch::Tensor wa = torch::bmm(w.reshape({n * K, out, in}), a.t().unsqueeze(0).expand({n * K, in, B}));
+  return torch::einsum("nkob,bo->nbk", {wa.view({n, K, out, B}), delta});
+}
+
 torch::Tensor contract_dense(const SegmentEvaluator& ev, const torch::Tensor& a, const TrainSignals& t) {
   const int64_t n = a.size(0), K = a.size(1);
   torch::Tensor total;  // [n, B, K]
@@ -683,8 +689,7 @@ torch::Tensor contract_dense(const SegmentEvaluator& ev, const torch::Tensor& a,
       const int64_t out = pl.weight_shape[0], in = pl.weight_shape[1];
       torch::Tensor w = a.narrow(2, pl.weight_offset, pl.weight_numel).reshape({n, K, out, in});
       const torch::Tensor& delta = t.signals[l];                                        // [B, out]
-      torch::Tensor wa = torch::matmul(w, t.inputs[l].flatten(1).t());                  // [n, K, out, B]
-      part = torch::einsum("nkob,bo->nbk", {wa, delta});
+      part = linear_rows_contraction(w, t.inputs[l].flatten(1), delta);
       if (pl.bias_numel) part = part + torch::einsum("nko,bo->nbk", {bias, delta});
     } else {
       torch::Tensor g = layer_sample_gradients(ev, t, l);                              // [B, Q]

@@ -97,7 +97,7 @@ torch::Tensor contract_dense_by_tensor(const SegmentEvaluator& ev, const torch::
         torch::Tensor part;
         if (piece.start == 0) {
           const torch::Tensor w = a.narrow(2, p.weight_offset, p.weight_numel).reshape({n, K, out, in});
-          part = torch::einsum("nkob,bo->nbk", {torch::matmul(w, t.inputs[l].flatten(1).t()), delta});
+          part = linear_rows_contraction(w, t.inputs[l].flatten(1), delta);
         } else {
           part = torch::einsum("nko,bo->nbk", {a.narrow(2, p.bias_offset, p.bias_numel), delta});
         }
