@@ -10,6 +10,18 @@
 namespace pathkernel {
 namespace {
 
+/// A 3-step Adam run of `model` on 40 training points of `data`, in float32,
+/// so that its training rows' signals are recomputed, not the replay's.
+RunOptions float32_run(const std::string& out, const std::string& data, const std::string& model) {
+  RunOptions r = testing::small_run(out, "adam", 3, 3);
+  r.data.spec = data;
+  r.data.train_size = 40;
+  r.model = model;
+  r.data.dtype = torch::kFloat32;
+  train_run(r);
+  return r;
+}
+
 TEST(SignalsGradient, EqualsAutogradsBatchGradient) {
   struct Case {
     std::string data, model;
@@ -17,12 +29,7 @@ TEST(SignalsGradient, EqualsAutogradsBatchGradient) {
   for (const Case& c : {Case{"gaussians3", "mlp:6,5"}, Case{"mnist", "cnn:2,3"}}) {
     SCOPED_TRACE(c.model);
     testing::TempDir dir("signals-gradient");
-    RunOptions r = testing::small_run(dir / "run", "adam", 3, 3);
-    r.data.spec = c.data;
-    r.data.train_size = 40;
-    r.model = c.model;
-    r.data.dtype = torch::kFloat32;  // the signals are recomputed, not the replay's
-    train_run(r);
+    const RunOptions r = float32_run(dir / "run", c.data, c.model);
     PathReader reader(r.out);
     DecompositionOptions o;
     o.progress = false;
@@ -51,12 +58,7 @@ TEST(SignalsGradient, EqualsAutogradsBatchGradient) {
 // per-sample gradients afterwards, their patches gone.
 TEST(SignalsGradient, FormedLaterIsBatchsBitForBit) {
   testing::TempDir dir("signals-gradient-later");
-  RunOptions r = testing::small_run(dir / "run", "adam", 3, 3);
-  r.data.spec = "mnist";
-  r.data.train_size = 40;
-  r.model = "cnn:2,3";
-  r.data.dtype = torch::kFloat32;
-  train_run(r);
+  const RunOptions r = float32_run(dir / "run", "mnist", "cnn:2,3");
   PathReader reader(r.out);
   DecompositionOptions o;
   o.progress = false;
