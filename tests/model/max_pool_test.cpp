@@ -41,6 +41,28 @@ TEST(MaxPool, ValuesAndArgmaxAreLibTorchs) {
                            std::get<1>(torch::max_pool2d_with_indices(all_minus_inf, 2))));
 }
 
+/// 2 × 2 windows by lanes (two float64 or four float32 windows at a time)
+/// and the windows left one at a time: planes 8 to 19 wide, ties, NaNs and
+/// infinities in every lane, against LibTorch's pool.
+TEST(MaxPool, EveryLaneAndTheRestAreLibTorchs) {
+  for (torch::ScalarType dtype : {torch::kFloat64, torch::kFloat32}) {
+    for (int64_t W = 8; W <= 19; ++W) {
+      torch::manual_seed(W);
+      torch::Tensor x = torch::randint(-2, 3, {2, 3, 6, W}, torch::kLong).to(dtype);
+      const torch::Tensor u = torch::rand(x.sizes(), torch::kFloat64);
+      x.masked_fill_(u < 0.08, std::numeric_limits<double>::quiet_NaN());
+      x.masked_fill_((u >= 0.08) & (u < 0.12), std::numeric_limits<double>::infinity());
+      x.masked_fill_((u >= 0.12) & (u < 0.16), -std::numeric_limits<double>::infinity());
+      x.masked_fill_((u >= 0.16) & (u < 0.22), -0.0);
+      auto [m, i] = max_pool_with_indices(x, 2);
+      auto [mt, it] = torch::max_pool2d_with_indices(x, 2);
+      EXPECT_TRUE(torch::equal(i, it)) << "width " << W << ", " << dtype;
+      EXPECT_TRUE(torch::allclose(m, mt, 0, 0, /*equal_nan=*/true)) << "width " << W << ", " << dtype;
+      EXPECT_TRUE(torch::equal(torch::signbit(m), torch::signbit(mt))) << "width " << W << ", " << dtype;
+    }
+  }
+}
+
 TEST(MaxPool, ViewsAndOtherTypesGoThroughLibTorch) {
   const torch::Tensor x = tied_values({2, 3, 8, 8}, torch::kFloat64).transpose(2, 3);  // not contiguous
   auto [m, i] = max_pool_with_indices(x, 2);
