@@ -63,9 +63,9 @@ inline __m128i select_lanes(__m128i m, __m128i r, __m128i l) {
   return _mm_or_si128(_mm_and_si128(m, r), _mm_andnot_si128(m, l));
 }
 
-/// Two windows' argmax in the plane from 64-bit masks of their three picks
-/// (top pair, bottom pair, bottom over top): r0 + 2j + (bottom ? W + its
-/// pick : the top's pick), j the windows' columns `column`.
+/// The argmax in the plane of windows j and j + 1 of the row at r0, from
+/// 64-bit masks of their three picks (top pair, bottom pair, bottom over
+/// top): r0 + 2j + (bottom ? W + the bottom's pick : the top's pick).
 inline __m128i window_argmax(__m128i top, __m128i bottom, __m128i below, int64_t r0, int64_t W, int64_t j) {
   const __m128i one = _mm_set1_epi64x(1);
   const __m128i base = _mm_set_epi64x(r0 + 2 * j + 2, r0 + 2 * j);
