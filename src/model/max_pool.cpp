@@ -268,8 +268,8 @@ void unpool_plane_2(const T* gp, const int64_t* ip, const T* pp, int64_t H, int6
 /// their windows' argmax in out [K, planes, H, W], every other unit 0; a
 /// window's gradient as `passed` gives it.
 template <typename T>
-void unpool_planes(const T* g, const int64_t* index, const T* pooled, int64_t K, int64_t planes, int64_t p0, int64_t p1,
-                   int64_t H, int64_t W, int64_t k, T* out) {
+void unpool_planes(const T* g, const int64_t* index, const T* pooled, int64_t K, int64_t planes, int64_t p0,
+                   int64_t p1, int64_t H, int64_t W, int64_t k, T* out) {
   const int64_t Hp = H / k, Wp = W / k;
   for (int64_t o = 0; o < K; ++o) {
     for (int64_t p = p0; p < p1; ++p) {
@@ -309,12 +309,9 @@ void pool_windows(const float* x, int64_t C, int64_t H, int64_t W, int64_t k, fl
 }
 
 std::tuple<torch::Tensor, torch::Tensor> max_pool_with_indices(const torch::Tensor& x, int64_t k) {
-  PK_CHECK(x.dim() == 4 && k >= 1,
-           "max_pool_with_indices: a pooled site is [rows, C, H, W] with a "
-           "window of 1 or more, got "
-               << x.sizes() << " and window " << k);
-  if (!pooled_by_hand(x) || x.requires_grad() || x.size(2) < k || x.size(3) < k)
-    return torch::max_pool2d_with_indices(x, k);
+  PK_CHECK(x.dim() == 4 && k >= 1, "max_pool_with_indices: a pooled site is [rows, C, H, W] with a window of 1 or more, got "
+                                       << x.sizes() << " and window " << k);
+  if (!pooled_by_hand(x) || x.requires_grad() || x.size(2) < k || x.size(3) < k) return torch::max_pool2d_with_indices(x, k);
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), Hp = H / k, Wp = W / k;
   torch::Tensor out = torch::empty({N, C, Hp, Wp}, x.options());
   torch::Tensor index = torch::empty({N, C, Hp, Wp}, x.options().dtype(torch::kLong));
@@ -322,7 +319,9 @@ std::tuple<torch::Tensor, torch::Tensor> max_pool_with_indices(const torch::Tens
     const scalar_t* xs = x.data_ptr<scalar_t>();
     scalar_t* os = out.data_ptr<scalar_t>();
     int64_t* is = index.data_ptr<int64_t>();
-    at::parallel_for(0, N * C, grain(H * W), [&](int64_t p0, int64_t p1) { pool_planes(xs, p0, p1, H, W, k, os, is); });
+    at::parallel_for(0, N * C, grain(H * W), [&](int64_t p0, int64_t p1) {
+      pool_planes(xs, p0, p1, H, W, k, os, is);
+    });
   });
   return {out, index};
 }
@@ -346,8 +345,9 @@ torch::Tensor max_unpool(const torch::Tensor& g, const torch::Tensor& index, int
     const int64_t* is = ic.data_ptr<int64_t>();
     const scalar_t* ps = pc.defined() ? pc.data_ptr<scalar_t>() : nullptr;
     scalar_t* os = out.data_ptr<scalar_t>();
-    at::parallel_for(0, N * C, grain(K * H * W),
-                     [&](int64_t p0, int64_t p1) { unpool_planes(gs, is, ps, K, N * C, p0, p1, H, W, k, os); });
+    at::parallel_for(0, N * C, grain(K * H * W), [&](int64_t p0, int64_t p1) {
+      unpool_planes(gs, is, ps, K, N * C, p0, p1, H, W, k, os);
+    });
   });
   return out;
 }

@@ -1,12 +1,12 @@
 // The hand-written max-pool and its gradient against LibTorch's pool and
 // autograd through it: the same values, the same argmax (ties, NaNs,
 // infinities, windows past the plane's end), bit for bit.
-#include "pathkernel/max_pool.h"
-
 #include <gtest/gtest.h>
 
 #include <limits>
 #include <tuple>
+
+#include "pathkernel/max_pool.h"
 
 namespace pathkernel {
 namespace {
@@ -36,8 +36,7 @@ TEST(MaxPool, ValuesAndArgmaxAreLibTorchs) {
       EXPECT_EQ(m.scalar_type(), dtype);
     }
   }
-  const torch::Tensor all_minus_inf =
-      torch::full({1, 1, 2, 2}, -std::numeric_limits<double>::infinity(), torch::kFloat64);
+  const torch::Tensor all_minus_inf = torch::full({1, 1, 2, 2}, -std::numeric_limits<double>::infinity(), torch::kFloat64);
   EXPECT_TRUE(torch::equal(std::get<1>(max_pool_with_indices(all_minus_inf, 2)),
                            std::get<1>(torch::max_pool2d_with_indices(all_minus_inf, 2))));
 }
@@ -82,14 +81,9 @@ TEST(MaxPool, ViewsAndOtherTypesGoThroughLibTorch) {
 TEST(MaxPool, UnpoolIsTheGradientThroughThePool) {
   torch::manual_seed(3);
   const int64_t K = 3;
-  for (torch::ScalarType dtype : {torch::kFloat64, torch::kFloat32})
-    for (auto [k, H, W] : {std::tuple<int64_t, int64_t, int64_t>{2, 6, 7},
-                           {2, 7, 6},
-                           {2, 7, 7},
-                           {2, 6, 8},
-                           {2, 4, 10},
-                           {2, 5, 11},
-                           {3, 7, 9}}) {
+  for (torch::ScalarType dtype : {torch::kFloat64, torch::kFloat32}) {
+    for (auto [k, H, W] : {std::tuple<int64_t, int64_t, int64_t>{2, 6, 7}, {2, 7, 6}, {2, 7, 7}, {2, 6, 8}, {2, 4, 10},
+                           {2, 5, 11}, {3, 7, 9}}) {
       const torch::Tensor y = torch::randn({2, 3, H, W}, dtype);
       const torch::Tensor h = torch::relu(y);
       auto [pooled, index] = max_pool_with_indices(h, k);
@@ -106,6 +100,7 @@ TEST(MaxPool, UnpoolIsTheGradientThroughThePool) {
         }
       }
     }
+  }
 }
 
 /// A masked window's gradient is the gradient times 0, as the product with
@@ -113,8 +108,7 @@ TEST(MaxPool, UnpoolIsTheGradientThroughThePool) {
 TEST(MaxPool, MaskedGradientKeepsTheProductsBits) {
   const torch::Tensor h = torch::zeros({1, 1, 2, 4}, torch::kFloat64);
   auto [pooled, index] = max_pool_with_indices(h, 2);
-  const torch::Tensor g =
-      torch::tensor({-1.0, std::numeric_limits<double>::infinity()}, torch::kFloat64).view({1, 1, 1, 1, 2});
+  const torch::Tensor g = torch::tensor({-1.0, std::numeric_limits<double>::infinity()}, torch::kFloat64).view({1, 1, 1, 1, 2});
   const torch::Tensor got = max_unpool(g, index, 2, 2, 4, pooled);
   const torch::Tensor want = torch::zeros({1, 1, 1, 8}, torch::kFloat64)
                                  .scatter_(3, index.flatten(2).unsqueeze(0), (g * (pooled > 0)).flatten(3))
