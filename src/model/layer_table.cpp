@@ -7,6 +7,7 @@
 #include <torch/csrc/jit/ir/ir.h>
 
 #include "pathkernel/error.h"
+#include "pathkernel/script_pool.h"
 
 namespace pathkernel {
 
@@ -383,7 +384,12 @@ std::vector<LayerRule> make_layer_table() {
       Kind::GELU, "gelu", "aten::gelu", [](const LayerDesc&, const torch::Tensor& x) { return torch::gelu(x); }, false));
   t.push_back(parameter_free(
       Kind::MaxPool2d, "max_pool2d", "aten::max_pool2d",
-      [](const LayerDesc& d, const torch::Tensor& x) { return torch::max_pool2d(x, d.kernel); }, true));
+      // By hand where LibTorch's pool would be slow (script_pool.h): the
+      // same values, indices and gradients, so the same bits.
+      [](const LayerDesc& d, const torch::Tensor& x) {
+        return script_max_pool2d(x, {d.kernel, d.kernel}, {d.kernel, d.kernel}, {0, 0}, {1, 1}, false);
+      },
+      true));
   t.push_back(parameter_free(
       Kind::Flatten, "flatten", "aten::flatten", [](const LayerDesc&, const torch::Tensor& x) { return x.flatten(1); },
       true));
