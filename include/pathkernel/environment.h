@@ -29,9 +29,11 @@ struct ReplayEnvironment {
   std::string blas_kernels;    ///< the BLAS's kernel family for this CPU, e.g. "Haswell", "Zen"
   std::string libtorch;        ///< LibTorch version
   int64_t threads = 0;         ///< intra-op threads
-  /// OpenBLAS's own threads where a recorder found them other than `threads`
-  /// (torch.set_num_threads leaves OpenBLAS's count alone); 0: not recorded,
-  /// the same as `threads` (the engine's own runs set both). A product split
+  /// OpenBLAS's own threads where they were not `threads`: a recorder's
+  /// loop (torch.set_num_threads leaves OpenBLAS's count alone), or one for
+  /// a network with a convolution that the engine's own training ran on
+  /// several threads (training_blas_threads); 0: not recorded, the same as
+  /// `threads`. A product split
   /// over more threads may add in another order, so a replay runs OpenBLAS
   /// at the run's count (PathReader::run_blas_threads).
   int64_t blas_threads = 0;

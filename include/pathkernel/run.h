@@ -40,6 +40,19 @@ struct RunResult {
 /// the last good step). Writes RUN/timing.json (wall-clock seconds) last.
 RunResult train_run(const RunOptions& options);
 
+/// OpenBLAS's thread count for training `net` on `threads` of LibTorch's:
+/// one for a network with a convolution (pathkernel's own or a TorchScript
+/// module's, as its structured graph reads it), else `threads`. A
+/// convolution's products are one per example, below OpenBLAS's threading
+/// size, and LibTorch already spreads them over its threads; OpenBLAS's
+/// threads then serve only the small products of the Linear head, and a
+/// README CNN trained faster without them (docs/cli.md, "Threads"). A run
+/// so trained records the count (ReplayEnvironment::blas_threads), and one
+/// thread then reproduces it, so that verify replays it ahead of the walk
+/// instead of in turn. A network without a convolution keeps OpenBLAS's
+/// threads: a full-batch MLP trained 1.3 times slower without them.
+int training_blas_threads(const NetworkImpl& net, int threads);
+
 /// The options a run directory's manifest records, as train_run would take
 /// them (steps = the recorded N, whether N came from --steps or --epochs).
 RunOptions run_options_from_manifest(const Manifest& manifest, const std::string& run_dir);

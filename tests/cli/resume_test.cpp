@@ -51,10 +51,11 @@ std::vector<std::string> words(const std::string& s) {
   return w;
 }
 
-/// Starts `pathkernel --threads 1 ARGS` with its output in `log`; `pause`
-/// sets PATHKERNEL_TEST_PAUSE_IN_WRITE.
-pid_t spawn(const std::string& args, const std::string& log, const std::string& pause = "") {
-  std::vector<std::string> argv = {pathkernel::testing::binary_path(), "--threads", "1"};
+/// Starts `pathkernel --threads THREADS ARGS` with its output in `log`;
+/// `pause` sets PATHKERNEL_TEST_PAUSE_IN_WRITE.
+pid_t spawn(const std::string& args, const std::string& log, const std::string& pause = "",
+            const std::string& threads = "1") {
+  std::vector<std::string> argv = {pathkernel::testing::binary_path(), "--threads", threads};
   for (auto& w : words(args)) argv.push_back(w);
   pid_t pid = fork();
   if (pid == 0) {
@@ -201,6 +202,33 @@ TEST(Resume, KilledRunsResumeByteForByte) {
   EXPECT_NE(log_of(log).find("bit for bit"), std::string::npos) << log_of(log);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("kill-and-resume test: %.1f s\n", seconds);
+}
+
+// A network with a convolution trains with OpenBLAS on one thread whatever
+// LibTorch's count (training_blas_threads) and records it; a resumed run
+// must train at that count too, or its steps after the resume (the Linear
+// head's products, 100 rows by 1,568, split by OpenBLAS's threads) are
+// other bits than the uninterrupted run's.
+TEST(Resume, AConvolutionsRunResumesWithItsBlasCount) {
+  testing::TempDir dir("kill_cnn");
+  const std::string ref = dir.file("ref"), run = dir.file("run"), log = dir.file("log.txt");
+  const std::string args =
+      "train --data mnist --train-size 400 --test-size 10 --model cnn:8 --optimizer sgd --batch 100 "
+      "--steps 12 --checkpoint-every 4 --seed 3 --quiet --out ";
+  ASSERT_EQ(wait_exit(spawn(args + ref, log, "", "2")), 0) << log_of(log);
+  const Manifest m = Manifest::load(ref);
+  EXPECT_EQ(m.threads, 2);
+  EXPECT_EQ(m.environment.blas_threads, 1);
+
+  ASSERT_TRUE(kill_when_paused(spawn(args + run, log, "checkpoints/w_00000008.npy", "2"))) << log_of(log);
+  EXPECT_EQ(expect_valid_interrupted(run, 4).steps, 4);
+  ASSERT_EQ(wait_exit(spawn("train --resume " + run + " --quiet", log, "", "2")), 0) << log_of(log);
+
+  auto a = files_of(ref), b = files_of(run);
+  a.erase("timing.json");
+  b.erase("timing.json");
+  ASSERT_EQ(a.size(), b.size());
+  for (auto& [name, bytes] : a) EXPECT_TRUE(bytes == b[name]) << name << " differs from the uninterrupted run's";
 }
 
 using Output = testing::CommandOutput;

@@ -15,6 +15,7 @@
 #include "pathkernel/files.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/path.h"
+#include "pathkernel/run.h"
 #include "pathkernel/context.h"
 #include "pathkernel/run_writer.h"
 #include "pathkernel/trainer.h"
@@ -485,6 +486,38 @@ TEST(Replay, TrainingRunsTheBlasAtTheThreadCountItRecords) {
   const size_t last = apart.manifest().checkpoints.size() - 1;
   EXPECT_TRUE(same_bits(apart.checkpoint(last), pinned.checkpoint(last)));
   EXPECT_TRUE(apart.check().bitwise_equal);
+}
+
+// Which runs train with OpenBLAS on one thread: a network with a
+// convolution, pathkernel's own or a module's (a layers: spec, which
+// pathkernel builds as TorchScript, read by its structured graph); others
+// keep LibTorch's count. tests/cli/resume_test.cpp trains and resumes one.
+TEST(RunDirectory, ANetworkWithAConvolutionTrainsItsBlasOnOneThread) {
+  const auto net_of = [](const std::string& spec, const std::vector<int64_t>& shape) {
+    NetworkOptions o;
+    o.spec = ModelSpec::parse(spec);
+    o.input_shape = shape;
+    o.num_classes = 3;
+    return build_network(o);
+  };
+  EXPECT_EQ(training_blas_threads(*net_of("cnn:2", {1, 8, 8}), 2), 1);
+  EXPECT_EQ(training_blas_threads(*net_of("layers:conv(3,3,padding=1),relu,flatten,linear(4)", {1, 8, 8}), 2), 1);
+  EXPECT_EQ(training_blas_threads(*net_of("mlp:6", {5}), 2), 2);
+  EXPECT_EQ(training_blas_threads(*net_of("layers:flatten,linear(8),relu", {1, 8, 8}), 2), 2);
+  EXPECT_EQ(training_blas_threads(*net_of("mlp:6", {5}), 1), 1);
+
+  // Trained on two threads, the run records the count it trained OpenBLAS at.
+  TempDir dir("conv_blas");
+  ThreadScope scope(2);
+  RunOptions cnn = small_run(dir / "cnn", "sgd", 4, 2), mlp = small_run(dir / "mlp", "sgd", 4, 2);
+  cnn.data.spec = "mnist";
+  cnn.data.train_size = 40;
+  cnn.data.test_size = 4;
+  cnn.model = "cnn:2";
+  EXPECT_EQ(train_run(cnn).manifest.environment.blas_threads, 1);
+  EXPECT_EQ(train_run(mlp).manifest.environment.blas_threads, 0);
+  EXPECT_EQ(Manifest::load(cnn.out).environment.blas_threads, 1);
+  EXPECT_TRUE(PathReader(cnn.out).check().bitwise_equal);
 }
 
 TEST(RunDirectory, DefaultCheckpointSpacingIsAboutTheSquareRoot) {
