@@ -423,6 +423,20 @@ TEST(TorchScript, MaxPoolingBesideALeakyReLUIsPiecewiseLinear) {
   EXPECT_EQ(net->kink_site_windows(), std::vector<int64_t>({0}));
 }
 
+// A module with a convolution trains with OpenBLAS on one thread, as
+// pathkernel's own convolutional networks do (training_blas_threads); a
+// module of Linear layers keeps the count it is given.
+TEST(TorchScript, AModuleWithAConvolutionTrainsItsBlasOnOneThread) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir("script_blas");
+  const std::string mlp = dir.path() + "/mlp.pt";
+  export_mlp(dir, mlp, 5, 6, 3, "relu");
+  EXPECT_EQ(training_blas_threads(*build_network(small_resnet(dir)), 2), 1);
+  EXPECT_EQ(training_blas_threads(*build_network(options_for(ModelSpec::parse("torchscript:" + mlp), 5, 3,
+                                                             OutputMap::Logits)), 2),
+            2);
+}
+
 TEST(TorchScript, RefusesWhatItCannotDecompose) {
   REQUIRE_PYTHON_TORCH();
   TempDir dir;
