@@ -129,6 +129,11 @@ struct Manifest {
   DataOptions data_options() const;
   /// Bytes of the path data: checkpoints, optimizer state and batch logs.
   int64_t path_bytes() const;
+  /// The OpenBLAS threads the run's steps ran with: the recorded count
+  /// (environment.blas_threads), or the run's threads where none was recorded.
+  int blas_threads() const {
+    return static_cast<int>(environment.blas_threads > 0 ? environment.blas_threads : threads);
+  }
   /// Whether the checkpoints store the module's buffers μ: a model with
   /// BatchNorm in training mode (every checkpoint stores them, or none does).
   bool stores_module_buffers() const {

@@ -83,6 +83,7 @@ struct LayerDesc {
   double drop = 0;                  ///< Dropout: the probability of dropping an element
   int64_t site = -1;                ///< Dropout: its site, which its masks are drawn for
 
+  bool convolution() const { return kind == Kind::Conv2d || kind == Kind::Conv1d; }
   bool parameterised() const {
     return kind == Kind::Linear || kind == Kind::Conv2d || kind == Kind::Module || kind == Kind::LayerNorm ||
            kind == Kind::Embedding || kind == Kind::Addend;

@@ -255,12 +255,8 @@ class PathReader {
   /// reverse() with the replay in turn with fn, of segments 0 .. segments-1
   /// (the last first).
   void reverse_in_turn(const std::function<void(const PathStep&)>& fn, size_t segments);
-  /// The OpenBLAS threads the run's steps ran with: the recorded count, or
-  /// the run's threads where none was recorded.
-  int run_blas_threads() const {
-    return static_cast<int>(manifest_.environment.blas_threads > 0 ? manifest_.environment.blas_threads
-                                                                    : manifest_.threads);
-  }
+  /// The OpenBLAS threads the run's steps ran with (Manifest::blas_threads).
+  int run_blas_threads() const { return manifest_.blas_threads(); }
   /// Why forward() and reverse() would replay in turn: empty when they
   /// replay ahead (replays_ahead).
   std::string in_turn_reason();

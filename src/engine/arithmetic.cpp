@@ -49,7 +49,7 @@ std::optional<RowArithmetic> row_arithmetic(SegmentEvaluator& ev, const torch::T
   const std::vector<ParamLayer>& layers = ev.param_layers();
   for (size_t l = 0; l < layers.size() && l < pass.preacts.size(); ++l) {
     const double macs = multiply_adds(layers[l], pass.preacts[l]);
-    const bool conv = layers[l].desc.kind == LayerDesc::Kind::Conv1d || layers[l].desc.kind == LayerDesc::Kind::Conv2d;
+    const bool conv = layers[l].desc.convolution();
     a.training_row_flop += 2 * macs + 2 * macs;   // forward at W_s, the weight gradient
     if (l > 0) a.training_row_flop += 2 * macs;   // the input gradient, at W_s
     a.forward_flop += 2 * 2 * macs;               // at W_s and at dW_s

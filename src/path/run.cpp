@@ -1,7 +1,6 @@
 // Training a model and recording its path in a run directory.
 #include "pathkernel/run.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -39,17 +38,12 @@ double recorded_loss(const std::string& run_dir, const Manifest& m, int64_t step
   PK_THROW("run '" << run_dir << "': metrics.csv has no row for step " << step);
 }
 
-bool is_convolution(const LayerDesc& d) {
-  return d.kind == LayerDesc::Kind::Conv2d || d.kind == LayerDesc::Kind::Conv1d;
-}
-
-/// OpenBLAS held at a run's recorded count (`blas_threads`, 0: LibTorch's
-/// `threads`) while it trains, where that differs from LibTorch's
-/// (training_blas_threads).
+/// OpenBLAS held at a run's count (Manifest::blas_threads) while it trains,
+/// where that differs from LibTorch's (training_blas_threads).
 class RunBlasThreads {
  public:
-  RunBlasThreads(int64_t threads, int64_t blas_threads) {
-    if (blas_threads > 0 && blas_threads != threads) pin_.emplace(static_cast<int>(blas_threads));
+  explicit RunBlasThreads(const Manifest& m) {
+    if (m.blas_threads() != m.threads) pin_.emplace(m.blas_threads());
   }
 
  private:
@@ -59,9 +53,10 @@ class RunBlasThreads {
 }  // namespace
 
 int training_blas_threads(const NetworkImpl& net, int threads) {
-  bool convolution = std::any_of(net.layers().begin(), net.layers().end(), is_convolution);
+  bool convolution = false;
+  for (const LayerDesc& d : net.layers()) convolution = convolution || d.convolution();
   if (const ScriptGraph* graph = net.is_script() ? net.script_graph() : nullptr) {
-    for (const ScriptLayer& l : graph->layers()) convolution = convolution || is_convolution(l.desc);
+    for (const ScriptLayer& l : graph->layers()) convolution = convolution || l.desc.convolution();
   }
   return convolution ? 1 : threads;
 }
@@ -140,7 +135,7 @@ RunResult train_run(const RunOptions& given) {
   ThreadScope pin(static_cast<int>(base.threads));
   const int blas_threads = training_blas_threads(*net, static_cast<int>(base.threads));
   if (blas_threads != base.threads) base.environment.blas_threads = blas_threads;
-  const RunBlasThreads blas_pin(base.threads, base.environment.blas_threads);
+  const RunBlasThreads blas_pin(base);
   const int64_t steps = options.train.total_steps(m);
   base.checkpoint_every =
       options.checkpoint_every == 0 ? default_checkpoint_every(steps) : options.checkpoint_every;
@@ -201,7 +196,7 @@ RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
   options.train.progress = progress;
   options.train.loss_weights = read_loss_weights(run_dir, m);
   ThreadScope thread_scope(static_cast<int>(m.threads));
-  const RunBlasThreads blas_pin(m.threads, m.environment.blas_threads);
+  const RunBlasThreads blas_pin(m);
   Dataset data = load_dataset(options.data);
   PK_CHECK(data.x_train.size(0) == m.num_train && training_data_crc32(data.x_train, data.y_train) == m.train_crc32,
            "cannot resume '" << run_dir << "': the training data of '" << m.data.spec
