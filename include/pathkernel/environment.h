@@ -37,6 +37,11 @@ struct ReplayEnvironment {
   /// over more threads may add in another order, so a replay runs OpenBLAS
   /// at the run's count (PathReader::run_blas_threads).
   int64_t blas_threads = 0;
+  /// The pieces each Linear layer's products were split into
+  /// (pieced_linear.h): pathkernel's own MLP trained on several threads
+  /// (training_linear_pieces); 0: not recorded, one piece. The replay splits
+  /// them the same, whatever its threads.
+  int64_t linear_pieces = 0;
 
   /// This process's environment, with the given thread count.
   static ReplayEnvironment current(int64_t threads);

@@ -118,6 +118,11 @@ struct NetworkOptions {
   /// A sequence model: the position whose outputs the engine decomposes
   /// (at_position(); −1: the last). Training does not use it.
   int64_t position = -1;
+  /// Pieces each Linear layer's products are split into (pieced_linear.h):
+  /// 1, or a run's recorded count (environment.linear_pieces), set where
+  /// pathkernel's own MLP trains on several threads (training_linear_pieces).
+  /// The bits of the run's products depend on it. Own networks only.
+  int64_t linear_pieces = 1;
 };
 
 /// What a forward pass leaves behind when traced: per parameterised layer
@@ -156,6 +161,9 @@ class NetworkImpl : public torch::nn::Module {
 
   const std::vector<LayerDesc>& layers() const { return layers_; }
   const NetworkOptions& options() const { return options_; }
+  /// Splits the Linear layers' products into `pieces` from now on
+  /// (NetworkOptions::linear_pieces).
+  void set_linear_pieces(int64_t pieces) { options_.linear_pieces = pieces; }
   /// Whether this is a TorchScript module (the generic route).
   bool is_script() const { return script_ != nullptr; }
 

@@ -210,6 +210,9 @@ class PathReader {
   /// Why the last forward() or reverse() replayed in turn with fn, not
   /// ahead: empty when it replayed ahead (or nothing was replayed yet).
   const std::string& replay_in_turn_reason() const { return in_turn_reason_; }
+  /// Whether one thread reproduces the run's shortest segment bit for bit
+  /// (replayed once, then remembered).
+  bool one_thread_reproduces();
   /// Whether step s, handed on by the forward() in progress, is known to be
   /// the run's: false only while a run of several threads is replayed ahead
   /// on one and s's checkpoint segment is not compared yet. Progress a
@@ -262,9 +265,6 @@ class PathReader {
   std::string in_turn_reason();
   /// Whether a replay ahead runs on one thread a run trained on several.
   bool replays_on_one_thread() const { return manifest_.threads > 1 && !manifest_.recorded; }
-  /// Whether one thread reproduces the run's shortest segment bit for bit
-  /// (replayed once, then remembered).
-  bool one_thread_reproduces();
   /// Whether segment k, replayed on one thread, reproduced its checkpoint
   /// (diff: its max |diff| there).
   bool one_thread_reproduced(size_t k, double diff) const;

@@ -50,8 +50,18 @@ RunResult train_run(const RunOptions& options);
 /// so trained records the count (ReplayEnvironment::blas_threads), and one
 /// thread then reproduces it, so that verify replays it ahead of the walk
 /// instead of in turn. A network without a convolution keeps OpenBLAS's
-/// threads: a full-batch MLP trained 1.3 times slower without them.
+/// threads unless its Linear products are split into pieces
+/// (training_linear_pieces), each then on one OpenBLAS thread.
 int training_blas_threads(const NetworkImpl& net, int threads);
+
+/// The pieces each Linear layer's products are split into while `net`
+/// trains on `threads` (pieced_linear.h): `threads` for pathkernel's own
+/// network without a convolution (an MLP), else 1. Such a run records the
+/// count (ReplayEnvironment::linear_pieces) and trains OpenBLAS on one
+/// thread: its bits then do not depend on the threads that replay it,
+/// and its products scale over two threads where OpenBLAS's own threads
+/// did not (pieced_linear.h).
+int training_linear_pieces(const NetworkImpl& net, int threads);
 
 /// The options a run directory's manifest records, as train_run would take
 /// them (steps = the recorded N, whether N came from --steps or --epochs).

@@ -77,6 +77,7 @@ nlohmann::ordered_json ReplayEnvironment::to_json() const {
   nlohmann::ordered_json j{{"cpu", cpu},   {"cpu_capability", cpu_capability}, {"blas", blas},
                            {"blas_kernels", blas_kernels}, {"libtorch", libtorch}, {"threads", threads}};
   if (blas_threads > 0) j["blas_threads"] = blas_threads;
+  if (linear_pieces > 0) j["linear_pieces"] = linear_pieces;
   return j;
 }
 
@@ -103,6 +104,12 @@ ReplayEnvironment ReplayEnvironment::from_json(const nlohmann::ordered_json& j) 
     e.blas_threads = json_number<int64_t>(*it, "manifest: environment.blas_threads");
     PK_CHECK(e.blas_threads >= 1 && e.blas_threads <= kMaxRunThreads,
              "manifest: environment.blas_threads is " << e.blas_threads << ", expected 1 to " << kMaxRunThreads);
+  }
+  it = j.find("linear_pieces");
+  if (it != j.end()) {
+    e.linear_pieces = json_number<int64_t>(*it, "manifest: environment.linear_pieces");
+    PK_CHECK(e.linear_pieces >= 1 && e.linear_pieces <= kMaxRunThreads,
+             "manifest: environment.linear_pieces is " << e.linear_pieces << ", expected 1 to " << kMaxRunThreads);
   }
   return e;
 }

@@ -1,5 +1,6 @@
 // Spec parsing, network construction and the flat parameter vector.
 #include "pathkernel/model.h"
+#include "pathkernel/pieced_linear.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -346,7 +347,12 @@ torch::Tensor NetworkImpl::forward(torch::Tensor x) {
       case Kind::Linear:
       case Kind::Conv2d: {
         if (trace_) trace_->inputs.push_back(x);
-        x = layer.kind == Kind::Linear ? linears_[next_linear++]->forward(x) : convs_[next_conv++]->forward(x);
+        if (layer.kind == Kind::Linear) {
+          const torch::nn::Linear& fc = linears_[next_linear++];
+          x = pieced_linear(x, fc->weight, fc->bias, options_.linear_pieces);
+        } else {
+          x = convs_[next_conv++]->forward(x);
+        }
         if (trace_ && x.requires_grad()) {
           x.retain_grad();
           trace_->preacts.push_back(x);

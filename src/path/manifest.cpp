@@ -265,6 +265,7 @@ NetworkOptions Manifest::network_options(int64_t position) const {
   o.zero_last_layer = zero_last_layer;
   o.dtype = parse_dtype(dtype);
   o.seed = init_seed;
+  o.linear_pieces = std::max<int64_t>(1, environment.linear_pieces);
   return o;
 }
 

@@ -52,13 +52,25 @@ class RunBlasThreads {
 
 }  // namespace
 
-int training_blas_threads(const NetworkImpl& net, int threads) {
+namespace {
+
+bool has_convolution(const NetworkImpl& net) {
   bool convolution = false;
   for (const LayerDesc& d : net.layers()) convolution = convolution || d.convolution();
   if (const ScriptGraph* graph = net.is_script() ? net.script_graph() : nullptr) {
     for (const ScriptLayer& l : graph->layers()) convolution = convolution || l.desc.convolution();
   }
-  return convolution ? 1 : threads;
+  return convolution;
+}
+
+}  // namespace
+
+int training_linear_pieces(const NetworkImpl& net, int threads) {
+  return threads > 1 && !net.is_script() && !has_convolution(net) ? threads : 1;
+}
+
+int training_blas_threads(const NetworkImpl& net, int threads) {
+  return has_convolution(net) || training_linear_pieces(net, threads) > 1 ? 1 : threads;
 }
 
 RunResult train_run(const RunOptions& given) {
@@ -135,6 +147,11 @@ RunResult train_run(const RunOptions& given) {
   ThreadScope pin(static_cast<int>(base.threads));
   const int blas_threads = training_blas_threads(*net, static_cast<int>(base.threads));
   if (blas_threads != base.threads) base.environment.blas_threads = blas_threads;
+  const int pieces = training_linear_pieces(*net, static_cast<int>(base.threads));
+  if (pieces > 1) {
+    net->set_linear_pieces(pieces);
+    base.environment.linear_pieces = pieces;
+  }
   const RunBlasThreads blas_pin(base);
   const int64_t steps = options.train.total_steps(m);
   base.checkpoint_every =

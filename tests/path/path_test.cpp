@@ -490,8 +490,10 @@ TEST(Replay, TrainingRunsTheBlasAtTheThreadCountItRecords) {
 
 // Which runs train with OpenBLAS on one thread: a network with a
 // convolution, pathkernel's own or a module's (a layers: spec, which
-// pathkernel builds as TorchScript, read by its structured graph); others
-// keep LibTorch's count. tests/cli/resume_test.cpp trains and resumes one.
+// pathkernel builds as TorchScript, read by its structured graph), and
+// pathkernel's own MLP on several threads (its Linear products in pieces);
+// a module without a convolution keeps LibTorch's count.
+// tests/cli/resume_test.cpp trains and resumes one.
 TEST(RunDirectory, ANetworkWithAConvolutionTrainsItsBlasOnOneThread) {
   const auto net_of = [](const std::string& spec, const std::vector<int64_t>& shape) {
     NetworkOptions o;
@@ -502,9 +504,13 @@ TEST(RunDirectory, ANetworkWithAConvolutionTrainsItsBlasOnOneThread) {
   };
   EXPECT_EQ(training_blas_threads(*net_of("cnn:2", {1, 8, 8}), 2), 1);
   EXPECT_EQ(training_blas_threads(*net_of("layers:conv(3,3,padding=1),relu,flatten,linear(4)", {1, 8, 8}), 2), 1);
-  EXPECT_EQ(training_blas_threads(*net_of("mlp:6", {5}), 2), 2);
+  EXPECT_EQ(training_blas_threads(*net_of("mlp:6", {5}), 2), 1);
   EXPECT_EQ(training_blas_threads(*net_of("layers:flatten,linear(8),relu", {1, 8, 8}), 2), 2);
   EXPECT_EQ(training_blas_threads(*net_of("mlp:6", {5}), 1), 1);
+  EXPECT_EQ(training_linear_pieces(*net_of("mlp:6", {5}), 2), 2);
+  EXPECT_EQ(training_linear_pieces(*net_of("mlp:6", {5}), 1), 1);
+  EXPECT_EQ(training_linear_pieces(*net_of("cnn:2", {1, 8, 8}), 2), 1);
+  EXPECT_EQ(training_linear_pieces(*net_of("layers:flatten,linear(8),relu", {1, 8, 8}), 2), 1);
 
   // Trained on two threads, the run records the count it trained OpenBLAS at.
   TempDir dir("conv_blas");
@@ -515,8 +521,11 @@ TEST(RunDirectory, ANetworkWithAConvolutionTrainsItsBlasOnOneThread) {
   cnn.data.test_size = 4;
   cnn.model = "cnn:2";
   EXPECT_EQ(train_run(cnn).manifest.environment.blas_threads, 1);
-  EXPECT_EQ(train_run(mlp).manifest.environment.blas_threads, 0);
+  const Manifest trained_mlp = train_run(mlp).manifest;
+  EXPECT_EQ(trained_mlp.environment.blas_threads, 1);
+  EXPECT_EQ(trained_mlp.environment.linear_pieces, 2);
   EXPECT_EQ(Manifest::load(cnn.out).environment.blas_threads, 1);
+  EXPECT_EQ(Manifest::load(mlp.out).environment.linear_pieces, 2);
   EXPECT_TRUE(PathReader(cnn.out).check().bitwise_equal);
 }
 

@@ -115,9 +115,12 @@ TEST(ReplayAhead, ACallerOfOneThreadReplaysInTurn) {
 }
 
 /// A run of 10 steps, checkpoints at 0, 3, 6, 9 and 10 (its shortest
-/// segment is the last, 3), trained on two threads.
+/// segment is the last, 3), trained on two threads: a module's layers, whose
+/// Linear products are not split into pieces (pathkernel's own MLP's are,
+/// and replay in turn).
 std::string two_thread_run(const TempDir& dir, const std::string& optimizer) {
   RunOptions r = small_run(dir / ("run_two_" + optimizer), optimizer, 10, 3);
+  r.model = "layers:linear(6),relu";
   ThreadScope two(2);
   train_run(r);
   return r.out;
@@ -140,6 +143,28 @@ TEST(ReplayAhead, ARunOfTwoThreadsReplaysAheadOnOneWhereOneReproducesIt) {
     EXPECT_GT(reader.replay_ahead_seconds(), 0) << opt;
     expect_same_steps(reverse_steps(reader, true), reverse_steps(reader, false), opt + " reverse");
   }
+}
+
+// pathkernel's own MLP trained on two threads splits its Linear products
+// into two pieces, each on one OpenBLAS thread (pieced_linear.h): it
+// replays in turn, its pieces on both threads, and one thread reproduces
+// it (the check a replay ahead makes), though its products are large
+// enough that OpenBLAS's threads would split them (a full-batch run of
+// 3,000 points: trained with OpenBLAS on two threads, one did not).
+TEST(ReplayAhead, AnMlpTrainedOnTwoThreadsInPiecesReplaysInTurn) {
+  TempDir dir("replay_ahead_pieces");
+  RunOptions r = small_run(dir / "mlp", "gd", 8, 3);
+  r.data.train_size = 3000;
+  r.model = "mlp:256";
+  ThreadScope two(2);
+  train_run(r);
+  PathReader reader(r.out);
+  ASSERT_EQ(reader.manifest().environment.linear_pieces, 2);
+  reader.set_replay_ahead(true);
+  EXPECT_FALSE(reader.replays_ahead());
+  EXPECT_CONTAINS(reader.replay_in_turn_reason(), "Linear products are in 2 pieces");
+  EXPECT_TRUE(reader.check().bitwise_equal);
+  EXPECT_TRUE(reader.one_thread_reproduces());
 }
 
 // One thread not reproducing the run's shortest segment: it replays in
