@@ -13,7 +13,10 @@
 # read by both binaries; stored every step, the format every pathkernel binary
 # reads), and evaluate and the metagradient on a small run.
 # Both binaries run one after the other on one thread, so that BLAS sees the
-# same machine for both.
+# same machine for both. THREADS=N runs every command on N threads instead: a
+# change to what runs in parallel shows there (pathkernel's own MLP trains
+# its Linear products in pieces on two threads or more, so its runs differ
+# from a binary before 039b871 by design; everything else should not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=$(readlink -f "${1:?usage: $0 OLD_BINARY NEW_BINARY [WORK_DIR]}")
@@ -30,7 +33,7 @@ PYTHONPATH=python $PY examples/record_loop.py "$WORK/shared/loop" --train 120 --
 
 commands() {  # $1: binary, $2: output directory
   local bin=$1 out=$2
-  local pk=("$bin" --threads 1 --quiet)
+  local pk=("$bin" --threads "${THREADS:-1}" --quiet)
   mkdir -p "$out"
   # The exactness settings.
   "${pk[@]}" train --data gaussians3 --model mlp:32 --optimizer gd --lr 0.1 --steps 300 --zero-last-layer \
