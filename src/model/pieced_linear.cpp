@@ -129,10 +129,15 @@ struct PiecedLinear : torch::autograd::Function<PiecedLinear> {
 }  // namespace
 
 torch::Tensor pieced_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, int64_t pieces) {
-  if (pieces <= 1 || x.dim() != 2) return torch::linear(x, w, b);
+  if (pieces <= 1 || x.dim() < 2) return torch::linear(x, w, b);
   // A custom Function's tensor arguments must be defined: no bias is an
   // empty one, told apart by its size.
-  return PiecedLinear::apply(x, w, b.defined() ? b : torch::empty({0}, w.options()), pieces);
+  const torch::Tensor bias = b.defined() ? b : torch::empty({0}, w.options());
+  if (x.dim() == 2) return PiecedLinear::apply(x, w, bias, pieces);
+  // [..., in]: every leading index a row of one [rows, in] product.
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  return PiecedLinear::apply(x.reshape({-1, x.size(-1)}), w, bias, pieces).view(shape);
 }
 
 }  // namespace pathkernel

@@ -214,5 +214,18 @@ TEST(Segment, PairsOfLayerOneSummedAndDottedAsOneWalkPerRow) {
   }
 }
 
+// The engine's network is float64 and in one piece, whatever the run's
+// Linear pieces (which only the replay's network, reproducing the training's
+// bits, keeps).
+TEST(Segment, EngineNetworkIsFloat64InOnePiece) {
+  NetworkOptions options = Case{"mlp:7", {5}, OutputMap::LogSoftmax}.options(3, 1);
+  options.dtype = torch::kFloat32;
+  options.linear_pieces = 2;
+  const Network net = engine_network(options);
+  EXPECT_EQ(net->options().dtype, torch::kFloat64);
+  EXPECT_EQ(net->options().linear_pieces, 1);
+  EXPECT_EQ(build_network(options)->options().linear_pieces, 2);
+}
+
 }  // namespace
 }  // namespace pathkernel

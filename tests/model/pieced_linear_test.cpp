@@ -38,6 +38,21 @@ std::vector<torch::Tensor> value_and_gradients(const LinearCase& c, int64_t piec
   return out;
 }
 
+/// Whether y's graph holds the pieces' autograd Function (torch::linear's
+/// does not): a fallback to torch::linear computes the same values, so only
+/// the graph tells that the pieces ran.
+bool ran_in_pieces(const torch::Tensor& y) {
+  std::vector<std::shared_ptr<torch::autograd::Node>> todo{y.grad_fn()};
+  while (!todo.empty()) {
+    const std::shared_ptr<torch::autograd::Node> node = todo.back();
+    todo.pop_back();
+    if (!node) continue;
+    if (node->name().find("PiecedLinear") != std::string::npos) return true;
+    for (const torch::autograd::Edge& e : node->next_edges()) todo.push_back(e.function);
+  }
+  return false;
+}
+
 void expect_close(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -109,11 +124,27 @@ TEST(PiecedLinear, BitsDoNotDependOnTheThreads) {
   for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(same_bits(one[i], two[i])) << "output " << i;
 }
 
-TEST(PiecedLinear, OnePieceOrAnInputNotAMatrixIsLinear) {
+TEST(PiecedLinear, OnePieceOrAVectorIsLinear) {
   const LinearCase c = linear_case(12, 4, 3, true);
   EXPECT_TRUE(same_bits(pieced_linear(c.x, c.w, c.b, 1), torch::linear(c.x, c.w, c.b)));
-  const torch::Tensor seq = torch::randn({2, 6, 4}, torch::kFloat64);
-  EXPECT_TRUE(same_bits(pieced_linear(seq, c.w, c.b, 2), torch::linear(seq, c.w, c.b)));
+  EXPECT_FALSE(ran_in_pieces(pieced_linear(c.x, c.w, c.b, 1)));
+  EXPECT_TRUE(ran_in_pieces(pieced_linear(c.x, c.w, c.b, 2)));
+  const torch::Tensor v = torch::randn({4}, torch::kFloat64);
+  EXPECT_TRUE(same_bits(pieced_linear(v, c.w, c.b, 2), torch::linear(v, c.w, c.b)));
+}
+
+// A sequence's Linear input [B, T, in]: its B·T rows in pieces, the values
+// and gradients those of torch::linear, the output [B, T, out].
+TEST(PiecedLinear, LeadingDimensionsAreRowsOfTheProduct) {
+  for (bool bias : {true, false}) {
+    LinearCase c = linear_case(1, 6, 5, bias);
+    c.x = torch::randn({3, 7, 6}, torch::kFloat64).requires_grad_();
+    const auto reference = value_and_gradients(c, 0);
+    const auto pieced = value_and_gradients(c, 2);
+    EXPECT_EQ(pieced[0].sizes(), (std::vector<int64_t>{3, 7, 5}));
+    EXPECT_TRUE(ran_in_pieces(pieced_linear(c.x, c.w, c.b, 2)));
+    expect_close(pieced, reference, "[3, 7, 6] in 2 pieces, bias " + std::to_string(bias));
+  }
 }
 
 }  // namespace
