@@ -99,6 +99,17 @@ double dgemm_gflops(int64_t n, int repeats);
 /// their arithmetic against the floor (machine.cpp).
 double machine_dgemm_gflops(const BenchConfig& c, int threads);
 
+/// OpenBLAS's kernels in this process, where they came from (pathkernel's
+/// choice, the environment's OPENBLAS_CORETYPE, or OpenBLAS's own) and the
+/// ones pathkernel would choose for this CPU: every row's products run on
+/// them, so the results say which (machine.cpp).
+struct BlasKernelsInUse {
+  std::string kernels, from, best;
+  /// "OpenBLAS's Haswell kernels (set by ...; this CPU runs SkylakeX, ...)".
+  std::string describe() const;
+};
+BlasKernelsInUse blas_kernels_in_use();
+
 /// The machine row: dgemm on one thread, two threads and two one-thread
 /// processes at once (machine.cpp).
 nlohmann::ordered_json row_machine(const BenchConfig& c);

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "bench.h"
+#include "pathkernel/blas_kernels.h"
 #include "pathkernel/context.h"
+#include "pathkernel/environment.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 
@@ -24,6 +26,23 @@ double dgemm_gflops(int64_t n, int repeats) {
   torch::Tensor c = torch::mm(a, b);  // warm: the kernels' buffers allocated
   const double seconds = median_seconds(repeats, [&] { c = torch::mm(a, b); });
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / seconds / 1e9;
+}
+
+BlasKernelsInUse blas_kernels_in_use() {
+  BlasKernelsInUse k;
+  k.kernels = ReplayEnvironment::current(1).blas_kernels;
+  k.best = best_blas_kernels(CpuFeatures::current());
+  if (k.best.empty()) k.best = k.kernels;  // no rule for this CPU: OpenBLAS's own choice
+  k.from = std::getenv(kBlasKernelsChosenVariable) != nullptr ? "chosen by pathkernel"
+           : std::getenv("OPENBLAS_CORETYPE") != nullptr   ? "set by OPENBLAS_CORETYPE in the environment"
+                                                           : "chosen by OpenBLAS";
+  return k;
+}
+
+std::string BlasKernelsInUse::describe() const {
+  std::string text = "OpenBLAS's " + kernels + " kernels (" + from;
+  if (!same_blas_arithmetic(kernels, best)) text += "; this CPU runs " + best + ", pathkernel's choice without it";
+  return text + ")";
 }
 
 namespace {
@@ -77,9 +96,13 @@ json row_machine(const BenchConfig& c) {
   }
   const double one = median_of(ones), two = median_of(twos);
   const std::vector<double> both = concurrent_dgemm(c, n, 2);
+  const BlasKernelsInUse kernels = blas_kernels_in_use();
   j["setting"] = "float64 " + std::to_string(n) + "x" + std::to_string(n) + " matrix products (torch::mm), median of " +
                  std::to_string(3 * c.repeats) + ", one and two threads in turn, the median of 3 rounds, " +
-                 active_blas().library;
+                 active_blas().library + ", " + kernels.describe();
+  j["blas_kernels"] = kernels.kernels;
+  j["blas_kernels_from"] = kernels.from;
+  j["best_blas_kernels"] = kernels.best;
   j["dgemm_gflops_1_thread_rounds"] = ones;
   j["dgemm_gflops_2_threads_rounds"] = twos;
   j["dgemm_gflops_1_thread"] = one;

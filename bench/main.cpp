@@ -400,6 +400,7 @@ int main(int argc, char** argv) {
     if (threads == 0) threads = hardware_threads();
     set_threads(threads);
     c.threads = threads;
+    if (row.empty() && dgemm_size == 0) std::printf("BLAS: %s\n", blas_kernels_in_use().describe().c_str());
     PK_CHECK(c.part < 0 || !row.empty(), "--part " << c.part << " needs --row, the row whose part it is");
     if (dgemm_size > 0) {
       PK_CHECK(!row_out.empty(), "--dgemm-gflops needs --row-out, the file its GFLOP/s are written to");
