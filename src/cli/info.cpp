@@ -5,10 +5,29 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "pathkernel/blas_kernels.h"
 #include "pathkernel/error.h"
 #include "pathkernel/manifest.h"
 
 namespace pathkernel::cli {
+
+namespace {
+
+/// "  trained   on CPU, T threads, OpenBLAS's K kernels (its replays use
+/// them; this CPU runs B)": the machine a run's bits belong to, and the
+/// wider kernels a run trained on narrower ones (a user's OPENBLAS_CORETYPE)
+/// gives up for every replay. Empty for a run that recorded no environment.
+std::string trained_line(const ReplayEnvironment& e) {
+  if (e.empty()) return "";
+  std::string line = "  trained   on " + e.cpu + ", " + std::to_string(e.threads) +
+                     (e.threads == 1 ? " thread" : " threads") + ", OpenBLAS's " + e.blas_kernels +
+                     " kernels (its replays use them";
+  const std::string best = best_blas_kernels(CpuFeatures::current());
+  if (!best.empty() && !same_blas_arithmetic(e.blas_kernels, best)) line += "; this CPU runs " + best;
+  return line + ")\n";
+}
+
+}  // namespace
 
 void add_info_command(CLI::App& app, Globals& globals) {
   struct Args {
@@ -47,6 +66,8 @@ void add_info_command(CLI::App& app, Globals& globals) {
                              {"batch_size", m.batch_size},
                              {"threads", m.threads},
                              {"libtorch_version", m.libtorch_version},
+                             {"environment", m.environment.empty() ? nlohmann::ordered_json(nullptr)
+                                                                   : m.environment.to_json()},
                              {"pathkernel_version", m.pathkernel_version},
                              {"summary", m.summary}};
     std::string text;
@@ -80,6 +101,7 @@ void add_info_command(CLI::App& app, Globals& globals) {
                           m.checkpoints.size(), static_cast<long long>(m.checkpoint_every), path / 1e6,
                           every_step / 1e6, path > 0 ? static_cast<double>(every_step) / path : 0.0);
     }
+    text += trained_line(m.environment);
     if (!m.summary.empty()) text += format_text("  summary   %s\n", m.summary.dump().c_str());
     text.pop_back();  // print() ends the line
     globals.print(j, text);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
+#include "pathkernel/blas_kernels.h"
 #include "pathkernel/dataset.h"
 #include "pathkernel/files.h"
 #include "pathkernel/manifest.h"
@@ -61,6 +62,10 @@ TEST(Cli, TrainInfoCheckPathOnMnist) {
   EXPECT_EQ(ij["path_bytes"], on_disk);
   EXPECT_LE(ij["path_bytes"].get<int64_t>() * 4, ij["every_step_bytes"].get<int64_t>());
 
+  EXPECT_EQ(ij["environment"]["blas_kernels"], m.environment.blas_kernels);
+  EXPECT_CONTAINS(run("info " + r).out, "  trained   on " + m.environment.cpu + ", 1 thread, OpenBLAS's " +
+                                            m.environment.blas_kernels + " kernels (its replays use them");
+
   Output check = run("check-path --json --quiet " + r);
   EXPECT_EQ(check.status, 0) << check.out;
   nlohmann::json cj = last_json(check.out);
@@ -94,6 +99,21 @@ TEST(Cli, TrainInfoCheckPathOnMnist) {
   Output bad = run("check-path --json --quiet " + r);
   EXPECT_NE(bad.status, 0) << bad.out;
   EXPECT_EQ(last_json(bad.out)["bitwise_equal"], false);
+}
+
+// A run trained on kernels narrower than this CPU's best (a user's
+// OPENBLAS_CORETYPE) says so: every replay of it is bound to them.
+TEST(Cli, InfoNamesWiderKernelsThanTheRunsOwn) {
+  const std::string best = best_blas_kernels(CpuFeatures::current());
+  if (best.empty()) GTEST_SKIP() << "this CPU has no AVX2: Prescott is its best";
+  testing::TempDir dir("cli-kernels");
+  const std::string r = dir / "R";
+  Output t = testing::run_shell("OPENBLAS_CORETYPE=Prescott " + testing::binary_path() +
+                                " --threads 1 train --data gaussians3 --train-size 60 --model mlp:4 --steps 2 --quiet "
+                                "--out " + r);
+  ASSERT_EQ(t.status, 0) << t.out;
+  ASSERT_EQ(Manifest::load(r).environment.blas_kernels, "Prescott");
+  EXPECT_CONTAINS(run("info " + r).out, "OpenBLAS's Prescott kernels (its replays use them; this CPU runs " + best + ")");
 }
 
 TEST(Cli, NumpyLoadsARunWithoutPathkernel) {
