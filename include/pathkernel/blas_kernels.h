@@ -59,15 +59,24 @@ inline std::string best_blas_kernels(const CpuFeatures& cpu) {
 
 /// Whether OpenBLAS's kernels `a` and `b` (OPENBLAS_CORETYPE names, any
 /// case) do the same float64 arithmetic, so that switching between them
-/// would gain nothing: the same name, or Zen and Haswell (OpenBLAS's Zen
-/// target builds its GEMM from Haswell's kernels; on a 2-core AMD EPYC
-/// without AVX-512, float64 products up to an inner dimension of 10,000 and
-/// a convolution through LibTorch gave the same bits with either, at the
-/// same speed).
+/// would gain nothing: the same name, or one of two pairs.
+/// - Zen and Haswell: OpenBLAS's Zen target builds its GEMM from Haswell's
+///   kernels; on a 2-core AMD EPYC without AVX-512, float64 products up to an
+///   inner dimension of 10,000 and a convolution through LibTorch gave the
+///   same bits with either, at the same speed.
+/// - Cooperlake and SkylakeX: OpenBLAS's Cooperlake target is SkylakeX's
+///   kernels and blocking with bfloat16 kernels added; on a 2-core AMD EPYC
+///   with AVX-512 BF16, float64 products up to an inner dimension of 10,000
+///   and a convolution gave the same bits with either, at the same speed
+///   (scripts/blas_kernels.sh: 64.4 and 64.6 GFLOP/s). Their float32
+///   products differ, which is why a run recorded with Cooperlake is still
+///   replayed with Cooperlake (blas_kernels_for); only the engine's float64
+///   work is spared a switch.
 inline bool same_blas_arithmetic(const std::string& a, const std::string& b) {
   auto is = [](const std::string& x, const char* name) { return ::strcasecmp(x.c_str(), name) == 0; };
   if (is(a, b.c_str())) return true;
-  return (is(a, "Zen") && is(b, "Haswell")) || (is(a, "Haswell") && is(b, "Zen"));
+  auto pair = [&](const char* x, const char* y) { return (is(a, x) && is(b, y)) || (is(a, y) && is(b, x)); };
+  return pair("Zen", "Haswell") || pair("Cooperlake", "SkylakeX");
 }
 
 /// Whether a CPU with `cpu`'s features runs OpenBLAS's kernels `name`:

@@ -46,13 +46,16 @@ TEST(BlasKernels, BestFollowsTheCpusWidestVectors) {
   EXPECT_EQ(best_blas_kernels(cpu(false, false, false)), "");
 }
 
-TEST(BlasKernels, ZenAndHaswellAreTheSameArithmetic) {
+TEST(BlasKernels, ZenAndHaswellCooperlakeAndSkylakeXAreTheSameArithmetic) {
   EXPECT_TRUE(same_blas_arithmetic("Zen", "Haswell"));
   EXPECT_TRUE(same_blas_arithmetic("HASWELL", "zen"));
   EXPECT_TRUE(same_blas_arithmetic("SkylakeX", "skylakex"));
+  EXPECT_TRUE(same_blas_arithmetic("Cooperlake", "SkylakeX"));
+  EXPECT_TRUE(same_blas_arithmetic("skylakex", "COOPERLAKE"));
   EXPECT_FALSE(same_blas_arithmetic("SkylakeX", "Haswell"));
+  EXPECT_FALSE(same_blas_arithmetic("Cooperlake", "Haswell"));
   EXPECT_FALSE(same_blas_arithmetic("Zen", "Prescott"));
-  EXPECT_FALSE(same_blas_arithmetic("Cooperlake", "SkylakeX"));
+  EXPECT_FALSE(same_blas_arithmetic("Zen", "SkylakeX"));
 }
 
 TEST(BlasKernels, RunsOnlyKernelsTheCpuHas) {

@@ -6,11 +6,13 @@
 #include <strings.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "../test_util.h"
 #include "pathkernel/blas_kernels.h"
@@ -87,6 +89,44 @@ TEST_F(BlasSwitch, EngineScopeRunsTheBestKernelsWhenPathkernelChose) {
     const EngineBlasKernels engine;
     EXPECT_TRUE(same_name(active_blas_kernels(), "Zen")) << active_blas_kernels();
   }
+  if (same_name(best_, "SkylakeX") && switch_blas_kernels("Cooperlake")) {
+    // What OpenBLAS picks itself on a CPU with AVX-512 BF16 (a loop recorded
+    // in Python there): SkylakeX's float64 arithmetic, so nothing is switched.
+    const ScopedEnv chosen(kBlasKernelsChosenVariable, "1");
+    EXPECT_EQ(engine_blas_kernels(), "");
+    const EngineBlasKernels engine;
+    EXPECT_TRUE(same_name(active_blas_kernels(), "Cooperlake")) << active_blas_kernels();
+  }
+}
+
+// The pairs same_blas_arithmetic calls the same give the same float64 bits,
+// on every shape tried and a convolution (where this CPU runs both of a pair).
+TEST_F(BlasSwitch, KernelsOfTheSameArithmeticGiveTheSameBits) {
+  const auto products = [] {
+    torch::manual_seed(5);
+    std::vector<torch::Tensor> out;
+    for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{
+             {37, 1000, 53}, {500, 257, 300}, {128, 1152, 196}, {3, 10000, 5}, {1, 64, 1}}) {
+      const torch::Tensor a = torch::randn({m, k}, torch::kFloat64), b = torch::randn({k, n}, torch::kFloat64);
+      out.push_back(torch::mm(a, b));
+      out.push_back(torch::mm(b.t(), a.t()));
+    }
+    const torch::Tensor x = torch::randn({16, 8, 28, 28}, torch::kFloat64);
+    out.push_back(torch::conv2d(x, torch::randn({16, 8, 3, 3}, torch::kFloat64), {}, 1, 1));
+    return out;
+  };
+  int pairs = 0;
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{{"Zen", "Haswell"},
+                                                                             {"Cooperlake", "SkylakeX"}}) {
+    ASSERT_TRUE(same_blas_arithmetic(a, b));
+    if (!runs_blas_kernels(CpuFeatures::current(), a) || !switch_blas_kernels(a)) continue;
+    const std::vector<torch::Tensor> first = products();
+    ASSERT_TRUE(switch_blas_kernels(b));
+    const std::vector<torch::Tensor> second = products();
+    for (size_t i = 0; i < first.size(); ++i) EXPECT_TRUE(torch::equal(first[i], second[i])) << a << " and " << b << ", product " << i;
+    ++pairs;
+  }
+  if (pairs == 0) GTEST_SKIP() << "this CPU runs neither pair's kernels";
 }
 
 TEST_F(BlasSwitch, WaitsForWorkHoldingTheKernels) {
