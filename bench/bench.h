@@ -105,6 +105,7 @@ double machine_dgemm_gflops(const BenchConfig& c, int threads);
 /// them, so the results say which (machine.cpp).
 struct BlasKernelsInUse {
   std::string kernels, from, best;
+  std::string wider;  ///< best where it is not kernels' arithmetic, else ""
   /// "OpenBLAS's Haswell kernels (set by ...; this CPU runs SkylakeX, ...)".
   std::string describe() const;
 };

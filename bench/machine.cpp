@@ -11,6 +11,7 @@
 
 #include "bench.h"
 #include "pathkernel/blas_kernels.h"
+#include "pathkernel/blas_switch.h"
 #include "pathkernel/context.h"
 #include "pathkernel/environment.h"
 #include "pathkernel/error.h"
@@ -30,18 +31,20 @@ double dgemm_gflops(int64_t n, int repeats) {
 
 BlasKernelsInUse blas_kernels_in_use() {
   BlasKernelsInUse k;
+  const CpuFeatures cpu = CpuFeatures::current();
   k.kernels = ReplayEnvironment::current(1).blas_kernels;
-  k.best = best_blas_kernels(CpuFeatures::current());
+  k.best = best_blas_kernels(cpu);
   if (k.best.empty()) k.best = k.kernels;  // no rule for this CPU: OpenBLAS's own choice
-  k.from = std::getenv(kBlasKernelsChosenVariable) != nullptr ? "chosen by pathkernel"
-           : std::getenv("OPENBLAS_CORETYPE") != nullptr   ? "set by OPENBLAS_CORETYPE in the environment"
-                                                           : "chosen by OpenBLAS";
+  k.wider = wider_blas_kernels(k.kernels, cpu);
+  k.from = blas_kernels_chosen_by_pathkernel()             ? "chosen by pathkernel"
+           : std::getenv("OPENBLAS_CORETYPE") != nullptr ? "set by OPENBLAS_CORETYPE in the environment"
+                                                         : "chosen by OpenBLAS";
   return k;
 }
 
 std::string BlasKernelsInUse::describe() const {
   std::string text = "OpenBLAS's " + kernels + " kernels (" + from;
-  if (!same_blas_arithmetic(kernels, best)) text += "; this CPU runs " + best + ", pathkernel's choice without it";
+  if (!wider.empty()) text += "; this CPU runs " + wider + ", pathkernel's choice without it";
   return text + ")";
 }
 

@@ -79,6 +79,17 @@ inline bool same_blas_arithmetic(const std::string& a, const std::string& b) {
   return pair("Zen", "Haswell") || pair("Cooperlake", "SkylakeX");
 }
 
+/// The best kernels for a CPU with `cpu`'s features (best_blas_kernels)
+/// where they are wider than `kernels`, the ones in use: not the same float64
+/// arithmetic. "" when there are none, or when `kernels` is "" (unknown).
+/// What the engine switches to for its own work, and what a run trained on
+/// `kernels` gives up for its replays.
+inline std::string wider_blas_kernels(const std::string& kernels, const CpuFeatures& cpu) {
+  const std::string best = best_blas_kernels(cpu);
+  if (best.empty() || kernels.empty() || same_blas_arithmetic(kernels, best)) return "";
+  return best;
+}
+
 /// Whether a CPU with `cpu`'s features runs OpenBLAS's kernels `name`:
 /// false for names this table does not know (they are not forced).
 inline bool runs_blas_kernels(const CpuFeatures& cpu, const std::string& name) {

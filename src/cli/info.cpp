@@ -22,8 +22,8 @@ std::string trained_line(const ReplayEnvironment& e) {
   std::string line = "  trained   on " + e.cpu + ", " + std::to_string(e.threads) +
                      (e.threads == 1 ? " thread" : " threads") + ", OpenBLAS's " + e.blas_kernels +
                      " kernels (its replays use them";
-  const std::string best = best_blas_kernels(CpuFeatures::current());
-  if (!best.empty() && !same_blas_arithmetic(e.blas_kernels, best)) line += "; this CPU runs " + best;
+  const std::string wider = wider_blas_kernels(e.blas_kernels, CpuFeatures::current());
+  if (!wider.empty()) line += "; this CPU runs " + wider;
   return line + ")\n";
 }
 

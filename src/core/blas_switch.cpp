@@ -149,10 +149,7 @@ bool blas_kernels_chosen_by_pathkernel() { return std::getenv(kBlasKernelsChosen
 
 std::string engine_blas_kernels() {
   if (!blas_kernels_chosen_by_pathkernel()) return "";
-  const std::string best = best_blas_kernels(CpuFeatures::current());
-  const std::string now = active_blas_kernels();
-  if (best.empty() || now.empty() || same_blas_arithmetic(best, now)) return "";
-  return best;
+  return wider_blas_kernels(active_blas_kernels(), CpuFeatures::current());
 }
 
 EngineBlasKernels::EngineBlasKernels() {

@@ -58,6 +58,18 @@ TEST(BlasKernels, ZenAndHaswellCooperlakeAndSkylakeXAreTheSameArithmetic) {
   EXPECT_FALSE(same_blas_arithmetic("Zen", "SkylakeX"));
 }
 
+// What a process on some kernels gives up: the CPU's best, unless they are
+// the same float64 arithmetic (or the kernels in use are unknown).
+TEST(BlasKernels, WiderKernelsAreTheBestOfAnotherArithmetic) {
+  EXPECT_EQ(wider_blas_kernels("Haswell", cpu(true, true, true)), "SkylakeX");
+  EXPECT_EQ(wider_blas_kernels("Prescott", cpu(false, true, true)), "Haswell");
+  EXPECT_EQ(wider_blas_kernels("Cooperlake", cpu(true, true, true)), "");
+  EXPECT_EQ(wider_blas_kernels("SkylakeX", cpu(true, true, true)), "");
+  EXPECT_EQ(wider_blas_kernels("Zen", cpu(false, true, true)), "");
+  EXPECT_EQ(wider_blas_kernels("Prescott", cpu(false, false, true)), "");  // no rule: OpenBLAS's own choice
+  EXPECT_EQ(wider_blas_kernels("", cpu(true, true, true)), "");
+}
+
 TEST(BlasKernels, RunsOnlyKernelsTheCpuHas) {
   EXPECT_TRUE(runs_blas_kernels(cpu(false, false, false), "Prescott"));
   EXPECT_TRUE(runs_blas_kernels(cpu(false, true, true), "Haswell"));
