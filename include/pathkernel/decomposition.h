@@ -173,9 +173,20 @@ struct DecompositionSummary {
 };
 
 /// When some step's update is not explained by the declared loss and
-/// optimizer (StepResiduals::first_step >= 0), a plain-words account naming
-/// the step; empty otherwise.
+/// optimizer (StepResiduals::explained() false), a plain-words account
+/// naming the step; empty otherwise.
 std::string unexplained_update_message(const StepResiduals& r);
+
+/// Sets r.rounding_branches: whether every step over its bound is listed and
+/// was reproduced bit for bit by the reader's replay (PathReader::
+/// step_reproduced), so the declared loss and optimizer gave the loop's own
+/// update there. decompose() calls it once its walk is done.
+void read_residuals_against_replay(const PathReader& reader, StepResiduals& r);
+
+/// When the steps over their bound are the run's rounding branches
+/// (StepResiduals::rounding_branches), a plain-words account of them and of
+/// what they leave in E; empty otherwise.
+std::string rounding_branch_message(const StepResiduals& r);
 
 /// Summarises d (any number of test points, at least one).
 DecompositionSummary summarize(const Decomposition& d);

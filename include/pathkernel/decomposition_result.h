@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -23,13 +24,36 @@ namespace pathkernel {
 /// optimizer); the rounding term E then carries the difference, so the
 /// kernel machine still matches the network, but E is not attributed to
 /// training points.
+///
+/// The residual is taken against the engine's float64 gradient at the run's
+/// weights, and the run's rounding (float32's above all) can take a branch
+/// the engine's does not: a ReLU input, or a max-pool window's two largest
+/// entries, within rounding of a tie. One unit's gradient then goes
+/// elsewhere, far above the bound. Where the replay of a compact recording
+/// reproduced, bit for bit, the checkpoint closing the segment of every step
+/// over its bound, the declared loss and optimizer gave the loop's own
+/// updates, so those steps are such branches (`rounding_branches`), not
+/// something the loop did.
 struct StepResiduals {
+  /// Steps over their bound listed in `over_steps`, at most.
+  static constexpr int64_t kListedSteps = 256;
+
   double max_ratio = 0;      ///< max over steps of residual / bound
   double max_residual = 0;   ///< the residual (max |.|) of the step with max_ratio
   double bound = 0;          ///< that step's bound
   int64_t worst_step = -1;   ///< the step with max_ratio
   int64_t first_step = -1;   ///< the first step whose residual exceeds its bound (-1: none)
   int64_t steps_over = 0;    ///< steps whose residual exceeds their bound
+  /// The steps over their bound, up to kListedSteps of them (all of them
+  /// when its size is steps_over).
+  std::vector<int64_t> over_steps;
+  /// Every step over its bound was reproduced bit for bit by the replay
+  /// (set by decompose(); see above).
+  bool rounding_branches = false;
+
+  /// Whether every update is what the declared loss and optimizer give:
+  /// none over its bound, or all of them the run's rounding branches.
+  bool explained() const { return first_step < 0 || rounding_branches; }
 
   /// Adds step s's residual r against its bound.
   void add(int64_t s, double r, double bound);

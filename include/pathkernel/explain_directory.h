@@ -13,7 +13,9 @@
 //                                    shape}, kernel: {file, shape,
 //                                    single_kernel, weight} or null, points,
 //                                    warning (only when some updates are not
-//                                    explained)}
+//                                    explained), note (only when some steps
+//                                    are the run's rounding branches,
+//                                    StepResiduals)}
 //                      metagradient: {run, method "metagradient", meaning,
 //                                    outputs, steps, adjoints,
 //                                    hessian_vector_products, seconds, loss,
@@ -161,6 +163,7 @@ struct ExplainDocument {
   bool updates_explained = true;           ///< every update the run took is described
   std::optional<ExplainKernelFile> kernel; ///< kernel.npy, when written
   std::string warning;                     ///< updates the run does not describe ("" when none)
+  std::string note;                        ///< steps that are the run's rounding branches ("" when none)
   std::optional<ExplainLayerFile> layers;  ///< layer_contributions.npy, when written
   std::optional<ExplainInputsEntry> inputs;  ///< inputs.npy: the points are its rows, not test points
 

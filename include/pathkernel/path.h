@@ -242,6 +242,13 @@ class PathReader {
   /// segments not replayed yet; empty for every other run.
   ReplayDrift replay_drift();
 
+  /// Whether step s of a compact recorded run was replayed with the run's
+  /// declared loss and optimizer and the checkpoint closing its segment was
+  /// reproduced bit for bit (so the loop's step s is the declared one).
+  /// False for a stored step, and for a segment not yet replayed to its end
+  /// (this does not replay).
+  bool step_reproduced(int64_t s) const;
+
  private:
   /// Replays checkpoint segment k (steps c_k .. c_{k+1}-1), calling fn per
   /// step, then compares with checkpoint k+1. Returns the max |diff| there

@@ -158,6 +158,7 @@ void print_explanation(const ExplainAcross& across, const std::string& out, cons
   if (!e.document.warning.empty()) {  // updates the run does not describe (decomposition.h, StepResiduals)
     std::fprintf(stderr, "pathkernel: warning: %s\n", e.document.warning.c_str());
   }
+  if (!e.document.note.empty()) std::fprintf(stderr, "pathkernel: note: %s\n", e.document.note.c_str());
   if (globals.json) {
     nlohmann::ordered_json summary = summary_json(e.document, out, e.images);
     if (world.size() > 1) summary["ranks"] = ranks_json(across);

@@ -143,11 +143,14 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              {"max_abs_run_dtype_difference", s.max_abs_run_dtype_difference},
                              // Whether every recorded update is what the declared loss and
                              // optimizer give (StepResiduals).
-                             {"updates_explained", s.residuals.first_step < 0},
+                             {"updates_explained", s.residuals.explained()},
                              {"max_update_residual_ratio", s.residuals.max_ratio},
-                             {"first_unexplained_step", s.residuals.first_step < 0
+                             {"first_unexplained_step", s.residuals.explained()
                                                             ? nlohmann::ordered_json(nullptr)
-                                                            : nlohmann::ordered_json(s.residuals.first_step)}};
+                                                            : nlohmann::ordered_json(s.residuals.first_step)},
+                             // Steps over their bound that the replay reproduced bit for bit:
+                             // the run's rounding took a branch the float64 network did not.
+                             {"rounding_branch_steps", s.residuals.rounding_branches ? s.residuals.steps_over : 0}};
     // Which point max_rel_error is of: its index in the test set (or its row
     // in the inputs file), its error and the certificate's bound on it.
     j["worst_point"] = {{test_index.defined() ? "test_index" : "input_row",
@@ -188,13 +191,16 @@ void add_verify_command(CLI::App& app, Globals& globals) {
     }
     const std::string unexplained = unexplained_update_message(s.residuals);
     if (!unexplained.empty()) j["warning"] = unexplained;
+    const std::string branches = rounding_branch_message(s.residuals);
+    if (!branches.empty()) j["note"] = branches;
     std::string text = "kernel machine vs network on " + std::to_string(s.test_points) + " test points, " +
                        std::to_string(s.steps) + " steps, quadrature " + options.quadrature.spec.str() + ":";
     for (auto& [key, value] : j.items()) {
-      if (key != "run" && key != "warning" && key != "replay_drift") text += format_text("\n  %-26s %s", key.c_str(), value.dump().c_str());
+      if (key != "run" && key != "warning" && key != "note" && key != "replay_drift") text += format_text("\n  %-26s %s", key.c_str(), value.dump().c_str());
     }
     if (!drift_text.empty()) text += "\n  replay: " + drift_text;
     if (!unexplained.empty()) text += "\nwarning: " + unexplained;
+    if (!branches.empty()) text += "\nnote: " + branches;
     globals.print(j, text);
     if (args->fail_above >= 0 && j["max_rel_error"].get<double>() > args->fail_above) globals.exit_status = 1;
   });

@@ -166,7 +166,8 @@ Decomposition sum_blocks(const Communicator& comm, Decomposition base, Share blo
                             bound = comm.all_gather(r.bound),
                             worst = comm.all_gather(static_cast<double>(r.worst_step)),
                             first = comm.all_gather(static_cast<double>(r.first_step)),
-                            over = comm.all_gather(static_cast<double>(r.steps_over));
+                            over = comm.all_gather(static_cast<double>(r.steps_over)),
+                            branches = comm.all_gather(r.rounding_branches ? 1.0 : 0.0);
   out.residuals = StepResiduals();
   for (size_t k = 0; k < max_ratio.size(); ++k) {
     StepResiduals rank;
@@ -176,6 +177,7 @@ Decomposition sum_blocks(const Communicator& comm, Decomposition base, Share blo
     rank.worst_step = static_cast<int64_t>(worst[k]);
     rank.first_step = static_cast<int64_t>(first[k]);
     rank.steps_over = static_cast<int64_t>(over[k]);
+    rank.rounding_branches = branches[k] > 0;
     out.residuals.merge(rank);
   }
   return out;
@@ -261,6 +263,9 @@ Decomposition gather_decomposition(const Communicator& comm, const Decomposition
   out.residuals.steps_over = static_cast<int64_t>(comm.max(static_cast<double>(r.steps_over)));
   const double first = comm.max(r.first_step >= 0 ? -static_cast<double>(r.first_step) : -1e300);
   out.residuals.first_step = first > -1e299 ? static_cast<int64_t>(-first) : -1;
+  // Every rank that found steps over their bound read them against its replay alike.
+  out.residuals.rounding_branches = out.residuals.steps_over > 0 &&
+                                    comm.max(r.steps_over > 0 && !r.rounding_branches ? 1.0 : 0.0) == 0;
   return comm.root() ? out : d;
 }
 

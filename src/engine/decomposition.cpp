@@ -57,7 +57,7 @@ DecompositionSummary summarize(const Decomposition& d) {
 }
 
 std::string unexplained_update_message(const StepResiduals& r) {
-  if (r.first_step < 0) return "";
+  if (r.explained()) return "";
   std::ostringstream out;
   out << "from step " << r.first_step
       << " on, the recorded updates are not what the declared loss and optimizer give: " << r.steps_over
@@ -68,6 +68,26 @@ std::string unexplained_update_message(const StepResiduals& r) {
          "weights changed outside the optimizer's step. The kernel machine still equals the network, because "
          "the rounding term E carries the difference, but E is not attributed to training points.";
   return out.str();
+}
+
+std::string rounding_branch_message(const StepResiduals& r) {
+  if (!r.rounding_branches || r.first_step < 0) return "";
+  std::ostringstream out;
+  out << r.steps_over << " step(s) from step " << r.first_step
+      << " on differ from the update the engine's float64 gradient gives by more than rounding (the worst, step "
+      << r.worst_step << ", by " << r.max_residual << " against a rounding bound of " << r.bound
+      << "), yet the replay reproduced the loop's checkpoints after them bit for bit with the declared loss and "
+         "optimizer: the loop did what the run describes, and its rounding took a branch the float64 network "
+         "did not (a ReLU input or a max-pool window's two largest entries within rounding of a tie). The "
+         "kernel machine still equals the network: the rounding term E carries those steps' difference, which "
+         "is not attributed to training points.";
+  return out.str();
+}
+
+void read_residuals_against_replay(const PathReader& reader, StepResiduals& r) {
+  r.rounding_branches = r.steps_over > 0 && static_cast<int64_t>(r.over_steps.size()) == r.steps_over &&
+                        std::all_of(r.over_steps.begin(), r.over_steps.end(),
+                                    [&](int64_t s) { return reader.step_reproduced(s); });
 }
 
 std::vector<int64_t> step_blocks(const Manifest& m) {
@@ -130,6 +150,12 @@ namespace {
 /// d with its running-statistics term S over the decomposed steps
 /// (decomposition_walk::statistics_term), for a network with BatchNorm in
 /// training mode; d unchanged otherwise.
+/// d with its residuals read against the replay (read_residuals_against_replay).
+Decomposition with_replay_read(const PathReader& reader, Decomposition d) {
+  read_residuals_against_replay(reader, d.residuals);
+  return d;
+}
+
 Decomposition with_statistics(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options,
                               Decomposition d) {
   Network net64 = engine_network(reader.manifest().network_options());
@@ -166,10 +192,12 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
              "a range of steps is decomposed alone for gd and sgd runs only; run '"
                  << reader.dir() << "' used '" << m.optimizer.name << "', whose buffer links every step to the next");
     return with_statistics(reader, x_in, options,
-                           decomposition_walk::decompose_reverse(reader, x_in, options, rule, checkpoint));
+                           with_replay_read(reader, decomposition_walk::decompose_reverse(reader, x_in, options, rule,
+                                                                                          checkpoint)));
   }
-  return with_statistics(reader, x_in, options,
-                         decomposition_walk::decompose_forward(reader, x_in, options, end_step, checkpoint));
+  return with_statistics(
+      reader, x_in, options,
+      with_replay_read(reader, decomposition_walk::decompose_forward(reader, x_in, options, end_step, checkpoint)));
 }
 
 }  // namespace pathkernel

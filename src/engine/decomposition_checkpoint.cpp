@@ -89,6 +89,9 @@ const DecompositionProgress* DirectoryCheckpoint::resume_point() {
       p->partial.residuals.worst_step = json_number<int64_t>(r.at("worst_step"), "worst_step");
       p->partial.residuals.first_step = json_number<int64_t>(r.at("first_step"), "first_step");
       p->partial.residuals.steps_over = json_number<int64_t>(r.at("steps_over"), "steps_over");
+      if (r.contains("over_steps")) {  // absent from progress saved before they were listed: not all listed
+        for (const auto& o : r.at("over_steps")) p->partial.residuals.over_steps.push_back(json_number<int64_t>(o, "over_steps"));
+      }
     }
     sequence_ = json_number<int64_t>(s.at("sequence"), "sequence");
     for (const auto& [name, f] : s.at("files").items()) {
@@ -163,7 +166,8 @@ void DirectoryCheckpoint::save(const DecompositionProgress& p) {
                                           {"bound", p.partial.residuals.bound},
                                           {"worst_step", p.partial.residuals.worst_step},
                                           {"first_step", p.partial.residuals.first_step},
-                                          {"steps_over", p.partial.residuals.steps_over}}},
+                                          {"steps_over", p.partial.residuals.steps_over},
+                                          {"over_steps", p.partial.residuals.over_steps}}},
                            {"files", files}};
   write_file_atomic((fs::path(dir_) / "state.json").string(), s.dump(2) + "\n");
   // The previous state's files (and temporaries of an interrupted save).

@@ -112,6 +112,7 @@ ojson exact_json(const ExplainDocument& doc) {
                        : ojson(nullptr)},
           {"points", points_json(doc)}};
   if (!doc.warning.empty()) j["warning"] = doc.warning;
+  if (!doc.note.empty()) j["note"] = doc.note;
   if (doc.inputs) {
     j["inputs"] = {{"file", "inputs.npy"},
                    {"source", doc.inputs->source},
@@ -295,6 +296,7 @@ void read_header(const JsonFile& f, ExplainDocument& doc) {
   doc.updates_explained = j.value("updates_explained", true);
   if (j.contains("kernel")) doc.kernel = read_kernel_entry(f, j["kernel"]);
   doc.warning = j.value("warning", std::string());
+  doc.note = j.value("note", std::string());
   doc.outputs_predicted = j.value("outputs", std::string("predicted")) == "predicted";
   doc.adjoints = field_or(j, "adjoints", int64_t{0}, [&](const json& v) { return json_number<int64_t>(v, where + "adjoints"); });
   doc.hessian_vector_products = field_or(j, "hessian_vector_products", int64_t{0}, [&](const json& v) {

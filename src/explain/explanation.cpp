@@ -144,13 +144,14 @@ ExplainDocument exact_document(PathReader& reader, const PointSource& src, const
   doc.loss = m.loss;
   doc.form = explanation_form(m);
   doc.recorded = m.recorded;
-  doc.updates_explained = d.residuals.first_step < 0;
+  doc.updates_explained = d.residuals.explained();
   doc.contributions_shape = {n, M, K};
   if (dopt.kernel) {
     doc.kernel = ExplainKernelFile{{n, M, m.num_classes, m.num_classes}, single, std::nullopt};
     if (single) doc.kernel->weight = m.optimizer.lr / batch;
   }
   doc.warning = unexplained_update_message(d.residuals);
+  doc.note = rounding_branch_message(d.residuals);
   add_optional_entries(m, src, d, doc);
   return doc;
 }

@@ -295,6 +295,17 @@ ReplayDrift PathReader::replay_drift() {
   return out;
 }
 
+bool PathReader::step_reproduced(int64_t s) const {
+  if (!replays_recorded() || drift_.empty()) return false;
+  const std::vector<CheckpointRecord>& c = manifest_.checkpoints;
+  for (size_t k = 0; k + 1 < c.size(); ++k) {
+    if (s >= c[k].step && s < c[k + 1].step) {
+      return c[k + 1].step - c[k].step > 1 && !std::isnan(drift_[k]) && drift_bitwise_[k];
+    }
+  }
+  return false;
+}
+
 std::string replay_mismatch_reason(const Manifest& manifest, const std::vector<std::string>& diffs) {
   if (manifest.environment.empty()) {
     return "the run was trained with LibTorch " + manifest.libtorch_version + " on " +

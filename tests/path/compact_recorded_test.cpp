@@ -145,7 +145,101 @@ TEST(CompactRecordedRun, DriftIsReportedAtItsCheckpointAndCarriedIntoE) {
     const Decomposition d = decompose(reader, reader.dataset().x_test.narrow(0, 0, 3), quiet_options());
     EXPECT_LT(summarize(d).max_rel_error, 1e-12) << opt;
     EXPECT_GT(summarize(d).max_abs_rounding, 1e-8) << opt;  // E holds the drift
+    // Step 5 ends at the changed w_6: far over its bound, in a segment the
+    // replay did not reproduce, so not a rounding branch.
+    EXPECT_EQ(d.residuals.first_step, 5) << opt;
+    EXPECT_FALSE(d.residuals.rounding_branches) << opt;
+    EXPECT_FALSE(d.residuals.explained()) << opt;
+    EXPECT_NE(unexplained_update_message(d.residuals).find("from step 5"), std::string::npos) << opt;
+    EXPECT_EQ(rounding_branch_message(d.residuals), "") << opt;
   }
+}
+
+/// Residuals with `steps` over their bound (each 2 against a bound of 1).
+StepResiduals over_bound(const std::vector<int64_t>& steps) {
+  StepResiduals r;
+  for (int64_t s : steps) r.add(s, 2.0, 1.0);
+  return r;
+}
+
+// A step over its rounding bound in a segment the replay reproduced bit for
+// bit is the run's rounding taking a branch the float64 network did not (the
+// declared loss and optimizer gave the loop's update); one in a drifted
+// segment, a stored step, a segment not replayed yet, or a list that does not
+// name every step over is not.
+TEST(CompactRecordedRun, StepsOverTheirBoundInSegmentsReproducedAreRoundingBranches) {
+  TempDir dir;
+  auto [own, compact] = compact_twin(dir, "momentum", 8);
+  torch::Tensor w6 = PathReader(compact).checkpoint(2).clone();
+  w6[1] += 1e-3;
+  rewrite_checkpoint(compact, 6, w6);  // segments 0..3 bit for bit, 3..6 and 6..8 drift
+  PathReader reader(compact);
+  StepResiduals before = over_bound({1});
+  read_residuals_against_replay(reader, before);
+  EXPECT_FALSE(before.rounding_branches) << "no segment replayed yet";
+  ASSERT_EQ(reader.replay_drift().bit_for_bit(), 1);
+  EXPECT_TRUE(reader.step_reproduced(0));
+  EXPECT_TRUE(reader.step_reproduced(2));
+  EXPECT_FALSE(reader.step_reproduced(3));
+  EXPECT_FALSE(reader.step_reproduced(7));
+  EXPECT_FALSE(reader.step_reproduced(8)) << "past the last step";
+
+  StepResiduals in_reproduced = over_bound({1, 2});
+  read_residuals_against_replay(reader, in_reproduced);
+  EXPECT_TRUE(in_reproduced.rounding_branches);
+  EXPECT_TRUE(in_reproduced.explained());
+  EXPECT_EQ(unexplained_update_message(in_reproduced), "");
+  const std::string note = rounding_branch_message(in_reproduced);
+  EXPECT_NE(note.find("2 step(s) from step 1 on"), std::string::npos) << note;
+  EXPECT_NE(note.find("bit for bit"), std::string::npos) << note;
+
+  for (const std::vector<int64_t>& steps : {std::vector<int64_t>{1, 4}, std::vector<int64_t>{7}}) {
+    StepResiduals drifted = over_bound(steps);
+    read_residuals_against_replay(reader, drifted);
+    EXPECT_FALSE(drifted.rounding_branches) << steps.back();
+    EXPECT_FALSE(drifted.explained());
+    EXPECT_EQ(rounding_branch_message(drifted), "");
+  }
+  StepResiduals unlisted = over_bound({1, 2});
+  unlisted.over_steps.pop_back();  // as when more than kListedSteps were over
+  read_residuals_against_replay(reader, unlisted);
+  EXPECT_FALSE(unlisted.rounding_branches);
+
+  StepResiduals none;
+  read_residuals_against_replay(reader, none);
+  EXPECT_FALSE(none.rounding_branches);
+  EXPECT_TRUE(none.explained());
+
+  PathReader stored(own);  // every step stored: nothing replayed proves the declared loss
+  stored.forward([](const PathStep&) {});
+  StepResiduals of_stored = over_bound({1});
+  read_residuals_against_replay(stored, of_stored);
+  EXPECT_FALSE(of_stored.rounding_branches);
+}
+
+TEST(StepResiduals, ListsTheStepsOverTheirBoundUpToItsLimit) {
+  StepResiduals r;
+  r.add(3, 0.5, 1.0);  // within its bound
+  for (int64_t s = 10; s < 10 + StepResiduals::kListedSteps + 5; ++s) r.add(s, 2.0, 1.0);
+  EXPECT_EQ(r.steps_over, StepResiduals::kListedSteps + 5);
+  ASSERT_EQ(static_cast<int64_t>(r.over_steps.size()), StepResiduals::kListedSteps);
+  EXPECT_EQ(r.over_steps.front(), 10);
+  StepResiduals a = over_bound({4}), b = over_bound({2, 9});
+  a.merge(b);
+  EXPECT_EQ(a.over_steps, (std::vector<int64_t>{4, 2, 9}));
+  EXPECT_EQ(a.first_step, 2);
+  EXPECT_EQ(a.steps_over, 3);
+  // Merged, steps over are rounding branches only if each part's are.
+  StepResiduals branches = over_bound({4}), clean, other = over_bound({6});
+  branches.rounding_branches = true;
+  StepResiduals with_clean = branches;
+  with_clean.merge(clean);
+  EXPECT_TRUE(with_clean.rounding_branches);
+  clean.merge(branches);
+  EXPECT_TRUE(clean.rounding_branches);
+  branches.merge(other);
+  EXPECT_FALSE(branches.rounding_branches);
+  EXPECT_FALSE(branches.explained());
 }
 
 // Replay applies the recorded clip factors: a run recorded with its learning
