@@ -181,7 +181,7 @@ std::string unexplained_update_message(const StepResiduals& r);
 /// was reproduced bit for bit by the reader's replay (PathReader::
 /// step_reproduced), so the declared loss and optimizer gave the loop's own
 /// update there. decompose() calls it once its walk is done.
-void read_residuals_against_replay(const PathReader& reader, StepResiduals& r);
+void read_residuals_against_replay(PathReader& reader, StepResiduals& r);
 
 /// When the steps over their bound are the run's rounding branches
 /// (StepResiduals::rounding_branches), a plain-words account of them and of

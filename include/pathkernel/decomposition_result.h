@@ -29,11 +29,12 @@ namespace pathkernel {
 /// weights, and the run's rounding (float32's above all) can take a branch
 /// the engine's does not: a ReLU input, or a max-pool window's two largest
 /// entries, within rounding of a tie. One unit's gradient then goes
-/// elsewhere, far above the bound. Where the replay of a compact recording
-/// reproduced, bit for bit, the checkpoint closing the segment of every step
-/// over its bound, the declared loss and optimizer gave the loop's own
-/// updates, so those steps are such branches (`rounding_branches`), not
-/// something the loop did.
+/// elsewhere, far above the bound. Where every step over its bound of a
+/// recorded loop, replayed with the declared loss and optimizer from the
+/// checkpoint before it (a compact recording's segment, or a stored step's
+/// own weights and state), reproduces the checkpoint after it bit for bit,
+/// those updates are the loop's own, so the steps are such branches
+/// (`rounding_branches`), not something the loop did.
 struct StepResiduals {
   /// Steps over their bound listed in `over_steps`, at most.
   static constexpr int64_t kListedSteps = 256;

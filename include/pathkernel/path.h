@@ -242,18 +242,22 @@ class PathReader {
   /// segments not replayed yet; empty for every other run.
   ReplayDrift replay_drift();
 
-  /// Whether step s of a compact recorded run was replayed with the run's
-  /// declared loss and optimizer and the checkpoint closing its segment was
-  /// reproduced bit for bit (so the loop's step s is the declared one).
-  /// False for a stored step, and for a segment not yet replayed to its end
-  /// (this does not replay).
-  bool step_reproduced(int64_t s) const;
+  /// Whether step s of a recorded run, replayed with the run's declared loss
+  /// and optimizer from the checkpoint before it, reproduces the checkpoint
+  /// closing its segment bit for bit (so the loop's step s is the declared
+  /// one). A segment not compared yet is replayed first; a stored step (every
+  /// step recorded) is replayed from its stored weights and state. False for
+  /// a run pathkernel trained.
+  bool step_reproduced(int64_t s);
 
  private:
   /// Replays checkpoint segment k (steps c_k .. c_{k+1}-1), calling fn per
   /// step, then compares with checkpoint k+1. Returns the max |diff| there
   /// (0 when bit for bit equal, +inf when bits differ but values are equal).
-  double replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state);
+  /// A stored step (a recorded segment of one step) is read, not replayed,
+  /// unless `replay_stored`.
+  double replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state,
+                        bool replay_stored = false);
   /// The segments holding steps [begin, end), replayed in order, each step
   /// of the range handed to take, each segment's end checked (require_equal).
   void replay_range(int64_t begin, int64_t end, const std::function<void(PathStep&&)>& take);

@@ -84,7 +84,7 @@ std::string rounding_branch_message(const StepResiduals& r) {
   return out.str();
 }
 
-void read_residuals_against_replay(const PathReader& reader, StepResiduals& r) {
+void read_residuals_against_replay(PathReader& reader, StepResiduals& r) {
   r.rounding_branches = r.steps_over > 0 && static_cast<int64_t>(r.over_steps.size()) == r.steps_over &&
                         std::all_of(r.over_steps.begin(), r.over_steps.end(),
                                     [&](int64_t s) { return reader.step_reproduced(s); });
@@ -151,7 +151,7 @@ namespace {
 /// (decomposition_walk::statistics_term), for a network with BatchNorm in
 /// training mode; d unchanged otherwise.
 /// d with its residuals read against the replay (read_residuals_against_replay).
-Decomposition with_replay_read(const PathReader& reader, Decomposition d) {
+Decomposition with_replay_read(PathReader& reader, Decomposition d) {
   read_residuals_against_replay(reader, d.residuals);
   return d;
 }

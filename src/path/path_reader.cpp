@@ -200,11 +200,12 @@ torch::Tensor PathReader::rejoin_checkpoint(size_t k, const torch::Tensor& repla
   return stored;
 }
 
-double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state) {
+double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state,
+                                  bool replay_stored) {
   PK_ASSERT(k + 1 < manifest_.checkpoints.size());
   const int64_t begin = manifest_.checkpoints[k].step, end = manifest_.checkpoints[k + 1].step;
   // Every step is stored (or this segment is one recorded step): read it, replay nothing.
-  if (manifest_.recorded && end - begin == 1) {
+  if (manifest_.recorded && end - begin == 1 && !replay_stored) {
     read_stored_step(k, fn, need_state);
     return 0;
   }
@@ -295,13 +296,13 @@ ReplayDrift PathReader::replay_drift() {
   return out;
 }
 
-bool PathReader::step_reproduced(int64_t s) const {
-  if (!replays_recorded() || drift_.empty()) return false;
+bool PathReader::step_reproduced(int64_t s) {
+  if (!manifest_.recorded) return false;
   const std::vector<CheckpointRecord>& c = manifest_.checkpoints;
   for (size_t k = 0; k + 1 < c.size(); ++k) {
-    if (s >= c[k].step && s < c[k + 1].step) {
-      return c[k + 1].step - c[k].step > 1 && !std::isnan(drift_[k]) && drift_bitwise_[k];
-    }
+    if (s < c[k].step || s >= c[k + 1].step) continue;
+    if (drift_.empty() || std::isnan(drift_[k])) replay_segment(k, [](PathStep&&) {}, false, true);
+    return !drift_.empty() && !std::isnan(drift_[k]) && drift_bitwise_[k];
   }
   return false;
 }

@@ -24,11 +24,11 @@ using testing::small_run;
 using testing::TempDir;
 
 /// Trains `optimizer` (with weight decay and a cosine schedule) with a
-/// checkpoint every 3 steps into dir/own, and copies it to dir/compact marked
+/// checkpoint every `every` steps into dir/own, and copies it to dir/compact marked
 /// as recorded. Returns the two directories.
 std::pair<std::string, std::string> compact_twin(const TempDir& dir, const std::string& optimizer, int64_t steps,
-                                                 torch::Dtype dtype = torch::kFloat64) {
-  RunOptions r = small_run(dir / "own", optimizer, steps, 3);
+                                                 torch::Dtype dtype = torch::kFloat64, int64_t every = 3) {
+  RunOptions r = small_run(dir / "own", optimizer, steps, every);
   r.train.optimizer.weight_decay = optimizer == "adamw" ? 1e-2 : 1e-3;
   r.train.schedule = "cosine";
   r.data.dtype = dtype;
@@ -165,18 +165,19 @@ StepResiduals over_bound(const std::vector<int64_t>& steps) {
 // A step over its rounding bound in a segment the replay reproduced bit for
 // bit is the run's rounding taking a branch the float64 network did not (the
 // declared loss and optimizer gave the loop's update); one in a drifted
-// segment, a stored step, a segment not replayed yet, or a list that does not
-// name every step over is not.
+// segment, of a run pathkernel trained, or a list that does not name every
+// step over is not.
 TEST(CompactRecordedRun, StepsOverTheirBoundInSegmentsReproducedAreRoundingBranches) {
   TempDir dir;
   auto [own, compact] = compact_twin(dir, "momentum", 8);
   torch::Tensor w6 = PathReader(compact).checkpoint(2).clone();
   w6[1] += 1e-3;
   rewrite_checkpoint(compact, 6, w6);  // segments 0..3 bit for bit, 3..6 and 6..8 drift
-  PathReader reader(compact);
+  PathReader fresh(compact);
   StepResiduals before = over_bound({1});
-  read_residuals_against_replay(reader, before);
-  EXPECT_FALSE(before.rounding_branches) << "no segment replayed yet";
+  read_residuals_against_replay(fresh, before);  // replays segment 0..3 to see
+  EXPECT_TRUE(before.rounding_branches);
+  PathReader reader(compact);
   ASSERT_EQ(reader.replay_drift().bit_for_bit(), 1);
   EXPECT_TRUE(reader.step_reproduced(0));
   EXPECT_TRUE(reader.step_reproduced(2));
@@ -210,11 +211,33 @@ TEST(CompactRecordedRun, StepsOverTheirBoundInSegmentsReproducedAreRoundingBranc
   EXPECT_FALSE(none.rounding_branches);
   EXPECT_TRUE(none.explained());
 
-  PathReader stored(own);  // every step stored: nothing replayed proves the declared loss
-  stored.forward([](const PathStep&) {});
-  StepResiduals of_stored = over_bound({1});
-  read_residuals_against_replay(stored, of_stored);
-  EXPECT_FALSE(of_stored.rounding_branches);
+  PathReader trained(own);  // pathkernel's own run: no loop whose steps to tell apart
+  StepResiduals of_own = over_bound({1});
+  read_residuals_against_replay(trained, of_own);
+  EXPECT_FALSE(of_own.rounding_branches);
+}
+
+// Every step stored: a step is replayed alone from its stored weights and
+// state, and reproduces the next stored weights bit for bit unless those (or
+// its own) were changed.
+TEST(CompactRecordedRun, AStoredStepIsReplayedFromItsOwnWeightsAndState) {
+  for (const std::string opt : {"momentum", "adam"}) {
+    TempDir dir(opt);
+    auto [own, recorded] = compact_twin(dir, opt, 6, torch::kFloat64, 1);
+    ASSERT_FALSE(PathReader(recorded).replays_recorded());
+    ASSERT_EQ(PathReader(recorded).manifest().checkpoints.size(), 7u);  // every step stored
+    torch::Tensor w3 = PathReader(recorded).checkpoint(3).clone();
+    w3[1] += 1e-3;
+    rewrite_checkpoint(recorded, 3, w3);
+    PathReader reader(recorded);
+    EXPECT_TRUE(reader.step_reproduced(1)) << opt;
+    EXPECT_FALSE(reader.step_reproduced(2)) << opt << ": ends at the changed w_3";
+    EXPECT_FALSE(reader.step_reproduced(3)) << opt << ": starts from the changed w_3";
+    EXPECT_TRUE(reader.step_reproduced(5)) << opt;
+    StepResiduals r = over_bound({5});
+    read_residuals_against_replay(reader, r);
+    EXPECT_TRUE(r.rounding_branches) << opt;
+  }
 }
 
 TEST(StepResiduals, ListsTheStepsOverTheirBoundUpToItsLimit) {
