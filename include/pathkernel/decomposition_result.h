@@ -58,6 +58,8 @@ struct StepResiduals {
 
   /// Adds step s's residual r against its bound.
   void add(int64_t s, double r, double bound);
+  /// Lists step s in over_steps while it holds fewer than kListedSteps.
+  void list_over(int64_t s);
   /// Merges another walk's findings (e.g. saved progress).
   void merge(const StepResiduals& o);
 };

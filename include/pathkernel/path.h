@@ -254,6 +254,9 @@ class PathReader {
   /// Replays checkpoint segment k (steps c_k .. c_{k+1}-1), calling fn per
   /// step, then compares with checkpoint k+1. Returns the max |diff| there
   /// (0 when bit for bit equal, +inf when bits differ but values are equal).
+  /// The last checkpoint at or before step s (the segment holding s, for s
+  /// before the last step).
+  size_t checkpoint_at_or_before(int64_t s) const;
   /// A stored step (a recorded segment of one step) is read, not replayed,
   /// unless `replay_stored`.
   double replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state,

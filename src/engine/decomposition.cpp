@@ -147,15 +147,15 @@ int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const De
 
 namespace {
 
-/// d with its running-statistics term S over the decomposed steps
-/// (decomposition_walk::statistics_term), for a network with BatchNorm in
-/// training mode; d unchanged otherwise.
 /// d with its residuals read against the replay (read_residuals_against_replay).
 Decomposition with_replay_read(PathReader& reader, Decomposition d) {
   read_residuals_against_replay(reader, d.residuals);
   return d;
 }
 
+/// d with its running-statistics term S over the decomposed steps
+/// (decomposition_walk::statistics_term), for a network with BatchNorm in
+/// training mode; d unchanged otherwise.
 Decomposition with_statistics(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options,
                               Decomposition d) {
   Network net64 = engine_network(reader.manifest().network_options());

@@ -26,8 +26,12 @@ void StepResiduals::add(int64_t s, double r, double b) {
   if (r > b) {
     ++steps_over;
     if (first_step < 0 || s < first_step) first_step = s;
-    if (static_cast<int64_t>(over_steps.size()) < kListedSteps) over_steps.push_back(s);
+    list_over(s);
   }
+}
+
+void StepResiduals::list_over(int64_t s) {
+  if (static_cast<int64_t>(over_steps.size()) < kListedSteps) over_steps.push_back(s);
 }
 
 void StepResiduals::merge(const StepResiduals& o) {
@@ -41,9 +45,7 @@ void StepResiduals::merge(const StepResiduals& o) {
   const bool branches = (steps_over == 0 || rounding_branches) && (o.steps_over == 0 || o.rounding_branches);
   steps_over += o.steps_over;
   rounding_branches = steps_over > 0 && branches;
-  for (int64_t s : o.over_steps) {
-    if (static_cast<int64_t>(over_steps.size()) < kListedSteps) over_steps.push_back(s);
-  }
+  for (int64_t s : o.over_steps) list_over(s);
   if (o.first_step >= 0 && (first_step < 0 || o.first_step < first_step)) first_step = o.first_step;
 }
 

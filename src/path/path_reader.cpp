@@ -296,15 +296,17 @@ ReplayDrift PathReader::replay_drift() {
   return out;
 }
 
+size_t PathReader::checkpoint_at_or_before(int64_t s) const {
+  size_t k = 0;
+  while (k + 1 < manifest_.checkpoints.size() && manifest_.checkpoints[k + 1].step <= s) ++k;
+  return k;
+}
+
 bool PathReader::step_reproduced(int64_t s) {
-  if (!manifest_.recorded) return false;
-  const std::vector<CheckpointRecord>& c = manifest_.checkpoints;
-  for (size_t k = 0; k + 1 < c.size(); ++k) {
-    if (s < c[k].step || s >= c[k + 1].step) continue;
-    if (drift_.empty() || std::isnan(drift_[k])) replay_segment(k, [](PathStep&&) {}, false, true);
-    return !drift_.empty() && !std::isnan(drift_[k]) && drift_bitwise_[k];
-  }
-  return false;
+  if (!manifest_.recorded || s < 0 || s >= manifest_.steps) return false;
+  const size_t k = checkpoint_at_or_before(s);  // segment k holds step s
+  if (drift_.empty() || std::isnan(drift_[k])) replay_segment(k, [](PathStep&&) {}, false, true);
+  return !drift_.empty() && !std::isnan(drift_[k]) && drift_bitwise_[k];
 }
 
 std::string replay_mismatch_reason(const Manifest& manifest, const std::vector<std::string>& diffs) {
@@ -343,8 +345,7 @@ uint32_t PathReader::manifest_crc32() const {
 
 torch::Tensor PathReader::weights(int64_t s) {
   PK_CHECK(s >= 0 && s <= manifest_.steps, "step " << s << " out of range [0, " << manifest_.steps << "]");
-  size_t k = 0;
-  while (k + 1 < manifest_.checkpoints.size() && manifest_.checkpoints[k + 1].step <= s) ++k;
+  const size_t k = checkpoint_at_or_before(s);
   if (manifest_.checkpoints[k].step == s) return checkpoint(k);
   torch::Tensor result;
   // Replay the segment up to s; it is cheap to finish it and check the end.
@@ -356,8 +357,7 @@ torch::Tensor PathReader::weights(int64_t s) {
 torch::Tensor PathReader::buffers(int64_t s) {
   PK_CHECK(s >= 0 && s <= manifest_.steps, "step " << s << " out of range [0, " << manifest_.steps << "]");
   if (!net_->batch_statistics()) return {};
-  size_t k = 0;
-  while (k + 1 < manifest_.checkpoints.size() && manifest_.checkpoints[k + 1].step <= s) ++k;
+  const size_t k = checkpoint_at_or_before(s);
   if (manifest_.checkpoints[k].step == s) return checkpoint_buffers(k);
   torch::Tensor result;
   double diff = replay_segment(k, [&](PathStep&& st) { if (st.step == s) result = st.buffers; }, false);
