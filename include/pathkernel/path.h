@@ -246,8 +246,9 @@ class PathReader {
   /// and optimizer from the checkpoint before it, reproduces the checkpoint
   /// closing its segment bit for bit (so the loop's step s is the declared
   /// one). A segment not compared yet is replayed first; a stored step (every
-  /// step recorded) is replayed from its stored weights and state. False for
-  /// a run pathkernel trained.
+  /// step recorded) is replayed from its stored weights and state. For a run
+  /// pathkernel trained, whether its segment replays bit for bit (the
+  /// training it declares is the training that ran).
   bool step_reproduced(int64_t s);
 
  private:
@@ -298,6 +299,9 @@ class PathReader {
   /// mode, `*mu` (the replayed running statistics) counts in the drift and
   /// is replaced by the checkpoint's.
   torch::Tensor rejoin_checkpoint(size_t k, const torch::Tensor& replayed, torch::Tensor* mu);
+  /// Notes segment k's replay against checkpoint k+1: its max |diff| and
+  /// whether the bytes agreed (drift_, drift_bitwise_).
+  void note_drift(size_t k, double diff, bool bitwise);
 
   std::string dir_;
   Manifest manifest_;
@@ -322,8 +326,9 @@ class PathReader {
   int64_t one_thread_differs_at_ = -1;
   torch::Tensor clip_;  ///< c_s of every step, float64 [N]
   torch::Tensor loss_weights_;  ///< float64 [M], or undefined (all 1)
-  /// Compact recorded runs: the drift at checkpoint k+1, per segment k
-  /// replayed so far (NaN: not yet), and whether its bytes agreed.
+  /// The drift at checkpoint k+1, per segment k replayed so far (NaN: not
+  /// yet), and whether its bytes agreed; an own run's replay, which must
+  /// agree, is noted too (step_reproduced).
   std::vector<double> drift_;
   std::vector<bool> drift_bitwise_;
 };

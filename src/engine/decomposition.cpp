@@ -76,8 +76,8 @@ std::string rounding_branch_message(const StepResiduals& r) {
   out << r.steps_over << " step(s) from step " << r.first_step
       << " on differ from the update the engine's float64 gradient gives by more than rounding (the worst, step "
       << r.worst_step << ", by " << r.max_residual << " against a rounding bound of " << r.bound
-      << "), yet the replay reproduced the loop's checkpoints after them bit for bit with the declared loss and "
-         "optimizer: the loop did what the run describes, and its rounding took a branch the float64 network "
+      << "), yet replaying the training with the declared loss and optimizer reproduced the checkpoints after "
+         "them bit for bit: the training did what the run describes, and its rounding took a branch the float64 network "
          "did not (a ReLU input or a max-pool window's two largest entries within rounding of a tie). The "
          "kernel machine still equals the network: the rounding term E carries those steps' difference, which "
          "is not attributed to training points.";

@@ -185,19 +185,25 @@ void PathReader::read_stored_step(size_t k, const std::function<void(PathStep&&)
 
 torch::Tensor PathReader::rejoin_checkpoint(size_t k, const torch::Tensor& replayed, torch::Tensor* mu) {
   torch::Tensor stored = checkpoint(k + 1);
+  double diff = (replayed - stored).abs().max().item<double>();
+  bool bitwise = bitwise_equal(replayed, stored);
+  if (mu != nullptr && mu->defined()) {  // BatchNorm's running statistics rejoin theirs too
+    torch::Tensor stored_mu = checkpoint_buffers(k + 1);
+    diff = std::max(diff, (*mu - stored_mu).abs().max().item<double>());
+    bitwise = bitwise && bitwise_equal(*mu, stored_mu);
+    *mu = std::move(stored_mu);
+  }
+  note_drift(k, diff, bitwise);
+  return stored;
+}
+
+void PathReader::note_drift(size_t k, double diff, bool bitwise) {
   if (drift_.empty()) {
     drift_.assign(manifest_.checkpoints.size() - 1, std::numeric_limits<double>::quiet_NaN());
     drift_bitwise_.assign(manifest_.checkpoints.size() - 1, false);
   }
-  drift_[k] = (replayed - stored).abs().max().item<double>();
-  drift_bitwise_[k] = bitwise_equal(replayed, stored);
-  if (mu != nullptr && mu->defined()) {  // BatchNorm's running statistics rejoin theirs too
-    torch::Tensor stored_mu = checkpoint_buffers(k + 1);
-    drift_[k] = std::max(drift_[k], (*mu - stored_mu).abs().max().item<double>());
-    drift_bitwise_[k] = drift_bitwise_[k] && bitwise_equal(*mu, stored_mu);
-    *mu = std::move(stored_mu);
-  }
-  return stored;
+  drift_[k] = diff;
+  drift_bitwise_[k] = bitwise;
 }
 
 double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)>& fn, bool need_state,
@@ -278,8 +284,10 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     w = torch::cat({w, mu});
     stored = torch::cat({stored, checkpoint_buffers(k + 1)});
   }
-  if (bitwise_equal(w, stored)) return 0;
-  double diff = (w - stored).abs().max().item<double>();
+  const bool bitwise = bitwise_equal(w, stored);
+  const double diff = bitwise ? 0 : (w - stored).abs().max().item<double>();
+  note_drift(k, diff, bitwise);
+  if (bitwise) return 0;
   return diff > 0 ? diff : std::numeric_limits<double>::infinity();
 }
 
@@ -303,7 +311,7 @@ size_t PathReader::checkpoint_at_or_before(int64_t s) const {
 }
 
 bool PathReader::step_reproduced(int64_t s) {
-  if (!manifest_.recorded || s < 0 || s >= manifest_.steps) return false;
+  if (s < 0 || s >= manifest_.steps) return false;
   const size_t k = checkpoint_at_or_before(s);  // segment k holds step s
   if (drift_.empty() || std::isnan(drift_[k])) replay_segment(k, [](PathStep&&) {}, false, true);
   return !drift_.empty() && !std::isnan(drift_[k]) && drift_bitwise_[k];

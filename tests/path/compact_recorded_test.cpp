@@ -165,8 +165,7 @@ StepResiduals over_bound(const std::vector<int64_t>& steps) {
 // A step over its rounding bound in a segment the replay reproduced bit for
 // bit is the run's rounding taking a branch the float64 network did not (the
 // declared loss and optimizer gave the loop's update); one in a drifted
-// segment, of a run pathkernel trained, or a list that does not name every
-// step over is not.
+// segment or a list that does not name every step over is not.
 TEST(CompactRecordedRun, StepsOverTheirBoundInSegmentsReproducedAreRoundingBranches) {
   TempDir dir;
   auto [own, compact] = compact_twin(dir, "momentum", 8);
@@ -211,10 +210,32 @@ TEST(CompactRecordedRun, StepsOverTheirBoundInSegmentsReproducedAreRoundingBranc
   EXPECT_FALSE(none.rounding_branches);
   EXPECT_TRUE(none.explained());
 
-  PathReader trained(own);  // pathkernel's own run: no loop whose steps to tell apart
-  StepResiduals of_own = over_bound({1});
+}
+
+// pathkernel's own run: its segments replay bit for bit with the training it
+// declares, so a step over its bound is its rounding's branch too; a segment
+// whose checkpoint was changed by hand is not reproduced, and reading it
+// does not throw.
+TEST(CompactRecordedRun, AnOwnRunsStepsOverTheirBoundAreRoundingBranchesWhereItsReplayAgrees) {
+  TempDir dir;
+  auto [own, compact] = compact_twin(dir, "adam", 8, torch::kFloat32);
+  StepResiduals of_own = over_bound({1, 4});
+  PathReader trained(own);
   read_residuals_against_replay(trained, of_own);
-  EXPECT_FALSE(of_own.rounding_branches);
+  EXPECT_TRUE(of_own.rounding_branches);
+  EXPECT_TRUE(of_own.explained());
+
+  torch::Tensor w6 = PathReader(own).checkpoint(2).clone();
+  w6[1] += 1e-3;
+  rewrite_checkpoint(own, 6, w6);
+  PathReader changed(own);
+  EXPECT_TRUE(changed.step_reproduced(1));
+  EXPECT_FALSE(changed.step_reproduced(4)) << "ends at the changed w_6";
+  EXPECT_FALSE(changed.step_reproduced(6)) << "starts from the changed w_6";
+  StepResiduals in_changed = over_bound({1, 4});
+  read_residuals_against_replay(changed, in_changed);
+  EXPECT_FALSE(in_changed.rounding_branches);
+  EXPECT_NE(unexplained_update_message(in_changed), "");
 }
 
 // Every step stored: a step is replayed alone from its stored weights and
