@@ -169,6 +169,7 @@ struct DecompositionSummary {
   double max_abs_run_dtype_difference = 0;       ///< max |fN_run − fN|: 0 for float64 runs
   double seconds = 0;
   TimeSplit time_split;
+  int64_t step_threads = 1;  ///< Decomposition::step_threads
   StepResiduals residuals;
 };
 

@@ -122,6 +122,9 @@ struct Decomposition : QuadratureCounts {
   int64_t steps = 0;
   double seconds = 0;
   TimeSplit time_split;          ///< where the seconds went (not kept in saved progress)
+  /// Threads that walked blocks of steps at once, each a block on one thread
+  /// (the steps on threads, docs/math.md §12); 1: one walk of the steps.
+  int64_t step_threads = 1;
   StepResiduals residuals;       ///< how well the declared updates explain the recorded ones
 
   /// f(w_0) + Σ_i C_i + R + E (+ S with BatchNorm): the kernel machine's prediction, [n, K].

@@ -125,6 +125,12 @@ class PathReader {
   /// the network. Throws Error naming the first inconsistency.
   explicit PathReader(std::string run_dir);
 
+  /// A second reader of the same run, for a walk of other steps on another
+  /// thread: the same manifest, training data, clip factors and loss
+  /// weights (their tensors shared, not copied), what this reader found of
+  /// one thread's replay, and a network of its own.
+  PathReader twin() const;
+
   const Manifest& manifest() const { return manifest_; }
   const Dataset& dataset() const { return dataset_; }
   Network& network() { return net_; }
@@ -213,6 +219,24 @@ class PathReader {
   /// Whether one thread reproduces the run's shortest segment bit for bit
   /// (replayed once, then remembered).
   bool one_thread_reproduces();
+  /// Whether a replay on one thread (OpenMP's and OpenBLAS's) may give the
+  /// run's bits, with OpenBLAS's kernels the engine's (blas_switch.h): it
+  /// does for a run trained on one and one that stores every step; a run
+  /// of several (not a recorded loop's, whose replay rejoins its
+  /// checkpoints) is compared segment by segment as it replays, unless one
+  /// thread is already known not to reproduce it. Replays nothing.
+  bool replays_alike_on_one_thread() const;
+  /// Makes forward() replay in turn with fn on one thread (OpenMP's;
+  /// OpenBLAS's count is the process's, the caller's to hold at one),
+  /// comparing every segment with its checkpoint and throwing
+  /// ReplayOnOneThreadDiffers at the first that a run of several threads
+  /// does not reproduce: for several ranges of steps walked at once, each
+  /// on a thread of its own with a reader of its own (twin()).
+  void set_replay_on_one_thread(bool on) { one_thread_in_turn_ = on; }
+  /// Takes what `twin` found replaying segments this reader has not
+  /// replayed: their drift from their checkpoints (replay_drift,
+  /// step_reproduced), and a segment one thread did not reproduce.
+  void take_replay_notes(const PathReader& twin);
   /// Whether step s, handed on by the forward() in progress, is known to be
   /// the run's: false only while a run of several threads is replayed ahead
   /// on one and s's checkpoint segment is not compared yet. Progress a
@@ -252,6 +276,11 @@ class PathReader {
   bool step_reproduced(int64_t s);
 
  private:
+  /// twin()'s reader of `of`'s run.
+  struct TwinOf {
+    const PathReader& of;
+  };
+  explicit PathReader(TwinOf twin);
   /// Replays checkpoint segment k (steps c_k .. c_{k+1}-1), calling fn per
   /// step, then compares with checkpoint k+1. Returns the max |diff| there
   /// (0 when bit for bit equal, +inf when bits differ but values are equal).
@@ -269,6 +298,8 @@ class PathReader {
   /// (set_replay_ahead): at most two steps held ahead of fn, or two whole
   /// segments (the one walked and the next).
   void forward_ahead(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end);
+  /// forward() in turn on one thread (set_replay_on_one_thread).
+  void forward_on_one_thread(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end);
   void reverse_ahead(const std::function<void(const PathStep&)>& fn);
   /// reverse() with the replay in turn with fn, of segments 0 .. segments-1
   /// (the last first).
@@ -320,7 +351,8 @@ class PathReader {
   std::string one_thread_differed_;  ///< where a forward walk ahead on one thread met a segment it did not reproduce
   int replay_threads_ = 0;  ///< the replay's OpenMP count: the run's (0), or one (replays_on_one_thread)
   std::optional<bool> one_thread_reproduces_;
-  bool forward_on_one_thread_ = false;  ///< a forward() replaying a run of several threads on one, ahead
+  bool forward_on_one_thread_ = false;  ///< a forward() replaying a run of several threads on one
+  bool one_thread_in_turn_ = false;  ///< set_replay_on_one_thread
   /// The steps before it are verified (step_verified); written by the replay's thread.
   std::unique_ptr<std::atomic<int64_t>> verified_end_ = std::make_unique<std::atomic<int64_t>>(0);
   int64_t one_thread_differs_at_ = -1;

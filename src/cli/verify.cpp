@@ -134,6 +134,8 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                                                   {"contraction", s.time_split.contraction},
                                                   {"replay", s.time_split.replay},
                                                   {"replay_ahead", s.time_split.replay_ahead}}},
+                             // Threads that each walked blocks of steps on their own (1: one walk).
+                             {"step_threads", s.step_threads},
                              // How the network was evaluated: pathkernel's own layers, a
                              // TorchScript module's structured route, or autograd alone.
                              {"route", route.route},

@@ -52,6 +52,7 @@ DecompositionSummary summarize(const Decomposition& d) {
   s.max_abs_run_dtype_difference = d.fN_run.defined() ? (d.fN_run - d.fN).abs().max().item<double>() : 0.0;
   s.seconds = d.seconds;
   s.time_split = d.time_split;
+  s.step_threads = d.step_threads;
   s.residuals = d.residuals;
   return s;
 }

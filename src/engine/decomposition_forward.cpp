@@ -3,11 +3,20 @@
 // step, each block of steps' sums added to the totals at the block's end.
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
 #include <iterator>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "add_at_rows.h"
 #include "decomposition_walk.h"
+#include "pathkernel/blas_switch.h"
+#include "pathkernel/context.h"
 #include "pathkernel/progress.h"
 #include "point_groups.h"
 
@@ -121,6 +130,12 @@ class ForwardWalk {
         end_step_(end_step),
         lambda_(m_.optimizer.weight_decay) {}
 
+  /// Where a block of steps' sums go when it ends, if not to the totals d.
+  std::function<void(StepBlock&)> on_block_end;
+  /// Runs each group under c10::InferenceMode even on one worker, as
+  /// groups run beside others (a worker of the steps on threads).
+  bool inference_groups = false;
+
   /// Step st for every test point. With several threads each point is a
   /// group (point_groups.h), its features and contractions on one thread.
   /// The groups of all chunks are taken in turn, so a thread done with its
@@ -138,7 +153,12 @@ class ForwardWalk {
     for (size_t u0 = 0, u1 = 0; u0 < parts.size(); u0 = u1) {
       for (u1 = u0 + 1; u1 < parts.size() && (!options_.on_step || parts[u1].chunk == parts[u0].chunk);) ++u1;
       run_point_groups(
-          static_cast<int64_t>(u1 - u0), [&](int64_t g) { group_terms(st, t, parts[u0 + static_cast<size_t>(g)]); },
+          static_cast<int64_t>(u1 - u0),
+          [&](int64_t g) {
+            std::optional<c10::InferenceMode> as_group;  // as a group runs beside others
+            if (inference_groups) as_group.emplace();
+            group_terms(st, t, parts[u0 + static_cast<size_t>(g)]);
+          },
           point_workers(w_.ev, w_.n));
       for (size_t u = u0; u < u1; ++u) take_group(d_, options_, w_, st.step, t.bt.idx, parts[u]);
     }
@@ -213,8 +233,9 @@ class ForwardWalk {
     const int64_t walked = st.step + 1 - options_.first_step;
     bar_.update(walked, status_line(d_, w_.n * walked));
     const bool block_done = st.step + 1 == blk_.end(st.step);
-    if (block_done) {  // d += the block's sums, in the block's rows
-      add_step_block(d_, blk_.sums, blk_.rows);
+    if (block_done) {  // d += the block's sums, in the block's rows (or they go to on_block_end)
+      if (on_block_end) on_block_end(blk_);
+      else add_step_block(d_, blk_.sums, blk_.rows);
       if (st.step + 1 < end_step_) blk_.open(st.step + 1);
     }
     // Saved progress holds only steps the replay has checked against their
@@ -238,6 +259,209 @@ class ForwardWalk {
   const double lambda_;
 };
 
+/// One block of steps' terms as a worker of the steps on threads hands them
+/// on: the block's sums and their rows (StepBlock), and its counts,
+/// certificate and residuals (`counts`, whose tensors are undefined).
+struct BlockTerms {
+  Decomposition sums;
+  torch::Tensor rows;
+  Decomposition counts;
+  bool done = false;
+};
+
+/// The blocks of steps (step_blocks) cut to [first, end), as [a, b) ranges.
+std::vector<std::pair<int64_t, int64_t>> blocks_in(const Manifest& m, int64_t first, int64_t end) {
+  const std::vector<int64_t> bounds = step_blocks(m);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+    const int64_t a = std::max(first, bounds[k]), b = std::min(end, bounds[k + 1]);
+    if (a < b) out.emplace_back(a, b);
+  }
+  return out;
+}
+
+/// The steps on threads (docs/math.md §12): the blocks of steps [first,
+/// end) taken by `threads` workers at once, each the next not yet taken,
+/// each worker on one thread (OpenMP's and, held by the caller, OpenBLAS's)
+/// with a reader (PathReader::twin) and a walk of its own, replaying its
+/// blocks on one thread; the caller's thread adds each block's sums to d in
+/// block order as they come, as one walk adds them. So every block's terms
+/// are one thread's, whatever the number of workers.
+class StepsOnThreads {
+ public:
+  StepsOnThreads(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
+                 std::vector<std::pair<int64_t, int64_t>> blocks, int threads)
+      : reader_(reader), x_in_(x_in), options_(options), blocks_(std::move(blocks)), threads_(threads),
+        terms_(blocks_.size()) {
+    // Each worker's share of the memory budget; its replay in turn, on its thread.
+    options_.memory_doubles = std::max<int64_t>(1, options.memory_doubles / threads);
+    options_.replay_ahead = false;
+    options_.progress = false;
+  }
+
+  /// Walks every block, calling take(k, terms) on this thread for k = 0, 1,
+  /// ... in order. Rethrows a worker's first exception once all have stopped.
+  void run(const std::function<void(size_t, BlockTerms&)>& take) {
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads_; ++t) workers.emplace_back([this] { work(); });
+    std::exception_ptr failed;
+    try {
+      for (size_t k = 0; k < blocks_.size(); ++k) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return terms_[k].done || failed_; });
+        if (!terms_[k].done) break;
+        BlockTerms terms = std::move(terms_[k]);
+        taken_ = k + 1;
+        lock.unlock();
+        changed_.notify_all();
+        take(k, terms);
+      }
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (failed && !failed_) failed_ = failed;
+      stop_ = true;
+    }
+    changed_.notify_all();
+    for (std::thread& t : workers) t.join();
+    if (failed_) std::rethrow_exception(failed_);
+  }
+
+  /// The workers' time, summed.
+  const TimeSplit& time_split() const { return time_split_; }
+
+ private:
+  /// A worker: its reader, walk and thread counts, then blocks in turn, at
+  /// most 2 × threads ahead of the block the caller takes next.
+  void work() {
+    try {
+      const OpenMpThreads one(1);
+      PathReader reader = reader_.twin();
+      reader.set_replay_on_one_thread(true);
+      Walk w(reader, x_in_, options_);
+      // On one thread, a block of test points is one group (point_groups).
+      const PointBudget budget = point_budget(w.ev, reader, w.x, options_, false);
+      CaptureScope capture(reader, w.captured, w.ev);
+      const auto start = std::chrono::steady_clock::now();
+      struct Timed {  // the worker's time split, whichever way it leaves
+        StepsOnThreads& self;
+        const Walk& w;
+        std::chrono::steady_clock::time_point start;
+        ~Timed() {
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          std::lock_guard<std::mutex> lock(self.mutex_);
+          self.time_split_.add(w.clock.split(s));
+        }
+      } timed{*this, w, start};
+      for (;;) {
+        size_t k = 0;
+        {
+          std::unique_lock<std::mutex> lock(mutex_);
+          changed_.wait(lock, [&] { return stop_ || failed_ || next_ < taken_ + 2 * static_cast<size_t>(threads_); });
+          if (stop_ || failed_ || next_ >= blocks_.size()) return;
+          k = next_++;
+        }
+        BlockTerms terms;
+        try {
+          terms = walk_block(reader, w, budget, blocks_[k].first, blocks_[k].second);
+        } catch (const ReplayOnOneThreadDiffers&) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          reader_.take_replay_notes(reader);  // the caller's reader knows it now
+          throw;
+        }
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          reader_.take_replay_notes(reader);
+          terms_[k] = std::move(terms);
+        }
+        changed_.notify_all();
+      }
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!failed_) failed_ = std::current_exception();
+      }
+      changed_.notify_all();
+    }
+  }
+
+  /// Steps [a, b), one block, walked as one walk walks it.
+  BlockTerms walk_block(PathReader& reader, Walk& w, const PointBudget& budget, int64_t a, int64_t b) {
+    DecompositionOptions o = options_;
+    o.first_step = a;
+    BlockTerms terms;
+    const int64_t layers = o.by_layer ? static_cast<int64_t>(w.layout.size()) : 0;
+    StepBlock blk(reader, a, b, w.n, w.M, w.K, o.kernel, layers);
+    blk.open(a);
+    ProgressBar quiet(b - a, "decompose", false);
+    ForwardWalk walk(reader, o, nullptr, w, terms.counts, blk, quiet, budget, b);
+    walk.inference_groups = true;
+    walk.on_block_end = [&](StepBlock& done) {
+      terms.sums = std::move(done.sums);
+      terms.rows = done.rows;
+    };
+    reader.forward([&](const PathStep& st) { w.clock.step([&] { walk.step(st); }); }, a, b);
+    terms.done = true;
+    return terms;
+  }
+
+  PathReader& reader_;
+  const torch::Tensor& x_in_;
+  DecompositionOptions options_;
+  const std::vector<std::pair<int64_t, int64_t>> blocks_;
+  const int threads_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<BlockTerms> terms_;
+  size_t next_ = 0;   ///< the next block a worker takes
+  size_t taken_ = 0;  ///< blocks the caller has taken
+  bool stop_ = false;
+  std::exception_ptr failed_;
+  TimeSplit time_split_;
+};
+
+/// Whether the forward walk of steps [first, end) takes its blocks of steps
+/// on several threads at once (StepsOnThreads): with two threads or more, a
+/// replay allowed on one thread (options.replay_ahead) that gives the run's
+/// bits there, two blocks or more, no observer of the steps, test points
+/// that may be taken on several threads (not a module's graph), and saved
+/// progress, if any, at a block's end.
+bool steps_on_threads(PathReader& reader, const Walk& w, const DecompositionOptions& options, size_t blocks,
+                      const DecompositionProgress* saved) {
+  if (current_threads() < 2 || !options.replay_ahead || options.on_step || blocks < 2) return false;
+  if (point_workers(w.ev, 2) < 2) return false;
+  if (saved && saved->block.contributions.defined()) return false;
+  return reader.replays_alike_on_one_thread();
+}
+
+/// The forward walk with its blocks of steps on threads (StepsOnThreads).
+Decomposition walk_steps_on_threads(PathReader& reader, Walk& w, const torch::Tensor& x_in,
+                                    const DecompositionOptions& options, int64_t end_step,
+                                    DecompositionCheckpoint* checkpoint,
+                                    const std::vector<std::pair<int64_t, int64_t>>& blocks, Decomposition d,
+                                    std::chrono::steady_clock::time_point t0) {
+  const int threads = current_threads();
+  ProgressBar bar(d.steps, "decompose", options.progress);
+  const BlasPin pinned(1);  // OpenBLAS's count is the process's: one for every worker
+  StepsOnThreads on_threads(reader, x_in, options, blocks, threads);
+  on_threads.run([&](size_t k, BlockTerms& terms) {
+    add_step_block(d, terms.sums, terms.rows);
+    d.add_counts(terms.counts);
+    d.certificate_max_gap = std::max(d.certificate_max_gap, terms.counts.certificate_max_gap);
+    d.residuals.merge(terms.counts.residuals);
+    const int64_t b = blocks[k].second;
+    bar.update(b - options.first_step, status_line(d, w.n * (b - options.first_step)));
+    if (save_due(checkpoint, b < end_step)) save_progress(*checkpoint, d, w.n, 0, b, Decomposition(), torch::Tensor());
+  });
+  bar.finish();
+  d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  d.time_split = on_threads.time_split();
+  d.step_threads = threads;
+  return d;
+}
+
 /// The forward walk over steps [first, end_step) (first: options.first_step,
 /// or where saved progress ends).
 Decomposition walk_forward(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
@@ -260,6 +484,11 @@ Decomposition walk_forward(PathReader& reader, const torch::Tensor& x_in, const 
   const DecompositionProgress* saved = checkpoint ? checkpoint->resume_point() : nullptr;
   const int64_t first =
       std::min(end_step, std::max(options.first_step, saved ? saved->steps_done : int64_t{0}));
+  const std::vector<std::pair<int64_t, int64_t>> blocks = blocks_in(reader.manifest(), first, end_step);
+  if (steps_on_threads(reader, w, options, blocks.size(), saved)) {
+    restore(checkpoint, d, w.n, options.kernel);
+    return walk_steps_on_threads(reader, w, x_in, options, end_step, checkpoint, blocks, std::move(d), t0);
+  }
   if (first < end_step) blk.open(first);
   restore(checkpoint, d, w.n, options.kernel, &blk.sums);
   ProgressBar bar(d.steps, "decompose", options.progress);
@@ -288,7 +517,7 @@ Decomposition decompose_forward(PathReader& reader, const torch::Tensor& x_in, c
     // shortest segment but not a later one: the steps of that segment were
     // not the run's. Walk again from where the walk began, replaying in turn.
     DecompositionOptions in_turn = options;
-    in_turn.replay_ahead = false;
+    in_turn.replay_ahead = false;  // nor the steps on threads, which replay on one thread
     return walk_forward(reader, x_in, in_turn, end_step, checkpoint);
   }
 }

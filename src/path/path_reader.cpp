@@ -92,6 +92,30 @@ PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
   check_batch_statistics();
 }
 
+PathReader::PathReader(TwinOf twin)
+    : dir_(twin.of.dir_),
+      manifest_(twin.of.manifest_),
+      dataset_(twin.of.dataset_),
+      net_(build_network(manifest_.network_options())),
+      one_thread_reproduces_(twin.of.one_thread_reproduces_),
+      one_thread_differs_at_(twin.of.one_thread_differs_at_),
+      clip_(twin.of.clip_),
+      loss_weights_(twin.of.loss_weights_) {}
+
+PathReader PathReader::twin() const { return PathReader(TwinOf{*this}); }
+
+void PathReader::take_replay_notes(const PathReader& twin) {
+  for (size_t k = 0; k < twin.drift_.size(); ++k) {
+    if (!std::isnan(twin.drift_[k]) && (drift_.empty() || std::isnan(drift_[k]))) {
+      note_drift(k, twin.drift_[k], twin.drift_bitwise_[k]);
+    }
+  }
+  if (!twin.one_thread_differed_.empty()) {
+    one_thread_reproduces_ = false;
+    one_thread_differed_ = twin.one_thread_differed_;
+  }
+}
+
 void PathReader::check_batch_statistics() const {
   const bool stored = manifest_.stores_module_buffers();
   if (!net_->batch_statistics()) {
@@ -386,6 +410,7 @@ void PathReader::forward(const std::function<void(const PathStep&)>& fn, int64_t
   PK_CHECK(0 <= begin && begin <= end && end <= manifest_.steps,
            "steps [" << begin << ", " << end << ") are not a range within [0, " << manifest_.steps << "]");
   ahead_seconds_ = 0;
+  if (one_thread_in_turn_) return forward_on_one_thread(fn, begin, end);
   if (replays_ahead()) return forward_ahead(fn, begin, end);
   replay_range(begin, end, [&](PathStep&& st) {
     const EngineBlasKernels engine;  // the step's work: the best kernels, the replay the run's
@@ -516,6 +541,28 @@ void PathReader::forward_ahead(const std::function<void(const PathStep&)>& fn, i
   ahead_seconds_ = hand_ahead<PathStep>(
       2, [&](const std::function<void(PathStep&&)>& push) { replay_range(begin, end, push); },
       [&](PathStep& st) { fn(st); });
+}
+
+bool PathReader::replays_alike_on_one_thread() const {
+  if (!engine_blas_kernels().empty()) return false;
+  if ((manifest_.threads == 1 && run_blas_threads() == 1) || stores_every_step()) return true;
+  return replays_on_one_thread() && one_thread_reproduces_.value_or(true) && one_thread_differed_.empty();
+}
+
+void PathReader::forward_on_one_thread(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end) {
+  PK_CHECK(replays_alike_on_one_thread(), "run '" << dir_ << "': a replay on one thread does not give its bits, so "
+                                                  << "its steps cannot be walked on one thread each");
+  std::optional<OneThreadReplay> one;
+  if (replays_on_one_thread()) {
+    one.emplace(replay_threads_);
+    verified_end_->store(0);
+    forward_on_one_thread_ = true;
+  }
+  struct Done {
+    bool& on;
+    ~Done() { on = false; }
+  } done{forward_on_one_thread_};
+  replay_range(begin, end, [&](PathStep&& st) { fn(st); });
 }
 
 void PathReader::reverse(const std::function<void(const PathStep&)>& fn) {

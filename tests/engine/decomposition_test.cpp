@@ -270,6 +270,9 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
         Walked w;
         w.observed = torch::zeros({x.size(0), M, K}, torch::kFloat64);
         DecompositionOptions o = options;
+        // Replayed in turn: with a replay on one thread allowed, gd and sgd
+        // take their blocks of steps on threads instead (step_range_test.cpp).
+        o.replay_ahead = false;
         if (observe) o.on_step = [&](const StepObservation& ob) {
           ++w.calls;
           EXPECT_EQ(ob.x->size(0), ob.contributions.size(0));
@@ -303,6 +306,7 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
       // turn (not one block's at a time): the same groups, each one-threaded
       // (the last block's one point too), so the same bits.
       EXPECT_EQ(unobserved.calls, 0);
+      EXPECT_EQ(unobserved.d.step_threads, 1);
       EXPECT_TRUE(torch::equal(unobserved.d.contributions, groups.d.contributions));
       EXPECT_TRUE(torch::equal(unobserved.d.rounding, groups.d.rounding));
       EXPECT_TRUE(torch::equal(unobserved.d.regularization, groups.d.regularization));

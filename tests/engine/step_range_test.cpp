@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "../test_util.h"
+#include "pathkernel/context.h"
 #include "pathkernel/decomposition.h"
 #include "pathkernel/files.h"
 #include "pathkernel/npy.h"
@@ -115,8 +116,11 @@ TEST(StepRange, RangesOfGdAndSgdAddUpToTheWhole) {
 // The blocks of steps (the checkpoint segments, [0, 2), [2, 4) .. [8, 9) of
 // a 9-step run stored every 2 steps), each decomposed alone and added to
 // zeros in block order by add_step_block: the whole walk's bits, which is
-// what lets any number of processes split the steps (across_ranks.h).
+// what lets any number of processes split the steps (across_ranks.h). On one
+// thread: on several, a block alone is walked by groups of test points, and
+// the whole walk takes its blocks on threads, each as one thread walks it.
 TEST(StepRange, BlocksAddedInOrderAreTheWholeBitForBit) {
+  const ThreadScope one(1);
   for (const std::string opt : {"gd", "sgd"}) {
     testing::TempDir dir(opt);
     RunOptions r = testing::small_run(dir / "run", opt, 9, 2);
@@ -211,6 +215,97 @@ TEST(StepRange, RangesOfARecordedRunAddUpToTheWholeWithItsClipFactorsAndResidual
   tail.first_step = 7;
   EXPECT_EQ(decompose(reader, x, tail).residuals.first_step, -1);
 }
+
+/// Expects b to be a's bits: every tensor, count and residual.
+void expect_same_bits(const Decomposition& a, const Decomposition& b, const std::string& what) {
+  EXPECT_TRUE(torch::equal(a.contributions, b.contributions)) << what;
+  EXPECT_TRUE(torch::equal(a.regularization, b.regularization)) << what;
+  EXPECT_TRUE(torch::equal(a.rounding, b.rounding)) << what;
+  EXPECT_TRUE(torch::equal(a.gap_abs, b.gap_abs)) << what;
+  EXPECT_TRUE(torch::equal(a.f0, b.f0) && torch::equal(a.fN, b.fN)) << what;
+  EXPECT_EQ(a.kernel.defined(), b.kernel.defined()) << what;
+  if (a.kernel.defined()) EXPECT_TRUE(torch::equal(a.kernel, b.kernel)) << what;
+  EXPECT_EQ(a.layer_contributions.defined(), b.layer_contributions.defined()) << what;
+  if (a.layer_contributions.defined()) {
+    EXPECT_TRUE(torch::equal(a.layer_contributions, b.layer_contributions)) << what;
+  }
+  EXPECT_EQ(a.certificate_max_gap, b.certificate_max_gap) << what;
+  EXPECT_EQ(a.evaluations, b.evaluations) << what;
+  EXPECT_EQ(a.forward_evaluations, b.forward_evaluations) << what;
+  EXPECT_EQ(a.kinks, b.kinks) << what;
+  EXPECT_EQ(a.steps, b.steps) << what;
+  EXPECT_EQ(a.residuals.max_ratio, b.residuals.max_ratio) << what;
+  EXPECT_EQ(a.residuals.worst_step, b.residuals.worst_step) << what;
+  EXPECT_EQ(a.residuals.steps_over, b.residuals.steps_over) << what;
+}
+
+// With two threads or more and a replay on one thread allowed (--replay
+// ahead), the forward walk (gd, sgd) takes its blocks of steps on threads at
+// once, each worker with a reader of its own walking a block as one thread
+// walks it (decomposition_forward.cpp, StepsOnThreads): the decomposition is
+// one thread's, bit for bit, on two threads and on three, for runs trained
+// on one thread and on two (an MLP's Linear products then in pieces), an
+// MLP and a CNN, the kernel and the contributions by layer included, from
+// any first step. In turn it is one walk of the steps, by groups of points,
+// to rounding. A run of two threads whose segment one thread does not
+// reproduce walks again in turn, and says why.
+TEST(StepsOnThreads, GiveTheDecompositionOfOneThread) {
+  struct Case {
+    std::string optimizer, data, model;
+    int train_threads;
+  };
+  for (const Case& c : {Case{"gd", "gaussians3", "mlp:6,5", 1}, Case{"gd", "gaussians3", "mlp:6,5", 2},
+                        Case{"sgd", "mnist", "cnn:2,3", 1}}) {
+    const std::string what = c.optimizer + " " + c.model + " trained on " + std::to_string(c.train_threads);
+    testing::TempDir dir(c.optimizer);
+    RunOptions r = testing::small_run_of(dir / "run", c.optimizer, c.data, c.model, 9, 2, 7);
+    r.train.optimizer.weight_decay = 1e-2;
+    {
+      ThreadScope scope(c.train_threads);
+      train_run(r);
+    }
+    PathReader reader(r.out);
+    ASSERT_EQ(step_blocks(reader.manifest()), (std::vector<int64_t>{0, 2, 4, 6, 8, 9})) << what;
+    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 7);
+    DecompositionOptions options;
+    options.progress = false;
+    options.kernel = c.data == "gaussians3";
+    options.point_block = 3;  // blocks of 3, 3 and 1 points
+    auto on = [&](int threads, const DecompositionOptions& o) {
+      ThreadScope scope(threads);
+      return decompose(reader, x, o);
+    };
+    const Decomposition one = on(1, options);
+    EXPECT_EQ(one.step_threads, 1) << what;
+    ASSERT_GT(one.contributions.abs().max().item<double>(), 1e-6) << what;
+    EXPECT_LT(summarize(one).max_rel_error, 1e-12) << what;
+    for (int threads : {2, 3}) {
+      const Decomposition d = on(threads, options);
+      EXPECT_EQ(d.step_threads, threads) << what;
+      expect_same_bits(one, d, what + ", " + std::to_string(threads) + " threads");
+    }
+    DecompositionOptions from_3 = options;
+    from_3.first_step = 3;
+    expect_same_bits(on(1, from_3), on(2, from_3), what + ", from step 3");
+    DecompositionOptions by_layer = options;
+    by_layer.by_layer = true;
+    expect_same_bits(on(1, by_layer), on(2, by_layer), what + ", by layer");
+    DecompositionOptions in_turn = options;
+    in_turn.replay_ahead = false;
+    const Decomposition walked = on(2, in_turn);
+    EXPECT_EQ(walked.step_threads, 1) << what;
+    EXPECT_LE(relative_gap(one.contributions, walked.contributions), 1e-13) << what;
+    if (c.train_threads > 1) {
+      reader.set_one_thread_differs_at(2);  // the segment of steps 4 and 5
+      const Decomposition again = on(2, options);
+      EXPECT_EQ(again.step_threads, 1) << what;
+      EXPECT_LE(relative_gap(one.contributions, again.contributions), 1e-13) << what;
+      EXPECT_LT(summarize(again).max_rel_error, 1e-12) << what;
+      EXPECT_CONTAINS(reader.replay_in_turn_reason(), "one thread does not reproduce checkpoint step 6") << what;
+    }
+  }
+}
+
 
 TEST(StepRange, RefusedForBufferedOptimizersAndOutsideThePath) {
   testing::TempDir dir;

@@ -290,6 +290,9 @@ TEST(ReplayAhead, TheDecompositionIsTheSameBitForBit) {
     DecompositionOptions o;
     o.progress = false;
     o.replay_ahead = false;
+    // An observer of the steps keeps sgd's walk one walk (not its blocks of
+    // steps on threads, step_range_test.cpp), whose replay runs ahead.
+    o.on_step = [](const StepObservation&) {};
     const Decomposition in_turn = [&] {
       BlasThreads one(1);
       return decompose(reader, x, o);
