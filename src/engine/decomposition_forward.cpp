@@ -341,8 +341,11 @@ class StepsOnThreads {
       PathReader reader = reader_.twin();
       reader.set_replay_on_one_thread(true);
       Walk w(reader, x_in_, options_);
-      // On one thread, a block of test points is one group (point_groups).
-      const PointBudget budget = point_budget(w.ev, reader, w.x, options_, false);
+      // Factored features (Linear layers on flat inputs): a block of test
+      // points is one group, as on one thread. Others: a point a group, as
+      // on several, so that a worker holds one point's features at a time.
+      PointBudget budget = point_budget(w.ev, reader, w.x, options_, false);
+      budget.group_workers = budget.factored ? 1 : threads_;
       CaptureScope capture(reader, w.captured, w.ev);
       const auto start = std::chrono::steady_clock::now();
       struct Timed {  // the worker's time split, whichever way it leaves

@@ -348,7 +348,7 @@ void take_group(Decomposition& d, const DecompositionOptions& options, const Wal
 std::vector<PointGroup> chunk_groups(const SegmentEvaluator& ev, int64_t c0, int64_t nc, const PointBudget& budget) {
   std::vector<PointGroup> out;
   for (int64_t b0 = 0; b0 < nc; b0 += budget.block) {
-    const int64_t nb = std::min(budget.block, nc - b0), groups = point_groups(ev, nb, budget.factored);
+    const int64_t nb = std::min(budget.block, nc - b0), groups = point_groups(ev, nb, budget.factored, budget.group_workers);
     for (int64_t g = 0; g < groups; ++g) {
       PointGroup& p = out.emplace_back();
       p.chunk = c0;

@@ -352,6 +352,9 @@ struct PointBudget {
   /// several threads then take groups of up to kFactoredGroupPoints, not one
   /// point each (point_groups).
   bool factored = false;
+  /// The workers a block's groups are formed for (point_groups); 0: the
+  /// caller's threads.
+  int64_t group_workers = 0;
 };
 
 PointBudget point_budget(SegmentEvaluator& ev, PathReader& reader, const torch::Tensor& x,

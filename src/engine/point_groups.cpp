@@ -24,8 +24,8 @@ int64_t point_workers(const SegmentEvaluator& ev, int64_t n) {
   return std::max<int64_t>(1, std::min<int64_t>(current_threads(), n));
 }
 
-int64_t point_groups(const SegmentEvaluator& ev, int64_t n, bool factored) {
-  if (point_workers(ev, n) <= 1) return 1;
+int64_t point_groups(const SegmentEvaluator& ev, int64_t n, bool factored, int64_t workers) {
+  if ((workers > 0 ? std::min(workers, n) : point_workers(ev, n)) <= 1) return 1;
   if (!factored) return n;
   // At least two groups, so that a block of up to 2 * kFactoredGroupPoints
   // points keeps two threads busy (10 points were one group: one thread

@@ -53,7 +53,9 @@ constexpr int64_t kFactoredGroupPoints = 16;
 /// thread busy, or, where the features are `factored`, groups of up to
 /// kFactoredGroupPoints and at least two (n > 1). The groups are the same for every worker count
 /// above one, and so are the bits.
-int64_t point_groups(const SegmentEvaluator& ev, int64_t n, bool factored);
+/// `workers` > 0: the groups as that many workers take them, whatever the
+/// caller's threads (a worker of the steps on threads, on one thread).
+int64_t point_groups(const SegmentEvaluator& ev, int64_t n, bool factored, int64_t workers = 0);
 
 /// The first of n points that group g of `groups` takes (g = groups: n).
 inline int64_t group_start(int64_t g, int64_t groups, int64_t n) { return g * n / groups; }
