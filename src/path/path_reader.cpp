@@ -453,6 +453,27 @@ class OneThreadReplay {
   int& threads_;
 };
 
+/// A forward() of a run of several threads replayed on one (`on`): the
+/// replay's OpenMP count at one, no step verified yet, and the reader's
+/// `forward_on_one_thread` set; that flag is cleared when the object goes.
+class OneThreadForward {
+ public:
+  OneThreadForward(bool on, int& replay_threads, std::atomic<int64_t>& verified_end, bool& forward_on_one_thread)
+      : flag_(forward_on_one_thread) {
+    if (!on) return;
+    one_.emplace(replay_threads);
+    verified_end.store(0);
+    flag_ = true;
+  }
+  ~OneThreadForward() { flag_ = false; }
+  OneThreadForward(const OneThreadForward&) = delete;
+  OneThreadForward& operator=(const OneThreadForward&) = delete;
+
+ private:
+  bool& flag_;
+  std::optional<OneThreadReplay> one_;
+};
+
 }  // namespace
 
 bool PathReader::replays_ahead() {
@@ -528,16 +549,7 @@ bool PathReader::one_thread_reproduced(size_t k, double diff) const {
 void PathReader::forward_ahead(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end) {
   std::optional<BlasPin> pinned;  // the replay's count, one, held: it is the process's
   if (!stores_every_step()) pinned.emplace(1);
-  std::optional<OneThreadReplay> one;
-  if (replays_on_one_thread()) {
-    one.emplace(replay_threads_);
-    verified_end_->store(0);
-    forward_on_one_thread_ = true;
-  }
-  struct Done {
-    bool& on;
-    ~Done() { on = false; }
-  } done{forward_on_one_thread_};
+  const OneThreadForward one(replays_on_one_thread(), replay_threads_, *verified_end_, forward_on_one_thread_);
   ahead_seconds_ = hand_ahead<PathStep>(
       2, [&](const std::function<void(PathStep&&)>& push) { replay_range(begin, end, push); },
       [&](PathStep& st) { fn(st); });
@@ -552,16 +564,7 @@ bool PathReader::replays_alike_on_one_thread() const {
 void PathReader::forward_on_one_thread(const std::function<void(const PathStep&)>& fn, int64_t begin, int64_t end) {
   PK_CHECK(replays_alike_on_one_thread(), "run '" << dir_ << "': a replay on one thread does not give its bits, so "
                                                   << "its steps cannot be walked on one thread each");
-  std::optional<OneThreadReplay> one;
-  if (replays_on_one_thread()) {
-    one.emplace(replay_threads_);
-    verified_end_->store(0);
-    forward_on_one_thread_ = true;
-  }
-  struct Done {
-    bool& on;
-    ~Done() { on = false; }
-  } done{forward_on_one_thread_};
+  const OneThreadForward one(replays_on_one_thread(), replay_threads_, *verified_end_, forward_on_one_thread_);
   replay_range(begin, end, [&](PathStep&& st) { fn(st); });
 }
 
