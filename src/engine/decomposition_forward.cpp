@@ -36,16 +36,52 @@ int64_t contraction_rows(const DecompositionOptions& options, const TestFeatures
   return std::max(options.train_chunk, std::min(b, options.memory_doubles / per_row));
 }
 
+/// The training points that exactly one block of the steps [first, end)
+/// touches (bool [M]; step_blocks()), or undefined when there are none, as
+/// in full-batch gd over two blocks or more. Their rows of the totals are
+/// zero until that block and are not touched after it.
+torch::Tensor touched_by_one_block(PathReader& reader, int64_t first, int64_t end, int64_t M) {
+  const std::vector<int64_t> bounds = step_blocks(reader.manifest());
+  torch::Tensor blocks = torch::zeros({M}, torch::kInt);
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+    const int64_t a = std::max(first, bounds[k]), b = std::min(end, bounds[k + 1]);
+    if (a >= b) continue;
+    std::vector<torch::Tensor> batches;
+    bool all = false;
+    for (int64_t t = a; t < b && !all; ++t) {
+      const torch::Tensor rows = reader.batch(t);
+      all = !rows.defined();
+      batches.push_back(rows);
+    }
+    if (all) {
+      blocks.add_(1);
+    } else {
+      const torch::Tensor touched = std::get<0>(torch::_unique(torch::cat(batches)));
+      blocks.index_add_(0, touched, torch::ones({touched.size(0)}, torch::kInt));
+    }
+  }
+  const torch::Tensor once = blocks.eq(1);
+  return once.any().item<bool>() ? once : torch::Tensor();
+}
+
 /// The sums of the block of steps in progress (step_blocks(), cut to the
 /// range [first_step, end_step)), each block from zero, added to the totals
 /// at the block's end. Its training side holds only the rows its batches
 /// touch (`rows`, at row_pos_; all M rows, undefined, for full-batch gd): the
 /// same additions, in the same order, as an [n, M, K] block would make, for
 /// less memory.
+///
+/// The rows of training points that no other block of the walk touches
+/// (`once`, touched_by_one_block) are added straight into the totals' rows
+/// instead: those are zero until this block, so they take the same
+/// additions in the same order, and the block's sums hold only the rows
+/// that other blocks share (a one-epoch run of SGD: none).
 class StepBlock {
  public:
+  /// `totals` (whose contributions, kernel and contributions by layer take
+  /// the rows of `once`) must outlive the block; undefined `once`: none.
   StepBlock(PathReader& reader, int64_t first_step, int64_t end_step, int64_t n, int64_t M, int64_t K, bool kernel,
-            int64_t layers)
+            int64_t layers, Decomposition* totals = nullptr, torch::Tensor once = torch::Tensor())
       : reader_(reader),
         bounds_(step_blocks(reader.manifest())),
         first_step_(first_step),
@@ -54,7 +90,9 @@ class StepBlock {
         M_(M),
         K_(K),
         kernel_(kernel),
-        layers_(layers) {}
+        layers_(layers),
+        totals_(totals),
+        once_(totals ? std::move(once) : torch::Tensor()) {}
 
   /// The start of the block that holds step s.
   int64_t start(int64_t s) const {
@@ -73,11 +111,19 @@ class StepBlock {
       batches.push_back(b);
     }
     rows = all ? torch::Tensor() : std::get<0>(torch::_unique(torch::cat(batches), /*sorted=*/true));
+    torch::Tensor direct;  // the block's training points that no other block touches
+    if (once_.defined()) {
+      const torch::Tensor touched = rows.defined() ? rows : torch::arange(M_, torch::kLong);
+      const torch::Tensor alone = once_.index_select(0, touched);
+      direct = touched.masked_select(alone);
+      rows = touched.masked_select(alone.logical_not());
+    }
     if (rows.defined() && rows.size(0) == M_) rows = torch::Tensor();
     row_pos_ = torch::Tensor();
     if (rows.defined()) {
       row_pos_ = torch::full({M_}, -1, torch::kLong);
       row_pos_.index_copy_(0, rows, torch::arange(rows.size(0), torch::kLong));
+      if (direct.defined()) row_pos_.index_copy_(0, direct, -direct - 1);  // −1 − m: row m of the totals
     }
     const int64_t count = rows.defined() ? rows.size(0) : M_;
     sums.contributions = torch::zeros({n_, count, K_}, torch::kFloat64);
@@ -88,12 +134,28 @@ class StepBlock {
     if (layers_) sums.layer_contributions = torch::zeros({n_, count, K_, layers_}, torch::kFloat64);
   }
 
-  /// The block's rows of a step's batch rows idx.
-  torch::Tensor index(const torch::Tensor& idx) const {
-    return row_pos_.defined() ? row_pos_.index_select(0, idx) : idx;
+  /// field[first:first+count, row of idx[i]] += part[:, i] for the step's
+  /// batch rows idx, in increasing i: into the block's sums, or, for a
+  /// training point no other block touches, into the totals' row.
+  void add(torch::Tensor Decomposition::*field, int64_t first, int64_t count, const torch::Tensor& idx,
+           const torch::Tensor& part) {
+    torch::Tensor at = row_pos_.defined() ? row_pos_.index_select(0, idx) : idx;
+    torch::Tensor sums_part = part;
+    if (once_.defined()) {
+      const torch::Tensor direct = at.lt(0);
+      if (direct.any().item<bool>()) {
+        const torch::Tensor i = direct.nonzero().squeeze(1);
+        add_at_rows((totals_->*field).narrow(0, first, count), -at.index_select(0, i) - 1, part.index_select(1, i));
+        const torch::Tensor kept = direct.logical_not().nonzero().squeeze(1);
+        if (kept.size(0) == 0) return;
+        at = at.index_select(0, kept);
+        sums_part = part.index_select(1, kept);
+      }
+    }
+    add_at_rows((sums.*field).narrow(0, first, count), at, sums_part);
   }
 
-  Decomposition sums;  ///< the block's terms of C_i (its rows), R, E, gap_abs and the kernel so far
+  Decomposition sums;  ///< the block's terms of C_i (its shared rows), R, E, gap_abs and the kernel so far
   torch::Tensor rows;  ///< int64: training point of each row of the block's sums; undefined: all M
 
  private:
@@ -102,7 +164,11 @@ class StepBlock {
   const int64_t first_step_, end_step_, n_, M_, K_;
   const bool kernel_;
   const int64_t layers_;  ///< L, the parameter tensors of the contributions by layer; 0: none kept
-  torch::Tensor row_pos_;  ///< int64 [M]: each training point's row in the block's sums (−1: none)
+  Decomposition* totals_;
+  const torch::Tensor once_;  ///< bool [M]: the training points one block of the walk touches; undefined: none
+  /// int64 [M]: each training point's row in the block's sums; −1 − m: row m
+  /// of the totals; −1 also for points the block does not touch.
+  torch::Tensor row_pos_;
 };
 
 /// What step s gives every group of test points: its batch and the
@@ -210,11 +276,11 @@ class ForwardWalk {
     w_.train_chunks(
         st, bt, rows, -st.lr, [&](const TrainSignals& tr) { return contract(ev, f, tr); },
         [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [count, nr, K]
-          const torch::Tensor at = blk_.index(bt.idx.narrow(0, r0, nr));
-          add_at_rows(blk.contributions.narrow(0, p.first, p.count), at, part);
+          const torch::Tensor idx = bt.idx.narrow(0, r0, nr);
+          blk_.add(&Decomposition::contributions, p.first, p.count, idx, part);
           if (p.step_c.defined()) p.step_c.narrow(1, r0, nr).copy_(part);
           if (options_.kernel) {
-            add_at_rows(blk.kernel.narrow(0, p.first, p.count), at, output_kernel(ev, f, bt.xb.narrow(0, r0, nr)));
+            blk_.add(&Decomposition::kernel, p.first, p.count, idx, output_kernel(ev, f, bt.xb.narrow(0, r0, nr)));
           }
         });
     if (options_.by_layer) {  // the same terms split by parameter tensor, into their own sums
@@ -222,7 +288,7 @@ class ForwardWalk {
           st, bt, options_.train_chunk, -st.lr,
           [&](const TrainSignals& tr) { return contract_by_tensor(ev, f, tr, w_.layout); },
           [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [count, nr, K, L]
-            add_at_rows(blk.layer_contributions.narrow(0, p.first, p.count), blk_.index(bt.idx.narrow(0, r0, nr)), part);
+            blk_.add(&Decomposition::layer_contributions, p.first, p.count, bt.idx.narrow(0, r0, nr), part);
           });
     }
     if (!options_.on_step) keep_counts(p.f);  // the features' memory goes now
@@ -289,10 +355,13 @@ std::vector<std::pair<int64_t, int64_t>> blocks_in(const Manifest& m, int64_t fi
 /// are one thread's, whatever the number of workers.
 class StepsOnThreads {
  public:
+  /// `totals` take the rows of the training points in `once` (StepBlock)
+  /// as the workers walk; undefined `once`: none.
   StepsOnThreads(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options,
-                 std::vector<std::pair<int64_t, int64_t>> blocks, int threads)
+                 std::vector<std::pair<int64_t, int64_t>> blocks, int threads, Decomposition* totals,
+                 torch::Tensor once)
       : reader_(reader), x_in_(x_in), options_(options), blocks_(std::move(blocks)), threads_(threads),
-        terms_(blocks_.size()) {
+        totals_(totals), once_(std::move(once)), terms_(blocks_.size()) {
     // Each worker's share of the memory budget; its replay in turn, on its thread.
     options_.memory_doubles = std::max<int64_t>(1, options.memory_doubles / threads);
     options_.replay_ahead = false;
@@ -396,7 +465,7 @@ class StepsOnThreads {
     o.first_step = a;
     BlockTerms terms;
     const int64_t layers = o.by_layer ? static_cast<int64_t>(w.layout.size()) : 0;
-    StepBlock blk(reader, a, b, w.n, w.M, w.K, o.kernel, layers);
+    StepBlock blk(reader, a, b, w.n, w.M, w.K, o.kernel, layers, totals_, once_);
     blk.open(a);
     ProgressBar quiet(b - a, "decompose", false);
     ForwardWalk walk(reader, o, nullptr, w, terms.counts, blk, quiet, budget, b);
@@ -415,6 +484,8 @@ class StepsOnThreads {
   DecompositionOptions options_;
   const std::vector<std::pair<int64_t, int64_t>> blocks_;
   const int threads_;
+  Decomposition* totals_;
+  const torch::Tensor once_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<BlockTerms> terms_;
@@ -448,7 +519,11 @@ Decomposition walk_steps_on_threads(PathReader& reader, Walk& w, const torch::Te
   const int threads = current_threads();
   ProgressBar bar(d.steps, "decompose", options.progress);
   const BlasPin pinned(1);  // OpenBLAS's count is the process's: one for every worker
-  StepsOnThreads on_threads(reader, x_in, options, blocks, threads);
+  // Saved progress holds the totals at a block's end, which must not hold
+  // the rows of blocks the workers have walked past it.
+  const torch::Tensor once =
+      checkpoint ? torch::Tensor() : touched_by_one_block(reader, options.first_step, end_step, w.M);
+  StepsOnThreads on_threads(reader, x_in, options, blocks, threads, &d, once);
   on_threads.run([&](size_t k, BlockTerms& terms) {
     add_step_block(d, terms.sums, terms.rows);
     d.add_counts(terms.counts);
@@ -479,7 +554,6 @@ Decomposition walk_forward(PathReader& reader, const torch::Tensor& x_in, const 
   if (options.kernel) d.kernel = torch::zeros({w.n, w.M, w.K, w.K}, torch::kFloat64);
   const int64_t layers = options.by_layer ? static_cast<int64_t>(w.layout.size()) : 0;
   if (layers) d.layer_contributions = torch::zeros({w.n, w.M, w.K, layers}, torch::kFloat64);
-  StepBlock blk(reader, options.first_step, end_step, w.n, w.M, w.K, options.kernel, layers);
   CaptureScope capture(reader, w.captured, w.ev);
 
   // Steps s < first are done (or not asked for), and so are s >= end_step;
@@ -492,6 +566,8 @@ Decomposition walk_forward(PathReader& reader, const torch::Tensor& x_in, const 
     restore(checkpoint, d, w.n, options.kernel);
     return walk_steps_on_threads(reader, w, x_in, options, end_step, checkpoint, blocks, std::move(d), t0);
   }
+  StepBlock blk(reader, options.first_step, end_step, w.n, w.M, w.K, options.kernel, layers, &d,
+                touched_by_one_block(reader, options.first_step, end_step, w.M));
   if (first < end_step) blk.open(first);
   restore(checkpoint, d, w.n, options.kernel, &blk.sums);
   ProgressBar bar(d.steps, "decompose", options.progress);

@@ -119,12 +119,34 @@ TEST(StepRange, RangesOfGdAndSgdAddUpToTheWhole) {
 // what lets any number of processes split the steps (across_ranks.h). On one
 // thread: on several, a block alone is walked by groups of test points, and
 // the whole walk takes its blocks on threads, each as one thread walks it.
+/// How many blocks of steps (step_blocks) touch each training point, [M].
+torch::Tensor blocks_touching(PathReader& reader) {
+  const std::vector<int64_t> bounds = step_blocks(reader.manifest());
+  const int64_t M = reader.dataset().x_train.size(0);
+  torch::Tensor count = torch::zeros({M}, torch::kLong);
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+    torch::Tensor touched = torch::zeros({M}, torch::kBool);
+    for (int64_t t = bounds[k]; t < bounds[k + 1]; ++t) {
+      const torch::Tensor b = reader.batch(t);
+      if (b.defined()) touched.index_fill_(0, b, true);
+      else touched.fill_(true);
+    }
+    count += touched.to(torch::kLong);
+  }
+  return count;
+}
+
+// The whole walk adds the rows of training points that only one block
+// touches straight into its totals, and keeps the others in the block's
+// sums; each block decomposed alone takes all its rows straight. The bits
+// are the same either way.
 TEST(StepRange, BlocksAddedInOrderAreTheWholeBitForBit) {
   const ThreadScope one(1);
   for (const std::string opt : {"gd", "sgd"}) {
     testing::TempDir dir(opt);
     RunOptions r = testing::small_run(dir / "run", opt, 9, 2);
     r.train.optimizer.weight_decay = 1e-2;
+    if (opt == "sgd") r.data.train_size = 120;  // 144 samples: most points in one block, some in two
     train_run(r);
     PathReader reader(r.out);
     const std::vector<int64_t> bounds = step_blocks(reader.manifest());
@@ -133,8 +155,15 @@ TEST(StepRange, BlocksAddedInOrderAreTheWholeBitForBit) {
     DecompositionOptions options;
     options.progress = false;
     options.kernel = true;
+    options.by_layer = true;
+    if (opt == "sgd") {  // both kinds of rows, in the whole walk
+      const torch::Tensor blocks = blocks_touching(reader);
+      ASSERT_GT(blocks.eq(1).sum().item<int64_t>(), 0);
+      ASSERT_GT(blocks.gt(1).sum().item<int64_t>(), 0);
+    }
     const Decomposition all = decompose(reader, x, options);
     Decomposition sum;
+    sum.layer_contributions = torch::zeros_like(all.layer_contributions);
     sum.contributions = torch::zeros_like(all.contributions);
     sum.regularization = torch::zeros_like(all.regularization);
     sum.rounding = torch::zeros_like(all.rounding);
@@ -151,12 +180,14 @@ TEST(StepRange, BlocksAddedInOrderAreTheWholeBitForBit) {
     EXPECT_TRUE(torch::equal(all.rounding, sum.rounding)) << opt;
     EXPECT_TRUE(torch::equal(all.gap_abs, sum.gap_abs)) << opt;
     EXPECT_TRUE(torch::equal(all.kernel, sum.kernel)) << opt;
+    EXPECT_TRUE(torch::equal(all.layer_contributions, sum.layer_contributions)) << opt;
     ASSERT_GT(all.regularization.abs().max().item<double>(), 0) << opt;
     // A range of several blocks is those blocks added to zeros in order.
     DecompositionOptions middle = options;
     middle.first_step = 2;
     middle.end_step = 8;
     Decomposition blocks;
+    blocks.layer_contributions = torch::zeros_like(all.layer_contributions);
     blocks.contributions = torch::zeros_like(all.contributions);
     blocks.regularization = torch::zeros_like(all.regularization);
     blocks.rounding = torch::zeros_like(all.rounding);
