@@ -36,29 +36,38 @@ int64_t contraction_rows(const DecompositionOptions& options, const TestFeatures
   return std::max(options.train_chunk, std::min(b, options.memory_doubles / per_row));
 }
 
-/// The training points that exactly one block of the steps [first, end)
-/// touches (bool [M]; step_blocks()), or undefined when there are none, as
-/// in full-batch gd over two blocks or more. Their rows of the totals are
-/// zero until that block and are not touched after it.
-torch::Tensor touched_by_one_block(PathReader& reader, int64_t first, int64_t end, int64_t M) {
-  const std::vector<int64_t> bounds = step_blocks(reader.manifest());
-  torch::Tensor blocks = torch::zeros({M}, torch::kInt);
+/// The training points the batches of steps [a, b) touch, sorted, once
+/// each; undefined when a step takes every point (full-batch gd).
+torch::Tensor rows_touched(PathReader& reader, int64_t a, int64_t b) {
+  std::vector<torch::Tensor> batches;
+  for (int64_t t = a; t < b; ++t) {
+    batches.push_back(reader.batch(t));
+    if (!batches.back().defined()) return torch::Tensor();
+  }
+  return std::get<0>(torch::_unique(torch::cat(batches), /*sorted=*/true));
+}
+
+/// The blocks of steps (step_blocks) cut to [first, end), as [a, b) ranges.
+std::vector<std::pair<int64_t, int64_t>> blocks_in(const Manifest& m, int64_t first, int64_t end) {
+  const std::vector<int64_t> bounds = step_blocks(m);
+  std::vector<std::pair<int64_t, int64_t>> out;
   for (size_t k = 0; k + 1 < bounds.size(); ++k) {
     const int64_t a = std::max(first, bounds[k]), b = std::min(end, bounds[k + 1]);
-    if (a >= b) continue;
-    std::vector<torch::Tensor> batches;
-    bool all = false;
-    for (int64_t t = a; t < b && !all; ++t) {
-      const torch::Tensor rows = reader.batch(t);
-      all = !rows.defined();
-      batches.push_back(rows);
-    }
-    if (all) {
-      blocks.add_(1);
-    } else {
-      const torch::Tensor touched = std::get<0>(torch::_unique(torch::cat(batches)));
-      blocks.index_add_(0, touched, torch::ones({touched.size(0)}, torch::kInt));
-    }
+    if (a < b) out.emplace_back(a, b);
+  }
+  return out;
+}
+
+/// The training points that exactly one block of the steps [first, end)
+/// touches (bool [M]), or undefined when there are none, as in full-batch
+/// gd over two blocks or more. Their rows of the totals are zero until that
+/// block and are not touched after it.
+torch::Tensor touched_by_one_block(PathReader& reader, int64_t first, int64_t end, int64_t M) {
+  torch::Tensor blocks = torch::zeros({M}, torch::kInt);
+  for (const auto& [a, b] : blocks_in(reader.manifest(), first, end)) {
+    const torch::Tensor touched = rows_touched(reader, a, b);
+    if (touched.defined()) blocks.index_add_(0, touched, torch::ones({touched.size(0)}, torch::kInt));
+    else blocks.add_(1);
   }
   const torch::Tensor once = blocks.eq(1);
   return once.any().item<bool>() ? once : torch::Tensor();
@@ -81,7 +90,7 @@ class StepBlock {
   /// `totals` (whose contributions, kernel and contributions by layer take
   /// the rows of `once`) must outlive the block; undefined `once`: none.
   StepBlock(PathReader& reader, int64_t first_step, int64_t end_step, int64_t n, int64_t M, int64_t K, bool kernel,
-            int64_t layers, Decomposition* totals = nullptr, torch::Tensor once = torch::Tensor())
+            int64_t layers, Decomposition* totals, torch::Tensor once)
       : reader_(reader),
         bounds_(step_blocks(reader.manifest())),
         first_step_(first_step),
@@ -103,14 +112,7 @@ class StepBlock {
 
   /// Zero sums for the block that holds step s.
   void open(int64_t s) {
-    std::vector<torch::Tensor> batches;
-    bool all = false;
-    for (int64_t t = start(s); t < end(s) && !all; ++t) {
-      const torch::Tensor b = reader_.batch(t);
-      all = !b.defined();
-      batches.push_back(b);
-    }
-    rows = all ? torch::Tensor() : std::get<0>(torch::_unique(torch::cat(batches), /*sorted=*/true));
+    rows = rows_touched(reader_, start(s), end(s));
     torch::Tensor direct;  // the block's training points that no other block touches
     if (once_.defined()) {
       const torch::Tensor touched = rows.defined() ? rows : torch::arange(M_, torch::kLong);
@@ -334,17 +336,6 @@ struct BlockTerms {
   Decomposition counts;
   bool done = false;
 };
-
-/// The blocks of steps (step_blocks) cut to [first, end), as [a, b) ranges.
-std::vector<std::pair<int64_t, int64_t>> blocks_in(const Manifest& m, int64_t first, int64_t end) {
-  const std::vector<int64_t> bounds = step_blocks(m);
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
-    const int64_t a = std::max(first, bounds[k]), b = std::min(end, bounds[k + 1]);
-    if (a < b) out.emplace_back(a, b);
-  }
-  return out;
-}
 
 /// The steps on threads (docs/math.md §12): the blocks of steps [first,
 /// end) taken by `threads` workers at once, each the next not yet taken,

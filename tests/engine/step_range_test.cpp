@@ -113,12 +113,6 @@ TEST(StepRange, RangesOfGdAndSgdAddUpToTheWhole) {
   }
 }
 
-// The blocks of steps (the checkpoint segments, [0, 2), [2, 4) .. [8, 9) of
-// a 9-step run stored every 2 steps), each decomposed alone and added to
-// zeros in block order by add_step_block: the whole walk's bits, which is
-// what lets any number of processes split the steps (across_ranks.h). On one
-// thread: on several, a block alone is walked by groups of test points, and
-// the whole walk takes its blocks on threads, each as one thread walks it.
 /// How many blocks of steps (step_blocks) touch each training point, [M].
 torch::Tensor blocks_touching(PathReader& reader) {
   const std::vector<int64_t> bounds = step_blocks(reader.manifest());
@@ -136,6 +130,12 @@ torch::Tensor blocks_touching(PathReader& reader) {
   return count;
 }
 
+// The blocks of steps (the checkpoint segments, [0, 2), [2, 4) .. [8, 9) of
+// a 9-step run stored every 2 steps), each decomposed alone and added to
+// zeros in block order by add_step_block: the whole walk's bits, which is
+// what lets any number of processes split the steps (across_ranks.h). On one
+// thread: on several, a block alone is walked by groups of test points, and
+// the whole walk takes its blocks on threads, each as one thread walks it.
 // The whole walk adds the rows of training points that only one block
 // touches straight into its totals, and keeps the others in the block's
 // sums; each block decomposed alone takes all its rows straight. The bits
