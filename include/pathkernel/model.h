@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -126,13 +127,17 @@ struct NetworkOptions {
 };
 
 /// What a forward pass leaves behind when traced: per parameterised layer
-/// (Linear, Conv2d) in order, its input a_l and its pre-activation output
-/// y_l, which keeps its gradient (retain_grad) so that after backward
-/// y_l.grad() is the loss's backprop signal there. Tracing changes no
-/// computed value.
+/// (Linear, Conv2d) in order, its input a_l and, after the loss's backward,
+/// the loss's backprop signal at its pre-activation output y_l. Tracing
+/// changes no computed value.
 struct LayerTrace {
-  std::vector<torch::Tensor> inputs;   ///< a_l: Linear [n, in], Conv2d [n, C_in, H, W]
-  std::vector<torch::Tensor> preacts;  ///< y_l: Linear [n, out], Conv2d [n, C_out, H', W']
+  std::vector<torch::Tensor> inputs;  ///< a_l: Linear [n, in], Conv2d [n, C_in, H, W]
+  /// ∂loss/∂y_l (Linear [n, out], Conv2d [n, C_out, H', W']) once the
+  /// loss's backward has passed y_l, undefined before: the gradient autograd
+  /// hands on to the layer's backward, held, not copied. (retain_grad on y_l
+  /// would copy it and keep y_l, which no backward needs after a ReLU: two
+  /// [n, out] tensors more for a step's replay.)
+  std::vector<std::shared_ptr<torch::Tensor>> signals;
 };
 
 struct ScriptModule;

@@ -354,8 +354,9 @@ torch::Tensor NetworkImpl::forward(torch::Tensor x) {
           x = convs_[next_conv++]->forward(x);
         }
         if (trace_ && x.requires_grad()) {
-          x.retain_grad();
-          trace_->preacts.push_back(x);
+          auto signal = std::make_shared<torch::Tensor>();
+          x.register_hook([signal](const torch::Tensor& g) { *signal = g.contiguous(); });
+          trace_->signals.push_back(std::move(signal));
         }
         break;
       }

@@ -283,7 +283,7 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
     if (capture_) {
       for (size_t l = 0; l < trace.inputs.size(); ++l) {
         step.layer_inputs.push_back(trace.inputs[l].detach());
-        step.layer_signals.push_back(trace.preacts[l].grad());
+        step.layer_signals.push_back(*trace.signals[l]);
       }
       std::vector<torch::Tensor> grads;
       for (auto& p : params) grads.push_back(p.grad().reshape({-1}).to(torch::kFloat64));
