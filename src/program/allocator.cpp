@@ -5,6 +5,8 @@
 #ifdef PATHKERNEL_TCMALLOC
 #include <gperftools/malloc_extension.h>
 #include <sys/mman.h>
+
+#include <cstdlib>
 #endif
 
 namespace pathkernel::program {
@@ -34,6 +36,17 @@ class HugePagesAllocator final : public SysAllocator {
   SysAllocator* system_;
 };
 
+/// What every thread's cache of freed small blocks (up to 256 KiB each)
+/// may hold together: 1 MiB, where tcmalloc's default is 32 MiB. tcmalloc
+/// gives each thread at least half a MiB, so this is its floor on two
+/// threads. A block a thread frees waits in its cache for that thread
+/// alone; with the steps on threads (docs/math.md §12), each worker's
+/// replay frees the step's weight-sized tensors into a cache of its own,
+/// which no other thread reuses. Measured side by side (BENCHMARKS.md):
+/// the full-batch row's peak about 18 MB lower, the README CNN's `verify
+/// --test 10` about 40 MB, at the same speed within this machine's noise.
+constexpr size_t kThreadCachesBytes = size_t{1} << 20;
+
 }  // namespace
 
 void set_up_allocator() {
@@ -44,6 +57,10 @@ void set_up_allocator() {
   // again (minor faults in the user CNN's `verify --test 1` of 30 steps:
   // 41,900 against 27,000 kept).
   tcmalloc->SetMemoryReleaseRate(0);
+  // A user's own cap (tcmalloc reads it from the environment) is kept.
+  if (std::getenv("TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES") == nullptr) {
+    tcmalloc->SetNumericProperty("tcmalloc.max_total_thread_cache_bytes", kThreadCachesBytes);
+  }
 }
 #else
 void set_up_allocator() { keep_freed_memory(); }

@@ -8,8 +8,10 @@ namespace pathkernel::program {
 /// Sets up the allocator once, at start-up, before any test point is
 /// computed. Built with tcmalloc (PATHKERNEL_TCMALLOC, the default): the
 /// memory tcmalloc takes from the kernel is asked for in transparent huge
-/// pages, and what is freed is kept for reuse. Otherwise glibc's malloc keeps
-/// freed memory (pathkernel::keep_freed_memory).
+/// pages, what is freed is kept for reuse, and the threads' caches of freed
+/// small blocks hold 1 MiB together (unless TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES
+/// sets otherwise). Otherwise glibc's malloc keeps freed memory
+/// (pathkernel::keep_freed_memory).
 ///
 /// Why tcmalloc: with several threads, glibc gives each thread an arena of
 /// its own of at most 64 MiB, and a CNN's test-feature temporaries (tens to
