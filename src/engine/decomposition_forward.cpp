@@ -298,6 +298,7 @@ class ForwardWalk {
 
   /// The bar; at a block's end its sums added to d's; the saved progress.
   void end_of_step(const PathStep& st) {
+    w_.release_kept(st.step);
     const int64_t walked = st.step + 1 - options_.first_step;
     bar_.update(walked, status_line(d_, w_.n * walked));
     const bool block_done = st.step + 1 == blk_.end(st.step);

@@ -222,6 +222,13 @@ void Walk::KeptStep::hold(int64_t s) {
   step = s;
 }
 
+void Walk::release_kept(int64_t step) const {
+  if (two_steps) return;
+  KeptStep& slot = kept[static_cast<size_t>(step % 2)];
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  if (slot.step == step) slot.hold(-1);
+}
+
 TimeSplit WalkClock::split(double reader_seconds) const {
   const auto seconds = [this](Part p) { return static_cast<double>(nanoseconds_[p].load()) * 1e-9; };
   TimeSplit t;

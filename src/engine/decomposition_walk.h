@@ -227,6 +227,11 @@ struct Walk {
   /// contracted and the one formed ahead), each within keep_doubles;
   /// otherwise a step's rows go when the next step's are formed.
   void keep_two_steps(bool on) { two_steps = on; }
+  /// Step st's kept training rows go, once its walk is done with them: they
+  /// hold views of the replay's layer inputs and signals, which would
+  /// otherwise live through the next step's replay (not with two steps
+  /// kept, whose other step is formed ahead).
+  void release_kept(int64_t step) const;
 
   const Manifest& m;
   const torch::Tensor x;
