@@ -290,6 +290,7 @@ class ReverseWalk {
           workers_);
       for (PointGroup& g : groups) take_group(d_, options_, w_, st.step, t.bt.idx, g);
     }
+    w_.release_kept(st.step);
     bar_.update(++done, status_line(d_, ch.c0 * m_.steps + ch.nc * (m_.steps - st.step)));
     ++ch.steps_done;
     if (save_due(checkpoint_, st.step > 0)) {

@@ -222,6 +222,15 @@ void Walk::KeptStep::hold(int64_t s) {
   step = s;
 }
 
+void Walk::keep_two_steps(bool on) {
+  two_steps = on;
+  if (on) return;
+  for (KeptStep& slot : kept) {
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    slot.hold(-1);
+  }
+}
+
 void Walk::release_kept(int64_t step) const {
   if (two_steps) return;
   KeptStep& slot = kept[static_cast<size_t>(step % 2)];

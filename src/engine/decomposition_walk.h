@@ -225,9 +225,10 @@ struct Walk {
 
   /// Keeps the training rows of two steps at once (the step being
   /// contracted and the one formed ahead), each within keep_doubles;
-  /// otherwise a step's rows go when the next step's are formed.
-  void keep_two_steps(bool on) { two_steps = on; }
-  /// Step st's kept training rows go, once its walk is done with them: they
+  /// otherwise a step's rows go when its walk ends (release_kept). Turned
+  /// off, both steps' rows go.
+  void keep_two_steps(bool on);
+  /// The kept training rows of step `step` go, once its walk is done with them: they
   /// hold views of the replay's layer inputs and signals, which would
   /// otherwise live through the next step's replay (not with two steps
   /// kept, whose other step is formed ahead).
