@@ -95,5 +95,48 @@ TEST(SignalsGradient, FormedLaterIsBatchsBitForBit) {
   EXPECT_EQ(steps, 3);
 }
 
+// A step's kept training rows (views of the replay's layer inputs and
+// signals) go when its walk ends: release_kept empties the step's slot,
+// except while two steps are kept (the reverse walk's training side
+// ahead), and leaving that mode empties both slots.
+TEST(SignalsGradient, KeptRowsGoWhenTheStepsWalkEnds) {
+  testing::TempDir dir("signals-gradient-kept");
+  const RunOptions r = float32_run(dir / "run", "mnist", "cnn:2,3");
+  PathReader reader(r.out);
+  DecompositionOptions o;
+  o.progress = false;
+  decomposition_walk::Walk w(reader, reader.dataset().x_test.narrow(0, 0, 1), o);
+  ASSERT_TRUE(w.gradient_from_signals);
+  ASSERT_GT(w.keep_doubles, 0);
+  const int64_t chunk = 7;
+  auto held = [&](int64_t step) {
+    const auto& slot = w.kept[static_cast<size_t>(step % 2)];
+    return slot.step == step && !slot.chunks.empty() && slot.doubles > 0;
+  };
+  int64_t steps = 0;
+  reader.forward([&](const PathStep& st) {
+    SCOPED_TRACE("step " + std::to_string(st.step));
+    w.ev.set_segment(st.w, st.delta);
+    (void)w.batch(reader, st, false, chunk);
+    ASSERT_TRUE(held(st.step));
+    if (st.step == 1) {  // two steps kept: steps 0 and 1 held through the release
+      w.keep_two_steps(true);
+      w.release_kept(st.step);
+      EXPECT_TRUE(held(st.step));
+      w.keep_two_steps(false);
+      EXPECT_TRUE(w.kept[0].chunks.empty() && w.kept[1].chunks.empty());
+      EXPECT_EQ(w.kept[0].doubles + w.kept[1].doubles, 0);
+    } else {
+      w.release_kept(st.step + 2);  // another step of its parity: its slot stays
+      EXPECT_TRUE(held(st.step));
+      w.release_kept(st.step);
+      EXPECT_FALSE(held(st.step));
+      EXPECT_TRUE(w.kept[static_cast<size_t>(st.step % 2)].chunks.empty());
+    }
+    ++steps;
+  });
+  EXPECT_EQ(steps, 3);
+}
+
 }  // namespace
 }  // namespace pathkernel
