@@ -51,11 +51,12 @@ Algorithm1Result algorithm1(PathReader& reader, const torch::Tensor& x_in, int T
   reader.forward([&](const PathStep& st) {
     const torch::Tensor idx = st.batch.defined() ? st.batch : torch::arange(M);
     const int64_t B = idx.size(0);
-    // J^X: every batch point's Jacobian at w_s(0), [B, K, P].
+    // J^X: every batch point's Jacobian at w_s(0), [B, K, P], each written
+    // into its row as it is formed (a list of them, stacked, held the
+    // batch's Jacobians twice).
     set_flat_parameters(net, st.w);
-    std::vector<torch::Tensor> jx;
-    for (int64_t i = 0; i < B; ++i) jx.push_back(jacobian(net, x_train[idx[i].item<int64_t>()].unsqueeze(0)));
-    torch::Tensor JX = torch::stack(jx);
+    torch::Tensor JX = torch::empty({B, K, st.w.size(0)}, torch::kFloat64);
+    for (int64_t i = 0; i < B; ++i) JX[i].copy_(jacobian(net, x_train[idx[i].item<int64_t>()].unsqueeze(0)));
     // L' = ∂ℓ/∂f at w_s(0): NLL on log-probabilities, cross entropy on logits.
     torch::Tensor fX;
     {
