@@ -37,15 +37,17 @@ class HugePagesAllocator final : public SysAllocator {
 };
 
 /// What every thread's cache of freed small blocks (up to 256 KiB each)
-/// may hold together: 1 MiB, where tcmalloc's default is 32 MiB. tcmalloc
-/// gives each thread at least half a MiB, so this is its floor on two
-/// threads. A block a thread frees waits in its cache for that thread
-/// alone; with the steps on threads (docs/math.md §12), each worker's
-/// replay frees the step's weight-sized tensors into a cache of its own,
-/// which no other thread reuses. Measured side by side (BENCHMARKS.md):
-/// the full-batch row's peak about 18 MB lower, the README CNN's `verify
-/// --test 10` about 40 MB, at the same speed within this machine's noise.
-constexpr size_t kThreadCachesBytes = size_t{1} << 20;
+/// may hold together: 8 MiB, where tcmalloc's default is 32 MiB. A block a
+/// thread frees waits in its cache for that thread alone; with the steps
+/// on threads (docs/math.md §12), each worker's replay frees the step's
+/// weight-sized tensors into a cache of its own, which no other thread
+/// reuses. A smaller cap sends a CNN's test-side temporaries through the
+/// central free lists instead: at 1 MiB, 7.0 to 7.3 % of the README CNN's
+/// `verify --test 10` samples were in tcmalloc against 3.9 to 4.1 % at
+/// 8 MiB and 3.2 % at 32 MiB (`perf record`). Peaks (BENCHMARKS.md): the
+/// full-batch row 292 to 299 MB against 301 at 32 MiB and 281 to 285 at
+/// 1 MiB; the README CNN's verify 360 MB against 382 and 349.
+constexpr size_t kThreadCachesBytes = size_t{8} << 20;
 
 }  // namespace
 

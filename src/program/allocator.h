@@ -9,7 +9,7 @@ namespace pathkernel::program {
 /// computed. Built with tcmalloc (PATHKERNEL_TCMALLOC, the default): the
 /// memory tcmalloc takes from the kernel is asked for in transparent huge
 /// pages, what is freed is kept for reuse, and the threads' caches of freed
-/// small blocks hold 1 MiB together (unless TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES
+/// small blocks hold 8 MiB together (unless TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES
 /// sets otherwise). Otherwise glibc's malloc keeps freed memory
 /// (pathkernel::keep_freed_memory).
 ///
