@@ -312,11 +312,6 @@ TrainSignals Walk::chunk_signals(const PathStep& st, const Batch& bt, int64_t r0
                                  const SegmentEvaluator& at, bool gradients) const {
   WalkClock::Scope timed(clock, WalkClock::kTrainingSignals);
   PK_ASSERT(st.step >= 0);
-  if (!two_steps) {  // the other step's rows go
-    KeptStep& other = kept[static_cast<size_t>(1 - st.step % 2)];
-    std::lock_guard<std::mutex> lock(other.mutex);
-    other.hold(-1);
-  }
   // Groups of test points ask concurrently: the first forms a chunk, the
   // others wait and take it if kept.
   KeptStep& slot = kept[static_cast<size_t>(st.step % 2)];
