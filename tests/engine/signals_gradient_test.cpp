@@ -22,18 +22,36 @@ RunOptions float32_run(const std::string& out, const std::string& data, const st
   return r;
 }
 
+/// A Walk of the first test point on a 3-step float32 Adam run of `model`
+/// on `data` (float32_run), with the run it reads.
+struct RunWalk {
+  RunWalk(const std::string& name, const std::string& data, const std::string& model)
+      : dir(name),
+        run(float32_run(dir / "run", data, model)),
+        reader(run.out),
+        options(quiet_options()),
+        w(reader, reader.dataset().x_test.narrow(0, 0, 1), options) {}
+  static DecompositionOptions quiet_options() {
+    DecompositionOptions o;
+    o.progress = false;
+    return o;
+  }
+  testing::TempDir dir;
+  RunOptions run;
+  PathReader reader;
+  DecompositionOptions options;
+  decomposition_walk::Walk w;
+};
+
 TEST(SignalsGradient, EqualsAutogradsBatchGradient) {
   struct Case {
     std::string data, model;
   };
   for (const Case& c : {Case{"gaussians3", "mlp:6,5"}, Case{"mnist", "cnn:2,3"}}) {
     SCOPED_TRACE(c.model);
-    testing::TempDir dir("signals-gradient");
-    const RunOptions r = float32_run(dir / "run", c.data, c.model);
-    PathReader reader(r.out);
-    DecompositionOptions o;
-    o.progress = false;
-    decomposition_walk::Walk w(reader, reader.dataset().x_test.narrow(0, 0, 1), o);
+    RunWalk run("signals-gradient", c.data, c.model);
+    PathReader& reader = run.reader;
+    decomposition_walk::Walk& w = run.w;
     ASSERT_TRUE(w.gradient_from_signals);
     int64_t steps = 0;
     reader.forward([&](const PathStep& st) {
@@ -57,12 +75,9 @@ TEST(SignalsGradient, EqualsAutogradsBatchGradient) {
 // the chunks were kept or formed again, and the kept chunks hold their
 // per-sample gradients afterwards, their patches gone.
 TEST(SignalsGradient, FormedLaterIsBatchsBitForBit) {
-  testing::TempDir dir("signals-gradient-later");
-  const RunOptions r = float32_run(dir / "run", "mnist", "cnn:2,3");
-  PathReader reader(r.out);
-  DecompositionOptions o;
-  o.progress = false;
-  decomposition_walk::Walk w(reader, reader.dataset().x_test.narrow(0, 0, 1), o);
+  RunWalk c("signals-gradient-later", "mnist", "cnn:2,3");
+  PathReader& reader = c.reader;
+  decomposition_walk::Walk& w = c.w;
   ASSERT_TRUE(w.gradient_from_signals);
   const int64_t chunk = 7;  // several chunks to a batch
   int64_t steps = 0;
@@ -89,7 +104,7 @@ TEST(SignalsGradient, FormedLaterIsBatchsBitForBit) {
         EXPECT_FALSE(t.patches[0].defined());
       }
     }
-    w.keep_doubles = o.memory_doubles / 4;
+    w.keep_doubles = c.options.memory_doubles / 4;
     ++steps;
   });
   EXPECT_EQ(steps, 3);
@@ -100,12 +115,9 @@ TEST(SignalsGradient, FormedLaterIsBatchsBitForBit) {
 // except while two steps are kept (the reverse walk's training side
 // ahead), and leaving that mode empties both slots.
 TEST(SignalsGradient, KeptRowsGoWhenTheStepsWalkEnds) {
-  testing::TempDir dir("signals-gradient-kept");
-  const RunOptions r = float32_run(dir / "run", "mnist", "cnn:2,3");
-  PathReader reader(r.out);
-  DecompositionOptions o;
-  o.progress = false;
-  decomposition_walk::Walk w(reader, reader.dataset().x_test.narrow(0, 0, 1), o);
+  RunWalk c("signals-gradient-kept", "mnist", "cnn:2,3");
+  PathReader& reader = c.reader;
+  decomposition_walk::Walk& w = c.w;
   ASSERT_TRUE(w.gradient_from_signals);
   ASSERT_GT(w.keep_doubles, 0);
   const int64_t chunk = 7;
@@ -119,7 +131,7 @@ TEST(SignalsGradient, KeptRowsGoWhenTheStepsWalkEnds) {
     w.ev.set_segment(st.w, st.delta);
     (void)w.batch(reader, st, false, chunk);
     ASSERT_TRUE(held(st.step));
-    if (st.step == 1) {  // two steps kept: steps 0 and 1 held through the release
+    if (st.step == 1) {  // two steps kept: step 1's rows stay through its release
       w.keep_two_steps(true);
       w.release_kept(st.step);
       EXPECT_TRUE(held(st.step));
