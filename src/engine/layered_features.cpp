@@ -575,15 +575,20 @@ std::vector<torch::Tensor> LayeredFeatures::shared_sites(const SegmentPass& pf, 
 }
 
 void LayeredFeatures::integrate_fixed(const QuadratureRule& rule) {
-  // Every test point gets the same nodes.
+  // Every test point gets the same nodes, in rounds of whole points held to
+  // the round's rows (at least one point): a block of points with many
+  // nodes each takes more rounds rather than more memory.
   const int64_t t_count = static_cast<int64_t>(rule.nodes.size());
-  torch::Tensor point = torch::arange(n_).repeat_interleave(t_count);
-  torch::Tensor t = torch::tensor(rule.nodes, opts_).repeat({n_});
-  torch::Tensor w = torch::tensor(rule.weights, opts_).repeat({n_});
-  SegmentPass pass = rows_at(point, t, track_passes(ev_));
-  std::vector<torch::Tensor> sig = all_signals(ev_, pass);
-  keep(pass, sig, torch::arange(point.size(0)), point, w, false);
-  f_.evaluations = point.size(0);
+  const int64_t per_round = std::max<int64_t>(1, max_rows_ / std::max<int64_t>(1, t_count));
+  const torch::Tensor t_one = torch::tensor(rule.nodes, opts_), w_one = torch::tensor(rule.weights, opts_);
+  for (int64_t first = 0; first < n_; first += per_round) {
+    const int64_t count = std::min(per_round, n_ - first);
+    torch::Tensor point = torch::arange(first, first + count).repeat_interleave(t_count);
+    SegmentPass pass = rows_at(point, t_one.repeat({count}), track_passes(ev_));
+    std::vector<torch::Tensor> sig = all_signals(ev_, pass);
+    keep(pass, sig, torch::arange(point.size(0)), point, w_one.repeat({count}), false);
+  }
+  f_.evaluations = n_ * t_count;
 }
 
 std::vector<double> LayeredFeatures::scales() {

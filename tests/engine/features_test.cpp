@@ -392,6 +392,26 @@ TEST(Features, RoundsOfAFewRowsGiveTheFeaturesOfOneRound) {
   }
 }
 
+// A fixed rule's rows go in rounds of whole test points, as many as the
+// round's rows allow and at least one (layered_features.cpp,
+// integrate_fixed), so a block of points with many nodes each takes more
+// rounds rather than more memory: a point a round gives the features of
+// one round, and every point still gets every node.
+TEST(Features, FixedRuleRoundsOfWholePointsGiveTheFeaturesOfOneRound) {
+  const std::vector<Case> cases = {{"cnn:2,3", {1, 8, 8}, OutputMap::LogSoftmax}, {"mlp:6,5", {4}, OutputMap::Logits}};
+  for (const Case& c : cases) {
+    const LongStep s(c, 43);
+    QuadratureOptions q;
+    q.spec = QuadratureSpec::parse("riemann:7");
+    const TestFeatures one = test_features(s.ev, s.x, q);
+    q.max_rows = 1;  // a point a round (7 rows: a round is never less than a point)
+    const TestFeatures few = test_features(s.ev, s.x, q);
+    EXPECT_EQ(one.evaluations, 7 * s.x.size(0)) << c.name();
+    EXPECT_EQ(few.evaluations, one.evaluations) << c.name();
+    expect_same_features(s, few, one, c.name() + " riemann:7");
+  }
+}
+
 // With several threads own networks give each of a call's test points a
 // group of its own, each computed on one thread, and join the groups'
 // features. The joined

@@ -272,16 +272,16 @@ void expect_same_bits(const Decomposition& a, const Decomposition& b, const std:
 
 // With two threads or more and a replay on one thread allowed (--replay
 // ahead), the forward walk (gd, sgd) takes its blocks of steps on threads at
-// once, each worker with a reader of its own walking a block on one thread
-// (decomposition_forward.cpp, StepsOnThreads). The decomposition is one
-// walk's, bit for bit, on two threads and on three: one thread's for an MLP
-// (a block of points one group), several threads' in turn for a CNN (a point
-// a group), for runs trained on one thread and on two (an MLP's Linear
-// products then in pieces), the kernel and the contributions by layer
-// included, from any first step. In turn an MLP's is one walk by groups of
-// points, to rounding. A run of two threads whose segment one thread does
-// not reproduce walks again in turn, and says why.
-TEST(StepsOnThreads, GiveTheDecompositionOfOneWalk) {
+// once, each worker with a reader of its own walking a block as one thread
+// walks it, each block of points one group (decomposition_forward.cpp,
+// StepsOnThreads). The decomposition is one thread's, bit for bit, on two
+// threads and on three, for runs trained on one thread and on two (an MLP's
+// Linear products then in pieces), an MLP and a CNN, the kernel and the
+// contributions by layer included, from any first step. In turn it is one
+// walk of the steps, by groups of points, to rounding. A run of two threads
+// whose segment one thread does not reproduce walks again in turn, and says
+// why.
+TEST(StepsOnThreads, GiveTheDecompositionOfOneThread) {
   struct Case {
     std::string optimizer, data, model;
     int train_threads;
@@ -289,7 +289,6 @@ TEST(StepsOnThreads, GiveTheDecompositionOfOneWalk) {
   for (const Case& c : {Case{"gd", "gaussians3", "mlp:6,5", 1}, Case{"gd", "gaussians3", "mlp:6,5", 2},
                         Case{"sgd", "mnist", "cnn:2,3", 1}}) {
     const std::string what = c.optimizer + " " + c.model + " trained on " + std::to_string(c.train_threads);
-    const bool mlp = c.model[0] == 'm';
     testing::TempDir dir(c.optimizer);
     RunOptions r = testing::small_run_of(dir / "run", c.optimizer, c.data, c.model, 9, 2, 7);
     r.train.optimizer.weight_decay = 1e-2;
@@ -310,13 +309,7 @@ TEST(StepsOnThreads, GiveTheDecompositionOfOneWalk) {
       ThreadScope scope(threads);
       return decompose(reader, x, o);
     };
-    // The one walk an MLP's workers give (one thread's), and a CNN's (in turn, on several).
-    auto walk = [&](const DecompositionOptions& o) {
-      DecompositionOptions w = o;
-      w.replay_ahead = false;
-      return mlp ? on(1, w) : on(2, w);
-    };
-    const Decomposition one = walk(options);
+    const Decomposition one = on(1, options);
     EXPECT_EQ(one.step_threads, 1) << what;
     ASSERT_GT(one.contributions.abs().max().item<double>(), 1e-6) << what;
     EXPECT_LT(summarize(one).max_rel_error, 1e-12) << what;
@@ -327,10 +320,10 @@ TEST(StepsOnThreads, GiveTheDecompositionOfOneWalk) {
     }
     DecompositionOptions from_3 = options;
     from_3.first_step = 3;
-    expect_same_bits(walk(from_3), on(2, from_3), what + ", from step 3");
+    expect_same_bits(on(1, from_3), on(2, from_3), what + ", from step 3");
     DecompositionOptions by_layer = options;
     by_layer.by_layer = true;
-    expect_same_bits(walk(by_layer), on(2, by_layer), what + ", by layer");
+    expect_same_bits(on(1, by_layer), on(2, by_layer), what + ", by layer");
     const Decomposition walked = on(2, in_turn);
     EXPECT_EQ(walked.step_threads, 1) << what;
     EXPECT_LE(relative_gap(one.contributions, walked.contributions), 1e-13) << what;
