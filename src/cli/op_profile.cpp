@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "op_callers.h"
 #include "pathkernel/files.h"
 
 namespace pathkernel::cli {
@@ -55,6 +56,8 @@ struct OpProfile::Tally {
   /// (thread, operation, input shapes) -> totals, of operations called from
   /// outside any other.
   std::map<std::tuple<int, std::string, std::string>, Totals> by_shape;
+  /// (operation, the program's frames that called it) -> totals, over threads.
+  std::map<std::pair<std::string, ProgramCallers>, Totals> by_callers;
 };
 
 namespace {
@@ -67,6 +70,7 @@ struct ThreadState {
   int thread = -1;
   std::vector<OpenOp> open;
   std::string shapes;  // the outermost operation's input shapes
+  ProgramCallers callers{};  // the outermost operation's callers in the program
 };
 thread_local ThreadState state;
 
@@ -77,7 +81,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     state.generation = generation;
   }
   if (state.thread < 0) state.thread = active->threads++;
-  if (state.open.empty()) state.shapes = input_shapes(fn);
+  if (state.open.empty()) {
+    state.shapes = input_shapes(fn);
+    state.callers = program_callers();
+  }
   state.open.push_back({fn.name(), Clock::now()});
   return nullptr;
 }
@@ -92,6 +99,9 @@ void on_end(const at::RecordFunction&, at::ObserverContext*) {
   Totals& s = active->by_shape[{state.thread, op.name, state.shapes}];
   ++s.calls;
   s.seconds += seconds;
+  Totals& c = active->by_callers[{op.name, state.callers}];
+  ++c.calls;
+  c.seconds += seconds;
 }
 
 /// Rows "seconds calls thread operation [shapes]", costliest first, at most `limit`.
@@ -115,6 +125,34 @@ std::string outer_label(const std::pair<int, std::string>& k) {
 
 std::string shape_label(const std::tuple<int, std::string, std::string>& k) {
   return "thread " + std::to_string(std::get<0>(k)) + "  " + std::get<1>(k) + "  " + std::get<2>(k);
+}
+
+std::string caller_label(const std::pair<std::string, std::string>& k) { return k.first + "  " + k.second; }
+
+/// The totals by (the pathkernel function that called the operation, the
+/// operation), the callers' frames named by one call of addr2line.
+std::map<std::pair<std::string, std::string>, Totals> by_calling_function(
+    const std::map<std::pair<std::string, ProgramCallers>, Totals>& by_callers) {
+  std::map<uintptr_t, std::string> name;
+  for (const auto& [key, t] : by_callers) {
+    for (uintptr_t a : key.second) {
+      if (a != 0) name[a];
+    }
+  }
+  std::vector<uintptr_t> offsets;
+  for (const auto& [a, n] : name) offsets.push_back(a);
+  const std::vector<std::string> names = program_functions(offsets);
+  for (size_t i = 0; i < offsets.size(); ++i) name[offsets[i]] = names[i];
+  std::map<std::pair<std::string, std::string>, Totals> out;
+  for (const auto& [key, t] : by_callers) {
+    std::vector<std::string> frames;
+    for (uintptr_t a : key.second) frames.push_back(a != 0 ? name[a] : "");
+    std::string function = calling_function(frames);
+    Totals& sum = out[{function.empty() ? "(no frame of the program)" : function, key.first}];
+    sum.calls += t.calls;
+    sum.seconds += t.seconds;
+  }
+  return out;
 }
 
 }  // namespace
@@ -148,6 +186,8 @@ OpProfile::~OpProfile() {
     write_rows(out, outer, 200, outer_label);
     out << "\n# the same by their inputs' shapes\n";
     write_rows(out, tally_->by_shape, 200, shape_label);
+    out << "\n# the same by the pathkernel function that called them, over the threads\n";
+    write_rows(out, by_calling_function(tally_->by_callers), 200, caller_label);
   }
   try {
     write_file_atomic(path_, out.str());

@@ -12,8 +12,9 @@ namespace pathkernel::cli {
 /// While it lives, times every LibTorch operation the process runs (through
 /// LibTorch's RecordFunction callbacks); at its end writes to `path` (atomically), per
 /// thread, the operations called from outside any other operation (pathkernel's
-/// own calls): their calls and seconds, and those of the costliest
-/// operations by their inputs' shapes. Threads are numbered in the order
+/// own calls): their calls and seconds, those of the costliest operations
+/// by their inputs' shapes, and those by the pathkernel function that
+/// called them (op_callers.h), over the threads. Threads are numbered in the order
 /// they first run an operation (0: the program's own). Its overhead, a few
 /// microseconds an operation, counts in the times.
 class OpProfile {

@@ -56,6 +56,36 @@ TEST(OpProfile, CountsEachOuterOperationOnItsThread) {
   EXPECT_NE(profile.find("aten::cat  [40, 30] [40, 30]"), std::string::npos) << profile;
 }
 
+/// Products called from a function of the test program's own, not inlined.
+[[gnu::noinline]] void multiply_here(const torch::Tensor& a, const torch::Tensor& b, int times) {
+  for (int i = 0; i < times; ++i) (void)torch::mm(a, b);
+  asm volatile("" ::: "memory");
+}
+
+// The profile's last table names the function that called each operation:
+// the program's frame past LibTorch's, named by addr2line.
+TEST(OpProfile, NamesTheFunctionThatCalledEachOperation) {
+  TempDir dir("op_profile");
+  const std::string path = dir / "ops.txt";
+  const torch::Tensor a = torch::randn({8, 6}, torch::kFloat64), b = torch::randn({6, 4}, torch::kFloat64);
+  {
+    OpProfile profile(path);
+    multiply_here(a, b, 4);
+  }
+  const std::string profile = read_file(path);
+  const size_t table = profile.find("# the same by the pathkernel function that called them");
+  ASSERT_NE(table, std::string::npos) << profile;
+  std::istringstream in(profile.substr(table));
+  std::string line;
+  long long calls = -1;
+  while (std::getline(in, line)) {
+    if (line.find("pathkernel::cli::multiply_here  aten::mm") == std::string::npos) continue;
+    double seconds = 0;
+    std::istringstream(line) >> seconds >> calls;
+  }
+  EXPECT_EQ(calls, 4) << profile;
+}
+
 TEST(OpProfile, IsOffWithoutItsEnvironmentVariable) {
   ::unsetenv("PATHKERNEL_OP_PROFILE");
   EXPECT_EQ(op_profile_from_environment(), nullptr);
