@@ -11,7 +11,8 @@
 # test points), explain on own networks (an MLP and a CNN), a layers: network,
 # a TorchScript module on both routes, a recorded loop (record_loop.py, once,
 # read by both binaries; stored every step, the format every pathkernel binary
-# reads), and evaluate and the metagradient on a small run.
+# reads), evaluate and the metagradient on a small run, and a Fashion-MNIST
+# subset (inputs that are bytes) with sgd and gd.
 # Both binaries run one after the other on one thread, so that BLAS sees the
 # same machine for both. THREADS=N runs every command on N threads instead: a
 # change to what runs in parallel shows there (pathkernel's own MLP trains
@@ -82,6 +83,20 @@ commands() {  # $1: binary, $2: output directory
     --out "$out/small/gram.npy" > /dev/null
   "${pk[@]}" gram "$out/mnist-cnn" --kernel epk --rows test --cols test --test 2 --out "$out/mnist-cnn/gram-test.npy" \
     > /dev/null
+  # Inputs that are bytes (fashion-mnist), which a run's reader holds as codes:
+  # a batch's rows decoded (sgd), the whole set (gd), the images explain draws.
+  for opt in sgd gd; do
+    local batch=60
+    [ "$opt" = gd ] && batch=600
+    "${pk[@]}" train --data fashion-mnist --train-size 600 --test-size 50 --model mlp:16 --optimizer "$opt" \
+      --lr 0.1 --batch "$batch" --steps 20 --out "$out/fashion-$opt" --force > /dev/null
+    "${pk[@]}" verify "$out/fashion-$opt" --test 3 --json > "$out/fashion-$opt-verify.json"
+    "${pk[@]}" explain "$out/fashion-$opt" --test-index 0,1 --out "$out/fashion-$opt/explain" > /dev/null
+  done
+  "${pk[@]}" gram "$out/fashion-sgd" --kernel epk --rows test --cols train --test 2 --train 30 \
+    --out "$out/fashion-sgd/gram.npy" > /dev/null
+  "${pk[@]}" explain "$out/fashion-sgd" --method metagradient --test 2 --check 1 \
+    --out "$out/fashion-sgd/metagradient" > /dev/null
 }
 
 for side in old new; do

@@ -24,21 +24,30 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "pathkernel/coded_inputs.h"
+
 namespace pathkernel {
 
-/// What to load and how. Every field is recorded in the run manifest.
+/// What to load and how. Every field but the last is recorded in the run
+/// manifest: the last says how the data is held, not which data it is.
 struct DataOptions {
   std::string spec = "gaussians3";  ///< registry name, or "csv:PATH"
   int64_t train_size = -1;          ///< -1: all; else a class-balanced subset
   int64_t test_size = -1;           ///< -1: all; else a class-balanced subset
   uint64_t seed = 0;                ///< seeds synthetic generation and subsets
   torch::Dtype dtype = torch::kFloat64;
+  /// Hold the training inputs as codes (Dataset::x_train_coded) where the
+  /// source's inputs are bytes (fashion-mnist); x_train is then undefined.
+  bool coded_train_inputs = false;
 };
 
 /// A loaded dataset: train and test splits plus how they were normalised.
 struct Dataset {
   std::string spec;
-  torch::Tensor x_train;  ///< [M, *input_shape], dtype of DataOptions
+  torch::Tensor x_train;  ///< [M, *input_shape], dtype of DataOptions; undefined when x_train_coded is defined
+  /// DataOptions::coded_train_inputs on a source of bytes: the training
+  /// inputs as codes, decoded to the bits x_train would hold (train_inputs).
+  CodedInputs x_train_coded;
   torch::Tensor y_train;  ///< [M] int64 class labels, or [M, K] float64 regression targets (npy:DIR, loss mse),
                           ///< or [M, T] int64 tokens (npy:DIR, sequence.h)
   torch::Tensor x_test;   ///< [n_test, *input_shape]
@@ -64,6 +73,16 @@ struct Dataset {
   /// class numbers with no training points (they still get an output).
   std::vector<std::string> warnings;
 };
+
+/// The number of training points, however their inputs are held.
+int64_t train_count(const Dataset& data);
+
+/// Rows `index` ([k] int64) of the training inputs, decoded where they are
+/// held as codes; all of them for an undefined index.
+torch::Tensor train_inputs(const Dataset& data, const torch::Tensor& index);
+
+/// Training input i: [*input_shape].
+torch::Tensor train_input(const Dataset& data, int64_t i);
 
 /// Names accepted by load_dataset ("csv:PATH" is listed as "csv:PATH").
 std::vector<std::string> dataset_names();

@@ -165,4 +165,8 @@ torch::Tensor read_loss_weights(const std::string& run_dir, const Manifest& mani
 /// CRC-32 of a training set (inputs then labels, raw bytes).
 uint32_t training_data_crc32(const torch::Tensor& x, const torch::Tensor& y);
 
+/// The same CRC of a dataset's training split, its inputs decoded by blocks
+/// of rows where they are held as codes (the same bytes as x_train's).
+uint32_t training_data_crc32(const Dataset& data);
+
 }  // namespace pathkernel

@@ -132,7 +132,17 @@ class PathReader {
   PathReader twin() const;
 
   const Manifest& manifest() const { return manifest_; }
-  const Dataset& dataset() const { return dataset_; }
+  /// The run's dataset with its training inputs in x_train. Where they are
+  /// held as codes (a source of bytes, such as fashion-mnist), the first call
+  /// decodes them, once for the reader and its twins.
+  const Dataset& dataset() const;
+  /// The dataset as held: x_train undefined where the training inputs are
+  /// coded. For what reads the test split, the labels and the sizes.
+  const Dataset& held_dataset() const { return dataset_; }
+  /// Rows `index` of the training inputs (all for an undefined index), in
+  /// the run's dtype, decoded where they are held as codes.
+  torch::Tensor train_inputs(const torch::Tensor& index) const { return pathkernel::train_inputs(dataset_, index); }
+  int64_t train_count() const { return manifest_.num_train; }
   Network& network() { return net_; }
   int64_t steps() const { return manifest_.steps; }
   /// The run's per-training-point loss weights, float64 [M]; undefined when
@@ -337,6 +347,13 @@ class PathReader {
   std::string dir_;
   Manifest manifest_;
   Dataset dataset_;
+  /// dataset_ with its training inputs decoded, made by the first dataset()
+  /// of this reader or a twin (they share it).
+  struct Decoded {
+    std::once_flag once;
+    Dataset data;
+  };
+  std::shared_ptr<Decoded> decoded_ = std::make_shared<Decoded>();
   Network net_{nullptr};
   // The batch log currently loaded; read under batch_mutex_ (a replay
   // ahead and its caller both read it).

@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "pathkernel/dataset.h"
 #include "pathkernel/loss.h"
 #include "pathkernel/model.h"
 #include "pathkernel/optimizer.h"
@@ -146,6 +147,12 @@ struct ResumePoint {
 TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tensor& y_train,
                    const torch::Tensor& x_test, const torch::Tensor& y_test,
                    const TrainOptions& options, TrainingObserver& observer,
+                   const ResumePoint* resume = nullptr);
+
+/// The same on `data`'s splits. Training inputs held as codes
+/// (DataOptions::coded_train_inputs) are decoded a batch at a time, and whole
+/// once for a full batch: the same bits as the splits' tensors give.
+TrainSummary train(Network& net, const Dataset& data, const TrainOptions& options, TrainingObserver& observer,
                    const ResumePoint* resume = nullptr);
 
 /// Accuracy of net on (x, y), evaluated in chunks without gradients.

@@ -96,7 +96,7 @@ void add_verify_command(CLI::App& app, Globals& globals) {
     world.agree([&] {
       reader_storage.emplace(args->run);
       options.position = args->position.checked(reader_storage->manifest());
-      choose_points(*args, reader_storage->dataset(), x, labels, test_index);
+      choose_points(*args, reader_storage->held_dataset(), x, labels, test_index);
     });
     PathReader& reader = *reader_storage;
     Decomposition d = decompose_across(world, reader, x, options);

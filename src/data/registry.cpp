@@ -120,6 +120,19 @@ void take_subset(torch::Tensor& x, torch::Tensor& y, int64_t size, uint64_t seed
 
 }  // namespace
 
+int64_t train_count(const Dataset& data) {
+  return data.x_train_coded.defined() ? data.x_train_coded.size() : data.x_train.size(0);
+}
+
+torch::Tensor train_inputs(const Dataset& data, const torch::Tensor& index) {
+  if (!data.x_train_coded.defined()) return index.defined() ? data.x_train.index_select(0, index) : data.x_train;
+  return index.defined() ? data.x_train_coded.rows(index) : data.x_train_coded.all();
+}
+
+torch::Tensor train_input(const Dataset& data, int64_t i) {
+  return train_inputs(data, torch::tensor({i}, torch::kLong))[0];
+}
+
 std::vector<std::string> dataset_names() {
   std::vector<std::string> names;
   for (const Entry& entry : kRegistry) names.push_back(display_name(entry));
@@ -207,7 +220,15 @@ Dataset load_dataset(const DataOptions& options) {
   take_subset(data.x_train, data.y_train, options.train_size, options.seed, "train", spec);
   take_subset(data.x_test, data.y_test, options.test_size, options.seed + 1, "test", spec);
 
-  data.x_train = to_inputs(data.x_train, options.dtype, data.normalization);
+  if (options.coded_train_inputs && data.x_train.scalar_type() == torch::kUInt8) {
+    // Each byte's input, normalised by the operations to_inputs applies to
+    // every element: a decoded row has the bits of the split normalised whole.
+    const torch::Tensor bytes = torch::arange(256, torch::TensorOptions().dtype(torch::kUInt8));
+    data.x_train_coded = coded_inputs(data.x_train, to_inputs(bytes, options.dtype, data.normalization));
+    data.x_train = torch::Tensor();
+  } else {
+    data.x_train = to_inputs(data.x_train, options.dtype, data.normalization);
+  }
   data.x_test = to_inputs(data.x_test, options.dtype, data.normalization);
   data.y_train = data.y_train.contiguous();
   data.y_test = data.y_test.contiguous();

@@ -177,10 +177,9 @@ CaptureScope::CaptureScope(PathReader& reader, bool on, const SegmentEvaluator& 
 Walk::Walk(PathReader& reader, const torch::Tensor& x_in, const DecompositionOptions& options)
     : m(reader.manifest()),
       x(x_in.to(torch::kFloat64)),
-      x_train(reader.dataset().x_train),
-      y_train(reader.dataset().y_train),
+      y_train(reader.held_dataset().y_train),
       n(x.size(0)),
-      M(x_train.size(0)),
+      M(reader.train_count()),
       K(m.num_classes),
       network_options(m.network_options(options.position)),
       route(options.quadrature.route),
@@ -274,7 +273,11 @@ Walk::Batch Walk::batch_of(PathReader& reader, const PathStep& st, bool need_x, 
     out.b = out.idx.size(0);
     // Converted per batch: a float64 copy of the whole set (376 MB for
     // Fashion-MNIST) was memory first touched for little.
-    if (!captured || need_x) out.xb = x_train.index_select(0, out.idx).to(torch::kFloat64);
+    if (!captured || need_x) {
+      // A full batch reads the whole set as held, not a decoding of it a step.
+      const torch::Tensor xb = st.batch.defined() ? reader.train_inputs(out.idx) : reader.dataset().x_train;
+      out.xb = xb.to(torch::kFloat64);
+    }
     if (!captured) out.yb = y_train.index_select(0, out.idx);
     out.wb = reader.loss_weights(out.idx);
     if (captured) out.gradient = st.gradient;
@@ -386,7 +389,7 @@ std::string status_line(const Decomposition& d, int64_t point_steps) {
 
 Decomposition start(PathReader& reader, Network& net64, const torch::Tensor& x, int64_t block) {
   const Manifest& m = reader.manifest();
-  const int64_t n = x.size(0), M = reader.dataset().x_train.size(0), K = m.num_classes;
+  const int64_t n = x.size(0), M = reader.train_count(), K = m.num_classes;
   Decomposition d;
   d.steps = m.steps;
   const size_t last = m.checkpoints.size() - 1;

@@ -236,7 +236,6 @@ struct Walk {
 
   const Manifest& m;
   const torch::Tensor x;
-  const torch::Tensor& x_train;
   const torch::Tensor& y_train;
   const int64_t n, M, K;
   /// What the networks and evaluators are made from.

@@ -429,7 +429,7 @@ std::vector<std::string> write_explain_images(const std::string& dir, const Data
       int shown = 0;
       for (const RankedPoint& r : *sides[side]) {
         if (shown++ == 8) break;
-        rows[side].push_back({data.x_train[r.index], colours[side]});
+        rows[side].push_back({train_input(data, r.index), colours[side]});
       }
     }
     const std::string name =

@@ -45,7 +45,7 @@ PointSource point_source(PathReader& reader, const torch::Tensor& index, const t
 
 /// Each ranked training sequence's text (sequence.h), when the data name their codes.
 void add_text(std::vector<RankedPoint>& side, const Dataset& data) {
-  for (RankedPoint& r : side) r.text = sequence_text(data.x_train[r.index], data.vocabulary);
+  for (RankedPoint& r : side) r.text = sequence_text(train_input(data, r.index), data.vocabulary);
 }
 
 /// Each ranked training point's contribution split over the parameter tensors.
@@ -57,7 +57,7 @@ void add_layers(std::vector<RankedPoint>& side, const torch::Tensor& layers) {  
 /// its predicted class.
 ExplainedPoint exact_point(PathReader& reader, const Decomposition& d, const torch::Tensor& gap, int64_t n,
                            const PointSource& src, int64_t top) {
-  const torch::Tensor& y_train = reader.dataset().y_train;
+  const torch::Tensor& y_train = reader.held_dataset().y_train;
   ExplainedPoint p;
   p.predicted = d.fN[n].argmax().item<int64_t>();
   p.output = p.predicted;
@@ -74,12 +74,12 @@ ExplainedPoint exact_point(PathReader& reader, const Decomposition& d, const tor
   p.completeness_error = gap[n].abs().max().item<double>();
   p.proponents = ranked_points(c, y_train, top, true);
   p.opponents = ranked_points(c, y_train, top, false);
-  add_text(p.proponents, reader.dataset());
-  add_text(p.opponents, reader.dataset());
+  add_text(p.proponents, reader.held_dataset());
+  add_text(p.opponents, reader.held_dataset());
   if (reader.manifest().sequence_length > 0) {
     p.position = src.position;
-    const torch::Tensor& x = src.inputs ? src.inputs->x : reader.dataset().x_test;
-    p.text = sequence_text(x[p.test_index], reader.dataset().vocabulary);
+    const torch::Tensor& x = src.inputs ? src.inputs->x : reader.held_dataset().x_test;
+    p.text = sequence_text(x[p.test_index], reader.held_dataset().vocabulary);
   }
   if (d.layer_contributions.defined()) {
     const torch::Tensor layers = d.layer_contributions[n].select(1, p.predicted);  // [M, L]
@@ -93,13 +93,13 @@ ExplainedPoint exact_point(PathReader& reader, const Decomposition& d, const tor
 /// output differentiated (the predicted class when all were).
 ExplainedPoint metagradient_point(PathReader& reader, const Metagradient& g, int64_t n, int64_t test_index,
                                   int64_t top) {
-  const torch::Tensor& y_train = reader.dataset().y_train;
+  const torch::Tensor& y_train = reader.held_dataset().y_train;
   ExplainedPoint p;
   p.predicted = g.fN[n].argmax().item<int64_t>();
   p.output = g.outputs.defined() ? g.outputs[n].item<int64_t>() : p.predicted;
   const torch::Tensor c = g.values[n].select(1, p.output);  // [M]
   p.test_index = test_index;
-  p.label = label_at(reader.dataset().y_test, test_index);
+  p.label = label_at(reader.held_dataset().y_test, test_index);
   p.f_final = values_of(g.fN[n]);
   p.metagradient_sum = values_of(g.values[n].sum(0));
   p.proponents = ranked_points(c, y_train, top, true);
@@ -174,7 +174,7 @@ void write_points(PathReader& reader, const PointSource& src, const std::string&
   write_explain_directory(out, e.document, d.contributions, e.kernel ? d.kernel : torch::Tensor(),
                           d.layer_contributions);
   if (options.images && reader.manifest().input_shape.size() == 3) {
-    e.images = write_explain_images(out, reader.dataset(), e.document.points,
+    e.images = write_explain_images(out, reader.held_dataset(), e.document.points,
                                     src.inputs ? src.inputs->x : torch::Tensor());
   }
 }
@@ -195,7 +195,7 @@ bool is_single_kernel_machine(const Manifest& m) {
 }
 
 void check_explain_indices(PathReader& reader, const torch::Tensor& test_index, const ExplainOptions& options) {
-  const torch::Tensor& x_test = reader.dataset().x_test;
+  const torch::Tensor& x_test = reader.held_dataset().x_test;
   PK_CHECK(test_index.dim() == 1 && test_index.numel() > 0 && test_index.scalar_type() == torch::kLong,
            "explain: test indices must be a non-empty int64 list (got " << test_index.sizes() << " "
                                                                         << test_index.scalar_type() << ")");
@@ -253,7 +253,7 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
   const DecompositionOptions dopt =
       explain_decomposition_options(reader.manifest(), test_index.size(0), options, &e.kernel_note);
   if (options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
-  const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
+  const torch::Tensor x = reader.held_dataset().x_test.index_select(0, test_index);
   if (options.by_layer) {  // the contributions by layer are not saved with the progress
     write_explanation(reader, test_index, out, dopt, options, decompose(reader, x, dopt), e);
     return e;
@@ -273,8 +273,8 @@ ExplainInputs read_explain_inputs(PathReader& reader, const std::string& file, c
   ExplainInputs in;
   in.file = file;
   in.labels_file = labels_file;
-  in.x = read_inputs(file, reader.dataset());
-  if (!labels_file.empty()) in.labels = read_input_labels(labels_file, reader.dataset(), in.x.size(0));
+  in.x = read_inputs(file, reader.held_dataset());
+  if (!labels_file.empty()) in.labels = read_input_labels(labels_file, reader.held_dataset(), in.x.size(0));
   return in;
 }
 
@@ -298,7 +298,7 @@ void write_explanation(PathReader& reader, const torch::Tensor& test_index, cons
                        const DecompositionOptions& dopt, const ExplainOptions& options, Decomposition decomposition,
                        Explanation& e) {
   const PointSource src =
-      point_source(reader, test_index, reader.dataset().y_test.index_select(0, test_index), nullptr, dopt);
+      point_source(reader, test_index, reader.held_dataset().y_test.index_select(0, test_index), nullptr, dopt);
   write_points(reader, src, out, dopt, options, std::move(decomposition), e);
 }
 
@@ -316,7 +316,7 @@ MetagradientExplanation explain_metagradient(PathReader& reader, const torch::Te
   PK_CHECK(m.sequence_length == 0, "explain --method metagradient: run '"
                                        << reader.dir() << "' is a sequence model's, which the metagradient does "
                                        << "not take yet; use --method exact");
-  const torch::Tensor x = reader.dataset().x_test.index_select(0, test_index);
+  const torch::Tensor x = reader.held_dataset().x_test.index_select(0, test_index);
   MetagradientOptions mopt;
   mopt.progress = options.decomposition.progress;
   if (which == MetagradientOutputs::Predicted) mopt.outputs = reader.outputs(m.steps, x).argmax(1);
@@ -341,7 +341,7 @@ MetagradientExplanation explain_metagradient(PathReader& reader, const torch::Te
   if (!m.loss_weights.file.empty()) doc.loss_weights = m.loss_weights.file;
   doc.contributions_shape = {test_index.size(0), g.values.size(1), g.values.size(2)};
   write_explain_directory(out, doc, g.values);
-  if (options.images && m.input_shape.size() == 3) e.images = write_explain_images(out, reader.dataset(), doc.points);
+  if (options.images && m.input_shape.size() == 3) e.images = write_explain_images(out, reader.held_dataset(), doc.points);
   return e;
 }
 

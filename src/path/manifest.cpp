@@ -540,4 +540,19 @@ uint32_t training_data_crc32(const torch::Tensor& x, const torch::Tensor& y) {
   return crc;
 }
 
+uint32_t training_data_crc32(const Dataset& data) {
+  if (!data.x_train_coded.defined()) return training_data_crc32(data.x_train, data.y_train);
+  // Blocks of rows decoded in turn: the CRC of their bytes one after another
+  // is the CRC of the whole split's, without the whole split decoded.
+  constexpr int64_t kBlockRows = 4096;
+  uint32_t crc = 0;
+  const int64_t n = data.x_train_coded.size();
+  for (int64_t first = 0; first < n; first += kBlockRows) {
+    const torch::Tensor rows = data.x_train_coded.rows(torch::arange(first, std::min(n, first + kBlockRows)));
+    crc = crc32_update(crc, rows.data_ptr(), static_cast<size_t>(rows.numel() * rows.element_size()));
+  }
+  const torch::Tensor y = data.y_train.contiguous();
+  return crc32_update(crc, y.data_ptr(), static_cast<size_t>(y.numel() * y.element_size()));
+}
+
 }  // namespace pathkernel

@@ -66,13 +66,15 @@ std::vector<std::string> machine_differences(const Manifest& m) {
 PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
   manifest_ = Manifest::load(dir_);
   validate_run(dir_, manifest_);
-  dataset_ = load_dataset(manifest_.data_options());
+  DataOptions data = manifest_.data_options();
+  data.coded_train_inputs = true;  // decoded a batch at a time (train_inputs), or whole by dataset()
+  dataset_ = load_dataset(data);
   clip_ = read_clip_factors(dir_, manifest_);
   loss_weights_ = read_loss_weights(dir_, manifest_);
-  PK_CHECK(dataset_.x_train.size(0) == manifest_.num_train,
+  PK_CHECK(pathkernel::train_count(dataset_) == manifest_.num_train,
            "run '" << dir_ << "': dataset '" << manifest_.data.spec << "' now has "
-                   << dataset_.x_train.size(0) << " training points, the run used " << manifest_.num_train);
-  uint32_t crc = training_data_crc32(dataset_.x_train, dataset_.y_train);
+                   << pathkernel::train_count(dataset_) << " training points, the run used " << manifest_.num_train);
+  uint32_t crc = training_data_crc32(dataset_);
   PK_CHECK(crc == manifest_.train_crc32,
            "run '" << dir_ << "': the training data of '" << manifest_.data.spec
                    << "' has changed since the run was trained (CRC-32 " << crc << ", recorded "
@@ -96,11 +98,22 @@ PathReader::PathReader(TwinOf twin)
     : dir_(twin.of.dir_),
       manifest_(twin.of.manifest_),
       dataset_(twin.of.dataset_),
+      decoded_(twin.of.decoded_),
       net_(build_network(manifest_.network_options())),
       one_thread_reproduces_(twin.of.one_thread_reproduces_),
       one_thread_differs_at_(twin.of.one_thread_differs_at_),
       clip_(twin.of.clip_),
       loss_weights_(twin.of.loss_weights_) {}
+
+const Dataset& PathReader::dataset() const {
+  if (!dataset_.x_train_coded.defined()) return dataset_;
+  std::call_once(decoded_->once, [&] {
+    decoded_->data = dataset_;
+    decoded_->data.x_train = dataset_.x_train_coded.all();
+    decoded_->data.x_train_coded = CodedInputs();
+  });
+  return decoded_->data;
+}
 
 PathReader PathReader::twin() const { return PathReader(TwinOf{*this}); }
 
@@ -251,7 +264,6 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
   import_state(*optimizer, manifest_.optimizer.name, params, state);
   for (int64_t s = begin; s < end; ++s) {
     torch::Tensor idx = batch_indices(s);
-    const torch::Tensor& xt = dataset_.x_train;
     const torch::Tensor& yt = dataset_.y_train;
     const double clip = clip_[s].item<double>();
     LayerTrace trace;
@@ -261,7 +273,9 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
       // work on the step (fn) runs with the caller's.
       const StepThreads threads(replay_threads_ > 0 ? replay_threads_ : static_cast<int>(manifest_.threads),
                                 replay_threads_ > 0 ? replay_threads_ : run_blas_threads());
-      StepBatch batch{idx.defined() ? xt.index_select(0, idx) : xt, idx.defined() ? yt.index_select(0, idx) : yt,
+      // A full batch of coded inputs reads the decoded set, not a decoding a step.
+      StepBatch batch{idx.defined() ? train_inputs(idx) : dataset().x_train,
+                      idx.defined() ? yt.index_select(0, idx) : yt,
                       loss_weights(idx), s, manifest_.learning_rates[s]};
       batch.clip = clip;
       take_step(net_, *optimizer, batch);

@@ -79,8 +79,10 @@ RunResult train_run(const RunOptions& given) {
   PK_CHECK(!options.out.empty(), "no run directory given (RunOptions::out is empty)");
   PK_CHECK(options.checkpoint_every >= 0,
            "checkpoint spacing must be >= 1, or 0 for about sqrt(steps) (got " << options.checkpoint_every << ")");
-  Dataset data = load_dataset(options.data);
-  const int64_t m = data.x_train.size(0);
+  DataOptions held = options.data;
+  held.coded_train_inputs = true;  // bytes (fashion-mnist) decoded a batch at a time
+  Dataset data = load_dataset(held);
+  const int64_t m = train_count(data);
   if (!options.loss_weights_file.empty()) {
     const std::string& file = options.loss_weights_file;
     PK_CHECK(fs::is_regular_file(file), "loss weights file '" << file << "' does not exist or is not a file");
@@ -122,7 +124,7 @@ RunResult train_run(const RunOptions& given) {
   base.num_classes = data.num_classes;
   base.normalization = data.normalization;
   base.source = data.source;
-  base.train_crc32 = training_data_crc32(data.x_train, data.y_train);
+  base.train_crc32 = training_data_crc32(data);
   base.integer_inputs = data.integer_inputs;
   base.sequence_length = data.sequence_length;
   base.model_spec = net_options.spec.str();
@@ -162,7 +164,7 @@ RunResult train_run(const RunOptions& given) {
   if (options.train.loss_weights.defined()) writer.add_loss_weights(options.train.loss_weights);
   RunResult result;
   result.warnings = data.warnings;
-  result.summary = train(net, data.x_train, data.y_train, data.x_test, data.y_test, options.train, writer);
+  result.summary = train(net, data, options.train, writer);
   write_timing(options.out, result.summary, -1);
   result.manifest = writer.manifest();
   return result;
@@ -214,8 +216,10 @@ RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
   options.train.loss_weights = read_loss_weights(run_dir, m);
   ThreadScope thread_scope(static_cast<int>(m.threads));
   const RunBlasThreads blas_pin(m);
-  Dataset data = load_dataset(options.data);
-  PK_CHECK(data.x_train.size(0) == m.num_train && training_data_crc32(data.x_train, data.y_train) == m.train_crc32,
+  DataOptions held = options.data;
+  held.coded_train_inputs = true;
+  Dataset data = load_dataset(held);
+  PK_CHECK(train_count(data) == m.num_train && training_data_crc32(data) == m.train_crc32,
            "cannot resume '" << run_dir << "': the training data of '" << m.data.spec
                              << "' has changed since the run was started");
   const std::vector<double> rates =
@@ -248,8 +252,7 @@ RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
   RunWriter writer = RunWriter::reopen(run_dir, m);
   RunResult result;
   result.warnings = data.warnings;
-  result.summary =
-      train(net, data.x_train, data.y_train, data.x_test, data.y_test, options.train, writer, &at);
+  result.summary = train(net, data, options.train, writer, &at);
   write_timing(run_dir, result.summary, at.step);
   result.resumed_from = at.step;
   result.manifest = writer.manifest();

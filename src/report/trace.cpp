@@ -10,7 +10,7 @@ namespace pathkernel {
 StepTrace trace_steps(PathReader& reader, const torch::Tensor& x, const torch::Tensor& tracked,
                       const DecompositionOptions& options) {
   const Manifest& m = reader.manifest();
-  const int64_t n = x.size(0), N = m.steps, K = m.num_classes, M = reader.dataset().x_train.size(0);
+  const int64_t n = x.size(0), N = m.steps, K = m.num_classes, M = reader.train_count();
   const torch::Tensor t_idx = tracked.to(torch::kInt64).reshape({-1});
   const int64_t T = t_idx.size(0);
   if (T > 0) {

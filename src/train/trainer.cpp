@@ -8,6 +8,8 @@
 #include <limits>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <memory>
 
 #include "pathkernel/batch_statistics.h"
 #include "pathkernel/dropout.h"
@@ -154,25 +156,57 @@ StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const Ste
   return r;
 }
 
-double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y) {
+namespace {
+
+/// The training inputs as the loop reads them: `count` rows; rows(index)
+/// those of `index` ([k] int64), every row for an undefined index;
+/// range(first, n) rows first .. first+n-1.
+struct TrainingRows {
+  int64_t count = 0;
+  std::function<torch::Tensor(const torch::Tensor& index)> rows;
+  std::function<torch::Tensor(int64_t first, int64_t n)> range;
+};
+
+/// Accuracy of net on the rows of `inputs` against `y`, in chunks.
+double accuracy_of_rows(Network& net, const TrainingRows& inputs, const torch::Tensor& y) {
   if (is_regression_target(y)) return std::numeric_limits<double>::quiet_NaN();  // no classes
-  if (x.size(0) == 0) return 0;
+  if (inputs.count == 0) return 0;
   torch::NoGradGuard guard;
   const RunningStatistics eval_mode(net);  // BatchNorm as at test time, its running statistics unmoved
   int64_t correct = 0;
   const int64_t chunk = 4096;
-  for (int64_t i = 0; i < x.size(0); i += chunk) {
-    int64_t n = std::min(chunk, x.size(0) - i);
-    correct += correct_predictions(net->forward(x.narrow(0, i, n)), y.narrow(0, i, n));
+  for (int64_t i = 0; i < inputs.count; i += chunk) {
+    int64_t n = std::min(chunk, inputs.count - i);
+    correct += correct_predictions(net->forward(inputs.range(i, n)), y.narrow(0, i, n));
   }
-  return static_cast<double>(correct) / static_cast<double>(x.size(0));
+  return static_cast<double>(correct) / static_cast<double>(inputs.count);
 }
 
-TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tensor& y_train,
-                   const torch::Tensor& x_test, const torch::Tensor& y_test,
-                   const TrainOptions& given, TrainingObserver& observer, const ResumePoint* resume) {
+/// Rows of a tensor of inputs, read where they are.
+TrainingRows rows_of(const torch::Tensor& x) {
+  return {x.size(0),
+          [&x](const torch::Tensor& index) { return index.defined() ? x.index_select(0, index) : x; },
+          [&x](int64_t first, int64_t n) { return x.narrow(0, first, n); }};
+}
+
+/// Rows of a dataset's training inputs held as codes, decoded as read; the
+/// whole set decoded once, for a full batch.
+TrainingRows rows_of_codes(const Dataset& data) {
+  auto whole = std::make_shared<torch::Tensor>();
+  return {train_count(data),
+          [&data, whole](const torch::Tensor& index) {
+            if (index.defined()) return train_inputs(data, index);
+            if (!whole->defined()) *whole = train_inputs(data, index);
+            return *whole;
+          },
+          [&data](int64_t first, int64_t n) { return train_inputs(data, torch::arange(first, first + n)); }};
+}
+
+TrainSummary train_rows(Network& net, const TrainingRows& train_x, const torch::Tensor& y_train,
+                        const torch::Tensor& x_test, const torch::Tensor& y_test, const TrainOptions& given,
+                        TrainingObserver& observer, const ResumePoint* resume) {
   const TrainOptions options = given.resolved();
-  const int64_t m = x_train.size(0);
+  const int64_t m = train_x.count;
   options.validate(m);
   const int64_t steps = options.total_steps(m);
   std::vector<torch::Tensor> params = net->parameters();
@@ -199,7 +233,7 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
   if (start > 0) bar.update(start, "resumed");
   for (int64_t s = start; s < steps; ++s) {
     torch::Tensor idx = sampler.batch(s);
-    torch::Tensor xb = idx.defined() ? x_train.index_select(0, idx) : x_train;
+    torch::Tensor xb = train_x.rows(idx);
     torch::Tensor yb = idx.defined() ? y_train.index_select(0, idx) : y_train;
     torch::Tensor wb = lw.defined() ? (idx.defined() ? lw.index_select(0, idx) : lw) : torch::Tensor();
     auto accept = [&](double loss) {
@@ -227,7 +261,7 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
   TrainSummary summary;
   summary.steps = steps;
   summary.final_loss = last_loss;
-  summary.train_accuracy = accuracy(net, x_train, y_train);
+  summary.train_accuracy = accuracy_of_rows(net, train_x, y_train);
   char status[96];
   if (x_test.size(0) > 0) {
     summary.test_accuracy = accuracy(net, x_test, y_test);
@@ -243,6 +277,24 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
   observer.on_summary(summary);
   observer.on_stop(steps, "complete", "", net, *optimizer);
   return summary;
+}
+
+}  // namespace
+
+double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y) {
+  return accuracy_of_rows(net, rows_of(x), y);
+}
+
+TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tensor& y_train,
+                   const torch::Tensor& x_test, const torch::Tensor& y_test,
+                   const TrainOptions& options, TrainingObserver& observer, const ResumePoint* resume) {
+  return train_rows(net, rows_of(x_train), y_train, x_test, y_test, options, observer, resume);
+}
+
+TrainSummary train(Network& net, const Dataset& data, const TrainOptions& options, TrainingObserver& observer,
+                   const ResumePoint* resume) {
+  const TrainingRows train_x = data.x_train_coded.defined() ? rows_of_codes(data) : rows_of(data.x_train);
+  return train_rows(net, train_x, data.y_train, data.x_test, data.y_test, options, observer, resume);
 }
 
 }  // namespace pathkernel

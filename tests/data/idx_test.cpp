@@ -13,6 +13,7 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "pathkernel/manifest.h"
 #include "../test_util.h"
 
 namespace {
@@ -23,6 +24,7 @@ using pathkernel::Dataset;
 using pathkernel::read_idx;
 
 using pathkernel::testing::error_message;
+using pathkernel::testing::same_bits;
 using pathkernel::testing::ScopedEnv;
 using pathkernel::testing::TempDir;
 
@@ -368,6 +370,36 @@ TEST(FashionMnist, StandardisesWithFullTrainStatistics) {
       torch::tensor({1.0, 0.2, 0.0, 0.4}, torch::kFloat64).sub(mean).div(sd).view({1, 1, 2, 2});
   EXPECT_TRUE(torch::allclose(data.x_test, expected_test, 1e-12, 1e-12)) << data.x_test;
   EXPECT_EQ(data.y_test[0].item<int64_t>(), 3);
+}
+
+
+TEST(FashionMnist, CodedTrainingInputsDecodeToTheBitsOfTheWholeSplit) {
+  // 64 2x2 training images holding every byte once, in a shuffled order.
+  Bytes train(256), labels(64);
+  for (int v = 0; v < 256; ++v) train[static_cast<size_t>((v * 97) % 256)] = static_cast<uint8_t>(v);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<uint8_t>(i % 2);
+  TempDir dir;
+  write_fake_fashion(dir, {64, 2, 2}, train, labels, {9, 200, 31, 4}, {2});
+  ScopedEnv env("PATHKERNEL_FASHION_MNIST", dir.file("").c_str());
+  for (const torch::Dtype dtype : {torch::kFloat64, torch::kFloat32}) {
+    for (const int64_t train_size : {int64_t{-1}, int64_t{4}}) {
+      DataOptions options = fashion(train_size);
+      options.dtype = dtype;
+      const Dataset whole = pathkernel::load_dataset(options);
+      options.coded_train_inputs = true;
+      const Dataset coded = pathkernel::load_dataset(options);
+      EXPECT_FALSE(coded.x_train.defined());
+      ASSERT_TRUE(coded.x_train_coded.defined());
+      EXPECT_EQ(pathkernel::train_count(coded), whole.x_train.size(0));
+      EXPECT_TRUE(same_bits(pathkernel::train_inputs(coded, torch::Tensor()), whole.x_train)) << dtype;
+      const torch::Tensor index = torch::tensor({1, 0, 1}, torch::kLong);
+      EXPECT_TRUE(same_bits(pathkernel::train_inputs(coded, index), whole.x_train.index_select(0, index)));
+      EXPECT_TRUE(same_bits(pathkernel::train_input(coded, 1), whole.x_train[1]));
+      EXPECT_EQ(pathkernel::training_data_crc32(coded),
+                pathkernel::training_data_crc32(whole.x_train, whole.y_train));
+      EXPECT_TRUE(same_bits(coded.x_test, whole.x_test));
+    }
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "pathkernel/path.h"
 #include "pathkernel/run.h"
 #include "pathkernel/context.h"
+#include "pathkernel/decomposition.h"
 #include "pathkernel/run_writer.h"
 #include "pathkernel/trainer.h"
 
@@ -602,6 +603,35 @@ TEST(Schedule, TrainingTakesTheRecordedRates) {
       EXPECT_LE((st.delta - step).abs().max().item<double>(), 4e-16 * st.w.abs().max().item<double>())
           << schedule << " step " << st.step;
     });
+  }
+}
+
+
+TEST(PathReader, HoldsByteInputsAsCodesAndWalksTheirDecodedRows) {
+  // Fashion-MNIST's inputs are bytes: the reader holds them as codes and
+  // decodes a batch at a time (its whole set for gd's full batch), and its
+  // dataset() gives the split loaded whole. A float64 run's walk takes the
+  // replay's signals; a float32 run's reads the batch's inputs itself.
+  const std::pair<std::string, std::string> runs[] = {{"sgd", "mlp:6"}, {"gd", "mlp:6"}, {"adam", "cnn:2"}};
+  for (const auto& [optimizer, model] : runs) {
+    TempDir dir(optimizer);
+    RunOptions r = testing::small_run_of(dir / "run", optimizer, "fashion-mnist", model, 8, 4, 5);
+    if (optimizer == "adam") r.data.dtype = torch::kFloat32;
+    train_run(r);
+    PathReader reader(r.out);
+    EXPECT_FALSE(reader.held_dataset().x_train.defined());
+    EXPECT_EQ(reader.train_count(), 40);
+    const Dataset whole = load_dataset(r.data);
+    const torch::Tensor index = torch::tensor({39, 3}, torch::kLong);
+    EXPECT_TRUE(same_bits(reader.train_inputs(index), whole.x_train.index_select(0, index)));
+    DecompositionOptions options;
+    options.progress = false;
+    const Decomposition d = decompose(reader, reader.held_dataset().x_test, options);
+    EXPECT_LE(summarize(d).max_rel_error, 1e-12) << optimizer;
+    EXPECT_LE(d.completeness_gap().abs().max().item<double>(), 1e-12) << optimizer;
+    EXPECT_GT((d.fN - d.f0).abs().max().item<double>(), 1e-3) << optimizer;
+    EXPECT_TRUE(same_bits(reader.dataset().x_train, whole.x_train));
+    EXPECT_TRUE(same_bits(reader.twin().dataset().x_train, whole.x_train));
   }
 }
 
