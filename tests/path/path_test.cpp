@@ -628,7 +628,10 @@ TEST(PathReader, HoldsByteInputsAsCodesAndWalksTheirDecodedRows) {
     options.progress = false;
     const Decomposition d = decompose(reader, reader.held_dataset().x_test, options);
     EXPECT_LE(summarize(d).max_rel_error, 1e-12) << optimizer;
-    EXPECT_LE(d.completeness_gap().abs().max().item<double>(), 1e-12) << optimizer;
+    // E holds a float32 run's rounding of its updates (Float32Runs), no more:
+    // a training side of other rows would leave its difference there.
+    EXPECT_LE(d.completeness_gap().sub(d.rounding).abs().max().item<double>(), 1e-12) << optimizer;
+    EXPECT_LE(d.rounding.abs().max().item<double>(), 1e-5) << optimizer;
     EXPECT_GT((d.fN - d.f0).abs().max().item<double>(), 1e-3) << optimizer;
     EXPECT_TRUE(same_bits(reader.dataset().x_train, whole.x_train));
     EXPECT_TRUE(same_bits(reader.twin().dataset().x_train, whole.x_train));
