@@ -139,9 +139,10 @@ class PathReader {
   /// The dataset as held: x_train undefined where the training inputs are
   /// coded. For what reads the test split, the labels and the sizes.
   const Dataset& held_dataset() const { return dataset_; }
-  /// Rows `index` of the training inputs (all for an undefined index), in
-  /// the run's dtype, decoded where they are held as codes.
-  torch::Tensor train_inputs(const torch::Tensor& index) const { return pathkernel::train_inputs(dataset_, index); }
+  /// Rows `index` of the training inputs, in the run's dtype, decoded where
+  /// they are held as codes. An undefined index means every row: dataset()'s
+  /// x_train, decoded once for the reader and its twins, not a step at a time.
+  torch::Tensor train_inputs(const torch::Tensor& index) const;
   int64_t train_count() const { return manifest_.num_train; }
   Network& network() { return net_; }
   int64_t steps() const { return manifest_.steps; }

@@ -274,9 +274,7 @@ Walk::Batch Walk::batch_of(PathReader& reader, const PathStep& st, bool need_x, 
     // Converted per batch: a float64 copy of the whole set (376 MB for
     // Fashion-MNIST) was memory first touched for little.
     if (!captured || need_x) {
-      // A full batch reads the whole set as held, not a decoding of it a step.
-      const torch::Tensor xb = st.batch.defined() ? reader.train_inputs(out.idx) : reader.dataset().x_train;
-      out.xb = xb.to(torch::kFloat64);
+      out.xb = reader.train_inputs(st.batch).to(torch::kFloat64);
     }
     if (!captured) out.yb = y_train.index_select(0, out.idx);
     out.wb = reader.loss_weights(out.idx);

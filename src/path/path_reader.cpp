@@ -115,6 +115,10 @@ const Dataset& PathReader::dataset() const {
   return decoded_->data;
 }
 
+torch::Tensor PathReader::train_inputs(const torch::Tensor& index) const {
+  return index.defined() ? pathkernel::train_inputs(dataset_, index) : dataset().x_train;
+}
+
 PathReader PathReader::twin() const { return PathReader(TwinOf{*this}); }
 
 void PathReader::take_replay_notes(const PathReader& twin) {
@@ -273,8 +277,7 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
       // work on the step (fn) runs with the caller's.
       const StepThreads threads(replay_threads_ > 0 ? replay_threads_ : static_cast<int>(manifest_.threads),
                                 replay_threads_ > 0 ? replay_threads_ : run_blas_threads());
-      // A full batch of coded inputs reads the decoded set, not a decoding a step.
-      StepBatch batch{idx.defined() ? train_inputs(idx) : dataset().x_train,
+      StepBatch batch{train_inputs(idx),
                       idx.defined() ? yt.index_select(0, idx) : yt,
                       loss_weights(idx), s, manifest_.learning_rates[s]};
       batch.clip = clip;
