@@ -36,8 +36,8 @@ struct DataOptions {
   int64_t test_size = -1;           ///< -1: all; else a class-balanced subset
   uint64_t seed = 0;                ///< seeds synthetic generation and subsets
   torch::Dtype dtype = torch::kFloat64;
-  /// Hold the training inputs as codes (Dataset::x_train_coded) where the
-  /// source's inputs are bytes (fashion-mnist); x_train is then undefined.
+  /// Hold the training inputs as codes (Dataset::x_train_coded) where they are
+  /// (fashion-mnist's bytes, npy:DIR's coded pair); x_train is then undefined.
   bool coded_train_inputs = false;
 };
 
@@ -45,8 +45,8 @@ struct DataOptions {
 struct Dataset {
   std::string spec;
   torch::Tensor x_train;  ///< [M, *input_shape], dtype of DataOptions; undefined when x_train_coded is defined
-  /// DataOptions::coded_train_inputs on a source of bytes: the training
-  /// inputs as codes, decoded to the bits x_train would hold (train_inputs).
+  /// DataOptions::coded_train_inputs on coded inputs: the training inputs as
+  /// codes, decoded to the bits x_train would hold (train_inputs).
   CodedInputs x_train_coded;
   torch::Tensor y_train;  ///< [M] int64 class labels, or [M, K] float64 regression targets (npy:DIR, loss mse),
                           ///< or [M, T] int64 tokens (npy:DIR, sequence.h)

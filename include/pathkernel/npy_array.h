@@ -36,4 +36,15 @@ std::vector<std::string> npy_array_files(const std::string& dir, const std::stri
 /// Reads array `name` of directory `dir` from either form (npy_array_files).
 torch::Tensor read_npy_array(const std::string& dir, const std::string& name);
 
+/// A coded array as stored: its codes and its table, not decoded.
+struct CodedArray {
+  torch::Tensor codes;   ///< uint8, the array's shape; each below values.size(0)
+  torch::Tensor values;  ///< 1-D, at most kMaxCodedValues
+};
+
+/// Array `name` of directory `dir`, stored as the coded pair, read without
+/// decoding it: its codes are checked against its table (as read_npy_array
+/// checks them). Throws where `name` is not stored as the pair.
+CodedArray read_npy_coded(const std::string& dir, const std::string& name);
+
 }  // namespace pathkernel

@@ -496,6 +496,25 @@ torch::Tensor read_npy_array(const std::string& dir, const std::string& name) {
   return read_coded(first, values, first + " with " + second);
 }
 
+CodedArray read_npy_coded(const std::string& dir, const std::string& name) {
+  const std::vector<std::string> files = npy_array_files(dir, name);
+  PK_CHECK(files.size() == 2, "'" << dir << "' holds " << name << " as " << files[0] << "; expected the pair "
+                                  << name << ".codes.npy and " << name << ".values.npy");
+  const std::string first = (std::filesystem::path(dir) / files[0]).string();
+  const std::string second = (std::filesystem::path(dir) / files[1]).string();
+  CodedArray c;
+  c.values = read_npy(second);
+  check_values(c.values, second);  // before the codes are read
+  const InFile file(first);
+  const NpyLayout l = layout_of(file.head(), file.size(), first, true);
+  PK_CHECK(!l.shape.empty(), first << ": codes of shape " << c10::IntArrayRef(l.shape) << ", expected the array's "
+                                   << "shape (at least one dimension)");
+  c.codes = empty_for_reading(l.shape, torch::kUInt8, l.data_bytes);
+  if (l.data_bytes > 0) file.read(l.data_offset, l.data_bytes, c.codes.data_ptr());
+  check_codes(c.codes.data_ptr<uint8_t>(), c.codes.numel(), c.values.size(0), first + " with " + second);
+  return c;
+}
+
 void write_npy(const std::string& path, const torch::Tensor& tensor) {
   write_file_atomic(path, npy_bytes(tensor));
 }

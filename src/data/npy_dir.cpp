@@ -14,7 +14,9 @@
 // Any of the four may instead be a coded array, the pair NAME.codes.npy
 // (uint8, the array's shape) and NAME.values.npy (the 1-D table of at most 256
 // values), read as values[codes] (pathkernel/npy.h); the recorder stores
-// inputs derived from 8-bit images so.
+// inputs derived from 8-bit images so. train_x so coded, with floating values,
+// is held as its codes (Dataset::x_train_coded) until load_dataset decodes it
+// or, where DataOptions::coded_train_inputs asks, keeps it coded.
 // With integer inputs, DIR may also hold vocabulary.json, a JSON list of
 // strings, the text of each code (e.g. characters): explain shows each
 // sequence's text with it.
@@ -25,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pathkernel/coded_inputs.h"
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
@@ -58,6 +61,30 @@ torch::Tensor read_array(const fs::path& dir, const std::string& name, nlohmann:
   } catch (const Error& e) {
     PK_THROW("dataset 'npy:" << dir.string() << "': " << e.what());
   }
+}
+
+/// train_x into `data`. A coded pair of floating values stays codes
+/// (Dataset::x_train_coded, with its table as stored, padded to a value per
+/// code; load_dataset converts the table): an eighth of float64's memory, a
+/// quarter of float32's. Any other form is read whole into x_train.
+void read_train_inputs(const fs::path& dir, Dataset& data, nlohmann::json& files) {
+  if (!fs::exists(dir / "train_x.codes.npy")) {
+    data.x_train = read_array(dir, "train_x", files);
+    return;
+  }
+  CodedArray c;
+  try {
+    for (const std::string& f : npy_array_files(dir.string(), "train_x")) files.push_back(f);
+    c = read_npy_coded(dir.string(), "train_x");
+  } catch (const Error& e) {
+    PK_THROW("dataset 'npy:" << dir.string() << "': " << e.what());
+  }
+  if (!c.values.is_floating_point()) {  // integer codes, such as token ids: read whole
+    data.x_train = decode_values(c.codes, c.values, "dataset 'npy:" + dir.string() + "': train_x");
+    return;
+  }
+  const torch::Tensor unused = torch::zeros({kMaxCodedValues - c.values.size(0)}, c.values.options());
+  data.x_train_coded = coded_inputs(c.codes, torch::cat({c.values, unused}));
 }
 
 /// Regression targets: float [n, K], finite, for the loss mse.
@@ -97,6 +124,13 @@ bool all_finite(const torch::Tensor& x) {
     for (int64_t i = 0, n = c.numel(); i < n; ++i) finite &= static_cast<bool>(std::isfinite(p[i]));
   });
   return finite;
+}
+
+/// Coded training inputs: codes [n, *input_shape] of a table of finite values.
+void check_coded_inputs(const CodedInputs& x, const std::string& where) {
+  PK_CHECK(x.codes.dim() >= 2, where << ": train_x.codes.npy has shape " << x.codes.sizes()
+                                     << ", expected [n, *input_shape] with at least one input dimension");
+  PK_CHECK(all_finite(x.values), where << ": train_x.values.npy holds a value that is not finite (NaN or infinite)");
 }
 
 void check_inputs(const torch::Tensor& x, const std::string& what, const std::string& where) {
@@ -144,23 +178,31 @@ Dataset load_npy_dir(const std::string& argument, uint64_t /*seed*/) {
   PK_CHECK(fs::is_directory(dir), where << ": '" << argument << "' is not a directory");
   Dataset data;
   nlohmann::json files = nlohmann::json::array();
-  data.x_train = read_array(dir, "train_x", files);
+  read_train_inputs(dir, data, files);
   data.y_train = read_array(dir, "train_y", files);
   data.x_test = read_array(dir, "test_x", files);
   data.y_test = read_array(dir, "test_y", files);
-  check_inputs(data.x_train, "train", where);
+  const bool coded = data.x_train_coded.defined();
+  // The training inputs' rows and shape (their codes, where coded), and their values' dtype.
+  const torch::Tensor& train_rows = coded ? data.x_train_coded.codes : data.x_train;
+  const torch::Tensor& train_values = coded ? data.x_train_coded.values : data.x_train;
+  if (coded) {
+    check_coded_inputs(data.x_train_coded, where);
+  } else {
+    check_inputs(data.x_train, "train", where);
+  }
   check_inputs(data.x_test, "test", where);
-  PK_CHECK(data.x_train.size(0) >= 1, where << ": train_x.npy has no rows");
-  PK_CHECK(data.x_test.sizes().slice(1) == data.x_train.sizes().slice(1),
+  PK_CHECK(train_rows.size(0) >= 1, where << ": train_x.npy has no rows");
+  PK_CHECK(data.x_test.sizes().slice(1) == train_rows.sizes().slice(1),
            where << ": test_x.npy has examples of shape " << data.x_test.sizes().slice(1) << ", train_x.npy "
-                 << data.x_train.sizes().slice(1) << "; expected the same");
-  PK_CHECK(is_integer(data.x_train) == is_integer(data.x_test),
-           where << ": train_x.npy has dtype " << data.x_train.scalar_type() << " and test_x.npy "
+                 << train_rows.sizes().slice(1) << "; expected the same");
+  PK_CHECK(is_integer(train_values) == is_integer(data.x_test),
+           where << ": train_x.npy has dtype " << train_values.scalar_type() << " and test_x.npy "
                  << data.x_test.scalar_type() << "; expected both floating point or both integer");
-  check_labels(data.y_train, data.x_train, "train", where);
+  check_labels(data.y_train, train_rows, "train", where);
   check_labels(data.y_test, data.x_test, "test", where);
-  data.integer_inputs = is_integer(data.x_train);
-  data.input_shape = data.x_train.sizes().slice(1).vec();
+  data.integer_inputs = is_integer(train_values);
+  data.input_shape = train_rows.sizes().slice(1).vec();
   if (data.y_train.is_floating_point()) {  // regression targets [n, K]
     PK_CHECK(data.y_test.is_floating_point() && data.y_test.size(1) == data.y_train.size(1),
              where << ": train_y.npy holds targets of shape " << data.y_train.sizes() << " and test_y.npy "
@@ -183,7 +225,7 @@ Dataset load_npy_dir(const std::string& argument, uint64_t /*seed*/) {
     if (data.y_test.numel() > 0) hi = std::max(hi, data.y_test.max().item<int64_t>());
     data.num_classes = std::max<int64_t>(2, hi + 1);
   }
-  data.vocabulary = read_vocabulary(dir, data.x_train, where);
+  data.vocabulary = read_vocabulary(dir, train_values, where);
   // A sequence's outputs are its vocabulary's, every code a token that may come next.
   if (data.sequence_length > 0) data.num_classes = std::max<int64_t>(data.num_classes, data.vocabulary.size());
   data.normalization = {{"kind", "none"}};

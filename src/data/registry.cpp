@@ -100,6 +100,26 @@ torch::Tensor to_inputs(const torch::Tensor& raw, torch::Dtype dtype,
   return x;
 }
 
+/// The training inputs in options.dtype and normalised. Inputs that are codes
+/// (a source of bytes, each byte its own code, or a loader's coded pair) are
+/// held so where options.coded_train_inputs asks, and decoded otherwise: either
+/// way through a table of each code's input, computed by the operations
+/// to_inputs applies to every element, so that a row has the bits of the split
+/// converted whole.
+void hold_train_inputs(Dataset& data, const DataOptions& options) {
+  CodedInputs raw = data.x_train_coded;
+  if (!raw.defined() && data.x_train.scalar_type() == torch::kUInt8) {
+    raw = CodedInputs{data.x_train, torch::arange(256, torch::TensorOptions().dtype(torch::kUInt8))};
+  }
+  if (!raw.defined()) {
+    data.x_train = to_inputs(data.x_train, options.dtype, data.normalization);
+    return;
+  }
+  const CodedInputs held = coded_inputs(raw.codes, to_inputs(raw.values, options.dtype, data.normalization));
+  data.x_train_coded = options.coded_train_inputs ? held : CodedInputs();
+  data.x_train = options.coded_train_inputs ? torch::Tensor() : held.all();
+}
+
 /// Applies DataOptions.train_size / test_size to one split (in place).
 void take_subset(torch::Tensor& x, torch::Tensor& y, int64_t size, uint64_t seed,
                  const char* split, const std::string& spec) {
@@ -196,7 +216,11 @@ Dataset load_dataset(const DataOptions& options) {
   PK_ASSERT((data.y_train.scalar_type() == torch::kLong && data.y_test.scalar_type() == torch::kLong) ||
             (data.y_train.scalar_type() == torch::kFloat64 && data.y_train.dim() == 2 &&
              data.y_test.scalar_type() == torch::kFloat64 && data.y_test.dim() == 2));
-  PK_ASSERT(data.x_train.size(0) == data.y_train.size(0));
+  // A loader may hold its training inputs as codes (npy:DIR's coded pair),
+  // with their table as stored: the inputs before to_inputs.
+  const bool loader_coded = data.x_train_coded.defined();
+  PK_ASSERT(!loader_coded || (!data.x_train.defined() && data.normalization.at("kind") == "none"));
+  PK_ASSERT(train_count(data) == data.y_train.size(0));
   PK_ASSERT(data.x_test.size(0) == data.y_test.size(0));
 
   // Statistics come from the full train split, before any subsetting, so a
@@ -217,18 +241,11 @@ Dataset load_dataset(const DataOptions& options) {
                                                 << ", which float32 does not hold exactly (|x| <= 2^24); "
                                                 << "use float64");
   }
-  take_subset(data.x_train, data.y_train, options.train_size, options.seed, "train", spec);
+  take_subset(loader_coded ? data.x_train_coded.codes : data.x_train, data.y_train, options.train_size, options.seed,
+              "train", spec);
   take_subset(data.x_test, data.y_test, options.test_size, options.seed + 1, "test", spec);
 
-  if (options.coded_train_inputs && data.x_train.scalar_type() == torch::kUInt8) {
-    // Each byte's input, normalised by the operations to_inputs applies to
-    // every element: a decoded row has the bits of the split normalised whole.
-    const torch::Tensor bytes = torch::arange(256, torch::TensorOptions().dtype(torch::kUInt8));
-    data.x_train_coded = coded_inputs(data.x_train, to_inputs(bytes, options.dtype, data.normalization));
-    data.x_train = torch::Tensor();
-  } else {
-    data.x_train = to_inputs(data.x_train, options.dtype, data.normalization);
-  }
+  hold_train_inputs(data, options);
   data.x_test = to_inputs(data.x_test, options.dtype, data.normalization);
   data.y_train = data.y_train.contiguous();
   data.y_test = data.y_test.contiguous();

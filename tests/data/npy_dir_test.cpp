@@ -10,6 +10,7 @@
 #include "../test_util.h"
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "pathkernel/manifest.h"
 #include "pathkernel/npy.h"
 #include "pathkernel/npy_array.h"
 
@@ -59,6 +60,70 @@ TEST(NpyDirCoded, ReadsThePairAsThePlainArrays) {
                                                    "test_x.codes.npy", "test_x.values.npy", "test_y.npy"}));
 }
 
+TEST(NpyDirCoded, TrainingInputsAreHeldAsCodesWhereAskedWithTheDecodedBits) {
+  TempDir dir;
+  const int64_t n = 60;
+  const torch::Tensor x = pixels(n, 4), y = torch::arange(n, torch::kLong) % 3;
+  save_coded(dir, "train_x", x);
+  ASSERT_LT(read_npy(dir / "train_x.values.npy").size(0), 256);  // the table is padded to a value per code
+  write_npy(dir / "train_y.npy", y);
+  write_npy(dir / "test_x.npy", pixels(4, 5));
+  write_npy(dir / "test_y.npy", torch::arange(4, torch::kLong) % 3);
+  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    for (int64_t size : {int64_t(-1), int64_t(30)}) {
+      DataOptions o;
+      o.spec = "npy:" + dir.path();
+      o.dtype = dtype;
+      o.train_size = size;
+      const Dataset whole = load_dataset(o);
+      o.coded_train_inputs = true;
+      const Dataset coded = load_dataset(o);
+      ASSERT_TRUE(coded.x_train_coded.defined()) << dtype << " " << size;
+      EXPECT_FALSE(coded.x_train.defined());
+      EXPECT_EQ(train_count(coded), whole.x_train.size(0));
+      EXPECT_TRUE(torch::equal(coded.y_train, whole.y_train));
+      EXPECT_EQ(coded.input_shape, whole.input_shape);
+      const torch::Tensor all = train_inputs(coded, torch::Tensor());
+      EXPECT_EQ(all.scalar_type(), dtype);
+      EXPECT_TRUE(torch::equal(all, whole.x_train)) << dtype << " " << size;
+      const torch::Tensor some = torch::tensor({7, 0, 7, 29}, torch::kLong);
+      EXPECT_TRUE(torch::equal(train_inputs(coded, some), whole.x_train.index_select(0, some)));
+      EXPECT_EQ(training_data_crc32(coded), training_data_crc32(whole));
+    }
+  }
+  // Integer codes (token ids) are read whole, asked or not.
+  TempDir tokens("tokens");
+  save_coded(tokens, "train_x", torch::randint(0, 9, {n, 5}, torch::kLong));
+  write_npy(tokens / "train_y.npy", y);
+  write_npy(tokens / "test_x.npy", torch::zeros({2, 5}, torch::kLong));
+  write_npy(tokens / "test_y.npy", torch::zeros({2}, torch::kLong));
+  DataOptions o;
+  o.spec = "npy:" + tokens.path();
+  o.coded_train_inputs = true;
+  const Dataset t = load_dataset(o);
+  EXPECT_TRUE(t.integer_inputs);
+  EXPECT_FALSE(t.x_train_coded.defined());
+  EXPECT_EQ(t.x_train.size(0), n);
+}
+
+TEST(NpyDirCoded, CodesOutOfTheirTableAreRefusedBeforeTheyAreHeld) {
+  TempDir dir;
+  write_npy(dir / "train_y.npy", torch::zeros({5}, torch::kLong));
+  write_npy(dir / "test_y.npy", torch::zeros({0}, torch::kLong));
+  write_npy(dir / "test_x.npy", torch::zeros({0, 1, 4, 4}, torch::kFloat32));
+  torch::Tensor codes = torch::zeros({5, 1, 4, 4}, torch::kUInt8);
+  codes[4][0][3][3] = 3;  // the last code: a check that stops short misses it
+  write_npy(dir / "train_x.codes.npy", codes);
+  write_npy(dir / "train_x.values.npy", torch::tensor({0.0f, 0.5f, 1.0f}));
+  DataOptions o;
+  o.spec = "npy:" + dir.path();
+  o.coded_train_inputs = true;
+  const std::string e = error_message([&] { load_dataset(o); });
+  EXPECT_CONTAINS(e, "dataset 'npy:" + dir.path() + "'");
+  EXPECT_CONTAINS(e, "code 3 is out of range of the table of 3 values");
+  EXPECT_CONTAINS(error_message([&] { read_npy_coded(dir.path(), "train_y"); }), "expected the pair");
+}
+
 TEST(NpyDirCoded, ABrokenPairIsAClearErrorNamingTheDataset) {
   TempDir dir;
   write_npy(dir / "train_y.npy", torch::zeros({5}, torch::kLong));
@@ -96,13 +161,13 @@ TEST(NpyDir, RefusesInputsThatAreNotFiniteOrTooLargeNamingTheArray) {
                       "train_x.npy holds a value that is not finite (NaN or infinite)");
     }
   }
-  // A coded array's NaN is found in the decoded array.
+  // A coded array's NaN is found in its table.
   std::filesystem::remove(dir / "train_x.npy");
   torch::Tensor codes = torch::zeros({5, 1, 4, 4}, torch::kUInt8);
   codes[3][0][2][1] = 2;
   write_npy(dir / "train_x.codes.npy", codes);
   write_npy(dir / "train_x.values.npy", torch::tensor({0.0f, 0.5f, std::nanf("")}));
-  EXPECT_CONTAINS(error_message([&] { load_dataset(o); }), "train_x.npy holds a value that is not finite");
+  EXPECT_CONTAINS(error_message([&] { load_dataset(o); }), "train_x.values.npy holds a value that is not finite");
   std::filesystem::remove(dir / "train_x.codes.npy");
   std::filesystem::remove(dir / "train_x.values.npy");
   // Integer codes: |x| < 2^53, by the smallest value as well as the largest.
