@@ -12,7 +12,8 @@
 # a TorchScript module on both routes, a recorded loop (record_loop.py, once,
 # read by both binaries; stored every step, the format every pathkernel binary
 # reads), evaluate and the metagradient on a small run, and a Fashion-MNIST
-# subset (inputs that are bytes) with sgd and gd.
+# subset (inputs that are bytes) with sgd and gd, through every command that
+# reads its training rows.
 # Both binaries run one after the other on one thread, so that BLAS sees the
 # same machine for both. THREADS=N runs every command on N threads instead: a
 # change to what runs in parallel shows there (pathkernel's own MLP trains
@@ -97,6 +98,15 @@ commands() {  # $1: binary, $2: output directory
     --out "$out/fashion-sgd/gram.npy" > /dev/null
   "${pk[@]}" explain "$out/fashion-sgd" --method metagradient --test 2 --check 1 \
     --out "$out/fashion-sgd/metagradient" > /dev/null
+  # What reads chosen training rows (compare, refit), every batch of a
+  # retraining (evaluate), and a full batch's metagradient.
+  "${pk[@]}" compare "$out/fashion-sgd" --kernels epk,ntk --train-count 30 --test 3 --json \
+    > "$out/fashion-sgd-compare.json"
+  "${pk[@]}" refit "$out/fashion-sgd" --train-count 30 --test 3 --json > "$out/fashion-sgd-refit.json"
+  "${pk[@]}" evaluate "$out/fashion-gd" --test 2 --methods epk,grad-dot --metrics loo --loo-extremes 1 \
+    --loo-random 1 --workers 1 --json > "$out/fashion-gd-evaluate.json"
+  "${pk[@]}" explain "$out/fashion-gd" --method metagradient --test 1 --check 1 \
+    --out "$out/fashion-gd/metagradient" > /dev/null
 }
 
 for side in old new; do
@@ -140,6 +150,10 @@ def json_of(path, root):
     except json.JSONDecodeError:  # --json lines: one object per line
         return [strip(json.loads(l), root) for l in text.splitlines() if l.strip().startswith("{")]
 
+def markdown_of(path, root):
+    with open(path) as f:
+        return re.sub(r"Took [0-9.e+-]+ s", "Took <time> s", f.read().replace(root, "<side>"))
+
 old_files, new_files = files(old_root), files(new_root)
 different = 0
 for rel in sorted(old_files ^ new_files):
@@ -152,6 +166,8 @@ for rel in sorted(old_files & new_files):
         equal = json_of(a, old_root) == json_of(b, new_root)
     elif rel.endswith((".log", ".txt")) or "/.progress/" in rel:
         continue  # progress logs and timings
+    elif rel.endswith(".md"):  # a report's text: its side's directory and its time left out
+        equal = markdown_of(a, old_root) == markdown_of(b, new_root)
     else:
         with open(a, "rb") as fa, open(b, "rb") as fb:
             equal = fa.read() == fb.read()

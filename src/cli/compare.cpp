@@ -35,7 +35,7 @@ void add_compare_command(CLI::App& app, Globals& globals) {
     options.kernels = CompareOptions::parse_kernel_list(args->kernels);
     options.decomposition = args->q.options();
     PathReader reader(args->run);
-    const Dataset& data = reader.dataset();
+    const Dataset& data = reader.held_dataset();
     const Comparison c = compare_kernel_methods(reader, args->points.train_indices(data.y_train),
                                                 args->points.test_indices(data.y_test), options);
     const std::string dir = args->out.empty() ? (std::filesystem::path(args->run) / "compare").string() : args->out;

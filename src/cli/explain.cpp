@@ -131,7 +131,7 @@ void run_metagradient(const ExplainArgs& args, const ExplainOptions& options, co
   const Communicator& world = Communicator::world();
   PK_CHECK(world.size() == 1, "explain --method metagradient runs in one process (got " << world.size() << " ranks)");
   PathReader reader(args.run);
-  const torch::Tensor idx = args.points.indices(reader.dataset().y_test, 1);
+  const torch::Tensor idx = args.points.indices(reader.held_dataset().y_test, 1);
   const std::string out = args.out.empty() ? (std::filesystem::path(args.run) / "metagradient").string() : args.out;
   MetagradientExplanation e =
       explain_metagradient(reader, idx, out, options, parse_metagradient_outputs(args.outputs));
@@ -140,7 +140,7 @@ void run_metagradient(const ExplainArgs& args, const ExplainOptions& options, co
     copt.h = args.fd_step;
     copt.retrain.progress = !globals.quiet;
     copt.retrain.label = "check";
-    const MetagradientCheck c = check_metagradient(reader, reader.dataset().x_test.index_select(0, idx),
+    const MetagradientCheck c = check_metagradient(reader, reader.held_dataset().x_test.index_select(0, idx),
                                                    e.metagradient, strongest_points(e.metagradient, args.check), copt);
     record_check(e, c, copt.h);
   }

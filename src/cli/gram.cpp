@@ -50,10 +50,10 @@ void add_gram_command(CLI::App& app, Globals& globals) {
     std::optional<PathReader> reader_storage;
     world.agree([&] { reader_storage.emplace(args->run); });
     PathReader& reader = *reader_storage;
-    const Dataset& data = reader.dataset();
+    const Dataset& data = reader.held_dataset();
     // Each side: its set's chosen points, or (deprecated) the first N of it.
     auto side = [&](const std::string& set, int64_t count) -> torch::Tensor {
-      const int64_t available = set == "test" ? data.x_test.size(0) : data.x_train.size(0);
+      const int64_t available = set == "test" ? data.x_test.size(0) : reader.train_count();
       if (count > 0) return torch::arange(std::min(count, available), torch::kLong);
       if (set == "test") return args->test.indices(data.y_test, 100);
       return torch::arange(std::min(args->train, available), torch::kLong);

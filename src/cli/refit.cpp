@@ -33,10 +33,10 @@ void add_refit_command(CLI::App& app, Globals& globals) {
     const auto t0 = std::chrono::steady_clock::now();
     GramOptions options = args->k.options();
     PathReader reader(args->run);
-    const Dataset& data = reader.dataset();
+    const Dataset& data = reader.held_dataset();  // the training inputs read by rows (train_inputs)
     const torch::Tensor ti = args->points.train_indices(data.y_train), si = args->points.test_indices(data.y_test);
     const torch::Tensor x_test = data.x_test.index_select(0, si), labels = data.y_test.index_select(0, si);
-    KernelMatrices k = kernel_matrices(reader, data.x_train.index_select(0, ti), x_test, true, options, false);
+    KernelMatrices k = kernel_matrices(reader, reader.train_inputs(ti), x_test, true, options, false);
     SvmOptions svm;
     svm.c = args->c;
     SvmRefit fit = svm_refit(k.train, data.y_train.index_select(0, ti), k.cross, svm);

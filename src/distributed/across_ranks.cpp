@@ -507,10 +507,10 @@ GramFile gram_across(const Communicator& comm, PathReader& reader, const std::st
                      const GramOptions& options) {
   if (comm.size() == 1) return gram_between(reader, row_set, row_indices, col_set, col_indices, options);
   const auto t0 = std::chrono::steady_clock::now();
-  const Dataset& data = reader.dataset();
+  const int64_t tests = reader.held_dataset().x_test.size(0), trains = reader.train_count();
   comm.agree([&] {
-    check_indices(row_set, row_indices, row_set == "test" ? data.x_test.size(0) : data.x_train.size(0), "rows");
-    check_indices(col_set, col_indices, col_set == "test" ? data.x_test.size(0) : data.x_train.size(0), "columns");
+    check_indices(row_set, row_indices, row_set == "test" ? tests : trains, "rows");
+    check_indices(col_set, col_indices, col_set == "test" ? tests : trains, "columns");
   });
   // Split the test side (its points cost the quadrature); else the rows. In
   // whole blocks of gram()'s (test x test epk: 32 rows, whose pieces are

@@ -161,8 +161,7 @@ class AdjointWalk {
         names_(state_names(m_.optimizer.traits())),
         lstate_(static_cast<size_t>(J_)),
         values_(torch::zeros({J_, m_.num_train}, torch::kFloat64)),
-        x_train_(reader.dataset().x_train.to(torch::kFloat64)),
-        y_train_(reader.dataset().y_train),
+        y_train_(reader.held_dataset().y_train),
         map_(net_->options().output),
         loss_(net_->options().loss) {}
 
@@ -195,6 +194,14 @@ class AdjointWalk {
     return lw;
   }
 
+  /// The inputs of `batch` (every one for an undefined batch) in float64:
+  /// a batch's rows decoded as read, the whole set converted once.
+  torch::Tensor batch_inputs(const torch::Tensor& batch) {
+    if (batch.defined()) return reader_.train_inputs(batch).to(torch::kFloat64);
+    if (!whole_inputs_.defined()) whole_inputs_ = reader_.train_inputs(batch).to(torch::kFloat64);
+    return whole_inputs_;
+  }
+
   StepGraph step_graph(const PathStep& st, const Buffers& before_values) {
     StepGraph graph;
     graph.idx = st.batch.defined() ? st.batch : torch::arange(m_.num_train);
@@ -210,7 +217,7 @@ class AdjointWalk {
     for (const auto& [name, b] : before_values) before[name] = b.to(torch::kFloat64).detach().requires_grad_(true);
     const torch::Tensor batch_loss = [&] {
       const DropoutStep dropout(net_->options().seed, st.step);  // the step's masks, for its loss only
-      return training_loss(net_->forward(x_train_.index_select(0, graph.idx)), y_train_.index_select(0, graph.idx),
+      return training_loss(net_->forward(batch_inputs(st.batch)), y_train_.index_select(0, graph.idx),
                            map_, loss_, c) *
              st.clip;
     }();
@@ -266,7 +273,7 @@ class AdjointWalk {
   const std::vector<std::string> names_;
   std::vector<Buffers> lstate_;        ///< per adjoint: λ of the optimizer state after the step (empty: 0)
   torch::Tensor values_;               ///< [J, M]
-  const torch::Tensor x_train_;
+  torch::Tensor whole_inputs_;         ///< every training input in float64, for a full batch (batch_inputs)
   const torch::Tensor& y_train_;
   const OutputMap map_;
   const LossKind loss_;

@@ -570,7 +570,7 @@ void Evaluator::mislabel() {
   r.candidates = to_indices(candidates);
   std::vector<bool> positive;
   for (int64_t c = 0; c < candidates.size(0); ++c) positive.push_back(c < half);
-  const torch::Tensor xc = flipped_reader.dataset().x_train.index_select(0, candidates);
+  const torch::Tensor xc = flipped_reader.train_inputs(candidates);
   const torch::Tensor yc = labels.index_select(0, candidates);
   ScoreCache flipped_cache(work_, ojson{{"mislabel_run", key_}, {"fraction", options_.mislabel_fraction},
                                         {"candidates", r.candidates}});

@@ -77,7 +77,7 @@ void Retrainer::check(const RetrainJob& job) const {
                                                                  << " " << job.keep.scalar_type() << ")");
   }
   if (job.labels.defined()) {
-    PK_CHECK(!is_regression_target(reader_.dataset().y_train),
+    PK_CHECK(!is_regression_target(reader_.held_dataset().y_train),
              "retraining: other labels need class labels; the run trains on regression targets");
     const int64_t K = reader_.manifest().num_classes;
     PK_CHECK(job.labels.dim() == 1 && job.labels.size(0) == num_train_ && job.labels.scalar_type() == torch::kLong,
@@ -92,7 +92,7 @@ void Retrainer::check(const RetrainJob& job) const {
 torch::Tensor Retrainer::train(const RetrainJob& job, RemovalScaling scaling, Network& net) const {
   torch::AutoGradMode training_needs_gradients(true);
   const Manifest& m = reader_.manifest();
-  const Dataset& data = reader_.dataset();
+  const Dataset& data = reader_.held_dataset();  // the training inputs read by batch (train_inputs)
   const torch::Dtype dtype = parse_dtype(m.dtype);
   set_flat_parameters(net, w0_.to(dtype));
   std::vector<torch::Tensor> params = net->parameters();
@@ -108,7 +108,7 @@ torch::Tensor Retrainer::train(const RetrainJob& job, RemovalScaling scaling, Ne
       idx = rows.masked_select(job.keep.index_select(0, rows));
       if (idx.numel() == 0) continue;  // an empty batch: no step
     }
-    const torch::Tensor xb = idx.defined() ? data.x_train.index_select(0, idx) : data.x_train;
+    const torch::Tensor xb = reader_.train_inputs(idx);
     const torch::Tensor yb = idx.defined() ? y.index_select(0, idx) : y;
     const torch::Tensor wb = weights.defined() ? (idx.defined() ? weights.index_select(0, idx) : weights) : weights;
     const bool scaled = scaling == RemovalScaling::Kept && yb.size(0) != full;

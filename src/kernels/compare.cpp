@@ -60,12 +60,12 @@ Comparison compare_kernel_methods(PathReader& reader, const torch::Tensor& train
   options.check();
   const auto t0 = std::chrono::steady_clock::now();
   const Manifest& m = reader.manifest();
-  const Dataset& data = reader.dataset();
-  check_indices(train_index, data.x_train.size(0), "training");
+  const Dataset& data = reader.held_dataset();  // the training inputs read by rows (train_inputs)
+  check_indices(train_index, reader.train_count(), "training");
   check_indices(test_index, data.x_test.size(0), "test");
   const int64_t K = m.num_classes;
   const torch::Tensor& ti = train_index;
-  const torch::Tensor x_train = data.x_train.index_select(0, ti).to(torch::kFloat64);
+  const torch::Tensor x_train = reader.train_inputs(ti).to(torch::kFloat64);
   const torch::Tensor y_train = data.y_train.index_select(0, ti);
   const torch::Tensor x_test = data.x_test.index_select(0, test_index).to(torch::kFloat64);
   const torch::Tensor labels = data.y_test.index_select(0, test_index);
@@ -87,7 +87,7 @@ Comparison compare_kernel_methods(PathReader& reader, const torch::Tensor& train
   // The exact kernel machine: all training points, every step.
   const Decomposition d = decompose(reader, x_test, options.decomposition);
   std::ostringstream note;
-  note << "all " << data.x_train.size(0) << " training points; max relative error " << summarize(d).max_rel_error;
+  note << "all " << reader.train_count() << " training points; max relative error " << summarize(d).max_rel_error;
   add("kernel machine (exact)", "epk", d.prediction().argmax(1), note.str());
 
   GramOptions g;
