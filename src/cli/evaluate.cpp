@@ -106,7 +106,7 @@ void run_evaluate(const EvaluateArgs& args, const Globals& globals) {
   torch::Tensor idx;
   world.agree([&] {
     reader_storage.emplace(args.run);
-    idx = args.points.indices(reader_storage->dataset().y_test, 20);
+    idx = args.points.indices(reader_storage->held_dataset().y_test, 20);
     options.validate(reader_storage->manifest().num_train, reader_storage->manifest().num_classes);
   });
   PathReader& reader = *reader_storage;

@@ -185,7 +185,7 @@ void run_exact(const ExplainArgs& args, const ExplainOptions& options, const Glo
   torch::Tensor idx;
   world.agree([&] {
     reader.emplace(args.run);
-    idx = args.points.indices(reader->dataset().y_test, 1);
+    idx = args.points.indices(reader->held_dataset().y_test, 1);
   });
   const std::string out = args.out.empty() ? (std::filesystem::path(args.run) / "explain").string() : args.out;
   const ExplainAcross across = explain_across(world, *reader, idx, out, options);

@@ -250,7 +250,7 @@ Evaluator::Evaluator(PathReader& reader, const torch::Tensor& test_index, const 
       out_(out),
       options_(options),
       m_(reader.manifest()),
-      data_(reader.dataset()),
+      data_(reader.held_dataset()),  // the training inputs read through reader_ (train_inputs)
       M_(m_.num_train),
       K_(m_.num_classes),
       n_(test_index.size(0)),
@@ -258,7 +258,7 @@ Evaluator::Evaluator(PathReader& reader, const torch::Tensor& test_index, const 
 
 void check_evaluate_inputs(PathReader& reader, const torch::Tensor& test_index, const EvaluateOptions& options) {
   const Manifest& m = reader.manifest();
-  const Dataset& data = reader.dataset();
+  const Dataset& data = reader.held_dataset();
   PK_CHECK(m.sequence_length == 0,
            "evaluate: run '" << reader.dir() << "' trains on sequences (outputs [n, " << m.sequence_length << ", "
                              << m.num_classes << "]), which evaluate does not take yet; verify and explain "
@@ -527,7 +527,7 @@ std::string Evaluator::train_flipped_run(const torch::Tensor& labels, int64_t co
   }
   if (reuse) return run_dir;
   fs::create_directories(data_dir);
-  write_npy((fs::path(data_dir) / "train_x.npy").string(), data_.x_train.contiguous());
+  write_npy((fs::path(data_dir) / "train_x.npy").string(), reader_.train_inputs(torch::Tensor()).contiguous());
   write_npy((fs::path(data_dir) / "test_x.npy").string(), data_.x_test.contiguous());
   write_npy((fs::path(data_dir) / "test_y.npy").string(), data_.y_test.contiguous());
   write_npy((fs::path(data_dir) / "train_y.npy").string(), labels);

@@ -309,7 +309,7 @@ json explained_points(const ExplainDirectory& ex, const StepTrace& tr, const Tra
                         {"value", t.value},
                         {"total", ex.contributions[static_cast<int64_t>(e)][i][k].item<double>()},
                         {"per_step", to_json(curve)},
-                        {"input", input_view(m, data.x_train[i])}});
+                        {"input", input_view(m, train_input(data, i))}});
         if (!t.layers.empty()) list.back()["layers"] = to_json(torch::tensor(t.layers, torch::kFloat64));
       }
       pj[side] = list;
@@ -348,10 +348,10 @@ json contribution_views(const ExplainDirectory& ex, const ExplainDirectory& mg, 
 /// The EPK Gram matrix between class-balanced training points, sorted by class.
 json gram_view(PathReader& reader, const ReportOptions& options) {
   const Manifest& m = reader.manifest();
-  const Dataset& data = reader.dataset();
+  const Dataset& data = reader.held_dataset();  // the chosen training rows decoded (train_inputs)
   torch::Tensor g_idx = balanced_subset(data.y_train, std::min<int64_t>(options.gram_points, m.num_train), 0);
   g_idx = g_idx.index_select(0, torch::argsort(data.y_train.index_select(0, g_idx) * m.num_train + g_idx));
-  const torch::Tensor xs = data.x_train.index_select(0, g_idx);
+  const torch::Tensor xs = reader.train_inputs(g_idx);
   GramOptions go;
   go.kernel = GramSpec::parse("epk");
   go.quadrature = options.quadrature;
@@ -403,7 +403,7 @@ nlohmann::ordered_json report_data(PathReader& reader, const ReportOptions& opti
                            << m.num_classes << "]), which report does not take yet (its views are of one label a "
                               "point); verify and explain decompose it, and explain.json lists each point's "
                               "proponents and opponents with their text");
-  const Dataset& data = reader.dataset();
+  const Dataset& data = reader.held_dataset();  // training rows read as shown (train_input)
   json out;
   out["title"] = "pathkernel report: " + reader.dir();
   out["run"] = reader.dir();
