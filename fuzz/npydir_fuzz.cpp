@@ -6,7 +6,9 @@
 // are classes in [0, num_classes) or finite targets [n, num_classes].
 // The same pieces are then read as a directory whose inputs are coded pairs:
 // the first piece as train_x.codes.npy and test_x.codes.npy, the third as
-// train_x.values.npy and test_x.values.npy, under the same checks.
+// train_x.values.npy and test_x.values.npy, under the same checks: a coded
+// train_x of floating values is held as its codes (x_train_coded), and
+// checked decoded.
 #include <filesystem>
 
 #include "fuzz_util.h"
@@ -26,11 +28,15 @@ uint32_t take_length(const uint8_t*& data, size_t& size) {
 
 void check(const pathkernel::Dataset& d) {
   using pathkernel::fuzz::fail;
-  if (d.x_train.size(0) != d.y_train.size(0) || d.x_test.size(0) != d.y_test.size(0)) fail("rows disagree");
-  if (d.x_train.size(0) == 0) fail("an empty training split was accepted");
-  if (d.x_train.sizes().slice(1) != d.x_test.sizes().slice(1)) fail("the splits' input shapes differ");
+  if (d.x_train.defined() == d.x_train_coded.defined()) fail("training inputs neither or both whole and coded");
+  if (d.x_train_coded.defined() && d.x_train_coded.values.size(0) != 256) fail("a table not of a value per code");
+  // Coded training inputs (a coded pair of floating values) checked decoded.
+  const torch::Tensor x_train = d.x_train_coded.defined() ? d.x_train_coded.all() : d.x_train;
+  if (x_train.size(0) != d.y_train.size(0) || d.x_test.size(0) != d.y_test.size(0)) fail("rows disagree");
+  if (x_train.size(0) == 0) fail("an empty training split was accepted");
+  if (x_train.sizes().slice(1) != d.x_test.sizes().slice(1)) fail("the splits' input shapes differ");
   if (d.num_classes < 1) fail("no outputs");
-  for (const torch::Tensor& x : {d.x_train, d.x_test}) {
+  for (const torch::Tensor& x : {x_train, d.x_test}) {
     if (x.numel() > 0 && !torch::isfinite(x.to(torch::kFloat64)).all().item<bool>()) fail("a non-finite input");
   }
   for (const torch::Tensor& y : {d.y_train, d.y_test}) {
