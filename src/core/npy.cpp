@@ -423,11 +423,25 @@ constexpr size_t kCodeBlock = size_t{1} << 20;
 /// the codes read a block at a time, each block checked against the table
 /// and decoded into the array, so that neither the file nor its codes are
 /// copied whole. `what` names the pair in errors.
-torch::Tensor read_coded(const std::string& path, const torch::Tensor& values, const std::string& what) {
-  const InFile file(path);
+/// The layout of the codes file `path`, open as `file`: uint8 codes of the
+/// array's shape, at least one dimension. `what` names the pair in errors.
+NpyLayout codes_layout(const InFile& file, const std::string& path, const std::string& what) {
   const NpyLayout l = layout_of(file.head(), file.size(), path, true);
   PK_CHECK(!l.shape.empty(), what << ": codes of shape " << c10::IntArrayRef(l.shape) << ", expected the array's "
                                   << "shape (at least one dimension)");
+  return l;
+}
+
+/// The table of the values file `path`, read and checked before its codes are.
+torch::Tensor read_values(const std::string& path) {
+  torch::Tensor values = read_npy(path);
+  check_values(values, path);
+  return values;
+}
+
+torch::Tensor read_coded(const std::string& path, const torch::Tensor& values, const std::string& what) {
+  const InFile file(path);
+  const NpyLayout l = codes_layout(file, path, what);
   const torch::Tensor table = values.contiguous();
   const int64_t entries = table.size(0);
   const size_t esize = static_cast<size_t>(table.element_size());
@@ -491,9 +505,7 @@ torch::Tensor read_npy_array(const std::string& dir, const std::string& name) {
   const std::string first = (std::filesystem::path(dir) / files[0]).string();
   if (files.size() == 1) return read_npy(first);
   const std::string second = (std::filesystem::path(dir) / files[1]).string();
-  const torch::Tensor values = read_npy(second);
-  check_values(values, second);  // before the codes are read
-  return read_coded(first, values, first + " with " + second);
+  return read_coded(first, read_values(second), first + " with " + second);
 }
 
 CodedArray read_npy_coded(const std::string& dir, const std::string& name) {
@@ -502,16 +514,14 @@ CodedArray read_npy_coded(const std::string& dir, const std::string& name) {
                                   << name << ".codes.npy and " << name << ".values.npy");
   const std::string first = (std::filesystem::path(dir) / files[0]).string();
   const std::string second = (std::filesystem::path(dir) / files[1]).string();
+  const std::string what = first + " with " + second;
   CodedArray c;
-  c.values = read_npy(second);
-  check_values(c.values, second);  // before the codes are read
+  c.values = read_values(second);
   const InFile file(first);
-  const NpyLayout l = layout_of(file.head(), file.size(), first, true);
-  PK_CHECK(!l.shape.empty(), first << ": codes of shape " << c10::IntArrayRef(l.shape) << ", expected the array's "
-                                   << "shape (at least one dimension)");
+  const NpyLayout l = codes_layout(file, first, what);
   c.codes = empty_for_reading(l.shape, torch::kUInt8, l.data_bytes);
   if (l.data_bytes > 0) file.read(l.data_offset, l.data_bytes, c.codes.data_ptr());
-  check_codes(c.codes.data_ptr<uint8_t>(), c.codes.numel(), c.values.size(0), first + " with " + second);
+  check_codes(c.codes.data_ptr<uint8_t>(), c.codes.numel(), c.values.size(0), what);
   return c;
 }
 
