@@ -37,8 +37,8 @@ Algorithm1Result algorithm1(PathReader& reader, const torch::Tensor& x_in, int T
   Network net = engine_network(m.network_options());
   const OutputMap map = net->options().output;
   const torch::Tensor x = x_in.to(torch::kFloat64);
-  const torch::Tensor x_train = reader.dataset().x_train.to(torch::kFloat64);
-  const torch::Tensor& y_train = reader.dataset().y_train;
+  const torch::Tensor x_train = reader.decoded_dataset().x_train.to(torch::kFloat64);
+  const torch::Tensor& y_train = reader.decoded_dataset().y_train;
   const int64_t n = x.size(0), M = x_train.size(0), K = m.num_classes;
 
   Algorithm1Result r;

@@ -133,8 +133,8 @@ void export_peer_input(PathReader& reader, const torch::Tensor& x, const Decompo
   reader.forward([&](const PathStep& st) { ws.push_back(st.w.clone()); });
   ws.push_back(reader.weights(reader.steps()));
   write_npy(dir + "/weights.npy", torch::stack(ws));
-  write_npy(dir + "/x_train.npy", reader.dataset().x_train.to(torch::kFloat64).contiguous());
-  write_npy(dir + "/y_train.npy", reader.dataset().y_train.contiguous());
+  write_npy(dir + "/x_train.npy", reader.decoded_dataset().x_train.to(torch::kFloat64).contiguous());
+  write_npy(dir + "/y_train.npy", reader.decoded_dataset().y_train.contiguous());
   write_npy(dir + "/x_test.npy", x.to(torch::kFloat64).contiguous());
   write_npy(dir + "/f_final.npy", d.fN.contiguous());
   write_npy(dir + "/learning_rates.npy", torch::tensor(reader.manifest().learning_rates, torch::kFloat64));
@@ -463,7 +463,7 @@ json row_gram(const BenchConfig& c) {
   RunOptions r = run_options("mnist", M, c.quick ? "mlp:16" : "mlp:128", "sgd", steps, 100, 0.1, run_dir(c, "gram"));
   train_seconds(r);
   PathReader reader(r.out);
-  const torch::Tensor x = reader.dataset().x_train.to(torch::kFloat64);
+  const torch::Tensor x = reader.decoded_dataset().x_train.to(torch::kFloat64);
   GramOptions o;
   o.kernel = GramSpec::parse("ntk:" + std::to_string(steps));
   o.trace = true;

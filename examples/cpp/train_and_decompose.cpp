@@ -37,8 +37,8 @@ int main(int argc, char** argv) {
 
     // 2. Replay the path and decompose test point 0.
     pathkernel::PathReader reader(dir);
-    const torch::Tensor x = reader.dataset().x_test.index_select(0, pathkernel::TestPointSelection{}.resolve(
-                                                                         reader.dataset().x_test.size(0), 1));
+    const torch::Tensor x = reader.held_dataset().x_test.index_select(0, pathkernel::TestPointSelection{}.resolve(
+                                                                         reader.held_dataset().x_test.size(0), 1));
     pathkernel::DecompositionOptions options;
     options.progress = false;
     const pathkernel::Decomposition d = pathkernel::decompose(reader, x, options);
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
       for (int64_t j = 0; j < 3; ++j) {
         const int64_t i = index[j].item<int64_t>();
         std::printf("  #%lld (class %lld) %+.4f", static_cast<long long>(i),
-                    static_cast<long long>(reader.dataset().y_train[i].item<int64_t>()), values[j].item<double>());
+                    static_cast<long long>(reader.held_dataset().y_train[i].item<int64_t>()), values[j].item<double>());
       }
       std::printf("\n");
     }

@@ -132,18 +132,24 @@ class PathReader {
   PathReader twin() const;
 
   const Manifest& manifest() const { return manifest_; }
-  /// The run's dataset with its training inputs in x_train. Where they are
-  /// held as codes (a source of bytes, such as fashion-mnist), the first call
-  /// decodes them, once for the reader and its twins.
-  const Dataset& dataset() const;
   /// The dataset as held: x_train undefined where the training inputs are
-  /// coded. For what reads the test split, the labels and the sizes.
+  /// coded. For what reads the test split, the labels and the sizes; a
+  /// command reads the training rows it needs with train_inputs.
   const Dataset& held_dataset() const { return dataset_; }
+  /// The run's dataset with every training input decoded into x_train. Where
+  /// they are held as codes (a source of bytes, such as fashion-mnist) the
+  /// first call decodes the whole split, once for the reader and its twins:
+  /// 376 MB for fashion-mnist in float64. For what needs all of it at once.
+  const Dataset& decoded_dataset() const;
   /// Rows `index` of the training inputs, in the run's dtype, decoded where
-  /// they are held as codes. An undefined index means every row: dataset()'s
+  /// they are held as codes. An undefined index means every row: decoded_dataset()'s
   /// x_train, decoded once for the reader and its twins, not a step at a time.
   torch::Tensor train_inputs(const torch::Tensor& index) const;
   int64_t train_count() const { return manifest_.num_train; }
+  /// Whether this reader or a twin has decoded its whole coded training
+  /// split (decoded_dataset, or train_inputs of every row); false where the
+  /// inputs are not held as codes. What a command's memory test asks.
+  bool whole_split_decoded() const { return decoded_->done.load(); }
   Network& network() { return net_; }
   int64_t steps() const { return manifest_.steps; }
   /// The run's per-training-point loss weights, float64 [M]; undefined when
@@ -348,11 +354,12 @@ class PathReader {
   std::string dir_;
   Manifest manifest_;
   Dataset dataset_;
-  /// dataset_ with its training inputs decoded, made by the first dataset()
+  /// dataset_ with its training inputs decoded, made by the first decoded_dataset()
   /// of this reader or a twin (they share it).
   struct Decoded {
     std::once_flag once;
     Dataset data;
+    std::atomic<bool> done{false};
   };
   std::shared_ptr<Decoded> decoded_ = std::make_shared<Decoded>();
   Network net_{nullptr};

@@ -60,17 +60,18 @@ void add_gp_command(CLI::App& app, Globals& globals) {
     const auto t0 = std::chrono::steady_clock::now();
     GramOptions options = args->k.options();
     PathReader reader(args->run);
-    const Dataset& data = reader.dataset();
+    const Dataset& data = reader.held_dataset();
     const torch::Tensor ti = args->points.train_indices(data.y_train);
-    const torch::Tensor x_train = data.x_train.index_select(0, ti).to(torch::kFloat64);
+    const torch::Tensor x_train = reader.train_inputs(ti).to(torch::kFloat64);
     const bool on_grid = args->grid > 0;
     torch::Tensor test_idx, x_query;
     if (on_grid) {
-      const int64_t features = data.x_train.numel() / std::max<int64_t>(1, data.x_train.size(0));
+      const int64_t features = x_train.numel() / std::max<int64_t>(1, x_train.size(0));
       PK_CHECK(features == 2, "--grid needs 2-D inputs; this run's inputs have " << features << " features");
       // The training inputs' bounding box, widened by 10% on each side.
-      x_query = grid_2d(GridBounds::around(data.x_train, 0.1, 0.0), args->grid).points.view([&] {
-        std::vector<int64_t> s = data.x_train.sizes().vec();
+      const torch::Tensor all = reader.train_inputs(torch::Tensor());
+      x_query = grid_2d(GridBounds::around(all, 0.1, 0.0), args->grid).points.view([&] {
+        std::vector<int64_t> s = all.sizes().vec();
         s[0] = args->grid * args->grid;
         return s;
       }());

@@ -11,7 +11,7 @@ ExperimentResult fig5(const ExperimentOptions& options) {
   const bool quick = options.quick;
   PathReader reader(session.train(paper_gd_run("toy2d", quick)));
   const Manifest& m = reader.manifest();
-  const Dataset& data = reader.dataset();
+  const Dataset& data = reader.decoded_dataset();
   const torch::Tensor X = data.x_train;
   const int64_t M = X.size(0);
   // A G x G grid over [−2.5, 8.5]², around the class means (1,4), (4,1), (5,5).

@@ -12,7 +12,7 @@ ExperimentResult fig6(const ExperimentOptions& options) {
   const bool quick = options.quick;
   PathReader reader(session.train(paper_gd_run("toy2d", quick)));
   const Manifest& m = reader.manifest();
-  const Dataset& data = reader.dataset();
+  const Dataset& data = reader.decoded_dataset();
   const int64_t M = data.x_train.size(0), K = m.num_classes;
   // The generating means of toy2d (dataset.h).
   const torch::Tensor means = torch::tensor({1.0, 4.0, 4.0, 1.0, 5.0, 5.0}, torch::kFloat64).reshape({3, 2});

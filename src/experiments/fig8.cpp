@@ -24,7 +24,7 @@ ExperimentResult fig8(const ExperimentOptions& options) {
   run.train.steps = quick ? 5 : 200;
   PathReader reader(session.train(run));
   const Manifest& m = reader.manifest();
-  const Dataset& data = reader.dataset();
+  const Dataset& data = reader.decoded_dataset();
   const OutputMap map = parse_output_map(m.output);
   const torch::Tensor w0 = reader.weights(0), wN = reader.weights(m.steps);
   const torch::Tensor dir = wN - w0;

@@ -67,7 +67,7 @@ PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
   manifest_ = Manifest::load(dir_);
   validate_run(dir_, manifest_);
   DataOptions data = manifest_.data_options();
-  data.coded_train_inputs = true;  // decoded a batch at a time (train_inputs), or whole by dataset()
+  data.coded_train_inputs = true;  // decoded a batch at a time (train_inputs), or whole by decoded_dataset()
   dataset_ = load_dataset(data);
   clip_ = read_clip_factors(dir_, manifest_);
   loss_weights_ = read_loss_weights(dir_, manifest_);
@@ -105,18 +105,19 @@ PathReader::PathReader(TwinOf twin)
       clip_(twin.of.clip_),
       loss_weights_(twin.of.loss_weights_) {}
 
-const Dataset& PathReader::dataset() const {
+const Dataset& PathReader::decoded_dataset() const {
   if (!dataset_.x_train_coded.defined()) return dataset_;
   std::call_once(decoded_->once, [&] {
     decoded_->data = dataset_;
     decoded_->data.x_train = dataset_.x_train_coded.all();
     decoded_->data.x_train_coded = CodedInputs();
+    decoded_->done = true;
   });
   return decoded_->data;
 }
 
 torch::Tensor PathReader::train_inputs(const torch::Tensor& index) const {
-  return index.defined() ? pathkernel::train_inputs(dataset_, index) : dataset().x_train;
+  return index.defined() ? pathkernel::train_inputs(dataset_, index) : decoded_dataset().x_train;
 }
 
 PathReader PathReader::twin() const { return PathReader(TwinOf{*this}); }

@@ -368,7 +368,7 @@ json gram_view(PathReader& reader, const ReportOptions& options) {
 /// probability std on a grid (fig5's maps).
 json maps_view(PathReader& reader, const ReportOptions& options) {
   const Manifest& m = reader.manifest();
-  const Dataset& data = reader.dataset();
+  const Dataset& data = reader.decoded_dataset();
   const int64_t G = options.grid;
   const torch::Tensor X = data.x_train.to(torch::kFloat64);
   // The training inputs' bounding box, widened by 0.5 on each side.

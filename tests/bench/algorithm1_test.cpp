@@ -17,7 +17,7 @@ TEST(Algorithm1, EqualsTheStructuredDecompositionWithTheSameRule) {
     RunOptions r = testing::small_run(dir / "run", opt, 6, 3);
     train_run(r);
     PathReader reader(r.out);
-    torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     bench::Algorithm1Result a = bench::algorithm1(reader, x, 5);
     DecompositionOptions options;
     options.progress = false;
@@ -39,7 +39,7 @@ TEST(Algorithm1, RefusesBufferedOptimizers) {
   RunOptions r = testing::small_run(dir / "run", "momentum", 2, 1);
   train_run(r);
   PathReader reader(r.out);
-  torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 1);
+  torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 1);
   EXPECT_CONTAINS(testing::error_message([&] { bench::algorithm1(reader, x, 4); }), "covers gd and sgd");
 }
 

@@ -359,7 +359,7 @@ TEST(Cli, GpRefitAndCompare) {
   EXPECT_GE(var.min().item<double>(), -1e-9 * var.abs().max().item<double>());
   EXPECT_TRUE(ps.ge(0).all().item<bool>() && ps.le(0.5).all().item<bool>());
   nlohmann::json j = nlohmann::json::parse(read_file(dir / "gp/gp.json"));
-  torch::Tensor labels = PathReader(r).dataset().y_test.index_select(0, idx.to(torch::kLong));
+  torch::Tensor labels = PathReader(r).decoded_dataset().y_test.index_select(0, idx.to(torch::kLong));
   EXPECT_NEAR(j["gp_accuracy"].get<double>(), mean.argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>(), 1e-12);
   // On a grid: N x N points over the inputs.
   Output grid = run("gp " + r + " --train-count 40 --grid 4 --samples 0 --quiet --out " + (dir / "grid"));

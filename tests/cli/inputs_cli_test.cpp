@@ -31,8 +31,8 @@ TEST(InputsCli, VerifyAndExplainInputsOfAFile) {
             0);
   PathReader reader(r);
   const torch::Tensor idx = torch::tensor({3, 8}, torch::kLong);
-  write_npy(dir / "x.npy", reader.dataset().x_test.index_select(0, idx));
-  write_npy(dir / "y.npy", reader.dataset().y_test.index_select(0, idx));
+  write_npy(dir / "x.npy", reader.decoded_dataset().x_test.index_select(0, idx));
+  write_npy(dir / "y.npy", reader.decoded_dataset().y_test.index_select(0, idx));
 
   auto v = run("verify " + r + " --inputs " + (dir / "x.npy") + " --labels " + (dir / "y.npy") + " --json");
   ASSERT_EQ(v.status, 0) << v.out;

@@ -74,7 +74,7 @@ TEST(AutogradRoute, SequenceSignalsAreEachSequencesLossGradient) {
   EXPECT_EQ(ev.route(), "generic");
   const torch::Tensor w = reader.checkpoint(1);
   ev.set_segment(w, torch::zeros_like(w));
-  const torch::Tensor x = reader.dataset().x_train.narrow(0, 0, 3), y = reader.dataset().y_train.narrow(0, 0, 3);
+  const torch::Tensor x = reader.decoded_dataset().x_train.narrow(0, 0, 3), y = reader.decoded_dataset().y_train.narrow(0, 0, 3);
   const TrainSignals t = train_signals(ev, x, y, OutputMap::Logits);
   Network ref = engine_network(reader.manifest().network_options());
   for (int64_t i = 0; i < 3; ++i) {
@@ -101,7 +101,7 @@ TEST(AutogradRoute, CausalTransformerDecomposesExactlyAtTwoPositions) {
   EXPECT_EQ(result.manifest.num_classes, kV);
   PathReader reader(o.out);
   EXPECT_EQ(reader.check().mismatches, 0);
-  const torch::Tensor x = reader.dataset().x_test;
+  const torch::Tensor x = reader.decoded_dataset().x_test;
   Network net = engine_network(reader.manifest().network_options());
   set_flat_parameters(net, reader.checkpoint(reader.manifest().checkpoints.size() - 1));
   const torch::Tensor fN = net->forward(x).detach();  // [3, T, V]
@@ -128,7 +128,7 @@ TEST(AutogradRoute, SequenceDataRefusesWhatItCannotDecompose) {
   DecompositionOptions d;
   d.progress = false;
   d.position = kT;
-  EXPECT_CONTAINS(error_message([&] { decompose(reader, reader.dataset().x_test, d); }),
+  EXPECT_CONTAINS(error_message([&] { decompose(reader, reader.decoded_dataset().x_test, d); }),
                   "the position decomposed 5 is out of range: the sequences have 5 positions, expected 0 .. 4");
   EXPECT_CONTAINS(error_message([&] { evaluate(reader, torch::arange(2), dir.path() + "/ev", EvaluateOptions{}); }),
                   "trains on sequences (outputs [n, 5, 7]), which evaluate does not take yet");

@@ -49,7 +49,7 @@ TEST(DecompositionCheckpoint, AForwardWalkResumedInsideABlockOfStepsEndsWithTheS
     if (opt == "sgd") r.data.train_size = 120;
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     DecompositionOptions options;
     options.progress = false;
     options.kernel = true;
@@ -65,7 +65,7 @@ TEST(DecompositionCheckpoint, AForwardWalkResumedInsideABlockOfStepsEndsWithTheS
     ASSERT_EQ(state["steps_done"], 5) << opt;
     ASSERT_TRUE(state["files"].contains("block_contributions")) << opt << ": " << state.dump();
     const torch::Tensor block = read_npy(progress + "/" + state["files"]["block_contributions"]["file"].get<std::string>());
-    const int64_t M = reader.dataset().x_train.size(0);
+    const int64_t M = reader.decoded_dataset().x_train.size(0);
     // gd's every step holds every training point; sgd's block holds the rows
     // of its batches that other blocks touch too, fewer than the 48 it touches.
     if (opt == "gd") EXPECT_EQ(block.size(1), M);
@@ -100,7 +100,7 @@ TEST(DecompositionCheckpoint, AReverseWalkResumedInsideALaterChunkEndsWithTheSam
     RunOptions r = testing::small_run(dir / "run", opt, 12, 4);
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     DecompositionOptions options;
     options.progress = false;
     options.memory_doubles = 1;  // one test point per chunk: three walks of the path

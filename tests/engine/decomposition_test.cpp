@@ -33,7 +33,7 @@ TEST(ReverseAccumulation, EqualsPerSampleBuffersForwardInTime) {
     RunOptions r = buffered_run(dir / "run", opt, 7);
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 2);
     DecompositionOptions options;
     options.progress = false;
     options.quadrature.spec = QuadratureSpec::parse("dpk");
@@ -42,8 +42,8 @@ TEST(ReverseAccumulation, EqualsPerSampleBuffersForwardInTime) {
     const Manifest& m = reader.manifest();
     const UpdateRule rule(m.optimizer);
     Network ref = build_network(m.network_options());
-    const torch::Tensor& xt = reader.dataset().x_train;
-    const torch::Tensor& yt = reader.dataset().y_train;
+    const torch::Tensor& xt = reader.decoded_dataset().x_train;
+    const torch::Tensor& yt = reader.decoded_dataset().y_train;
     const int64_t M = xt.size(0), P = m.parameter_count;
     torch::Tensor buffers = torch::zeros({M, P}, torch::kFloat64), reg_buffer = torch::zeros({P}, torch::kFloat64);
     torch::Tensor expect = torch::zeros({2, M, 3}, torch::kFloat64), expect_reg = torch::zeros({2, 3}, torch::kFloat64);
@@ -89,7 +89,7 @@ TEST(ReverseAccumulation, CompletenessHoldsToMachinePrecision) {
     PathReader reader(r.out);
     DecompositionOptions options;
     options.progress = false;
-    torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 6);
+    torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 6);
     Decomposition d = decompose(reader, x, options);
     const double rel = ((d.prediction() - d.fN).abs() / d.fN.abs().clamp_min(1)).max().item<double>();
     const double completeness = d.completeness_gap().abs().max().item<double>();
@@ -108,7 +108,7 @@ TEST(ReverseAccumulation, AgreesWithTheForwardRouteOnSgd) {
   RunOptions r = buffered_run(dir / "run", "sgd", 8);
   train_run(r);
   PathReader reader(r.out);
-  torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
+  torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 4);
   DecompositionOptions options;
   options.progress = false;
   Decomposition fwd = decompose(reader, x, options);
@@ -140,7 +140,7 @@ TEST(ReplaySignals, AgreeWithRecomputedSignals) {
     r.model = c.model;
     train_run(r);
     PathReader reader(r.out);
-    torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+    torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 2);
     DecompositionOptions options;
     options.progress = false;
     options.quadrature.spec = QuadratureSpec::parse("riemann:3");
@@ -170,7 +170,7 @@ TEST(TrainingChunks, AnyChunkingOfTheBatchGivesTheSameDecomposition) {
     r.train.batch = optimizer == "sgd" ? 25 : 0;
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     DecompositionOptions options;
     options.progress = false;
     options.point_block = 1;
@@ -203,7 +203,7 @@ TEST(TrainingChunks, RowsKeptAcrossBlocksOfTestPointsGiveTheSameDecomposition) {
     r.model = "cnn:2,3";
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 2);
     for (const bool replay_signals : {true, false}) {
       DecompositionOptions options;
       options.progress = false;
@@ -251,7 +251,7 @@ TEST(PointGroups, GiveTheDecompositionOfOneThread) {
     // two groups a block of up to 16 points each (kFactoredGroupPoints):
     // blocks of 34 and 3 make three and two.
     const bool mlp = c.model[0] == 'm';
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, mlp ? 37 : 11);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, mlp ? 37 : 11);
     const int64_t M = reader.manifest().num_train, K = reader.manifest().num_classes;
     for (const bool replay_signals : {true, false}) {
       DecompositionOptions options;
@@ -357,7 +357,7 @@ TEST(TrainingAhead, GivesTheDecompositionFormedInTurn) {
     for (const std::pair<int64_t, bool>& run : std::vector<std::pair<int64_t, bool>>{{3, true}, {3, false}, {1, true}, {1, false}}) {
       const int64_t points = run.first;
       const bool replay_signals = run.second;
-      const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, points);
+      const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, points);
       auto walk = [&](bool ahead) {
         ThreadScope scope(2);
         DecompositionOptions o;
@@ -398,7 +398,7 @@ TEST(Float32Runs, DecomposeToFloat64Precision) {
     train_run(r);
     PathReader reader(r.out);
     ASSERT_EQ(reader.manifest().dtype, "float32");
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 5);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 5);
     ASSERT_EQ(x.scalar_type(), torch::kFloat32);
     DecompositionOptions options;
     options.progress = false;
@@ -503,7 +503,7 @@ TEST(TimeSplit, AccountsForBothWalksWithinTheirThreadsTime) {
     PathReader reader(r.out);
     DecompositionOptions options;
     options.progress = false;
-    const Decomposition d = decompose(reader, reader.dataset().x_test.narrow(0, 0, 3), options);
+    const Decomposition d = decompose(reader, reader.decoded_dataset().x_test.narrow(0, 0, 3), options);
     const TimeSplit& t = d.time_split;
     EXPECT_GT(t.test_features, 0) << opt;
     EXPECT_GT(t.training_signals, 0) << opt;
@@ -523,7 +523,7 @@ TEST(ReverseAccumulation, RefusesTheKernelOutput) {
   DecompositionOptions options;
   options.progress = false;
   options.kernel = true;
-  EXPECT_CONTAINS(testing::error_message([&] { decompose(reader, reader.dataset().x_test.narrow(0, 0, 1), options); }),
+  EXPECT_CONTAINS(testing::error_message([&] { decompose(reader, reader.decoded_dataset().x_test.narrow(0, 0, 1), options); }),
                   "kernel output is built for gd and sgd");
 }
 

@@ -99,7 +99,7 @@ TEST(BatchNormTraining, CompletenessHoldsWithTheRunningStatisticsTerm) {
     PathReader reader(dir.path() + "/run");
     DecompositionOptions o;
     o.progress = false;
-    const Decomposition d = decompose(reader, reader.dataset().x_test, o);
+    const Decomposition d = decompose(reader, reader.decoded_dataset().x_test, o);
     ASSERT_TRUE(d.statistics.defined());
     const DecompositionSummary s = summarize(d);
     EXPECT_LE(s.max_rel_error, 1e-12);
@@ -108,7 +108,7 @@ TEST(BatchNormTraining, CompletenessHoldsWithTheRunningStatisticsTerm) {
     const torch::Tensor without = d.f0 + d.contributions.sum(1) + d.regularization + d.rounding;
     EXPECT_GT((without - d.fN).abs().max().item<double>(), 1e-6);
     // f(w_N) is the eval-mode output with the final running statistics.
-    EXPECT_LT((reader.outputs(reader.steps(), reader.dataset().x_test) - d.fN).abs().max().item<double>(), 1e-15);
+    EXPECT_LT((reader.outputs(reader.steps(), reader.decoded_dataset().x_test) - d.fN).abs().max().item<double>(), 1e-15);
   }
 }
 
@@ -117,7 +117,7 @@ TEST(BatchNormTraining, StatisticsTermMatchesAnExplicitLoopOverSteps) {
   TempDir dir;
   train_bn_run(dir, save_residual_bn(dir), "sgd");
   PathReader reader(dir.path() + "/run");
-  const torch::Tensor x = reader.dataset().x_test;
+  const torch::Tensor x = reader.decoded_dataset().x_test;
   DecompositionOptions o;
   o.progress = false;
   const Decomposition d = decompose(reader, x, o);
@@ -156,7 +156,7 @@ TEST(BatchNormTraining, RefusesTheKernel) {
   o.progress = false;
   o.kernel = true;
   try {
-    decompose(reader, reader.dataset().x_test, o);
+    decompose(reader, reader.decoded_dataset().x_test, o);
     FAIL() << "the kernel was computed";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("BatchNorm"), std::string::npos) << e.what();

@@ -33,7 +33,7 @@ TEST(ErrorBudget, HoldsOnARunOfTwoThousandSteps) {
   PathReader reader(r.out);
   DecompositionOptions o;
   o.progress = false;
-  const Decomposition d = decompose(reader, reader.dataset().x_test.narrow(0, 0, 3), o);
+  const Decomposition d = decompose(reader, reader.decoded_dataset().x_test.narrow(0, 0, 3), o);
   const DecompositionSummary s = summarize(d);
   EXPECT_EQ(s.steps, 2000);
   EXPECT_LE(s.max_rel_error, 1e-12);
@@ -54,7 +54,7 @@ TEST(ErrorBudget, TheReportedBoundHoldsForALooseBudget) {
   o.quadrature.run_tol = 1e-4;
   o.quadrature.gauss_nodes = 1;  // one node per piece: the error is the certificate's to catch
   o.quadrature.min_nodes = 1;
-  const Decomposition d = decompose(reader, reader.dataset().x_test.narrow(0, 0, 4), o);
+  const Decomposition d = decompose(reader, reader.decoded_dataset().x_test.narrow(0, 0, 4), o);
   const DecompositionSummary s = summarize(d);
   EXPECT_GT(s.max_rel_error, 1e-12);  // the budget was used
   EXPECT_LE(s.max_rel_error, s.error_bound + 1e-14);

@@ -471,7 +471,7 @@ TEST(Decomposition, CompletenessHoldsToMachinePrecision) {
     PathReader reader(r.out);
     DecompositionOptions options;
     options.progress = false;
-    torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 10);
+    torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 10);
     Decomposition d = decompose(reader, x, options);
     double rel = ((d.prediction() - d.fN).abs() / d.fN.abs().clamp_min(1)).max().item<double>();
     double completeness = (d.fN - d.f0 - d.contributions.sum(1) - d.regularization).abs().max().item<double>();
@@ -493,15 +493,15 @@ TEST(Decomposition, DpkEqualsBruteForceTracIn) {
   RunOptions r = testing::small_run(dir / "run", "sgd", 4, 2);
   train_run(r);
   PathReader reader(r.out);
-  torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+  torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
   DecompositionOptions options;
   options.progress = false;
   options.quadrature.spec = QuadratureSpec::parse("dpk");
   Decomposition d = decompose(reader, x, options);
 
   Network ref = build_network(reader.manifest().network_options());
-  const torch::Tensor& xt = reader.dataset().x_train;
-  const torch::Tensor& yt = reader.dataset().y_train;
+  const torch::Tensor& xt = reader.decoded_dataset().x_train;
+  const torch::Tensor& yt = reader.decoded_dataset().y_train;
   torch::Tensor expect = torch::zeros({3, 60, 3}, torch::kFloat64);
   reader.forward([&](const PathStep& st) {
     const int64_t b = st.batch.size(0);
@@ -531,7 +531,7 @@ TEST(Decomposition, KernelEqualsBruteForceSums) {
   r.output = OutputMap::Logits;
   train_run(r);
   PathReader reader(r.out);
-  torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+  torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 2);
   DecompositionOptions options;
   options.progress = false;
   options.kernel = true;
@@ -540,7 +540,7 @@ TEST(Decomposition, KernelEqualsBruteForceSums) {
   ASSERT_EQ(d.kernel.sizes(), (std::vector<int64_t>{2, 60, 3, 3}));
 
   Network ref = build_network(reader.manifest().network_options());
-  const torch::Tensor& xt = reader.dataset().x_train;
+  const torch::Tensor& xt = reader.decoded_dataset().x_train;
   torch::Tensor expect = torch::zeros({2, 60, 3, 3}, torch::kFloat64);
   reader.forward([&](const PathStep& st) {
     for (int64_t bi = 0; bi < st.batch.size(0); ++bi) {
@@ -567,12 +567,12 @@ TEST(Decomposition, KernelGivesTheSingleKernelMachine) {
   RunOptions r = testing::small_run(dir / "run", "gd", 6, 3);
   train_run(r);
   PathReader reader(r.out);
-  torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
+  torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 4);
   DecompositionOptions options;
   options.progress = false;
   options.kernel = true;
   Decomposition d = decompose(reader, x, options);
-  const torch::Tensor& y = reader.dataset().y_train;  // [60]
+  const torch::Tensor& y = reader.decoded_dataset().y_train;  // [60]
   torch::Tensor picked = d.kernel.gather(3, y.view({1, -1, 1, 1}).expand({4, 60, 3, 1})).squeeze(3);  // [4, 60, 3]
   torch::Tensor single = picked * (r.train.optimizer.lr / 60.0);
   const double scale = d.contributions.abs().max().item<double>();

@@ -41,7 +41,7 @@ TEST(LayerSplit, EachTensorMatchesAutogradRestrictedToIt) {
     r.model = "mlp:5,4";
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 2);
     DecompositionOptions options;
     options.progress = false;
     options.by_layer = true;
@@ -53,8 +53,8 @@ TEST(LayerSplit, EachTensorMatchesAutogradRestrictedToIt) {
 
     const UpdateRule rule(m.optimizer);
     Network ref = build_network(m.network_options());
-    const torch::Tensor& xt = reader.dataset().x_train;
-    const torch::Tensor& yt = reader.dataset().y_train;
+    const torch::Tensor& xt = reader.decoded_dataset().x_train;
+    const torch::Tensor& yt = reader.decoded_dataset().y_train;
     const int64_t M = xt.size(0), P = m.parameter_count, L = static_cast<int64_t>(m.parameters.size());
     torch::Tensor buffers = torch::zeros({M, P}, torch::kFloat64);
     torch::Tensor expect = torch::zeros({2, M, 3, L}, torch::kFloat64);
@@ -108,7 +108,7 @@ TEST(LayerSplit, SumsToTheContributionsOnBothWalks) {
     r.train.optimizer.weight_decay = 1e-2;
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     DecompositionOptions options;
     options.progress = false;
     const Decomposition plain = decompose(reader, x, options);
@@ -162,7 +162,7 @@ TEST(LayerSplit, StructuredAndGenericRoutesAgree) {
                         Case{"layers:embed(10,3),flatten,linear(5),relu", true}}) {
     testing::TempDir dir("routes");
     PathReader reader(train_npy_run(dir, c.model, c.tokens));
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 2);
     DecompositionOptions options;
     options.progress = false;
     options.by_layer = true;

@@ -23,7 +23,7 @@ void expect_exact(const std::string& run, const std::string& what) {
   PathReader reader(run);
   DecompositionOptions o;
   o.progress = false;
-  const Decomposition d = decompose(reader, reader.dataset().x_test.narrow(0, 0, 3), o);
+  const Decomposition d = decompose(reader, reader.decoded_dataset().x_test.narrow(0, 0, 3), o);
   const DecompositionSummary s = summarize(d);
   EXPECT_LT(s.max_rel_error, 1e-12) << what;
   EXPECT_LT(s.completeness_error, 1e-12) << what;

@@ -78,7 +78,7 @@ TEST_P(MetagradientFiniteDifferences, AgreesWithRetrainingToTheDifferencesError)
   }
   train_run(r);
   PathReader reader(dir / "run");
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 2);
   MetagradientOptions options;
   options.progress = false;
   const Metagradient mg = metagradient(reader, x, options);
@@ -116,7 +116,7 @@ TEST(Metagradient, ChosenOutputIsItsColumnOfAllOutputs) {
   TempDir dir;
   train_run(small_run(dir / "run", "momentum", 6, 3));
   PathReader reader(dir / "run");
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
   MetagradientOptions all;
   all.progress = false;
   const Metagradient full = metagradient(reader, x, all);
@@ -146,7 +146,7 @@ TEST(Metagradient, TakenAtTheRunsOwnLossWeights) {
   train_run(r);
   PathReader reader(dir / "run");
   ASSERT_TRUE(reader.loss_weights().defined());
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 2);
   MetagradientOptions options;
   options.progress = false;
   const Metagradient mg = metagradient(reader, x, options);
@@ -161,7 +161,7 @@ TEST(Metagradient, CheckAgainstRetrainingCatchesAWrongMetagradient) {
   TempDir dir;
   train_run(small_run(dir / "run", "nesterov", 8, 4));
   PathReader reader(dir / "run");
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 2);
   MetagradientOptions options;
   options.progress = false;
   options.outputs = torch::tensor(std::vector<int64_t>{1, 2}, torch::kLong);
@@ -205,7 +205,7 @@ TEST(Metagradient, MemoryHoldsOneSegmentOfThePath) {
   train_run(r);
   PathReader reader(dir / "run");
   ASSERT_EQ(reader.manifest().parameter_count, 53251);
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 1);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 1);
   MetagradientOptions options;
   options.progress = false;
   options.outputs = torch::tensor(std::vector<int64_t>{0}, torch::kLong);
@@ -222,7 +222,7 @@ TEST(Metagradient, RefusesBadOutputs) {
   TempDir dir;
   train_run(small_run(dir / "run", "sgd", 3, 3));
   PathReader reader(dir / "run");
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 2);
   MetagradientOptions options;
   options.progress = false;
   options.outputs = torch::tensor(std::vector<int64_t>{0, 9}, torch::kLong);
@@ -255,7 +255,7 @@ TEST(Metagradient, EqualsTheExactContributionWhereTheHessianTermVanishes) {
   r.loss = LossKind::Mse;
   train_run(r);
   PathReader reader(dir / "run");
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 4);
   MetagradientOptions options;
   options.progress = false;
   const Metagradient mg = metagradient(reader, x, options);

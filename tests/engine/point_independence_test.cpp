@@ -28,7 +28,7 @@ TEST(PointIndependence, SplitsAtBlockBoundariesGiveTheBitsOfTheWhole) {
     r.train.optimizer.weight_decay = 1e-2;
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 10);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 10);
     DecompositionOptions options;
     options.progress = false;
     options.point_block = 3;
@@ -67,7 +67,7 @@ TEST(PointIndependence, HoldsForMnistShapedProducts) {
   r.train.batch = 100;
   train_run(r);
   PathReader reader(r.out);
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 16);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 16);
   DecompositionOptions options;
   options.progress = false;
   options.point_block = 8;
@@ -89,7 +89,7 @@ TEST(PointIndependence, TheAutomaticBlockIsWideForLinearNetworksOnly) {
     r.model = model;
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test;
+    const torch::Tensor x = reader.decoded_dataset().x_test;
     DecompositionOptions options;
     options.progress = false;
     EXPECT_EQ(options.point_block, 0);

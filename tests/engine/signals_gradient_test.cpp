@@ -30,7 +30,7 @@ struct RunWalk {
         run(float32_run(dir / "run", data, model)),
         reader(run.out),
         options(quiet_options()),
-        w(reader, reader.dataset().x_test.narrow(0, 0, 1), options) {}
+        w(reader, reader.decoded_dataset().x_test.narrow(0, 0, 1), options) {}
   static DecompositionOptions quiet_options() {
     DecompositionOptions o;
     o.progress = false;

@@ -98,7 +98,7 @@ TEST(StepRange, RangesOfGdAndSgdAddUpToTheWhole) {
     r.train.optimizer.weight_decay = 1e-2;
     train_run(r);
     PathReader reader(r.out);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     DecompositionOptions options;
     options.progress = false;
     options.kernel = true;
@@ -116,7 +116,7 @@ TEST(StepRange, RangesOfGdAndSgdAddUpToTheWhole) {
 /// How many blocks of steps (step_blocks) touch each training point, [M].
 torch::Tensor blocks_touching(PathReader& reader) {
   const std::vector<int64_t> bounds = step_blocks(reader.manifest());
-  const int64_t M = reader.dataset().x_train.size(0);
+  const int64_t M = reader.decoded_dataset().x_train.size(0);
   torch::Tensor count = torch::zeros({M}, torch::kLong);
   for (size_t k = 0; k + 1 < bounds.size(); ++k) {
     torch::Tensor touched = torch::zeros({M}, torch::kBool);
@@ -151,7 +151,7 @@ TEST(StepRange, BlocksAddedInOrderAreTheWholeBitForBit) {
     PathReader reader(r.out);
     const std::vector<int64_t> bounds = step_blocks(reader.manifest());
     ASSERT_EQ(bounds, (std::vector<int64_t>{0, 2, 4, 6, 8, 9})) << opt;
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     DecompositionOptions options;
     options.progress = false;
     options.kernel = true;
@@ -233,7 +233,7 @@ TEST(StepRange, RangesOfARecordedRunAddUpToTheWholeWithItsClipFactorsAndResidual
   m.save(r.out);
 
   PathReader reader(r.out);
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
   DecompositionOptions options;
   options.progress = false;
   const Decomposition all = decompose(reader, x, options);
@@ -298,7 +298,7 @@ TEST(StepsOnThreads, GiveTheDecompositionOfOneThread) {
     }
     PathReader reader(r.out);
     ASSERT_EQ(step_blocks(reader.manifest()), (std::vector<int64_t>{0, 2, 4, 6, 8, 9})) << what;
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 7);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 7);
     DecompositionOptions options;
     options.progress = false;
     options.kernel = c.data == "gaussians3";
@@ -343,7 +343,7 @@ TEST(StepRange, RefusedForBufferedOptimizersAndOutsideThePath) {
   RunOptions r = testing::small_run(dir / "run", "momentum", 4, 2);
   train_run(r);
   PathReader reader(r.out);
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 1);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 1);
   DecompositionOptions options;
   options.progress = false;
   options.first_step = 2;

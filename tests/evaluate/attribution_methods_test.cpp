@@ -22,7 +22,7 @@ struct Fixture {
     cli_train(dir / "data", dir / "run",
               "--model mlp:6 --seed 3 --steps 25 --optimizer sgd --batch 8 --lr 0.1 --checkpoint-every 5");
     reader = std::make_unique<PathReader>(dir / "run");
-    x = reader->dataset().x_test;
+    x = reader->decoded_dataset().x_test;
     output = reader->outputs(reader->steps(), x).argmax(1);
     output[0] = (output[0] + 1) % 3;  // not only predicted classes
     options.progress = false;
@@ -32,8 +32,8 @@ struct Fixture {
   torch::Tensor dot_reference(const torch::Tensor& w, double weight, const torch::Tensor& points) {
     const Manifest& m = reader->manifest();
     Network net = build_network(m.network_options());
-    const torch::Tensor& xt = reader->dataset().x_train;
-    const torch::Tensor& yt = reader->dataset().y_train;
+    const torch::Tensor& xt = reader->decoded_dataset().x_train;
+    const torch::Tensor& yt = reader->decoded_dataset().y_train;
     torch::Tensor ref = torch::zeros({x.size(0), m.num_train}, torch::kFloat64);
     for (int64_t t = 0; t < x.size(0); ++t) {
       const int64_t k = output[t].item<int64_t>();

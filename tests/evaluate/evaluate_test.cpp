@@ -69,7 +69,7 @@ TEST(Evaluate, EveryMetricOnASmallRun) {
   Network net = build_network(reader.manifest().network_options());
   set_flat_parameters(net, retrainer.final_weights(removal_job(30, torch::tensor({top})), RemovalScaling::Reduced));
   const int64_t k = first["output"];
-  const double without = net->forward(reader.dataset().x_test.narrow(0, 0, 1))[0][k].item<double>();
+  const double without = net->forward(reader.decoded_dataset().x_test.narrow(0, 0, 1))[0][k].item<double>();
   const double base = j["loo"]["base"][0];
   EXPECT_EQ(first["effect"][at - sample.begin()].get<double>(), base - without);
   EXPECT_EQ(j["loo"]["random"].size(), 4u);

@@ -69,8 +69,8 @@ TEST(Retrain, MinibatchLeaveOneOutMatchesAHandWrittenSgdLoop) {
   PathReader reader(dir / "run");
   const Retrainer retrainer(reader);
   const Manifest& m = reader.manifest();
-  const torch::Tensor& x = reader.dataset().x_train;
-  const torch::Tensor& y = reader.dataset().y_train;
+  const torch::Tensor& x = reader.decoded_dataset().x_train;
+  const torch::Tensor& y = reader.decoded_dataset().y_train;
   Network net = build_network(m.network_options());
   for (RemovalScaling scaling : {RemovalScaling::Reduced, RemovalScaling::Kept}) {
     for (int64_t removed : {3, 29}) {
@@ -130,7 +130,7 @@ TEST(Retrain, RemovingAPointWithZeroContributionsChangesNothing) {
   reader.forward([&](const PathStep& st) {
     torch::NoGradGuard no_grad;
     set_flat_parameters(net, st.w);
-    torch::Tensor f = net->forward(reader.dataset().x_train.narrow(0, far, 1))[0];
+    torch::Tensor f = net->forward(reader.decoded_dataset().x_train.narrow(0, far, 1))[0];
     EXPECT_EQ(f[label].item<double>(), 0.0) << "step " << st.step;
     f[label] = -1e9;
     EXPECT_LT(f.max().item<double>(), -800.0) << "step " << st.step;
@@ -138,7 +138,7 @@ TEST(Retrain, RemovingAPointWithZeroContributionsChangesNothing) {
   ASSERT_FALSE(HasFailure()) << "point " << far << " does not have a zero gradient at every step";
   DecompositionOptions d;
   d.progress = false;
-  const Decomposition dec = decompose(reader, reader.dataset().x_test, d);
+  const Decomposition dec = decompose(reader, reader.decoded_dataset().x_test, d);
   EXPECT_EQ(dec.contributions.select(1, far).abs().max().item<double>(), 0.0);
   EXPECT_GT(dec.contributions.abs().max().item<double>(), 1e-3);
 
@@ -162,7 +162,7 @@ TEST(Retrain, ParallelRetrainingIsDeterministicAndResumes) {
   const Retrainer retrainer(reader);
   std::vector<RetrainJob> jobs;
   for (int64_t i = 0; i < 6; ++i) jobs.push_back(removal_job(30, torch::tensor({i, i + 10})));
-  const torch::Tensor x = reader.dataset().x_test;
+  const torch::Tensor x = reader.decoded_dataset().x_test;
   RetrainOptions one;
   one.workers = 1;
   one.progress = false;

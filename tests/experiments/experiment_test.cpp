@@ -54,7 +54,7 @@ TEST(Experiment, Paper41KernelMachineMatchesTheNetwork) {
   PathReader reader(dir / "run");
   const torch::Tensor network = read_npy(dir / "network.npy");
   const torch::Tensor kernel = read_npy(dir / "kernel_gauss.npy");
-  const torch::Tensor x = reader.dataset().x_test;
+  const torch::Tensor x = reader.decoded_dataset().x_test;
   // The network outputs are the run's own, evaluated here at w_N.
   EXPECT_TRUE(torch::allclose(network, network_outputs(reader, reader.weights(reader.steps()), x), 0, 1e-12));
   const double rel = ((kernel - network).abs() / network.abs().clamp_min(1.0)).max().item<double>();
@@ -77,7 +77,7 @@ TEST(Experiment, Fig6KernelValuesRebuildTheNetwork) {
   const Manifest& m = reader.manifest();
   const torch::Tensor kernel = read_npy(dir / "kernel.npy");  // [3, M, K, K]
   const torch::Tensor x = read_npy(dir / "test_points.npy");
-  const torch::Tensor y = reader.dataset().y_train;
+  const torch::Tensor y = reader.decoded_dataset().y_train;
   const int64_t M = y.size(0);
   ASSERT_EQ(kernel.sizes(), (std::vector<int64_t>{3, M, 3, 3}));
   // f(w_N) = f(w_0) + (η/M) Σ_i K(x, x_i)[:, y_i] for full-batch GD on log-softmax + NLL.
@@ -123,7 +123,7 @@ TEST(Experiment, Fig8EndsOfTheLineAreTheRunsEnds) {
   const torch::Tensor norm = read_npy(dir / "weight_norm.npy");
   const torch::Tensor loss = read_npy(dir / "train_loss.npy");
   const torch::Tensor acc = read_npy(dir / "train_accuracy.npy");
-  const Dataset& data = reader.dataset();
+  const Dataset& data = reader.decoded_dataset();
   for (int64_t s : {int64_t{0}, m.steps}) {
     const double a = s == 0 ? 0.0 : 1.0;
     const torch::Tensor hit = (alpha == a).nonzero();

@@ -25,8 +25,8 @@ TEST(ExplainInputs, TheRunsTestInputsGiveTheSameContributionsBitForBit) {
     options.top = 3;
     const torch::Tensor idx = torch::tensor({7, 2, 11}, torch::kLong);
     const Explanation by_index = explain(reader, idx, dir / "by_index", options);
-    write_npy(dir / "x.npy", reader.dataset().x_test.index_select(0, idx));
-    write_npy(dir / "y.npy", reader.dataset().y_test.index_select(0, idx));
+    write_npy(dir / "x.npy", reader.decoded_dataset().x_test.index_select(0, idx));
+    write_npy(dir / "y.npy", reader.decoded_dataset().y_test.index_select(0, idx));
     const ExplainInputs in = read_explain_inputs(reader, dir / "x.npy", dir / "y.npy");
     const Explanation by_file = explain_inputs(reader, in, dir / "by_file", options);
     SCOPED_TRACE(opt);
@@ -75,7 +75,7 @@ TEST(ExplainInputs, TokenIdsForAnEmbedding) {
   options.decomposition.progress = false;
   const torch::Tensor idx = torch::tensor({4, 1}, torch::kLong);
   const Explanation by_index = explain(reader, idx, dir / "by_index", options);
-  write_npy(dir / "ids.npy", reader.dataset().x_test.index_select(0, idx).to(torch::kInt));
+  write_npy(dir / "ids.npy", reader.decoded_dataset().x_test.index_select(0, idx).to(torch::kInt));
   const Explanation by_file =
       explain_inputs(reader, read_explain_inputs(reader, dir / "ids.npy", ""), dir / "by_file", options);
   EXPECT_EQ(read_file(dir / "by_file/contributions.npy"), read_file(dir / "by_index/contributions.npy"));

@@ -23,7 +23,7 @@ TEST(Compare, RowsMatchTheMethodsCalledDirectly) {
   RunOptions r = testing::small_run(dir / "run", "gd", 4, 2);
   train_run(r);
   PathReader reader(r.out);
-  const Dataset& data = reader.dataset();
+  const Dataset& data = reader.decoded_dataset();
   const torch::Tensor train = torch::arange(0, 40, 2, torch::kLong), test = torch::arange(0, 12, torch::kLong);
   const CompareOptions options = quiet_options("epk,dpk");
   const Comparison c = compare_kernel_methods(reader, train, test, options);

@@ -29,7 +29,7 @@ TEST(GramFile, WrittenFilesReadBackEqual) {
   for (bool trace : {false, true}) {
     const GramFile g = gram_between(reader, "test", rows, "train", cols, quiet("epk", trace));
     // The matrix is gram() on the chosen points, in the order given.
-    const Dataset& data = reader.dataset();
+    const Dataset& data = reader.decoded_dataset();
     const torch::Tensor direct = gram(reader, data.x_test.index_select(0, rows), true, data.x_train.index_select(0, cols),
                                       false, quiet("epk", trace));
     EXPECT_TRUE(torch::equal(g.matrix, direct)) << "trace=" << trace;

@@ -26,8 +26,8 @@ struct Small {
     r = testing::small_run(dir / "run", "sgd", 3, 2);
     train_run(r);
     reader = std::make_unique<PathReader>(r.out);
-    test = reader->dataset().x_test.narrow(0, 0, 2);
-    train = reader->dataset().x_train.narrow(0, 0, 3);
+    test = reader->decoded_dataset().x_test.narrow(0, 0, 2);
+    train = reader->decoded_dataset().x_train.narrow(0, 0, 3);
   }
 };
 
@@ -79,7 +79,7 @@ TEST(Gram, DpkEpkAndNtkEqualPerSampleAutograd) {
 
 TEST(Gram, TrainTrainKernelsAreSymmetricPositiveSemidefinite) {
   Small s;
-  const torch::Tensor x = s.reader->dataset().x_train.narrow(0, 0, 12);
+  const torch::Tensor x = s.reader->decoded_dataset().x_train.narrow(0, 0, 12);
   for (const char* kernel : {"epk", "ntk:0", "ntk-inf"}) {
     GramOptions o = quiet(kernel);
     o.trace = true;
@@ -122,7 +122,7 @@ TEST(Gram, TestTestEpkEqualsPerSampleAutograd) {
 // limit the Riemann sums approach.
 TEST(Gram, TestTestEpkIsSymmetricPsdAndRiemannConverges) {
   Small s;
-  const torch::Tensor x = s.reader->dataset().x_test.narrow(0, 0, 7);
+  const torch::Tensor x = s.reader->decoded_dataset().x_test.narrow(0, 0, 7);
   GramOptions o = quiet("epk");
   o.trace = true;
   o.block = 3;  // several blocks, off-diagonal ones among them
@@ -145,7 +145,7 @@ TEST(Gram, TestTestEpkIsSymmetricPsdAndRiemannConverges) {
 // gram_diagonal equals the diagonal of gram for every kernel.
 TEST(Gram, DiagonalEqualsTheGramsDiagonal) {
   Small s;
-  const torch::Tensor x = s.reader->dataset().x_train.narrow(0, 0, 5);
+  const torch::Tensor x = s.reader->decoded_dataset().x_train.narrow(0, 0, 5);
   for (const char* kernel : {"epk", "dpk", "ntk:2", "ntk-inf"}) {
     GramOptions o = quiet(kernel);
     o.block = 2;

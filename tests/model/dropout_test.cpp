@@ -131,7 +131,7 @@ TEST(SeededDropout, ANetworkWithDropoutTrainsReplaysRetrainsAndDecomposesExactly
   EXPECT_TRUE(same_bits(Retrainer(reader).final_weights(RetrainJob{}, RemovalScaling::Reduced),
                         final_checkpoint(dir.path() + "/run")));
 
-  expect_both_routes_exact(reader, reader.dataset().x_test.narrow(0, 0, 4));
+  expect_both_routes_exact(reader, reader.decoded_dataset().x_test.narrow(0, 0, 4));
 }
 
 /// A user's CNN with nn.Dropout after its pool and after its hidden layer's
@@ -159,7 +159,7 @@ TEST(SeededDropout, AChainWithDropoutIsWalkedByHandAndDecomposesExactly) {
   PathReader reader(dir.path() + "/run");
   DecompositionOptions d;
   EXPECT_EQ(engine_route(reader, d).reason, "");  // a chain
-  expect_both_routes_exact(reader, reader.dataset().x_test.narrow(0, 0, 4));
+  expect_both_routes_exact(reader, reader.decoded_dataset().x_test.narrow(0, 0, 4));
 }
 
 /// The EPK's Gram matrix pairs each step's test feature with the training
@@ -171,7 +171,7 @@ TEST(SeededDropout, TheEpksTrainingSideHasTheStepsMasks) {
   PathReader reader(dir.path() + "/run");
   Network net = engine_network(reader.manifest().network_options());
   const uint64_t seed = reader.manifest().init_seed;
-  const torch::Tensor test = reader.dataset().x_test.narrow(0, 0, 2), train = reader.dataset().x_train.narrow(0, 0, 3);
+  const torch::Tensor test = reader.decoded_dataset().x_test.narrow(0, 0, 2), train = reader.decoded_dataset().x_train.narrow(0, 0, 3);
   torch::Tensor epk = torch::zeros({2, 3, 3, 3}, torch::kFloat64), dpk = torch::zeros_like(epk),
                 unmasked = torch::zeros_like(epk);
   reader.forward([&](const PathStep& st) {

@@ -114,7 +114,7 @@ TEST(LayerSpec, AResidualListTrainsReplaysAndDecomposesExactly) {
   EXPECT_EQ(result.manifest.model_spec, model);
   PathReader reader(dir.path() + "/run");
   EXPECT_EQ(reader.check().mismatches, 0);
-  expect_both_routes_exact(reader, reader.dataset().x_test.narrow(0, 0, 4));
+  expect_both_routes_exact(reader, reader.decoded_dataset().x_test.narrow(0, 0, 4));
 }
 
 }  // namespace

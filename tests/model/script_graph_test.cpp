@@ -529,7 +529,7 @@ TEST(ScriptGraph, BothRoutesDecomposeATrainedModuleAlike) {
               "torch.jit.script(M()).save('" + model + "')\n");
   train_small_image_run(dir, "torchscript:" + model);
   PathReader reader(dir.path() + "/run");
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 4);
   DecompositionOptions d;
   d.progress = false;
   const Decomposition structured = decompose(reader, x, d);

@@ -175,7 +175,7 @@ TEST(TorchScript, TransformerTrainsReplaysAndDecomposesExactly) {
   EXPECT_EQ(report.mismatches, 0);
   DecompositionOptions d;
   d.progress = false;
-  const Decomposition dec = decompose(reader, reader.dataset().x_test.narrow(0, 0, 3), d);
+  const Decomposition dec = decompose(reader, reader.decoded_dataset().x_test.narrow(0, 0, 3), d);
   const DecompositionSummary s = summarize(dec);
   EXPECT_LE(s.max_rel_error, 1e-12);
   EXPECT_GT(s.max_abs_regularization, 0.0);  // AdamW's decay is attributed, not lost

@@ -52,7 +52,7 @@ TEST(BatchNormPath, EachStepMovesTheRunningStatisticsByTheBatchsStatistics) {
   PathReader reader(dir.path() + "/run");
   const std::vector<ParamInfo> layout = parameter_layout(reader.network());
   ASSERT_EQ(layout[0].shape, (std::vector<int64_t>{5, 16}));  // the Linear before the BatchNorm
-  const torch::Tensor& x = reader.dataset().x_train;
+  const torch::Tensor& x = reader.decoded_dataset().x_train;
   for (int64_t s = 0; s < reader.steps(); ++s) {
     const torch::Tensor w = reader.weights(s), mu = reader.buffers(s), next = reader.buffers(s + 1);
     const torch::Tensor weight = w.narrow(0, layout[0].offset, 80).view({5, 16});

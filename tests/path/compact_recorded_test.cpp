@@ -98,7 +98,7 @@ TEST(CompactRecordedRun, DecomposesAsTheOwnRun) {
     TempDir dir(opt);
     auto [own, compact] = compact_twin(dir, opt, 7);
     PathReader reference(own), reader(compact);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     const Decomposition a = decompose(reference, x, quiet_options());
     const Decomposition b = decompose(reader, x, quiet_options());
     EXPECT_TRUE(torch::equal(a.contributions, b.contributions)) << opt;
@@ -142,7 +142,7 @@ TEST(CompactRecordedRun, DriftIsReportedAtItsCheckpointAndCarriedIntoE) {
     const std::string message = replay_drift_message(drift, 1.0);
     EXPECT_NE(message.find("checkpoint of step " + std::to_string(worst)), std::string::npos) << message;
     EXPECT_NE(message.find("carrying the difference into E"), std::string::npos) << message;
-    const Decomposition d = decompose(reader, reader.dataset().x_test.narrow(0, 0, 3), quiet_options());
+    const Decomposition d = decompose(reader, reader.decoded_dataset().x_test.narrow(0, 0, 3), quiet_options());
     EXPECT_LT(summarize(d).max_rel_error, 1e-12) << opt;
     EXPECT_GT(summarize(d).max_abs_rounding, 1e-8) << opt;  // E holds the drift
     // Step 5 ends at the changed w_6: far over its bound, in a segment the

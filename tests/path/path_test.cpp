@@ -284,7 +284,7 @@ TEST(RunDirectory, CheckpointsAreNumpyFilesInManifestOrder) {
   PathReader reader(r.out);
   set_flat_parameters(reader.network(), reader.checkpoint(m.checkpoints.size() - 1));
   torch::NoGradGuard guard;
-  double acc = accuracy(reader.network(), reader.dataset().x_test, reader.dataset().y_test);
+  double acc = accuracy(reader.network(), reader.decoded_dataset().x_test, reader.decoded_dataset().y_test);
   EXPECT_DOUBLE_EQ(acc, m.summary.at("test_accuracy").get<double>());
   EXPECT_EQ(m.batches.size(), 2u);
 }
@@ -546,7 +546,7 @@ TEST(Replay, OutputsBetweenCheckpointsAreTheNetworkAtThatStep) {
   RunOptions r = small_run(dir / "run", "sgd", 7, 3);
   train_run(r);
   PathReader reader(r.out);
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 4);
   Network net = build_network(reader.manifest().network_options());
   for (int64_t s : {0, 2, 3, 5, 7}) {
     const torch::Tensor w = reader.weights(s);
@@ -594,8 +594,8 @@ TEST(Schedule, TrainingTakesTheRecordedRates) {
       set_flat_parameters(net, st.w);
       for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
       const torch::Tensor idx = st.batch;
-      training_loss(net->forward(reader.dataset().x_train.index_select(0, idx)),
-                    reader.dataset().y_train.index_select(0, idx), OutputMap::LogSoftmax)
+      training_loss(net->forward(reader.decoded_dataset().x_train.index_select(0, idx)),
+                    reader.decoded_dataset().y_train.index_select(0, idx), OutputMap::LogSoftmax)
           .backward();
       std::vector<torch::Tensor> g;
       for (auto& p : net->parameters()) g.push_back(p.grad().reshape(-1));
@@ -610,7 +610,7 @@ TEST(Schedule, TrainingTakesTheRecordedRates) {
 TEST(PathReader, HoldsByteInputsAsCodesAndWalksTheirDecodedRows) {
   // Fashion-MNIST's inputs are bytes: the reader holds them as codes and
   // decodes a batch at a time (its whole set for gd's full batch), and its
-  // dataset() gives the split loaded whole. A float64 run's walk takes the
+  // decoded_dataset() gives the split loaded whole. A float64 run's walk takes the
   // replay's signals; a float32 run's reads the batch's inputs itself.
   const std::pair<std::string, std::string> runs[] = {{"sgd", "mlp:6"}, {"gd", "mlp:6"}, {"adam", "cnn:2"}};
   for (const auto& [optimizer, model] : runs) {
@@ -633,8 +633,8 @@ TEST(PathReader, HoldsByteInputsAsCodesAndWalksTheirDecodedRows) {
     EXPECT_LE(d.completeness_gap().sub(d.rounding).abs().max().item<double>(), 1e-12) << optimizer;
     EXPECT_LE(d.rounding.abs().max().item<double>(), 1e-5) << optimizer;
     EXPECT_GT((d.fN - d.f0).abs().max().item<double>(), 1e-3) << optimizer;
-    EXPECT_TRUE(same_bits(reader.dataset().x_train, whole.x_train));
-    EXPECT_TRUE(same_bits(reader.twin().dataset().x_train, whole.x_train));
+    EXPECT_TRUE(same_bits(reader.decoded_dataset().x_train, whole.x_train));
+    EXPECT_TRUE(same_bits(reader.twin().decoded_dataset().x_train, whole.x_train));
   }
 }
 

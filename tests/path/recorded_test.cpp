@@ -89,7 +89,7 @@ TEST(RecordedRun, DecomposesAsTheReplayedRun) {
     TempDir dir(opt);
     auto [replayed, recorded] = twin_runs(dir, opt, 5);
     PathReader reference(replayed), reader(recorded);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     const Decomposition a = decompose(reference, x, quiet_options());
     const Decomposition b = decompose(reader, x, quiet_options());
     EXPECT_TRUE(torch::equal(a.contributions, b.contributions)) << opt;
@@ -111,13 +111,13 @@ TEST(RecordedRun, AClipFactorTrainingDidNotApplyIsNamedAtItsStep) {
     declare_clip_factors(recorded, c);  // all ones: explained
     {
       PathReader reader(recorded);
-      const Decomposition d = decompose(reader, reader.dataset().x_test.narrow(0, 0, 2), quiet_options());
+      const Decomposition d = decompose(reader, reader.decoded_dataset().x_test.narrow(0, 0, 2), quiet_options());
       EXPECT_EQ(d.residuals.first_step, -1) << opt;
     }
     c[3] = 0.5;
     declare_clip_factors(recorded, c);
     PathReader reader(recorded);
-    const Decomposition d = decompose(reader, reader.dataset().x_test.narrow(0, 0, 2), quiet_options());
+    const Decomposition d = decompose(reader, reader.decoded_dataset().x_test.narrow(0, 0, 2), quiet_options());
     EXPECT_EQ(d.residuals.first_step, 3) << opt;
     EXPECT_EQ(d.residuals.steps_over, 1) << opt;
     EXPECT_GT(d.residuals.max_ratio, 1e6) << opt;
@@ -144,7 +144,7 @@ TEST(RecordedRun, DeclaredClipFactorsExplainScaledSteps) {
   m.save(r.out);
   declare_clip_factors(r.out, torch::full({5}, 0.5, torch::kFloat64));
   PathReader reader(r.out);
-  const Decomposition d = decompose(reader, reader.dataset().x_test.narrow(0, 0, 2), quiet_options());
+  const Decomposition d = decompose(reader, reader.decoded_dataset().x_test.narrow(0, 0, 2), quiet_options());
   EXPECT_EQ(d.residuals.first_step, -1) << unexplained_update_message(d.residuals);
   EXPECT_LT(summarize(d).max_rel_error, 1e-12);
   EXPECT_LT(summarize(d).completeness_error, 1e-12);

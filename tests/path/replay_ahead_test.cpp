@@ -215,7 +215,7 @@ TEST(ReplayAhead, ASegmentOneThreadDoesNotReproduceIsReplayedInTurn) {
               "one thread does not reproduce checkpoint step 6 of the run's 2 threads bit for bit")
         << opt;
 
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     DecompositionOptions o;
     o.progress = false;
     o.replay_ahead = false;
@@ -286,7 +286,7 @@ TEST(ReplayAhead, TheDecompositionIsTheSameBitForBit) {
   for (const std::string opt : {"sgd", "adam"}) {
     PathReader reader(one_thread_run(dir, opt, 9));
     ThreadScope two(2);
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     DecompositionOptions o;
     o.progress = false;
     o.replay_ahead = false;

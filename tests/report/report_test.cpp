@@ -34,8 +34,8 @@ TEST(Report, PerStepTermsSumToTheContributions) {
     testing::TempDir dir(optimizer);
     train_run(testing::small_run(dir / "R", optimizer, 9, 4));
     PathReader reader(dir / "R");
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 4);
-    const int64_t M = reader.dataset().x_train.size(0);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 4);
+    const int64_t M = reader.decoded_dataset().x_train.size(0);
     const StepTrace t = trace_steps(reader, x, torch::arange(M), quiet());
     const Decomposition& d = t.decomposition;
     ASSERT_EQ(t.per_step.sizes().vec(), (std::vector<int64_t>{4, 9, M, d.fN.size(1)})) << optimizer;
@@ -57,7 +57,7 @@ TEST(Report, TrackedSubsetKeepsOnlyItsColumns) {
   testing::TempDir dir;
   train_run(testing::small_run(dir / "R", "sgd", 8, 4));
   PathReader reader(dir / "R");
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
   const torch::Tensor tracked = torch::tensor({7, 0, 33}, torch::kInt64);
   const StepTrace t = trace_steps(reader, x, tracked, quiet());
   const torch::Tensor want = t.decomposition.contributions.index_select(1, tracked);
@@ -73,8 +73,8 @@ TEST(Report, PerStepTermsMatchAutogradOnTheDpkRule) {
   train_run(testing::small_run(dir / "R", "sgd", 6, 3));
   PathReader reader(dir / "R");
   const Manifest& m = reader.manifest();
-  const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 2);
-  const int64_t M = reader.dataset().x_train.size(0), K = m.num_classes;
+  const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 2);
+  const int64_t M = reader.decoded_dataset().x_train.size(0), K = m.num_classes;
   const StepTrace t = trace_steps(reader, x, torch::arange(M), quiet("dpk"));
   Network net = build_network(m.network_options());
   const OutputMap map = net->options().output;
@@ -84,8 +84,8 @@ TEST(Report, PerStepTermsMatchAutogradOnTheDpkRule) {
     torch::Tensor want = torch::zeros({2, M, K}, torch::kFloat64);
     for (int64_t j = 0; j < b; ++j) {
       const int64_t i = st.batch[j].item<int64_t>();
-      const torch::Tensor g = testing::flat_grad(net, st.w, reader.dataset().x_train.narrow(0, i, 1), [&](auto out) {
-        return training_loss(out, reader.dataset().y_train.narrow(0, i, 1), map);
+      const torch::Tensor g = testing::flat_grad(net, st.w, reader.decoded_dataset().x_train.narrow(0, i, 1), [&](auto out) {
+        return training_loss(out, reader.decoded_dataset().y_train.narrow(0, i, 1), map);
       });
       for (int64_t n = 0; n < 2; ++n) {
         for (int64_t k = 0; k < K; ++k) {
@@ -106,7 +106,7 @@ TEST(Report, DpkAngleIsAnAngle) {
   testing::TempDir dir;
   train_run(testing::small_run(dir / "R", "gd", 6, 3));
   PathReader reader(dir / "R");
-  const StepTrace t = trace_steps(reader, reader.dataset().x_test.narrow(0, 0, 5), torch::arange(0), quiet());
+  const StepTrace t = trace_steps(reader, reader.decoded_dataset().x_test.narrow(0, 0, 5), torch::arange(0), quiet());
   EXPECT_TRUE((t.dpk_angle >= 0).all().item<bool>());
   EXPECT_TRUE((t.dpk_angle <= 180).all().item<bool>());
   EXPECT_GT(t.dpk_angle.max().item<double>(), 1e-6);  // the EPK integrates along the step; the DPK does not

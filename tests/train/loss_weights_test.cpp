@@ -128,7 +128,7 @@ TEST(LossWeights, ContributionsCarryTheirWeights) {
     r.train.loss_weights = c;
     train_run(r);
     PathReader reader(dir / "run");
-    const torch::Tensor x = reader.dataset().x_test.narrow(0, 0, 3);
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
     for (bool replay_signals : {true, false}) {
       DecompositionOptions options;
       options.progress = false;

@@ -1,0 +1,108 @@
+// What the commands read of a training split held as codes: the rows they
+// need, decoded a batch or a chunk at a time, never the whole split at once
+// (PathReader::whole_split_decoded). Fashion-MNIST's inputs are bytes, so
+// the reader holds them as codes.
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "../test_util.h"
+#include "pathkernel/attribution_methods.h"
+#include "pathkernel/compare.h"
+#include "pathkernel/decomposition.h"
+#include "pathkernel/gram_file.h"
+#include "pathkernel/metagradient.h"
+#include "pathkernel/path.h"
+#include "pathkernel/run.h"
+
+namespace pathkernel::testing {
+namespace {
+
+/// An SGD run on 40 Fashion-MNIST training points (batches of 16), trained
+/// once for the suite; each test opens a reader of its own.
+class CodedReads : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("coded_reads");
+    RunOptions r = small_run_of(*dir_ / "run", "sgd", "fashion-mnist", "mlp:6", 8, 4, 3);
+    train_run(r);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::unique_ptr<PathReader> open() {
+    auto reader = std::make_unique<PathReader>(*dir_ / "run");
+    EXPECT_FALSE(reader->held_dataset().x_train.defined()) << "the split is not held as codes";
+    return reader;
+  }
+  static TempDir* dir_;
+};
+
+TempDir* CodedReads::dir_ = nullptr;
+
+TEST_F(CodedReads, TheFlagSaysWhenTheWholeSplitIsDecoded) {
+  auto reader = open();
+  EXPECT_FALSE(reader->whole_split_decoded());
+  reader->train_inputs(torch::tensor({3, 39}, torch::kLong));
+  EXPECT_FALSE(reader->whole_split_decoded());
+  const PathReader twin = reader->twin();
+  EXPECT_EQ(twin.decoded_dataset().x_train.size(0), 40);
+  EXPECT_TRUE(reader->whole_split_decoded()) << "a twin shares the decoded split";
+}
+
+TEST_F(CodedReads, TheDecompositionReadsItsBatches) {
+  auto reader = open();
+  DecompositionOptions options;
+  options.progress = false;
+  const Decomposition d = decompose(*reader, reader->held_dataset().x_test, options);
+  EXPECT_LE(summarize(d).max_rel_error, 1e-12);
+  EXPECT_FALSE(reader->whole_split_decoded());
+}
+
+TEST_F(CodedReads, AGramMatrixReadsItsRowsAndColumns) {
+  auto reader = open();
+  GramOptions options;
+  options.kernel = GramSpec::parse("epk");
+  options.progress = false;
+  const torch::Tensor rows = torch::tensor({0, 7, 39}, torch::kLong);
+  const GramFile g = gram_between(*reader, "train", rows, "train", torch::tensor({5, 7}, torch::kLong), options);
+  EXPECT_EQ(g.matrix.size(0), 3);
+  EXPECT_FALSE(reader->whole_split_decoded());
+}
+
+TEST_F(CodedReads, TheMetagradientReadsItsBatches) {
+  auto reader = open();
+  MetagradientOptions options;
+  options.progress = false;
+  const Metagradient mg = metagradient(*reader, reader->held_dataset().x_test, options);
+  EXPECT_EQ(mg.values.size(1), 40);
+  EXPECT_FALSE(reader->whole_split_decoded());
+}
+
+TEST_F(CodedReads, AttributionMethodsReadTheirChunks) {
+  AttributionOptions options;
+  options.progress = false;
+  options.train_chunk = 7;  // several chunks
+  for (const std::string method : {"grad-dot", "tracin-cp", "epk"}) {
+    auto reader = open();
+    const torch::Tensor x = reader->held_dataset().x_test;
+    const torch::Tensor scores = attribution_scores(*reader, method, x, torch::zeros({x.size(0)}, torch::kLong), options);
+    EXPECT_EQ(scores.size(1), 40) << method;
+    EXPECT_FALSE(reader->whole_split_decoded()) << method;
+  }
+}
+
+TEST_F(CodedReads, TheComparisonReadsTheTrainingPointsItFits) {
+  auto reader = open();
+  CompareOptions options;
+  options.kernels = CompareOptions::parse_kernel_list("epk,ntk");
+  options.decomposition.progress = false;
+  const Comparison c =
+      compare_kernel_methods(*reader, torch::arange(0, 30, torch::kLong), torch::arange(0, 3, torch::kLong), options);
+  EXPECT_FALSE(c.rows.empty());
+  EXPECT_FALSE(reader->whole_split_decoded());
+}
+
+}  // namespace
+}  // namespace pathkernel::testing
