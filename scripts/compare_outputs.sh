@@ -107,6 +107,9 @@ commands() {  # $1: binary, $2: output directory
     --loo-random 1 --workers 1 --json > "$out/fashion-gd-evaluate.json"
   "${pk[@]}" explain "$out/fashion-gd" --method metagradient --test 1 --check 1 \
     --out "$out/fashion-gd/metagradient" > /dev/null
+  # A retraining on flipped labels, from a data directory the command writes.
+  "${pk[@]}" evaluate "$out/fashion-sgd" --test 2 --methods grad-dot --metrics mislabel --mislabel-candidates 20 \
+    --workers 1 --json > "$out/fashion-sgd-mislabel.json"
 }
 
 for side in old new; do

@@ -220,6 +220,9 @@ class Evaluator {
   void brittleness();
   /// Trains the run with `labels` in the work directory (or reuses it): its directory.
   std::string train_flipped_run(const torch::Tensor& labels, int64_t count);
+  /// The run's training inputs as data_dir's train_x, in the form the reader
+  /// holds them: the coded pair where they are codes, else train_x.npy.
+  void write_training_inputs(const std::string& data_dir) const;
   void mislabel();
   void finish(const std::chrono::steady_clock::time_point t_start);
 
@@ -512,6 +515,22 @@ void Evaluator::brittleness() {
   r_.brittleness = std::move(b);
 }
 
+void Evaluator::write_training_inputs(const std::string& data_dir) const {
+  const fs::path dir(data_dir);
+  const CodedInputs& coded = reader_.held_dataset().x_train_coded;
+  // One form only: npy:DIR refuses a directory holding both.
+  for (const char* stale : coded.defined() ? std::vector<const char*>{"train_x.npy"}
+                                           : std::vector<const char*>{"train_x.codes.npy", "train_x.values.npy"}) {
+    fs::remove(dir / stale);
+  }
+  if (coded.defined()) {  // as held: the codes and their table, not the decoded split
+    write_npy((dir / "train_x.codes.npy").string(), coded.codes.contiguous());
+    write_npy((dir / "train_x.values.npy").string(), coded.values.contiguous());
+  } else {
+    write_npy((dir / "train_x.npy").string(), reader_.train_inputs(torch::Tensor()).contiguous());
+  }
+}
+
 std::string Evaluator::train_flipped_run(const torch::Tensor& labels, int64_t count) {
   const std::string data_dir = (fs::path(work_) / "mislabel-data").string();
   const std::string run_dir = (fs::path(work_) / "mislabel-run").string();
@@ -527,7 +546,7 @@ std::string Evaluator::train_flipped_run(const torch::Tensor& labels, int64_t co
   }
   if (reuse) return run_dir;
   fs::create_directories(data_dir);
-  write_npy((fs::path(data_dir) / "train_x.npy").string(), reader_.train_inputs(torch::Tensor()).contiguous());
+  write_training_inputs(data_dir);
   write_npy((fs::path(data_dir) / "test_x.npy").string(), data_.x_test.contiguous());
   write_npy((fs::path(data_dir) / "test_y.npy").string(), data_.y_test.contiguous());
   write_npy((fs::path(data_dir) / "train_y.npy").string(), labels);

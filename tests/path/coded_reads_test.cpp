@@ -4,14 +4,17 @@
 // the reader holds them as codes.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <memory>
 
 #include "../test_util.h"
 #include "pathkernel/attribution_methods.h"
 #include "pathkernel/compare.h"
 #include "pathkernel/decomposition.h"
+#include "pathkernel/evaluate.h"
 #include "pathkernel/gram_file.h"
 #include "pathkernel/metagradient.h"
+#include "pathkernel/npy_array.h"
 #include "pathkernel/path.h"
 #include "pathkernel/run.h"
 
@@ -101,6 +104,30 @@ TEST_F(CodedReads, TheComparisonReadsTheTrainingPointsItFits) {
   const Comparison c =
       compare_kernel_methods(*reader, torch::arange(0, 30, torch::kLong), torch::arange(0, 3, torch::kLong), options);
   EXPECT_FALSE(c.rows.empty());
+  EXPECT_FALSE(reader->whole_split_decoded());
+}
+
+TEST_F(CodedReads, TheMislabelRunIsWrittenFromTheCodesAsHeld) {
+  auto reader = open();
+  TempDir out("evaluate");
+  EvaluateOptions o;
+  o.methods = {"grad-dot"};
+  o.metrics = {"mislabel"};
+  o.mislabel_fraction = 0.2;
+  o.mislabel_candidates = 8;
+  o.progress = false;
+  o.retrain.workers = 1;
+  const std::string data = out / "eval/.work/mislabel-data";
+  bool trained = false;
+  o.on_note = [&](const std::string& line) {  // called as the flipped run starts training
+    if (line.rfind("mislabel: training", 0) != 0) return;
+    trained = true;
+    EXPECT_FALSE(std::filesystem::exists(data + "/train_x.npy"));
+    const PathReader other(*dir_ / "run");  // not a twin: decodes on its own
+    EXPECT_TRUE(same_bits(read_npy_array(data, "train_x"), other.decoded_dataset().x_train));
+  };
+  evaluate(*reader, torch::tensor({0, 1}, torch::kLong), out / "eval", o);
+  EXPECT_TRUE(trained);
   EXPECT_FALSE(reader->whole_split_decoded());
 }
 
