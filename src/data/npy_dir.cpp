@@ -63,12 +63,25 @@ torch::Tensor read_array(const fs::path& dir, const std::string& name, nlohmann:
   }
 }
 
+/// Whether coded array `name`'s table holds floating values; false where it
+/// is missing or unreadable (read_array then says what is wrong).
+bool floating_table(const fs::path& dir, const std::string& name) {
+  const fs::path table = dir / (name + ".values.npy");
+  if (!fs::is_regular_file(table)) return false;
+  try {
+    return read_npy(table.string()).is_floating_point();
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 /// train_x into `data`. A coded pair of floating values stays codes
 /// (Dataset::x_train_coded, with its table as stored, padded to a value per
 /// code; load_dataset converts the table): an eighth of float64's memory, a
 /// quarter of float32's. Any other form is read whole into x_train.
 void read_train_inputs(const fs::path& dir, Dataset& data, nlohmann::json& files) {
-  if (!fs::exists(dir / "train_x.codes.npy")) {
+  // Integer values, such as token ids, are read whole (decoded a block at a time).
+  if (!fs::exists(dir / "train_x.codes.npy") || !floating_table(dir, "train_x")) {
     data.x_train = read_array(dir, "train_x", files);
     return;
   }
@@ -78,10 +91,6 @@ void read_train_inputs(const fs::path& dir, Dataset& data, nlohmann::json& files
     c = read_npy_coded(dir.string(), "train_x");
   } catch (const Error& e) {
     PK_THROW("dataset 'npy:" << dir.string() << "': " << e.what());
-  }
-  if (!c.values.is_floating_point()) {  // integer codes, such as token ids: read whole
-    data.x_train = decode_values(c.codes, c.values, "dataset 'npy:" + dir.string() + "': train_x");
-    return;
   }
   const torch::Tensor unused = torch::zeros({kMaxCodedValues - c.values.size(0)}, c.values.options());
   data.x_train_coded = coded_inputs(c.codes, torch::cat({c.values, unused}));
