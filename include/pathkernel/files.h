@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace pathkernel {
 
@@ -17,6 +19,11 @@ namespace pathkernel {
 /// after removing the temporary file; the previous `path` is then unchanged.
 /// With a WriteHook installed, the write reports to it.
 void write_file_atomic(const std::string& path, const std::string& bytes);
+
+/// Writes the concatenation of `parts` to `path` atomically, as
+/// write_file_atomic does, without joining them first: a large array goes
+/// to the file from its own memory, not through a copy of it.
+void write_parts_atomic(const std::string& path, const std::vector<std::string_view>& parts);
 
 /// Observes atomic writes, for fault-injection tests (a test stops the
 /// process inside a write and kills it there). Not installed by default.

@@ -37,25 +37,45 @@ int write_all(int fd, const char* data, size_t size) {
   return 0;
 }
 
+/// Writes bytes [from, to) of the concatenation of `parts` to fd; returns 0
+/// or the errno.
+int write_range(int fd, const std::vector<std::string_view>& parts, size_t from, size_t to) {
+  size_t start = 0;  // of the part in the concatenation
+  for (const std::string_view& p : parts) {
+    const size_t lo = std::max(from, start), hi = std::min(to, start + p.size());
+    if (lo < hi) {
+      if (const int err = write_all(fd, p.data() + (lo - start), hi - lo)) return err;
+    }
+    start += p.size();
+  }
+  return 0;
+}
+
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
+  write_parts_atomic(path, {std::string_view(bytes)});
+}
+
+void write_parts_atomic(const std::string& path, const std::vector<std::string_view>& parts) {
+  size_t size = 0;
+  for (const std::string_view& p : parts) size += p.size();
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   PK_CHECK(fd >= 0, "cannot write '" << path << "': cannot create its temporary file '" << tmp
                                      << "': " << std::strerror(errno));
   const std::shared_ptr<WriteHook> hook = installed_hook();
-  const size_t part = hook ? std::min(hook->split(path, bytes.size()), bytes.size()) : bytes.size();
-  int err = write_all(fd, bytes.data(), part);
-  if (err == 0 && part < bytes.size()) {
+  const size_t part = hook ? std::min(hook->split(path, size), size) : size;
+  int err = write_range(fd, parts, 0, part);
+  if (err == 0 && part < size) {
     ::fsync(fd);
     hook->at_split(path);
-    err = write_all(fd, bytes.data() + part, bytes.size() - part);
+    err = write_range(fd, parts, part, size);
   }
   if (err != 0) {
     ::close(fd);
     ::unlink(tmp.c_str());
-    PK_THROW("cannot write '" << path << "' (" << bytes.size() << " bytes): " << std::strerror(err)
+    PK_THROW("cannot write '" << path << "' (" << size << " bytes): " << std::strerror(err)
                               << "; the previous '" << path << "', if any, is unchanged");
   }
   if (::fsync(fd) != 0) err = errno;

@@ -49,8 +49,11 @@ torch::Dtype dtype_of(const std::string& descr, const std::string& what, bool co
 }
 }  // namespace
 
-std::string npy_bytes(const torch::Tensor& tensor) {
-  torch::Tensor t = tensor.detach().contiguous().cpu();
+namespace {
+
+/// The .npy header of contiguous array t: magic, version, length and the
+/// header dictionary, padded so that the data starts at a multiple of 64.
+std::string npy_header(const torch::Tensor& t) {
   std::string shape = "(";
   for (int64_t d : t.sizes()) shape += std::to_string(d) + ", ";
   if (t.dim() > 1) shape.erase(shape.size() - 2);  // "(3, 4)"; 1-D keeps "(3,)"
@@ -68,10 +71,41 @@ std::string npy_bytes(const torch::Tensor& tensor) {
   out += static_cast<char>(len & 0xff);
   out += static_cast<char>(len >> 8);
   out += header;
-  size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
-  out.append(static_cast<const char*>(t.data_ptr()), nbytes);
   return out;
 }
+
+/// The bytes of contiguous array t's data, in place.
+std::string_view data_bytes(const torch::Tensor& t) {
+  return {static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()) * t.element_size()};
+}
+
+}  // namespace
+
+std::vector<std::string_view> NpyFile::parts() const { return {header, data_bytes(array)}; }
+
+size_t NpyFile::size() const { return header.size() + data_bytes(array).size(); }
+
+uint32_t NpyFile::crc32() const {
+  uint32_t crc = 0;
+  for (const std::string_view& p : parts()) crc = crc32_update(crc, p.data(), p.size());
+  return crc;
+}
+
+NpyFile npy_file(const torch::Tensor& tensor) {
+  NpyFile f;
+  f.array = tensor.detach().contiguous().cpu();
+  f.header = npy_header(f.array);
+  return f;
+}
+
+std::string npy_bytes(const torch::Tensor& tensor) {
+  const NpyFile f = npy_file(tensor);
+  std::string out = f.header;
+  out += data_bytes(f.array);
+  return out;
+}
+
+void write_npy_file(const std::string& path, const NpyFile& file) { write_parts_atomic(path, file.parts()); }
 
 namespace {
 
@@ -525,9 +559,7 @@ CodedArray read_npy_coded(const std::string& dir, const std::string& name) {
   return c;
 }
 
-void write_npy(const std::string& path, const torch::Tensor& tensor) {
-  write_file_atomic(path, npy_bytes(tensor));
-}
+void write_npy(const std::string& path, const torch::Tensor& tensor) { write_npy_file(path, npy_file(tensor)); }
 
 torch::Tensor read_npy(const std::string& path) {
   // Straight from the file into the array: no copy of the file's bytes.

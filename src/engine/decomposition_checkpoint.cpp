@@ -140,9 +140,9 @@ void DirectoryCheckpoint::save(const DecompositionProgress& p) {
   std::vector<std::string> keep = {"state.json"};
   for (const auto& [name, tensor] : tensors_of(p)) {
     const std::string file = name + "_" + seq + ".npy";
-    const std::string bytes = npy_bytes(tensor.contiguous());
-    write_file_atomic((fs::path(dir_) / file).string(), bytes);
-    files[name] = {{"file", file}, {"bytes", static_cast<int64_t>(bytes.size())}, {"crc32", crc32_of(bytes)}};
+    const NpyFile npy = npy_file(tensor);  // written from the tensor's memory: no copy of a large sum
+    write_npy_file((fs::path(dir_) / file).string(), npy);
+    files[name] = {{"file", file}, {"bytes", static_cast<int64_t>(npy.size())}, {"crc32", npy.crc32()}};
     keep.push_back(file);
   }
   nlohmann::ordered_json s{{"format", kFormat},

@@ -111,9 +111,9 @@ void RunWriter::add_loss_weights(const torch::Tensor& weights) {
 }
 
 FileRecord RunWriter::write_record(const std::string& relative, const torch::Tensor& tensor) {
-  std::string bytes = npy_bytes(tensor);
-  write_file_atomic((fs::path(dir_) / relative).string(), bytes);
-  return {relative, static_cast<int64_t>(bytes.size()), crc32_of(bytes)};
+  const NpyFile npy = npy_file(tensor);
+  write_npy_file((fs::path(dir_) / relative).string(), npy);
+  return {relative, static_cast<int64_t>(npy.size()), npy.crc32()};
 }
 
 void RunWriter::write_checkpoint(int64_t step, Network& net, torch::optim::Optimizer& optimizer) {

@@ -1,5 +1,6 @@
 // Atomic writes report to an installed WriteHook: where it splits a write the
-// temporary file holds exactly that much, and the file is complete after.
+// temporary file holds exactly that much, and the file is complete after;
+// a write of several parts is their concatenation.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -44,6 +45,24 @@ TEST(Files, AtomicWritesReportToTheInstalledHook) {
   EXPECT_EQ(hook->seen_at_split, "012");
   EXPECT_EQ(read_file(dir / "cut.txt"), "0123456789");
   EXPECT_EQ(read_file(dir / "cut2.txt"), "xyz");
+}
+
+TEST(Files, PartsAreWrittenInOrderAndSplitAcrossTheirBoundaries) {
+  testing::TempDir dir;
+  auto hook = std::make_shared<Recorder>();
+  set_write_hook(hook);
+  // The hook splits "cut" files after 3 bytes: inside the second part here.
+  write_parts_atomic(dir / "cut.txt", {"01", "", "2345", "6789"});
+  write_parts_atomic(dir / "whole.txt", {"ab", "cdef"});
+  write_parts_atomic(dir / "none.txt", {});
+  set_write_hook(nullptr);
+  EXPECT_EQ(hook->seen_at_split, "012");
+  EXPECT_EQ(read_file(dir / "cut.txt"), "0123456789");
+  EXPECT_EQ(read_file(dir / "whole.txt"), "abcdef");
+  EXPECT_EQ(read_file(dir / "none.txt"), "");
+  EXPECT_EQ(hook->calls, (std::vector<std::string>{"split cut.txt 10", "at_split", "after_rename 0123456789",
+                                                   "split whole.txt 6", "after_rename abcdef", "split none.txt 0",
+                                                   "after_rename "}));
 }
 
 }  // namespace

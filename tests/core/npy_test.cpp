@@ -38,6 +38,22 @@ TEST(Npy, WritesTheHeaderNumpyExpects) {
   EXPECT_EQ(bytes[127], '\n');
 }
 
+TEST(Npy, AFileInPartsIsTheBytesWrittenWithoutACopyOfAContiguousArray) {
+  testing::TempDir dir("npy");
+  const torch::Tensor t = torch::randn({4, 6}, torch::kFloat64);
+  for (const torch::Tensor& a : {t, t.t(), t.to(torch::kFloat32)}) {  // contiguous, strided, another dtype
+    const std::string bytes = npy_bytes(a);
+    const NpyFile f = npy_file(a);
+    EXPECT_EQ(f.size(), bytes.size());
+    EXPECT_EQ(f.crc32(), crc32_of(bytes));
+    write_npy_file(dir / "f.npy", f);
+    EXPECT_EQ(read_file(dir / "f.npy"), bytes);
+    write_npy(dir / "w.npy", a);
+    EXPECT_EQ(read_file(dir / "w.npy"), bytes);
+  }
+  EXPECT_EQ(npy_file(t).array.data_ptr(), t.data_ptr()) << "a contiguous array is written from its own memory";
+}
+
 TEST(Npy, RejectsCorruptFiles) {
   std::string good = npy_bytes(torch::ones({4}, torch::kFloat64));
   const std::vector<std::pair<std::string, std::string>> cases = {
