@@ -82,7 +82,7 @@ std::string run_dir(const BenchConfig& c, const std::string& name) { return c.wo
 
 /// The first n test inputs of the run.
 torch::Tensor test_points(PathReader& reader, int64_t n) {
-  return reader.held_dataset().x_test.narrow(0, 0, std::min<int64_t>(n, reader.held_dataset().x_test.size(0)));
+  return reader.test_inputs(torch::arange(std::min<int64_t>(n, reader.test_count()), torch::kLong));
 }
 
 /// pathkernel's attribution of x: the median time of `repeats` decompositions

@@ -7,8 +7,8 @@
 // The same pieces are then read as a directory whose inputs are coded pairs:
 // the first piece as train_x.codes.npy and test_x.codes.npy, the third as
 // train_x.values.npy and test_x.values.npy, under the same checks: a coded
-// train_x of floating values is held as its codes (x_train_coded), and
-// checked decoded.
+// train_x or test_x of floating values is held as its codes (x_train_coded,
+// x_test_coded), and checked decoded.
 #include <filesystem>
 
 #include "fuzz_util.h"
@@ -26,17 +26,24 @@ uint32_t take_length(const uint8_t*& data, size_t& size) {
   return n;
 }
 
+/// A split's inputs, whole or as codes (never both, never neither), decoded.
+torch::Tensor decoded(const torch::Tensor& x, const pathkernel::CodedInputs& coded, const char* split) {
+  using pathkernel::fuzz::fail;
+  if (x.defined() == coded.defined()) fail((std::string(split) + " inputs neither or both whole and coded").c_str());
+  if (coded.defined() && coded.values.size(0) != 256) fail("a table not of a value per code");
+  return coded.defined() ? coded.all() : x;
+}
+
 void check(const pathkernel::Dataset& d) {
   using pathkernel::fuzz::fail;
-  if (d.x_train.defined() == d.x_train_coded.defined()) fail("training inputs neither or both whole and coded");
-  if (d.x_train_coded.defined() && d.x_train_coded.values.size(0) != 256) fail("a table not of a value per code");
-  // Coded training inputs (a coded pair of floating values) checked decoded.
-  const torch::Tensor x_train = d.x_train_coded.defined() ? d.x_train_coded.all() : d.x_train;
-  if (x_train.size(0) != d.y_train.size(0) || d.x_test.size(0) != d.y_test.size(0)) fail("rows disagree");
+  // Coded inputs (a coded pair of floating values) checked decoded.
+  const torch::Tensor x_train = decoded(d.x_train, d.x_train_coded, "training");
+  const torch::Tensor x_test = decoded(d.x_test, d.x_test_coded, "test");
+  if (x_train.size(0) != d.y_train.size(0) || x_test.size(0) != d.y_test.size(0)) fail("rows disagree");
   if (x_train.size(0) == 0) fail("an empty training split was accepted");
-  if (x_train.sizes().slice(1) != d.x_test.sizes().slice(1)) fail("the splits' input shapes differ");
+  if (x_train.sizes().slice(1) != x_test.sizes().slice(1)) fail("the splits' input shapes differ");
   if (d.num_classes < 1) fail("no outputs");
-  for (const torch::Tensor& x : {x_train, d.x_test}) {
+  for (const torch::Tensor& x : {x_train, x_test}) {
     if (x.numel() > 0 && !torch::isfinite(x.to(torch::kFloat64)).all().item<bool>()) fail("a non-finite input");
   }
   for (const torch::Tensor& y : {d.y_train, d.y_test}) {

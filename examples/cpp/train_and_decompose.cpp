@@ -37,8 +37,7 @@ int main(int argc, char** argv) {
 
     // 2. Replay the path and decompose test point 0.
     pathkernel::PathReader reader(dir);
-    const torch::Tensor x = reader.held_dataset().x_test.index_select(0, pathkernel::TestPointSelection{}.resolve(
-                                                                         reader.held_dataset().x_test.size(0), 1));
+    const torch::Tensor x = reader.test_inputs(pathkernel::TestPointSelection{}.resolve(reader.test_count(), 1));
     pathkernel::DecompositionOptions options;
     options.progress = false;
     const pathkernel::Decomposition d = pathkernel::decompose(reader, x, options);

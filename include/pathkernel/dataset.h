@@ -36,9 +36,10 @@ struct DataOptions {
   int64_t test_size = -1;           ///< -1: all; else a class-balanced subset
   uint64_t seed = 0;                ///< seeds synthetic generation and subsets
   torch::Dtype dtype = torch::kFloat64;
-  /// Hold the training inputs as codes (Dataset::x_train_coded) where they are
-  /// (fashion-mnist's bytes, npy:DIR's coded pair); x_train is then undefined.
-  bool coded_train_inputs = false;
+  /// Hold the inputs of both splits as codes (Dataset::x_train_coded,
+  /// x_test_coded) where they are (fashion-mnist's bytes, npy:DIR's coded
+  /// pairs); x_train, x_test are then undefined.
+  bool coded_inputs = false;
 };
 
 /// A loaded dataset: train and test splits plus how they were normalised.
@@ -50,7 +51,9 @@ struct Dataset {
   CodedInputs x_train_coded;
   torch::Tensor y_train;  ///< [M] int64 class labels, or [M, K] float64 regression targets (npy:DIR, loss mse),
                           ///< or [M, T] int64 tokens (npy:DIR, sequence.h)
-  torch::Tensor x_test;   ///< [n_test, *input_shape]
+  torch::Tensor x_test;   ///< [n_test, *input_shape]; undefined when x_test_coded is defined
+  /// The test inputs as codes, as x_train_coded (test_inputs).
+  CodedInputs x_test_coded;
   torch::Tensor y_test;   ///< [n_test] int64, or [n_test, K] float64 like y_train
   std::vector<int64_t> input_shape;  ///< e.g. {100} or {1, 28, 28}
   int64_t num_classes = 0;
@@ -83,6 +86,19 @@ torch::Tensor train_inputs(const Dataset& data, const torch::Tensor& index);
 
 /// Training input i: [*input_shape].
 torch::Tensor train_input(const Dataset& data, int64_t i);
+
+/// The number of test points, however their inputs are held.
+int64_t test_count(const Dataset& data);
+
+/// The floating dtype the inputs are held in (DataOptions::dtype).
+torch::Dtype input_dtype(const Dataset& data);
+
+/// Rows `index` ([k] int64) of the test inputs, decoded where they are held
+/// as codes; all of them for an undefined index.
+torch::Tensor test_inputs(const Dataset& data, const torch::Tensor& index);
+
+/// Test input i: [*input_shape].
+torch::Tensor test_input(const Dataset& data, int64_t i);
 
 /// Names accepted by load_dataset ("csv:PATH" is listed as "csv:PATH").
 std::vector<std::string> dataset_names();

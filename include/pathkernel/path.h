@@ -132,23 +132,30 @@ class PathReader {
   PathReader twin() const;
 
   const Manifest& manifest() const { return manifest_; }
-  /// The dataset as held: x_train undefined where the training inputs are
-  /// coded. For what reads the test split, the labels and the sizes; a
-  /// command reads the training rows it needs with train_inputs.
+  /// The dataset as held: x_train and x_test undefined where the inputs are
+  /// coded. For the labels and the sizes; a command reads the training and
+  /// test rows it needs with train_inputs, train_rows and test_inputs.
   const Dataset& held_dataset() const { return dataset_; }
-  /// The run's dataset with every training input decoded into x_train. Where
-  /// they are held as codes (a source of bytes, such as fashion-mnist) the
-  /// first call decodes the whole split, once for the reader and its twins:
-  /// 376 MB for fashion-mnist in float64. For what needs all of it at once.
+  /// The run's dataset with every input decoded into x_train and x_test.
+  /// Where they are held as codes (a source of bytes, such as fashion-mnist)
+  /// the first call decodes both splits, once for the reader and its twins:
+  /// 376 + 63 MB for fashion-mnist in float64. For what needs all of it at once.
   const Dataset& decoded_dataset() const;
   /// Rows `index` of the training inputs, in the run's dtype, decoded where
   /// they are held as codes. An undefined index means every row: decoded_dataset()'s
   /// x_train, decoded once for the reader and its twins, not a step at a time.
   torch::Tensor train_inputs(const torch::Tensor& index) const;
+  /// Training rows first .. first+count-1: a view of x_train where it is
+  /// held decoded, the rows decoded where it is held as codes.
+  torch::Tensor train_rows(int64_t first, int64_t count) const;
   int64_t train_count() const { return manifest_.num_train; }
-  /// Whether this reader or a twin has decoded its whole coded training
-  /// split (decoded_dataset, or train_inputs of every row); false where the
-  /// inputs are not held as codes. What a command's memory test asks.
+  /// Rows `index` ([k] int64) of the test inputs, decoded where they are
+  /// held as codes; every row for an undefined index (decoded on each call).
+  torch::Tensor test_inputs(const torch::Tensor& index) const { return pathkernel::test_inputs(dataset_, index); }
+  int64_t test_count() const { return pathkernel::test_count(dataset_); }
+  /// Whether this reader or a twin has decoded its whole coded training and
+  /// test splits (decoded_dataset, or train_inputs of every row); false where
+  /// the inputs are not held as codes. What a command's memory test asks.
   bool whole_split_decoded() const { return decoded_->done.load(); }
   Network& network() { return net_; }
   int64_t steps() const { return manifest_.steps; }

@@ -149,9 +149,10 @@ TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tens
                    const TrainOptions& options, TrainingObserver& observer,
                    const ResumePoint* resume = nullptr);
 
-/// The same on `data`'s splits. Training inputs held as codes
-/// (DataOptions::coded_train_inputs) are decoded a batch at a time, and whole
-/// once for a full batch: the same bits as the splits' tensors give.
+/// The same on `data`'s splits. Inputs held as codes
+/// (DataOptions::coded_inputs) are decoded a batch (or an accuracy chunk) at
+/// a time, and the training split whole once for a full batch: the same bits
+/// as the splits' tensors give.
 TrainSummary train(Network& net, const Dataset& data, const TrainOptions& options, TrainingObserver& observer,
                    const ResumePoint* resume = nullptr);
 

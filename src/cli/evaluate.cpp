@@ -115,7 +115,7 @@ void run_evaluate(const EvaluateArgs& args, const Globals& globals) {
   if (world.size() > 1) {
     if (!world.root()) {
       const Retrainer retrainer(reader);
-      serve_retrainings(world, retrainer, reader.held_dataset().x_test.index_select(0, idx));
+      serve_retrainings(world, retrainer, reader.test_inputs(idx));
       return;
     }
     options.retrain_outputs = [&world, &rank_jobs](const Retrainer& r, const std::vector<RetrainJob>& jobs,

@@ -140,7 +140,7 @@ void run_metagradient(const ExplainArgs& args, const ExplainOptions& options, co
     copt.h = args.fd_step;
     copt.retrain.progress = !globals.quiet;
     copt.retrain.label = "check";
-    const MetagradientCheck c = check_metagradient(reader, reader.held_dataset().x_test.index_select(0, idx),
+    const MetagradientCheck c = check_metagradient(reader, reader.test_inputs(idx),
                                                    e.metagradient, strongest_points(e.metagradient, args.check), copt);
     record_check(e, c, copt.h);
   }

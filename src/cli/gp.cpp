@@ -77,7 +77,7 @@ void add_gp_command(CLI::App& app, Globals& globals) {
       }());
     } else {
       test_idx = args->points.test_indices(data.y_test);
-      x_query = data.x_test.index_select(0, test_idx).to(torch::kFloat64);
+      x_query = reader.test_inputs(test_idx).to(torch::kFloat64);
     }
     const int64_t steps = reader.manifest().steps;
     torch::Tensor y = args->targets == "outputs"

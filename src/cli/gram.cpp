@@ -53,7 +53,7 @@ void add_gram_command(CLI::App& app, Globals& globals) {
     const Dataset& data = reader.held_dataset();
     // Each side: its set's chosen points, or (deprecated) the first N of it.
     auto side = [&](const std::string& set, int64_t count) -> torch::Tensor {
-      const int64_t available = set == "test" ? data.x_test.size(0) : reader.train_count();
+      const int64_t available = set == "test" ? reader.test_count() : reader.train_count();
       if (count > 0) return torch::arange(std::min(count, available), torch::kLong);
       if (set == "test") return args->test.indices(data.y_test, 100);
       return torch::arange(std::min(args->train, available), torch::kLong);

@@ -33,9 +33,9 @@ void add_refit_command(CLI::App& app, Globals& globals) {
     const auto t0 = std::chrono::steady_clock::now();
     GramOptions options = args->k.options();
     PathReader reader(args->run);
-    const Dataset& data = reader.held_dataset();  // the training inputs read by rows (train_inputs)
+    const Dataset& data = reader.held_dataset();  // the inputs read by rows (train_inputs, test_inputs)
     const torch::Tensor ti = args->points.train_indices(data.y_train), si = args->points.test_indices(data.y_test);
-    const torch::Tensor x_test = data.x_test.index_select(0, si), labels = data.y_test.index_select(0, si);
+    const torch::Tensor x_test = reader.test_inputs(si), labels = data.y_test.index_select(0, si);
     KernelMatrices k = kernel_matrices(reader, reader.train_inputs(ti), x_test, true, options, false);
     SvmOptions svm;
     svm.c = args->c;

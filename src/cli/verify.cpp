@@ -68,7 +68,7 @@ void choose_points(const VerifyArgs& args, const Dataset& data, torch::Tensor& x
                    torch::Tensor& test_index) {
   if (!args.inputs.given()) {
     test_index = args.points.indices(data.y_test, 100);
-    x = data.x_test.index_select(0, test_index);
+    x = test_inputs(data, test_index);
     return;
   }
   x = read_inputs(args.inputs.inputs, data);

@@ -61,7 +61,7 @@ torch::Tensor read_inputs(const std::string& path, const Dataset& data) {
     PK_CHECK(torch::isfinite(x).all().item<bool>(),
              "inputs file '" << path << "' holds " << first_not_finite(x) << ", expected finite values");
   }
-  const torch::Dtype dtype = data.x_test.scalar_type();
+  const torch::Dtype dtype = input_dtype(data);
   const torch::Tensor out = x.to(dtype);
   PK_CHECK(torch::equal(out.to(x.scalar_type()), x),
            "inputs file '" << path << "' holds values of dtype " << x.scalar_type() << " that the run's " << dtype

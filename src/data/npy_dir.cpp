@@ -14,9 +14,10 @@
 // Any of the four may instead be a coded array, the pair NAME.codes.npy
 // (uint8, the array's shape) and NAME.values.npy (the 1-D table of at most 256
 // values), read as values[codes] (pathkernel/npy.h); the recorder stores
-// inputs derived from 8-bit images so. train_x so coded, with floating values,
-// is held as its codes (Dataset::x_train_coded) until load_dataset decodes it
-// or, where DataOptions::coded_train_inputs asks, keeps it coded.
+// inputs derived from 8-bit images so. train_x or test_x so coded, with
+// floating values, is held as its codes (Dataset::x_train_coded,
+// x_test_coded) until load_dataset decodes it or, where
+// DataOptions::coded_inputs asks, keeps it coded.
 // With integer inputs, DIR may also hold vocabulary.json, a JSON list of
 // strings, the text of each code (e.g. characters): explain shows each
 // sequence's text with it.
@@ -75,25 +76,27 @@ bool floating_table(const fs::path& dir, const std::string& name) {
   }
 }
 
-/// train_x into `data`. A coded pair of floating values stays codes
-/// (Dataset::x_train_coded, with its table as stored, padded to a value per
-/// code; load_dataset converts the table): an eighth of float64's memory, a
-/// quarter of float32's. Any other form is read whole into x_train.
-void read_train_inputs(const fs::path& dir, Dataset& data, nlohmann::json& files) {
+/// Inputs `name` (train_x or test_x) into `x`, or `coded`. A coded pair of
+/// floating values stays codes (Dataset::x_train_coded, x_test_coded, with
+/// its table as stored, padded to a value per code; load_dataset converts the
+/// table): an eighth of float64's memory, a quarter of float32's. Any other
+/// form is read whole into `x`.
+void read_inputs(const fs::path& dir, const std::string& name, torch::Tensor& x, CodedInputs& coded,
+                 nlohmann::json& files) {
   // Integer values, such as token ids, are read whole (decoded a block at a time).
-  if (!fs::exists(dir / "train_x.codes.npy") || !floating_table(dir, "train_x")) {
-    data.x_train = read_array(dir, "train_x", files);
+  if (!fs::exists(dir / (name + ".codes.npy")) || !floating_table(dir, name)) {
+    x = read_array(dir, name, files);
     return;
   }
   CodedArray c;
   try {
-    for (const std::string& f : npy_array_files(dir.string(), "train_x")) files.push_back(f);
-    c = read_npy_coded(dir.string(), "train_x");
+    for (const std::string& f : npy_array_files(dir.string(), name)) files.push_back(f);
+    c = read_npy_coded(dir.string(), name);
   } catch (const Error& e) {
     PK_THROW("dataset 'npy:" << dir.string() << "': " << e.what());
   }
   const torch::Tensor unused = torch::zeros({kMaxCodedValues - c.values.size(0)}, c.values.options());
-  data.x_train_coded = coded_inputs(c.codes, torch::cat({c.values, unused}));
+  coded = coded_inputs(c.codes, torch::cat({c.values, unused}));
 }
 
 /// Regression targets: float [n, K], finite, for the loss mse.
@@ -135,11 +138,12 @@ bool all_finite(const torch::Tensor& x) {
   return finite;
 }
 
-/// Coded training inputs: codes [n, *input_shape] of a table of finite values.
-void check_coded_inputs(const CodedInputs& x, const std::string& where) {
-  PK_CHECK(x.codes.dim() >= 2, where << ": train_x.codes.npy has shape " << x.codes.sizes()
+/// Coded inputs of split `what`: codes [n, *input_shape] of a table of finite values.
+void check_coded_inputs(const CodedInputs& x, const std::string& what, const std::string& where) {
+  PK_CHECK(x.codes.dim() >= 2, where << ": " << what << "_x.codes.npy has shape " << x.codes.sizes()
                                      << ", expected [n, *input_shape] with at least one input dimension");
-  PK_CHECK(all_finite(x.values), where << ": train_x.values.npy holds a value that is not finite (NaN or infinite)");
+  PK_CHECK(all_finite(x.values),
+           where << ": " << what << "_x.values.npy holds a value that is not finite (NaN or infinite)");
 }
 
 void check_inputs(const torch::Tensor& x, const std::string& what, const std::string& where) {
@@ -187,29 +191,35 @@ Dataset load_npy_dir(const std::string& argument, uint64_t /*seed*/) {
   PK_CHECK(fs::is_directory(dir), where << ": '" << argument << "' is not a directory");
   Dataset data;
   nlohmann::json files = nlohmann::json::array();
-  read_train_inputs(dir, data, files);
+  read_inputs(dir, "train_x", data.x_train, data.x_train_coded, files);
   data.y_train = read_array(dir, "train_y", files);
-  data.x_test = read_array(dir, "test_x", files);
+  read_inputs(dir, "test_x", data.x_test, data.x_test_coded, files);
   data.y_test = read_array(dir, "test_y", files);
-  const bool coded = data.x_train_coded.defined();
-  // The training inputs' rows and shape (their codes, where coded), and their values' dtype.
+  const bool coded = data.x_train_coded.defined(), test_coded = data.x_test_coded.defined();
+  // Each split's rows and shape (their codes, where coded), and their values' dtype.
   const torch::Tensor& train_rows = coded ? data.x_train_coded.codes : data.x_train;
   const torch::Tensor& train_values = coded ? data.x_train_coded.values : data.x_train;
+  const torch::Tensor& test_rows = test_coded ? data.x_test_coded.codes : data.x_test;
+  const torch::Tensor& test_values = test_coded ? data.x_test_coded.values : data.x_test;
   if (coded) {
-    check_coded_inputs(data.x_train_coded, where);
+    check_coded_inputs(data.x_train_coded, "train", where);
   } else {
     check_inputs(data.x_train, "train", where);
   }
-  check_inputs(data.x_test, "test", where);
+  if (test_coded) {
+    check_coded_inputs(data.x_test_coded, "test", where);
+  } else {
+    check_inputs(data.x_test, "test", where);
+  }
   PK_CHECK(train_rows.size(0) >= 1, where << ": train_x.npy has no rows");
-  PK_CHECK(data.x_test.sizes().slice(1) == train_rows.sizes().slice(1),
-           where << ": test_x.npy has examples of shape " << data.x_test.sizes().slice(1) << ", train_x.npy "
+  PK_CHECK(test_rows.sizes().slice(1) == train_rows.sizes().slice(1),
+           where << ": test_x.npy has examples of shape " << test_rows.sizes().slice(1) << ", train_x.npy "
                  << train_rows.sizes().slice(1) << "; expected the same");
-  PK_CHECK(is_integer(train_values) == is_integer(data.x_test),
+  PK_CHECK(is_integer(train_values) == is_integer(test_values),
            where << ": train_x.npy has dtype " << train_values.scalar_type() << " and test_x.npy "
-                 << data.x_test.scalar_type() << "; expected both floating point or both integer");
+                 << test_values.scalar_type() << "; expected both floating point or both integer");
   check_labels(data.y_train, train_rows, "train", where);
-  check_labels(data.y_test, data.x_test, "test", where);
+  check_labels(data.y_test, test_rows, "test", where);
   data.integer_inputs = is_integer(train_values);
   data.input_shape = train_rows.sizes().slice(1).vec();
   if (data.y_train.is_floating_point()) {  // regression targets [n, K]

@@ -100,24 +100,24 @@ torch::Tensor to_inputs(const torch::Tensor& raw, torch::Dtype dtype,
   return x;
 }
 
-/// The training inputs in options.dtype and normalised. Inputs that are codes
-/// (a source of bytes, each byte its own code, or a loader's coded pair) are
-/// held so where options.coded_train_inputs asks, and decoded otherwise: either
-/// way through a table of each code's input, computed by the operations
-/// to_inputs applies to every element, so that a row has the bits of the split
-/// converted whole.
-void hold_train_inputs(Dataset& data, const DataOptions& options) {
-  CodedInputs raw = data.x_train_coded;
-  if (!raw.defined() && data.x_train.scalar_type() == torch::kUInt8) {
-    raw = CodedInputs{data.x_train, torch::arange(256, torch::TensorOptions().dtype(torch::kUInt8))};
+/// One split's inputs (`x`, or the loader's codes `coded`) in options.dtype and
+/// normalised. Inputs that are codes (a source of bytes, each byte its own
+/// code, or a loader's coded pair) are held so where options.coded_inputs
+/// asks, and decoded otherwise: either way through a table of each code's
+/// input, computed by the operations to_inputs applies to every element, so
+/// that a row has the bits of the split converted whole.
+void hold_inputs(torch::Tensor& x, CodedInputs& coded, const DataOptions& options, const nlohmann::json& normalization) {
+  CodedInputs raw = coded;
+  if (!raw.defined() && x.scalar_type() == torch::kUInt8) {
+    raw = CodedInputs{x, torch::arange(256, torch::TensorOptions().dtype(torch::kUInt8))};
   }
   if (!raw.defined()) {
-    data.x_train = to_inputs(data.x_train, options.dtype, data.normalization);
+    x = to_inputs(x, options.dtype, normalization);
     return;
   }
-  const CodedInputs held = coded_inputs(raw.codes, to_inputs(raw.values, options.dtype, data.normalization));
-  data.x_train_coded = options.coded_train_inputs ? held : CodedInputs();
-  data.x_train = options.coded_train_inputs ? torch::Tensor() : held.all();
+  const CodedInputs held = coded_inputs(raw.codes, to_inputs(raw.values, options.dtype, normalization));
+  coded = options.coded_inputs ? held : CodedInputs();
+  x = options.coded_inputs ? torch::Tensor() : held.all();
 }
 
 /// Applies DataOptions.train_size / test_size to one split (in place).
@@ -151,6 +151,24 @@ torch::Tensor train_inputs(const Dataset& data, const torch::Tensor& index) {
 
 torch::Tensor train_input(const Dataset& data, int64_t i) {
   return train_inputs(data, torch::tensor({i}, torch::kLong))[0];
+}
+
+int64_t test_count(const Dataset& data) {
+  return data.x_test_coded.defined() ? data.x_test_coded.size() : data.x_test.size(0);
+}
+
+torch::Dtype input_dtype(const Dataset& data) {
+  const torch::Tensor& held = data.x_test_coded.defined() ? data.x_test_coded.values : data.x_test;
+  return held.scalar_type();
+}
+
+torch::Tensor test_inputs(const Dataset& data, const torch::Tensor& index) {
+  if (!data.x_test_coded.defined()) return index.defined() ? data.x_test.index_select(0, index) : data.x_test;
+  return index.defined() ? data.x_test_coded.rows(index) : data.x_test_coded.all();
+}
+
+torch::Tensor test_input(const Dataset& data, int64_t i) {
+  return test_inputs(data, torch::tensor({i}, torch::kLong))[0];
 }
 
 std::vector<std::string> dataset_names() {
@@ -216,12 +234,13 @@ Dataset load_dataset(const DataOptions& options) {
   PK_ASSERT((data.y_train.scalar_type() == torch::kLong && data.y_test.scalar_type() == torch::kLong) ||
             (data.y_train.scalar_type() == torch::kFloat64 && data.y_train.dim() == 2 &&
              data.y_test.scalar_type() == torch::kFloat64 && data.y_test.dim() == 2));
-  // A loader may hold its training inputs as codes (npy:DIR's coded pair),
+  // A loader may hold a split's inputs as codes (npy:DIR's coded pairs),
   // with their table as stored: the inputs before to_inputs.
-  const bool loader_coded = data.x_train_coded.defined();
-  PK_ASSERT(!loader_coded || (!data.x_train.defined() && data.normalization.at("kind") == "none"));
+  const bool train_coded = data.x_train_coded.defined(), test_coded = data.x_test_coded.defined();
+  PK_ASSERT(!train_coded || (!data.x_train.defined() && data.normalization.at("kind") == "none"));
+  PK_ASSERT(!test_coded || (!data.x_test.defined() && data.normalization.at("kind") == "none"));
   PK_ASSERT(train_count(data) == data.y_train.size(0));
-  PK_ASSERT(data.x_test.size(0) == data.y_test.size(0));
+  PK_ASSERT(test_count(data) == data.y_test.size(0));
 
   // Statistics come from the full train split, before any subsetting, so a
   // subset is normalised exactly as the full dataset would be.
@@ -236,17 +255,19 @@ Dataset load_dataset(const DataOptions& options) {
 
   if (data.integer_inputs && options.dtype == torch::kFloat32 && data.x_train.numel() > 0) {
     const double largest = std::max(data.x_train.abs().max().item<double>(),
-                                    data.x_test.numel() ? data.x_test.abs().max().item<double>() : 0.0);
+                                    data.x_test.defined() && data.x_test.numel() ? data.x_test.abs().max().item<double>()
+                                                                                 : 0.0);
     PK_CHECK(largest <= 16777216.0, "dataset '" << spec << "' holds the integer input " << largest
                                                 << ", which float32 does not hold exactly (|x| <= 2^24); "
                                                 << "use float64");
   }
-  take_subset(loader_coded ? data.x_train_coded.codes : data.x_train, data.y_train, options.train_size, options.seed,
+  take_subset(train_coded ? data.x_train_coded.codes : data.x_train, data.y_train, options.train_size, options.seed,
               "train", spec);
-  take_subset(data.x_test, data.y_test, options.test_size, options.seed + 1, "test", spec);
+  take_subset(test_coded ? data.x_test_coded.codes : data.x_test, data.y_test, options.test_size, options.seed + 1,
+              "test", spec);
 
-  hold_train_inputs(data, options);
-  data.x_test = to_inputs(data.x_test, options.dtype, data.normalization);
+  hold_inputs(data.x_train, data.x_train_coded, options, data.normalization);
+  hold_inputs(data.x_test, data.x_test_coded, options, data.normalization);
   data.y_train = data.y_train.contiguous();
   data.y_test = data.y_test.contiguous();
   warn_about_empty_classes(data);

@@ -311,7 +311,7 @@ ExplainAcross explain_across(const Communicator& comm, PathReader& reader, const
   const int64_t n = test_index.size(0);
   const DecompositionOptions dopt = explain_decomposition_options(m, n, options, &e.kernel_note);
   if (comm.root() && options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
-  const torch::Tensor x = reader.held_dataset().x_test.index_select(0, test_index);
+  const torch::Tensor x = reader.test_inputs(test_index);
   const int64_t block = decomposition_block(reader, x, dopt);
   // Each rank its points; or, with few points, every point on every rank and each rank its blocks of steps.
   const bool by_steps = split_steps(comm, m, n, block, dopt);
@@ -507,7 +507,7 @@ GramFile gram_across(const Communicator& comm, PathReader& reader, const std::st
                      const GramOptions& options) {
   if (comm.size() == 1) return gram_between(reader, row_set, row_indices, col_set, col_indices, options);
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t tests = reader.held_dataset().x_test.size(0), trains = reader.train_count();
+  const int64_t tests = reader.test_count(), trains = reader.train_count();
   comm.agree([&] {
     check_indices(row_set, row_indices, row_set == "test" ? tests : trains, "rows");
     check_indices(col_set, col_indices, col_set == "test" ? tests : trains, "columns");

@@ -71,7 +71,7 @@ torch::Tensor gradient_dot_scores(PathReader& reader, const std::vector<torch::T
   QuadratureOptions q;
   q.spec = QuadratureSpec::parse("dpk");
   const torch::Tensor x64 = x.to(torch::kFloat64);
-  const torch::Tensor& y_train = reader.held_dataset().y_train;  // the inputs read by chunks (train_inputs)
+  const torch::Tensor& y_train = reader.held_dataset().y_train;  // the inputs read by chunks (train_rows)
   const int64_t n = x.size(0), M = reader.train_count();
   torch::Tensor scores = torch::zeros({n, M}, torch::kFloat64);
   const torch::Tensor& lw = reader.loss_weights();  // each point's gradient carries its loss weight
@@ -81,7 +81,7 @@ torch::Tensor gradient_dot_scores(PathReader& reader, const std::vector<torch::T
     const TestFeatures f = test_features(ev, x64, q);
     for (int64_t i0 = 0; i0 < M; i0 += options.train_chunk) {
       const int64_t b = std::min(options.train_chunk, M - i0);
-      const torch::Tensor rows = reader.train_inputs(torch::arange(i0, i0 + b, torch::kLong));
+      const torch::Tensor rows = reader.train_rows(i0, b);
       const TrainSignals t = train_signals(ev, rows.to(torch::kFloat64),
                                            y_train.narrow(0, i0, b), net_options.output, net_options.loss,
                                            lw.defined() ? lw.narrow(0, i0, b) : lw);

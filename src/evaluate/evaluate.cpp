@@ -186,6 +186,24 @@ void EvaluateOptions::validate(int64_t num_train, int64_t num_classes) const {
 
 namespace {
 
+/// A split's inputs as data_dir's NAME (train_x, test_x), in the form they
+/// are held: the coded pair NAME.codes.npy and NAME.values.npy where they are
+/// codes, else NAME.npy. Any file of the other form is removed first: npy:DIR
+/// refuses a directory holding both.
+void write_held_inputs(const std::string& data_dir, const std::string& name, const torch::Tensor& x,
+                       const CodedInputs& coded) {
+  const fs::path dir(data_dir);
+  const std::vector<std::string> stale = coded.defined() ? std::vector<std::string>{name + ".npy"}
+                                                         : std::vector<std::string>{name + ".codes.npy", name + ".values.npy"};
+  for (const std::string& file : stale) fs::remove(dir / file);
+  if (coded.defined()) {
+    write_npy((dir / (name + ".codes.npy")).string(), coded.codes);
+    write_npy((dir / (name + ".values.npy")).string(), coded.values);
+  } else {
+    write_npy((dir / (name + ".npy")).string(), x);
+  }
+}
+
 /// One evaluate() call: its inputs, what is shared between the metrics (the
 /// scores, the baseline retraining), and the result as it fills up. Each
 /// metric is a step of its own.
@@ -220,9 +238,9 @@ class Evaluator {
   void brittleness();
   /// Trains the run with `labels` in the work directory (or reuses it): its directory.
   std::string train_flipped_run(const torch::Tensor& labels, int64_t count);
-  /// The run's training inputs as data_dir's train_x, in the form the reader
-  /// holds them: the coded pair where they are codes, else train_x.npy.
-  void write_training_inputs(const std::string& data_dir) const;
+  /// The run's training and test inputs as data_dir's train_x and test_x, in
+  /// the form the reader holds them (write_held_inputs).
+  void write_inputs(const std::string& data_dir) const;
   void mislabel();
   void finish(const std::chrono::steady_clock::time_point t_start);
 
@@ -274,8 +292,8 @@ void check_evaluate_inputs(PathReader& reader, const torch::Tensor& test_index, 
            "evaluate: mislabel flips class labels; run '" << reader.dir() << "' trains on regression targets");
   PK_CHECK(test_index.dim() == 1 && test_index.numel() > 0 && test_index.scalar_type() == torch::kLong,
            "evaluate: test indices must be a non-empty int64 list (got " << test_index.sizes() << ")");
-  PK_CHECK(test_index.min().item<int64_t>() >= 0 && test_index.max().item<int64_t>() < data.x_test.size(0),
-           "evaluate: test indices must lie in [0, " << data.x_test.size(0) << ")");
+  PK_CHECK(test_index.min().item<int64_t>() >= 0 && test_index.max().item<int64_t>() < test_count(data),
+           "evaluate: test indices must lie in [0, " << test_count(data) << ")");
 }
 
 template <typename Value>
@@ -300,7 +318,7 @@ torch::Tensor Evaluator::retrain(const std::vector<RetrainJob>& jobs, const std:
 
 void Evaluator::start() {
   fs::create_directories(work_);
-  x_ = data_.x_test.index_select(0, test_index_);
+  x_ = test_inputs(data_, test_index_);
   {
     ThreadScope threads(options_.retrain.threads_per_retrain);
     fN_ = reader_.outputs(m_.steps, x_);
@@ -515,20 +533,10 @@ void Evaluator::brittleness() {
   r_.brittleness = std::move(b);
 }
 
-void Evaluator::write_training_inputs(const std::string& data_dir) const {
-  const fs::path dir(data_dir);
-  const CodedInputs& coded = reader_.held_dataset().x_train_coded;
-  // One form only: npy:DIR refuses a directory holding both.
-  for (const char* stale : coded.defined() ? std::vector<const char*>{"train_x.npy"}
-                                           : std::vector<const char*>{"train_x.codes.npy", "train_x.values.npy"}) {
-    fs::remove(dir / stale);
-  }
-  if (coded.defined()) {  // as held: the codes and their table, not the decoded split
-    write_npy((dir / "train_x.codes.npy").string(), coded.codes.contiguous());
-    write_npy((dir / "train_x.values.npy").string(), coded.values.contiguous());
-  } else {
-    write_npy((dir / "train_x.npy").string(), reader_.train_inputs(torch::Tensor()).contiguous());
-  }
+void Evaluator::write_inputs(const std::string& data_dir) const {
+  const Dataset& held = reader_.held_dataset();
+  write_held_inputs(data_dir, "train_x", held.x_train, held.x_train_coded);
+  write_held_inputs(data_dir, "test_x", held.x_test, held.x_test_coded);
 }
 
 std::string Evaluator::train_flipped_run(const torch::Tensor& labels, int64_t count) {
@@ -546,8 +554,7 @@ std::string Evaluator::train_flipped_run(const torch::Tensor& labels, int64_t co
   }
   if (reuse) return run_dir;
   fs::create_directories(data_dir);
-  write_training_inputs(data_dir);
-  write_npy((fs::path(data_dir) / "test_x.npy").string(), data_.x_test.contiguous());
+  write_inputs(data_dir);
   write_npy((fs::path(data_dir) / "test_y.npy").string(), data_.y_test.contiguous());
   write_npy((fs::path(data_dir) / "train_y.npy").string(), labels);
   RunOptions ro = run_options_from_manifest(m_, reader_.dir());

@@ -13,7 +13,7 @@ ExperimentResult fig2(const ExperimentOptions& options) {
   const bool quick = options.quick;
   PathReader reader(session.train(paper_gd_run("gaussians3", quick)));
   const Manifest& m = reader.manifest();
-  const torch::Tensor x = reader.held_dataset().x_test;
+  const torch::Tensor x = reader.test_inputs(torch::Tensor());
   const int64_t n = x.size(0), N = m.steps;
   Network net64 = engine_network(m.network_options());
   SegmentEvaluator ev(net64);

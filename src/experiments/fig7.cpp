@@ -19,7 +19,7 @@ ExperimentResult fig7(const ExperimentOptions& options) {
   run.train.optimizer.lr = 0.1;
   run.train.steps = quick ? 3 : 20;
   PathReader reader(session.train(run));
-  const torch::Tensor x = reader.held_dataset().x_test;
+  const torch::Tensor x = reader.test_inputs(torch::Tensor());
   const std::vector<std::string> rules{"dpk", "riemann:10", quick ? "riemann:20" : "riemann:200", "gauss"};
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   std::vector<std::string> header;

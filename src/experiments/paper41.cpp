@@ -22,7 +22,7 @@ ExperimentResult paper_4_1(const ExperimentOptions& options) {
   Session session("paper-4.1", options);
   const bool quick = options.quick;
   PathReader reader(session.train(paper_gd_run("gaussians3", quick)));
-  const torch::Tensor x = reader.held_dataset().x_test;
+  const torch::Tensor x = reader.test_inputs(torch::Tensor());
   session.line("The kernel machine's prediction f(w_0, x) + Σ_i C_i(x) + R(x) + E(x) (decompose) is compared with "
                "the network's output f(w_N, x) on all " + std::to_string(x.size(0)) +
                " test points, every class. Relative error: |kernel − network| / max(1, |network|).");

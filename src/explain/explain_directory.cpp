@@ -421,7 +421,7 @@ std::vector<std::string> write_explain_images(const std::string& dir, const Data
   for (size_t n = 0; n < points.size(); ++n) {
     const ExplainedPoint& p = points[n];
     std::vector<std::vector<GridTile>> rows(2);
-    const torch::Tensor x = inputs.defined() ? inputs[static_cast<int64_t>(n)] : data.x_test[p.test_index];
+    const torch::Tensor x = inputs.defined() ? inputs[static_cast<int64_t>(n)] : test_input(data, p.test_index);
     rows[0].push_back({x, Rgb{40, 90, 220}});
     rows[1].push_back({torch::Tensor(), std::nullopt});
     const std::vector<RankedPoint>* sides[] = {&p.proponents, &p.opponents};

@@ -78,8 +78,8 @@ ExplainedPoint exact_point(PathReader& reader, const Decomposition& d, const tor
   add_text(p.opponents, reader.held_dataset());
   if (reader.manifest().sequence_length > 0) {
     p.position = src.position;
-    const torch::Tensor& x = src.inputs ? src.inputs->x : reader.held_dataset().x_test;
-    p.text = sequence_text(x[p.test_index], reader.held_dataset().vocabulary);
+    const torch::Tensor x = src.inputs ? src.inputs->x[p.test_index] : test_input(reader.held_dataset(), p.test_index);
+    p.text = sequence_text(x, reader.held_dataset().vocabulary);
   }
   if (d.layer_contributions.defined()) {
     const torch::Tensor layers = d.layer_contributions[n].select(1, p.predicted);  // [M, L]
@@ -195,12 +195,12 @@ bool is_single_kernel_machine(const Manifest& m) {
 }
 
 void check_explain_indices(PathReader& reader, const torch::Tensor& test_index, const ExplainOptions& options) {
-  const torch::Tensor& x_test = reader.held_dataset().x_test;
+  const int64_t tests = reader.test_count();
   PK_CHECK(test_index.dim() == 1 && test_index.numel() > 0 && test_index.scalar_type() == torch::kLong,
            "explain: test indices must be a non-empty int64 list (got " << test_index.sizes() << " "
                                                                         << test_index.scalar_type() << ")");
-  PK_CHECK(test_index.min().item<int64_t>() >= 0 && test_index.max().item<int64_t>() < x_test.size(0),
-           "explain: test indices must lie in [0, " << x_test.size(0) << ")");
+  PK_CHECK(test_index.min().item<int64_t>() >= 0 && test_index.max().item<int64_t>() < tests,
+           "explain: test indices must lie in [0, " << tests << ")");
   PK_CHECK(options.top >= 1, "explain: the number of proponents and opponents listed must be >= 1 (got "
                                  << options.top << ")");
 }
@@ -253,7 +253,7 @@ Explanation explain(PathReader& reader, const torch::Tensor& test_index, const s
   const DecompositionOptions dopt =
       explain_decomposition_options(reader.manifest(), test_index.size(0), options, &e.kernel_note);
   if (options.on_note && !e.kernel_note.empty()) options.on_note(e.kernel_note);
-  const torch::Tensor x = reader.held_dataset().x_test.index_select(0, test_index);
+  const torch::Tensor x = reader.test_inputs(test_index);
   if (options.by_layer) {  // the contributions by layer are not saved with the progress
     write_explanation(reader, test_index, out, dopt, options, decompose(reader, x, dopt), e);
     return e;
@@ -316,7 +316,7 @@ MetagradientExplanation explain_metagradient(PathReader& reader, const torch::Te
   PK_CHECK(m.sequence_length == 0, "explain --method metagradient: run '"
                                        << reader.dir() << "' is a sequence model's, which the metagradient does "
                                        << "not take yet; use --method exact");
-  const torch::Tensor x = reader.held_dataset().x_test.index_select(0, test_index);
+  const torch::Tensor x = reader.test_inputs(test_index);
   MetagradientOptions mopt;
   mopt.progress = options.decomposition.progress;
   if (which == MetagradientOutputs::Predicted) mopt.outputs = reader.outputs(m.steps, x).argmax(1);

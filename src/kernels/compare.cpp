@@ -60,14 +60,14 @@ Comparison compare_kernel_methods(PathReader& reader, const torch::Tensor& train
   options.check();
   const auto t0 = std::chrono::steady_clock::now();
   const Manifest& m = reader.manifest();
-  const Dataset& data = reader.held_dataset();  // the training inputs read by rows (train_inputs)
+  const Dataset& data = reader.held_dataset();  // the inputs read by rows (train_inputs, test_inputs)
   check_indices(train_index, reader.train_count(), "training");
-  check_indices(test_index, data.x_test.size(0), "test");
+  check_indices(test_index, reader.test_count(), "test");
   const int64_t K = m.num_classes;
   const torch::Tensor& ti = train_index;
   const torch::Tensor x_train = reader.train_inputs(ti).to(torch::kFloat64);
   const torch::Tensor y_train = data.y_train.index_select(0, ti);
-  const torch::Tensor x_test = data.x_test.index_select(0, test_index).to(torch::kFloat64);
+  const torch::Tensor x_test = reader.test_inputs(test_index).to(torch::kFloat64);
   const torch::Tensor labels = data.y_test.index_select(0, test_index);
   const torch::Tensor onehot = torch::zeros({ti.size(0), K}, torch::kFloat64).scatter_(1, y_train.view({-1, 1}), 1.0);
   const torch::Tensor net = reader.outputs(m.steps, x_test).argmax(1);

@@ -35,7 +35,6 @@ std::vector<int64_t> checked_indices(const torch::Tensor& idx, int64_t size, con
 GramFile gram_between(PathReader& reader, const std::string& row_set, const torch::Tensor& row_indices,
                       const std::string& col_set, const torch::Tensor& col_indices, const GramOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  const Dataset& data = reader.held_dataset();  // the training inputs read by rows (train_inputs)
   GramFile g;
   GramRecord& r = g.record;
   r.run = reader.dir();
@@ -43,10 +42,10 @@ GramFile gram_between(PathReader& reader, const std::string& row_set, const torc
   r.row_set = checked_set(row_set, "Gram matrix rows");
   r.col_set = checked_set(col_set, "Gram matrix columns");
   const bool rows_test = row_set == "test", cols_test = col_set == "test";
-  r.row_indices = checked_indices(row_indices, rows_test ? data.x_test.size(0) : reader.train_count(), row_set);
-  r.col_indices = checked_indices(col_indices, cols_test ? data.x_test.size(0) : reader.train_count(), col_set);
+  r.row_indices = checked_indices(row_indices, rows_test ? reader.test_count() : reader.train_count(), row_set);
+  r.col_indices = checked_indices(col_indices, cols_test ? reader.test_count() : reader.train_count(), col_set);
   auto chosen = [&](bool test, const torch::Tensor& index) {
-    return test ? data.x_test.index_select(0, index) : reader.train_inputs(index);
+    return test ? reader.test_inputs(index) : reader.train_inputs(index);
   };
   g.matrix = gram(reader, chosen(rows_test, row_indices), rows_test, chosen(cols_test, col_indices), cols_test, options);
   r.trace = options.trace;

@@ -67,7 +67,7 @@ PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
   manifest_ = Manifest::load(dir_);
   validate_run(dir_, manifest_);
   DataOptions data = manifest_.data_options();
-  data.coded_train_inputs = true;  // decoded a batch at a time (train_inputs), or whole by decoded_dataset()
+  data.coded_inputs = true;  // decoded a batch at a time (train_inputs), or whole by decoded_dataset()
   dataset_ = load_dataset(data);
   clip_ = read_clip_factors(dir_, manifest_);
   loss_weights_ = read_loss_weights(dir_, manifest_);
@@ -106,11 +106,13 @@ PathReader::PathReader(TwinOf twin)
       loss_weights_(twin.of.loss_weights_) {}
 
 const Dataset& PathReader::decoded_dataset() const {
-  if (!dataset_.x_train_coded.defined()) return dataset_;
+  if (!dataset_.x_train_coded.defined() && !dataset_.x_test_coded.defined()) return dataset_;
   std::call_once(decoded_->once, [&] {
     decoded_->data = dataset_;
-    decoded_->data.x_train = dataset_.x_train_coded.all();
+    decoded_->data.x_train = pathkernel::train_inputs(dataset_, {});
     decoded_->data.x_train_coded = CodedInputs();
+    decoded_->data.x_test = pathkernel::test_inputs(dataset_, {});
+    decoded_->data.x_test_coded = CodedInputs();
     decoded_->done = true;
   });
   return decoded_->data;
@@ -118,6 +120,14 @@ const Dataset& PathReader::decoded_dataset() const {
 
 torch::Tensor PathReader::train_inputs(const torch::Tensor& index) const {
   return index.defined() ? pathkernel::train_inputs(dataset_, index) : decoded_dataset().x_train;
+}
+
+torch::Tensor PathReader::train_rows(int64_t first, int64_t count) const {
+  PK_CHECK(first >= 0 && count >= 0 && first + count <= train_count(),
+           "training rows " << first << " .. " << first + count - 1 << ": expected rows in [0, " << train_count()
+                            << ")");
+  if (!dataset_.x_train_coded.defined()) return dataset_.x_train.narrow(0, first, count);
+  return dataset_.x_train_coded.rows(torch::arange(first, first + count, torch::kLong));
 }
 
 PathReader PathReader::twin() const { return PathReader(TwinOf{*this}); }

@@ -80,7 +80,7 @@ RunResult train_run(const RunOptions& given) {
   PK_CHECK(options.checkpoint_every >= 0,
            "checkpoint spacing must be >= 1, or 0 for about sqrt(steps) (got " << options.checkpoint_every << ")");
   DataOptions held = options.data;
-  held.coded_train_inputs = true;  // bytes (fashion-mnist) decoded a batch at a time
+  held.coded_inputs = true;  // bytes (fashion-mnist) decoded a batch at a time
   Dataset data = load_dataset(held);
   const int64_t m = train_count(data);
   if (!options.loss_weights_file.empty()) {
@@ -119,7 +119,7 @@ RunResult train_run(const RunOptions& given) {
   base.libtorch_version = libtorch_version();
   base.data = options.data;
   base.num_train = m;
-  base.num_test = data.x_test.size(0);
+  base.num_test = test_count(data);
   base.input_shape = data.input_shape;
   base.num_classes = data.num_classes;
   base.normalization = data.normalization;
@@ -217,7 +217,7 @@ RunResult resume_run(const std::string& run_dir, bool progress, int threads) {
   ThreadScope thread_scope(static_cast<int>(m.threads));
   const RunBlasThreads blas_pin(m);
   DataOptions held = options.data;
-  held.coded_train_inputs = true;
+  held.coded_inputs = true;
   Dataset data = load_dataset(held);
   PK_CHECK(train_count(data) == m.num_train && training_data_crc32(data) == m.train_crc32,
            "cannot resume '" << run_dir << "': the training data of '" << m.data.spec

@@ -207,13 +207,13 @@ TracedPoints traced_points(const ExplainDirectory* ex, const Dataset& data, cons
   if (ex && ex->document.inputs) {
     t.own_inputs = true;
     for (int64_t i = 0; i < ex->inputs.size(0); ++i) t.index.push_back(i);
-    t.x = ex->inputs.to(data.x_test.scalar_type());
+    t.x = ex->inputs.to(input_dtype(data));
     t.labels = ex->labels;
     return t;
   }
   t.index = traced_test_points(ex, data, m, options);
   const torch::Tensor idx = torch::tensor(t.index, torch::kInt64);
-  t.x = data.x_test.index_select(0, idx);
+  t.x = test_inputs(data, idx);
   t.labels = data.y_test.index_select(0, idx);
   return t;
 }

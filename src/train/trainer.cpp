@@ -158,17 +158,17 @@ StepResult take_step(Network& net, torch::optim::Optimizer& optimizer, const Ste
 
 namespace {
 
-/// The training inputs as the loop reads them: `count` rows; rows(index)
-/// those of `index` ([k] int64), every row for an undefined index;
-/// range(first, n) rows first .. first+n-1.
-struct TrainingRows {
+/// A split's inputs as the loop and the accuracy read them: `count` rows;
+/// rows(index) those of `index` ([k] int64), every row for an undefined
+/// index; range(first, n) rows first .. first+n-1.
+struct InputRows {
   int64_t count = 0;
   std::function<torch::Tensor(const torch::Tensor& index)> rows;
   std::function<torch::Tensor(int64_t first, int64_t n)> range;
 };
 
 /// Accuracy of net on the rows of `inputs` against `y`, in chunks.
-double accuracy_of_rows(Network& net, const TrainingRows& inputs, const torch::Tensor& y) {
+double accuracy_of_rows(Network& net, const InputRows& inputs, const torch::Tensor& y) {
   if (is_regression_target(y)) return std::numeric_limits<double>::quiet_NaN();  // no classes
   if (inputs.count == 0) return 0;
   torch::NoGradGuard guard;
@@ -183,27 +183,32 @@ double accuracy_of_rows(Network& net, const TrainingRows& inputs, const torch::T
 }
 
 /// Rows of a tensor of inputs, read where they are.
-TrainingRows rows_of(const torch::Tensor& x) {
+InputRows rows_of(const torch::Tensor& x) {
   return {x.size(0),
           [&x](const torch::Tensor& index) { return index.defined() ? x.index_select(0, index) : x; },
           [&x](int64_t first, int64_t n) { return x.narrow(0, first, n); }};
 }
 
-/// Rows of a dataset's training inputs held as codes, decoded as read; the
-/// whole set decoded once, for a full batch.
-TrainingRows rows_of_codes(const Dataset& data) {
+/// Rows of inputs held as codes, decoded as read; the whole set decoded
+/// once, for a full batch.
+InputRows rows_of_codes(const CodedInputs& coded) {
   auto whole = std::make_shared<torch::Tensor>();
-  return {train_count(data),
-          [&data, whole](const torch::Tensor& index) {
-            if (index.defined()) return train_inputs(data, index);
-            if (!whole->defined()) *whole = train_inputs(data, index);
+  return {coded.size(),
+          [&coded, whole](const torch::Tensor& index) {
+            if (index.defined()) return coded.rows(index);
+            if (!whole->defined()) *whole = coded.all();
             return *whole;
           },
-          [&data](int64_t first, int64_t n) { return train_inputs(data, torch::arange(first, first + n)); }};
+          [&coded](int64_t first, int64_t n) { return coded.rows(torch::arange(first, first + n)); }};
 }
 
-TrainSummary train_rows(Network& net, const TrainingRows& train_x, const torch::Tensor& y_train,
-                        const torch::Tensor& x_test, const torch::Tensor& y_test, const TrainOptions& given,
+/// Rows of a split's inputs, held as `x` or as `coded`.
+InputRows rows_of_split(const torch::Tensor& x, const CodedInputs& coded) {
+  return coded.defined() ? rows_of_codes(coded) : rows_of(x);
+}
+
+TrainSummary train_rows(Network& net, const InputRows& train_x, const torch::Tensor& y_train,
+                        const InputRows& test_x, const torch::Tensor& y_test, const TrainOptions& given,
                         TrainingObserver& observer, const ResumePoint* resume) {
   const TrainOptions options = given.resolved();
   const int64_t m = train_x.count;
@@ -263,8 +268,8 @@ TrainSummary train_rows(Network& net, const TrainingRows& train_x, const torch::
   summary.final_loss = last_loss;
   summary.train_accuracy = accuracy_of_rows(net, train_x, y_train);
   char status[96];
-  if (x_test.size(0) > 0) {
-    summary.test_accuracy = accuracy(net, x_test, y_test);
+  if (test_x.count > 0) {
+    summary.test_accuracy = accuracy_of_rows(net, test_x, y_test);
     std::snprintf(status, sizeof status, "loss %.4f train acc %.3f test acc %.3f", last_loss,
                   summary.train_accuracy, summary.test_accuracy);
   } else {
@@ -288,13 +293,13 @@ double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y) {
 TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tensor& y_train,
                    const torch::Tensor& x_test, const torch::Tensor& y_test,
                    const TrainOptions& options, TrainingObserver& observer, const ResumePoint* resume) {
-  return train_rows(net, rows_of(x_train), y_train, x_test, y_test, options, observer, resume);
+  return train_rows(net, rows_of(x_train), y_train, rows_of(x_test), y_test, options, observer, resume);
 }
 
 TrainSummary train(Network& net, const Dataset& data, const TrainOptions& options, TrainingObserver& observer,
                    const ResumePoint* resume) {
-  const TrainingRows train_x = data.x_train_coded.defined() ? rows_of_codes(data) : rows_of(data.x_train);
-  return train_rows(net, train_x, data.y_train, data.x_test, data.y_test, options, observer, resume);
+  return train_rows(net, rows_of_split(data.x_train, data.x_train_coded), data.y_train,
+                    rows_of_split(data.x_test, data.x_test_coded), data.y_test, options, observer, resume);
 }
 
 }  // namespace pathkernel

@@ -373,7 +373,7 @@ TEST(FashionMnist, StandardisesWithFullTrainStatistics) {
 }
 
 
-TEST(FashionMnist, CodedTrainingInputsDecodeToTheBitsOfTheWholeSplit) {
+TEST(FashionMnist, CodedInputsDecodeToTheBitsOfTheWholeSplits) {
   // 64 2x2 training images holding every byte once, in a shuffled order.
   Bytes train(256), labels(64);
   for (int v = 0; v < 256; ++v) train[static_cast<size_t>((v * 97) % 256)] = static_cast<uint8_t>(v);
@@ -386,7 +386,7 @@ TEST(FashionMnist, CodedTrainingInputsDecodeToTheBitsOfTheWholeSplit) {
       DataOptions options = fashion(train_size);
       options.dtype = dtype;
       const Dataset whole = pathkernel::load_dataset(options);
-      options.coded_train_inputs = true;
+      options.coded_inputs = true;
       const Dataset coded = pathkernel::load_dataset(options);
       EXPECT_FALSE(coded.x_train.defined());
       ASSERT_TRUE(coded.x_train_coded.defined());
@@ -397,7 +397,12 @@ TEST(FashionMnist, CodedTrainingInputsDecodeToTheBitsOfTheWholeSplit) {
       EXPECT_TRUE(same_bits(pathkernel::train_input(coded, 1), whole.x_train[1]));
       EXPECT_EQ(pathkernel::training_data_crc32(coded),
                 pathkernel::training_data_crc32(whole.x_train, whole.y_train));
-      EXPECT_TRUE(same_bits(coded.x_test, whole.x_test));
+      EXPECT_FALSE(coded.x_test.defined());
+      ASSERT_TRUE(coded.x_test_coded.defined());
+      EXPECT_EQ(pathkernel::test_count(coded), whole.x_test.size(0));
+      EXPECT_TRUE(same_bits(pathkernel::test_inputs(coded, torch::Tensor()), whole.x_test)) << dtype;
+      EXPECT_TRUE(same_bits(pathkernel::test_input(coded, 0), whole.x_test[0]));
+      EXPECT_EQ(pathkernel::input_dtype(coded), dtype);
     }
   }
 }

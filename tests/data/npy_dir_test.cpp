@@ -76,7 +76,7 @@ TEST(NpyDirCoded, TrainingInputsAreHeldAsCodesWhereAskedWithTheDecodedBits) {
       o.dtype = dtype;
       o.train_size = size;
       const Dataset whole = load_dataset(o);
-      o.coded_train_inputs = true;
+      o.coded_inputs = true;
       const Dataset coded = load_dataset(o);
       ASSERT_TRUE(coded.x_train_coded.defined()) << dtype << " " << size;
       EXPECT_FALSE(coded.x_train.defined());
@@ -99,11 +99,41 @@ TEST(NpyDirCoded, TrainingInputsAreHeldAsCodesWhereAskedWithTheDecodedBits) {
   write_npy(tokens / "test_y.npy", torch::zeros({2}, torch::kLong));
   DataOptions o;
   o.spec = "npy:" + tokens.path();
-  o.coded_train_inputs = true;
+  o.coded_inputs = true;
   const Dataset t = load_dataset(o);
   EXPECT_TRUE(t.integer_inputs);
   EXPECT_FALSE(t.x_train_coded.defined());
   EXPECT_EQ(t.x_train.size(0), n);
+}
+
+TEST(NpyDirCoded, TestInputsAreHeldAsCodesWhereAskedWithTheDecodedBits) {
+  TempDir dir;
+  const torch::Tensor xt = pixels(12, 6), yt = torch::arange(12, torch::kLong) % 3;
+  write_npy(dir / "train_x.npy", pixels(9, 7));
+  write_npy(dir / "train_y.npy", torch::arange(9, torch::kLong) % 3);
+  save_coded(dir, "test_x", xt);
+  write_npy(dir / "test_y.npy", yt);
+  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    for (int64_t size : {int64_t(-1), int64_t(6)}) {
+      DataOptions o;
+      o.spec = "npy:" + dir.path();
+      o.dtype = dtype;
+      o.test_size = size;
+      const Dataset whole = load_dataset(o);
+      o.coded_inputs = true;
+      const Dataset coded = load_dataset(o);
+      ASSERT_TRUE(coded.x_test_coded.defined()) << dtype << " " << size;
+      EXPECT_FALSE(coded.x_test.defined());
+      EXPECT_FALSE(coded.x_train_coded.defined()) << "train_x.npy is read whole";
+      EXPECT_EQ(test_count(coded), whole.x_test.size(0));
+      EXPECT_EQ(input_dtype(coded), dtype);
+      EXPECT_TRUE(torch::equal(coded.y_test, whole.y_test));
+      EXPECT_TRUE(torch::equal(test_inputs(coded, torch::Tensor()), whole.x_test)) << dtype << " " << size;
+      const torch::Tensor some = torch::tensor({5, 0, 5}, torch::kLong);
+      EXPECT_TRUE(torch::equal(test_inputs(coded, some), whole.x_test.index_select(0, some)));
+      EXPECT_TRUE(torch::equal(test_input(coded, 3), whole.x_test[3]));
+    }
+  }
 }
 
 TEST(NpyDirCoded, CodesOutOfTheirTableAreRefusedBeforeTheyAreHeld) {
@@ -117,7 +147,7 @@ TEST(NpyDirCoded, CodesOutOfTheirTableAreRefusedBeforeTheyAreHeld) {
   write_npy(dir / "train_x.values.npy", torch::tensor({0.0f, 0.5f, 1.0f}));
   DataOptions o;
   o.spec = "npy:" + dir.path();
-  o.coded_train_inputs = true;
+  o.coded_inputs = true;
   const std::string e = error_message([&] { load_dataset(o); });
   EXPECT_CONTAINS(e, "dataset 'npy:" + dir.path() + "'");
   EXPECT_CONTAINS(e, "code 3 is out of range of the table of 3 values");

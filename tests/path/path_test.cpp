@@ -626,7 +626,7 @@ TEST(PathReader, HoldsByteInputsAsCodesAndWalksTheirDecodedRows) {
     EXPECT_TRUE(same_bits(reader.train_inputs(index), whole.x_train.index_select(0, index)));
     DecompositionOptions options;
     options.progress = false;
-    const Decomposition d = decompose(reader, reader.held_dataset().x_test, options);
+    const Decomposition d = decompose(reader, reader.test_inputs(torch::Tensor()), options);
     EXPECT_LE(summarize(d).max_rel_error, 1e-12) << optimizer;
     // E holds a float32 run's rounding of its updates (Float32Runs), no more:
     // a training side of other rows would leave its difference there.
