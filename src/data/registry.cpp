@@ -106,7 +106,8 @@ torch::Tensor to_inputs(const torch::Tensor& raw, torch::Dtype dtype,
 /// asks, and decoded otherwise: either way through a table of each code's
 /// input, computed by the operations to_inputs applies to every element, so
 /// that a row has the bits of the split converted whole.
-void hold_inputs(torch::Tensor& x, CodedInputs& coded, const DataOptions& options, const nlohmann::json& normalization) {
+void hold_inputs(torch::Tensor& x, CodedInputs& coded, const DataOptions& options,
+                 const nlohmann::json& normalization) {
   CodedInputs raw = coded;
   if (!raw.defined() && x.scalar_type() == torch::kUInt8) {
     raw = CodedInputs{x, torch::arange(256, torch::TensorOptions().dtype(torch::kUInt8))};
@@ -255,8 +256,7 @@ Dataset load_dataset(const DataOptions& options) {
 
   if (data.integer_inputs && options.dtype == torch::kFloat32 && data.x_train.numel() > 0) {
     const double largest = std::max(data.x_train.abs().max().item<double>(),
-                                    data.x_test.defined() && data.x_test.numel() ? data.x_test.abs().max().item<double>()
-                                                                                 : 0.0);
+                                    data.x_test.numel() ? data.x_test.abs().max().item<double>() : 0.0);
     PK_CHECK(largest <= 16777216.0, "dataset '" << spec << "' holds the integer input " << largest
                                                 << ", which float32 does not hold exactly (|x| <= 2^24); "
                                                 << "use float64");

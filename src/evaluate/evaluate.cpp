@@ -193,8 +193,9 @@ namespace {
 void write_held_inputs(const std::string& data_dir, const std::string& name, const torch::Tensor& x,
                        const CodedInputs& coded) {
   const fs::path dir(data_dir);
-  const std::vector<std::string> stale = coded.defined() ? std::vector<std::string>{name + ".npy"}
-                                                         : std::vector<std::string>{name + ".codes.npy", name + ".values.npy"};
+  const std::vector<std::string> stale =
+      coded.defined() ? std::vector<std::string>{name + ".npy"}
+                      : std::vector<std::string>{name + ".codes.npy", name + ".values.npy"};
   for (const std::string& file : stale) fs::remove(dir / file);
   if (coded.defined()) {
     write_npy((dir / (name + ".codes.npy")).string(), coded.codes);

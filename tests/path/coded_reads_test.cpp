@@ -143,7 +143,8 @@ TEST_F(CodedReads, TrainingRowsAreDecodedFromTheirCodes) {
   auto reader = open();
   EXPECT_TRUE(same_bits(reader->train_rows(3, 5), reader->train_inputs(torch::arange(3, 8, torch::kLong))));
   EXPECT_EQ(reader->train_rows(39, 0).size(0), 0);
-  EXPECT_CONTAINS(error_message([&] { reader->train_rows(38, 3); }), "training rows 38 .. 40: expected rows in [0, 40)");
+  EXPECT_CONTAINS(error_message([&] { reader->train_rows(38, 3); }),
+                  "training rows 38 .. 40: expected rows in [0, 40)");
   EXPECT_FALSE(reader->whole_split_decoded());
 }
 
@@ -157,7 +158,8 @@ TEST(HeldReads, TrainingRowsOfADecodedSplitAreAViewOfIt) {
   const torch::Tensor rows = reader.train_rows(4, 6);
   EXPECT_TRUE(same_bits(rows, x.narrow(0, 4, 6)));
   EXPECT_EQ(rows.data_ptr(), x[4].data_ptr()) << "a copy where a view would do";
-  EXPECT_TRUE(same_bits(reader.test_inputs(torch::tensor({1}, torch::kLong)), reader.held_dataset().x_test.narrow(0, 1, 1)));
+  EXPECT_TRUE(same_bits(reader.test_inputs(torch::tensor({1}, torch::kLong)),
+                        reader.held_dataset().x_test.narrow(0, 1, 1)));
 }
 
 }  // namespace
