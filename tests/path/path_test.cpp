@@ -635,6 +635,18 @@ TEST(PathReader, HoldsByteInputsAsCodesAndWalksTheirDecodedRows) {
     EXPECT_GT((d.fN - d.f0).abs().max().item<double>(), 1e-3) << optimizer;
     EXPECT_TRUE(same_bits(reader.decoded_dataset().x_train, whole.x_train));
     EXPECT_TRUE(same_bits(reader.twin().decoded_dataset().x_train, whole.x_train));
+    // The test split too: held as codes, its points decoded as chosen, and
+    // train's test accuracy that of the split loaded whole.
+    EXPECT_FALSE(reader.held_dataset().x_test.defined());
+    EXPECT_EQ(reader.test_count(), whole.x_test.size(0));
+    EXPECT_TRUE(same_bits(reader.test_inputs(torch::Tensor()), whole.x_test));
+    EXPECT_TRUE(same_bits(reader.decoded_dataset().x_test, whole.x_test));
+    const Manifest& m = reader.manifest();
+    set_flat_parameters(reader.network(), reader.checkpoint(m.checkpoints.size() - 1));
+    torch::NoGradGuard guard;
+    EXPECT_DOUBLE_EQ(accuracy(reader.network(), whole.x_test, whole.y_test),
+                     m.summary.at("test_accuracy").get<double>())
+        << optimizer;
   }
 }
 
