@@ -143,7 +143,8 @@ class PathReader {
   const Dataset& decoded_dataset() const;
   /// Rows `index` of the training inputs, in the run's dtype, decoded where
   /// they are held as codes. An undefined index means every row: decoded_dataset()'s
-  /// x_train, decoded once for the reader and its twins, not a step at a time.
+  /// x_train, decoded once for the reader and its twins, not a step at a time
+  /// (the test split left as held).
   torch::Tensor train_inputs(const torch::Tensor& index) const;
   /// Training rows first .. first+count-1: a view of x_train where it is
   /// held decoded, the rows decoded where it is held as codes.
@@ -153,9 +154,9 @@ class PathReader {
   /// held as codes; every row for an undefined index (decoded on each call).
   torch::Tensor test_inputs(const torch::Tensor& index) const { return pathkernel::test_inputs(dataset_, index); }
   int64_t test_count() const { return pathkernel::test_count(dataset_); }
-  /// Whether this reader or a twin has decoded its whole coded training and
-  /// test splits (decoded_dataset, or train_inputs of every row); false where
-  /// the inputs are not held as codes. What a command's memory test asks.
+  /// Whether this reader or a twin has decoded its whole coded training split
+  /// (decoded_dataset, or train_inputs of every row); false where the inputs
+  /// are not held as codes. What a command's memory test asks.
   bool whole_split_decoded() const { return decoded_->done.load(); }
   Network& network() { return net_; }
   int64_t steps() const { return manifest_.steps; }
@@ -361,13 +362,16 @@ class PathReader {
   std::string dir_;
   Manifest manifest_;
   Dataset dataset_;
-  /// dataset_ with its training inputs decoded, made by the first decoded_dataset()
-  /// of this reader or a twin (they share it).
+  /// The inputs decoded whole, shared by a reader and its twins: the training
+  /// split, made by the first train_inputs of every row or decoded_dataset();
+  /// dataset_ with both splits decoded, made by the first decoded_dataset().
   struct Decoded {
-    std::once_flag once;
+    std::once_flag train_once, once;
+    torch::Tensor x_train;
     Dataset data;
-    std::atomic<bool> done{false};
+    std::atomic<bool> done{false};  ///< x_train made
   };
+  const torch::Tensor& decoded_train_inputs() const;
   std::shared_ptr<Decoded> decoded_ = std::make_shared<Decoded>();
   Network net_{nullptr};
   // The batch log currently loaded; read under batch_mutex_ (a replay

@@ -105,21 +105,29 @@ PathReader::PathReader(TwinOf twin)
       clip_(twin.of.clip_),
       loss_weights_(twin.of.loss_weights_) {}
 
+const torch::Tensor& PathReader::decoded_train_inputs() const {
+  if (!dataset_.x_train_coded.defined()) return dataset_.x_train;
+  std::call_once(decoded_->train_once, [&] {
+    decoded_->x_train = dataset_.x_train_coded.all();
+    decoded_->done = true;
+  });
+  return decoded_->x_train;
+}
+
 const Dataset& PathReader::decoded_dataset() const {
   if (!dataset_.x_train_coded.defined() && !dataset_.x_test_coded.defined()) return dataset_;
   std::call_once(decoded_->once, [&] {
     decoded_->data = dataset_;
-    decoded_->data.x_train = pathkernel::train_inputs(dataset_, {});
+    decoded_->data.x_train = decoded_train_inputs();
     decoded_->data.x_train_coded = CodedInputs();
     decoded_->data.x_test = pathkernel::test_inputs(dataset_, {});
     decoded_->data.x_test_coded = CodedInputs();
-    decoded_->done = true;
   });
   return decoded_->data;
 }
 
 torch::Tensor PathReader::train_inputs(const torch::Tensor& index) const {
-  return index.defined() ? pathkernel::train_inputs(dataset_, index) : decoded_dataset().x_train;
+  return index.defined() ? pathkernel::train_inputs(dataset_, index) : decoded_train_inputs();
 }
 
 torch::Tensor PathReader::train_rows(int64_t first, int64_t count) const {

@@ -58,6 +58,16 @@ TEST_F(CodedReads, TheFlagSaysWhenTheWholeSplitIsDecoded) {
   EXPECT_TRUE(reader->whole_split_decoded()) << "a twin shares the decoded split";
 }
 
+TEST_F(CodedReads, AFullBatchDecodesTheTrainingSplitOnceForTheReaderAndItsTwins) {
+  auto reader = open();
+  const torch::Tensor all = reader->train_inputs(torch::Tensor());
+  EXPECT_TRUE(reader->whole_split_decoded());
+  const PathReader twin = reader->twin();
+  EXPECT_EQ(twin.train_inputs(torch::Tensor()).data_ptr(), all.data_ptr());
+  EXPECT_EQ(twin.decoded_dataset().x_train.data_ptr(), all.data_ptr()) << "decoded twice";
+  EXPECT_TRUE(same_bits(reader->decoded_dataset().x_test, reader->test_inputs(torch::Tensor())));
+}
+
 TEST_F(CodedReads, TheDecompositionReadsItsBatches) {
   auto reader = open();
   DecompositionOptions options;
