@@ -26,6 +26,9 @@ struct CodedInputs {
   /// in values' dtype.
   torch::Tensor rows(const torch::Tensor& index) const;
 
+  /// Rows first .. first + n - 1 decoded: [n, *input_shape].
+  torch::Tensor range(int64_t first, int64_t n) const;
+
   /// Every row decoded: [n, *input_shape].
   torch::Tensor all() const;
 };

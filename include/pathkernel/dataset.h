@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -46,7 +47,7 @@ struct DataOptions {
 struct Dataset {
   std::string spec;
   torch::Tensor x_train;  ///< [M, *input_shape], dtype of DataOptions; undefined when x_train_coded is defined
-  /// DataOptions::coded_train_inputs on coded inputs: the training inputs as
+  /// DataOptions::coded_inputs on coded inputs: the training inputs as
   /// codes, decoded to the bits x_train would hold (train_inputs).
   CodedInputs x_train_coded;
   torch::Tensor y_train;  ///< [M] int64 class labels, or [M, K] float64 regression targets (npy:DIR, loss mse),
@@ -76,6 +77,37 @@ struct Dataset {
   /// class numbers with no training points (they still get an output).
   std::vector<std::string> warnings;
 };
+
+/// One split's inputs as a Dataset holds them: whole, or as codes decoded on
+/// selection. It shares the dataset's tensors (no copy).
+class HeldInputs {
+ public:
+  HeldInputs(torch::Tensor whole, CodedInputs coded) : whole_(std::move(whole)), coded_(std::move(coded)) {}
+
+  bool coded() const { return coded_.defined(); }
+  /// The number of rows.
+  int64_t count() const;
+  /// The rows as held, [n, *input_shape]: their codes (uint8) where coded.
+  const torch::Tensor& held() const { return coded() ? coded_.codes : whole_; }
+  /// What the inputs' dtype is read from: the codes' table where coded, the
+  /// inputs otherwise.
+  const torch::Tensor& values() const { return coded() ? coded_.values : whole_; }
+  /// Rows `index` ([k] int64), decoded where coded; every row for an
+  /// undefined index (the inputs themselves where held whole).
+  torch::Tensor rows(const torch::Tensor& index) const;
+  /// Rows first .. first + n - 1: a view where held whole, decoded where coded.
+  torch::Tensor range(int64_t first, int64_t n) const;
+
+ private:
+  torch::Tensor whole_;
+  CodedInputs coded_;
+};
+
+/// The training split's inputs as held.
+HeldInputs held_train_inputs(const Dataset& data);
+
+/// The test split's inputs as held.
+HeldInputs held_test_inputs(const Dataset& data);
 
 /// The number of training points, however their inputs are held.
 int64_t train_count(const Dataset& data);

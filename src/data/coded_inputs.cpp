@@ -36,6 +36,8 @@ torch::Tensor CodedInputs::rows(const torch::Tensor& index) const {
   return decode(codes.index_select(0, index), values);
 }
 
+torch::Tensor CodedInputs::range(int64_t first, int64_t n) const { return decode(codes.narrow(0, first, n), values); }
+
 torch::Tensor CodedInputs::all() const { return decode(codes, values); }
 
 }  // namespace pathkernel

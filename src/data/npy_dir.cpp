@@ -139,10 +139,10 @@ bool all_finite(const torch::Tensor& x) {
 }
 
 /// Coded inputs of split `what`: codes [n, *input_shape] of a table of finite values.
-void check_coded_inputs(const CodedInputs& x, const std::string& what, const std::string& where) {
-  PK_CHECK(x.codes.dim() >= 2, where << ": " << what << "_x.codes.npy has shape " << x.codes.sizes()
-                                     << ", expected [n, *input_shape] with at least one input dimension");
-  PK_CHECK(all_finite(x.values),
+void check_coded_inputs(const HeldInputs& x, const std::string& what, const std::string& where) {
+  PK_CHECK(x.held().dim() >= 2, where << ": " << what << "_x.codes.npy has shape " << x.held().sizes()
+                                      << ", expected [n, *input_shape] with at least one input dimension");
+  PK_CHECK(all_finite(x.values()),
            where << ": " << what << "_x.values.npy holds a value that is not finite (NaN or infinite)");
 }
 
@@ -158,6 +158,12 @@ void check_inputs(const torch::Tensor& x, const std::string& what, const std::st
   } else {
     PK_CHECK(all_finite(x), where << ": " << what << "_x.npy holds a value that is not finite (NaN or infinite)");
   }
+}
+
+/// Split `what`'s inputs, coded or whole.
+void check_held_inputs(const HeldInputs& x, const std::string& what, const std::string& where) {
+  if (x.coded()) return check_coded_inputs(x, what, where);
+  check_inputs(x.held(), what, where);
 }
 
 /// DIR/vocabulary.json, if there: a list of strings, one per input code.
@@ -195,22 +201,14 @@ Dataset load_npy_dir(const std::string& argument, uint64_t /*seed*/) {
   data.y_train = read_array(dir, "train_y", files);
   read_inputs(dir, "test_x", data.x_test, data.x_test_coded, files);
   data.y_test = read_array(dir, "test_y", files);
-  const bool coded = data.x_train_coded.defined(), test_coded = data.x_test_coded.defined();
+  const HeldInputs train = held_train_inputs(data), test = held_test_inputs(data);
+  check_held_inputs(train, "train", where);
+  check_held_inputs(test, "test", where);
   // Each split's rows and shape (their codes, where coded), and their values' dtype.
-  const torch::Tensor& train_rows = coded ? data.x_train_coded.codes : data.x_train;
-  const torch::Tensor& train_values = coded ? data.x_train_coded.values : data.x_train;
-  const torch::Tensor& test_rows = test_coded ? data.x_test_coded.codes : data.x_test;
-  const torch::Tensor& test_values = test_coded ? data.x_test_coded.values : data.x_test;
-  if (coded) {
-    check_coded_inputs(data.x_train_coded, "train", where);
-  } else {
-    check_inputs(data.x_train, "train", where);
-  }
-  if (test_coded) {
-    check_coded_inputs(data.x_test_coded, "test", where);
-  } else {
-    check_inputs(data.x_test, "test", where);
-  }
+  const torch::Tensor& train_rows = train.held();
+  const torch::Tensor& train_values = train.values();
+  const torch::Tensor& test_rows = test.held();
+  const torch::Tensor& test_values = test.values();
   PK_CHECK(train_rows.size(0) >= 1, where << ": train_x.npy has no rows");
   PK_CHECK(test_rows.sizes().slice(1) == train_rows.sizes().slice(1),
            where << ": test_x.npy has examples of shape " << test_rows.sizes().slice(1) << ", train_x.npy "

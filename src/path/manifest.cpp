@@ -548,7 +548,7 @@ uint32_t training_data_crc32(const Dataset& data) {
   uint32_t crc = 0;
   const int64_t n = data.x_train_coded.size();
   for (int64_t first = 0; first < n; first += kBlockRows) {
-    const torch::Tensor rows = data.x_train_coded.rows(torch::arange(first, std::min(n, first + kBlockRows)));
+    const torch::Tensor rows = data.x_train_coded.range(first, std::min(kBlockRows, n - first));
     crc = crc32_update(crc, rows.data_ptr(), static_cast<size_t>(rows.numel() * rows.element_size()));
   }
   const torch::Tensor y = data.y_train.contiguous();

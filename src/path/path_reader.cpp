@@ -134,8 +134,7 @@ torch::Tensor PathReader::train_rows(int64_t first, int64_t count) const {
   PK_CHECK(first >= 0 && count >= 0 && first + count <= train_count(),
            "training rows " << first << " .. " << first + count - 1 << ": expected rows in [0, " << train_count()
                             << ")");
-  if (!dataset_.x_train_coded.defined()) return dataset_.x_train.narrow(0, first, count);
-  return dataset_.x_train_coded.rows(torch::arange(first, first + count, torch::kLong));
+  return held_train_inputs(dataset_).range(first, count);
 }
 
 PathReader PathReader::twin() const { return PathReader(TwinOf{*this}); }

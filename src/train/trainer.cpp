@@ -182,29 +182,17 @@ double accuracy_of_rows(Network& net, const InputRows& inputs, const torch::Tens
   return static_cast<double>(correct) / static_cast<double>(inputs.count);
 }
 
-/// Rows of a tensor of inputs, read where they are.
-InputRows rows_of(const torch::Tensor& x) {
-  return {x.size(0),
-          [&x](const torch::Tensor& index) { return index.defined() ? x.index_select(0, index) : x; },
-          [&x](int64_t first, int64_t n) { return x.narrow(0, first, n); }};
-}
-
-/// Rows of inputs held as codes, decoded as read; the whole set decoded
-/// once, for a full batch.
-InputRows rows_of_codes(const CodedInputs& coded) {
+/// Rows of a split's inputs as held: read where they are when whole, decoded
+/// as read when coded, the whole split decoded once for a full batch.
+InputRows rows_of(const HeldInputs& split) {
   auto whole = std::make_shared<torch::Tensor>();
-  return {coded.size(),
-          [&coded, whole](const torch::Tensor& index) {
-            if (index.defined()) return coded.rows(index);
-            if (!whole->defined()) *whole = coded.all();
+  return {split.count(),
+          [split, whole](const torch::Tensor& index) {
+            if (index.defined()) return split.rows(index);
+            if (!whole->defined()) *whole = split.rows({});
             return *whole;
           },
-          [&coded](int64_t first, int64_t n) { return coded.rows(torch::arange(first, first + n)); }};
-}
-
-/// Rows of a split's inputs, held as `x` or as `coded`.
-InputRows rows_of_split(const torch::Tensor& x, const CodedInputs& coded) {
-  return coded.defined() ? rows_of_codes(coded) : rows_of(x);
+          [split](int64_t first, int64_t n) { return split.range(first, n); }};
 }
 
 TrainSummary train_rows(Network& net, const InputRows& train_x, const torch::Tensor& y_train,
@@ -287,19 +275,20 @@ TrainSummary train_rows(Network& net, const InputRows& train_x, const torch::Ten
 }  // namespace
 
 double accuracy(Network& net, const torch::Tensor& x, const torch::Tensor& y) {
-  return accuracy_of_rows(net, rows_of(x), y);
+  return accuracy_of_rows(net, rows_of(HeldInputs(x, {})), y);
 }
 
 TrainSummary train(Network& net, const torch::Tensor& x_train, const torch::Tensor& y_train,
                    const torch::Tensor& x_test, const torch::Tensor& y_test,
                    const TrainOptions& options, TrainingObserver& observer, const ResumePoint* resume) {
-  return train_rows(net, rows_of(x_train), y_train, rows_of(x_test), y_test, options, observer, resume);
+  return train_rows(net, rows_of(HeldInputs(x_train, {})), y_train, rows_of(HeldInputs(x_test, {})), y_test, options,
+                    observer, resume);
 }
 
 TrainSummary train(Network& net, const Dataset& data, const TrainOptions& options, TrainingObserver& observer,
                    const ResumePoint* resume) {
-  return train_rows(net, rows_of_split(data.x_train, data.x_train_coded), data.y_train,
-                    rows_of_split(data.x_test, data.x_test_coded), data.y_test, options, observer, resume);
+  return train_rows(net, rows_of(held_train_inputs(data)), data.y_train, rows_of(held_test_inputs(data)), data.y_test,
+                    options, observer, resume);
 }
 
 }  // namespace pathkernel

@@ -1,4 +1,4 @@
-// Tests of CodedInputs: rows decoded against an explicit loop over the codes,
+// Tests of CodedInputs: rows and ranges of rows decoded against an explicit loop over the codes,
 // and the errors for codes that are not bytes or a table of another size.
 #include "pathkernel/coded_inputs.h"
 
@@ -33,6 +33,8 @@ TEST(CodedInputs, RowsAreTheTableValuesOfTheirCodes) {
     const torch::Tensor rows = coded.rows(index);
     EXPECT_EQ(rows.scalar_type(), dtype);
     EXPECT_TRUE(same_bits(rows, whole.index_select(0, index)));
+    EXPECT_TRUE(same_bits(coded.range(2, 4), whole.narrow(0, 2, 4)));
+    EXPECT_EQ(coded.range(7, 0).size(0), 0);
   }
 }
 
