@@ -399,7 +399,7 @@ class StepsOnThreads {
   void work() {
     try {
       const OpenMpThreads one(1);
-      PathReader reader = reader_.twin();
+      PathReader reader = twin_of_reader();
       reader.set_replay_on_one_thread(true);
       Walk w(reader, x_in_, options_);
       // A block of test points is one group, as on one thread: its rows go
@@ -433,8 +433,13 @@ class StepsOnThreads {
         try {
           terms = walk_block(reader, w, budget, blocks_[k].first, blocks_[k].second);
         } catch (const ReplayOnOneThreadDiffers&) {
+          // The caller's reader knows it now, and the walk has failed, at
+          // once: a worker that takes its twin from that reader after the
+          // notes stops at its next block, before a replay on one thread
+          // that its twin knows to differ.
           std::lock_guard<std::mutex> lock(mutex_);
-          reader_.take_replay_notes(reader);  // the caller's reader knows it now
+          reader_.take_replay_notes(reader);
+          if (!failed_) failed_ = std::current_exception();
           throw;
         }
         {
@@ -451,6 +456,13 @@ class StepsOnThreads {
       }
       changed_.notify_all();
     }
+  }
+
+  /// A reader of the worker's own, taken while no worker writes its notes
+  /// to the caller's.
+  PathReader twin_of_reader() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return reader_.twin();
   }
 
   /// Steps [a, b), one block, walked as one walk walks it.
