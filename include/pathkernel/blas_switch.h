@@ -21,6 +21,14 @@
 // side formed ahead) holds a BlasKernelsHeld, for which a switch waits.
 // OpenBLAS's thread count is the process's too: a replayed step that sets
 // the run's count keeps such work out meanwhile (BlasAlone).
+//
+// A float32 run needs no switch at all. OpenBLAS calls every routine through
+// one table of kernels, and a float32 replay calls only its float32 entries,
+// the engine's float64 work only the float64 ones. mix_blas_kernels has
+// OpenBLAS run a table of its own: the run's kernels' table with the float64
+// entries (the double-precision block sizes, kernels and copy routines) of
+// the widest kernels this CPU runs. The replay then keeps its bits and runs
+// ahead of the walk, which runs at the wider kernels' speed.
 #pragma once
 
 #include <string>
@@ -39,14 +47,41 @@ std::string active_blas_kernels();
 /// was (child processes load with it).
 bool switch_blas_kernels(const std::string& name);
 
+/// Has OpenBLAS run its float64 routines with the kernels
+/// `float64_kernels` (an OPENBLAS_CORETYPE name this CPU runs) and every
+/// other routine with the kernels it runs now (active_blas_kernels), which
+/// stay what active_blas_kernels names. True when it does afterwards
+/// (at once when it already did); false, with the kernels unchanged, when
+/// the BLAS cannot switch, does not know the name, or its table of kernels
+/// is not laid out as checked here (the float64 entries found by the names
+/// of the kernels they point to). switch_blas_kernels ends the mix.
+bool mix_blas_kernels(const std::string& float64_kernels);
+
+/// OpenBLAS back to one set of kernels, the active ones; nothing while it
+/// runs one set already.
+void unmix_blas_kernels();
+
+/// The kernels of OpenBLAS's float64 routines while mixed (mix_blas_kernels);
+/// "" while OpenBLAS runs one set of kernels.
+std::string mixed_float64_kernels();
+
+/// For a run whose replay is float32: the float64 routines mixed onto the
+/// widest kernels this CPU runs where they are wider than the active ones
+/// (wider_blas_kernels), whoever chose those. For any other run
+/// unmix_blas_kernels: its replay calls the float64 routines. Between a
+/// walk's uses of the BLAS, as a run is opened.
+void blas_kernels_for_replay(bool float32_replay);
+
 /// Whether pathkernel chose this process's kernels (the launcher, or the
 /// program's own re-execution, set OPENBLAS_CORETYPE): a user's own
-/// OPENBLAS_CORETYPE is kept everywhere.
+/// OPENBLAS_CORETYPE is kept by every switch (EngineBlasKernels), and by
+/// a mix for every routine but the float64 ones of a float32 run's walk.
 bool blas_kernels_chosen_by_pathkernel();
 
 /// The kernels an EngineBlasKernels scope would switch to: the best for
 /// this CPU when pathkernel chose the process's kernels and they are
-/// others; "" when a scope would switch nothing.
+/// others; "" when a scope would switch nothing (and while mixed: the
+/// float64 routines already run the widest).
 std::string engine_blas_kernels();
 
 /// Work on another thread that calls the BLAS with the kernels of when it

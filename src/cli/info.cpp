@@ -16,14 +16,15 @@ namespace {
 /// "  trained   on CPU, T threads, OpenBLAS's K kernels (its replays use
 /// them; this CPU runs B)": the machine a run's bits belong to, and the
 /// wider kernels a run trained on narrower ones (a user's OPENBLAS_CORETYPE)
-/// gives up for every replay. Empty for a run that recorded no environment.
-std::string trained_line(const ReplayEnvironment& e) {
+/// gives up for every replay; a float32 run's walks run their float64 work
+/// on them (blas_switch.h). Empty for a run that recorded no environment.
+std::string trained_line(const ReplayEnvironment& e, bool float32) {
   if (e.empty()) return "";
   std::string line = "  trained   on " + e.cpu + ", " + std::to_string(e.threads) +
                      (e.threads == 1 ? " thread" : " threads") + ", OpenBLAS's " + e.blas_kernels +
                      " kernels (its replays use them";
   const std::string wider = wider_blas_kernels(e.blas_kernels, CpuFeatures::current());
-  if (!wider.empty()) line += "; this CPU runs " + wider;
+  if (!wider.empty()) line += "; this CPU runs " + wider + (float32 ? ", for the walks' float64 work" : "");
   return line + ")\n";
 }
 
@@ -101,7 +102,7 @@ void add_info_command(CLI::App& app, Globals& globals) {
                           m.checkpoints.size(), static_cast<long long>(m.checkpoint_every), path / 1e6,
                           every_step / 1e6, path > 0 ? static_cast<double>(every_step) / path : 0.0);
     }
-    text += trained_line(m.environment);
+    text += trained_line(m.environment, m.dtype == "float32");
     if (!m.summary.empty()) text += format_text("  summary   %s\n", m.summary.dump().c_str());
     text.pop_back();  // print() ends the line
     globals.print(j, text);

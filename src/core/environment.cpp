@@ -8,6 +8,7 @@
 
 #include <ATen/Version.h>
 
+#include "pathkernel/blas_switch.h"
 #include "pathkernel/error.h"
 #include "pathkernel/json_number.h"
 #include "pathkernel/text.h"
@@ -52,6 +53,14 @@ void blas_of_process(std::string& blas, std::string& kernels) {
   auto core = reinterpret_cast<NameFn>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
   if (config != nullptr) blas = trim(config(), kSpace);
   if (core != nullptr) kernels = trim(core(), kSpace);
+  // A mixed table (blas_switch.h) OpenBLAS names "Unknown", in its configuration too: the kernels of all
+  // but its float64 routines, the ones a replay calls.
+  if (!mixed_float64_kernels().empty()) {
+    const std::string unknown = " Unknown ";
+    const size_t at = blas.find(unknown);
+    if (at != std::string::npos) blas.replace(at, unknown.size(), " " + active_blas_kernels() + " ");
+    kernels = active_blas_kernels();
+  }
   if (blas.empty()) {
     Dl_info info{};
     void* gemm = ::dlsym(RTLD_DEFAULT, "dgemm_");

@@ -92,6 +92,8 @@ PathReader::PathReader(std::string run_dir) : dir_(std::move(run_dir)) {
                      << "') does not match the manifest's parameter list");
   }
   check_batch_statistics();
+  // A float32 replay calls no float64 routine: the engine's take the widest kernels beside it.
+  blas_kernels_for_replay(manifest_.dtype == "float32");
 }
 
 PathReader::PathReader(TwinOf twin)

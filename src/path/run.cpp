@@ -8,6 +8,7 @@
 
 #include "pathkernel/context.h"
 #include "pathkernel/batch_statistics.h"
+#include "pathkernel/blas_switch.h"
 #include "pathkernel/error.h"
 #include "pathkernel/files.h"
 #include "pathkernel/metrics_csv.h"
@@ -140,6 +141,7 @@ RunResult train_run(const RunOptions& given) {
   base.batch_seed = options.train.seed;
   base.schedule = options.train.schedule;
   base.threads = current_threads();
+  unmix_blas_kernels();  // the run trains with the kernels it records, every routine
   base.environment = ReplayEnvironment::current(base.threads);
   // Training runs at the counts it records, the BLAS's too: the replay sets
   // both to them, and a process that never set them can start with them apart

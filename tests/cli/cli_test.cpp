@@ -114,6 +114,14 @@ TEST(Cli, InfoNamesWiderKernelsThanTheRunsOwn) {
   ASSERT_EQ(t.status, 0) << t.out;
   ASSERT_EQ(Manifest::load(r).environment.blas_kernels, "Prescott");
   EXPECT_CONTAINS(run("info " + r).out, "OpenBLAS's Prescott kernels (its replays use them; this CPU runs " + best + ")");
+  // A float32 run's walks run their float64 work on the wider kernels.
+  const std::string r32 = dir / "R32";
+  t = testing::run_shell("OPENBLAS_CORETYPE=Prescott " + testing::binary_path() +
+                         " --threads 1 train --data gaussians3 --train-size 60 --model mlp:4 --steps 2 --dtype float32 "
+                         "--quiet --out " + r32);
+  ASSERT_EQ(t.status, 0) << t.out;
+  EXPECT_CONTAINS(run("info " + r32).out, "OpenBLAS's Prescott kernels (its replays use them; this CPU runs " + best +
+                                              ", for the walks' float64 work)");
 }
 
 TEST(Cli, NumpyLoadsARunWithoutPathkernel) {

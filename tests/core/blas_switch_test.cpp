@@ -16,6 +16,7 @@
 
 #include "../test_util.h"
 #include "pathkernel/blas_kernels.h"
+#include "pathkernel/environment.h"
 
 namespace pathkernel {
 namespace {
@@ -97,6 +98,79 @@ TEST_F(BlasSwitch, EngineScopeRunsTheBestKernelsWhenPathkernelChose) {
     const EngineBlasKernels engine;
     EXPECT_TRUE(same_name(active_blas_kernels(), "Cooperlake")) << active_blas_kernels();
   }
+}
+
+/// Products of `dtype` through the BLAS: matrix products of several shapes
+/// and orientations, a matrix-vector product and a convolution.
+std::vector<torch::Tensor> products_of(torch::Dtype dtype) {
+  torch::manual_seed(7);
+  std::vector<torch::Tensor> out;
+  const torch::TensorOptions o = torch::TensorOptions().dtype(dtype);
+  for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{300, 500, 200}, {37, 1000, 53}, {128, 1152, 196}}) {
+    const torch::Tensor a = torch::randn({m, k}, o), b = torch::randn({k, n}, o);
+    out.push_back(torch::mm(a, b));
+    out.push_back(torch::mm(b.t(), a.t()));
+    out.push_back(torch::mv(a, b.select(1, 0)));
+  }
+  out.push_back(torch::conv2d(torch::randn({16, 8, 28, 28}, o), torch::randn({16, 8, 3, 3}, o), {}, 1, 1));
+  return out;
+}
+
+void expect_same_bits(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << what << ", product " << i;
+}
+
+// A mixed table runs the float64 products with the wider kernels, bit for
+// bit as those alone, and every float32 product with the run's kernels, bit
+// for bit as those alone; a switch ends the mix.
+TEST_F(BlasSwitch, MixedKernelsRunFloat64ProductsWideAndFloat32OnesAsTheRun) {
+  if (best_.empty()) GTEST_SKIP() << "this CPU has no kernels better than OpenBLAS's own choice";
+  ASSERT_TRUE(switch_blas_kernels(best_));
+  const std::vector<torch::Tensor> wide32 = products_of(torch::kFloat32), wide64 = products_of(torch::kFloat64);
+  ASSERT_TRUE(switch_blas_kernels("Prescott"));
+  const std::vector<torch::Tensor> run32 = products_of(torch::kFloat32), run64 = products_of(torch::kFloat64);
+  const ReplayEnvironment run_environment = ReplayEnvironment::current(1);
+  // The two kernels round differently, or this test could not tell them apart.
+  ASSERT_FALSE(torch::equal(run32[0], wide32[0]));
+  ASSERT_FALSE(torch::equal(run64[0], wide64[0]));
+
+  ASSERT_TRUE(mix_blas_kernels(best_));
+  EXPECT_TRUE(same_name(active_blas_kernels(), "Prescott")) << active_blas_kernels();
+  EXPECT_TRUE(same_name(mixed_float64_kernels(), best_)) << mixed_float64_kernels();
+  // A run's environment is what a replay calls: the run's kernels, named as OpenBLAS names them alone.
+  EXPECT_EQ(ReplayEnvironment::current(1).blas, run_environment.blas);
+  EXPECT_EQ(ReplayEnvironment::current(1).blas_kernels, run_environment.blas_kernels);
+  {
+    const ScopedEnv chosen(kBlasKernelsChosenVariable, "1");
+    EXPECT_EQ(engine_blas_kernels(), "");  // nothing left to switch for the engine's float64 work
+  }
+  expect_same_bits(products_of(torch::kFloat32), run32, "float32, mixed");
+  expect_same_bits(products_of(torch::kFloat64), wide64, "float64, mixed");
+  EXPECT_TRUE(mix_blas_kernels(best_));  // mixed already: nothing changes
+  expect_same_bits(products_of(torch::kFloat64), wide64, "float64, mixed twice");
+
+  ASSERT_TRUE(switch_blas_kernels("Prescott"));
+  EXPECT_EQ(mixed_float64_kernels(), "");
+  expect_same_bits(products_of(torch::kFloat64), run64, "float64, the mix ended");
+}
+
+// A run's replay: float32 mixes the widest float64 kernels in, whoever chose
+// the run's; any other run's ends the mix.
+TEST_F(BlasSwitch, AFloat32ReplayMixesTheWidestFloat64KernelsInAndAnotherEndsTheMix) {
+  if (best_.empty()) GTEST_SKIP() << "this CPU has no kernels better than OpenBLAS's own choice";
+  ASSERT_TRUE(switch_blas_kernels("Prescott"));
+  const ScopedEnv users_own(kBlasKernelsChosenVariable, nullptr);
+  blas_kernels_for_replay(true);
+  EXPECT_TRUE(same_name(mixed_float64_kernels(), best_)) << mixed_float64_kernels();
+  EXPECT_TRUE(same_name(active_blas_kernels(), "Prescott")) << active_blas_kernels();
+  blas_kernels_for_replay(false);
+  EXPECT_EQ(mixed_float64_kernels(), "");
+  EXPECT_TRUE(same_name(active_blas_kernels(), "Prescott")) << active_blas_kernels();
+  ASSERT_TRUE(switch_blas_kernels(best_));
+  blas_kernels_for_replay(true);  // the widest already: nothing to mix
+  EXPECT_EQ(mixed_float64_kernels(), "");
 }
 
 // The pairs same_blas_arithmetic calls the same give the same float64 bits,

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "../test_util.h"
+#include "pathkernel/blas_kernels.h"
+#include "pathkernel/blas_switch.h"
 #include "pathkernel/context.h"
 #include "pathkernel/decomposition.h"
 #include "pathkernel/loss.h"
@@ -429,6 +431,50 @@ TEST(Float32Runs, DecomposeToFloat64Precision) {
     // E holds the float32 rounding of the recorded updates: far above float64's.
     EXPECT_GT(d.rounding.abs().max().item<double>(), 1e-12);
   }
+}
+
+// A float32 run trained on OpenBLAS's oldest kernels: its reader mixes the
+// widest float64 kernels in (blas_switch.h), the replay still reproduces
+// every checkpoint bit for bit (decompose checks each) and the walks, forward
+// and reverse, are exact; a float64 run's reader ends the mix.
+TEST(Float32Runs, ReplayTheRunsKernelsBesideTheWidestFloat64Ones) {
+  const std::string start = active_blas_kernels();
+  const std::string wider = wider_blas_kernels("Prescott", CpuFeatures::current());
+  if (start.empty() || wider.empty() || !switch_blas_kernels("Prescott")) {
+    GTEST_SKIP() << "OpenBLAS does not switch its kernels here, or this CPU runs none wider than Prescott";
+  }
+  struct Restore {
+    std::string kernels;
+    ~Restore() { switch_blas_kernels(kernels); }
+  } restore{start};
+  for (const std::string opt : {"sgd", "adam"}) {
+    SCOPED_TRACE(opt);
+    testing::TempDir dir(opt);
+    RunOptions r = testing::small_run(dir / "run", opt, 40, 10);
+    r.model = "mlp:16:tanh";
+    r.data.dtype = torch::kFloat32;
+    train_run(r);
+    PathReader reader(r.out);
+    ASSERT_EQ(reader.manifest().environment.blas_kernels, "Prescott");
+    EXPECT_EQ(mixed_float64_kernels(), wider);
+    EXPECT_EQ(active_blas_kernels(), "Prescott");
+    const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 5);
+    DecompositionOptions options;
+    options.progress = false;
+    const Decomposition d = decompose(reader, x, options);
+    EXPECT_LE(summarize(d).max_rel_error, 1e-12);
+    EXPECT_LE(d.completeness_gap().sub(d.rounding).abs().max().item<double>(), 1e-12);
+  }
+  testing::TempDir dir("float64");
+  RunOptions r = testing::small_run(dir / "run", "sgd", 40, 10);
+  train_run(r);
+  PathReader reader(r.out);  // trained after the mix: on Prescott's float64 kernels, as it records
+  EXPECT_EQ(mixed_float64_kernels(), "");
+  EXPECT_EQ(active_blas_kernels(), "Prescott");
+  DecompositionOptions options;
+  options.progress = false;
+  const Decomposition d = decompose(reader, reader.decoded_dataset().x_test.narrow(0, 0, 5), options);
+  EXPECT_LE(summarize(d).max_rel_error, 1e-12);
 }
 
 // summarize() against explicit loops over a hand-made decomposition.
