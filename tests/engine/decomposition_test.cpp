@@ -391,13 +391,19 @@ TEST(TrainingAhead, GivesTheDecompositionFormedInTurn) {
 // to float64 precision, for a forward walk (sgd) and a reverse one
 // (momentum). f(w_N) is checked against a float64 network built here, and
 // the float32 network's own output is reported beside it.
+/// A small float32 run of `opt`, trained into `dir`/run.
+RunOptions float32_run(const testing::TempDir& dir, const std::string& opt) {
+  RunOptions r = testing::small_run(dir / "run", opt, 40, 10);
+  r.model = "mlp:16:tanh";
+  r.data.dtype = torch::kFloat32;
+  train_run(r);
+  return r;
+}
+
 TEST(Float32Runs, DecomposeToFloat64Precision) {
   for (const std::string opt : {"sgd", "momentum"}) {
     testing::TempDir dir(opt);
-    RunOptions r = testing::small_run(dir / "run", opt, 40, 10);
-    r.model = "mlp:16:tanh";
-    r.data.dtype = torch::kFloat32;
-    train_run(r);
+    const RunOptions r = float32_run(dir, opt);
     PathReader reader(r.out);
     ASSERT_EQ(reader.manifest().dtype, "float32");
     const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 5);
@@ -450,11 +456,7 @@ TEST(Float32Runs, ReplayTheRunsKernelsBesideTheWidestFloat64Ones) {
   for (const std::string opt : {"sgd", "adam"}) {
     SCOPED_TRACE(opt);
     testing::TempDir dir(opt);
-    RunOptions r = testing::small_run(dir / "run", opt, 40, 10);
-    r.model = "mlp:16:tanh";
-    r.data.dtype = torch::kFloat32;
-    train_run(r);
-    PathReader reader(r.out);
+    PathReader reader(float32_run(dir, opt).out);
     ASSERT_EQ(reader.manifest().environment.blas_kernels, "Prescott");
     EXPECT_EQ(mixed_float64_kernels(), wider);
     EXPECT_EQ(active_blas_kernels(), "Prescott");
