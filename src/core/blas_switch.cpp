@@ -23,9 +23,9 @@ using NameFn = char* (*)();
 
 /// OpenBLAS's DYNAMIC_ARCH entry points: choose kernels from
 /// OPENBLAS_CORETYPE (it returns at once while some are chosen), forget the
-/// choice, and the name of the kernels chosen. All null unless all exist.
-/// The table of kernels OpenBLAS calls through (`gotoblas`, null when not
-/// exported).
+/// choice, and the name of the kernels chosen, all null unless all exist;
+/// and the pointer to the table of kernels OpenBLAS calls through
+/// (`gotoblas`, null when not exported).
 struct DynamicArch {
   VoidFn init = nullptr, quit = nullptr;
   NameFn corename = nullptr;
@@ -149,6 +149,7 @@ struct KernelTable {
   }
 };
 
+/// Whether an OpenBLAS routine's name is a float64 one's (ddot_k, idamax_k).
 bool is_float64_routine(const std::string& name) {
   return !name.empty() && (name[0] == 'd' || name.compare(0, 2, "id") == 0);
 }
