@@ -122,6 +122,15 @@ TEST(Cli, InfoNamesWiderKernelsThanTheRunsOwn) {
   ASSERT_EQ(t.status, 0) << t.out;
   EXPECT_CONTAINS(run("info " + r32).out, "OpenBLAS's Prescott kernels (its replays use them; this CPU runs " + best +
                                               ", for the walks' float64 work)");
+  // Verified through the launcher, which loads the run's kernels (in an environment that names none): the
+  // replay on Prescott's, bit for bit (verify fails otherwise), beside the walk's float64 work on the wider
+  // ones, and the kernel machine exact.
+  const Output v = testing::run_shell("env -u OPENBLAS_CORETYPE -u " + std::string(kBlasKernelsChosenVariable) + " " +
+                                      testing::binary_path() + " --threads 2 verify " + r32 + " --test 3 --json --quiet");
+  ASSERT_EQ(v.status, 0) << v.out;
+  EXPECT_LE(last_json(v.out)["max_rel_error"].get<double>(), 1e-12) << v.out;
+  // Mixed, not switched: the steps are walked on two threads, which a switch at every step holds to one.
+  EXPECT_EQ(last_json(v.out)["step_threads"], 2) << v.out;
 }
 
 TEST(Cli, NumpyLoadsARunWithoutPathkernel) {
