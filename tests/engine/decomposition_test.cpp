@@ -385,12 +385,6 @@ TEST(TrainingAhead, GivesTheDecompositionFormedInTurn) {
   }
 }
 
-// A float32 run is decomposed against the float64 network at its float32
-// weights and inputs (exactly representable in float64): f(w_0), f(w_N) and
-// the rounding term are float64, so the kernel machine matches that network
-// to float64 precision, for a forward walk (sgd) and a reverse one
-// (momentum). f(w_N) is checked against a float64 network built here, and
-// the float32 network's own output is reported beside it.
 /// A small float32 run of `opt`, trained into `dir`/run.
 RunOptions float32_run(const testing::TempDir& dir, const std::string& opt) {
   RunOptions r = testing::small_run(dir / "run", opt, 40, 10);
@@ -400,6 +394,12 @@ RunOptions float32_run(const testing::TempDir& dir, const std::string& opt) {
   return r;
 }
 
+// A float32 run is decomposed against the float64 network at its float32
+// weights and inputs (exactly representable in float64): f(w_0), f(w_N) and
+// the rounding term are float64, so the kernel machine matches that network
+// to float64 precision, for a forward walk (sgd) and a reverse one
+// (momentum). f(w_N) is checked against a float64 network built here, and
+// the float32 network's own output is reported beside it.
 TEST(Float32Runs, DecomposeToFloat64Precision) {
   for (const std::string opt : {"sgd", "momentum"}) {
     testing::TempDir dir(opt);
