@@ -68,7 +68,8 @@ void read_nothing(const Node*, LayerDesc&) {}
 void read_conv(const Node* n, LayerDesc& d) {
   const std::string op = op_name(n);
   d.stride = int_list(n->input(3), op + "'s stride");
-  d.padding2 = int_list(n->input(4), op + "'s padding (a string padding has no rule)");
+  d.padding2 = int_list(n->input(4), op + "'s padding (a string padding has a rule where it pads both sides "
+                                          "alike: 'valid', or 'same' with an odd dilation·(kernel − 1) + 1)");
   d.dilation = int_list(n->input(5), op + "'s dilation");
   auto groups = constant(n->input(6));
   PK_CHECK(groups && groups->isInt(), op << "'s groups is not a constant");

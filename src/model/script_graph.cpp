@@ -579,6 +579,56 @@ void untrace_convolutions(Graph& g) {
   }
 }
 
+/// The padding a convolution's string padding stands for, per spatial
+/// dimension, for a weight of `shape` [C_out, C_in/groups, k...] and the
+/// dilation `dilation` (one entry: every dimension): 'valid' pads nothing,
+/// 'same' pads dilation·(k − 1)/2 on each side. Empty where the string is
+/// neither, or 'same' pads one side more (dilation·(k − 1) odd: an even
+/// kernel), which an integer padding cannot say.
+std::vector<int64_t> padding_of(const std::string& padding, const std::vector<int64_t>& shape,
+                                const std::vector<int64_t>& dilation) {
+  const size_t dims = shape.size() - 2;
+  if (padding == "valid") return std::vector<int64_t>(dims, 0);
+  if (padding != "same" || (dilation.size() != 1 && dilation.size() != dims)) return {};
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < dims; ++i) {
+    const int64_t reach = dilation[dilation.size() == 1 ? 0 : i] * (shape[2 + i] - 1);
+    if (reach % 2 != 0) return {};
+    out.push_back(reach / 2);
+  }
+  return out;
+}
+
+/// Convolutions given a string padding (PyTorch's padding='same' or
+/// 'valid') as the same operation with the integers it stands for
+/// (padding_of), which the layer table and the chain reader read. PyTorch
+/// runs a symmetric string padding as that integer padding, so the values
+/// are the same. One whose weight is not a parameter of `module`, or whose
+/// padding has no integers, is left as it is (the layer table refuses it).
+void number_paddings(Graph& g, const torch::jit::Module& module) {
+  std::vector<Node*> strings;
+  for (Node* n : g.nodes()) {
+    const bool conv = n->kind() == aten("conv1d") || n->kind() == aten("conv2d");
+    const auto padding = conv && n->inputs().size() == 7 ? constant(n->input(4)) : c10::nullopt;
+    if (padding && padding->isString()) strings.push_back(n);
+  }
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) shapes[p.name] = p.value.sizes().vec();
+  for (Node* n : strings) {
+    const auto shape = shapes.find(attribute_path(n->input(1), g.inputs()[0]));
+    const auto dilation = constant(n->input(5));
+    if (shape == shapes.end() || shape->second.size() < 3 || !dilation || !dilation->isIntList()) continue;
+    const std::vector<int64_t> padding =
+        padding_of(constant(n->input(4))->toStringRef(), shape->second, dilation->toIntVector());
+    if (padding.empty()) continue;
+    torch::jit::WithInsertPoint guard(n);
+    Value* conv = g.insert(n->kind(), {n->input(0), n->input(1), n->input(2), n->input(3),
+                                       g.insertConstant(c10::IValue(padding)), n->input(5), n->input(6)});
+    n->output()->replaceAllUsesWith(conv);
+    n->destroy();
+  }
+}
+
 }  // namespace
 
 std::vector<Node*> nodes_of_kinds(Graph& graph, const std::vector<c10::Symbol>& kinds) {
@@ -608,6 +658,7 @@ std::shared_ptr<torch::jit::Graph> inlined_forward(const torch::jit::Module& mod
   for (int depth = 0; depth < 64 && has_calls(); ++depth) torch::jit::Inline(*g);
   torch::jit::ConstantPropagation(g);
   untrace_convolutions(*g);
+  number_paddings(*g, module);
   const int64_t sites = seed_dropout(*g);
   if (dropout_sites != nullptr) *dropout_sites = sites;
   return g;

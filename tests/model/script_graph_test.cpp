@@ -132,6 +132,16 @@ std::vector<Case> cases() {
   const std::string logits = "return self.out(h)";
   dropout.body.replace(dropout.body.find(logits), logits.size(), "return self.out(self.drop2(h))");
   c.push_back(dropout);
+  // The same chain with its paddings given as strings, as PyTorch's
+  // padding='same' and 'valid' spell them (read as the integers they stand for).
+  Case same = c[c.size() - 5];
+  same.name = "chain-same";
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"nn.Conv2d(1, 3, 3, padding=1)", "nn.Conv2d(1, 3, 3, padding='same')"},
+           {"nn.Conv2d(3, 4, 3)", "nn.Conv2d(3, 4, 3, padding='valid')"}}) {
+    same.body.replace(same.body.find(from), from.size(), to);
+  }
+  c.push_back(same);
   // Layer lists compiled without Python: every layer of the grammar.
   Case images{"layers-images", "", {2, 8, 8}};
   images.spec = "layers:conv(4,3,padding=1),leakyrelu(0.1),res(conv(4,3,padding=1,groups=2),silu),"
@@ -272,7 +282,7 @@ TEST_P(EveryRule, AgreesWithTheGenericRouteAndAutograd) {
 INSTANTIATE_TEST_SUITE_P(
     ScriptGraph, EveryRule,
     ::testing::Combine(::testing::Values("conv", "tokens", "relu", "chain", "chain-view", "chain-logsoftmax", "chain-nobias",
-                                         "chain-dropout", "layers-images", "layers-tokens"),
+                                         "chain-dropout", "chain-same", "layers-images", "layers-tokens"),
                        ::testing::Values(OutputMap::LogSoftmax, OutputMap::Logits)),
     [](const ::testing::TestParamInfo<EveryRule::ParamType>& info) {
       std::string name = std::get<0>(info.param) + "_" + output_map_name(std::get<1>(info.param));
@@ -299,7 +309,7 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
     return graph ? graph->chain() : std::vector<LayerDesc>{};
   };
   for (const Case& c : cases()) {
-    if (c.name != "chain" && c.name != "chain-view") continue;  // chain-logsoftmax: below
+    if (c.name != "chain" && c.name != "chain-view" && c.name != "chain-same") continue;  // chain-logsoftmax: below
     const std::vector<LayerDesc> chain = chain_of(c.name, c.body);
     std::vector<Kind> kinds;
     for (const LayerDesc& d : chain) kinds.push_back(d.kind);
@@ -343,6 +353,13 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
        "self.out(F.log_softmax(self.fc(x), dim=1))", "aten::log_softmax is not its last operation"},
       {"view_shape_1", "self.fc = nn.Linear(4, 3)", "self.fc(x.view(x.shape[1], -1))",
        "aten::__getitem__ does not read the operation before it alone"},
+      // String paddings: 'same' of an odd kernel and 'valid' pad both sides alike.
+      {"same", "self.conv = nn.Conv2d(1, 2, 5, padding='same')\n        self.fc = nn.Linear(2, 3)",
+       "self.fc(torch.flatten(self.conv(x), 1))", ""},
+      {"valid", "self.conv = nn.Conv2d(1, 2, 3, padding='valid')\n        self.fc = nn.Linear(2, 3)",
+       "self.fc(torch.flatten(self.conv(x), 1))", ""},
+      {"same_dilated", "self.conv = nn.Conv2d(1, 2, 3, padding='same', dilation=2)\n        self.fc = nn.Linear(2, 3)",
+       "self.fc(torch.flatten(self.conv(x), 1))", "aten::conv2d of 'conv' is not a Linear or a stride-1 Conv2d"},
   };
   for (const Module& m : modules) {
     const std::string body = "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n        " +
@@ -357,6 +374,30 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
       EXPECT_EQ(graph->chain_refusal(), "") << m.name;
     } else {
       EXPECT_CONTAINS(graph->chain_refusal(), m.refusal);
+    }
+  }
+}
+
+/// A string padding that pads one side more ('same' of an even kernel) has
+/// no integers to stand for: the structured route refuses the module and
+/// says which padding; 'same' of an odd kernel is read as its integers.
+TEST(ScriptGraph, RefusesASamePaddingOfAnEvenKernelByName) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  for (const auto& [kernel, refused] : std::vector<std::pair<int, bool>>{{2, true}, {3, false}}) {
+    const std::string path = dir.path() + "/even.pt";
+    python(dir, "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                "        self.conv = nn.Conv2d(1, 2, " + std::to_string(kernel) + ", padding='same')\n"
+                "    def forward(self, x):\n        return torch.flatten(self.conv(x), 1)\n"
+                "torch.jit.script(M()).save('" + path + "')\n");
+    std::string why_not;
+    const std::unique_ptr<ScriptGraph> graph = ScriptGraph::read(torch::jit::load(path), why_not);
+    EXPECT_EQ(graph == nullptr, refused) << kernel << ": " << why_not;
+    if (refused) {
+      EXPECT_CONTAINS(why_not, "conv2d's padding (a string padding has a rule where it pads both sides alike");
+    } else {
+      ASSERT_EQ(graph->chain().size(), 2u) << graph->chain_refusal();
+      EXPECT_EQ(graph->chain()[0].padding, 1);
     }
   }
 }
