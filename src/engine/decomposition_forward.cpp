@@ -237,7 +237,10 @@ class ForwardWalk {
   /// The step's batch and directions, and its residual added to d's.
   ForwardStep step_terms(const PathStep& st) {
     ForwardStep t;
-    t.bt = w_.batch(reader_, st, options_.kernel);  // the kernel needs the batch's rows
+    // The kernel needs the batch's rows. G_s is summed from the training
+    // signals the step's contractions take (kept for them) where the route
+    // gives them: one pass over the batch, not a second by autograd.
+    t.bt = w_.batch(reader_, st, options_.kernel, options_.train_chunk);
     // Regularisation (only where there is weight decay) and rounding directions of this step.
     if (lambda_ != 0) t.rho = -st.lr * lambda_ * st.w;
     const UpdateResidual e = update_residual(m_, st, t.bt.gradient, lambda_);
