@@ -2,7 +2,7 @@
 """How a user's CNN is written decides how fast pathkernel walks it.
 
 Records the same small user CNN (two 3x3 convolutions of 16 and 32 channels,
-ReLU, 2x2 max-pools, a 64-unit layer, 10 logits; Adam, batch 128, float32,
+ReLU, 2x2 max-pools, a 64-unit layer, 10 logits; Adam (--optimizer sgd: plain SGD), batch 128, float32,
 Fashion-MNIST's first --train images) written several ways (and once traced instead of scripted), each in its own
 loop with pathkernel.record, then runs `pathkernel verify RUN --test 1 --json`
 on each and prints one line per spelling: the route, whether the module was
@@ -12,6 +12,7 @@ ratio to the first spelling's, and max_rel_error.
 
   scripts/user_cnn_spellings.py                      # every spelling, 30 steps
   scripts/user_cnn_spellings.py --only view_rest log_softmax --steps 10
+  scripts/user_cnn_spellings.py --only flatten --optimizer sgd   # plain SGD: the forward walk
 """
 import argparse
 import json
@@ -35,10 +36,10 @@ from pathkernel.record import Recorder, set_threads  # noqa: E402
 class Base(nn.Module):
     """The CNN with flatten(1) and logits: the reference spelling."""
 
-    def __init__(self, bias: bool = True) -> None:
+    def __init__(self, bias: bool = True, padding: "int | str" = 1) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1, bias=bias)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1, bias=bias)
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=padding, bias=bias)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=padding, bias=bias)
         self.fc1 = nn.Linear(32 * 7 * 7, 64)
         self.out = nn.Linear(64, 10)
 
@@ -82,6 +83,13 @@ class NoBias(Base):
         super().__init__(bias=False)
 
 
+class SamePadding(Base):
+    """padding='same' for padding=1: the same numbers."""
+
+    def __init__(self) -> None:
+        super().__init__(padding="same")
+
+
 class Dropout(Base):
     def __init__(self) -> None:
         super().__init__()
@@ -115,6 +123,7 @@ SPELLINGS = {
     "reshape_shape": (ReshapeShape, "cross_entropy"),
     "log_softmax": (LogSoftmax, "nll"),
     "no_bias": (NoBias, "cross_entropy"),
+    "same_padding": (SamePadding, "cross_entropy"),
     "traced": (Base, "cross_entropy"),  # recorded as torch.jit.trace(model, two images)
     "dropout": (Dropout, "cross_entropy"),
     "avg_pool": (AvgPool, "cross_entropy"),
@@ -123,11 +132,12 @@ SPELLINGS = {
 
 
 def record(name: str, run: str, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor,
-           steps: int) -> None:
+           steps: int, optimizer: str = "adam") -> None:
     cls, loss = SPELLINGS[name]
     torch.manual_seed(0)
     model = cls()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = (torch.optim.SGD(model.parameters(), lr=0.05) if optimizer == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=1e-3))
     loss_fn = F.nll_loss if loss == "nll" else F.cross_entropy
     script = torch.jit.trace(model, x[:2]) if name == "traced" else None
     rec = Recorder(run, model, opt, x, y, test_x=xt, test_y=yt, loss=loss, overwrite=True, script=script)
@@ -156,6 +166,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=list(SPELLINGS), choices=list(SPELLINGS))
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--train", type=int, default=4000, help="training images (the first ones)")
+    ap.add_argument("--optimizer", choices=["adam", "sgd"], default="adam",
+                    help="Adam (lr 1e-3; pathkernel's reverse walk) or plain SGD (lr 0.05; its forward walk)")
     ap.add_argument("--bin", default=os.environ.get("PATHKERNEL_BIN") or os.path.join(REPO, "build", "pathkernel"))
     ap.add_argument("--json", default="", help="also write the lines to this file")
     ap.add_argument("--keep", default="", help="record the runs into this directory and keep them")
@@ -168,7 +180,7 @@ def main() -> None:
         tmp = a.keep or tmp
         for name in a.only:
             run = os.path.join(tmp, name)
-            record(name, run, x, y, xt, yt, a.steps)
+            record(name, run, x, y, xt, yt, a.steps, a.optimizer)
             v = verify(a.bin, run)
             v["spelling"] = name
             if "error" not in v:
