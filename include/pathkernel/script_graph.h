@@ -120,7 +120,8 @@ class ScriptGraph {
   /// Evaluates rows x [R, ...] (already the module's input dtype) at t [R]:
   /// the module's parameters hold w_s, and `directions` holds per layer its
   /// weight's and then, if it has one, its bias's direction. Autograd
-  /// records the pass when grad mode is on.
+  /// records the pass when grad mode is on. Rows all at t = 0 take a graph
+  /// without the directions' products.
   ScriptPass run(const torch::jit::Module& module, const torch::Tensor& x, const torch::Tensor& t,
                  const std::vector<torch::Tensor>& directions) const;
 
@@ -134,6 +135,10 @@ class ScriptGraph {
   std::string chain_refusal_;
   std::shared_ptr<torch::jit::Graph> graph_;
   std::unique_ptr<torch::jit::GraphExecutor> executor_;
+  /// The graph for rows all at t = 0, without the directions' products
+  /// (the training side's passes): the same values, half the products.
+  std::shared_ptr<torch::jit::Graph> graph_at_start_;
+  std::unique_ptr<torch::jit::GraphExecutor> executor_at_start_;
 };
 
 }  // namespace pathkernel

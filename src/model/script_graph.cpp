@@ -500,9 +500,11 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
 /// Rewrites layer `l` of g to y + t ⊙ op_dir(a; dW) (t along the rows),
 /// with new graph inputs for its weight's and bias's directions. The
 /// layer's input a and its output at t go to `inputs` and `outputs`.
+/// Without `along`, the output is y as it is (every row at t = 0: the
+/// direction's product, which t multiplies away, is left for dead code).
 /// Throws Error when an argument of the operation has no rule.
 ScriptLayer rewrite_layer(Graph& g, const LayerUse& l, Value* t, std::vector<Value*>& inputs,
-                          std::vector<Value*>& outputs) {
+                          std::vector<Value*>& outputs, bool along = true) {
   Node* n = l.node;
   PK_CHECK(!l.weight.empty(), "operation " << n->kind().toQualString() << " has parameter '" << l.bias
                                            << "' as its bias but no parameter weight");
@@ -525,11 +527,14 @@ ScriptLayer rewrite_layer(Graph& g, const LayerUse& l, Value* t, std::vector<Val
   l.rule->read(n, d);
   const DirectionValues v = l.rule->rewrite({&g, n, dw, db, none, l.weight_input});
   Value* a = v.input;
-  // y + t ⊙ dir with t along the rows: rows moved last, scaled, moved back.
-  Value* moved = g.insert(aten("movedim"), {v.direction, 0, -1});
-  Value* scaled = g.insert(aten("movedim"), {g.insert(aten("mul"), {moved, t}), -1, 0});
-  Value* y_t = g.insert(aten("add"), {y, scaled});
-  y->replaceAllUsesAfterNodeWith(y_t->node(), y_t);
+  Value* y_t = y;
+  if (along) {
+    // y + t ⊙ dir with t along the rows: rows moved last, scaled, moved back.
+    Value* moved = g.insert(aten("movedim"), {v.direction, 0, -1});
+    Value* scaled = g.insert(aten("movedim"), {g.insert(aten("mul"), {moved, t}), -1, 0});
+    y_t = g.insert(aten("add"), {y, scaled});
+    y->replaceAllUsesAfterNodeWith(y_t->node(), y_t);
+  }
   // Captured values must not change after the capture: an in-place use
   // downstream gets a copy instead.
   if (has_in_place_use(y_t)) {
@@ -680,6 +685,34 @@ torch::Tensor site_rows(const torch::Tensor& site, int64_t rows, int64_t window)
   PK_THROW("a max-pooled kink site has shape " << site.sizes() << ", expected [" << rows << ", C, H, W]");
 }
 
+/// Rewrites g (its layers `layers`, its kink sites `site_list`) to return
+/// its output, each layer's input and output, and its kink sites, as one
+/// tuple: with new inputs t [R], then each layer's directions, and after
+/// each layer y = op(a; W_s) its value y + t ⊙ op_dir(a; dW) (t along the
+/// rows; without `along`, y itself: every row at t = 0). The layers'
+/// descriptions go to `described` (when given), the sites' windows and
+/// leakiness to `windows` and `leaky`. Returns the number of sites; throws
+/// Error where an argument of an operation has no rule.
+int64_t segment_graph(Graph& g, const std::vector<LayerUse>& layers, const std::vector<SiteNodes>& site_list,
+                      bool along, std::vector<ScriptLayer>* described, std::vector<int64_t>& windows,
+                      std::vector<bool>& leaky) {
+  Value* t = g.addInput("pk_t");
+  t->setType(c10::TensorType::get());
+  std::vector<Value*> captured_inputs, captured_outputs;
+  for (const LayerUse& l : layers) {
+    ScriptLayer layer = rewrite_layer(g, l, t, captured_inputs, captured_outputs, along);
+    if (described != nullptr) described->push_back(std::move(layer));
+  }
+  // Kink sites, read after the rewrite, which has replaced the layers' outputs.
+  const std::vector<Value*> sites = site_values(g, site_list, windows, leaky);
+  std::vector<Value*> values{g.outputs()[0]};
+  values.insert(values.end(), captured_inputs.begin(), captured_inputs.end());
+  values.insert(values.end(), captured_outputs.begin(), captured_outputs.end());
+  values.insert(values.end(), sites.begin(), sites.end());
+  return_tuple(g, values);
+  return static_cast<int64_t>(sites.size());
+}
+
 std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module, std::string& why_not) {
   auto out = std::unique_ptr<ScriptGraph>(new ScriptGraph());
   std::shared_ptr<Graph> g = inlined_forward(module);
@@ -701,28 +734,25 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
   const std::vector<SiteNodes> site_list = site_nodes(*g);
   out->degree_ = piecewise_linear(*g, layers, site_list) ? static_cast<int64_t>(layers.size()) : 0;
   out->chain_ = plain_chain(*g, layers, module, out->chain_refusal_);
-
-  // The rewrite: inputs t [R], then each layer's directions; after each
-  // layer y = op(a; W_s), insert y + t ⊙ op_dir(a; dW) (t along rows).
-  Value* t = g->addInput("pk_t");
-  t->setType(c10::TensorType::get());
-  std::vector<Value*> captured_inputs, captured_outputs;
   try {
-    for (const LayerUse& l : layers) out->layers_.push_back(rewrite_layer(*g, l, t, captured_inputs, captured_outputs));
+    out->sites_ = segment_graph(*g, layers, site_list, true, &out->layers_, out->site_windows_, out->site_leaky_);
   } catch (const Error& e) {
     why_not = e.what();
     return nullptr;
   }
-  // Kink sites, read after the rewrite, which has replaced the layers' outputs.
-  const std::vector<Value*> sites = site_values(*g, site_list, out->site_windows_, out->site_leaky_);
-  std::vector<Value*> values{g->outputs()[0]};
-  values.insert(values.end(), captured_inputs.begin(), captured_inputs.end());
-  values.insert(values.end(), captured_outputs.begin(), captured_outputs.end());
-  values.insert(values.end(), sites.begin(), sites.end());
-  return_tuple(*g, values);
-  out->sites_ = static_cast<int64_t>(sites.size());
   out->graph_ = g;
   out->executor_ = std::make_unique<torch::jit::GraphExecutor>(g, "pathkernel_segment");
+  // The same graph for rows all at t = 0 (the training side's passes),
+  // read again from the module: without the directions' products.
+  std::shared_ptr<Graph> g0 = inlined_forward(module);
+  torch::jit::EliminateDeadCode(g0);
+  fold_none_tests(g0);
+  std::vector<int64_t> windows;
+  std::vector<bool> leaky;
+  segment_graph(*g0, parameter_layers(*g0, module), site_nodes(*g0), false, nullptr, windows, leaky);
+  torch::jit::EliminateDeadCode(g0);
+  out->graph_at_start_ = g0;
+  out->executor_at_start_ = std::make_unique<torch::jit::GraphExecutor>(g0, "pathkernel_segment_start");
   return out;
 }
 
@@ -730,7 +760,9 @@ ScriptPass ScriptGraph::run(const torch::jit::Module& module, const torch::Tenso
                             const std::vector<torch::Tensor>& directions) const {
   torch::jit::Stack stack{module._ivalue(), x, t};
   for (const torch::Tensor& d : directions) stack.emplace_back(d);
-  executor_->run(stack);
+  // Every row at t = 0: the directions' products would be multiplied by 0.
+  const bool at_start = t.numel() == 0 || !t.ne(0).any().item<bool>();
+  (at_start ? executor_at_start_ : executor_)->run(stack);
   const auto tuple = stack.back().toTuple();
   const auto& e = tuple->elements();
   const size_t layers = layers_.size();

@@ -6,6 +6,7 @@
 // a trained module decomposed exactly by both routes.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 
 #include "pathkernel/decomposition.h"
@@ -375,6 +376,54 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
     } else {
       EXPECT_CONTAINS(graph->chain_refusal(), m.refusal);
     }
+  }
+}
+
+/// Rows all at t = 0 (the training side's passes) take a graph without the
+/// directions' products, and give the values the full graph gives rows at
+/// t = 0 beside a row away from the start, bit for bit: the output, each
+/// layer's input and output (also where an in-place ReLU follows a layer),
+/// and the kink sites.
+TEST(ScriptGraph, RowsAtTheStartGiveTheFullGraphsValues) {
+  REQUIRE_PYTHON_TORCH();
+  TempDir dir;
+  for (const Case& c : cases()) {
+    if (c.name != "conv" && c.name != "relu" && c.name != "chain") continue;
+    SCOPED_TRACE(c.name);
+    const std::string path = dir.path() + "/" + c.name + ".pt";
+    export_case(dir, c, path);
+    torch::jit::Module module = torch::jit::load(path);
+    module.to(torch::kFloat64);
+    std::string why_not;
+    const std::unique_ptr<ScriptGraph> graph = ScriptGraph::read(module, why_not);
+    ASSERT_NE(graph, nullptr) << why_not;
+    torch::manual_seed(3);
+    std::map<std::string, torch::Tensor> params;
+    for (const auto& p : module.named_parameters(/*recurse=*/true)) params[p.name] = p.value;
+    std::vector<torch::Tensor> directions;
+    for (const ScriptLayer& l : graph->layers()) {
+      directions.push_back(torch::randn_like(params.at(l.weight)));
+      if (!l.bias.empty()) directions.push_back(torch::randn_like(params.at(l.bias)));
+    }
+    const int64_t R = 4;
+    const torch::Tensor x = inputs(c, R);
+    const ScriptPass start = graph->run(module, x, torch::zeros({R}, torch::kFloat64), directions);
+    torch::Tensor t = torch::zeros({R + 1}, torch::kFloat64);
+    t[R] = 0.5;
+    const ScriptPass full = graph->run(module, torch::cat({x, x.narrow(0, 0, 1)}), t, directions);
+    auto same_rows = [&](const torch::Tensor& a, const torch::Tensor& b) {
+      return a.sizes().slice(1) == b.sizes().slice(1) && torch::equal(a, b.narrow(0, 0, R));
+    };
+    EXPECT_TRUE(same_rows(start.logits, full.logits));
+    ASSERT_EQ(start.outputs.size(), full.outputs.size());
+    for (size_t l = 0; l < start.outputs.size(); ++l) {
+      EXPECT_TRUE(same_rows(start.inputs[l], full.inputs[l])) << "layer " << l;
+      EXPECT_TRUE(same_rows(start.outputs[l], full.outputs[l])) << "layer " << l;
+    }
+    ASSERT_EQ(start.sites.size(), full.sites.size());
+    for (size_t j = 0; j < start.sites.size(); ++j) EXPECT_TRUE(same_rows(start.sites[j], full.sites[j])) << "site " << j;
+    EXPECT_FALSE(torch::equal(full.outputs.back()[R], full.outputs.back()[0]))
+        << "the row away from the start (the first row's input at t = 0.5) moves the last layer's output";
   }
 }
 
