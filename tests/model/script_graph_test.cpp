@@ -429,7 +429,8 @@ TEST(ScriptGraph, RowsAtTheStartGiveTheFullGraphsValues) {
 
 /// A string padding that pads one side more ('same' of an even kernel) has
 /// no integers to stand for: the structured route refuses the module and
-/// says which padding; 'same' of an odd kernel is read as its integers.
+/// says which padding; 'same' of an odd kernel is read as its integers, for
+/// a Conv2d and a Conv1d.
 TEST(ScriptGraph, RefusesASamePaddingOfAnEvenKernelByName) {
   REQUIRE_PYTHON_TORCH();
   TempDir dir;
@@ -449,6 +450,17 @@ TEST(ScriptGraph, RefusesASamePaddingOfAnEvenKernelByName) {
       EXPECT_EQ(graph->chain()[0].padding, 1);
     }
   }
+  // A one-dimensional convolution's 'same' too (the structured route's layer, not a chain's).
+  const std::string path = dir.path() + "/conv1d.pt";
+  python(dir, "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.conv = nn.Conv1d(2, 3, 5, padding='same')\n"
+              "    def forward(self, x):\n        return torch.flatten(self.conv(x), 1)\n"
+              "torch.jit.script(M()).save('" + path + "')\n");
+  std::string why_not;
+  const std::unique_ptr<ScriptGraph> graph = ScriptGraph::read(torch::jit::load(path), why_not);
+  ASSERT_NE(graph, nullptr) << why_not;
+  ASSERT_EQ(graph->layers().size(), 1u);
+  EXPECT_EQ(graph->layers()[0].desc.padding2, std::vector<int64_t>{2});
 }
 
 /// A seeded dropout is a layer of the chain, with its probability and its
