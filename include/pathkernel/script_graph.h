@@ -78,6 +78,10 @@ struct ScriptPass {
   std::vector<torch::Tensor> sites;    ///< per ReLU / leaky ReLU: its input, [R, U_j] ([R, C, H, W] when pooled)
 };
 
+/// Whether every row of a segment pass is at t = 0 (t [R], none counts),
+/// where the weights are w_s alone and the directions' products add nothing.
+bool rows_at_start(const torch::Tensor& t);
+
 class ScriptGraph {
  public:
   /// Reads `module`'s forward graph. Returns nullptr, with the reason in

@@ -178,7 +178,6 @@ class StepBlock {
 struct ForwardStep {
   Walk::Batch bt;
   torch::Tensor rho, e;
-  bool from_signals = false;  ///< bt.gradient summed from training signals in chunks of train_chunk rows
 };
 
 /// The forward walk's state across its steps: the totals d it adds to, the
@@ -242,7 +241,6 @@ class ForwardWalk {
     // signals the step's contractions take (kept for them) where the route
     // gives them: one pass over the batch, not a second by autograd.
     t.bt = w_.batch(reader_, st, options_.kernel, options_.train_chunk);
-    t.from_signals = !w_.captured && w_.gradient_from_signals && options_.train_chunk > 0;
     // Regularisation (only where there is weight decay) and rounding directions of this step.
     if (lambda_ != 0) t.rho = -st.lr * lambda_ * st.w;
     const UpdateResidual e = update_residual(m_, st, t.bt.gradient, lambda_);
@@ -281,7 +279,7 @@ class ForwardWalk {
     if (options_.on_step) p.step_c = torch::empty({p.count, bt.b, K}, torch::kFloat64);
     // Where G_s was summed from the training signals (step_terms), its
     // chunks are kept: the contraction takes the same ones.
-    const int64_t rows = t.from_signals ? options_.train_chunk : contraction_rows(options_, f, K, bt.b);
+    const int64_t rows = bt.from_signals ? options_.train_chunk : contraction_rows(options_, f, K, bt.b);
     w_.train_chunks(
         st, bt, rows, -st.lr, [&](const TrainSignals& tr) { return contract(ev, f, tr); },
         [&](int64_t r0, int64_t nr, const torch::Tensor& part) {  // [count, nr, K]

@@ -267,6 +267,7 @@ Walk::Batch Walk::batch_of(PathReader& reader, const PathStep& st, bool need_x, 
                            const SegmentEvaluator* at, bool gradient) {
   const bool from_signals = !captured && signal_chunk > 0 && gradient_from_signals;
   Batch out;
+  out.from_signals = from_signals;
   {
     WalkClock::Scope timed(clock, WalkClock::kTrainingSignals);
     out.idx = st.batch.defined() ? st.batch : torch::arange(M);

@@ -140,6 +140,9 @@ struct Walk {
   struct Batch {
     torch::Tensor idx, xb, yb, wb, gradient;
     int64_t b = 0;
+    /// The gradient is (or, from batch_signals, will be) summed from the
+    /// training signals in chunks of signal_chunk rows, kept for the step.
+    bool from_signals = false;
   };
   /// With `signal_chunk` > 0, c_s G_s is summed from the batch's training
   /// signals in chunks of that many rows where the route allows

@@ -20,10 +20,6 @@ namespace {
 
 using Kind = LayerDesc::Kind;
 
-/// Whether every row of a pass is at t = 0, where the weights are w_s alone
-/// and the direction's products (times 0) add nothing.
-bool all_zero(const torch::Tensor& t) { return t.numel() == 0 || !t.ne(0).any().item<bool>(); }
-
 bool has_params(const LayerDesc& d) { return d.kind == Kind::Linear || d.kind == Kind::Conv2d; }
 
 /// Whether a convolution has own networks' geometry (stride 1, no dilation,
@@ -60,7 +56,7 @@ class OwnRoute final : public LayeredRoute {
 
   std::string name() const override { return name_; }
   SegmentPass forward(const torch::Tensor& x, const torch::Tensor& t, bool track) const override {
-    return forward_rows(x, t, track, all_zero(t), nullptr);
+    return forward_rows(x, t, track, rows_at_start(t), nullptr);
   }
   /// The first param layer's products of the points, where only
   /// parameter-free layers that keep each unit (Flatten) come before it.
@@ -312,7 +308,7 @@ SegmentPoints OwnRoute::segment_points(const torch::Tensor& x) const {
 SegmentPass OwnRoute::forward_points(const SegmentPoints& points, const torch::Tensor& point, const torch::Tensor& t,
                                      bool track) const {
   const torch::Tensor x = rows_of_points(points.x, point);
-  const bool at_start = all_zero(t);
+  const bool at_start = rows_at_start(t);
   // A tracked pass (autograd through it) takes the whole pass, and so do a
   // convolution's rows all at the start: their product at W_s alone, as
   // forward() takes it, not the first half of the product at both.
@@ -625,7 +621,7 @@ void OwnRoute::walk_back(const SegmentPass& pass, torch::Tensor g, size_t end, b
   // (the rows' own shape with K in front); the weights at row r are
   // W_s + t_r dW_s, so every param layer's backward is two products, or one
   // when every row is at t = 0 (the training side's passes).
-  const bool at_start = all_zero(pass.t);
+  const bool at_start = rows_at_start(pass.t);
   size_t l = 0;
   for (size_t i = 0; i < end; ++i) l += has_params(layers_[i]) ? 1 : 0;
   for (size_t i = end; i-- > 0;) {

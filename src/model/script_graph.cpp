@@ -636,6 +636,8 @@ void number_paddings(Graph& g, const torch::jit::Module& module) {
 
 }  // namespace
 
+bool rows_at_start(const torch::Tensor& t) { return t.numel() == 0 || !t.ne(0).any().item<bool>(); }
+
 std::vector<Node*> nodes_of_kinds(Graph& graph, const std::vector<c10::Symbol>& kinds) {
   std::vector<Node*> found;
   std::vector<torch::jit::Block*> blocks{graph.block()};
@@ -713,11 +715,18 @@ int64_t segment_graph(Graph& g, const std::vector<LayerUse>& layers, const std::
   return static_cast<int64_t>(sites.size());
 }
 
-std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module, std::string& why_not) {
-  auto out = std::unique_ptr<ScriptGraph>(new ScriptGraph());
+/// The module's forward graph as read() reads it: inlined, without dead
+/// code, its None tests folded.
+std::shared_ptr<Graph> readable_forward(const torch::jit::Module& module) {
   std::shared_ptr<Graph> g = inlined_forward(module);
   torch::jit::EliminateDeadCode(g);
   fold_none_tests(g);
+  return g;
+}
+
+std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module, std::string& why_not) {
+  auto out = std::unique_ptr<ScriptGraph>(new ScriptGraph());
+  std::shared_ptr<Graph> g = readable_forward(module);
   if (g->outputs().size() != 1 || g->outputs()[0]->type()->kind() != c10::TypeKind::TensorType) {
     why_not = "its forward does not return one tensor";
     return nullptr;
@@ -744,9 +753,7 @@ std::unique_ptr<ScriptGraph> ScriptGraph::read(const torch::jit::Module& module,
   out->executor_ = std::make_unique<torch::jit::GraphExecutor>(g, "pathkernel_segment");
   // The same graph for rows all at t = 0 (the training side's passes),
   // read again from the module: without the directions' products.
-  std::shared_ptr<Graph> g0 = inlined_forward(module);
-  torch::jit::EliminateDeadCode(g0);
-  fold_none_tests(g0);
+  std::shared_ptr<Graph> g0 = readable_forward(module);
   std::vector<int64_t> windows;
   std::vector<bool> leaky;
   segment_graph(*g0, parameter_layers(*g0, module), site_nodes(*g0), false, nullptr, windows, leaky);
@@ -761,8 +768,7 @@ ScriptPass ScriptGraph::run(const torch::jit::Module& module, const torch::Tenso
   torch::jit::Stack stack{module._ivalue(), x, t};
   for (const torch::Tensor& d : directions) stack.emplace_back(d);
   // Every row at t = 0: the directions' products would be multiplied by 0.
-  const bool at_start = t.numel() == 0 || !t.ne(0).any().item<bool>();
-  (at_start ? executor_at_start_ : executor_)->run(stack);
+  (rows_at_start(t) ? executor_at_start_ : executor_)->run(stack);
   const auto tuple = stack.back().toTuple();
   const auto& e = tuple->elements();
   const size_t layers = layers_.size();

@@ -434,14 +434,19 @@ TEST(ScriptGraph, RowsAtTheStartGiveTheFullGraphsValues) {
 TEST(ScriptGraph, RefusesASamePaddingOfAnEvenKernelByName) {
   REQUIRE_PYTHON_TORCH();
   TempDir dir;
-  for (const auto& [kernel, refused] : std::vector<std::pair<int, bool>>{{2, true}, {3, false}}) {
-    const std::string path = dir.path() + "/even.pt";
+  // The module of one convolution `conv` (e.g. "nn.Conv2d(1, 2, 3, padding='same')"), flattened, read.
+  auto read_conv = [&](const std::string& name, const std::string& conv, std::string& why_not) {
+    const std::string path = dir.path() + "/" + name + ".pt";
     python(dir, "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-                "        self.conv = nn.Conv2d(1, 2, " + std::to_string(kernel) + ", padding='same')\n"
+                "        self.conv = " + conv + "\n"
                 "    def forward(self, x):\n        return torch.flatten(self.conv(x), 1)\n"
                 "torch.jit.script(M()).save('" + path + "')\n");
+    return ScriptGraph::read(torch::jit::load(path), why_not);
+  };
+  for (const auto& [kernel, refused] : std::vector<std::pair<int, bool>>{{2, true}, {3, false}}) {
     std::string why_not;
-    const std::unique_ptr<ScriptGraph> graph = ScriptGraph::read(torch::jit::load(path), why_not);
+    const std::unique_ptr<ScriptGraph> graph =
+        read_conv("even", "nn.Conv2d(1, 2, " + std::to_string(kernel) + ", padding='same')", why_not);
     EXPECT_EQ(graph == nullptr, refused) << kernel << ": " << why_not;
     if (refused) {
       EXPECT_CONTAINS(why_not, "conv2d's padding (a string padding has a rule where it pads both sides alike");
@@ -451,13 +456,8 @@ TEST(ScriptGraph, RefusesASamePaddingOfAnEvenKernelByName) {
     }
   }
   // A one-dimensional convolution's 'same' too (the structured route's layer, not a chain's).
-  const std::string path = dir.path() + "/conv1d.pt";
-  python(dir, "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-              "        self.conv = nn.Conv1d(2, 3, 5, padding='same')\n"
-              "    def forward(self, x):\n        return torch.flatten(self.conv(x), 1)\n"
-              "torch.jit.script(M()).save('" + path + "')\n");
   std::string why_not;
-  const std::unique_ptr<ScriptGraph> graph = ScriptGraph::read(torch::jit::load(path), why_not);
+  const std::unique_ptr<ScriptGraph> graph = read_conv("conv1d", "nn.Conv1d(2, 3, 5, padding='same')", why_not);
   ASSERT_NE(graph, nullptr) << why_not;
   ASSERT_EQ(graph->layers().size(), 1u);
   EXPECT_EQ(graph->layers()[0].desc.padding2, std::vector<int64_t>{2});
