@@ -224,8 +224,8 @@ class PathReader {
   /// caller (blas_switch.h), OpenBLAS's count, the process's, held at one
   /// for both while they run. So the replay runs on one thread: a run
   /// trained on one (torch's and OpenBLAS's), or one that stores every step (nothing replayed),
-  /// always; a run trained on several (not a recorded loop's, whose replay
-  /// rejoins its checkpoints) when one thread reproduces its shortest
+  /// always; a run trained on several (torch's or OpenBLAS's, a recorded
+  /// loop's included) when one thread reproduces its shortest replayed
   /// segment bit for bit, checked once. Every checkpoint is still compared:
   /// in reverse() a segment is handed on only once reproduced, and from
   /// the first one thread does not reproduce the rest replay in turn at the
@@ -247,8 +247,7 @@ class PathReader {
   /// Whether a replay on one thread (OpenMP's and OpenBLAS's) may give the
   /// run's bits, with OpenBLAS's kernels the engine's (blas_switch.h): it
   /// does for a run trained on one and one that stores every step; a run
-  /// of several (not a recorded loop's, whose replay rejoins its
-  /// checkpoints) is compared segment by segment as it replays, unless one
+  /// of several is compared segment by segment as it replays, unless one
   /// thread is already known not to reproduce it. Replays nothing.
   bool replays_alike_on_one_thread() const;
   /// Makes forward() replay in turn with fn on one thread (OpenMP's;
@@ -334,8 +333,14 @@ class PathReader {
   /// Why forward() and reverse() would replay in turn: empty when they
   /// replay ahead (replays_ahead).
   std::string in_turn_reason();
-  /// Whether a replay ahead runs on one thread a run trained on several.
-  bool replays_on_one_thread() const { return manifest_.threads > 1 && !manifest_.recorded; }
+  /// Whether a replay ahead runs on one thread a run trained on several
+  /// (torch's or OpenBLAS's: a recorded loop's torch.set_num_threads(1)
+  /// leaves OpenBLAS on every core). A recorded loop's replay rejoins its
+  /// checkpoints where it drifts: one thread is taken only where it
+  /// reproduces each of them bit for bit, as for a run of pathkernel's.
+  bool replays_on_one_thread() const {
+    return (manifest_.threads > 1 || run_blas_threads() > 1) && !stores_every_step();
+  }
   /// Whether segment k, replayed on one thread, reproduced its checkpoint
   /// (diff: its max |diff| there).
   bool one_thread_reproduced(size_t k, double diff) const;

@@ -86,7 +86,9 @@ def set_threads(n: int) -> None:
     bit. A loop whose two counts are 1 replays on a thread of its own while
     ``verify`` works: on a user's CNN of one epoch (2 cores), verify --test 1
     took 62 s against 78 s for the loop with torch alone on one thread,
-    whose replay runs in turn. Exported as ``pathkernel.record.set_threads``."""
+    whose replay ran in turn. Any other loop replays so only where one thread
+    reproduces its steps bit for bit, which the engine checks first.
+    Exported as ``pathkernel.record.set_threads``."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"set_threads: n is {n!r}, expected a whole number >= 1")
     torch.set_num_threads(n)

@@ -544,14 +544,14 @@ std::string PathReader::in_turn_reason() {
            " pieces, which a replay in turn runs on as many threads and a replay ahead on one";
   }
   if ((manifest_.threads == 1 && run_blas_threads() == 1) || stores_every_step()) return "";
-  if (replays_on_one_thread() && one_thread_reproduces()) return "";
+  if (one_thread_reproduces()) return "";  // a run of several threads (replays_on_one_thread)
   const std::string counts = std::to_string(manifest_.threads) + " torch thread(s) and " +
                              std::to_string(run_blas_threads()) + " OpenBLAS thread(s)";
   if (manifest_.recorded) {
-    return "the loop ran on " + counts + ", and a replay ahead runs on one of each; a loop that calls "
-           "pathkernel.record.set_threads(1) first (torch.set_num_threads(1) leaves OpenBLAS's count) replays ahead";
+    return "the loop ran on " + counts + ", and one thread does not reproduce its shortest replayed segment bit for "
+           "bit; a loop that calls pathkernel.record.set_threads(1) first (torch.set_num_threads(1) leaves "
+           "OpenBLAS's count) replays ahead";
   }
-  if (!replays_on_one_thread()) return "the run was trained on " + counts + ", and a replay ahead runs on one of each";
   return "the run was trained on " + counts + ", and one thread does not reproduce its shortest checkpoint segment "
          "bit for bit";
 }
@@ -567,16 +567,23 @@ bool PathReader::one_thread_reproduces() {
   int64_t length = -1;
   for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
     const int64_t n = manifest_.checkpoints[k + 1].step - manifest_.checkpoints[k].step;
-    if (n > 0 && (length < 0 || n < length)) {
+    // A recorded loop's segment of one step is read, not replayed.
+    const int64_t least = manifest_.recorded ? 2 : 1;
+    if (n >= least && (length < 0 || n < length)) {
       shortest = k;
       length = n;
     }
   }
-  if (length < 0) return *(one_thread_reproduces_ = false);
+  // A recorded loop of one-step segments only: nothing is replayed.
+  if (length < 0) return *(one_thread_reproduces_ = manifest_.recorded);
   const BlasPin pinned(1);
   const OneThreadReplay one(replay_threads_);
   const double diff = replay_segment(shortest, [](PathStep&&) {}, false);
-  return *(one_thread_reproduces_ = one_thread_reproduced(shortest, diff));
+  one_thread_reproduces_ = one_thread_reproduced(shortest, diff);
+  // A recorded loop's drift is the replay's at the loop's counts: one
+  // thread's, where it differs, is forgotten (replay_drift replays again).
+  if (manifest_.recorded && !*one_thread_reproduces_) drift_[shortest] = std::numeric_limits<double>::quiet_NaN();
+  return *one_thread_reproduces_;
 }
 
 bool PathReader::one_thread_reproduced(size_t k, double diff) const {

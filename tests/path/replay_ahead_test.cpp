@@ -227,6 +227,53 @@ TEST(ReplayAhead, ASegmentOneThreadDoesNotReproduceIsReplayedInTurn) {
   }
 }
 
+/// A run of 10 steps trained on one thread, checkpoints at 0, 3, 6, 9 and
+/// 10, marked as a loop recorded with torch on one thread and OpenBLAS on
+/// two (torch.set_num_threads(1) leaves OpenBLAS on every core): its
+/// segment of one step is read, not replayed, so its shortest replayed
+/// segment is the first.
+std::string loop_of_two_blas_threads(const TempDir& dir, const std::string& optimizer) {
+  const std::string run = one_thread_run(dir, optimizer, 10);
+  Manifest m = Manifest::load(run);
+  m.recorded = true;
+  m.environment.blas_threads = 2;
+  m.save(run);
+  return run;
+}
+
+// A recorded loop whose OpenBLAS ran on two threads replays ahead on one
+// where one thread reproduces it (this run's products are too small to
+// split), as a run of pathkernel's does; where one thread does not
+// reproduce its shortest replayed segment, it replays in turn and says so.
+TEST(ReplayAhead, ALoopOfTwoBlasThreadsReplaysAheadOnOneWhereOneReproducesIt) {
+  TempDir dir("replay_ahead_loop");
+  for (const std::string opt : {"sgd", "adam"}) {
+    const std::string run = loop_of_two_blas_threads(dir, opt);
+    PathReader reader(run);
+    ASSERT_EQ(reader.manifest().threads, 1);
+    ThreadScope two(2);
+    reader.set_replay_ahead(true);
+    ASSERT_TRUE(reader.replays_ahead()) << opt << ": " << reader.replay_in_turn_reason();
+    const std::vector<PathStep> in_turn = forward_steps(reader, false, 0, 10);
+    expect_same_steps(forward_steps(reader, true, 0, 10), in_turn, opt + " forward");
+    EXPECT_GT(reader.replay_ahead_seconds(), 0) << opt;
+    expect_same_steps(reverse_steps(reader, true), reverse_steps(reader, false), opt + " reverse");
+    for (bool bitwise : reader.replay_drift().bitwise_equal) EXPECT_TRUE(bitwise) << opt;
+
+    PathReader differs(run);
+    differs.set_one_thread_differs_at(0);  // steps [0, 3): the shortest replayed
+    differs.set_replay_ahead(true);
+    EXPECT_FALSE(differs.replays_ahead()) << opt;
+    EXPECT_EQ(differs.replay_in_turn_reason(),
+              "the loop ran on 1 torch thread(s) and 2 OpenBLAS thread(s), and one thread does not reproduce its "
+              "shortest replayed segment bit for bit; a loop that calls pathkernel.record.set_threads(1) first "
+              "(torch.set_num_threads(1) leaves OpenBLAS's count) replays ahead")
+        << opt;
+    expect_same_steps(forward_steps(differs, true, 0, 10), in_turn, opt + " in turn");
+    EXPECT_EQ(differs.replay_ahead_seconds(), 0) << opt;
+  }
+}
+
 // A checkpoint changed by 0.5 after training: the replay ahead hands out the
 // steps before it, then the error the replay in turn throws, forward and in
 // reverse.

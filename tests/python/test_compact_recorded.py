@@ -114,7 +114,10 @@ class CompactRecordings(TempDirTest):
         than on one: the recorder records OpenBLAS's count, and the replay
         runs OpenBLAS at it (at torch's count, none of this run's replayed
         checkpoints was reproduced on an AMD EPYC), in turn with the walk;
-        a loop after set_threads(1), one thread of each, replays ahead."""
+        a loop after set_threads(1), one thread of each, replays ahead, and
+        so does the other where one thread reproduces its shortest replayed
+        segment (machine-dependent: tests/path/replay_ahead_test.cpp forces
+        both outcomes)."""
         from pathkernel.record import set_threads
         lib = _openblas_library()
         if lib is None:
@@ -149,9 +152,13 @@ class CompactRecordings(TempDirTest):
             self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, j)
             return j
 
-        in_turn = loop(self.path("blas-threads-2"), 2)
-        self.assertIn("the loop ran on 1 torch thread(s) and 2 OpenBLAS thread(s)", in_turn["replay_in_turn_reason"])
-        self.assertEqual(in_turn["seconds_by_part"]["replay_ahead"], 0)
+        two = loop(self.path("blas-threads-2"), 2)
+        if "replay_in_turn_reason" in two:
+            self.assertIn("the loop ran on 1 torch thread(s) and 2 OpenBLAS thread(s), and one thread does not "
+                          "reproduce its shortest replayed segment", two["replay_in_turn_reason"])
+            self.assertEqual(two["seconds_by_part"]["replay_ahead"], 0)
+        else:
+            self.assertGreater(two["seconds_by_part"]["replay_ahead"], 0)
         ahead = loop(self.path("blas-threads-1"), 1)
         self.assertNotIn("replay_in_turn_reason", ahead)
         self.assertGreater(ahead["seconds_by_part"]["replay_ahead"], 0)
