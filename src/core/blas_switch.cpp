@@ -83,18 +83,36 @@ struct HeldKernels {
   }
 };
 
-/// OpenBLAS's mixed table of kernels (mix_blas_kernels) and what it mixes.
+/// What OpenBLAS's mixed table mixes (mix_blas_kernels).
+struct Mix {
+  bool on = false;      ///< OpenBLAS calls through MixedKernels::table
+  std::string run;      ///< the kernels of every routine but the float64 ones
+  std::string float64;  ///< the kernels of the float64 routines
+};
+
+/// OpenBLAS's mixed table of kernels and what it mixes, which any thread
+/// may read (active_blas_kernels) while one mixes or switches: read and
+/// written whole, under its own lock, never held while waiting.
 /// The table is never freed: OpenBLAS's threads read it while they run.
 struct MixedKernels {
   alignas(64) unsigned char table[16384];
-  bool on = false;       ///< OpenBLAS calls through `table`
-  std::string run;       ///< the kernels of every routine but the float64 ones
-  std::string float64;   ///< the kernels of the float64 routines
 
   static MixedKernels& get() {
     static MixedKernels m;
     return m;
   }
+  Mix state() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return mix_;
+  }
+  void set(Mix mix) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    mix_ = std::move(mix);
+  }
+
+ private:
+  std::mutex mutex_;
+  Mix mix_;
 };
 
 /// Has OpenBLAS choose its kernels again, from OPENBLAS_CORETYPE = `name`,
@@ -106,7 +124,7 @@ void load_kernels(const DynamicArch& d, const std::string& name) {
   CoretypeVariable variable(name);
   d.quit();
   d.init();
-  MixedKernels::get().on = false;
+  MixedKernels::get().set(Mix{});
 }
 
 /// A table of kernels OpenBLAS exports (gotoblas_HASWELL): where it is,
@@ -267,7 +285,8 @@ int blas_kernels_held() {
 std::string active_blas_kernels() {
   const DynamicArch& d = DynamicArch::get();
   if (!d.available()) return "";
-  if (MixedKernels::get().on) return MixedKernels::get().run;
+  Mix mix = MixedKernels::get().state();
+  if (mix.on) return mix.run;
   const char* name = d.corename();
   return name == nullptr ? "" : name;
 }
@@ -276,7 +295,7 @@ bool switch_blas_kernels(const std::string& name) {
   const DynamicArch& d = DynamicArch::get();
   if (!d.available() || name.empty()) return false;
   const std::string before = active_blas_kernels();
-  if (::strcasecmp(before.c_str(), name.c_str()) == 0 && !MixedKernels::get().on) return true;
+  if (::strcasecmp(before.c_str(), name.c_str()) == 0 && !MixedKernels::get().state().on) return true;
   load_kernels(d, name);
   if (::strcasecmp(active_blas_kernels().c_str(), name.c_str()) == 0) return true;
   // OpenBLAS did not know the name (it then falls back to its oldest kernels): back to the ones before.
@@ -288,10 +307,11 @@ bool mix_blas_kernels(const std::string& float64_kernels) {
   const DynamicArch& d = DynamicArch::get();
   MixedKernels& m = MixedKernels::get();
   if (!d.available() || d.table == nullptr || float64_kernels.empty()) return false;
-  if (m.on && ::strcasecmp(m.float64.c_str(), float64_kernels.c_str()) == 0) return true;
+  const Mix now = m.state();
+  if (now.on && ::strcasecmp(now.float64.c_str(), float64_kernels.c_str()) == 0) return true;
   const std::string run = active_blas_kernels();
   if (run.empty()) return false;
-  if (!m.on && ::strcasecmp(run.c_str(), float64_kernels.c_str()) == 0) return true;
+  if (!now.on && ::strcasecmp(run.c_str(), float64_kernels.c_str()) == 0) return true;
   // OpenBLAS sets a table's block sizes as it chooses it: both chosen once.
   if (!switch_blas_kernels(float64_kernels)) return false;
   const std::string float64 = active_blas_kernels();
@@ -303,17 +323,19 @@ bool mix_blas_kernels(const std::string& float64_kernels) {
   std::unique_lock<std::mutex> lock(h.mutex);
   h.changed.wait(lock, [&] { return h.held == 0; });
   *d.table = m.table;
-  m.on = true;
-  m.run = run;
-  m.float64 = float64;
+  m.set(Mix{true, run, float64});
   return true;
 }
 
 void unmix_blas_kernels() {
-  if (MixedKernels::get().on) switch_blas_kernels(MixedKernels::get().run);
+  const Mix mix = MixedKernels::get().state();
+  if (mix.on) switch_blas_kernels(mix.run);
 }
 
-std::string mixed_float64_kernels() { return MixedKernels::get().on ? MixedKernels::get().float64 : ""; }
+std::string mixed_float64_kernels() {
+  Mix mix = MixedKernels::get().state();
+  return mix.on ? mix.float64 : "";
+}
 
 void blas_kernels_for_replay(bool float32_replay) {
   if (!float32_replay) return unmix_blas_kernels();
@@ -324,7 +346,7 @@ void blas_kernels_for_replay(bool float32_replay) {
 bool blas_kernels_chosen_by_pathkernel() { return std::getenv(kBlasKernelsChosenVariable) != nullptr; }
 
 std::string engine_blas_kernels() {
-  if (!blas_kernels_chosen_by_pathkernel() || MixedKernels::get().on) return "";
+  if (!blas_kernels_chosen_by_pathkernel() || MixedKernels::get().state().on) return "";
   return wider_blas_kernels(active_blas_kernels(), CpuFeatures::current());
 }
 
