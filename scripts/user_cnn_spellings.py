@@ -2,9 +2,12 @@
 """How a user's CNN is written decides how fast pathkernel walks it.
 
 Records the same small user CNN (two 3x3 convolutions of 16 and 32 channels,
-ReLU, 2x2 max-pools, a 64-unit layer, 10 logits; Adam (--optimizer sgd: plain SGD), batch 128, float32,
-Fashion-MNIST's first --train images) written several ways (and once traced instead of scripted), each in its own
-loop with pathkernel.record, then runs `pathkernel verify RUN --test 1 --json`
+ReLU, 2x2 max-pools, a 64-unit layer, 10 logits; Adam (--optimizer sgd:
+plain SGD), batch 128, float32, Fashion-MNIST's first --train images)
+written several ways (and once traced instead of scripted), with two
+variants of its layers (no padding; stride-2 convolutions instead of
+pools), each in its own loop with pathkernel.record, then runs
+`pathkernel verify RUN --test 1 --json`
 on each and prints one line per spelling: the route, whether the module was
 walked as a chain (verify's `route_reason` is empty) or its rewritten graph
 run (the reason names the operation that breaks the chain), the seconds, the
@@ -90,6 +93,26 @@ class SamePadding(Base):
         super().__init__(padding="same")
 
 
+class NoPadding(Base):
+    """Convolutions without padding: 28 -> 26 -> 13 -> 11 -> 5 (pools drop the odd row)."""
+
+    def __init__(self) -> None:
+        super().__init__(padding=0)
+        self.fc1 = nn.Linear(32 * 5 * 5, 64)
+
+
+class Stride2(Base):
+    """Convolutions of stride 2 (padding 1) instead of max-pools: 28 -> 14 -> 7."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv2(torch.relu(self.conv1(x))))
+
+
 class Dropout(Base):
     def __init__(self) -> None:
         super().__init__()
@@ -125,6 +148,8 @@ SPELLINGS = {
     "no_bias": (NoBias, "cross_entropy"),
     "same_padding": (SamePadding, "cross_entropy"),
     "traced": (Base, "cross_entropy"),  # recorded as torch.jit.trace(model, two images)
+    "no_padding": (NoPadding, "cross_entropy"),
+    "stride2": (Stride2, "cross_entropy"),
     "dropout": (Dropout, "cross_entropy"),
     "avg_pool": (AvgPool, "cross_entropy"),
     "leaky_relu": (LeakyReLU, "cross_entropy"),
