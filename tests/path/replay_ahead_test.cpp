@@ -274,6 +274,56 @@ TEST(ReplayAhead, ALoopOfTwoBlasThreadsReplaysAheadOnOneWhereOneReproducesIt) {
   }
 }
 
+// Such a loop drifting from a checkpoint (here: step 6's weights changed
+// after the loop, as a loop that did something undeclared would leave
+// them): one thread reproduces the shortest replayed segment, so the walk
+// starts on one thread, meets the drift and walks again in turn (forward,
+// sgd) or replays the rest in turn (reverse, adam); the decomposition is
+// the one in turn, bit for bit, and the drift is the one in turn.
+TEST(ReplayAhead, ALoopOfTwoBlasThreadsThatDriftsDecomposesAsInTurn) {
+  TempDir dir("replay_ahead_loop_drift");
+  for (const std::string opt : {"sgd", "adam"}) {
+    const std::string run = loop_of_two_blas_threads(dir, opt);
+    Manifest m = Manifest::load(run);
+    ASSERT_EQ(m.checkpoints[2].step, 6);
+    const std::string file = run + "/" + m.checkpoints[2].weights.file;
+    torch::Tensor w = read_npy(file);
+    w.data_ptr<double>()[3] += 1e-3;
+    const std::string bytes = npy_bytes(w);
+    write_file_atomic(file, bytes);
+    m.checkpoints[2].weights.crc32 = crc32_of(bytes);
+    m.checkpoints[2].weights.bytes = static_cast<int64_t>(bytes.size());
+    m.save(run);
+
+    ThreadScope two(2);
+    DecompositionOptions o;
+    o.progress = false;
+    Decomposition expected, got;
+    {
+      PathReader reader(run);
+      ASSERT_TRUE(reader.one_thread_reproduces()) << opt;
+      const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
+      o.replay_ahead = true;
+      got = decompose(reader, x, o);
+      // w_3 bit for bit, w_6 off by the change, w_9 replayed from the
+      // changed w_6, w_10 a step read, not replayed.
+      const ReplayDrift drift = reader.replay_drift();
+      ASSERT_EQ(drift.steps, (std::vector<int64_t>{3, 6, 9, 10})) << opt;
+      EXPECT_EQ(drift.bitwise_equal, (std::vector<bool>{true, false, false, true})) << opt;
+      EXPECT_NEAR(drift.max_abs_diff[1], 1e-3, 1e-15) << opt;
+    }
+    {
+      PathReader reader(run);
+      const torch::Tensor x = reader.decoded_dataset().x_test.narrow(0, 0, 3);
+      o.replay_ahead = false;
+      expected = decompose(reader, x, o);
+    }
+    EXPECT_TRUE(same_bits(got.contributions, expected.contributions)) << opt;
+    EXPECT_TRUE(same_bits(got.rounding, expected.rounding)) << opt;
+    EXPECT_GT(expected.rounding.abs().max().item<double>(), 1e-6) << opt;  // E carries the drift
+  }
+}
+
 // A checkpoint changed by 0.5 after training: the replay ahead hands out the
 // steps before it, then the error the replay in turn throws, forward and in
 // reverse.
