@@ -18,7 +18,10 @@
 #include <string>
 
 #include "pathkernel/error.h"
+#include "pathkernel/files.h"
+#include "pathkernel/manifest.h"
 #include "pathkernel/model.h"
+#include "pathkernel/npy.h"
 #include "pathkernel/objective.h"
 #include "pathkernel/run.h"
 #include "test_paths.h"
@@ -208,6 +211,21 @@ inline RunOptions small_run_of(const std::string& out, const std::string& optimi
   r.data.test_size = test_size;
   r.model = model;
   return r;
+}
+
+/// Rewrites the checkpoint file of step `step` of run `run` with `w` and
+/// lists its new size and CRC-32 in the manifest.
+inline void rewrite_checkpoint(const std::string& run, int64_t step, const torch::Tensor& w) {
+  Manifest m = Manifest::load(run);
+  for (CheckpointRecord& c : m.checkpoints) {
+    if (c.step != step) continue;
+    const std::string path = (std::filesystem::path(run) / c.weights.file).string();
+    write_npy(path, w);
+    const std::string bytes = read_file(path);
+    c.weights.bytes = static_cast<int64_t>(bytes.size());
+    c.weights.crc32 = crc32_of(bytes);
+  }
+  m.save(run);
 }
 
 }  // namespace pathkernel::testing

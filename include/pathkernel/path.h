@@ -346,6 +346,11 @@ class PathReader {
   bool one_thread_reproduced(size_t k, double diff) const;
   /// A run recorded with every step stored: nothing is replayed.
   bool stores_every_step() const { return manifest_.recorded && !replays_recorded(); }
+  /// Whether segment k is one recorded step: its two checkpoints are
+  /// stored, so it is read, not replayed (replay_segment).
+  bool reads_segment(size_t k) const {
+    return manifest_.recorded && manifest_.checkpoints[k + 1].step - manifest_.checkpoints[k].step == 1;
+  }
   torch::Tensor batch_indices(int64_t s);
   OptimizerState checkpoint_state(size_t k) const;
   /// Checks that a network with BatchNorm in training mode has its running

@@ -285,7 +285,7 @@ int blas_kernels_held() {
 std::string active_blas_kernels() {
   const DynamicArch& d = DynamicArch::get();
   if (!d.available()) return "";
-  Mix mix = MixedKernels::get().state();
+  const Mix mix = MixedKernels::get().state();
   if (mix.on) return mix.run;
   const char* name = d.corename();
   return name == nullptr ? "" : name;
@@ -333,7 +333,7 @@ void unmix_blas_kernels() {
 }
 
 std::string mixed_float64_kernels() {
-  Mix mix = MixedKernels::get().state();
+  const Mix mix = MixedKernels::get().state();
   return mix.on ? mix.float64 : "";
 }
 

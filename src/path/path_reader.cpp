@@ -272,7 +272,7 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
   PK_ASSERT(k + 1 < manifest_.checkpoints.size());
   const int64_t begin = manifest_.checkpoints[k].step, end = manifest_.checkpoints[k + 1].step;
   // Every step is stored (or this segment is one recorded step): read it, replay nothing.
-  if (manifest_.recorded && end - begin == 1 && !replay_stored) {
+  if (reads_segment(k) && !replay_stored) {
     read_stored_step(k, fn, need_state);
     return 0;
   }
@@ -356,11 +356,11 @@ ReplayDrift PathReader::replay_drift() {
   ReplayDrift out;
   if (!replays_recorded()) return out;
   for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
-    const int64_t length = manifest_.checkpoints[k + 1].step - manifest_.checkpoints[k].step;
-    if (length > 1 && (drift_.empty() || std::isnan(drift_[k]))) replay_segment(k, [](PathStep&&) {}, false);
+    const bool replayed = !reads_segment(k);
+    if (replayed && (drift_.empty() || std::isnan(drift_[k]))) replay_segment(k, [](PathStep&&) {}, false);
     out.steps.push_back(manifest_.checkpoints[k + 1].step);
-    out.max_abs_diff.push_back(length > 1 ? drift_[k] : 0.0);
-    out.bitwise_equal.push_back(length > 1 ? static_cast<bool>(drift_bitwise_[k]) : true);
+    out.max_abs_diff.push_back(replayed ? drift_[k] : 0.0);
+    out.bitwise_equal.push_back(replayed ? static_cast<bool>(drift_bitwise_[k]) : true);
   }
   return out;
 }
@@ -567,9 +567,7 @@ bool PathReader::one_thread_reproduces() {
   int64_t length = -1;
   for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
     const int64_t n = manifest_.checkpoints[k + 1].step - manifest_.checkpoints[k].step;
-    // A recorded loop's segment of one step is read, not replayed.
-    const int64_t least = manifest_.recorded ? 2 : 1;
-    if (n >= least && (length < 0 || n < length)) {
+    if (n > 0 && !reads_segment(k) && (length < 0 || n < length)) {
       shortest = k;
       length = n;
     }
@@ -663,7 +661,7 @@ ReplayReport PathReader::check(bool progress) {
   if (manifest_.recorded && !replays_recorded()) return report;
   ProgressBar bar(manifest_.steps, "check-path", progress);
   for (size_t k = 0; k + 1 < manifest_.checkpoints.size(); ++k) {
-    if (manifest_.recorded && manifest_.checkpoints[k + 1].step - manifest_.checkpoints[k].step == 1) continue;
+    if (reads_segment(k)) continue;
     double diff = replay_segment(k, [&](PathStep&& st) {
       ++report.steps_replayed;
       bar.update(st.step + 1);

@@ -19,6 +19,7 @@ namespace pathkernel {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::rewrite_checkpoint;
 using testing::same_bits;
 using testing::small_run;
 using testing::TempDir;
@@ -38,21 +39,6 @@ std::pair<std::string, std::string> compact_twin(const TempDir& dir, const std::
   m.recorded = true;
   m.save(dir / "compact");
   return {r.out, dir / "compact"};
-}
-
-/// Rewrites the checkpoint file of step `step` with `w` and lists its new
-/// size and CRC-32 in the manifest.
-void rewrite_checkpoint(const std::string& run, int64_t step, const torch::Tensor& w) {
-  Manifest m = Manifest::load(run);
-  for (CheckpointRecord& c : m.checkpoints) {
-    if (c.step != step) continue;
-    const std::string path = (fs::path(run) / c.weights.file).string();
-    write_npy(path, w);
-    const std::string bytes = read_file(path);
-    c.weights.bytes = static_cast<int64_t>(bytes.size());
-    c.weights.crc32 = crc32_of(bytes);
-  }
-  m.save(run);
 }
 
 DecompositionOptions quiet_options() {

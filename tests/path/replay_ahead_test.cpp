@@ -22,6 +22,7 @@ namespace pathkernel {
 namespace {
 
 using testing::error_message;
+using testing::rewrite_checkpoint;
 using testing::same_bits;
 using testing::small_run;
 using testing::TempDir;
@@ -284,16 +285,10 @@ TEST(ReplayAhead, ALoopOfTwoBlasThreadsThatDriftsDecomposesAsInTurn) {
   TempDir dir("replay_ahead_loop_drift");
   for (const std::string opt : {"sgd", "adam"}) {
     const std::string run = loop_of_two_blas_threads(dir, opt);
-    Manifest m = Manifest::load(run);
-    ASSERT_EQ(m.checkpoints[2].step, 6);
-    const std::string file = run + "/" + m.checkpoints[2].weights.file;
-    torch::Tensor w = read_npy(file);
+    ASSERT_EQ(PathReader(run).manifest().checkpoints[2].step, 6);
+    torch::Tensor w = PathReader(run).checkpoint(2).clone();
     w.data_ptr<double>()[3] += 1e-3;
-    const std::string bytes = npy_bytes(w);
-    write_file_atomic(file, bytes);
-    m.checkpoints[2].weights.crc32 = crc32_of(bytes);
-    m.checkpoints[2].weights.bytes = static_cast<int64_t>(bytes.size());
-    m.save(run);
+    rewrite_checkpoint(run, 6, w);
 
     ThreadScope two(2);
     DecompositionOptions o;
@@ -330,14 +325,9 @@ TEST(ReplayAhead, ALoopOfTwoBlasThreadsThatDriftsDecomposesAsInTurn) {
 TEST(ReplayAhead, AReplayThatFailsFailsAsInTurn) {
   TempDir dir("replay_ahead_fail");
   const std::string run = one_thread_run(dir, "sgd", 9);
-  Manifest m = Manifest::load(run);
-  const std::string file = run + "/" + m.checkpoints[2].weights.file;  // step 6
-  torch::Tensor w = read_npy(file);
+  torch::Tensor w = PathReader(run).checkpoint(2).clone();  // step 6
   w.data_ptr<double>()[5] += 0.5;
-  const std::string bytes = npy_bytes(w);
-  write_file_atomic(file, bytes);
-  m.checkpoints[2].weights.crc32 = crc32_of(bytes);
-  m.save(run);
+  rewrite_checkpoint(run, 6, w);
 
   PathReader reader(run);
   ThreadScope two(2);
