@@ -59,10 +59,11 @@ struct LayerDesc {
   /// a tensor). Module: a whole TorchScript module the engine does not look
   /// inside; its parameters are one block, taken by autograd (the generic
   /// route). Dropout: a module chain's seeded dropout (dropout.h), which
-  /// drops only while a DropoutStep is on.
+  /// drops only while a DropoutStep is on. AvgPool2d: a module chain's
+  /// average pool of non-overlapping windows and no padding.
   enum class Kind {
     Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax, Module, LayerNorm, Embedding, Addend, Conv1d,
-    Dropout
+    Dropout, AvgPool2d
   };
   LayerDesc() = default;
   LayerDesc(Kind kind, std::string module, int64_t in, int64_t out, int64_t kernel, int64_t padding)
@@ -72,7 +73,7 @@ struct LayerDesc {
   std::string module;    ///< for parameterised layers: the module name, e.g. "fc1"
   int64_t in = 0;        ///< Linear: in_features;  Conv2d: in_channels
   int64_t out = 0;       ///< Linear: out_features; Conv2d: out_channels
-  int64_t kernel = 0;    ///< pathkernel's own Conv2d: kernel size; MaxPool2d window
+  int64_t kernel = 0;    ///< pathkernel's own Conv2d: kernel size; MaxPool2d, AvgPool2d: window (= stride)
   int64_t padding = 0;   ///< pathkernel's own Conv2d: padding
   /// Conv2d from a module's graph: per spatial dimension (empty: stride 1,
   /// padding `padding`, dilation 1), and the groups.

@@ -124,6 +124,8 @@ class OwnRoute final : public LayeredRoute {
   /// The gradient at max-pool layer i's input from g at its output (and
   /// through the ReLU before it, if any), [K, R, ...].
   torch::Tensor pool_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass) const;
+  /// The gradient at average-pool layer i's input from g at its output, [K, R, ...].
+  torch::Tensor average_pool_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass) const;
   /// The gradient at parameter-free layer i's input from g at its output.
   torch::Tensor free_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass, bool of_logits) const;
   /// Walks g, the gradient at layer `end`'s output [K, R, ...], back to
@@ -175,7 +177,8 @@ OwnRoute::OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Kind k = layers_[i].kind;
     piecewise_linear = piecewise_linear && (has_params(layers_[i]) || k == Kind::ReLU || k == Kind::MaxPool2d ||
-                                            k == Kind::Flatten || k == Kind::LogSoftmax || k == Kind::Dropout);
+                                            k == Kind::AvgPool2d || k == Kind::Flatten || k == Kind::LogSoftmax ||
+                                            k == Kind::Dropout);
     if (!has_params(layers_[i])) continue;
     bool relu = i + 1 < layers_.size() && layers_[i + 1].kind == Kind::ReLU;
     bool pool = relu && i + 2 < layers_.size() && layers_[i + 2].kind == Kind::MaxPool2d;
@@ -437,6 +440,7 @@ torch::Tensor OwnRoute::free_backward(size_t i, const torch::Tensor& g, const Se
     }
     case Kind::GELU: return g * torch::gelu_backward(torch::ones_like(in[i]), in[i]);
     case Kind::MaxPool2d: return pool_backward(i, g, pass);
+    case Kind::AvgPool2d: return average_pool_backward(i, g, pass);
     case Kind::Flatten: return g.reshape(input_shape(i));
     case Kind::Dropout: return pass.dropout[i].defined() ? g * pass.dropout[i] : g;
     default: PK_ASSERT(false && "own route: a layer own networks do not have"); return g;
@@ -456,6 +460,17 @@ torch::Tensor OwnRoute::pool_backward(size_t i, const torch::Tensor& g, const Se
   const bool relu = i > 0 && layers_[i - 1].kind == Kind::ReLU;
   return max_unpool(g, pass.argmax[i], layers_[i].kernel, in[i].size(2), in[i].size(3),
                     relu ? pooled : torch::Tensor());
+}
+
+torch::Tensor OwnRoute::average_pool_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass) const {
+  // As autograd takes it: each pooled gradient over k² to its window; the
+  // input only gives its shape, and is never read.
+  const torch::Tensor& a = pass.layer_inputs[i];
+  const int64_t K = g.size(0), R = g.size(1), k = layers_[i].kernel;
+  const torch::Tensor shape_of_input = torch::empty({K * R, a.size(1), a.size(2), a.size(3)}, a.options());
+  return torch::avg_pool2d_backward(g.flatten(0, 1), shape_of_input, {k, k}, {k, k}, {0, 0}, false, true,
+                                    c10::nullopt)
+      .unflatten(0, {K, R});
 }
 
 std::vector<torch::Tensor> OwnRoute::signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits) const {

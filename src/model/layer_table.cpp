@@ -392,6 +392,12 @@ std::vector<LayerRule> make_layer_table() {
       },
       true));
   t.push_back(parameter_free(
+      Kind::AvgPool2d, "avg_pool2d", "aten::avg_pool2d",
+      [](const LayerDesc& d, const torch::Tensor& x) {
+        return torch::avg_pool2d(x, {d.kernel, d.kernel}, {d.kernel, d.kernel});
+      },
+      true));
+  t.push_back(parameter_free(
       Kind::Flatten, "flatten", "aten::flatten", [](const LayerDesc&, const torch::Tensor& x) { return x.flatten(1); },
       true));
   t.push_back(parameter_free(

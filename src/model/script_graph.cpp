@@ -80,6 +80,17 @@ void fold_none_tests(std::shared_ptr<Graph>& g) {
   torch::jit::EliminateDeadCode(g);
 }
 
+/// A pool's square size: an int, or a list of one or two equal ints; -1
+/// for [] (the default stride), 0 for anything else.
+int64_t square_size(Value* v) {
+  auto iv = constant(v);
+  if (iv && iv->isInt()) return iv->toInt();
+  if (!iv || !iv->isIntList()) return 0;
+  const std::vector<int64_t> l = iv->toIntVector();
+  if (l.empty()) return -1;
+  return l.size() == 1 || (l.size() == 2 && l[0] == l[1]) ? l[0] : 0;
+}
+
 /// The window k of a max-pool of the graph op table (max_pool2d) that pools
 /// non-overlapping windows of k per dimension (stride k or default, no
 /// padding or dilation, floor mode): the windows the kink search pools
@@ -88,19 +99,23 @@ void fold_none_tests(std::shared_ptr<Graph>& g) {
 int64_t plain_window(const Node* n) {
   const GraphOpRule* rule = n->kind().is_aten() ? graph_op_rule(n->kind().toUnqualString()) : nullptr;
   if (rule == nullptr || rule->pool_dims == 0 || n->inputs().size() != 6) return 0;
-  // A square size: an int, or a list of one or two equal ints; [] is -1.
-  auto square = [](Value* v) -> int64_t {
-    auto iv = constant(v);
-    if (iv && iv->isInt()) return iv->toInt();
-    if (!iv || !iv->isIntList()) return 0;
-    const std::vector<int64_t> l = iv->toIntVector();
-    if (l.empty()) return -1;
-    return l.size() == 1 || (l.size() == 2 && l[0] == l[1]) ? l[0] : 0;
-  };
-  const int64_t k = square(n->input(1)), stride = square(n->input(2));
+  const int64_t k = square_size(n->input(1)), stride = square_size(n->input(2));
   auto ceil_mode = constant(n->input(5));
-  const bool plain = k >= 1 && (stride == k || stride == -1) && square(n->input(3)) == 0 &&
-                     square(n->input(4)) == 1 && ceil_mode && ceil_mode->isBool() && !ceil_mode->toBool();
+  const bool plain = k >= 1 && (stride == k || stride == -1) && square_size(n->input(3)) == 0 &&
+                     square_size(n->input(4)) == 1 && ceil_mode && ceil_mode->isBool() && !ceil_mode->toBool();
+  return plain ? k : 0;
+}
+
+/// The window of an average pool of non-overlapping square windows
+/// (aten::avg_pool2d with stride = window, no padding, floor mode, no
+/// divisor override), or 0.
+int64_t plain_average_window(const Node* n) {
+  if (n->kind() != aten("avg_pool2d") || n->inputs().size() != 7) return 0;
+  const int64_t k = square_size(n->input(1)), stride = square_size(n->input(2));
+  auto ceil_mode = constant(n->input(4));
+  const bool plain = k >= 1 && (stride == k || stride == -1) && square_size(n->input(3)) == 0 && ceil_mode &&
+                     ceil_mode->isBool() && !ceil_mode->toBool() &&
+                     n->input(6)->type()->kind() == c10::TypeKind::NoneType;
   return plain ? k : 0;
 }
 
@@ -445,6 +460,9 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
     } else if (plain_window(n) > 0) {
       d.kind = Kind::MaxPool2d;
       d.kernel = plain_window(n);
+    } else if (plain_average_window(n) > 0) {
+      d.kind = Kind::AvgPool2d;
+      d.kernel = plain_average_window(n);
     } else if (k == aten("flatten") && n->inputs().size() == 3 && is_int(1, 1) && is_int(2, -1)) {
       d.kind = Kind::Flatten;
     } else if ((k == aten("view") || k == aten("reshape")) && rows_shape(n->input(1), h)) {
@@ -463,7 +481,7 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
     }
     if (d.kind == Kind::Module) {
       return refuse(operation_name(n, layers) + " is none of a chain's layers (Linear, Conv2d, ReLU, a max-pool " +
-                    "of non-overlapping windows, a flattening to rows, a dropout)");
+                    "or average pool of non-overlapping windows, a flattening to rows, a dropout)");
     }
     chain.push_back(d);
     nodes.push_back(n);

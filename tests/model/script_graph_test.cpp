@@ -143,6 +143,22 @@ std::vector<Case> cases() {
     same.body.replace(same.body.find(from), from.size(), to);
   }
   c.push_back(same);
+  // A chain that averages instead of taking the maximum (LeNet's pools):
+  // windows of 2, and of 3 over a 4 x 4 map, whose last row and column
+  // no window takes (floor mode).
+  c.push_back({"chain-avg", "class M(nn.Module):\n"
+                            "    def __init__(self):\n"
+                            "        super().__init__()\n"
+                            "        self.conv1 = nn.Conv2d(1, 3, 3, padding=1)\n"
+                            "        self.conv2 = nn.Conv2d(3, 4, 3)\n"
+                            "        self.fc = nn.Linear(4, 5)\n"
+                            "        self.out = nn.Linear(5, 3)\n"
+                            "    def forward(self, x):\n"
+                            "        h = F.avg_pool2d(F.relu(self.conv1(x)), 2)\n"
+                            "        h = F.avg_pool2d(torch.relu(self.conv2(h)), kernel_size=3)\n"
+                            "        h = F.relu(self.fc(torch.flatten(h, 1)))\n"
+                            "        return self.out(h)\n",
+               {1, 12, 12}, false, 3, false});
   // Layer lists compiled without Python: every layer of the grammar.
   Case images{"layers-images", "", {2, 8, 8}};
   images.spec = "layers:conv(4,3,padding=1),leakyrelu(0.1),res(conv(4,3,padding=1,groups=2),silu),"
@@ -282,8 +298,9 @@ TEST_P(EveryRule, AgreesWithTheGenericRouteAndAutograd) {
 
 INSTANTIATE_TEST_SUITE_P(
     ScriptGraph, EveryRule,
-    ::testing::Combine(::testing::Values("conv", "tokens", "relu", "chain", "chain-view", "chain-logsoftmax", "chain-nobias",
-                                         "chain-dropout", "chain-same", "layers-images", "layers-tokens"),
+    ::testing::Combine(::testing::Values("conv", "tokens", "relu", "chain", "chain-view", "chain-logsoftmax",
+                                         "chain-nobias", "chain-dropout", "chain-same", "chain-avg", "layers-images",
+                                         "layers-tokens"),
                        ::testing::Values(OutputMap::LogSoftmax, OutputMap::Logits)),
     [](const ::testing::TestParamInfo<EveryRule::ParamType>& info) {
       std::string name = std::get<0>(info.param) + "_" + output_map_name(std::get<1>(info.param));
@@ -295,7 +312,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 /// The graphs read as a plain chain of pathkernel's own layers, and those
 /// that are not: a residual addition, a ReLU with no param layer before it,
-/// a strided convolution, a leaky ReLU; and why (a Linear without bias is one).
+/// a strided convolution, a leaky ReLU, average pools other than of
+/// non-overlapping windows after a ReLU; and why (a Linear without bias is one).
 TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
   REQUIRE_PYTHON_TORCH();
   TempDir dir;
@@ -326,6 +344,17 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
     EXPECT_EQ(chain[2].kernel, 2);
     EXPECT_EQ(chain[7].in, 16);
   }
+  for (const Case& c : cases()) {
+    if (c.name != "chain-avg") continue;
+    const std::vector<LayerDesc> chain = chain_of(c.name, c.body);
+    std::vector<Kind> kinds;
+    for (const LayerDesc& d : chain) kinds.push_back(d.kind);
+    EXPECT_EQ(kinds, std::vector<Kind>({Kind::Conv2d, Kind::ReLU, Kind::AvgPool2d, Kind::Conv2d, Kind::ReLU,
+                                        Kind::AvgPool2d, Kind::Flatten, Kind::Linear, Kind::ReLU, Kind::Linear}));
+    ASSERT_EQ(chain.size(), 10u);
+    EXPECT_EQ(chain[2].kernel, 2);
+    EXPECT_EQ(chain[5].kernel, 3);
+  }
   // Modules the chain reader refuses (and one it takes): their __init__
   // body and forward.
   // and why it refuses them (ScriptGraph::chain_refusal()).
@@ -340,6 +369,22 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
        "self.fc(torch.flatten(self.conv(x), 1))", "aten::conv2d of 'conv' is not a Linear or a stride-1 Conv2d"},
       {"no_bias", "self.fc = nn.Linear(4, 3, bias=False)", "self.fc(x)", ""},
       {"leaky", "self.fc = nn.Linear(4, 3)", "F.leaky_relu(self.fc(x))", "aten::leaky_relu is none of a chain's"},
+      // Average pools: of non-overlapping windows after a ReLU; not before
+      // it (the two do not commute), nor overlapping or in ceil mode.
+      {"avg_pool", "self.conv = nn.Conv2d(1, 2, 3)\n        self.fc = nn.Linear(8, 3)",
+       "self.fc(torch.flatten(F.avg_pool2d(F.relu(self.conv(x)), [2, 2]), 1))", ""},
+      {"avg_pool_first", "self.conv = nn.Conv2d(1, 2, 3)\n        self.fc = nn.Linear(8, 3)",
+       "self.fc(torch.flatten(F.relu(F.avg_pool2d(self.conv(x), 2)), 1))",
+       "aten::relu does not follow a Linear or Conv2d"},
+      {"avg_pool_overlapping", "self.conv = nn.Conv2d(1, 2, 3)\n        self.fc = nn.Linear(8, 3)",
+       "self.fc(torch.flatten(F.avg_pool2d(F.relu(self.conv(x)), 3, 1), 1))",
+       "aten::avg_pool2d is none of a chain's layers"},
+      {"avg_pool_ceil", "self.conv = nn.Conv2d(1, 2, 3)\n        self.fc = nn.Linear(8, 3)",
+       "self.fc(torch.flatten(F.avg_pool2d(F.relu(self.conv(x)), 2, ceil_mode=True), 1))",
+       "aten::avg_pool2d is none of a chain's layers"},
+      {"avg_pool_divisor", "self.conv = nn.Conv2d(1, 2, 3)\n        self.fc = nn.Linear(8, 3)",
+       "self.fc(torch.flatten(F.avg_pool2d(F.relu(self.conv(x)), 2, divisor_override=3), 1))",
+       "aten::avg_pool2d is none of a chain's layers"},
       {"dropout", "self.fc = nn.Linear(4, 3)\n        self.drop = nn.Dropout(0.5)", "self.fc(self.drop(x))", ""},
       {"dropout_before_relu", "self.fc = nn.Linear(4, 3)\n        self.drop = nn.Dropout(0.5)",
        "F.relu(self.drop(self.fc(x)))", "aten::relu does not follow a Linear"},
