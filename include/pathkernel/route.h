@@ -207,10 +207,12 @@ class Route {
   virtual torch::Tensor first_signals_of_pair(const SegmentPass& pass, const torch::Tensor& g,
                                               const torch::Tensor& g_dw) const;
   /// Where the layers between param layers 0 and 1 route each unit of layer
-  /// 1's input, at rows `rows` of a pass: the unit of layer 0's output
-  /// (flattened) it takes, or −1 for none, [R, U1]. Defined where those
-  /// layers only select (ReLU, max-pool, flatten) and the route walks them
-  /// by hand (own, chain); undefined otherwise.
+  /// 1's input, at rows `rows` of a pass: the S units of layer 0's output
+  /// (flattened) whose mean it is, each −1 for none (a zero), [R, U1, S].
+  /// S is 1 where those layers select (ReLU, max-pool, flatten) and the
+  /// windows' k² of each average pool where they average too. Defined
+  /// where they select or average alone and the route walks them by hand
+  /// (own, chain); undefined otherwise.
   virtual torch::Tensor first_selection(const SegmentPass& /*pass*/, const torch::Tensor& /*rows*/) const {
     return torch::Tensor();
   }

@@ -59,6 +59,11 @@ torch::Tensor sum_by_group(const torch::Tensor& v, const torch::Tensor& group, i
 /// a step of many first-site kinks has thousands.
 constexpr int64_t kMendChunk = 256;
 
+/// Layer 0's output v [R, U0] at layer 1's input as a first selection
+/// `selection` [R, U1, S] routes it (Route::first_selection): per unit the
+/// mean of its S units, [R, U1].
+torch::Tensor routed_by_selection(const torch::Tensor& v, const torch::Tensor& selection);
+
 /// Each group's first row, [groups]: group [R] in [0, groups); row 0 for a
 /// group without rows (whose sums are zero).
 torch::Tensor first_of_each_group(const torch::Tensor& group, int64_t groups);

@@ -95,6 +95,12 @@ torch::Tensor sum_by_group(const torch::Tensor& v, const torch::Tensor& group, i
   return sums;
 }
 
+torch::Tensor routed_by_selection(const torch::Tensor& v, const torch::Tensor& selection) {
+  const int64_t S = selection.size(2);
+  const torch::Tensor taken = v.gather(1, selection.clamp_min(0).flatten(1)).view(selection.sizes()) * (selection >= 0);
+  return S == 1 ? taken.squeeze(2) : taken.sum(2) / static_cast<double>(S);
+}
+
 torch::Tensor first_of_each_group(const torch::Tensor& group, int64_t groups) {
   std::vector<int64_t> first(static_cast<size_t>(groups), 0);
   auto gp = group.accessor<int64_t, 1>();

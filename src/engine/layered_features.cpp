@@ -486,19 +486,19 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   const int64_t G = present.size(0);
   PK_ASSERT(sums.g.defined() && sums.g_dw.defined());
   // Each test point's first piece; its selection routes the point's sums.
-  const torch::Tensor ref = first_of_each_group(group, G), ref_sel = sel.index_select(0, ref);  // [G, U1]
+  const torch::Tensor ref = first_of_each_group(group, G), ref_sel = sel.index_select(0, ref);  // [G, U1, S]
   // Layer 1's input on a piece is A + t B: the first layer's output at t = 0
   // and its direction, routed by the piece's selection.
   const torch::Tensor y0 = p0_.preacts[0].detach().index_select(0, present).flatten(1);                  // [G, U0]
   const torch::Tensor d0 = pass_.directions[0].detach().index_select(0, rows.index_select(0, ref)).flatten(1);
-  auto routed = [](const torch::Tensor& v, const torch::Tensor& s) { return v.gather(1, s.clamp_min(0)) * (s >= 0); };
   std::vector<int64_t> shape = pass_.inputs[1].sizes().vec();
   shape[0] = 2 * G;
   // Rows A, B of each point in turn (grouped by point, as add_dense takes
   // them best); B's bias columns, which would take Σ_j t_j G_j, are taken
   // back out: the bias has A's alone (its input is 1, not t).
   const torch::Tensor& gts = sums.g_dw;
-  add_dense(ev_, 1, f_, torch::stack({routed(y0, ref_sel), routed(d0, ref_sel)}, 1).view(shape),
+  const torch::Tensor rows_a_b = torch::stack({routed_by_selection(y0, ref_sel), routed_by_selection(d0, ref_sel)}, 1);
+  add_dense(ev_, 1, f_, rows_a_b.view(shape),
             torch::stack({sums.g, gts}, 2).flatten(1, 2), present.repeat_interleave(2), torch::Tensor());
   const ParamLayer& pl = ev_.param_layers()[1];
   if (pl.bias_numel > 0) {
@@ -507,17 +507,17 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   }
   // A piece's units routed elsewhere than by its point's first piece: its
   // own pair against the change of A and B there.
-  const torch::Tensor at = (sel != ref_sel.index_select(0, group)).nonzero();  // [M, 2]
+  const torch::Tensor at = (sel != ref_sel.index_select(0, group)).nonzero();  // [M, 3]: row, unit, slot
   if (at.size(0) == 0) return;
   SiteMends m;
   m.row = at.select(1, 0);
   m.unit = at.select(1, 1);
-  const torch::Tensor in = group.index_select(0, m.row);
-  const torch::Tensor own = sel.index({m.row, m.unit}), was = ref_sel.index({in, m.unit});
-  const int64_t U0 = y0.size(1);
+  const torch::Tensor in = group.index_select(0, m.row), slot = at.select(1, 2);
+  const torch::Tensor own = sel.index({m.row, m.unit, slot}), was = ref_sel.index({in, m.unit, slot});
+  const int64_t U0 = y0.size(1), S = sel.size(2);
   auto change = [&](const torch::Tensor& v) {  // v [G, U0]: the entries alone, not the rows
     auto at_unit = [&](const torch::Tensor& s) { return v.view(-1).index_select(0, in * U0 + s.clamp_min(0)) * (s >= 0); };
-    return at_unit(own) - at_unit(was);
+    return S == 1 ? at_unit(own) - at_unit(was) : (at_unit(own) - at_unit(was)) / static_cast<double>(S);
   };
   m.point = present.index_select(0, in);
   m.da = change(y0);

@@ -463,14 +463,20 @@ torch::Tensor OwnRoute::pool_backward(size_t i, const torch::Tensor& g, const Se
 }
 
 torch::Tensor OwnRoute::average_pool_backward(size_t i, const torch::Tensor& g, const SegmentPass& pass) const {
-  // As autograd takes it: each pooled gradient over k² to its window; the
-  // input only gives its shape, and is never read.
+  // Each pooled gradient over k² to each unit of its window, as autograd's
+  // backward takes it (the windows do not overlap: one term per unit, the
+  // same bits), but as one copy of g expanded: LibTorch's float64 kernel
+  // took 21 s of the average-pool CNN's epoch. The rows and columns no
+  // window takes get zeros.
   const torch::Tensor& a = pass.layer_inputs[i];
-  const int64_t K = g.size(0), R = g.size(1), k = layers_[i].kernel;
-  const torch::Tensor shape_of_input = torch::empty({K * R, a.size(1), a.size(2), a.size(3)}, a.options());
-  return torch::avg_pool2d_backward(g.flatten(0, 1), shape_of_input, {k, k}, {k, k}, {0, 0}, false, true,
-                                    c10::nullopt)
-      .unflatten(0, {K, R});
+  const int64_t k = layers_[i].kernel, H = a.size(2), W = a.size(3);
+  const int64_t K = g.size(0), R = g.size(1), C = g.size(2), Hp = g.size(3), Wp = g.size(4);
+  torch::Tensor spread = (g / static_cast<double>(k * k))
+                             .reshape({K, R, C, Hp, 1, Wp, 1})
+                             .expand({K, R, C, Hp, k, Wp, k})
+                             .reshape({K, R, C, Hp * k, Wp * k});
+  if (Hp * k == H && Wp * k == W) return spread;
+  return torch::constant_pad_nd(spread, {0, W - Wp * k, 0, H - Hp * k});
 }
 
 std::vector<torch::Tensor> OwnRoute::signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits) const {
@@ -514,22 +520,42 @@ torch::Tensor OwnRoute::first_selection(const SegmentPass& pass, const torch::Te
   const size_t first = layer_index(0), second = layer_index(1);
   const int64_t R = rows.size(0);
   const torch::Tensor& y0 = pass.layer_inputs[first + 1];  // layer 0's output, rows first
+  // [R, ...units, S]: each unit's S sources, one (itself) to begin with.
   std::vector<int64_t> shape = y0.sizes().vec();
   shape[0] = R;
-  torch::Tensor target = torch::arange(y0[0].numel(), torch::kLong).view(y0.sizes().slice(1)).unsqueeze(0).expand(shape);
+  shape.push_back(1);
+  torch::Tensor target =
+      torch::arange(y0[0].numel(), torch::kLong).view(y0.sizes().slice(1)).unsqueeze(0).unsqueeze(-1).expand(shape);
+  // No source where the rows' values v (at the current units) are not positive.
+  auto unless_positive = [&](const torch::Tensor& v) {
+    return target.masked_fill((v.index_select(0, rows) <= 0).unsqueeze(-1), -1);
+  };
   for (size_t i = first + 1; i < second; ++i) {
     switch (layers_[i].kind) {
       case Kind::ReLU:
         // Before a max-pool, the pool's positive windows are the mask (pool_backward).
         if (i + 1 < second && layers_[i + 1].kind == Kind::MaxPool2d) break;
-        target = target.masked_fill(pass.layer_inputs[i].index_select(0, rows) <= 0, -1);
+        target = unless_positive(pass.layer_inputs[i]);
         break;
       case Kind::MaxPool2d: {
         const torch::Tensor idx = pass.argmax[i].index_select(0, rows);  // [R, C, H', W']
-        target = target.flatten(2).gather(2, idx.flatten(2)).view(idx.sizes());
-        if (i > 0 && layers_[i - 1].kind == Kind::ReLU) {
-          target = target.masked_fill(pass.layer_inputs[i + 1].index_select(0, rows) <= 0, -1);
-        }
+        const int64_t S = target.size(-1);
+        std::vector<int64_t> pooled = idx.sizes().vec();
+        pooled.push_back(S);
+        target = target.flatten(2, 3).gather(2, idx.flatten(2).unsqueeze(-1).expand({-1, -1, -1, S})).view(pooled);
+        if (i > 0 && layers_[i - 1].kind == Kind::ReLU) target = unless_positive(pass.layer_inputs[i + 1]);
+        break;
+      }
+      case Kind::AvgPool2d: {
+        // A pooled unit is the mean of its window's k² units' sources (the
+        // rows and columns no window takes are dropped).
+        const int64_t k = layers_[i].kernel, C = target.size(1), S = target.size(4);
+        const int64_t H = target.size(2) / k, W = target.size(3) / k;
+        target = target.narrow(2, 0, H * k)
+                     .narrow(3, 0, W * k)
+                     .reshape({R, C, H, k, W, k, S})
+                     .permute({0, 1, 2, 4, 3, 5, 6})
+                     .reshape({R, C, H, W, k * k * S});
         break;
       }
       case Kind::Flatten: break;
@@ -539,7 +565,7 @@ torch::Tensor OwnRoute::first_selection(const SegmentPass& pass, const torch::Te
       default: return torch::Tensor();
     }
   }
-  return target.reshape({R, -1});
+  return target.reshape({R, -1, target.size(-1)});
 }
 
 torch::Tensor OwnRoute::pair_backward_at(const torch::Tensor& g, const torch::Tensor& g_dw, const torch::Tensor& row,
@@ -574,7 +600,7 @@ torch::Tensor OwnRoute::first_dot_of_pair(const SegmentPass& pass, const torch::
   const torch::Tensor dir = pass.directions[0].index_select(0, rows).flatten(1);  // [R, U0]
   std::vector<int64_t> shape = pass.inputs[1].sizes().vec();
   shape[0] = rows.size(0);
-  const torch::Tensor v = (dir.gather(1, target.clamp_min(0)) * (target >= 0)).view(shape);
+  const torch::Tensor v = routed_by_selection(dir, target).view(shape);
   const torch::Tensor weight = torch::cat({weight_of(w_, 1), weight_of(dw_, 1)});
   const torch::Tensor both = d.kind == Kind::Linear ? torch::matmul(v, weight.t())
                                                     : torch::conv2d(v, weight, {}, 1, d.padding);  // [R, 2 C', ...]
@@ -600,20 +626,24 @@ torch::Tensor OwnRoute::first_signals_of_pairs_summed(const SegmentPass& pass, c
   };
   const torch::Tensor through =
       pair_backward(layers_[layer_index(1)], 1, summed(g_sums.g, g), summed(g_sums.g_dw, g_dw), pass).flatten(2);
-  const torch::Tensor ref = target.index_select(0, first_of_each_group(group, groups));  // [groups, U1]
+  const torch::Tensor ref = target.index_select(0, first_of_each_group(group, groups));  // [groups, U1, S]
   const torch::Tensor& y0 = pass.layer_inputs[layer_index(0) + 1];
-  const int64_t U0 = y0[0].numel();
+  const int64_t U0 = y0[0].numel(), S = target.size(2);
+  // A unit's gradient goes to each of its S sources, over S.
+  auto shared = [S](const torch::Tensor& v) { return S == 1 ? v : v / static_cast<double>(S); };
   torch::Tensor out = torch::zeros({K, groups, U0}, g.options());
-  out.scatter_add_(2, ref.clamp_min(0).unsqueeze(0).expand({K, -1, -1}), through * (ref >= 0));
+  out.scatter_add_(2, ref.clamp_min(0).flatten(1).unsqueeze(0).expand({K, -1, -1}),
+                   (shared(through).unsqueeze(3) * (ref >= 0)).flatten(2));
   // A row's units routed elsewhere than by its group's first row: its own
-  // gradient there moves from the first row's target to its own.
-  const torch::Tensor at = (target != ref.index_select(0, group)).nonzero();  // [M, 2]
+  // gradient there moves from the first row's source to its own.
+  const torch::Tensor at = (target != ref.index_select(0, group)).nonzero();  // [M, 3]: row, unit, slot
   torch::Tensor flat = out.view({K, groups * U0});
   for (int64_t from = 0; from < at.size(0); from += kMendChunk) {
     const torch::Tensor chunk = at.narrow(0, from, std::min(kMendChunk, at.size(0) - from));
     const torch::Tensor row = chunk.select(1, 0), unit = chunk.select(1, 1), in = group.index_select(0, row);
-    const torch::Tensor value = pair_backward_at(g, g_dw, row, unit, pass);  // [K, M]
-    const torch::Tensor own = target.index({row, unit}), was = ref.index({in, unit});
+    const torch::Tensor value = shared(pair_backward_at(g, g_dw, row, unit, pass));  // [K, M]
+    const torch::Tensor slot = chunk.select(1, 2);
+    const torch::Tensor own = target.index({row, unit, slot}), was = ref.index({in, unit, slot});
     flat.index_add_(1, in * U0 + own.clamp_min(0), value * (own >= 0));
     flat.index_add_(1, in * U0 + was.clamp_min(0), -value * (was >= 0));
   }

@@ -176,6 +176,64 @@ TEST(LastSite, HeldSiteOfAScriptedChainGivesTheFeaturesOfEveryKinkAPiece) {
   }
 }
 
+// A scripted chain that averages between its first two layers (LeNet's
+// pools: windows of 2, and of 3 leaving a row and a column out), three and
+// four param layers: each piece's pair routed by the pools' means (a unit
+// of layer 1's input is the mean of its window's positive units), mended
+// where a piece's units differ, against every row walked back.
+TEST(LastSite, PiecePairsOfAnAveragingChainGiveTheFeaturesOfEveryRowWalked) {
+  REQUIRE_PYTHON_TORCH();
+  struct Net {
+    std::string name, window, init, head;
+  };
+  const std::vector<Net> nets = {
+      {"avg2", "2", "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)"},
+      {"avg3_hidden", "3", "        self.fc1 = nn.Linear(3, 5)\n        self.fc2 = nn.Linear(5, 4)\n",
+       "self.fc2(F.relu(self.fc1(h)))"},
+  };
+  for (const Net& n : nets) {
+    testing::TempDir dir(n.name);
+    const std::string path = dir.path() + "/cnn.pt";
+    testing::script::python(dir, "class M(nn.Module):\n"
+                                 "    def __init__(self):\n"
+                                 "        super().__init__()\n"
+                                 "        self.conv1 = nn.Conv2d(1, 2, 3, padding=1)\n"
+                                 "        self.conv2 = nn.Conv2d(2, 3, 3, padding=1)\n" +
+                                     n.init + "    def forward(self, x):\n        h = F.avg_pool2d(F.relu(self.conv1(x)), " +
+                                     n.window +
+                                     ")\n"
+                                     "        h = torch.flatten(F.avg_pool2d(F.relu(self.conv2(h)), 2), 1)\n"
+                                     "        return " +
+                                     n.head + "\ntorch.manual_seed(3)\ntorch.jit.script(M()).save('" + path + "')\n");
+    for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
+      Network net = scripted_network(path, map);
+      torch::manual_seed(17);
+      const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
+      const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
+      SegmentEvaluator ev(net);
+      ev.set_segment(w, dw);
+      const std::string name = n.name + "/" + output_map_name(map);
+      ASSERT_EQ(ev.route(), "structured") << name;
+      ASSERT_EQ(ev.route_reason(), "") << name << ": walked as a chain";
+      QuadratureOptions q;
+      q.last_site = QuadratureOptions::LastSite::Pieces;
+      const TestFeatures pairs = test_features(ev, x, q);
+      q.piece_pairs = false;
+      const TestFeatures rows = test_features(ev, x, q);
+      EXPECT_GT(pairs.pair_sums, 0) << name;
+      EXPECT_EQ(rows.pair_sums, 0) << name;
+      EXPECT_GT(pairs.kinks, 5) << name << ": the segment should cross kinks";
+      EXPECT_LE(pairs.certificate_gap, 1e-13) << name;
+      const torch::Tensor a = dense_features(ev, pairs), b = dense_features(ev, rows);
+      EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name;
+      const torch::Tensor xt = torch::randn({7, 1, 8, 8}, torch::kFloat64), yt = torch::randint(0, 4, {7}, torch::kLong);
+      const TrainSignals t = train_signals(ev, xt, yt, map);
+      const torch::Tensor cp = contract(ev, pairs, t), cr = contract(ev, rows, t);
+      EXPECT_LE((cp - cr).abs().max().item<double>(), 1e-12 * std::max(1.0, cr.abs().max().item<double>())) << name;
+    }
+  }
+}
+
 /// Held through the hidden layer against every kink a piece
 /// (expect_held_as_every_kink), with the held site's kinks counted, fewer
 /// rows, and auto holding it too (the same features, bit for bit). Returns
