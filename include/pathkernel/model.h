@@ -60,10 +60,11 @@ struct LayerDesc {
   /// inside; its parameters are one block, taken by autograd (the generic
   /// route). Dropout: a module chain's seeded dropout (dropout.h), which
   /// drops only while a DropoutStep is on. AvgPool2d: a module chain's
-  /// average pool of non-overlapping windows and no padding.
+  /// average pool of non-overlapping windows and no padding. LeakyReLU: a
+  /// module chain's leaky ReLU of a constant slope ≥ 0.
   enum class Kind {
     Linear, Conv2d, ReLU, Tanh, GELU, MaxPool2d, Flatten, LogSoftmax, Module, LayerNorm, Embedding, Addend, Conv1d,
-    Dropout, AvgPool2d
+    Dropout, AvgPool2d, LeakyReLU
   };
   LayerDesc() = default;
   LayerDesc(Kind kind, std::string module, int64_t in, int64_t out, int64_t kernel, int64_t padding)
@@ -83,6 +84,7 @@ struct LayerDesc {
   double eps = 0;                   ///< LayerNorm: the variance's epsilon
   int64_t padding_index = -1;       ///< Embedding: the row that receives no gradient (-1: none)
   double drop = 0;                  ///< Dropout: the probability of dropping an element
+  double slope = 0;                 ///< LeakyReLU: the slope below 0
   int64_t site = -1;                ///< Dropout: its site, which its masks are drawn for
 
   bool convolution() const { return kind == Kind::Conv2d || kind == Kind::Conv1d; }

@@ -174,17 +174,22 @@ OwnRoute::OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name
     params_.push_back(p);
   }
   bool piecewise_linear = true;
+  std::vector<bool> leaky;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Kind k = layers_[i].kind;
-    piecewise_linear = piecewise_linear && (has_params(layers_[i]) || k == Kind::ReLU || k == Kind::MaxPool2d ||
-                                            k == Kind::AvgPool2d || k == Kind::Flatten || k == Kind::LogSoftmax ||
-                                            k == Kind::Dropout);
+    piecewise_linear = piecewise_linear && (has_params(layers_[i]) || k == Kind::ReLU || k == Kind::LeakyReLU ||
+                                            k == Kind::MaxPool2d || k == Kind::AvgPool2d || k == Kind::Flatten ||
+                                            k == Kind::LogSoftmax || k == Kind::Dropout);
     if (!has_params(layers_[i])) continue;
-    bool relu = i + 1 < layers_.size() && layers_[i + 1].kind == Kind::ReLU;
+    const Kind next = i + 1 < layers_.size() ? layers_[i + 1].kind : Kind::Module;
+    bool relu = next == Kind::ReLU || next == Kind::LeakyReLU;
     bool pool = relu && i + 2 < layers_.size() && layers_[i + 2].kind == Kind::MaxPool2d;
     hints_.relu_after.push_back(relu);
     hints_.pool_after.push_back(pool ? layers_[i + 2].kernel : 0);
+    leaky.push_back(next == Kind::LeakyReLU && layers_[i + 1].slope > 0);
   }
+  // Only where some site's activation is leaky (KinkHints::leaky_after).
+  if (std::find(leaky.begin(), leaky.end(), true) != leaky.end()) hints_.leaky_after = leaky;
   hints_.polynomial_degree = piecewise_linear ? static_cast<int>(params_.size()) : 0;
   hints_.first_site_affine = !hints_.relu_after.empty() && hints_.relu_after[0];
   hints_.first_input_fixed = true;
@@ -434,6 +439,12 @@ torch::Tensor OwnRoute::free_backward(size_t i, const torch::Tensor& g, const Se
       // After a max-pool the mask was applied to the pooled gradient.
       if (i + 1 >= layers_.size() || layers_[i + 1].kind != Kind::MaxPool2d) return g * (in[i] > 0);
       return g;
+    case Kind::LeakyReLU:
+      // As autograd takes it; after a max-pool, applied to the pooled gradient.
+      if (i + 1 >= layers_.size() || layers_[i + 1].kind != Kind::MaxPool2d) {
+        return torch::where(in[i] > 0, g, g * layers_[i].slope);
+      }
+      return g;
     case Kind::Tanh: {
       const torch::Tensor& y = output_of(i);
       return g * (1 - y * y);
@@ -458,7 +469,12 @@ torch::Tensor OwnRoute::pool_backward(size_t i, const torch::Tensor& g, const Se
   const std::vector<torch::Tensor>& in = pass.layer_inputs;
   const torch::Tensor& pooled = i + 1 < layers_.size() ? in[i + 1] : pass.out;
   const bool relu = i > 0 && layers_[i - 1].kind == Kind::ReLU;
-  return max_unpool(g, pass.argmax[i], layers_[i].kernel, in[i].size(2), in[i].size(3),
+  // A leaky ReLU before the pool scales the pooled gradient where its
+  // winner is not positive (the two commute: the winner's sign is the
+  // pooled value's).
+  const bool leaky = i > 0 && layers_[i - 1].kind == Kind::LeakyReLU;
+  const torch::Tensor gp = leaky ? torch::where(pooled > 0, g, g * layers_[i - 1].slope) : g;
+  return max_unpool(gp, pass.argmax[i], layers_[i].kernel, in[i].size(2), in[i].size(3),
                     relu ? pooled : torch::Tensor());
 }
 

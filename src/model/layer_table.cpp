@@ -392,6 +392,9 @@ std::vector<LayerRule> make_layer_table() {
       },
       true));
   t.push_back(parameter_free(
+      Kind::LeakyReLU, "leaky_relu", "aten::leaky_relu",
+      [](const LayerDesc& d, const torch::Tensor& x) { return torch::leaky_relu(x, d.slope); }, true));
+  t.push_back(parameter_free(
       Kind::AvgPool2d, "avg_pool2d", "aten::avg_pool2d",
       [](const LayerDesc& d, const torch::Tensor& x) {
         return torch::avg_pool2d(x, {d.kernel, d.kernel}, {d.kernel, d.kernel});

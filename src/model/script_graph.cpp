@@ -457,6 +457,9 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
       }
     } else if (is_relu(n)) {
       d.kind = Kind::ReLU;
+    } else if (is_leaky_relu(n) && leaky_slope(n) >= 0) {  // a constant slope (NaN otherwise)
+      d.kind = Kind::LeakyReLU;
+      d.slope = leaky_slope(n);
     } else if (plain_window(n) > 0) {
       d.kind = Kind::MaxPool2d;
       d.kernel = plain_window(n);
@@ -480,8 +483,9 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
       d.kind = Kind::LogSoftmax;  // the outputs; only last (below)
     }
     if (d.kind == Kind::Module) {
-      return refuse(operation_name(n, layers) + " is none of a chain's layers (Linear, Conv2d, ReLU, a max-pool " +
-                    "or average pool of non-overlapping windows, a flattening to rows, a dropout)");
+      return refuse(operation_name(n, layers) + " is none of a chain's layers (Linear, Conv2d, ReLU, a leaky " +
+                    "ReLU of a constant slope >= 0, a max-pool or average pool of non-overlapping windows, a " +
+                    "flattening to rows, a dropout)");
     }
     chain.push_back(d);
     nodes.push_back(n);
@@ -491,20 +495,21 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
   for (size_t i = 0; i + 1 < chain.size(); ++i) {
     if (chain[i].kind == Kind::LogSoftmax) return refuse("aten::log_softmax is not its last operation");
   }
-  // A max-pool and a ReLU commute: a pool then a ReLU is walked as the ReLU
-  // then the pool, the order of pathkernel's own networks. Their kink
-  // sites are a param layer's outputs: a ReLU must follow one, and a pool
-  // such a ReLU.
+  // A max-pool and a ReLU (or a leaky ReLU of slope >= 0) commute: a pool
+  // then a ReLU is walked as the ReLU then the pool, the order of
+  // pathkernel's own networks. Their kink sites are a param layer's
+  // outputs: a ReLU must follow one, and a pool such a ReLU.
+  auto activation = [&](size_t i) { return chain[i].kind == Kind::ReLU || chain[i].kind == Kind::LeakyReLU; };
   for (size_t i = 0; i + 1 < chain.size(); ++i) {
-    if (chain[i].kind == Kind::MaxPool2d && chain[i + 1].kind == Kind::ReLU) {
+    if (chain[i].kind == Kind::MaxPool2d && activation(i + 1)) {
       std::swap(chain[i], chain[i + 1]);
       std::swap(nodes[i], nodes[i + 1]);
     }
   }
   for (size_t i = 0; i < chain.size(); ++i) {
     const bool after_param = i > 0 && chain[i - 1].parameterised();
-    const bool after_relu = i > 1 && chain[i - 1].kind == Kind::ReLU && chain[i - 2].parameterised();
-    if (chain[i].kind == Kind::ReLU && !after_param) {
+    const bool after_relu = i > 1 && activation(i - 1) && chain[i - 2].parameterised();
+    if (activation(i) && !after_param) {
       return refuse(operation_name(nodes[i], layers) + " does not follow a Linear or Conv2d");
     }
     if (chain[i].kind == Kind::MaxPool2d && !after_relu) {

@@ -159,6 +159,20 @@ std::vector<Case> cases() {
                             "        h = F.relu(self.fc(torch.flatten(h, 1)))\n"
                             "        return self.out(h)\n",
                {1, 12, 12}, false, 3, false});
+  // The chain with leaky ReLUs (a pool before the second, of another slope).
+  c.push_back({"chain-leaky", "class M(nn.Module):\n"
+                              "    def __init__(self):\n"
+                              "        super().__init__()\n"
+                              "        self.conv1 = nn.Conv2d(1, 3, 3, padding=1)\n"
+                              "        self.conv2 = nn.Conv2d(3, 4, 3)\n"
+                              "        self.fc = nn.Linear(16, 5)\n"
+                              "        self.out = nn.Linear(5, 3)\n"
+                              "    def forward(self, x):\n"
+                              "        h = F.max_pool2d(F.leaky_relu(self.conv1(x), 0.1), 2)\n"
+                              "        h = F.leaky_relu(F.max_pool2d(self.conv2(h), 2), 0.2)\n"
+                              "        h = F.leaky_relu(self.fc(h.view(h.size(0), -1)))\n"
+                              "        return self.out(h)\n",
+               {1, 12, 12}, false, 3, false});
   // Layer lists compiled without Python: every layer of the grammar.
   Case images{"layers-images", "", {2, 8, 8}};
   images.spec = "layers:conv(4,3,padding=1),leakyrelu(0.1),res(conv(4,3,padding=1,groups=2),silu),"
@@ -299,8 +313,8 @@ TEST_P(EveryRule, AgreesWithTheGenericRouteAndAutograd) {
 INSTANTIATE_TEST_SUITE_P(
     ScriptGraph, EveryRule,
     ::testing::Combine(::testing::Values("conv", "tokens", "relu", "chain", "chain-view", "chain-logsoftmax",
-                                         "chain-nobias", "chain-dropout", "chain-same", "chain-avg", "layers-images",
-                                         "layers-tokens"),
+                                         "chain-nobias", "chain-dropout", "chain-same", "chain-avg", "chain-leaky",
+                                         "layers-images", "layers-tokens"),
                        ::testing::Values(OutputMap::LogSoftmax, OutputMap::Logits)),
     [](const ::testing::TestParamInfo<EveryRule::ParamType>& info) {
       std::string name = std::get<0>(info.param) + "_" + output_map_name(std::get<1>(info.param));
@@ -312,8 +326,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 /// The graphs read as a plain chain of pathkernel's own layers, and those
 /// that are not: a residual addition, a ReLU with no param layer before it,
-/// a strided convolution, a leaky ReLU, average pools other than of
-/// non-overlapping windows after a ReLU; and why (a Linear without bias is one).
+/// a strided convolution, a leaky ReLU of negative slope, average pools
+/// other than of non-overlapping windows after a ReLU; and why (a Linear
+/// without bias is one).
 TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
   REQUIRE_PYTHON_TORCH();
   TempDir dir;
@@ -355,6 +370,19 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
     EXPECT_EQ(chain[2].kernel, 2);
     EXPECT_EQ(chain[5].kernel, 3);
   }
+  for (const Case& c : cases()) {
+    if (c.name != "chain-leaky") continue;
+    const std::vector<LayerDesc> chain = chain_of(c.name, c.body);
+    std::vector<Kind> kinds;
+    for (const LayerDesc& d : chain) kinds.push_back(d.kind);
+    // The pool before the second leaky ReLU is walked after it.
+    EXPECT_EQ(kinds, std::vector<Kind>({Kind::Conv2d, Kind::LeakyReLU, Kind::MaxPool2d, Kind::Conv2d, Kind::LeakyReLU,
+                                        Kind::MaxPool2d, Kind::Flatten, Kind::Linear, Kind::LeakyReLU, Kind::Linear}));
+    ASSERT_EQ(chain.size(), 10u);
+    EXPECT_EQ(chain[1].slope, 0.1);
+    EXPECT_EQ(chain[4].slope, 0.2);
+    EXPECT_EQ(chain[8].slope, 0.01);  // F.leaky_relu's own
+  }
   // Modules the chain reader refuses (and one it takes): their __init__
   // body and forward.
   // and why it refuses them (ScriptGraph::chain_refusal()).
@@ -368,7 +396,9 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
       {"strided", "self.conv = nn.Conv2d(1, 2, 3, stride=2)\n        self.fc = nn.Linear(2, 3)",
        "self.fc(torch.flatten(self.conv(x), 1))", "aten::conv2d of 'conv' is not a Linear or a stride-1 Conv2d"},
       {"no_bias", "self.fc = nn.Linear(4, 3, bias=False)", "self.fc(x)", ""},
-      {"leaky", "self.fc = nn.Linear(4, 3)", "F.leaky_relu(self.fc(x))", "aten::leaky_relu is none of a chain's"},
+      {"leaky", "self.fc = nn.Linear(4, 3)", "F.leaky_relu(self.fc(x))", ""},
+      {"leaky_negative", "self.fc = nn.Linear(4, 3)", "F.leaky_relu(self.fc(x), -0.1)",
+       "aten::leaky_relu is none of a chain's"},
       // Average pools: of non-overlapping windows after a ReLU; not before
       // it (the two do not commute), nor overlapping or in ceil mode.
       {"avg_pool", "self.conv = nn.Conv2d(1, 2, 3)\n        self.fc = nn.Linear(8, 3)",
