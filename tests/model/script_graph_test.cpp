@@ -143,36 +143,27 @@ std::vector<Case> cases() {
     same.body.replace(same.body.find(from), from.size(), to);
   }
   c.push_back(same);
-  // A chain that averages instead of taking the maximum (LeNet's pools):
-  // windows of 2, and of 3 over a 4 x 4 map, whose last row and column
-  // no window takes (floor mode).
-  c.push_back({"chain-avg", "class M(nn.Module):\n"
-                            "    def __init__(self):\n"
-                            "        super().__init__()\n"
-                            "        self.conv1 = nn.Conv2d(1, 3, 3, padding=1)\n"
-                            "        self.conv2 = nn.Conv2d(3, 4, 3)\n"
-                            "        self.fc = nn.Linear(4, 5)\n"
-                            "        self.out = nn.Linear(5, 3)\n"
-                            "    def forward(self, x):\n"
-                            "        h = F.avg_pool2d(F.relu(self.conv1(x)), 2)\n"
-                            "        h = F.avg_pool2d(torch.relu(self.conv2(h)), kernel_size=3)\n"
-                            "        h = F.relu(self.fc(torch.flatten(h, 1)))\n"
-                            "        return self.out(h)\n",
-               {1, 12, 12}, false, 3, false});
-  // The chain with leaky ReLUs (a pool before the second, of another slope).
-  c.push_back({"chain-leaky", "class M(nn.Module):\n"
-                              "    def __init__(self):\n"
-                              "        super().__init__()\n"
-                              "        self.conv1 = nn.Conv2d(1, 3, 3, padding=1)\n"
-                              "        self.conv2 = nn.Conv2d(3, 4, 3)\n"
-                              "        self.fc = nn.Linear(16, 5)\n"
-                              "        self.out = nn.Linear(5, 3)\n"
-                              "    def forward(self, x):\n"
-                              "        h = F.max_pool2d(F.leaky_relu(self.conv1(x), 0.1), 2)\n"
-                              "        h = F.leaky_relu(F.max_pool2d(self.conv2(h), 2), 0.2)\n"
-                              "        h = F.leaky_relu(self.fc(h.view(h.size(0), -1)))\n"
-                              "        return self.out(h)\n",
-               {1, 12, 12}, false, 3, false});
+  // The chain written otherwise: each (from, to) replaced in its body.
+  const Case plain = c[c.size() - 6];
+  auto variant = [&](const std::string& name, const std::vector<std::pair<std::string, std::string>>& edits) {
+    Case v = plain;
+    v.name = name;
+    for (const auto& [from, to] : edits) v.body.replace(v.body.find(from), from.size(), to);
+    return v;
+  };
+  // Averaging instead of taking the maximum (LeNet's pools): windows of 2,
+  // and of 3 over a 4 x 4 map, whose last row and column no window takes
+  // (floor mode).
+  c.push_back(variant("chain-avg", {{"nn.Linear(16, 5)", "nn.Linear(4, 5)"},
+                                    {"F.max_pool2d(F.relu(self.conv1(x)), 2)",
+                                     "F.avg_pool2d(F.relu(self.conv1(x)), 2)"},
+                                    {"F.relu(F.max_pool2d(self.conv2(h), 2))",
+                                     "F.avg_pool2d(torch.relu(self.conv2(h)), kernel_size=3)"}}));
+  // Leaky ReLUs (a pool before the second, of another slope; F.leaky_relu's own).
+  c.push_back(variant("chain-leaky", {{"F.relu(self.conv1(x))", "F.leaky_relu(self.conv1(x), 0.1)"},
+                                      {"F.relu(F.max_pool2d(self.conv2(h), 2))",
+                                       "F.leaky_relu(F.max_pool2d(self.conv2(h), 2), 0.2)"},
+                                      {"torch.relu_(", "F.leaky_relu("}}));
   // Layer lists compiled without Python: every layer of the grammar.
   Case images{"layers-images", "", {2, 8, 8}};
   images.spec = "layers:conv(4,3,padding=1),leakyrelu(0.1),res(conv(4,3,padding=1,groups=2),silu),"
@@ -614,10 +605,11 @@ TEST(ScriptGraph, SaysWhyItsGraphIsNotWalkedAsAChain) {
   TempDir dir;
   for (const bool leaky : {true, false}) {
     const std::string path = dir.path() + (leaky ? "/leaky.pt" : "/relu.pt");
+    // A leaky ReLU of negative slope is none of a chain's layers.
     python(dir, std::string("class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                             "        self.fc = nn.Linear(4, 5)\n        self.out = nn.Linear(5, 3)\n"
                             "    def forward(self, x):\n        return self.out(F.") +
-                    (leaky ? "leaky_relu" : "relu") + "(self.fc(x)))\n"
+                    (leaky ? "leaky_relu(self.fc(x), -0.1)" : "relu(self.fc(x))") + ")\n"
                     "torch.manual_seed(1)\ntorch.jit.script(M()).save('" + path + "')\n");
     Case c{"m", "", {4}};
     Network net = engine_network(options_for(path, c, OutputMap::LogSoftmax));
