@@ -59,6 +59,10 @@ torch::Tensor sum_by_group(const torch::Tensor& v, const torch::Tensor& group, i
 /// a step of many first-site kinks has thousands.
 constexpr int64_t kMendChunk = 256;
 
+/// v over a first selection's S slots (Route::first_selection): v itself
+/// where S is 1 (the same bits, without a pass over v).
+torch::Tensor over_slots(const torch::Tensor& v, int64_t S);
+
 /// Layer 0's output v [R, U0] at layer 1's input as a first selection
 /// `selection` [R, U1, S] routes it (Route::first_selection): per unit the
 /// mean of its S units, [R, U1].

@@ -95,10 +95,12 @@ torch::Tensor sum_by_group(const torch::Tensor& v, const torch::Tensor& group, i
   return sums;
 }
 
+torch::Tensor over_slots(const torch::Tensor& v, int64_t S) { return S == 1 ? v : v / static_cast<double>(S); }
+
 torch::Tensor routed_by_selection(const torch::Tensor& v, const torch::Tensor& selection) {
   const int64_t S = selection.size(2);
   const torch::Tensor taken = v.gather(1, selection.clamp_min(0).flatten(1)).view(selection.sizes()) * (selection >= 0);
-  return S == 1 ? taken.squeeze(2) : taken.sum(2) / static_cast<double>(S);
+  return S == 1 ? taken.squeeze(2) : over_slots(taken.sum(2), S);
 }
 
 torch::Tensor first_of_each_group(const torch::Tensor& group, int64_t groups) {

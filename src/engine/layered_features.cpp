@@ -517,7 +517,7 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   const int64_t U0 = y0.size(1), S = sel.size(2);
   auto change = [&](const torch::Tensor& v) {  // v [G, U0]: the entries alone, not the rows
     auto at_unit = [&](const torch::Tensor& s) { return v.view(-1).index_select(0, in * U0 + s.clamp_min(0)) * (s >= 0); };
-    return S == 1 ? at_unit(own) - at_unit(was) : (at_unit(own) - at_unit(was)) / static_cast<double>(S);
+    return over_slots(at_unit(own) - at_unit(was), S);
   };
   m.point = present.index_select(0, in);
   m.da = change(y0);

@@ -133,6 +133,9 @@ class OwnRoute final : public LayeredRoute {
   /// the param layers from `lowest` up to `end` in sig.
   void walk_back(const SegmentPass& pass, torch::Tensor g, size_t end, bool of_logits,
                  std::vector<torch::Tensor>& sig, size_t lowest = 0) const;
+  /// Whether layer i + 1 is a max-pool (which takes layer i's ReLU mask, or
+  /// its leaky ReLU's scale, on the pooled gradient).
+  bool before_max_pool(size_t i) const { return i + 1 < layers_.size() && layers_[i + 1].kind == Kind::MaxPool2d; }
   /// Whether the last kink site can be held (KinkHints::last_site_local).
   bool last_site_holds() const;
   /// Whether the site below the last hidden layer can be held
@@ -437,14 +440,10 @@ torch::Tensor OwnRoute::free_backward(size_t i, const torch::Tensor& g, const Se
     case Kind::LogSoftmax: return of_logits ? g : g - pass.out.detach().exp() * g.sum(-1, /*keepdim=*/true);
     case Kind::ReLU:
       // After a max-pool the mask was applied to the pooled gradient.
-      if (i + 1 >= layers_.size() || layers_[i + 1].kind != Kind::MaxPool2d) return g * (in[i] > 0);
-      return g;
+      return before_max_pool(i) ? g : g * (in[i] > 0);
     case Kind::LeakyReLU:
       // As autograd takes it; after a max-pool, applied to the pooled gradient.
-      if (i + 1 >= layers_.size() || layers_[i + 1].kind != Kind::MaxPool2d) {
-        return torch::where(in[i] > 0, g, g * layers_[i].slope);
-      }
-      return g;
+      return before_max_pool(i) ? g : torch::where(in[i] > 0, g, g * layers_[i].slope);
     case Kind::Tanh: {
       const torch::Tensor& y = output_of(i);
       return g * (1 - y * y);
@@ -550,7 +549,7 @@ torch::Tensor OwnRoute::first_selection(const SegmentPass& pass, const torch::Te
     switch (layers_[i].kind) {
       case Kind::ReLU:
         // Before a max-pool, the pool's positive windows are the mask (pool_backward).
-        if (i + 1 < second && layers_[i + 1].kind == Kind::MaxPool2d) break;
+        if (before_max_pool(i)) break;
         target = unless_positive(pass.layer_inputs[i]);
         break;
       case Kind::MaxPool2d: {
@@ -646,10 +645,9 @@ torch::Tensor OwnRoute::first_signals_of_pairs_summed(const SegmentPass& pass, c
   const torch::Tensor& y0 = pass.layer_inputs[layer_index(0) + 1];
   const int64_t U0 = y0[0].numel(), S = target.size(2);
   // A unit's gradient goes to each of its S sources, over S.
-  auto shared = [S](const torch::Tensor& v) { return S == 1 ? v : v / static_cast<double>(S); };
   torch::Tensor out = torch::zeros({K, groups, U0}, g.options());
   out.scatter_add_(2, ref.clamp_min(0).flatten(1).unsqueeze(0).expand({K, -1, -1}),
-                   (shared(through).unsqueeze(3) * (ref >= 0)).flatten(2));
+                   (over_slots(through, S).unsqueeze(3) * (ref >= 0)).flatten(2));
   // A row's units routed elsewhere than by its group's first row: its own
   // gradient there moves from the first row's source to its own.
   const torch::Tensor at = (target != ref.index_select(0, group)).nonzero();  // [M, 3]: row, unit, slot
@@ -657,7 +655,7 @@ torch::Tensor OwnRoute::first_signals_of_pairs_summed(const SegmentPass& pass, c
   for (int64_t from = 0; from < at.size(0); from += kMendChunk) {
     const torch::Tensor chunk = at.narrow(0, from, std::min(kMendChunk, at.size(0) - from));
     const torch::Tensor row = chunk.select(1, 0), unit = chunk.select(1, 1), in = group.index_select(0, row);
-    const torch::Tensor value = shared(pair_backward_at(g, g_dw, row, unit, pass));  // [K, M]
+    const torch::Tensor value = over_slots(pair_backward_at(g, g_dw, row, unit, pass), S);  // [K, M]
     const torch::Tensor slot = chunk.select(1, 2);
     const torch::Tensor own = target.index({row, unit, slot}), was = ref.index({in, unit, slot});
     flat.index_add_(1, in * U0 + own.clamp_min(0), value * (own >= 0));

@@ -53,11 +53,12 @@ std::pair<TestFeatures, TestFeatures> expect_held_as_every_kink(
 }
 
 /// A user's TorchScript CNN for 1 × 8 × 8 inputs and 4 classes, saved in
-/// dir: two convolutions (2 and 3 channels) with ReLU and 2 × 2 max-pools,
-/// then the layers `init` (lines of __init__) and `head` (the forward's
-/// return, of h flattened); read as the engine's network with output map
-/// `map` for each map.
-std::string scripted_cnn(const testing::TempDir& dir, const std::string& init, const std::string& head) {
+/// dir: two convolutions (2 and 3 channels) with ReLU and `pool`s (F's
+/// max_pool2d or avg_pool2d) of windows `first` and 2, then the layers
+/// `init` (lines of __init__) and `head` (the forward's return, of h
+/// flattened); read as the engine's network with output map `map` for each map.
+std::string scripted_cnn(const testing::TempDir& dir, const std::string& init, const std::string& head,
+                         const std::string& pool = "max_pool2d", const std::string& first = "2") {
   const std::string path = dir.path() + "/cnn.pt";
   testing::script::python(dir, "class M(nn.Module):\n"
                                "    def __init__(self):\n"
@@ -66,8 +67,8 @@ std::string scripted_cnn(const testing::TempDir& dir, const std::string& init, c
                                "        self.conv2 = nn.Conv2d(2, 3, 3, padding=1)\n" +
                                    init +
                                    "    def forward(self, x):\n"
-                                   "        h = F.max_pool2d(F.relu(self.conv1(x)), 2)\n"
-                                   "        h = torch.flatten(F.max_pool2d(F.relu(self.conv2(h)), 2), 1)\n"
+                                   "        h = F." + pool + "(F.relu(self.conv1(x)), " + first + ")\n"
+                                   "        h = torch.flatten(F." + pool + "(F.relu(self.conv2(h)), 2), 1)\n"
                                    "        return " +
                                    head + "\ntorch.manual_seed(3)\ntorch.jit.script(M()).save('" + path + "')\n");
   return path;
@@ -80,6 +81,14 @@ Network scripted_network(const std::string& path, OutputMap map) {
   o.num_classes = 4;
   o.output = map;
   return engine_network(o);
+}
+
+/// Sets ev (of net) on the tests' long step: from net's weights along 0.5 ×
+/// a normal direction drawn from seed 17, which crosses many switches.
+void set_long_step(SegmentEvaluator& ev, Network& net) {
+  torch::manual_seed(17);
+  const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
+  ev.set_segment(w, dw);
 }
 
 /// The kinks counted at site l (flips, switches and closed form).
@@ -103,13 +112,11 @@ TEST(LastSite, HeldSiteGivesTheFeaturesOfEveryKinkAPiece) {
   };
   for (const Case& c : cases) {
     Network net = build_network(options_for(c));
-    torch::manual_seed(17);
-    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
+    SegmentEvaluator ev(net);
+    set_long_step(ev, net);
     std::vector<int64_t> xs{5};
     xs.insert(xs.end(), c.shape.begin(), c.shape.end());
     const torch::Tensor x = torch::randn(xs, torch::kFloat64);
-    SegmentEvaluator ev(net);
-    ev.set_segment(w, dw);
     ASSERT_TRUE(ev.last_site_local()) << c.name();
     const auto [held, every] = expect_held_as_every_kink(ev, x, c.map, c.name());
     // The held site's switches are found on the pieces' interpolants, not
@@ -155,11 +162,9 @@ TEST(LastSite, HeldSiteOfAScriptedChainGivesTheFeaturesOfEveryKinkAPiece) {
   const std::string path = scripted_cnn(dir, "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)");
   for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
     Network net = scripted_network(path, map);
-    torch::manual_seed(17);
-    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
-    const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
     SegmentEvaluator ev(net);
-    ev.set_segment(w, dw);
+    set_long_step(ev, net);
+    const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
     const std::string name = "scripted chain/" + output_map_name(map);
     ASSERT_EQ(ev.route(), "structured") << name << ": " << ev.route_reason();
     ASSERT_TRUE(ev.last_site_local()) << name;
@@ -193,25 +198,12 @@ TEST(LastSite, PiecePairsOfAnAveragingChainGiveTheFeaturesOfEveryRowWalked) {
   };
   for (const Net& n : nets) {
     testing::TempDir dir(n.name);
-    const std::string path = dir.path() + "/cnn.pt";
-    testing::script::python(dir, "class M(nn.Module):\n"
-                                 "    def __init__(self):\n"
-                                 "        super().__init__()\n"
-                                 "        self.conv1 = nn.Conv2d(1, 2, 3, padding=1)\n"
-                                 "        self.conv2 = nn.Conv2d(2, 3, 3, padding=1)\n" +
-                                     n.init + "    def forward(self, x):\n        h = F.avg_pool2d(F.relu(self.conv1(x)), " +
-                                     n.window +
-                                     ")\n"
-                                     "        h = torch.flatten(F.avg_pool2d(F.relu(self.conv2(h)), 2), 1)\n"
-                                     "        return " +
-                                     n.head + "\ntorch.manual_seed(3)\ntorch.jit.script(M()).save('" + path + "')\n");
+    const std::string path = scripted_cnn(dir, n.init, n.head, "avg_pool2d", n.window);
     for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
       Network net = scripted_network(path, map);
-      torch::manual_seed(17);
-      const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
-      const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
       SegmentEvaluator ev(net);
-      ev.set_segment(w, dw);
+      set_long_step(ev, net);
+      const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
       const std::string name = n.name + "/" + output_map_name(map);
       ASSERT_EQ(ev.route(), "structured") << name;
       ASSERT_EQ(ev.route_reason(), "") << name << ": walked as a chain";
@@ -268,10 +260,8 @@ TEST(LastSite, SiteHeldThroughAHiddenLayerGivesTheFeaturesOfEveryKinkAPiece) {
   int64_t hidden_kinks = 0;
   for (const Case& c : cases) {
     Network net = build_network(options_for(c));
-    torch::manual_seed(17);
-    const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
     SegmentEvaluator ev(net);
-    ev.set_segment(w, dw);
+    set_long_step(ev, net);
     hidden_kinks += expect_hidden_held_as_every_kink(ev, torch::randn({5, 4}, torch::kFloat64), c.map, c.name());
   }
   EXPECT_GT(hidden_kinks, 0) << "no case crossed a switch of the hidden layer";
@@ -290,10 +280,8 @@ TEST(LastSite, SiteOfAScriptedCnnHeldThroughItsHiddenLayer) {
                      "self.fc2(F.relu(self.fc1(h)))");
     for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
       Network net = scripted_network(path, map);
-      torch::manual_seed(17);
-      const torch::Tensor w = flatten_parameters(net), dw = 0.5 * torch::randn_like(w);
       SegmentEvaluator ev(net);
-      ev.set_segment(w, dw);
+      set_long_step(ev, net);
       const std::string name = "scripted cnn/bias " + bias + "/" + output_map_name(map);
       ASSERT_EQ(ev.route(), "structured") << name << ": " << ev.route_reason();
       expect_hidden_held_as_every_kink(ev, torch::randn({5, 1, 8, 8}, torch::kFloat64), map, name);

@@ -333,14 +333,24 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
     EXPECT_NE(graph, nullptr) << name << ": " << why_not;
     return graph ? graph->chain() : std::vector<LayerDesc>{};
   };
-  for (const Case& c : cases()) {
-    if (c.name != "chain" && c.name != "chain-view" && c.name != "chain-same") continue;  // chain-logsoftmax: below
-    const std::vector<LayerDesc> chain = chain_of(c.name, c.body);
+  auto kinds_of = [](const std::vector<LayerDesc>& chain) {
     std::vector<Kind> kinds;
     for (const LayerDesc& d : chain) kinds.push_back(d.kind);
+    return kinds;
+  };
+  std::map<std::string, std::vector<LayerDesc>> chains;  // the cases' chains by name
+  for (const Case& c : cases()) {
+    if (c.name == "chain" || c.name == "chain-view" || c.name == "chain-same" || c.name == "chain-avg" ||
+        c.name == "chain-leaky") {
+      chains[c.name] = chain_of(c.name, c.body);
+    }
+  }
+  for (const std::string name : {"chain", "chain-view", "chain-same"}) {  // chain-logsoftmax: below
+    const std::vector<LayerDesc>& chain = chains[name];
     // The pool before the second ReLU is walked after it: the two commute.
-    EXPECT_EQ(kinds, std::vector<Kind>({Kind::Conv2d, Kind::ReLU, Kind::MaxPool2d, Kind::Conv2d, Kind::ReLU,
-                                        Kind::MaxPool2d, Kind::Flatten, Kind::Linear, Kind::ReLU, Kind::Linear}));
+    EXPECT_EQ(kinds_of(chain), std::vector<Kind>({Kind::Conv2d, Kind::ReLU, Kind::MaxPool2d, Kind::Conv2d, Kind::ReLU,
+                                                  Kind::MaxPool2d, Kind::Flatten, Kind::Linear, Kind::ReLU,
+                                                  Kind::Linear}));
     ASSERT_EQ(chain.size(), 10u);
     EXPECT_EQ(chain[0].module, "conv1");
     EXPECT_EQ(chain[0].padding, 1);
@@ -350,30 +360,21 @@ TEST(ScriptGraph, ReadsAPlainChainOfOwnLayers) {
     EXPECT_EQ(chain[2].kernel, 2);
     EXPECT_EQ(chain[7].in, 16);
   }
-  for (const Case& c : cases()) {
-    if (c.name != "chain-avg") continue;
-    const std::vector<LayerDesc> chain = chain_of(c.name, c.body);
-    std::vector<Kind> kinds;
-    for (const LayerDesc& d : chain) kinds.push_back(d.kind);
-    EXPECT_EQ(kinds, std::vector<Kind>({Kind::Conv2d, Kind::ReLU, Kind::AvgPool2d, Kind::Conv2d, Kind::ReLU,
-                                        Kind::AvgPool2d, Kind::Flatten, Kind::Linear, Kind::ReLU, Kind::Linear}));
-    ASSERT_EQ(chain.size(), 10u);
-    EXPECT_EQ(chain[2].kernel, 2);
-    EXPECT_EQ(chain[5].kernel, 3);
-  }
-  for (const Case& c : cases()) {
-    if (c.name != "chain-leaky") continue;
-    const std::vector<LayerDesc> chain = chain_of(c.name, c.body);
-    std::vector<Kind> kinds;
-    for (const LayerDesc& d : chain) kinds.push_back(d.kind);
-    // The pool before the second leaky ReLU is walked after it.
-    EXPECT_EQ(kinds, std::vector<Kind>({Kind::Conv2d, Kind::LeakyReLU, Kind::MaxPool2d, Kind::Conv2d, Kind::LeakyReLU,
-                                        Kind::MaxPool2d, Kind::Flatten, Kind::Linear, Kind::LeakyReLU, Kind::Linear}));
-    ASSERT_EQ(chain.size(), 10u);
-    EXPECT_EQ(chain[1].slope, 0.1);
-    EXPECT_EQ(chain[4].slope, 0.2);
-    EXPECT_EQ(chain[8].slope, 0.01);  // F.leaky_relu's own
-  }
+  const std::vector<LayerDesc>& avg = chains["chain-avg"];
+  EXPECT_EQ(kinds_of(avg), std::vector<Kind>({Kind::Conv2d, Kind::ReLU, Kind::AvgPool2d, Kind::Conv2d, Kind::ReLU,
+                                              Kind::AvgPool2d, Kind::Flatten, Kind::Linear, Kind::ReLU, Kind::Linear}));
+  ASSERT_EQ(avg.size(), 10u);
+  EXPECT_EQ(avg[2].kernel, 2);
+  EXPECT_EQ(avg[5].kernel, 3);
+  // The pool before the second leaky ReLU is walked after it.
+  const std::vector<LayerDesc>& leaky = chains["chain-leaky"];
+  EXPECT_EQ(kinds_of(leaky), std::vector<Kind>({Kind::Conv2d, Kind::LeakyReLU, Kind::MaxPool2d, Kind::Conv2d,
+                                                Kind::LeakyReLU, Kind::MaxPool2d, Kind::Flatten, Kind::Linear,
+                                                Kind::LeakyReLU, Kind::Linear}));
+  ASSERT_EQ(leaky.size(), 10u);
+  EXPECT_EQ(leaky[1].slope, 0.1);
+  EXPECT_EQ(leaky[4].slope, 0.2);
+  EXPECT_EQ(leaky[8].slope, 0.01);  // F.leaky_relu's own
   // Modules the chain reader refuses (and one it takes): their __init__
   // body and forward.
   // and why it refuses them (ScriptGraph::chain_refusal()).
