@@ -88,6 +88,8 @@ struct LayerDesc {
   int64_t site = -1;                ///< Dropout: its site, which its masks are drawn for
 
   bool convolution() const { return kind == Kind::Conv2d || kind == Kind::Conv1d; }
+  /// A ReLU or a leaky ReLU: a kink site's activation, which commutes with a max-pool.
+  bool rectifier() const { return kind == Kind::ReLU || kind == Kind::LeakyReLU; }
   bool parameterised() const {
     return kind == Kind::Linear || kind == Kind::Conv2d || kind == Kind::Module || kind == Kind::LayerNorm ||
            kind == Kind::Embedding || kind == Kind::Addend;

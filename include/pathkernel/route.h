@@ -110,6 +110,10 @@ struct KinkHints {
   std::vector<bool> relu_after;
   /// Per kink site: the max-pool window following its ReLU, or 0.
   std::vector<int64_t> pool_after;
+  /// Per kink site: the average pool's window following its ReLU, or 0;
+  /// empty when no site has one. Every unit's flip is a kink there (the
+  /// pool passes each unit's share on); only a held site reads it.
+  std::vector<int64_t> average_after;
   /// Per kink site: whether its activation passes negative values on (a
   /// leaky ReLU of slope above 0), so that its pool's argmax switches are
   /// kinks at any sign. Empty when none is (pathkernel's own layers).
@@ -129,16 +133,16 @@ struct KinkHints {
   /// Whether the last kink site can be held (docs/math.md §7, "The last
   /// site's switches, integrated locally"): at least 3 param layers, the
   /// logits are the last one, a Linear layer, whose input is param layer
-  /// L − 2's pre-activation through its ReLU, an optional max-pool and a
-  /// flatten alone; the network is piecewise linear. Route::signals_from
-  /// walks back from that site.
+  /// L − 2's pre-activation through its ReLU, an optional max-pool or
+  /// average pool and a flatten alone; the network is piecewise linear.
+  /// Route::signals_from walks back from that site.
   bool last_site_local = false;
   /// Whether the site below the last hidden layer can be held (docs/math.md
   /// §7, "Held through a hidden layer"): at least 4 param layers, the logits
   /// a Linear layer fed by param layer L − 2's ReLU alone, layer L − 2 a
   /// Linear layer fed by param layer L − 3's pre-activation through its
-  /// ReLU, an optional max-pool and a flatten; the network is piecewise
-  /// linear. Route::signals_from walks back from that site.
+  /// ReLU, an optional max-pool or average pool and a flatten; the network
+  /// is piecewise linear. Route::signals_from walks back from that site.
   bool hidden_site_local = false;
 };
 

@@ -129,6 +129,11 @@ class SegmentEvaluator : public KinkSites {
   /// Per kink site: the max-pool window following its ReLU, or 0.
   const std::vector<int64_t>& pool_after() const override { return route_->hints().pool_after; }
   const std::vector<bool>& leaky_after() const override { return route_->hints().leaky_after; }
+  /// Site l's average pool window after its ReLU, or 0 (KinkHints::average_after).
+  int64_t average_after(size_t l) const {
+    const std::vector<int64_t>& a = route_->hints().average_after;
+    return l < a.size() ? a[l] : 0;
+  }
   /// The kink sites of rows x at t: kink_values of an untracked pass.
   std::vector<torch::Tensor> sites_at(const torch::Tensor& x, const torch::Tensor& t) const override {
     return kink_values(forward(x, t, false));

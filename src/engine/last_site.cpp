@@ -5,7 +5,8 @@
 // its samples at the piece's m nodes and two ends (m + 2 ≥ L of them). Its
 // switches cut the piece into sub-pieces, on each of which the site passes on
 // a fixed selection σ of y's units (the ReLU's positive units, or each pool
-// window's positive argmax): h(t) = σ y(t), z(t) = W(t) h(t) + b(t). With
+// window's positive argmax; under an average pool each window's positive
+// units, each with its share 1 / k²): h(t) = σ y(t), z(t) = W(t) h(t) + b(t). With
 // f_k = z_k − lse(z) (p = softmax(z)) or f_k = z_k (p = 0):
 //  - the logits' layer: ∂f_k/∂W = (e_k − p) hᵀ, ∂f_k/∂b = e_k − p, integrated
 //    over the sub-pieces as ∫ h, ∫ p hᵀ and ∫ p;
@@ -240,8 +241,8 @@ std::vector<double> piece_switches(const torch::Tensor& c, const std::vector<int
 }
 
 /// Each unit's window (its input to the logits' layer) at a site of shape
-/// `shape` (rows first) followed by a max-pool of `pool` (0: none), [U];
-/// units no window covers get window 0 (they never pass on).
+/// `shape` (rows first) followed by a pool, max or average, of window `pool`
+/// (0: none), [U]; units no window covers get window 0 (they never pass on).
 torch::Tensor window_of_unit(const std::vector<int64_t>& shape, int64_t pool) {
   int64_t U = 1;
   for (size_t i = 1; i < shape.size(); ++i) U *= shape[i];
@@ -315,11 +316,29 @@ struct Logits {
   torch::Tensor w0, dw, b0, db;  ///< [K, Hw], [K, Hw], [K], [K]
 };
 
-/// What passes on at each sub-piece's midpoint, and the samples that carry it.
+/// The pool after a held site's ReLU: a max-pool's window, an average
+/// pool's, or neither (both 0).
+struct SitePool {
+  int64_t max = 0, average = 0;
+  int64_t window() const { return max > 0 ? max : average; }
+  /// The units of y each of h's entries takes: its window's under an
+  /// average pool, else one.
+  int64_t slots() const { return average > 0 ? average * average : 1; }
+};
+
+SitePool site_pool(const SegmentEvaluator& ev, size_t site) {
+  return {ev.pool_after()[site], ev.average_after(site)};
+}
+
+/// What passes on at each sub-piece's midpoint, and the samples that carry
+/// it. Each of h's entries takes `slots` units of y, whose shares it adds:
+/// one unit (no pool, or a max-pool's winner), or an average pool's window,
+/// each unit's share 1 / slots while it passes on.
 struct Selection {
-  torch::Tensor sel;   ///< [N, Hw]: the unit of y (flattened) each of h's entries takes
-  torch::Tensor mask;  ///< [N, Hw]: 1 where that unit passes on, else 0
-  torch::Tensor hs;    ///< [N, S, Hw]: h at the samples, ys[piece, s, sel] mask
+  int64_t slots = 1;
+  torch::Tensor sel;   ///< [N, Hw · slots]: the units of y (flattened) each of h's entries takes, slot last
+  torch::Tensor mask;  ///< [N, Hw · slots]: each one's share where it passes on (1 without slots), else 0
+  torch::Tensor hs;    ///< [N, S, Hw]: h at the samples, Σ over the slots of ys[piece, s, sel] mask
 };
 
 /// A max-pool's winner in each window of y [C, H, W] (stride = window
@@ -337,28 +356,61 @@ void pool_winners(const T* y, int64_t C, int64_t H, int64_t W, int64_t pool, int
   }
 }
 
+/// An average pool's windows of k × k over y [C, H, W] (stride = window, no
+/// padding; the rows and columns no window takes are left out): each
+/// window's k² units in row-major order, and each one's share, 1 / k²
+/// where it is positive (its ReLU passes it on), else 0.
+template <typename T>
+void average_slots(const T* y, int64_t C, int64_t H, int64_t W, int64_t k, int64_t* sel, T* on) {
+  const int64_t Hp = H / k, Wp = W / k, A = k * k;
+  const T share = T(1) / static_cast<T>(A);
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t i = 0; i < Hp; ++i) {
+      for (int64_t j = 0; j < Wp; ++j) {
+        const int64_t w = (c * Hp + i) * Wp + j;
+        for (int64_t di = 0; di < k; ++di) {
+          for (int64_t dj = 0; dj < k; ++dj) {
+            const int64_t u = (c * H + i * k + di) * W + j * k + dj, at = w * A + di * k + dj;
+            sel[at] = u;
+            on[at] = y[u] > 0 ? share : T(0);
+          }
+        }
+      }
+    }
+  }
+}
+
 template <typename T>
 void select_rows(const T* ys, const T* xs, const int64_t* piece, const T* mid, int64_t N, int64_t S, int64_t U,
-                 int64_t Hw, const std::vector<int64_t>& shape, int64_t pool, int64_t* sel, T* on, T* hs) {
+                 int64_t Hw, const std::vector<int64_t>& shape, const SitePool& pool, int64_t* sel, T* on, T* hs) {
   std::vector<T> y(static_cast<size_t>(U));
+  const int64_t A = pool.slots();
   for (int64_t n = 0; n < N; ++n) {
     const T* yp = ys + piece[n] * S * U;
     std::fill(y.begin(), y.end(), T(0));
     interpolate_rows(yp, xs + piece[n] * S, mid + n, 1, S, U, y.data());
-    int64_t* sn = sel + n * Hw;
-    T* mn = on + n * Hw;
-    if (pool == 0) {
+    int64_t* sn = sel + n * Hw * A;
+    T* mn = on + n * Hw * A;
+    if (pool.average > 0) {
+      average_slots(y.data(), shape[1], shape[2], shape[3], pool.average, sn, mn);
+    } else if (pool.max == 0) {
       for (int64_t u = 0; u < U; ++u) {
         sn[u] = u;
         mn[u] = static_cast<T>(y[u] > 0);
       }
     } else {
-      pool_winners(y.data(), shape[1], shape[2], shape[3], pool, sn, mn);
+      pool_winners(y.data(), shape[1], shape[2], shape[3], pool.max, sn, mn);
     }
     for (int64_t s = 0; s < S; ++s) {
       const T* ys_s = yp + s * U;
       T* h = hs + (n * S + s) * Hw;
-      for (int64_t w = 0; w < Hw; ++w) h[w] = ys_s[sn[w]] * mn[w];
+      for (int64_t w = 0; w < Hw; ++w) {
+        const int64_t* sw = sn + w * A;
+        const T* mw = mn + w * A;
+        T v = ys_s[sw[0]] * mw[0];
+        for (int64_t a = 1; a < A; ++a) v += ys_s[sw[a]] * mw[a];
+        h[w] = v;
+      }
     }
   }
 }
@@ -366,15 +418,15 @@ void select_rows(const T* ys, const T* xs, const int64_t* piece, const T* mid, i
 /// Which units pass on at each sub-piece's midpoint, from its piece's
 /// samples ys[piece[n]] [S, U] at local xs[piece[n]] [S] interpolated at
 /// the midpoint's local x mid[n], for a site of shape `shape` (rows first)
-/// followed by a max-pool of `pool` (0: none); with h's samples. One pass
-/// per sub-piece, reading the piece's samples in place.
+/// followed by `pool`; with h's samples. One pass per sub-piece, reading
+/// the piece's samples in place.
 Selection selection(const torch::Tensor& ys, const torch::Tensor& xs, const torch::Tensor& piece,
-                    const torch::Tensor& mid, const std::vector<int64_t>& shape, int64_t pool) {
-  const int64_t N = piece.size(0), S = ys.size(1), U = ys.size(2);
-  PK_ASSERT(pool == 0 || shape.size() == 4);
-  const int64_t Hw = pool == 0 ? U : shape[1] * (shape[2] / pool) * (shape[3] / pool);
+                    const torch::Tensor& mid, const std::vector<int64_t>& shape, const SitePool& pool) {
+  const int64_t N = piece.size(0), S = ys.size(1), U = ys.size(2), k = pool.window(), A = pool.slots();
+  PK_ASSERT(k == 0 || shape.size() == 4);
+  const int64_t Hw = k == 0 ? U : shape[1] * (shape[2] / k) * (shape[3] / k);
   const torch::Tensor yc = ys.contiguous(), xc = xs.contiguous(), pc = piece.contiguous(), mc = mid.contiguous();
-  Selection out{torch::empty({N, Hw}, torch::kLong), torch::empty({N, Hw}, ys.options()),
+  Selection out{A, torch::empty({N, Hw * A}, torch::kLong), torch::empty({N, Hw * A}, ys.options()),
                 torch::empty({N, S, Hw}, ys.options())};
   AT_DISPATCH_FLOATING_TYPES(ys.scalar_type(), "selection", [&] {
     select_rows<scalar_t>(yc.data_ptr<scalar_t>(), xc.data_ptr<scalar_t>(), pc.data_ptr<int64_t>(),
@@ -602,49 +654,55 @@ Sums sums_of(const std::vector<double>& a, const std::vector<double>& b, const s
 
 template <typename T>
 void add_node_rows(const int64_t* row, const int64_t* unit, const T* on, const T* c0, const T* c1, const T* pw,
-                   int64_t N, int64_t m, int64_t Hw, int64_t R, int64_t U, T* fields) {
+                   int64_t N, int64_t m, int64_t Hw, int64_t A, int64_t R, int64_t U, T* fields) {
   T *e0 = fields, *e1 = e0 + R * U, *e2 = e1 + R * U;
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t j = 0; j < m; ++j) {
       const int64_t nj = n * m + j, base = row[nj] * U;
-      for (int64_t w = 0; w < Hw; ++w) {
-        if (on[n * Hw + w] == 0) continue;  // adds nothing
-        const int64_t at = base + unit[n * Hw + w];
-        e0[at] += c0[nj];
-        e1[at] += c1[nj];
-        if (pw != nullptr) e2[at] += pw[nj * Hw + w];
+      for (int64_t wa = 0; wa < Hw * A; ++wa) {
+        const T share = on[n * Hw * A + wa];
+        if (share == 0) continue;  // adds nothing
+        const int64_t at = base + unit[n * Hw * A + wa];
+        e0[at] += share * c0[nj];
+        e1[at] += share * c1[nj];
+        if (pw != nullptr) e2[at] += share * pw[nj * Hw + wa / A];
       }
     }
   }
 }
 
 /// Adds each sub-piece's node sums to the fields [3, R, U] on the units
-/// that pass on: node row rows[n, j] (rows [N, m]), unit sel[n, w] where
-/// mask[n, w] is 1, takes c0[n, j], c1[n, j] and, with the logits' moments,
-/// pw[n, j, w] (each field's entries added in the order of (n, j, w)).
-void add_node_fields(const torch::Tensor& rows, const torch::Tensor& sel, const torch::Tensor& mask,
-                     const torch::Tensor& c0, const torch::Tensor& c1, const torch::Tensor& pw, torch::Tensor& fields) {
+/// that pass on: node row rows[n, j] (rows [N, m]), unit sl.sel[n, w, a]
+/// (slot a of h's entry w) takes its share sl.mask[n, w, a] of c0[n, j],
+/// c1[n, j] and, with the logits' moments, pw[n, j, w] (each field's
+/// entries added in the order of (n, j, w, a); a share of 1 adds them as
+/// they are).
+void add_node_fields(const torch::Tensor& rows, const Selection& sl, const torch::Tensor& c0,
+                     const torch::Tensor& c1, const torch::Tensor& pw, torch::Tensor& fields) {
   PK_ASSERT(fields.is_contiguous());
-  const torch::Tensor rc = rows.contiguous(), sc = sel.contiguous(), mc = mask.contiguous();
+  const torch::Tensor rc = rows.contiguous(), sc = sl.sel.contiguous(), mc = sl.mask.contiguous();
   const torch::Tensor a = c0.contiguous(), b = c1.contiguous(), p = pw.defined() ? pw.contiguous() : pw;
   AT_DISPATCH_FLOATING_TYPES(fields.scalar_type(), "add_node_fields", [&] {
     add_node_rows<scalar_t>(rc.data_ptr<int64_t>(), sc.data_ptr<int64_t>(), mc.data_ptr<scalar_t>(),
                             a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(),
-                            p.defined() ? p.data_ptr<scalar_t>() : nullptr, rc.size(0), rc.size(1), sc.size(1),
-                            fields.size(1), fields.size(2), fields.data_ptr<scalar_t>());
+                            p.defined() ? p.data_ptr<scalar_t>() : nullptr, rc.size(0), rc.size(1), sl.hs.size(2),
+                            sl.slots, fields.size(1), fields.size(2), fields.data_ptr<scalar_t>());
   });
 }
 
 /// Adds each hidden sub-piece's node sums to the fields [4, R, U] on the
-/// units that pass on: node row rows[n, j], unit sel[n, w] where mask[n, w]
-/// is 1, takes c[n, a, j] into e_a (a < 3) and, with the softmax, pw[n, j,
-/// w] into e3 (each field's entries added in the order of (n, j, w)).
-void add_hidden_node_fields(const torch::Tensor& rows, const torch::Tensor& sel, const torch::Tensor& mask,
-                            const torch::Tensor& c, const torch::Tensor& pw, torch::Tensor& fields) {
+/// units that pass on: node row rows[n, j], unit sl.sel[n, w, s] (slot s of
+/// h's entry w) takes its share sl.mask[n, w, s] of c[n, a, j] into e_a
+/// (a < 3) and, with the softmax, of pw[n, j, w] into e3 (each field's
+/// entries added in the order of (n, j, w, s); a share of 1 adds them as
+/// they are).
+void add_hidden_node_fields(const torch::Tensor& rows, const Selection& sl, const torch::Tensor& c,
+                            const torch::Tensor& pw, torch::Tensor& fields) {
   PK_ASSERT(fields.is_contiguous() && fields.scalar_type() == torch::kFloat64);
-  const torch::Tensor rc = rows.contiguous(), sc = sel.contiguous(), mc = mask.contiguous(), cc = c.contiguous();
-  const torch::Tensor pc = pw.defined() ? pw.contiguous() : pw;
-  const int64_t N = rc.size(0), m = rc.size(1), Hw = sc.size(1), R = fields.size(1), U = fields.size(2);
+  const torch::Tensor rc = rows.contiguous(), sc = sl.sel.contiguous(), mc = sl.mask.contiguous();
+  const torch::Tensor cc = c.contiguous(), pc = pw.defined() ? pw.contiguous() : pw;
+  const int64_t N = rc.size(0), m = rc.size(1), Hw = sl.hs.size(2), A = sl.slots;
+  const int64_t R = fields.size(1), U = fields.size(2);
   const int64_t *row = rc.data_ptr<int64_t>(), *unit = sc.data_ptr<int64_t>();
   const double *on = mc.data_ptr<double>(), *cs = cc.data_ptr<double>();
   const double* p = pc.defined() ? pc.data_ptr<double>() : nullptr;
@@ -652,11 +710,12 @@ void add_hidden_node_fields(const torch::Tensor& rows, const torch::Tensor& sel,
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t j = 0; j < m; ++j) {
       const int64_t nj = n * m + j, base = row[nj] * U;
-      for (int64_t w = 0; w < Hw; ++w) {
-        if (on[n * Hw + w] == 0) continue;  // adds nothing
-        const int64_t at = base + unit[n * Hw + w];
-        for (int64_t a = 0; a < 3; ++a) e[a * R * U + at] += cs[(n * 3 + a) * m + j];
-        if (p != nullptr) e[3 * R * U + at] += p[nj * Hw + w];
+      for (int64_t ws = 0; ws < Hw * A; ++ws) {
+        const double share = on[n * Hw * A + ws];
+        if (share == 0) continue;  // adds nothing
+        const int64_t at = base + unit[n * Hw * A + ws];
+        for (int64_t a = 0; a < 3; ++a) e[a * R * U + at] += share * cs[(n * 3 + a) * m + j];
+        if (p != nullptr) e[3 * R * U + at] += share * p[nj * Hw + ws / A];
       }
     }
   }
@@ -803,10 +862,12 @@ double poly_at(const double* c, int64_t d, int64_t H, int64_t i, double x) {
 /// is a hidden kink of the piece.
 void hidden_masks(const PieceGroup& grp, const SubPieces& sp, const SubChunk& ch, const Selection& sel,
                   const LayerAt& hid, LastSiteTerms& out, std::vector<bool>& seen) {
-  const int64_t nc = ch.nc, d = sp.coef.size(1) - 1, Hw = sel.sel.size(1), H = hid.w0.size(0);
-  // y's coefficients through each sub-piece's selection: [nc, d + 1, Hw].
+  const int64_t nc = ch.nc, d = sp.coef.size(1) - 1, Hw = sel.hs.size(2), H = hid.w0.size(0);
+  // y's coefficients through each sub-piece's selection: [nc, d + 1, Hw],
+  // each entry's slots' shares added.
   const torch::Tensor cg = sp.coef.index_select(0, ch.g);
-  const torch::Tensor hc = cg.gather(2, sel.sel.unsqueeze(1).expand({nc, d + 1, Hw})) * sel.mask.unsqueeze(1);
+  torch::Tensor hc = cg.gather(2, sel.sel.unsqueeze(1).expand({nc, d + 1, Hw * sel.slots})) * sel.mask.unsqueeze(1);
+  if (sel.slots > 1) hc = hc.view({nc, d + 1, Hw, sel.slots}).sum(3);
   const torch::Tensor g0 = torch::matmul(hc, hid.w0.t()), g1 = torch::matmul(hc, hid.dw.t());  // [nc, d + 1, H]
   // In local x, t = α + β x: y_h = g0 + t g1 + b + t db, of degree d + 1.
   std::vector<double> alpha(nc), beta(nc);
@@ -900,7 +961,8 @@ std::vector<HiddenGroup> hidden_groups(const SegmentEvaluator& ev, const PieceRo
                                        const torch::Tensor& ey, const std::vector<int64_t>& shape, const LayerAt& hid,
                                        LastSiteTerms& out) {
   const size_t site = ev.param_layers().size() - 3;
-  const int64_t np = rd.np, U = ny.size(1), pool = ev.pool_after()[site];
+  const int64_t np = rd.np, U = ny.size(1);
+  const SitePool pool = site_pool(ev, site);
   const int64_t degree = ev.polynomial_degree() - 2;  // of y on a piece
   out.switches.resize(static_cast<size_t>(np));
   out.hidden_kinks.resize(static_cast<size_t>(np));
@@ -912,11 +974,11 @@ std::vector<HiddenGroup> hidden_groups(const SegmentEvaluator& ev, const PieceRo
   for (const auto& [m, pieces] : pieces_by_nodes(rd)) {
     HiddenGroup& gr = groups.emplace_back();
     gr.grp = piece_group(rd, pieces, m, ny, ey);
-    gr.sp = sub_pieces(rd, pieces, gr.grp.ys, gr.grp.xs, degree, shape, pool, out);
+    gr.sp = sub_pieces(rd, pieces, gr.grp.ys, gr.grp.xs, degree, shape, pool.max, out);
     gr.chunks = sub_chunks(gr.grp, gr.sp, U);
     for (const SubChunk& ch : gr.chunks) {
       gr.sel.push_back(selection(gr.grp.ys, gr.grp.xs, ch.g, torch::tensor(ch.mid, ny.options()), shape, pool));
-      PK_ASSERT(gr.sel.back().sel.size(1) == hid.w0.size(1));
+      PK_ASSERT(gr.sel.back().hs.size(2) == hid.w0.size(1));
       hidden_masks(gr.grp, gr.sp, ch, gr.sel.back(), hid, out, seen);
     }
   }
@@ -957,7 +1019,7 @@ void add_hidden_sums(const std::vector<HiddenGroup>& groups, const torch::Tensor
         out.p1s.index_add_(0, piece, s.pq.select(1, 1).sum(2));
         pw = torch::matmul(s.pc, ep).sum(1);  // Σ_a ∫ tᵃ ℓ_j pᵀ E_a
       }
-      add_hidden_node_fields(gr.grp.rows.index_select(0, ch.g), sl.sel, sl.mask, s.c, pw, fields);
+      add_hidden_node_fields(gr.grp.rows.index_select(0, ch.g), sl, s.c, pw, fields);
     }
   }
 }
@@ -1004,7 +1066,7 @@ LastSiteTerms hidden_site_terms(const SegmentEvaluator& ev, const PieceRound& rd
   add_hidden_sums(groups, e, bias, softmax, out.fields, out);
   finish_hidden_terms(fin, hid, out);
   out.eu = e;
-  out.w_of_u = window_of_unit(shape, ev.pool_after()[fin_l - 2]);
+  out.w_of_u = window_of_unit(shape, site_pool(ev, fin_l - 2).window());
   return out;
 }
 
@@ -1113,13 +1175,13 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
   const torch::Tensor ny = node_y.flatten(1), ey = end_y.flatten(1);  // [R, U], [2 np, U]
   const int64_t U = ny.size(1);
   const torch::TensorOptions opts = ny.options();
-  const int64_t pool = ev.pool_after()[site];
+  const SitePool pool = site_pool(ev, site);
   const std::vector<int64_t> shape = node_y.sizes().vec();
   // Node row r's cotangent on unit u (window w(u)) for output k is
   // W0[k, w(u)] e0[r, u] + dW[k, w(u)] e1[r, u] − e2[r, u]: the sums over the
   // piece's sub-pieces n (where u passes on) of ∫ ℓ_j, ∫ t ℓ_j and
   // ∫ ℓ_j pᵀ W(t)[:, w(u)].
-  const torch::Tensor w_of_u = window_of_unit(shape, pool);  // [U]
+  const torch::Tensor w_of_u = window_of_unit(shape, pool.window());  // [U]
   torch::Tensor fields = torch::zeros({3, R, U}, opts);  // e0, e1, e2
   LastSiteTerms out;
   out.h_sum = torch::zeros({np, Hw}, opts);
@@ -1134,12 +1196,13 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
   out.len = torch::tensor(len, opts);
   for (const auto& [m, pieces] : pieces_by_nodes(rd)) {
     const PieceGroup grp = piece_group(rd, pieces, m, ny, ey);
-    const SubPieces sp = sub_pieces(rd, pieces, grp.ys, grp.xs, degree, shape, pool, out);
+    const SubPieces sp = sub_pieces(rd, pieces, grp.ys, grp.xs, degree, shape, pool.max, out);
     for (const SubChunk& ch : sub_chunks(grp, sp, U)) {
       const torch::Tensor& g = ch.g;
       const torch::Tensor xg = grp.xs.index_select(0, g);
-      const auto [sel, mask, hs] = selection(grp.ys, grp.xs, g, torch::tensor(ch.mid, opts), shape, pool);  // hs [nc, S, Hw]
-      PK_ASSERT(sel.size(1) == Hw);
+      const Selection sl = selection(grp.ys, grp.xs, g, torch::tensor(ch.mid, opts), shape, pool);
+      const torch::Tensor& hs = sl.hs;  // [nc, S, Hw]
+      PK_ASSERT(hs.size(2) == Hw);
       const Sums s = sums_of(ch.a, ch.b, ch.c, ch.d, xg, torch::matmul(hs, lg.w0.t()), torch::matmul(hs, lg.dw.t()),
                              lg, m, softmax);
       // The logits' layer, per piece.
@@ -1151,8 +1214,8 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
         out.p_sum.index_add_(0, piece, s.pq.sum(2));
         pw = torch::matmul(s.p0, lg.w0) + torch::matmul(s.p1, lg.dw);
       }
-      // The nodes' sums on the units that pass on: node row r, unit sel[n, w].
-      add_node_fields(grp.rows.index_select(0, g), sel, mask, s.c0, s.c1, pw, fields);
+      // The nodes' sums on the units that pass on: node row r, the units of sl.sel[n, w].
+      add_node_fields(grp.rows.index_select(0, g), sl, s.c0, s.c1, pw, fields);
     }
   }
   out.w0u = lg.w0.index_select(1, w_of_u);

@@ -14,7 +14,8 @@
 namespace pathkernel {
 
 /// What a round of pieces takes from the last site, the site of param layer
-/// L − 2, whose ReLU (and max-pool) feeds the logits' Linear layer L − 1.
+/// L − 2, whose ReLU (and max-pool or average pool) feeds the logits'
+/// Linear layer L − 1.
 /// On a piece between the earlier sites' kinks the site's pre-activation y
 /// is a polynomial of degree L − 1; its switches inside the piece change
 /// only which of y's units pass on, so the piece's integral splits into
@@ -23,7 +24,8 @@ struct LastSiteTerms {
   /// Per node row, every output's cotangent on y, factored (the rows walk
   /// it back to the layers below, Route::signals_from, formed by
   /// site_cotangents): output k's on unit u (window w(u)) is
-  /// w0u[k, u] e0[r, u] + dwu[k, u] e1[r, u] − e2[r, u], with
+  /// w0u[k, u] e0[r, u] + dwu[k, u] e1[r, u] − e2[r, u] (under an average
+  /// pool the fields carry each unit's share, 1 / k², of its window's), with
   /// fields = [e0, e1, e2] [3, R, U] and w0u, dwu [K, U] the logits' layer's
   /// weights at the start and its direction, taken at each unit's window.
   torch::Tensor fields, w0u, dwu;

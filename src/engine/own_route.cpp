@@ -142,7 +142,7 @@ class OwnRoute final : public LayeredRoute {
   /// (KinkHints::hidden_site_local).
   bool hidden_site_holds() const;
   /// Whether layers first .. last − 1 are a site's ReLU, then an optional
-  /// max-pool and an optional flatten alone.
+  /// max-pool or average pool and an optional flatten alone.
   bool relu_pool_flatten(size_t first, size_t last) const;
   /// The layer index of each param layer.
   std::vector<size_t> param_positions() const;
@@ -178,21 +178,23 @@ OwnRoute::OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name
   }
   bool piecewise_linear = true;
   std::vector<bool> leaky;
+  std::vector<int64_t> average;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Kind k = layers_[i].kind;
     piecewise_linear = piecewise_linear && (has_params(layers_[i]) || k == Kind::ReLU || k == Kind::LeakyReLU ||
                                             k == Kind::MaxPool2d || k == Kind::AvgPool2d || k == Kind::Flatten ||
                                             k == Kind::LogSoftmax || k == Kind::Dropout);
     if (!has_params(layers_[i])) continue;
-    const Kind next = i + 1 < layers_.size() ? layers_[i + 1].kind : Kind::Module;
-    bool relu = next == Kind::ReLU || next == Kind::LeakyReLU;
-    bool pool = relu && i + 2 < layers_.size() && layers_[i + 2].kind == Kind::MaxPool2d;
+    const bool relu = i + 1 < layers_.size() && layers_[i + 1].rectifier();
+    const Kind pooled = relu && i + 2 < layers_.size() ? layers_[i + 2].kind : Kind::Module;
     hints_.relu_after.push_back(relu);
-    hints_.pool_after.push_back(pool ? layers_[i + 2].kernel : 0);
-    leaky.push_back(next == Kind::LeakyReLU && layers_[i + 1].slope > 0);
+    hints_.pool_after.push_back(pooled == Kind::MaxPool2d ? layers_[i + 2].kernel : 0);
+    average.push_back(pooled == Kind::AvgPool2d ? layers_[i + 2].kernel : 0);
+    leaky.push_back(relu && layers_[i + 1].kind == Kind::LeakyReLU && layers_[i + 1].slope > 0);
   }
-  // Only where some site's activation is leaky (KinkHints::leaky_after).
+  // Only where some site has one (KinkHints::leaky_after, average_after).
   if (std::find(leaky.begin(), leaky.end(), true) != leaky.end()) hints_.leaky_after = leaky;
+  if (std::any_of(average.begin(), average.end(), [](int64_t k) { return k > 0; })) hints_.average_after = average;
   hints_.polynomial_degree = piecewise_linear ? static_cast<int>(params_.size()) : 0;
   hints_.first_site_affine = !hints_.relu_after.empty() && hints_.relu_after[0];
   hints_.first_input_fixed = true;
@@ -222,7 +224,7 @@ bool OwnRoute::logits_last(const std::vector<size_t>& at) const {
 bool OwnRoute::relu_pool_flatten(size_t first, size_t last) const {
   size_t i = first;
   if (i >= last || layers_[i].kind != Kind::ReLU) return false;
-  if (++i < last && layers_[i].kind == Kind::MaxPool2d) ++i;
+  if (++i < last && (layers_[i].kind == Kind::MaxPool2d || layers_[i].kind == Kind::AvgPool2d)) ++i;
   if (i < last && layers_[i].kind == Kind::Flatten) ++i;
   return i == last;
 }
@@ -230,7 +232,7 @@ bool OwnRoute::relu_pool_flatten(size_t first, size_t last) const {
 bool OwnRoute::last_site_holds() const {
   const std::vector<size_t> at = param_positions();
   // Between the site and the logits: its ReLU, then an optional max-pool
-  // and an optional flatten.
+  // or average pool and an optional flatten.
   return at.size() >= 3 && logits_last(at) && relu_pool_flatten(at[at.size() - 2] + 1, at.back());
 }
 
@@ -239,7 +241,7 @@ bool OwnRoute::hidden_site_holds() const {
   const size_t n = at.size();
   if (n < 4 || !logits_last(at) || layers_[at[n - 2]].kind != Kind::Linear) return false;
   // The hidden layer's ReLU alone before the logits; the site's ReLU, an
-  // optional max-pool and a flatten before the hidden layer.
+  // optional max-pool or average pool and a flatten before the hidden layer.
   return at[n - 2] + 2 == at[n - 1] && layers_[at[n - 2] + 1].kind == Kind::ReLU &&
          relu_pool_flatten(at[n - 3] + 1, at[n - 2]);
 }

@@ -499,17 +499,16 @@ std::vector<LayerDesc> plain_chain(Graph& g, const std::vector<LayerUse>& layers
   // then a ReLU is walked as the ReLU then the pool, the order of
   // pathkernel's own networks. Their kink sites are a param layer's
   // outputs: a ReLU must follow one, and a pool such a ReLU.
-  auto activation = [&](size_t i) { return chain[i].kind == Kind::ReLU || chain[i].kind == Kind::LeakyReLU; };
   for (size_t i = 0; i + 1 < chain.size(); ++i) {
-    if (chain[i].kind == Kind::MaxPool2d && activation(i + 1)) {
+    if (chain[i].kind == Kind::MaxPool2d && chain[i + 1].rectifier()) {
       std::swap(chain[i], chain[i + 1]);
       std::swap(nodes[i], nodes[i + 1]);
     }
   }
   for (size_t i = 0; i < chain.size(); ++i) {
     const bool after_param = i > 0 && chain[i - 1].parameterised();
-    const bool after_relu = i > 1 && activation(i - 1) && chain[i - 2].parameterised();
-    if (activation(i) && !after_param) {
+    const bool after_relu = i > 1 && chain[i - 1].rectifier() && chain[i - 2].parameterised();
+    if (chain[i].rectifier() && !after_param) {
       return refuse(operation_name(nodes[i], layers) + " does not follow a Linear or Conv2d");
     }
     if (chain[i].kind == Kind::MaxPool2d && !after_relu) {

@@ -54,11 +54,12 @@ std::pair<TestFeatures, TestFeatures> expect_held_as_every_kink(
 
 /// A user's TorchScript CNN for 1 × 8 × 8 inputs and 4 classes, saved in
 /// dir: two convolutions (2 and 3 channels) with ReLU and `pool`s (F's
-/// max_pool2d or avg_pool2d) of windows `first` and 2, then the layers
+/// max_pool2d or avg_pool2d) of windows `first` and `second`, then the layers
 /// `init` (lines of __init__) and `head` (the forward's return, of h
 /// flattened); read as the engine's network with output map `map` for each map.
 std::string scripted_cnn(const testing::TempDir& dir, const std::string& init, const std::string& head,
-                         const std::string& pool = "max_pool2d", const std::string& first = "2") {
+                         const std::string& pool = "max_pool2d", const std::string& first = "2",
+                         const std::string& second = "2") {
   const std::string path = dir.path() + "/cnn.pt";
   testing::script::python(dir, "class M(nn.Module):\n"
                                "    def __init__(self):\n"
@@ -68,7 +69,7 @@ std::string scripted_cnn(const testing::TempDir& dir, const std::string& init, c
                                    init +
                                    "    def forward(self, x):\n"
                                    "        h = F." + pool + "(F.relu(self.conv1(x)), " + first + ")\n"
-                                   "        h = torch.flatten(F." + pool + "(F.relu(self.conv2(h)), 2), 1)\n"
+                                   "        h = torch.flatten(F." + pool + "(F.relu(self.conv2(h)), " + second + "), 1)\n"
                                    "        return " +
                                    head + "\ntorch.manual_seed(3)\ntorch.jit.script(M()).save('" + path + "')\n");
   return path;
@@ -287,6 +288,53 @@ TEST(LastSite, SiteOfAScriptedCnnHeldThroughItsHiddenLayer) {
       expect_hidden_held_as_every_kink(ev, torch::randn({5, 1, 8, 8}, torch::kFloat64), map, name);
     }
   }
+}
+
+// Scripted chains whose held site an average pool follows: each unit of the
+// logits' (or hidden layer's) input is the mean of its window's positive
+// units, so every unit's flip is a switch of the site, and its share 1 / k²
+// enters the fields. The last site held (three param layers), and the site
+// held through a hidden layer (four), the second pool's windows tiling the
+// map or leaving a row and a column out; logits and log-softmax.
+TEST(LastSite, HeldSiteUnderAnAveragePoolGivesTheFeaturesOfEveryKinkAPiece) {
+  REQUIRE_PYTHON_TORCH();
+  struct Net {
+    std::string name, first, second, init, head;
+    bool hidden;
+  };
+  auto hidden = [](int in) {
+    return "        self.fc1 = nn.Linear(" + std::to_string(in) + ", 5)\n        self.fc2 = nn.Linear(5, 4)\n";
+  };
+  const std::string hidden_head = "self.fc2(F.relu(self.fc1(h)))";
+  const std::vector<Net> nets = {
+      {"avg2", "2", "2", "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)", false},
+      {"avg2_3", "2", "3", "        self.fc = nn.Linear(3, 4)\n", "self.fc(h)", false},
+      {"avg2_hidden", "2", "2", hidden(12), hidden_head, true},
+      {"avg2_3_hidden", "2", "3", hidden(3), hidden_head, true},
+  };
+  int64_t switches = 0;
+  for (const Net& n : nets) {
+    testing::TempDir dir(n.name);
+    const std::string path = scripted_cnn(dir, n.init, n.head, "avg_pool2d", n.first, n.second);
+    for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
+      Network net = scripted_network(path, map);
+      SegmentEvaluator ev(net);
+      set_long_step(ev, net);
+      const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
+      const std::string name = n.name + "/" + output_map_name(map);
+      ASSERT_EQ(ev.route(), "structured") << name;
+      ASSERT_EQ(ev.route_reason(), "") << name << ": walked as a chain";
+      if (n.hidden) {
+        expect_hidden_held_as_every_kink(ev, x, map, name);
+        continue;
+      }
+      ASSERT_TRUE(ev.last_site_local()) << name;
+      const auto [held, every] = expect_held_as_every_kink(ev, x, map, name);
+      switches += kinks_at(held, ev.param_layers().size() - 2);
+      EXPECT_LT(held.evaluations + held.moment_evaluations, every.evaluations + every.moment_evaluations) << name;
+    }
+  }
+  EXPECT_GT(switches, 0) << "no case crossed a switch of the held site";
 }
 
 // Only a piecewise-linear network of three param layers or more holds its
