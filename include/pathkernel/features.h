@@ -69,7 +69,7 @@ struct LayerFeatures {
   /// [B, H·in] each step (docs/math.md §7, "Held through a hidden layer").
   struct HiddenFactors {
     torch::Tensor point;  ///< [G] each group's test point
-    torch::Tensor mask;   ///< [G, H] D_g (0 or 1)
+    torch::Tensor mask;   ///< [G, H] D_g (1 where positive, else 0 or a leaky ReLU's slope)
     torch::Tensor h;      ///< [G, 2, cols] ∫h and ∫t h, then (with a bias) ∫1 and ∫t
     torch::Tensor p;      ///< [G, 2, K, cols] ∫p hᵀ and ∫t p hᵀ, then (with a bias) ∫p and ∫t p
     torch::Tensor w;      ///< [2, K, H] W and dW

@@ -118,6 +118,10 @@ struct KinkHints {
   /// leaky ReLU of slope above 0), so that its pool's argmax switches are
   /// kinks at any sign. Empty when none is (pathkernel's own layers).
   std::vector<bool> leaky_after;
+  /// Per kink site: its leaky ReLU's slope, 0 for a ReLU; empty when no
+  /// site is leaky. Only a held site (and the hidden layer it is held
+  /// through) reads it: a negative unit passes on its slope's share.
+  std::vector<double> slope_after;
   /// The degree in t of the logits on a piece of the segment that crosses no
   /// kink, when the network is piecewise linear in its input (ReLU, max-pool,
   /// Flatten) and each of its L param layers is linear in its weights: L.
@@ -133,16 +137,17 @@ struct KinkHints {
   /// Whether the last kink site can be held (docs/math.md §7, "The last
   /// site's switches, integrated locally"): at least 3 param layers, the
   /// logits are the last one, a Linear layer, whose input is param layer
-  /// L − 2's pre-activation through its ReLU, an optional max-pool or
-  /// average pool and a flatten alone; the network is piecewise linear.
-  /// Route::signals_from walks back from that site.
+  /// L − 2's pre-activation through its ReLU (or leaky ReLU), an optional
+  /// max-pool or average pool and a flatten alone; the network is piecewise
+  /// linear. Route::signals_from walks back from that site.
   bool last_site_local = false;
   /// Whether the site below the last hidden layer can be held (docs/math.md
   /// §7, "Held through a hidden layer"): at least 4 param layers, the logits
-  /// a Linear layer fed by param layer L − 2's ReLU alone, layer L − 2 a
-  /// Linear layer fed by param layer L − 3's pre-activation through its
-  /// ReLU, an optional max-pool or average pool and a flatten; the network
-  /// is piecewise linear. Route::signals_from walks back from that site.
+  /// a Linear layer fed by param layer L − 2's ReLU (or leaky ReLU) alone,
+  /// layer L − 2 a Linear layer fed by param layer L − 3's pre-activation
+  /// through its ReLU (or leaky ReLU), an optional max-pool or average pool
+  /// and a flatten; the network is piecewise linear. Route::signals_from
+  /// walks back from that site.
   bool hidden_site_local = false;
 };
 

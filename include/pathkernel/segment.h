@@ -134,6 +134,11 @@ class SegmentEvaluator : public KinkSites {
     const std::vector<int64_t>& a = route_->hints().average_after;
     return l < a.size() ? a[l] : 0;
   }
+  /// Site l's leaky ReLU's slope, 0 for a ReLU (KinkHints::slope_after).
+  double slope_after(size_t l) const {
+    const std::vector<double>& a = route_->hints().slope_after;
+    return l < a.size() ? a[l] : 0.0;
+  }
   /// The kink sites of rows x at t: kink_values of an untracked pass.
   std::vector<torch::Tensor> sites_at(const torch::Tensor& x, const torch::Tensor& t) const override {
     return kink_values(forward(x, t, false));

@@ -173,19 +173,21 @@ void write_hidden_block(const LayerFeatures::HiddenFactors& hf, const ParamLayer
     for (int64_t k = 0; k < K; ++k) {
       double* row = o + (i * K + k) * P;
       for (int64_t u = 0; u < H; ++u) {
-        const bool on = mp[g * H + u] != 0;
-        const double a = on ? wp[k * H + u] : 0.0, b = on ? wp[(K + k) * H + u] : 0.0;
+        // D's entry: 1, or 0, or a leaky ReLU's slope (each term times 1 is itself).
+        const double m = mp[g * H + u];
+        const bool on = m != 0;
+        const double a = on ? m * wp[k * H + u] : 0.0, b = on ? m * wp[(K + k) * H + u] : 0.0;
         const double* s = sp + (g * H + u) * cols;
         double* ow = row + pl.weight_offset + u * in;
         if (!on) {
           if (first) std::fill(ow, ow + in, 0.0);
         } else if (first) {
-          for (int64_t j = 0; j < in; ++j) ow[j] = a * h0[j] + b * h1[j] - s[j];
+          for (int64_t j = 0; j < in; ++j) ow[j] = a * h0[j] + b * h1[j] - m * s[j];
         } else {
-          for (int64_t j = 0; j < in; ++j) ow[j] += a * h0[j] + b * h1[j] - s[j];
+          for (int64_t j = 0; j < in; ++j) ow[j] += a * h0[j] + b * h1[j] - m * s[j];
         }
         if (!hf.bias) continue;
-        const double v = on ? a * h0[in] + b * h1[in] - s[in] : 0.0;
+        const double v = on ? a * h0[in] + b * h1[in] - m * s[in] : 0.0;
         double& ob = row[pl.bias_offset + u];
         ob = first ? v : ob + v;
       }

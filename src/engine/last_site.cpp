@@ -123,11 +123,29 @@ void roots_in(const double* c, int64_t d, std::vector<double>& out) {
   }
 }
 
+/// The pool after a held site's ReLU: a max-pool's window, an average
+/// pool's, or neither (both 0); and the ReLU's slope below 0 (a leaky
+/// ReLU's, else 0).
+struct SitePool {
+  int64_t max = 0, average = 0;
+  double slope = 0;
+  int64_t window() const { return max > 0 ? max : average; }
+  bool leaky() const { return slope > 0; }
+  /// The units of y each of h's entries takes: its window's under an
+  /// average pool, else one.
+  int64_t slots() const { return average > 0 ? average * average : 1; }
+};
+
+SitePool site_pool(const SegmentEvaluator& ev, size_t site) {
+  return {ev.pool_after()[site], ev.average_after(site), ev.slope_after(site)};
+}
+
 /// The switches of one piece's held site (its units' polynomials c
 /// [d + 1, U] in local x), sorted in local x, counted into `flips` (a
-/// window's or unit's sign) and `argmax` (a positive window's winner).
+/// window's or unit's sign) and `argmax` (a positive window's winner; any
+/// window's after a `leaky` ReLU, which passes negative units on too).
 std::vector<double> piece_switches(const torch::Tensor& c, const std::vector<int64_t>& shape, int64_t pool,
-                                   int64_t& flips, int64_t& argmax) {
+                                   bool leaky, int64_t& flips, int64_t& argmax) {
   const torch::Tensor cc = c.t().contiguous();  // [U, d + 1]
   const int64_t d = cc.size(1) - 1, U = cc.size(0);
   const double* cp = cc.data_ptr<double>();
@@ -137,9 +155,22 @@ std::vector<double> piece_switches(const torch::Tensor& c, const std::vector<int
     return v;
   };
   std::vector<double> out, cand, diff(static_cast<size_t>(d + 1));
-  // A window's units (one unit without a pool): the winner at x, −1 for none.
+  // A window's units (one unit without a pool): the winner at x, −1 for
+  // none; after a leaky ReLU the window's maximum, −2 − it where negative.
   std::vector<int64_t> units;
   auto winner = [&](double x) {
+    if (leaky) {
+      int64_t best = units[0];
+      double top = value(best, x);
+      for (size_t i = 1; i < units.size(); ++i) {
+        const double v = value(units[i], x);
+        if (v > top) {
+          top = v;
+          best = units[i];
+        }
+      }
+      return top > 0 ? best : -2 - best;
+    }
     int64_t best = -1;
     double top = 0;
     for (int64_t u : units) {
@@ -171,7 +202,8 @@ std::vector<double> piece_switches(const torch::Tensor& c, const std::vector<int
     return std::make_pair(k[0] - spread, k[0] + spread);
   };
   // Whether a window's pass-on cannot change on the piece: no unit is ever
-  // positive, or one stays positive and above every other's range.
+  // positive, or one stays positive and above every other's range (after a
+  // leaky ReLU: one stays above every other's range and keeps its sign).
   std::vector<std::pair<double, double>> r;  // the window's units' ranges (one buffer for every window)
   auto settled = [&]() {
     double best_lo = -std::numeric_limits<double>::infinity(), top_hi = 0;
@@ -185,8 +217,9 @@ std::vector<double> piece_switches(const torch::Tensor& c, const std::vector<int
         best = i;
       }
     }
-    if (top_hi <= 0) return true;
-    if (best_lo <= 0) return false;
+    if (leaky && best_lo <= 0 && r[best].second > 0) return false;  // the winner's sign may change
+    if (!leaky && top_hi <= 0) return true;
+    if (!leaky && best_lo <= 0) return false;
     for (size_t i = 0; i < units.size(); ++i) {
       if (i != best && r[i].second >= best_lo) return false;
     }
@@ -212,7 +245,7 @@ std::vector<double> piece_switches(const torch::Tensor& c, const std::vector<int
       const int64_t now = winner(0.5 * (cand[i] + cand[i + 1]));
       if (now != was) {
         out.push_back(cand[i]);
-        (was < 0 || now < 0 ? flips : argmax) += 1;
+        ((was >= 0) != (now >= 0) ? flips : argmax) += 1;
       }
       was = now;
     }
@@ -269,7 +302,7 @@ struct SubPieces {
 /// [ng, S, U] at local xs [ng, S]), cut at their switches; each piece's
 /// switches (in t) and counts go to `out`.
 SubPieces sub_pieces(const PieceRound& rd, const std::vector<int64_t>& pieces, const torch::Tensor& ys,
-                     const torch::Tensor& xs, int64_t degree, const std::vector<int64_t>& shape, int64_t pool,
+                     const torch::Tensor& xs, int64_t degree, const std::vector<int64_t>& shape, const SitePool& pool,
                      LastSiteTerms& out) {
   // Each unit's polynomial in local x, fitted through the samples.
   const torch::Tensor V = torch::stack(
@@ -285,7 +318,8 @@ SubPieces sub_pieces(const PieceRound& rd, const std::vector<int64_t>& pieces, c
   for (size_t g = 0; g < pieces.size(); ++g) {
     const int64_t p = pieces[g];
     const double a = rd.ends[2 * p], b = rd.ends[2 * p + 1];
-    std::vector<double> sw = piece_switches(coef[static_cast<int64_t>(g)], shape, pool, out.flips[p], out.argmax[p]);
+    std::vector<double> sw =
+        piece_switches(coef[static_cast<int64_t>(g)], shape, pool.max, pool.leaky(), out.flips[p], out.argmax[p]);
     double from = a;
     for (double x : sw) {
       const double t = a + 0.5 * (x + 1) * (b - a);
@@ -316,24 +350,11 @@ struct Logits {
   torch::Tensor w0, dw, b0, db;  ///< [K, Hw], [K, Hw], [K], [K]
 };
 
-/// The pool after a held site's ReLU: a max-pool's window, an average
-/// pool's, or neither (both 0).
-struct SitePool {
-  int64_t max = 0, average = 0;
-  int64_t window() const { return max > 0 ? max : average; }
-  /// The units of y each of h's entries takes: its window's under an
-  /// average pool, else one.
-  int64_t slots() const { return average > 0 ? average * average : 1; }
-};
-
-SitePool site_pool(const SegmentEvaluator& ev, size_t site) {
-  return {ev.pool_after()[site], ev.average_after(site)};
-}
-
 /// What passes on at each sub-piece's midpoint, and the samples that carry
 /// it. Each of h's entries takes `slots` units of y, whose shares it adds:
 /// one unit (no pool, or a max-pool's winner), or an average pool's window,
-/// each unit's share 1 / slots while it passes on.
+/// each unit's share 1 / slots while it is positive (and a leaky ReLU's
+/// slope over slots while it is not).
 struct Selection {
   int64_t slots = 1;
   torch::Tensor sel;   ///< [N, Hw · slots]: the units of y (flattened) each of h's entries takes, slot last
@@ -342,28 +363,29 @@ struct Selection {
 };
 
 /// A max-pool's winner in each window of y [C, H, W] (stride = window
-/// `pool`, no padding): the unit (c H W + its index) and whether the
-/// window's maximum is positive, as LibTorch's max_pool2d_with_indices
-/// takes it (pool_windows: the first maximum in the window's row-major
-/// order; a NaN wins).
+/// `pool`, no padding): the unit (c H W + its index) and its share, 1 where
+/// the window's maximum is positive, else `slope` (a leaky ReLU's, or 0), as
+/// LibTorch's max_pool2d_with_indices takes it (pool_windows: the first
+/// maximum in the window's row-major order; a NaN wins).
 template <typename T>
-void pool_winners(const T* y, int64_t C, int64_t H, int64_t W, int64_t pool, int64_t* sel, T* on) {
-  pool_windows(y, C, H, W, pool, on, sel);  // the maxima in `on` until they become its flags
+void pool_winners(const T* y, int64_t C, int64_t H, int64_t W, int64_t pool, T slope, int64_t* sel, T* on) {
+  pool_windows(y, C, H, W, pool, on, sel);  // the maxima in `on` until they become its shares
   const int64_t plane = (H / pool) * (W / pool);
   for (int64_t w = 0; w < C * plane; ++w) {
     sel[w] += (w / plane) * H * W;
-    on[w] = static_cast<T>(on[w] > 0);
+    on[w] = on[w] > 0 ? T(1) : slope;
   }
 }
 
 /// An average pool's windows of k × k over y [C, H, W] (stride = window, no
 /// padding; the rows and columns no window takes are left out): each
 /// window's k² units in row-major order, and each one's share, 1 / k²
-/// where it is positive (its ReLU passes it on), else 0.
+/// where it is positive (its ReLU passes it on), else `slope` / k² (a leaky
+/// ReLU's slope, or 0).
 template <typename T>
-void average_slots(const T* y, int64_t C, int64_t H, int64_t W, int64_t k, int64_t* sel, T* on) {
+void average_slots(const T* y, int64_t C, int64_t H, int64_t W, int64_t k, T slope, int64_t* sel, T* on) {
   const int64_t Hp = H / k, Wp = W / k, A = k * k;
-  const T share = T(1) / static_cast<T>(A);
+  const T share = T(1) / static_cast<T>(A), below = slope / static_cast<T>(A);
   for (int64_t c = 0; c < C; ++c) {
     for (int64_t i = 0; i < Hp; ++i) {
       for (int64_t j = 0; j < Wp; ++j) {
@@ -372,7 +394,7 @@ void average_slots(const T* y, int64_t C, int64_t H, int64_t W, int64_t k, int64
           for (int64_t dj = 0; dj < k; ++dj) {
             const int64_t u = (c * H + i * k + di) * W + j * k + dj, at = w * A + di * k + dj;
             sel[at] = u;
-            on[at] = y[u] > 0 ? share : T(0);
+            on[at] = y[u] > 0 ? share : below;
           }
         }
       }
@@ -385,6 +407,7 @@ void select_rows(const T* ys, const T* xs, const int64_t* piece, const T* mid, i
                  int64_t Hw, const std::vector<int64_t>& shape, const SitePool& pool, int64_t* sel, T* on, T* hs) {
   std::vector<T> y(static_cast<size_t>(U));
   const int64_t A = pool.slots();
+  const T slope = static_cast<T>(pool.slope);
   for (int64_t n = 0; n < N; ++n) {
     const T* yp = ys + piece[n] * S * U;
     std::fill(y.begin(), y.end(), T(0));
@@ -392,14 +415,14 @@ void select_rows(const T* ys, const T* xs, const int64_t* piece, const T* mid, i
     int64_t* sn = sel + n * Hw * A;
     T* mn = on + n * Hw * A;
     if (pool.average > 0) {
-      average_slots(y.data(), shape[1], shape[2], shape[3], pool.average, sn, mn);
+      average_slots(y.data(), shape[1], shape[2], shape[3], pool.average, slope, sn, mn);
     } else if (pool.max == 0) {
       for (int64_t u = 0; u < U; ++u) {
         sn[u] = u;
-        mn[u] = static_cast<T>(y[u] > 0);
+        mn[u] = y[u] > 0 ? T(1) : slope;
       }
     } else {
-      pool_winners(y.data(), shape[1], shape[2], shape[3], pool.max, sn, mn);
+      pool_winners(y.data(), shape[1], shape[2], shape[3], pool.max, slope, sn, mn);
     }
     for (int64_t s = 0; s < S; ++s) {
       const T* ys_s = yp + s * U;
@@ -833,9 +856,11 @@ std::vector<SubChunk> sub_chunks(const PieceGroup& grp, const SubPieces& sp, int
 }
 
 /// A param layer's weight and bias at the segment's start and its direction
-/// (zero biases where it has none: adding 0 changes no value).
+/// (zero biases where it has none: adding 0 changes no value), and its
+/// ReLU's slope below 0 (a leaky ReLU's, else 0).
 struct LayerAt {
   torch::Tensor w0, dw, b0, db;
+  double slope = 0;
 };
 
 LayerAt layer_at(const SegmentEvaluator& ev, size_t l) {
@@ -843,7 +868,8 @@ LayerAt layer_at(const SegmentEvaluator& ev, size_t l) {
   auto bias_of = [&](const torch::Tensor& v) {
     return ev.param_layers()[l].bias_numel > 0 ? ev.bias_of(v, l) : torch::zeros({out}, torch::kFloat64);
   };
-  return {ev.weight_of(ev.start(), l), ev.weight_of(ev.direction(), l), bias_of(ev.start()), bias_of(ev.direction())};
+  return {ev.weight_of(ev.start(), l), ev.weight_of(ev.direction(), l), bias_of(ev.start()), bias_of(ev.direction()),
+          ev.slope_after(l)};
 }
 
 /// The value at local x of each of a polynomial's units, c [d + 1, H]
@@ -908,8 +934,9 @@ void hidden_masks(const PieceGroup& grp, const SubPieces& sp, const SubChunk& ch
     bool differs = false;
     for (int64_t i = 0; i < H; ++i) {
       const double mid = poly_at(y, d + 1, H, i, ch.mid[n]);
-      if (first) mk[i] = mid > 0 ? 1.0 : 0.0;
-      differs = differs || (std::abs(mid) > noise && mk[i] != (mid > 0 ? 1.0 : 0.0));
+      const double pass = mid > 0 ? 1.0 : hid.slope;
+      if (first) mk[i] = pass;
+      differs = differs || (std::abs(mid) > noise && mk[i] != pass);
       roots.clear();
       for (int64_t k = 0; k <= d + 1; ++k) coef[k] = y[k * H + i];
       roots_in(coef.data(), d + 1, roots);
@@ -974,7 +1001,7 @@ std::vector<HiddenGroup> hidden_groups(const SegmentEvaluator& ev, const PieceRo
   for (const auto& [m, pieces] : pieces_by_nodes(rd)) {
     HiddenGroup& gr = groups.emplace_back();
     gr.grp = piece_group(rd, pieces, m, ny, ey);
-    gr.sp = sub_pieces(rd, pieces, gr.grp.ys, gr.grp.xs, degree, shape, pool.max, out);
+    gr.sp = sub_pieces(rd, pieces, gr.grp.ys, gr.grp.xs, degree, shape, pool, out);
     gr.chunks = sub_chunks(gr.grp, gr.sp, U);
     for (const SubChunk& ch : gr.chunks) {
       gr.sel.push_back(selection(gr.grp.ys, gr.grp.xs, ch.g, torch::tensor(ch.mid, ny.options()), shape, pool));
@@ -1196,7 +1223,7 @@ LastSiteTerms last_site_terms(const SegmentEvaluator& ev, const PieceRound& rd, 
   out.len = torch::tensor(len, opts);
   for (const auto& [m, pieces] : pieces_by_nodes(rd)) {
     const PieceGroup grp = piece_group(rd, pieces, m, ny, ey);
-    const SubPieces sp = sub_pieces(rd, pieces, grp.ys, grp.xs, degree, shape, pool.max, out);
+    const SubPieces sp = sub_pieces(rd, pieces, grp.ys, grp.xs, degree, shape, pool, out);
     for (const SubChunk& ch : sub_chunks(grp, sp, U)) {
       const torch::Tensor& g = ch.g;
       const torch::Tensor xg = grp.xs.index_select(0, g);

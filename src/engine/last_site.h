@@ -47,7 +47,8 @@ struct LastSiteTerms {
   /// sums of ∫ σ_u tᵃ ℓ_j, e3 the softmax's part; output k's cotangent on
   /// unit u of node row r (of piece p) is Σ_a eu[p, a, k, w(u)] e_a[r, u] −
   /// e3[r, u], with eu [np, 3, K, Hw] the tᵃ terms of W(t) D W_h(t) (the
-  /// logits' layer, the hidden layer's ReLU mask D on the piece, the
+  /// logits' layer, the hidden layer's ReLU mask D on the piece (1 where
+  /// positive, else 0 or its leaky ReLU's slope), the
   /// hidden layer) and w_of_u [U] each unit's window. h_sum, ph_sum, p_sum
   /// and len are the logits' layer's, whose input is D y_h.
   torch::Tensor eu, w_of_u;

@@ -141,7 +141,7 @@ class OwnRoute final : public LayeredRoute {
   /// Whether the site below the last hidden layer can be held
   /// (KinkHints::hidden_site_local).
   bool hidden_site_holds() const;
-  /// Whether layers first .. last − 1 are a site's ReLU, then an optional
+  /// Whether layers first .. last − 1 are a site's ReLU or leaky ReLU, then an optional
   /// max-pool or average pool and an optional flatten alone.
   bool relu_pool_flatten(size_t first, size_t last) const;
   /// The layer index of each param layer.
@@ -178,6 +178,7 @@ OwnRoute::OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name
   }
   bool piecewise_linear = true;
   std::vector<bool> leaky;
+  std::vector<double> slope;
   std::vector<int64_t> average;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Kind k = layers_[i].kind;
@@ -191,9 +192,13 @@ OwnRoute::OwnRoute(Network& net, std::vector<LayerDesc> layers, std::string name
     hints_.pool_after.push_back(pooled == Kind::MaxPool2d ? layers_[i + 2].kernel : 0);
     average.push_back(pooled == Kind::AvgPool2d ? layers_[i + 2].kernel : 0);
     leaky.push_back(relu && layers_[i + 1].kind == Kind::LeakyReLU && layers_[i + 1].slope > 0);
+    slope.push_back(leaky.back() ? layers_[i + 1].slope : 0.0);
   }
   // Only where some site has one (KinkHints::leaky_after, average_after).
-  if (std::find(leaky.begin(), leaky.end(), true) != leaky.end()) hints_.leaky_after = leaky;
+  if (std::find(leaky.begin(), leaky.end(), true) != leaky.end()) {
+    hints_.leaky_after = leaky;
+    hints_.slope_after = slope;
+  }
   if (std::any_of(average.begin(), average.end(), [](int64_t k) { return k > 0; })) hints_.average_after = average;
   hints_.polynomial_degree = piecewise_linear ? static_cast<int>(params_.size()) : 0;
   hints_.first_site_affine = !hints_.relu_after.empty() && hints_.relu_after[0];
@@ -223,7 +228,7 @@ bool OwnRoute::logits_last(const std::vector<size_t>& at) const {
 
 bool OwnRoute::relu_pool_flatten(size_t first, size_t last) const {
   size_t i = first;
-  if (i >= last || layers_[i].kind != Kind::ReLU) return false;
+  if (i >= last || !layers_[i].rectifier()) return false;
   if (++i < last && (layers_[i].kind == Kind::MaxPool2d || layers_[i].kind == Kind::AvgPool2d)) ++i;
   if (i < last && layers_[i].kind == Kind::Flatten) ++i;
   return i == last;
@@ -242,7 +247,7 @@ bool OwnRoute::hidden_site_holds() const {
   if (n < 4 || !logits_last(at) || layers_[at[n - 2]].kind != Kind::Linear) return false;
   // The hidden layer's ReLU alone before the logits; the site's ReLU, an
   // optional max-pool or average pool and a flatten before the hidden layer.
-  return at[n - 2] + 2 == at[n - 1] && layers_[at[n - 2] + 1].kind == Kind::ReLU &&
+  return at[n - 2] + 2 == at[n - 1] && layers_[at[n - 2] + 1].rectifier() &&
          relu_pool_flatten(at[n - 3] + 1, at[n - 2]);
 }
 

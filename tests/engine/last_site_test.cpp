@@ -52,14 +52,19 @@ std::pair<TestFeatures, TestFeatures> expect_held_as_every_kink(
   return {std::move(held), std::move(every)};
 }
 
+/// How scripted_cnn's convolutions are followed: their activation (a
+/// function of the module, or "self.act" for an __init__ line setting it),
+/// then a pool (F's max_pool2d or avg_pool2d) of windows `first` and `second`.
+struct CnnLayers {
+  std::string pool = "max_pool2d", first = "2", second = "2", act = "F.relu";
+};
+
 /// A user's TorchScript CNN for 1 × 8 × 8 inputs and 4 classes, saved in
-/// dir: two convolutions (2 and 3 channels) with ReLU and `pool`s (F's
-/// max_pool2d or avg_pool2d) of windows `first` and `second`, then the layers
-/// `init` (lines of __init__) and `head` (the forward's return, of h
-/// flattened); read as the engine's network with output map `map` for each map.
+/// dir: two convolutions (2 and 3 channels) with the activations and pools of
+/// `c`, then the layers `init` (lines of __init__) and `head` (the forward's
+/// return, of h flattened).
 std::string scripted_cnn(const testing::TempDir& dir, const std::string& init, const std::string& head,
-                         const std::string& pool = "max_pool2d", const std::string& first = "2",
-                         const std::string& second = "2") {
+                         const CnnLayers& c = {}) {
   const std::string path = dir.path() + "/cnn.pt";
   testing::script::python(dir, "class M(nn.Module):\n"
                                "    def __init__(self):\n"
@@ -68,8 +73,9 @@ std::string scripted_cnn(const testing::TempDir& dir, const std::string& init, c
                                "        self.conv2 = nn.Conv2d(2, 3, 3, padding=1)\n" +
                                    init +
                                    "    def forward(self, x):\n"
-                                   "        h = F." + pool + "(F.relu(self.conv1(x)), " + first + ")\n"
-                                   "        h = torch.flatten(F." + pool + "(F.relu(self.conv2(h)), " + second + "), 1)\n"
+                                   "        h = F." + c.pool + "(" + c.act + "(self.conv1(x)), " + c.first + ")\n"
+                                   "        h = torch.flatten(F." + c.pool + "(" + c.act + "(self.conv2(h)), " + c.second +
+                                   "), 1)\n"
                                    "        return " +
                                    head + "\ntorch.manual_seed(3)\ntorch.jit.script(M()).save('" + path + "')\n");
   return path;
@@ -199,7 +205,7 @@ TEST(LastSite, PiecePairsOfAnAveragingChainGiveTheFeaturesOfEveryRowWalked) {
   };
   for (const Net& n : nets) {
     testing::TempDir dir(n.name);
-    const std::string path = scripted_cnn(dir, n.init, n.head, "avg_pool2d", n.window);
+    const std::string path = scripted_cnn(dir, n.init, n.head, {"avg_pool2d", n.window});
     for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
       Network net = scripted_network(path, map);
       SegmentEvaluator ev(net);
@@ -315,7 +321,7 @@ TEST(LastSite, HeldSiteUnderAnAveragePoolGivesTheFeaturesOfEveryKinkAPiece) {
   int64_t switches = 0;
   for (const Net& n : nets) {
     testing::TempDir dir(n.name);
-    const std::string path = scripted_cnn(dir, n.init, n.head, "avg_pool2d", n.first, n.second);
+    const std::string path = scripted_cnn(dir, n.init, n.head, {"avg_pool2d", n.first, n.second});
     for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
       Network net = scripted_network(path, map);
       SegmentEvaluator ev(net);
@@ -335,6 +341,56 @@ TEST(LastSite, HeldSiteUnderAnAveragePoolGivesTheFeaturesOfEveryKinkAPiece) {
     }
   }
   EXPECT_GT(switches, 0) << "no case crossed a switch of the held site";
+}
+
+// Scripted chains of leaky ReLUs (slopes 0.2 at the convolutions, 0.3 at
+// the hidden layer): a negative unit passes on its slope's share, so every
+// unit's flip is a switch of the site, and after a max-pool every argmax
+// switch, whatever the window's sign; the hidden layer's mask D is 1 or its
+// slope. The last site held (three param layers) and the site held through
+// the hidden layer (four), under max-pools and average pools; logits and
+// log-softmax.
+TEST(LastSite, HeldSiteOfLeakyReLUsGivesTheFeaturesOfEveryKinkAPiece) {
+  REQUIRE_PYTHON_TORCH();
+  struct Net {
+    std::string name, pool, init, head;
+    bool hidden;
+  };
+  const std::string act = "        self.act = nn.LeakyReLU(0.2)\n";
+  const std::string hidden_init = act + "        self.fc1 = nn.Linear(12, 5)\n        self.fc2 = nn.Linear(5, 4)\n";
+  const std::string hidden_head = "self.fc2(F.leaky_relu(self.fc1(h), 0.3))";
+  const std::vector<Net> nets = {
+      {"leaky_max", "max_pool2d", act + "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)", false},
+      {"leaky_avg", "avg_pool2d", act + "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)", false},
+      {"leaky_max_hidden", "max_pool2d", hidden_init, hidden_head, true},
+      {"leaky_avg_hidden", "avg_pool2d", hidden_init, hidden_head, true},
+  };
+  int64_t switches = 0, hidden_kinks = 0;
+  for (const Net& n : nets) {
+    testing::TempDir dir(n.name);
+    CnnLayers layers;
+    layers.pool = n.pool;
+    layers.act = "self.act";
+    const std::string path = scripted_cnn(dir, n.init, n.head, layers);
+    for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
+      Network net = scripted_network(path, map);
+      SegmentEvaluator ev(net);
+      set_long_step(ev, net);
+      const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
+      const std::string name = n.name + "/" + output_map_name(map);
+      ASSERT_EQ(ev.route(), "structured") << name;
+      ASSERT_EQ(ev.route_reason(), "") << name << ": walked as a chain";
+      if (n.hidden) {
+        hidden_kinks += expect_hidden_held_as_every_kink(ev, x, map, name);
+        continue;
+      }
+      ASSERT_TRUE(ev.last_site_local()) << name;
+      const auto [held, every] = expect_held_as_every_kink(ev, x, map, name);
+      switches += kinks_at(held, ev.param_layers().size() - 2);
+    }
+  }
+  EXPECT_GT(switches, 0) << "no case crossed a switch of the held site";
+  EXPECT_GT(hidden_kinks, 0) << "no case crossed a switch of the hidden layer";
 }
 
 // Only a piecewise-linear network of three param layers or more holds its
