@@ -98,6 +98,36 @@ void set_long_step(SegmentEvaluator& ev, Network& net) {
   ev.set_segment(w, dw);
 }
 
+/// A scripted CNN: its layers (scripted_cnn's), and, where its site is held,
+/// whether through its hidden layer (else the last site).
+struct ScriptedChain {
+  std::string name;
+  CnnLayers layers;
+  std::string init, head;
+  bool hidden = false;
+};
+
+/// Calls at(ev, x, map, name) for each chain on both output maps: its module
+/// read as the engine's network (checked to be walked as a chain), ev on the
+/// tests' long step, x 5 test inputs.
+template <typename Fn>
+void for_each_chain(const std::vector<ScriptedChain>& chains, Fn&& at) {
+  for (const ScriptedChain& c : chains) {
+    testing::TempDir dir(c.name);
+    const std::string path = scripted_cnn(dir, c.init, c.head, c.layers);
+    for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
+      Network net = scripted_network(path, map);
+      SegmentEvaluator ev(net);
+      set_long_step(ev, net);
+      const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
+      const std::string name = c.name + "/" + output_map_name(map);
+      EXPECT_EQ(ev.route(), "structured") << name;
+      EXPECT_EQ(ev.route_reason(), "") << name << ": walked as a chain";
+      at(ev, x, map, name, c);
+    }
+  }
+}
+
 /// The kinks counted at site l (flips, switches and closed form).
 int64_t kinks_at(const TestFeatures& f, size_t l) {
   int64_t n = 0;
@@ -195,42 +225,29 @@ TEST(LastSite, HeldSiteOfAScriptedChainGivesTheFeaturesOfEveryKinkAPiece) {
 // where a piece's units differ, against every row walked back.
 TEST(LastSite, PiecePairsOfAnAveragingChainGiveTheFeaturesOfEveryRowWalked) {
   REQUIRE_PYTHON_TORCH();
-  struct Net {
-    std::string name, window, init, head;
-  };
-  const std::vector<Net> nets = {
-      {"avg2", "2", "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)"},
-      {"avg3_hidden", "3", "        self.fc1 = nn.Linear(3, 5)\n        self.fc2 = nn.Linear(5, 4)\n",
-       "self.fc2(F.relu(self.fc1(h)))"},
-  };
-  for (const Net& n : nets) {
-    testing::TempDir dir(n.name);
-    const std::string path = scripted_cnn(dir, n.init, n.head, {"avg_pool2d", n.window});
-    for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
-      Network net = scripted_network(path, map);
-      SegmentEvaluator ev(net);
-      set_long_step(ev, net);
-      const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
-      const std::string name = n.name + "/" + output_map_name(map);
-      ASSERT_EQ(ev.route(), "structured") << name;
-      ASSERT_EQ(ev.route_reason(), "") << name << ": walked as a chain";
-      QuadratureOptions q;
-      q.last_site = QuadratureOptions::LastSite::Pieces;
-      const TestFeatures pairs = test_features(ev, x, q);
-      q.piece_pairs = false;
-      const TestFeatures rows = test_features(ev, x, q);
-      EXPECT_GT(pairs.pair_sums, 0) << name;
-      EXPECT_EQ(rows.pair_sums, 0) << name;
-      EXPECT_GT(pairs.kinks, 5) << name << ": the segment should cross kinks";
-      EXPECT_LE(pairs.certificate_gap, 1e-13) << name;
-      const torch::Tensor a = dense_features(ev, pairs), b = dense_features(ev, rows);
-      EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name;
-      const torch::Tensor xt = torch::randn({7, 1, 8, 8}, torch::kFloat64), yt = torch::randint(0, 4, {7}, torch::kLong);
-      const TrainSignals t = train_signals(ev, xt, yt, map);
-      const torch::Tensor cp = contract(ev, pairs, t), cr = contract(ev, rows, t);
-      EXPECT_LE((cp - cr).abs().max().item<double>(), 1e-12 * std::max(1.0, cr.abs().max().item<double>())) << name;
-    }
-  }
+  for_each_chain(
+      {{"avg2", {"avg_pool2d", "2"}, "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)"},
+       {"avg3_hidden", {"avg_pool2d", "3"}, "        self.fc1 = nn.Linear(3, 5)\n        self.fc2 = nn.Linear(5, 4)\n",
+        "self.fc2(F.relu(self.fc1(h)))"}},
+      [](const SegmentEvaluator& ev, const torch::Tensor& x, OutputMap map, const std::string& name,
+         const ScriptedChain&) {
+        QuadratureOptions q;
+        q.last_site = QuadratureOptions::LastSite::Pieces;
+        const TestFeatures pairs = test_features(ev, x, q);
+        q.piece_pairs = false;
+        const TestFeatures rows = test_features(ev, x, q);
+        EXPECT_GT(pairs.pair_sums, 0) << name;
+        EXPECT_EQ(rows.pair_sums, 0) << name;
+        EXPECT_GT(pairs.kinks, 5) << name << ": the segment should cross kinks";
+        EXPECT_LE(pairs.certificate_gap, 1e-13) << name;
+        const torch::Tensor a = dense_features(ev, pairs), b = dense_features(ev, rows);
+        EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name;
+        const torch::Tensor xt = torch::randn({7, 1, 8, 8}, torch::kFloat64);
+        const torch::Tensor yt = torch::randint(0, 4, {7}, torch::kLong);
+        const TrainSignals t = train_signals(ev, xt, yt, map);
+        const torch::Tensor cp = contract(ev, pairs, t), cr = contract(ev, rows, t);
+        EXPECT_LE((cp - cr).abs().max().item<double>(), 1e-12 * std::max(1.0, cr.abs().max().item<double>())) << name;
+      });
 }
 
 /// Held through the hidden layer against every kink a piece
@@ -296,6 +313,33 @@ TEST(LastSite, SiteOfAScriptedCnnHeldThroughItsHiddenLayer) {
   }
 }
 
+/// Each chain, on both output maps, walked as a chain with its site held
+/// against every kink a piece (expect_held_as_every_kink, or
+/// expect_hidden_held_as_every_kink), the last site's with fewer rows.
+/// Returns the held last sites' switches and the hidden layers' kinks.
+std::pair<int64_t, int64_t> expect_chains_held_as_every_kink(const std::vector<ScriptedChain>& chains) {
+  int64_t switches = 0, hidden_kinks = 0;
+  for_each_chain(chains, [&](const SegmentEvaluator& ev, const torch::Tensor& x, OutputMap map, const std::string& name,
+                             const ScriptedChain& c) {
+    if (c.hidden) {
+      hidden_kinks += expect_hidden_held_as_every_kink(ev, x, map, name);
+      return;
+    }
+    EXPECT_TRUE(ev.last_site_local()) << name;
+    if (!ev.last_site_local()) return;
+    const auto [held, every] = expect_held_as_every_kink(ev, x, map, name);
+    switches += kinks_at(held, ev.param_layers().size() - 2);
+    EXPECT_LT(held.evaluations + held.moment_evaluations, every.evaluations + every.moment_evaluations) << name;
+  });
+  return {switches, hidden_kinks};
+}
+
+/// A hidden layer of 5 units on `in` inputs and the logits, as
+/// scripted_cnn's __init__ lines.
+std::string hidden_layers(int in) {
+  return "        self.fc1 = nn.Linear(" + std::to_string(in) + ", 5)\n        self.fc2 = nn.Linear(5, 4)\n";
+}
+
 // Scripted chains whose held site an average pool follows: each unit of the
 // logits' (or hidden layer's) input is the mean of its window's positive
 // units, so every unit's flip is a switch of the site, and its share 1 / k²
@@ -304,42 +348,14 @@ TEST(LastSite, SiteOfAScriptedCnnHeldThroughItsHiddenLayer) {
 // map or leaving a row and a column out; logits and log-softmax.
 TEST(LastSite, HeldSiteUnderAnAveragePoolGivesTheFeaturesOfEveryKinkAPiece) {
   REQUIRE_PYTHON_TORCH();
-  struct Net {
-    std::string name, first, second, init, head;
-    bool hidden;
-  };
-  auto hidden = [](int in) {
-    return "        self.fc1 = nn.Linear(" + std::to_string(in) + ", 5)\n        self.fc2 = nn.Linear(5, 4)\n";
-  };
   const std::string hidden_head = "self.fc2(F.relu(self.fc1(h)))";
-  const std::vector<Net> nets = {
-      {"avg2", "2", "2", "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)", false},
-      {"avg2_3", "2", "3", "        self.fc = nn.Linear(3, 4)\n", "self.fc(h)", false},
-      {"avg2_hidden", "2", "2", hidden(12), hidden_head, true},
-      {"avg2_3_hidden", "2", "3", hidden(3), hidden_head, true},
-  };
-  int64_t switches = 0;
-  for (const Net& n : nets) {
-    testing::TempDir dir(n.name);
-    const std::string path = scripted_cnn(dir, n.init, n.head, {"avg_pool2d", n.first, n.second});
-    for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
-      Network net = scripted_network(path, map);
-      SegmentEvaluator ev(net);
-      set_long_step(ev, net);
-      const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
-      const std::string name = n.name + "/" + output_map_name(map);
-      ASSERT_EQ(ev.route(), "structured") << name;
-      ASSERT_EQ(ev.route_reason(), "") << name << ": walked as a chain";
-      if (n.hidden) {
-        expect_hidden_held_as_every_kink(ev, x, map, name);
-        continue;
-      }
-      ASSERT_TRUE(ev.last_site_local()) << name;
-      const auto [held, every] = expect_held_as_every_kink(ev, x, map, name);
-      switches += kinks_at(held, ev.param_layers().size() - 2);
-      EXPECT_LT(held.evaluations + held.moment_evaluations, every.evaluations + every.moment_evaluations) << name;
-    }
-  }
+  const CnnLayers tiled{"avg_pool2d", "2", "2"}, cut{"avg_pool2d", "2", "3"};
+  const int64_t switches = expect_chains_held_as_every_kink({
+      {"avg2", tiled, "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)"},
+      {"avg2_3", cut, "        self.fc = nn.Linear(3, 4)\n", "self.fc(h)"},
+      {"avg2_hidden", tiled, hidden_layers(12), hidden_head, true},
+      {"avg2_3_hidden", cut, hidden_layers(3), hidden_head, true},
+  }).first;
   EXPECT_GT(switches, 0) << "no case crossed a switch of the held site";
 }
 
@@ -352,43 +368,15 @@ TEST(LastSite, HeldSiteUnderAnAveragePoolGivesTheFeaturesOfEveryKinkAPiece) {
 // log-softmax.
 TEST(LastSite, HeldSiteOfLeakyReLUsGivesTheFeaturesOfEveryKinkAPiece) {
   REQUIRE_PYTHON_TORCH();
-  struct Net {
-    std::string name, pool, init, head;
-    bool hidden;
-  };
-  const std::string act = "        self.act = nn.LeakyReLU(0.2)\n";
-  const std::string hidden_init = act + "        self.fc1 = nn.Linear(12, 5)\n        self.fc2 = nn.Linear(5, 4)\n";
+  const std::string act = "        self.act = nn.LeakyReLU(0.2)\n", logits = "        self.fc = nn.Linear(12, 4)\n";
   const std::string hidden_head = "self.fc2(F.leaky_relu(self.fc1(h), 0.3))";
-  const std::vector<Net> nets = {
-      {"leaky_max", "max_pool2d", act + "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)", false},
-      {"leaky_avg", "avg_pool2d", act + "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)", false},
-      {"leaky_max_hidden", "max_pool2d", hidden_init, hidden_head, true},
-      {"leaky_avg_hidden", "avg_pool2d", hidden_init, hidden_head, true},
-  };
-  int64_t switches = 0, hidden_kinks = 0;
-  for (const Net& n : nets) {
-    testing::TempDir dir(n.name);
-    CnnLayers layers;
-    layers.pool = n.pool;
-    layers.act = "self.act";
-    const std::string path = scripted_cnn(dir, n.init, n.head, layers);
-    for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
-      Network net = scripted_network(path, map);
-      SegmentEvaluator ev(net);
-      set_long_step(ev, net);
-      const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
-      const std::string name = n.name + "/" + output_map_name(map);
-      ASSERT_EQ(ev.route(), "structured") << name;
-      ASSERT_EQ(ev.route_reason(), "") << name << ": walked as a chain";
-      if (n.hidden) {
-        hidden_kinks += expect_hidden_held_as_every_kink(ev, x, map, name);
-        continue;
-      }
-      ASSERT_TRUE(ev.last_site_local()) << name;
-      const auto [held, every] = expect_held_as_every_kink(ev, x, map, name);
-      switches += kinks_at(held, ev.param_layers().size() - 2);
-    }
-  }
+  const CnnLayers max{"max_pool2d", "2", "2", "self.act"}, avg{"avg_pool2d", "2", "2", "self.act"};
+  const auto [switches, hidden_kinks] = expect_chains_held_as_every_kink({
+      {"leaky_max", max, act + logits, "self.fc(h)"},
+      {"leaky_avg", avg, act + logits, "self.fc(h)"},
+      {"leaky_max_hidden", max, act + hidden_layers(12), hidden_head, true},
+      {"leaky_avg_hidden", avg, act + hidden_layers(12), hidden_head, true},
+  });
   EXPECT_GT(switches, 0) << "no case crossed a switch of the held site";
   EXPECT_GT(hidden_kinks, 0) << "no case crossed a switch of the hidden layer";
 }
