@@ -63,10 +63,21 @@ constexpr int64_t kMendChunk = 256;
 /// where S is 1 (the same bits, without a pass over v).
 torch::Tensor over_slots(const torch::Tensor& v, int64_t S);
 
+/// A first selection's entries (Route::first_selection) as units of layer
+/// 0's output and their weights: an entry u ≥ 0 is unit u at weight 1, −1
+/// none (unit 0 at weight 0), −2 − u unit u at `slope` (a leaky ReLU's
+/// negative unit). Weights of 1 and 0 multiply exactly.
+struct SelectionSources {
+  torch::Tensor unit;    ///< int64, the entries' shape
+  torch::Tensor weight;  ///< float64, the entries' shape
+};
+SelectionSources selection_sources(const torch::Tensor& selection, double slope);
+
 /// Layer 0's output v [R, U0] at layer 1's input as a first selection
-/// `selection` [R, U1, S] routes it (Route::first_selection): per unit the
-/// mean of its S units, [R, U1].
-torch::Tensor routed_by_selection(const torch::Tensor& v, const torch::Tensor& selection);
+/// `selection` [R, U1, S] routes it (Route::first_selection; `slope` its
+/// leaky ReLU's, selection_sources): per unit the mean of its S units'
+/// weighted values, [R, U1].
+torch::Tensor routed_by_selection(const torch::Tensor& v, const torch::Tensor& selection, double slope = 0);
 
 /// Each group's first row, [groups]: group [R] in [0, groups); row 0 for a
 /// group without rows (whose sums are zero).

@@ -97,9 +97,18 @@ torch::Tensor sum_by_group(const torch::Tensor& v, const torch::Tensor& group, i
 
 torch::Tensor over_slots(const torch::Tensor& v, int64_t S) { return S == 1 ? v : v / static_cast<double>(S); }
 
-torch::Tensor routed_by_selection(const torch::Tensor& v, const torch::Tensor& selection) {
+SelectionSources selection_sources(const torch::Tensor& selection, double slope) {
+  const torch::Tensor leaky = selection <= -2;
+  const torch::Tensor unit = torch::where(leaky, -2 - selection, selection.clamp_min(0));
+  torch::Tensor weight = (selection >= 0).to(torch::kFloat64);
+  if (slope != 0) weight.masked_fill_(leaky, slope);
+  return {unit, weight};
+}
+
+torch::Tensor routed_by_selection(const torch::Tensor& v, const torch::Tensor& selection, double slope) {
   const int64_t S = selection.size(2);
-  const torch::Tensor taken = v.gather(1, selection.clamp_min(0).flatten(1)).view(selection.sizes()) * (selection >= 0);
+  const SelectionSources src = selection_sources(selection, slope);
+  const torch::Tensor taken = v.gather(1, src.unit.flatten(1)).view(selection.sizes()) * src.weight;
   return S == 1 ? taken.squeeze(2) : over_slots(taken.sum(2), S);
 }
 

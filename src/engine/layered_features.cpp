@@ -497,7 +497,9 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   // them best); B's bias columns, which would take Σ_j t_j G_j, are taken
   // back out: the bias has A's alone (its input is 1, not t).
   const torch::Tensor& gts = sums.g_dw;
-  const torch::Tensor rows_a_b = torch::stack({routed_by_selection(y0, ref_sel), routed_by_selection(d0, ref_sel)}, 1);
+  const double slope = ev_.slope_after(0);
+  const torch::Tensor rows_a_b =
+      torch::stack({routed_by_selection(y0, ref_sel, slope), routed_by_selection(d0, ref_sel, slope)}, 1);
   add_dense(ev_, 1, f_, rows_a_b.view(shape),
             torch::stack({sums.g, gts}, 2).flatten(1, 2), present.repeat_interleave(2), torch::Tensor());
   const ParamLayer& pl = ev_.param_layers()[1];
@@ -516,7 +518,10 @@ void LayeredFeatures::add_site_of_pairs(const torch::Tensor& pieces, const torch
   const torch::Tensor own = sel.index({m.row, m.unit, slot}), was = ref_sel.index({in, m.unit, slot});
   const int64_t U0 = y0.size(1), S = sel.size(2);
   auto change = [&](const torch::Tensor& v) {  // v [G, U0]: the entries alone, not the rows
-    auto at_unit = [&](const torch::Tensor& s) { return v.view(-1).index_select(0, in * U0 + s.clamp_min(0)) * (s >= 0); };
+    auto at_unit = [&](const torch::Tensor& s) {
+      const SelectionSources src = selection_sources(s, slope);
+      return v.view(-1).index_select(0, in * U0 + src.unit) * src.weight;
+    };
     return over_slots(at_unit(own) - at_unit(was), S);
   };
   m.point = present.index_select(0, in);

@@ -136,6 +136,8 @@ class OwnRoute final : public LayeredRoute {
   /// Whether layer i + 1 is a max-pool (which takes layer i's ReLU mask, or
   /// its leaky ReLU's scale, on the pooled gradient).
   bool before_max_pool(size_t i) const { return i + 1 < layers_.size() && layers_[i + 1].kind == Kind::MaxPool2d; }
+  /// The first site's leaky ReLU's slope, 0 for a ReLU (KinkHints::slope_after).
+  double first_slope() const { return hints_.slope_after.empty() ? 0.0 : hints_.slope_after[0]; }
   /// Whether the last kink site can be held (KinkHints::last_site_local).
   bool last_site_holds() const;
   /// Whether the site below the last hidden layer can be held
@@ -548,16 +550,20 @@ torch::Tensor OwnRoute::first_selection(const SegmentPass& pass, const torch::Te
   shape.push_back(1);
   torch::Tensor target =
       torch::arange(y0[0].numel(), torch::kLong).view(y0.sizes().slice(1)).unsqueeze(0).unsqueeze(-1).expand(shape);
-  // No source where the rows' values v (at the current units) are not positive.
-  auto unless_positive = [&](const torch::Tensor& v) {
-    return target.masked_fill((v.index_select(0, rows) <= 0).unsqueeze(-1), -1);
+  // Where the rows' values v (at the current units) are not positive: no
+  // source after a ReLU, the source u as −2 − u after a leaky ReLU (its
+  // slope's share; selection_sources).
+  auto unless_positive = [&](const torch::Tensor& v, bool leaky) {
+    const torch::Tensor below = (v.index_select(0, rows) <= 0).unsqueeze(-1);
+    return leaky ? torch::where(below, -2 - target, target) : target.masked_fill(below, -1);
   };
   for (size_t i = first + 1; i < second; ++i) {
     switch (layers_[i].kind) {
       case Kind::ReLU:
-        // Before a max-pool, the pool's positive windows are the mask (pool_backward).
+      case Kind::LeakyReLU:
+        // Before a max-pool, the pool's windows are the mask (pool_backward).
         if (before_max_pool(i)) break;
-        target = unless_positive(pass.layer_inputs[i]);
+        target = unless_positive(pass.layer_inputs[i], layers_[i].kind == Kind::LeakyReLU);
         break;
       case Kind::MaxPool2d: {
         const torch::Tensor idx = pass.argmax[i].index_select(0, rows);  // [R, C, H', W']
@@ -565,7 +571,9 @@ torch::Tensor OwnRoute::first_selection(const SegmentPass& pass, const torch::Te
         std::vector<int64_t> pooled = idx.sizes().vec();
         pooled.push_back(S);
         target = target.flatten(2, 3).gather(2, idx.flatten(2).unsqueeze(-1).expand({-1, -1, -1, S})).view(pooled);
-        if (i > 0 && layers_[i - 1].kind == Kind::ReLU) target = unless_positive(pass.layer_inputs[i + 1]);
+        if (i > 0 && layers_[i - 1].rectifier()) {
+          target = unless_positive(pass.layer_inputs[i + 1], layers_[i - 1].kind == Kind::LeakyReLU);
+        }
         break;
       }
       case Kind::AvgPool2d: {
@@ -622,7 +630,7 @@ torch::Tensor OwnRoute::first_dot_of_pair(const SegmentPass& pass, const torch::
   const torch::Tensor dir = pass.directions[0].index_select(0, rows).flatten(1);  // [R, U0]
   std::vector<int64_t> shape = pass.inputs[1].sizes().vec();
   shape[0] = rows.size(0);
-  const torch::Tensor v = routed_by_selection(dir, target).view(shape);
+  const torch::Tensor v = routed_by_selection(dir, target, first_slope()).view(shape);
   const torch::Tensor weight = torch::cat({weight_of(w_, 1), weight_of(dw_, 1)});
   const torch::Tensor both = d.kind == Kind::Linear ? torch::matmul(v, weight.t())
                                                     : torch::conv2d(v, weight, {}, 1, d.padding);  // [R, 2 C', ...]
@@ -651,10 +659,11 @@ torch::Tensor OwnRoute::first_signals_of_pairs_summed(const SegmentPass& pass, c
   const torch::Tensor ref = target.index_select(0, first_of_each_group(group, groups));  // [groups, U1, S]
   const torch::Tensor& y0 = pass.layer_inputs[layer_index(0) + 1];
   const int64_t U0 = y0[0].numel(), S = target.size(2);
-  // A unit's gradient goes to each of its S sources, over S.
+  // A unit's gradient goes to each of its S sources, over S, at the source's weight.
   torch::Tensor out = torch::zeros({K, groups, U0}, g.options());
-  out.scatter_add_(2, ref.clamp_min(0).flatten(1).unsqueeze(0).expand({K, -1, -1}),
-                   (over_slots(through, S).unsqueeze(3) * (ref >= 0)).flatten(2));
+  const SelectionSources from = selection_sources(ref, first_slope());
+  out.scatter_add_(2, from.unit.flatten(1).unsqueeze(0).expand({K, -1, -1}),
+                   (over_slots(through, S).unsqueeze(3) * from.weight).flatten(2));
   // A row's units routed elsewhere than by its group's first row: its own
   // gradient there moves from the first row's source to its own.
   const torch::Tensor at = (target != ref.index_select(0, group)).nonzero();  // [M, 3]: row, unit, slot
@@ -664,9 +673,10 @@ torch::Tensor OwnRoute::first_signals_of_pairs_summed(const SegmentPass& pass, c
     const torch::Tensor row = chunk.select(1, 0), unit = chunk.select(1, 1), in = group.index_select(0, row);
     const torch::Tensor value = over_slots(pair_backward_at(g, g_dw, row, unit, pass), S);  // [K, M]
     const torch::Tensor slot = chunk.select(1, 2);
-    const torch::Tensor own = target.index({row, unit, slot}), was = ref.index({in, unit, slot});
-    flat.index_add_(1, in * U0 + own.clamp_min(0), value * (own >= 0));
-    flat.index_add_(1, in * U0 + was.clamp_min(0), -value * (was >= 0));
+    const SelectionSources own = selection_sources(target.index({row, unit, slot}), first_slope());
+    const SelectionSources was = selection_sources(ref.index({in, unit, slot}), first_slope());
+    flat.index_add_(1, in * U0 + own.unit, value * own.weight);
+    flat.index_add_(1, in * U0 + was.unit, -value * was.weight);
   }
   std::vector<int64_t> shape{K, groups};
   for (int64_t s : y0.sizes().slice(1)) shape.push_back(s);

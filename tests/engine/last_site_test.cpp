@@ -218,17 +218,23 @@ TEST(LastSite, HeldSiteOfAScriptedChainGivesTheFeaturesOfEveryKinkAPiece) {
   }
 }
 
-// A scripted chain that averages between its first two layers (LeNet's
-// pools: windows of 2, and of 3 leaving a row and a column out), three and
-// four param layers: each piece's pair routed by the pools' means (a unit
-// of layer 1's input is the mean of its window's positive units), mended
-// where a piece's units differ, against every row walked back.
-TEST(LastSite, PiecePairsOfAnAveragingChainGiveTheFeaturesOfEveryRowWalked) {
+// Scripted chains that average or scale between their first two layers:
+// LeNet's pools (windows of 2, and of 3 leaving a row and a column out), and
+// leaky ReLUs (slope 0.2) before a max-pool and an average pool; three and
+// four param layers. Each piece's pair is routed by the selection (a unit
+// of layer 1's input is the mean of its window's units, each at its
+// weight: 1 where positive, else 0 or the leaky slope) and mended where a
+// piece's units differ, against every row walked back.
+TEST(LastSite, PiecePairsOfAveragingAndLeakyChainsGiveTheFeaturesOfEveryRowWalked) {
   REQUIRE_PYTHON_TORCH();
+  const std::string act = "        self.act = nn.LeakyReLU(0.2)\n";
+  const std::string hidden3 = "        self.fc1 = nn.Linear(3, 5)\n        self.fc2 = nn.Linear(5, 4)\n";
   for_each_chain(
       {{"avg2", {"avg_pool2d", "2"}, "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)"},
-       {"avg3_hidden", {"avg_pool2d", "3"}, "        self.fc1 = nn.Linear(3, 5)\n        self.fc2 = nn.Linear(5, 4)\n",
-        "self.fc2(F.relu(self.fc1(h)))"}},
+       {"avg3_hidden", {"avg_pool2d", "3"}, hidden3, "self.fc2(F.relu(self.fc1(h)))"},
+       {"leaky_max", {"max_pool2d", "2", "2", "self.act"}, act + "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)"},
+       {"leaky_avg3_hidden", {"avg_pool2d", "3", "2", "self.act"}, act + hidden3,
+        "self.fc2(F.leaky_relu(self.fc1(h), 0.3))"}},
       [](const SegmentEvaluator& ev, const torch::Tensor& x, OutputMap map, const std::string& name,
          const ScriptedChain&) {
         QuadratureOptions q;
