@@ -217,9 +217,11 @@ class Route {
                                               const torch::Tensor& g_dw) const;
   /// Where the layers between param layers 0 and 1 route each unit of layer
   /// 1's input, at rows `rows` of a pass: the S units of layer 0's output
-  /// (flattened) whose mean it is, each −1 for none (a zero), [R, U1, S].
-  /// S is 1 where those layers select (ReLU, max-pool, flatten) and the
-  /// windows' k² of each average pool where they average too. Defined
+  /// (flattened) whose mean it is, each −1 for none (a zero) and −2 − u for
+  /// unit u scaled by a leaky ReLU's slope (selection_sources), [R, U1, S].
+  /// S is 1 where those layers select (ReLU or leaky ReLU, max-pool,
+  /// flatten) and the windows' k² of each average pool where they average
+  /// too. Defined
   /// where they select or average alone and the route walks them by hand
   /// (own, chain); undefined otherwise.
   virtual torch::Tensor first_selection(const SegmentPass& /*pass*/, const torch::Tensor& /*rows*/) const {
