@@ -143,8 +143,8 @@ class OwnRoute final : public LayeredRoute {
   /// Whether the site below the last hidden layer can be held
   /// (KinkHints::hidden_site_local).
   bool hidden_site_holds() const;
-  /// Whether layers first .. last − 1 are a site's ReLU or leaky ReLU, then an optional
-  /// max-pool or average pool and an optional flatten alone.
+  /// Whether layers first .. last − 1 are a site's ReLU or leaky ReLU, then
+  /// an optional max-pool or average pool and an optional flatten alone.
   bool relu_pool_flatten(size_t first, size_t last) const;
   /// The layer index of each param layer.
   std::vector<size_t> param_positions() const;
@@ -238,8 +238,8 @@ bool OwnRoute::relu_pool_flatten(size_t first, size_t last) const {
 
 bool OwnRoute::last_site_holds() const {
   const std::vector<size_t> at = param_positions();
-  // Between the site and the logits: its ReLU, then an optional max-pool
-  // or average pool and an optional flatten.
+  // Between the site and the logits: its ReLU (or leaky ReLU), then an
+  // optional max-pool or average pool and an optional flatten.
   return at.size() >= 3 && logits_last(at) && relu_pool_flatten(at[at.size() - 2] + 1, at.back());
 }
 
@@ -247,8 +247,9 @@ bool OwnRoute::hidden_site_holds() const {
   const std::vector<size_t> at = param_positions();
   const size_t n = at.size();
   if (n < 4 || !logits_last(at) || layers_[at[n - 2]].kind != Kind::Linear) return false;
-  // The hidden layer's ReLU alone before the logits; the site's ReLU, an
-  // optional max-pool or average pool and a flatten before the hidden layer.
+  // The hidden layer's ReLU (or leaky ReLU) alone before the logits; the
+  // site's, an optional max-pool or average pool and a flatten before the
+  // hidden layer.
   return at[n - 2] + 2 == at[n - 1] && layers_[at[n - 2] + 1].rectifier() &&
          relu_pool_flatten(at[n - 3] + 1, at[n - 2]);
 }
