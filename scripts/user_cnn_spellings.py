@@ -138,6 +138,20 @@ class LeakyReLU(Base):
         return self.out(F.leaky_relu(self.fc1(self.features(x).flatten(1))))
 
 
+class ThreeConv(Base):
+    """A third convolution (32 channels) and its pool: 28 -> 14 -> 7 -> 3, fc1 of 32 x 3 x 3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv3 = nn.Conv2d(32, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 3 * 3, 64)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return F.max_pool2d(torch.relu(self.conv3(x)), 2)
+
+
 # name: (module, loss); in the order printed.
 SPELLINGS = {
     "flatten": (Base, "cross_entropy"),
@@ -153,6 +167,7 @@ SPELLINGS = {
     "dropout": (Dropout, "cross_entropy"),
     "avg_pool": (AvgPool, "cross_entropy"),
     "leaky_relu": (LeakyReLU, "cross_entropy"),
+    "three_conv": (ThreeConv, "cross_entropy"),
 }
 
 
