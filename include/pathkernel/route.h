@@ -205,6 +205,12 @@ class Route {
   /// with the first dropped; the own route stops its walk at layer 1.
   virtual std::vector<torch::Tensor> signals_above_first(const SegmentPass& pass, const torch::Tensor& c,
                                                          bool of_logits) const;
+  /// signals_from() of param layers 1 and above, the first param layer's
+  /// left undefined, as signals_above_first: for a site held above layer 1
+  /// whose pieces take their first layer from pairs. Here signals_from with
+  /// the first dropped; the own route stops its walk at layer 1.
+  virtual std::vector<torch::Tensor> signals_from_above_first(const SegmentPass& pass, size_t layer,
+                                                              const torch::Tensor& g) const;
   /// The first param layer's signals of a pair of cotangents on param layer
   /// 1's pre-activation, [K, R, ...]: g taken through layer 1 at the
   /// segment's start W_s, g_dw at its direction dW (W_s g + dW g_dw, where

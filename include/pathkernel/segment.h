@@ -81,6 +81,12 @@ class SegmentEvaluator : public KinkSites {
   std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const {
     return route_->signals_from(pass, layer, g);
   }
+  /// signals_from() of param layers 1 and above, the first's undefined
+  /// (Route::signals_from_above_first).
+  std::vector<torch::Tensor> signals_from_above_first(const SegmentPass& pass, size_t layer,
+                                                      const torch::Tensor& g) const {
+    return route_->signals_from_above_first(pass, layer, g);
+  }
   /// The first param layer's signals of a pair of cotangents on param layer
   /// 1 (Route::first_signals_of_pair).
   torch::Tensor first_signals_of_pair(const SegmentPass& pass, const torch::Tensor& g, const torch::Tensor& g_dw) const {

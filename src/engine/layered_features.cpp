@@ -257,7 +257,8 @@ class LayeredFeatures final : public Integrand {
   std::vector<torch::Tensor> shared_sites(const SegmentPass& pf, const torch::Tensor& index) const;
   void evaluate_round(const PieceRound& rd);
   /// The round's pieces' pairs from their rows' signals at layer 1, their
-  /// selections and their first-layer parts of J̄ dw (pair_walk_, not held).
+  /// selections and their first-layer parts of J̄ dw (pair_walk_, not held
+  /// at layer 1).
   void form_piece_pairs(const PieceRound& rd);
   /// The signals of a pass for cotangents c [K, R, K_out] on its logits:
   /// every param layer's, or with pair_walk_ layer 1's and above.
@@ -348,9 +349,9 @@ class LayeredFeatures final : public Integrand {
   bool softmax_ = false;
   std::vector<std::vector<double>> switches_;
   LastSiteTerms terms_;  ///< the current round's
-  /// The first layer summed, and either held at param layer 1 or not held
-  /// with the route's first selection known (QuadratureOptions::
-  /// piece_pairs): the first layer's signals are needed only as each
+  /// The first layer summed, and either held at param layer 1, or held
+  /// above it or not held with the route's first selection known
+  /// (QuadratureOptions::piece_pairs): the first layer's signals are needed only as each
   /// piece's sum over its rows, whose masks agree (the pieces end at the
   /// first site's kinks), so a pair of cotangents on layer 1 per piece
   /// gives it (Route::first_signals_of_pair): the round's pairs Σ_j G_j and
@@ -360,7 +361,8 @@ class LayeredFeatures final : public Integrand {
   /// of J̄ dw, [K, np] (Route::first_dot_of_pair). The accepted pieces'
   /// signals are summed per test point by
   /// Route::first_signals_of_pairs_summed. Not held, the rows walk back to
-  /// layer 1 alone (Route::signals_above_first).
+  /// layer 1 alone (Route::signals_above_first); held above layer 1, the
+  /// nodes' cotangents on the site do (Route::signals_from_above_first).
   bool pair_walk_ = false;
   torch::Tensor piece_g_, piece_gt_, piece_first_row_, piece_first_dot_;
   /// Each piece's first-layer selection (Route::first_selection) at its
@@ -439,7 +441,11 @@ LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor
     len_sum_ = torch::zeros({n_}, opts_);
     check_hidden_ = false;  // only sites before the held one are fitted
     for (size_t l = 1; l < site_; ++l) check_hidden_ = check_hidden_ || ev.relu_after()[l];
-    pair_walk_ = site_ == 1 && sum_first_;
+    // Held at layer 1, the site's cotangents summed per piece are its pairs;
+    // held above it, the rows walk back to layer 1 alone and their signals
+    // there are summed, as where no site is held.
+    pair_walk_ = sum_first_ && (site_ == 1 || (q.piece_pairs && ev.first_selection(p0_, torch::zeros({1}, torch::kLong))
+                                                                     .defined()));
   } else {
     pair_walk_ = q.piece_pairs && sum_first_ && degree > 0 && layers_ >= 3 &&
                  q.spec.kind == QuadratureSpec::Kind::Gauss &&
@@ -718,7 +724,8 @@ void LayeredFeatures::form_piece_pairs(const PieceRound& rd) {
     const torch::Tensor piece = torch::tensor(piece_of, torch::kLong);
     return std::make_pair(sum_by_group(ws, piece, rd.np), sum_by_group(ws * t.view(shape), piece, rd.np));
   };
-  std::tie(piece_g_, piece_gt_) = pairs_of(sig_[1], fold_ ? torch::Tensor() : w_t_, pass_.t, rd.first, rd.piece_of);
+  std::tie(piece_g_, piece_gt_) =
+      pairs_of(sig_[1], fold_ || held_ ? torch::Tensor() : w_t_, pass_.t, rd.first, rd.piece_of);
   if (rd.moment_rows > 0) {
     const auto [mg, mgt] = pairs_of(msig_[1], torch::Tensor(), pm_.t, rd.mfirst, rd.mpiece_of);
     piece_g_ = piece_g_ + mg;
@@ -746,6 +753,11 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
   const std::vector<int64_t> shape = pass_.preacts[site_].sizes().vec();
   if (!pair_walk_) {
     sig_ = ev_.signals_from(pass_, site_, site_cotangents(terms_, terms_.fields, rd.piece_of, shape));
+    return;
+  }
+  if (site_ > 1) {
+    sig_ = ev_.signals_from_above_first(pass_, site_, site_cotangents(terms_, terms_.fields, rd.piece_of, shape));
+    form_piece_pairs(rd);
     return;
   }
   // The first layer's signals, and the site's block where the first
@@ -788,7 +800,7 @@ std::vector<double> LayeredFeatures::certificate_gaps(const PieceRound& rd) {
   // Per-piece certificate: Σ_nodes ω J dw against f(b) − f(a).
   torch::Tensor jdw;  // [K, R]
   // Held, the logits' layer's part comes from its integrals (held_dot).
-  if (held_ && pair_walk_) {
+  if (held_ && pair_walk_ && site_ == 1) {
     jdw = site_dot(terms_, pass_.directions[site_], rd.piece_of);  // the first layer's part is walked per piece (below)
   } else {
     jdw = segment_dot(ev_, pass_, sig_).detach();

@@ -68,6 +68,8 @@ class OwnRoute final : public LayeredRoute {
   /// values as K autograd backward passes. The pass may be untracked.
   std::vector<torch::Tensor> signals(const SegmentPass& pass, const torch::Tensor& c, bool of_logits) const override;
   std::vector<torch::Tensor> signals_from(const SegmentPass& pass, size_t layer, const torch::Tensor& g) const override;
+  std::vector<torch::Tensor> signals_from_above_first(const SegmentPass& pass, size_t layer,
+                                                      const torch::Tensor& g) const override;
   std::vector<torch::Tensor> signals_above_first(const SegmentPass& pass, const torch::Tensor& c,
                                                  bool of_logits) const override;
   torch::Tensor first_signals_of_pair(const SegmentPass& pass, const torch::Tensor& g,
@@ -528,6 +530,15 @@ std::vector<torch::Tensor> OwnRoute::signals_from(const SegmentPass& pass, size_
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> sig(params_.size());
   walk_back(pass, g, layer_index(layer) + 1, /*of_logits=*/true, sig);
+  return sig;
+}
+
+std::vector<torch::Tensor> OwnRoute::signals_from_above_first(const SegmentPass& pass, size_t layer,
+                                                              const torch::Tensor& g) const {
+  PK_ASSERT(pass.t.defined() && layer >= 1 && layer < params_.size() && pass.layer_inputs.size() == layers_.size());
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> sig(params_.size());
+  walk_back(pass, g, layer_index(layer) + 1, /*of_logits=*/true, sig, 1);
   return sig;
 }
 

@@ -39,6 +39,13 @@ std::vector<torch::Tensor> Route::signals_above_first(const SegmentPass& pass, c
   return sig;
 }
 
+std::vector<torch::Tensor> Route::signals_from_above_first(const SegmentPass& pass, size_t layer,
+                                                           const torch::Tensor& g) const {
+  std::vector<torch::Tensor> sig = signals_from(pass, layer, g);
+  if (!sig.empty()) sig[0] = torch::Tensor();
+  return sig;
+}
+
 std::vector<torch::Tensor> Route::signals_from(const SegmentPass&, size_t layer, const torch::Tensor&) const {
   PK_CHECK(false, "the " << name() << " route cannot walk back from param layer " << layer
                          << ": only routes whose layers are walked by hand (own, chain) can");

@@ -81,10 +81,10 @@ std::string scripted_cnn(const testing::TempDir& dir, const std::string& init, c
   return path;
 }
 
-Network scripted_network(const std::string& path, OutputMap map) {
+Network scripted_network(const std::string& path, OutputMap map, std::vector<int64_t> input_shape = {1, 8, 8}) {
   NetworkOptions o;
   o.spec = ModelSpec::parse("torchscript:" + path);
-  o.input_shape = {1, 8, 8};
+  o.input_shape = std::move(input_shape);
   o.num_classes = 4;
   o.output = map;
   return engine_network(o);
@@ -385,6 +385,86 @@ TEST(LastSite, HeldSiteOfLeakyReLUsGivesTheFeaturesOfEveryKinkAPiece) {
   });
   EXPECT_GT(switches, 0) << "no case crossed a switch of the held site";
   EXPECT_GT(hidden_kinks, 0) << "no case crossed a switch of the hidden layer";
+}
+
+/// A user's TorchScript CNN for 1 × 12 × 12 inputs and 4 classes, saved in
+/// dir: three convolutions (2, 3 and 3 channels) with ReLU and 2 × 2
+/// max-pools, a hidden layer of 5 units and its ReLU, the logits.
+std::string scripted_three_conv(const testing::TempDir& dir) {
+  const std::string path = dir.path() + "/cnn3.pt";
+  testing::script::python(dir, "class M(nn.Module):\n"
+                               "    def __init__(self):\n"
+                               "        super().__init__()\n"
+                               "        self.conv1 = nn.Conv2d(1, 2, 3, padding=1)\n"
+                               "        self.conv2 = nn.Conv2d(2, 3, 3, padding=1)\n"
+                               "        self.conv3 = nn.Conv2d(3, 3, 3, padding=1)\n" +
+                                   hidden_layers(3) +
+                                   "    def forward(self, x):\n"
+                                   "        h = F.max_pool2d(F.relu(self.conv1(x)), 2)\n"
+                                   "        h = F.max_pool2d(F.relu(self.conv2(h)), 2)\n"
+                                   "        h = torch.flatten(F.max_pool2d(F.relu(self.conv3(h)), 2), 1)\n"
+                                   "        return self.fc2(F.relu(self.fc1(h)))\n"
+                                   "torch.manual_seed(3)\ntorch.jit.script(M()).save('" + path + "')\n");
+  return path;
+}
+
+/// Held features of x (mode) with the pieces' first two layers from their
+/// pairs against every row walked back to the first layer (piece_pairs
+/// off), to 1e-12: the features, the certificate, and the features
+/// contracted against a batch's loss signals.
+void expect_held_pairs_as_rows(const SegmentEvaluator& ev, const torch::Tensor& x, OutputMap map,
+                               QuadratureOptions::LastSite mode, const std::string& name) {
+  QuadratureOptions q;
+  q.last_site = mode;
+  const TestFeatures pairs = test_features(ev, x, q);
+  q.piece_pairs = false;
+  const TestFeatures rows = test_features(ev, x, q);
+  EXPECT_TRUE(pairs.layers.back().held_h.defined()) << name << ": the site is held";
+  EXPECT_GT(pairs.pair_sums, 0) << name;
+  EXPECT_EQ(rows.pair_sums, 0) << name;
+  EXPECT_GT(pairs.kinks, 5) << name << ": the segment should cross kinks";
+  EXPECT_LE(pairs.certificate_gap, 1e-13) << name;
+  const torch::Tensor a = dense_features(ev, pairs), b = dense_features(ev, rows);
+  EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name;
+  std::vector<int64_t> xs = x.sizes().vec();
+  xs[0] = 7;
+  const torch::Tensor xt = torch::randn(xs, torch::kFloat64), yt = torch::randint(0, ev.num_outputs(), {7}, torch::kLong);
+  const TrainSignals t = train_signals(ev, xt, yt, map);
+  const torch::Tensor cp = contract(ev, pairs, t), cr = contract(ev, rows, t);
+  EXPECT_LE((cp - cr).abs().max().item<double>(), 1e-12 * std::max(1.0, cr.abs().max().item<double>())) << name;
+}
+
+// A site held above param layer 1 (the last site of three convolutions and
+// the logits; the site below the hidden layer of five param layers, as an
+// MLP and as a user's TorchScript CNN of three convolutions): the nodes'
+// cotangents on the site walk back to layer 1 alone, and each piece's first
+// two layers come from its pair there (docs/math.md §7), against every row
+// walked back to the first layer; logits and log-softmax.
+TEST(LastSite, SiteHeldAboveLayerOneTakesTheFirstTwoLayersFromPiecePairs) {
+  using LastSite = QuadratureOptions::LastSite;
+  for (const Case& c : std::vector<Case>{{"cnn:2,3,3", {1, 22, 22}, OutputMap::LogSoftmax},
+                                         {"mlp:6,5,4,3", {4}, OutputMap::LogSoftmax},
+                                         {"mlp:6,5,4,3", {4}, OutputMap::Logits}}) {
+    Network net = build_network(options_for(c));
+    SegmentEvaluator ev(net);
+    set_long_step(ev, net);
+    std::vector<int64_t> xs{5};
+    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
+    const LastSite mode = c.shape.size() == 1 ? LastSite::Hidden : LastSite::Local;
+    expect_held_pairs_as_rows(ev, torch::randn(xs, torch::kFloat64), c.map, mode, c.name());
+  }
+  REQUIRE_PYTHON_TORCH();
+  testing::TempDir dir;
+  const std::string path = scripted_three_conv(dir);
+  for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
+    Network net = scripted_network(path, map, {1, 12, 12});
+    SegmentEvaluator ev(net);
+    set_long_step(ev, net);
+    const std::string name = "three convolutions/" + output_map_name(map);
+    ASSERT_EQ(ev.route(), "structured") << name << ": " << ev.route_reason();
+    ASSERT_TRUE(ev.hidden_site_local()) << name;
+    expect_held_pairs_as_rows(ev, torch::randn({5, 1, 12, 12}, torch::kFloat64), map, LastSite::Hidden, name);
+  }
 }
 
 // Only a piecewise-linear network of three param layers or more holds its
