@@ -362,6 +362,13 @@ struct Selection {
   torch::Tensor hs;    ///< [N, S, Hw]: h at the samples, Σ over the slots of ys[piece, s, sel] mask
 };
 
+/// What a rectifier passes on of a unit at y: all of it where y is positive,
+/// else `slope` (a leaky ReLU's, or 0 for a ReLU).
+template <typename T>
+T passed_share(T y, T slope) {
+  return y > 0 ? T(1) : slope;
+}
+
 /// A max-pool's winner in each window of y [C, H, W] (stride = window
 /// `pool`, no padding): the unit (c H W + its index) and its share, 1 where
 /// the window's maximum is positive, else `slope` (a leaky ReLU's, or 0), as
@@ -373,7 +380,7 @@ void pool_winners(const T* y, int64_t C, int64_t H, int64_t W, int64_t pool, T s
   const int64_t plane = (H / pool) * (W / pool);
   for (int64_t w = 0; w < C * plane; ++w) {
     sel[w] += (w / plane) * H * W;
-    on[w] = on[w] > 0 ? T(1) : slope;
+    on[w] = passed_share(on[w], slope);
   }
 }
 
@@ -385,7 +392,6 @@ void pool_winners(const T* y, int64_t C, int64_t H, int64_t W, int64_t pool, T s
 template <typename T>
 void average_slots(const T* y, int64_t C, int64_t H, int64_t W, int64_t k, T slope, int64_t* sel, T* on) {
   const int64_t Hp = H / k, Wp = W / k, A = k * k;
-  const T share = T(1) / static_cast<T>(A), below = slope / static_cast<T>(A);
   for (int64_t c = 0; c < C; ++c) {
     for (int64_t i = 0; i < Hp; ++i) {
       for (int64_t j = 0; j < Wp; ++j) {
@@ -394,7 +400,7 @@ void average_slots(const T* y, int64_t C, int64_t H, int64_t W, int64_t k, T slo
           for (int64_t dj = 0; dj < k; ++dj) {
             const int64_t u = (c * H + i * k + di) * W + j * k + dj, at = w * A + di * k + dj;
             sel[at] = u;
-            on[at] = y[u] > 0 ? share : below;
+            on[at] = passed_share(y[u], slope) / static_cast<T>(A);
           }
         }
       }
@@ -419,7 +425,7 @@ void select_rows(const T* ys, const T* xs, const int64_t* piece, const T* mid, i
     } else if (pool.max == 0) {
       for (int64_t u = 0; u < U; ++u) {
         sn[u] = u;
-        mn[u] = y[u] > 0 ? T(1) : slope;
+        mn[u] = passed_share(y[u], slope);
       }
     } else {
       pool_winners(y.data(), shape[1], shape[2], shape[3], pool.max, slope, sn, mn);
@@ -934,7 +940,7 @@ void hidden_masks(const PieceGroup& grp, const SubPieces& sp, const SubChunk& ch
     bool differs = false;
     for (int64_t i = 0; i < H; ++i) {
       const double mid = poly_at(y, d + 1, H, i, ch.mid[n]);
-      const double pass = mid > 0 ? 1.0 : hid.slope;
+      const double pass = passed_share(mid, hid.slope);
       if (first) mk[i] = pass;
       differs = differs || (std::abs(mid) > noise && mk[i] != pass);
       roots.clear();
