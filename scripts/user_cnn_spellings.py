@@ -4,9 +4,10 @@
 Records the same small user CNN (two 3x3 convolutions of 16 and 32 channels,
 ReLU, 2x2 max-pools, a 64-unit layer, 10 logits; Adam (--optimizer sgd:
 plain SGD), batch 128, float32, Fashion-MNIST's first --train images)
-written several ways (and once traced instead of scripted), with two
-variants of its layers (no padding; stride-2 convolutions instead of
-pools), each in its own loop with pathkernel.record, then runs
+written several ways (and once traced instead of scripted), with variants
+of its layers (no padding; stride-2 convolutions instead of pools; average
+pools; leaky ReLUs; a third convolution; a second hidden layer), each in its
+own loop with pathkernel.record, then runs
 `pathkernel verify RUN --test 1 --json`
 on each and prints one line per spelling: the route, whether the module was
 walked as a chain (verify's `route_reason` is empty) or its rewritten graph
@@ -16,6 +17,7 @@ ratio to the first spelling's, and max_rel_error.
   scripts/user_cnn_spellings.py                      # every spelling, 30 steps
   scripts/user_cnn_spellings.py --only view_rest log_softmax --steps 10
   scripts/user_cnn_spellings.py --only flatten --optimizer sgd   # plain SGD: the forward walk
+  scripts/user_cnn_spellings.py --only two_hidden --epoch --keep DIR   # one epoch, against its loop
 """
 import argparse
 import json
@@ -152,6 +154,19 @@ class ThreeConv(Base):
         return F.max_pool2d(torch.relu(self.conv3(x)), 2)
 
 
+class TwoHidden(Base):
+    """A second hidden layer (64 -> 32 units) before the logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc2 = nn.Linear(64, 32)
+        self.out = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(self.features(x).flatten(1)))
+        return self.out(torch.relu(self.fc2(h)))
+
+
 # name: (module, loss); in the order printed.
 SPELLINGS = {
     "flatten": (Base, "cross_entropy"),
@@ -168,11 +183,14 @@ SPELLINGS = {
     "avg_pool": (AvgPool, "cross_entropy"),
     "leaky_relu": (LeakyReLU, "cross_entropy"),
     "three_conv": (ThreeConv, "cross_entropy"),
+    "two_hidden": (TwoHidden, "cross_entropy"),
 }
 
 
 def record(name: str, run: str, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor,
-           steps: int, optimizer: str = "adam") -> None:
+           steps: int, optimizer: str = "adam", recorded: bool = True) -> float:
+    """Trains spelling `name` for `steps` steps, recorded into `run` (or, not
+    `recorded`, the plain loop alone); returns the loop's seconds."""
     cls, loss = SPELLINGS[name]
     torch.manual_seed(0)
     model = cls()
@@ -180,13 +198,19 @@ def record(name: str, run: str, x: torch.Tensor, y: torch.Tensor, xt: torch.Tens
            else torch.optim.Adam(model.parameters(), lr=1e-3))
     loss_fn = F.nll_loss if loss == "nll" else F.cross_entropy
     script = torch.jit.trace(model, x[:2]) if name == "traced" else None
-    rec = Recorder(run, model, opt, x, y, test_x=xt, test_y=yt, loss=loss, overwrite=True, script=script)
+    rec = (Recorder(run, model, opt, x, y, test_x=xt, test_y=yt, loss=loss, overwrite=True, script=script)
+           if recorded else None)
+    start = time.perf_counter()
     for idx in sampler(x.shape[0], 128, steps):
         opt.zero_grad()
         loss_fn(model(x[idx]), y[idx]).backward()
         opt.step()
-        rec.step(idx)
-    rec.close()
+        if rec is not None:
+            rec.step(idx)
+    seconds = time.perf_counter() - start
+    if rec is not None:
+        rec.close()
+    return seconds
 
 
 def verify(binary: str, run: str) -> dict:
@@ -211,8 +235,14 @@ def main() -> None:
     ap.add_argument("--bin", default=os.environ.get("PATHKERNEL_BIN") or os.path.join(REPO, "build", "pathkernel"))
     ap.add_argument("--json", default="", help="also write the lines to this file")
     ap.add_argument("--keep", default="", help="record the runs into this directory and keep them")
+    ap.add_argument("--epoch", action="store_true",
+                    help="one epoch of all 60,000 images (468 steps), each loop at its own thread counts and "
+                         "also timed twice alone, without the recorder: prints verify's ratio to the faster")
     a = ap.parse_args()
-    set_threads(1)  # torch's and OpenBLAS's: the replay runs ahead, bit for bit
+    if a.epoch:
+        a.steps, a.train = 468, 60000
+    else:
+        set_threads(1)  # torch's and OpenBLAS's: the replay runs ahead, bit for bit
     x, y, xt, yt = fashion_mnist()
     x, y = x[:a.train].contiguous(), y[:a.train].contiguous()
     lines, first = [], None
@@ -220,9 +250,16 @@ def main() -> None:
         tmp = a.keep or tmp
         for name in a.only:
             run = os.path.join(tmp, name)
+            loop = (min(record(name, run, x, y, xt, yt, a.steps, a.optimizer, recorded=False) for _ in range(2))
+                    if a.epoch else 0.0)
             record(name, run, x, y, xt, yt, a.steps, a.optimizer)
             v = verify(a.bin, run)
             v["spelling"] = name
+            if a.epoch and "error" not in v:
+                v["loop_seconds"] = loop
+                v["over_loop"] = v["seconds"] / loop
+                print(f"{name:14s} the loop alone {loop:.2f} s; verify {v['seconds']:.1f} s, "
+                      f"{v['over_loop']:.2f} x the loop", flush=True)
             if "error" not in v:
                 first = first or v["seconds"]
                 v["chain"] = v["route"] == "structured" and not v["reason"]
