@@ -22,6 +22,10 @@ using Kind = LayerDesc::Kind;
 
 bool has_params(const LayerDesc& d) { return d.kind == Kind::Linear || d.kind == Kind::Conv2d; }
 
+/// The most doubles of a round's rows' own convolution weights
+/// (rows_conv_backward): 32 MiB; a larger round walks the pair of weights.
+constexpr int64_t kRowWeightDoubles = int64_t(1) << 22;
+
 /// Whether a convolution has own networks' geometry (stride 1, no dilation,
 /// one group, `padding` on both sides), which its patches read from it alone.
 bool plain_conv(const LayerDesc& d) {
@@ -119,6 +123,10 @@ class OwnRoute final : public LayeredRoute {
   /// the start's weights and g_dw at the direction's, [K, R, ...].
   torch::Tensor pair_backward(const LayerDesc& d, size_t l, const torch::Tensor& g, const torch::Tensor& g_dw,
                               const SegmentPass& pass) const;
+  /// param_backward of convolution l at rows not all at t = 0, each row's
+  /// weights formed (kRowWeightDoubles of them at most), [K, R, ...].
+  torch::Tensor rows_conv_backward(const LayerDesc& d, size_t l, const torch::Tensor& g,
+                                   const SegmentPass& pass) const;
   /// The input gradient of convolution l (stride 1) of rows g [K, R, C', ...]
   /// through `weight` (output channels C'), [K, R, ...] in its input's shape.
   torch::Tensor conv_backward(const LayerDesc& d, size_t l, const torch::Tensor& g, const torch::Tensor& weight,
@@ -413,10 +421,28 @@ torch::Tensor OwnRoute::param_backward(const LayerDesc& d, size_t l, const torch
                     : torch::matmul(g, weight_of(w_, l)) + t.view({1, R, 1}) * torch::matmul(g, weight_of(dw_, l));
   }
   if (at_start) return conv_backward(d, l, g, weight_of(w_, l), pass);
+  const torch::Tensor W = weight_of(w_, l);
+  if (R * W.numel() <= kRowWeightDoubles) return rows_conv_backward(d, l, g, pass);
   // Row r's weights are W_s + t_r dW_s: its input gradient is that of
   // [g_r, t_r g_r] through [W_s; dW_s], one convolution of twice the
   // channels.
   return pair_backward(d, l, g, g * t.view({1, R, 1, 1, 1}), pass);
+}
+
+torch::Tensor OwnRoute::rows_conv_backward(const LayerDesc& d, size_t l, const torch::Tensor& g,
+                                           const SegmentPass& pass) const {
+  // Row r's K cotangents share its weights W_s + t_r dW_s: one convolution
+  // of R groups, group r row r's channels at its weights, half the products
+  // of [g_r, t_r g_r] through [W_s; dW_s].
+  const int64_t K = g.size(0), R = g.size(1);
+  const torch::Tensor W = weight_of(w_, l), dW = weight_of(dw_, l);
+  const torch::Tensor rows_w = torch::addcmul(W.unsqueeze(0), pass.t.view({R, 1, 1, 1, 1}), dW.unsqueeze(0));
+  const torch::Tensor& a = pass.inputs[l];
+  const torch::Tensor shape_of_input = torch::empty({K, R * a.size(1), a.size(2), a.size(3)}, a.options());
+  return std::get<0>(torch::convolution_backward(g.reshape({K, R * g.size(2), g.size(3), g.size(4)}), shape_of_input,
+                                                 rows_w.flatten(0, 1), c10::nullopt, {1, 1}, {d.padding, d.padding},
+                                                 {1, 1}, false, {0, 0}, R, {true, false, false}))
+      .view({K, R, a.size(1), a.size(2), a.size(3)});
 }
 
 torch::Tensor OwnRoute::pair_backward(const LayerDesc& d, size_t l, const torch::Tensor& g, const torch::Tensor& g_dw,
