@@ -195,27 +195,23 @@ TEST(LastSite, HeldSiteGivesTheFeaturesOfEveryKinkAPiece) {
 // read from the module's own layers.
 TEST(LastSite, HeldSiteOfAScriptedChainGivesTheFeaturesOfEveryKinkAPiece) {
   REQUIRE_PYTHON_TORCH();
-  testing::TempDir dir;
-  const std::string path = scripted_cnn(dir, "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)");
-  for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
-    Network net = scripted_network(path, map);
-    SegmentEvaluator ev(net);
-    set_long_step(ev, net);
-    const torch::Tensor x = torch::randn({5, 1, 8, 8}, torch::kFloat64);
-    const std::string name = "scripted chain/" + output_map_name(map);
-    ASSERT_EQ(ev.route(), "structured") << name << ": " << ev.route_reason();
-    ASSERT_TRUE(ev.last_site_local()) << name;
-    const auto [held, every] = expect_held_as_every_kink(ev, x, map, name);
-    EXPECT_LT(held.evaluations, every.evaluations) << name;
-    // The reference's pieces take their first two layers from pairs
-    // (QuadratureOptions::piece_pairs); every row walked gives the same.
-    QuadratureOptions q;
-    q.last_site = QuadratureOptions::LastSite::Pieces;
-    q.piece_pairs = false;
-    const torch::Tensor rows = dense_features(ev, test_features(ev, x, q)), pairs = dense_features(ev, every);
-    EXPECT_LE((pairs - rows).abs().max().item<double>(), 1e-12 * std::max(1.0, rows.abs().max().item<double>()))
-        << name << ": pieces' pairs against every row walked";
-  }
+  for_each_chain({{"scripted_chain", {}, "        self.fc = nn.Linear(12, 4)\n", "self.fc(h)"}},
+                 [](const SegmentEvaluator& ev, const torch::Tensor& x, OutputMap map, const std::string& name,
+                    const ScriptedChain&) {
+                   ASSERT_TRUE(ev.last_site_local()) << name;
+                   const auto [held, every] = expect_held_as_every_kink(ev, x, map, name);
+                   EXPECT_LT(held.evaluations, every.evaluations) << name;
+                   // The reference's pieces take their first two layers from pairs
+                   // (QuadratureOptions::piece_pairs); every row walked gives the same.
+                   QuadratureOptions q;
+                   q.last_site = QuadratureOptions::LastSite::Pieces;
+                   q.piece_pairs = false;
+                   const torch::Tensor rows = dense_features(ev, test_features(ev, x, q));
+                   const torch::Tensor pairs = dense_features(ev, every);
+                   EXPECT_LE((pairs - rows).abs().max().item<double>(),
+                             1e-12 * std::max(1.0, rows.abs().max().item<double>()))
+                       << name << ": pieces' pairs against every row walked";
+                 });
 }
 
 // Scripted chains that average or scale between their first two layers:
@@ -303,20 +299,16 @@ TEST(LastSite, SiteHeldThroughAHiddenLayerGivesTheFeaturesOfEveryKinkAPiece) {
 TEST(LastSite, SiteOfAScriptedCnnHeldThroughItsHiddenLayer) {
   REQUIRE_PYTHON_TORCH();
   // The hidden layer with a bias and without.
+  std::vector<ScriptedChain> chains;
   for (const std::string bias : {"True", "False"}) {
-    testing::TempDir dir_b("bias_" + bias);
-    const std::string path =
-        scripted_cnn(dir_b, "        self.fc1 = nn.Linear(12, 5, bias=" + bias + ")\n        self.fc2 = nn.Linear(5, 4)\n",
-                     "self.fc2(F.relu(self.fc1(h)))");
-    for (OutputMap map : {OutputMap::LogSoftmax, OutputMap::Logits}) {
-      Network net = scripted_network(path, map);
-      SegmentEvaluator ev(net);
-      set_long_step(ev, net);
-      const std::string name = "scripted cnn/bias " + bias + "/" + output_map_name(map);
-      ASSERT_EQ(ev.route(), "structured") << name << ": " << ev.route_reason();
-      expect_hidden_held_as_every_kink(ev, torch::randn({5, 1, 8, 8}, torch::kFloat64), map, name);
-    }
+    chains.push_back({"scripted_cnn_bias_" + bias, {},
+                      "        self.fc1 = nn.Linear(12, 5, bias=" + bias + ")\n        self.fc2 = nn.Linear(5, 4)\n",
+                      "self.fc2(F.relu(self.fc1(h)))", true});
   }
+  for_each_chain(chains, [](const SegmentEvaluator& ev, const torch::Tensor& x, OutputMap map,
+                            const std::string& name, const ScriptedChain&) {
+    expect_hidden_held_as_every_kink(ev, x, map, name);
+  });
 }
 
 /// Each chain, on both output maps, walked as a chain with its site held
