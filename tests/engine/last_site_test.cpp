@@ -214,6 +214,32 @@ TEST(LastSite, HeldSiteOfAScriptedChainGivesTheFeaturesOfEveryKinkAPiece) {
                  });
 }
 
+/// Features of x (mode) with the pieces' first two layers from their pairs
+/// against every row walked back to the first layer (piece_pairs off), to
+/// 1e-12: the features, the certificate, and the features contracted
+/// against a batch's loss signals. The site is held but under Pieces.
+void expect_pairs_as_rows(const SegmentEvaluator& ev, const torch::Tensor& x, OutputMap map,
+                          QuadratureOptions::LastSite mode, const std::string& name) {
+  QuadratureOptions q;
+  q.last_site = mode;
+  const TestFeatures pairs = test_features(ev, x, q);
+  q.piece_pairs = false;
+  const TestFeatures rows = test_features(ev, x, q);
+  EXPECT_EQ(pairs.layers.back().held_h.defined(), mode != QuadratureOptions::LastSite::Pieces) << name;
+  EXPECT_GT(pairs.pair_sums, 0) << name;
+  EXPECT_EQ(rows.pair_sums, 0) << name;
+  EXPECT_GT(pairs.kinks, 5) << name << ": the segment should cross kinks";
+  EXPECT_LE(pairs.certificate_gap, 1e-13) << name;
+  const torch::Tensor a = dense_features(ev, pairs), b = dense_features(ev, rows);
+  EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name;
+  std::vector<int64_t> xs = x.sizes().vec();
+  xs[0] = 7;
+  const torch::Tensor xt = torch::randn(xs, torch::kFloat64), yt = torch::randint(0, ev.num_outputs(), {7}, torch::kLong);
+  const TrainSignals t = train_signals(ev, xt, yt, map);
+  const torch::Tensor cp = contract(ev, pairs, t), cr = contract(ev, rows, t);
+  EXPECT_LE((cp - cr).abs().max().item<double>(), 1e-12 * std::max(1.0, cr.abs().max().item<double>())) << name;
+}
+
 // Scripted chains that average or scale between their first two layers:
 // LeNet's pools (windows of 2, and of 3 leaving a row and a column out), and
 // leaky ReLUs (slope 0.2) before a max-pool and an average pool; three and
@@ -232,24 +258,7 @@ TEST(LastSite, PiecePairsOfAveragingAndLeakyChainsGiveTheFeaturesOfEveryRowWalke
        {"leaky_avg3_hidden", {"avg_pool2d", "3", "2", "self.act"}, act + hidden3,
         "self.fc2(F.leaky_relu(self.fc1(h), 0.3))"}},
       [](const SegmentEvaluator& ev, const torch::Tensor& x, OutputMap map, const std::string& name,
-         const ScriptedChain&) {
-        QuadratureOptions q;
-        q.last_site = QuadratureOptions::LastSite::Pieces;
-        const TestFeatures pairs = test_features(ev, x, q);
-        q.piece_pairs = false;
-        const TestFeatures rows = test_features(ev, x, q);
-        EXPECT_GT(pairs.pair_sums, 0) << name;
-        EXPECT_EQ(rows.pair_sums, 0) << name;
-        EXPECT_GT(pairs.kinks, 5) << name << ": the segment should cross kinks";
-        EXPECT_LE(pairs.certificate_gap, 1e-13) << name;
-        const torch::Tensor a = dense_features(ev, pairs), b = dense_features(ev, rows);
-        EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name;
-        const torch::Tensor xt = torch::randn({7, 1, 8, 8}, torch::kFloat64);
-        const torch::Tensor yt = torch::randint(0, 4, {7}, torch::kLong);
-        const TrainSignals t = train_signals(ev, xt, yt, map);
-        const torch::Tensor cp = contract(ev, pairs, t), cr = contract(ev, rows, t);
-        EXPECT_LE((cp - cr).abs().max().item<double>(), 1e-12 * std::max(1.0, cr.abs().max().item<double>())) << name;
-      });
+         const ScriptedChain&) { expect_pairs_as_rows(ev, x, map, QuadratureOptions::LastSite::Pieces, name); });
 }
 
 /// Held through the hidden layer against every kink a piece
@@ -400,31 +409,6 @@ std::string scripted_three_conv(const testing::TempDir& dir) {
   return path;
 }
 
-/// Held features of x (mode) with the pieces' first two layers from their
-/// pairs against every row walked back to the first layer (piece_pairs
-/// off), to 1e-12: the features, the certificate, and the features
-/// contracted against a batch's loss signals.
-void expect_held_pairs_as_rows(const SegmentEvaluator& ev, const torch::Tensor& x, OutputMap map,
-                               QuadratureOptions::LastSite mode, const std::string& name) {
-  QuadratureOptions q;
-  q.last_site = mode;
-  const TestFeatures pairs = test_features(ev, x, q);
-  q.piece_pairs = false;
-  const TestFeatures rows = test_features(ev, x, q);
-  EXPECT_TRUE(pairs.layers.back().held_h.defined()) << name << ": the site is held";
-  EXPECT_GT(pairs.pair_sums, 0) << name;
-  EXPECT_EQ(rows.pair_sums, 0) << name;
-  EXPECT_GT(pairs.kinks, 5) << name << ": the segment should cross kinks";
-  EXPECT_LE(pairs.certificate_gap, 1e-13) << name;
-  const torch::Tensor a = dense_features(ev, pairs), b = dense_features(ev, rows);
-  EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name;
-  std::vector<int64_t> xs = x.sizes().vec();
-  xs[0] = 7;
-  const torch::Tensor xt = torch::randn(xs, torch::kFloat64), yt = torch::randint(0, ev.num_outputs(), {7}, torch::kLong);
-  const TrainSignals t = train_signals(ev, xt, yt, map);
-  const torch::Tensor cp = contract(ev, pairs, t), cr = contract(ev, rows, t);
-  EXPECT_LE((cp - cr).abs().max().item<double>(), 1e-12 * std::max(1.0, cr.abs().max().item<double>())) << name;
-}
 
 // A site held above param layer 1 (the last site of three convolutions and
 // the logits; the site below the hidden layer of five param layers, as an
@@ -443,7 +427,7 @@ TEST(LastSite, SiteHeldAboveLayerOneTakesTheFirstTwoLayersFromPiecePairs) {
     std::vector<int64_t> xs{5};
     xs.insert(xs.end(), c.shape.begin(), c.shape.end());
     const LastSite mode = c.shape.size() == 1 ? LastSite::Hidden : LastSite::Local;
-    expect_held_pairs_as_rows(ev, torch::randn(xs, torch::kFloat64), c.map, mode, c.name());
+    expect_pairs_as_rows(ev, torch::randn(xs, torch::kFloat64), c.map, mode, c.name());
   }
   REQUIRE_PYTHON_TORCH();
   testing::TempDir dir;
@@ -455,7 +439,7 @@ TEST(LastSite, SiteHeldAboveLayerOneTakesTheFirstTwoLayersFromPiecePairs) {
     const std::string name = "three convolutions/" + output_map_name(map);
     ASSERT_EQ(ev.route(), "structured") << name << ": " << ev.route_reason();
     ASSERT_TRUE(ev.hidden_site_local()) << name;
-    expect_held_pairs_as_rows(ev, torch::randn({5, 1, 12, 12}, torch::kFloat64), map, LastSite::Hidden, name);
+    expect_pairs_as_rows(ev, torch::randn({5, 1, 12, 12}, torch::kFloat64), map, LastSite::Hidden, name);
   }
 }
 
