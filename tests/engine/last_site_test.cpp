@@ -234,7 +234,8 @@ void expect_pairs_as_rows(const SegmentEvaluator& ev, const torch::Tensor& x, Ou
   EXPECT_LE((a - b).abs().max().item<double>(), 1e-12 * std::max(1.0, b.abs().max().item<double>())) << name;
   std::vector<int64_t> xs = x.sizes().vec();
   xs[0] = 7;
-  const torch::Tensor xt = torch::randn(xs, torch::kFloat64), yt = torch::randint(0, ev.num_outputs(), {7}, torch::kLong);
+  const torch::Tensor xt = torch::randn(xs, torch::kFloat64);
+  const torch::Tensor yt = torch::randint(0, ev.num_outputs(), {7}, torch::kLong);
   const TrainSignals t = train_signals(ev, xt, yt, map);
   const torch::Tensor cp = contract(ev, pairs, t), cr = contract(ev, rows, t);
   EXPECT_LE((cp - cr).abs().max().item<double>(), 1e-12 * std::max(1.0, cr.abs().max().item<double>())) << name;
