@@ -351,8 +351,8 @@ class LayeredFeatures final : public Integrand {
   LastSiteTerms terms_;  ///< the current round's
   /// The first layer summed, and either held at param layer 1, or held
   /// above it or not held with the route's first selection known
-  /// (QuadratureOptions::piece_pairs): the first layer's signals are needed only as each
-  /// piece's sum over its rows, whose masks agree (the pieces end at the
+  /// (QuadratureOptions::piece_pairs): the first layer's signals are needed
+  /// only as each piece's sum over its rows, whose masks agree (the pieces end at the
   /// first site's kinks), so a pair of cotangents on layer 1 per piece
   /// gives it (Route::first_signals_of_pair): the round's pairs Σ_j G_j and
   /// Σ_j t_j G_j, [K, np, ...] (G_j a row's weighted signal at layer 1,

@@ -421,8 +421,7 @@ torch::Tensor OwnRoute::param_backward(const LayerDesc& d, size_t l, const torch
                     : torch::matmul(g, weight_of(w_, l)) + t.view({1, R, 1}) * torch::matmul(g, weight_of(dw_, l));
   }
   if (at_start) return conv_backward(d, l, g, weight_of(w_, l), pass);
-  const torch::Tensor W = weight_of(w_, l);
-  if (R * W.numel() <= kRowWeightDoubles) return rows_conv_backward(d, l, g, pass);
+  if (R * weight_of(w_, l).numel() <= kRowWeightDoubles) return rows_conv_backward(d, l, g, pass);
   // Row r's weights are W_s + t_r dW_s: its input gradient is that of
   // [g_r, t_r g_r] through [W_s; dW_s], one convolution of twice the
   // channels.
