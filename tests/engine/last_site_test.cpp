@@ -411,24 +411,31 @@ std::string scripted_three_conv(const testing::TempDir& dir) {
 }
 
 
-// A site held above param layer 1 (the last site of three convolutions and
-// the logits; the site below the hidden layer of five param layers, as an
-// MLP and as a user's TorchScript CNN of three convolutions): the nodes'
-// cotangents on the site walk back to layer 1 alone, and each piece's first
-// two layers come from its pair there (docs/math.md §7), against every row
-// walked back to the first layer; logits and log-softmax.
+// A site held above param layer 1 whose layer 1 is a convolution (the last
+// site of three convolutions and the logits; the site below the hidden layer
+// of a user's TorchScript CNN of three convolutions): the nodes' cotangents
+// on the site walk back to layer 1 alone, and each piece's first two layers
+// come from its pair there (docs/math.md §7), against every row walked back
+// to the first layer; logits and log-softmax. A Linear layer 1 (an MLP of
+// five param layers, held through its hidden layer) keeps the rows' walks.
 TEST(LastSite, SiteHeldAboveLayerOneTakesTheFirstTwoLayersFromPiecePairs) {
   using LastSite = QuadratureOptions::LastSite;
-  for (const Case& c : std::vector<Case>{{"cnn:2,3,3", {1, 22, 22}, OutputMap::LogSoftmax},
-                                         {"mlp:6,5,4,3", {4}, OutputMap::LogSoftmax},
-                                         {"mlp:6,5,4,3", {4}, OutputMap::Logits}}) {
+  {
+    const Case c{"cnn:2,3,3", {1, 22, 22}, OutputMap::LogSoftmax};
     Network net = build_network(options_for(c));
     SegmentEvaluator ev(net);
     set_long_step(ev, net);
-    std::vector<int64_t> xs{5};
-    xs.insert(xs.end(), c.shape.begin(), c.shape.end());
-    const LastSite mode = c.shape.size() == 1 ? LastSite::Hidden : LastSite::Local;
-    expect_pairs_as_rows(ev, torch::randn(xs, torch::kFloat64), c.map, mode, c.name());
+    expect_pairs_as_rows(ev, torch::randn({5, 1, 22, 22}, torch::kFloat64), c.map, LastSite::Local, c.name());
+  }
+  {
+    Network net = build_network(options_for({"mlp:6,5,4,3", {4}, OutputMap::Logits}));
+    SegmentEvaluator ev(net);
+    set_long_step(ev, net);
+    QuadratureOptions q;
+    q.last_site = LastSite::Hidden;
+    const TestFeatures f = test_features(ev, torch::randn({5, 4}, torch::kFloat64), q);
+    EXPECT_TRUE(f.layers.back().held_h.defined()) << "mlp:6,5,4,3: the site is held";
+    EXPECT_EQ(f.pair_sums, 0) << "mlp:6,5,4,3: a Linear layer 1 keeps the rows' walks";
   }
   REQUIRE_PYTHON_TORCH();
   testing::TempDir dir;
