@@ -122,6 +122,10 @@ struct KinkHints {
   /// site is leaky. Only a held site (and the hidden layer it is held
   /// through) reads it: a negative unit passes on its slope's share.
   std::vector<double> slope_after;
+  /// Site l's average pool window (average_after), 0 where it has none.
+  int64_t average_at(size_t l) const { return l < average_after.size() ? average_after[l] : 0; }
+  /// Site l's leaky ReLU's slope (slope_after), 0 where it has none.
+  double slope_at(size_t l) const { return l < slope_after.size() ? slope_after[l] : 0.0; }
   /// The degree in t of the logits on a piece of the segment that crosses no
   /// kink, when the network is piecewise linear in its input (ReLU, max-pool,
   /// Flatten) and each of its L param layers is linear in its weights: L.

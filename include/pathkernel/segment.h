@@ -136,15 +136,9 @@ class SegmentEvaluator : public KinkSites {
   const std::vector<int64_t>& pool_after() const override { return route_->hints().pool_after; }
   const std::vector<bool>& leaky_after() const override { return route_->hints().leaky_after; }
   /// Site l's average pool window after its ReLU, or 0 (KinkHints::average_after).
-  int64_t average_after(size_t l) const {
-    const std::vector<int64_t>& a = route_->hints().average_after;
-    return l < a.size() ? a[l] : 0;
-  }
+  int64_t average_after(size_t l) const { return route_->hints().average_at(l); }
   /// Site l's leaky ReLU's slope, 0 for a ReLU (KinkHints::slope_after).
-  double slope_after(size_t l) const {
-    const std::vector<double>& a = route_->hints().slope_after;
-    return l < a.size() ? a[l] : 0.0;
-  }
+  double slope_after(size_t l) const { return route_->hints().slope_at(l); }
   /// The kink sites of rows x at t: kink_values of an untracked pass.
   std::vector<torch::Tensor> sites_at(const torch::Tensor& x, const torch::Tensor& t) const override {
     return kink_values(forward(x, t, false));

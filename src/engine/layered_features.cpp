@@ -375,6 +375,10 @@ class LayeredFeatures final : public Integrand {
   /// cotangents are then never formed; not held, the rows' signals at
   /// layer 1 serve the pairs and the certificate alone.
   bool site_of_pairs() const { return piece_sel_.defined() && f_.layers[1].form == Form::Dense; }
+  /// Whether the route knows where the layers between the first two param
+  /// layers route layer 1's input (Route::first_selection), which the pairs
+  /// need beyond a site held at layer 1.
+  bool first_selects() const { return ev_.first_selection(p0_, torch::zeros({1}, torch::kLong)).defined(); }
   /// Per test point, the accepted pieces' sums of the logits' layer (last_site.h).
   torch::Tensor h_sum_, ph_sum_, p_sum_, len_sum_;
 };
@@ -446,12 +450,10 @@ LayeredFeatures::LayeredFeatures(const SegmentEvaluator& ev, const torch::Tensor
     // there are summed, as where no site is held, where layer 1 is a
     // convolution: a Linear layer 1's input gradient costs its rows less
     // than the pairs' own work (a deep MLP's verify took 1.2 times as long).
-    pair_walk_ = sum_first_ && (site_ == 1 || (q.piece_pairs && f.layers[1].form == Form::Dense &&
-                                               ev.first_selection(p0_, torch::zeros({1}, torch::kLong)).defined()));
+    pair_walk_ = sum_first_ && (site_ == 1 || (q.piece_pairs && f.layers[1].form == Form::Dense && first_selects()));
   } else {
     pair_walk_ = q.piece_pairs && sum_first_ && degree > 0 && layers_ >= 3 &&
-                 q.spec.kind == QuadratureSpec::Kind::Gauss &&
-                 ev.first_selection(p0_, torch::zeros({1}, torch::kLong)).defined();
+                 q.spec.kind == QuadratureSpec::Kind::Gauss && first_selects();
   }
 }
 
@@ -753,13 +755,12 @@ void LayeredFeatures::evaluate_held_round(const PieceRound& rd) {
   terms_ = last_site_terms(ev_, rd, pass_.preacts[site_].detach(), end_y, softmax_, through_hidden_);
   f_.evaluations += rd.rows;
   const std::vector<int64_t> shape = pass_.preacts[site_].sizes().vec();
-  if (!pair_walk_) {
-    sig_ = ev_.signals_from(pass_, site_, site_cotangents(terms_, terms_.fields, rd.piece_of, shape));
-    return;
-  }
-  if (site_ > 1) {
-    sig_ = ev_.signals_from_above_first(pass_, site_, site_cotangents(terms_, terms_.fields, rd.piece_of, shape));
-    form_piece_pairs(rd);
+  if (!pair_walk_ || site_ > 1) {
+    // The nodes' cotangents on the site walk back to the first layer, or
+    // with the pairs to layer 1 alone, whose signals give them.
+    const torch::Tensor c = site_cotangents(terms_, terms_.fields, rd.piece_of, shape);
+    sig_ = pair_walk_ ? ev_.signals_from_above_first(pass_, site_, c) : ev_.signals_from(pass_, site_, c);
+    if (pair_walk_) form_piece_pairs(rd);
     return;
   }
   // The first layer's signals, and the site's block where the first

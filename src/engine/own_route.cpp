@@ -146,8 +146,6 @@ class OwnRoute final : public LayeredRoute {
   /// Whether layer i + 1 is a max-pool (which takes layer i's ReLU mask, or
   /// its leaky ReLU's scale, on the pooled gradient).
   bool before_max_pool(size_t i) const { return i + 1 < layers_.size() && layers_[i + 1].kind == Kind::MaxPool2d; }
-  /// The first site's leaky ReLU's slope, 0 for a ReLU (KinkHints::slope_after).
-  double first_slope() const { return hints_.slope_after.empty() ? 0.0 : hints_.slope_after[0]; }
   /// Whether the last kink site can be held (KinkHints::last_site_local).
   bool last_site_holds() const;
   /// Whether the site below the last hidden layer can be held
@@ -667,7 +665,7 @@ torch::Tensor OwnRoute::first_dot_of_pair(const SegmentPass& pass, const torch::
   const torch::Tensor dir = pass.directions[0].index_select(0, rows).flatten(1);  // [R, U0]
   std::vector<int64_t> shape = pass.inputs[1].sizes().vec();
   shape[0] = rows.size(0);
-  const torch::Tensor v = routed_by_selection(dir, target, first_slope()).view(shape);
+  const torch::Tensor v = routed_by_selection(dir, target, hints_.slope_at(0)).view(shape);
   const torch::Tensor weight = torch::cat({weight_of(w_, 1), weight_of(dw_, 1)});
   const torch::Tensor both = d.kind == Kind::Linear ? torch::matmul(v, weight.t())
                                                     : torch::conv2d(v, weight, {}, 1, d.padding);  // [R, 2 C', ...]
@@ -698,7 +696,7 @@ torch::Tensor OwnRoute::first_signals_of_pairs_summed(const SegmentPass& pass, c
   const int64_t U0 = y0[0].numel(), S = target.size(2);
   // A unit's gradient goes to each of its S sources, over S, at the source's weight.
   torch::Tensor out = torch::zeros({K, groups, U0}, g.options());
-  const SelectionSources from = selection_sources(ref, first_slope());
+  const SelectionSources from = selection_sources(ref, hints_.slope_at(0));
   out.scatter_add_(2, from.unit.flatten(1).unsqueeze(0).expand({K, -1, -1}),
                    (over_slots(through, S).unsqueeze(3) * from.weight).flatten(2));
   // A row's units routed elsewhere than by its group's first row: its own
@@ -710,8 +708,8 @@ torch::Tensor OwnRoute::first_signals_of_pairs_summed(const SegmentPass& pass, c
     const torch::Tensor row = chunk.select(1, 0), unit = chunk.select(1, 1), in = group.index_select(0, row);
     const torch::Tensor value = over_slots(pair_backward_at(g, g_dw, row, unit, pass), S);  // [K, M]
     const torch::Tensor slot = chunk.select(1, 2);
-    const SelectionSources own = selection_sources(target.index({row, unit, slot}), first_slope());
-    const SelectionSources was = selection_sources(ref.index({in, unit, slot}), first_slope());
+    const SelectionSources own = selection_sources(target.index({row, unit, slot}), hints_.slope_at(0));
+    const SelectionSources was = selection_sources(ref.index({in, unit, slot}), hints_.slope_at(0));
     flat.index_add_(1, in * U0 + own.unit, value * own.weight);
     flat.index_add_(1, in * U0 + was.unit, -value * was.weight);
   }
