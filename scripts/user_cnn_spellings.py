@@ -6,7 +6,8 @@ ReLU, 2x2 max-pools, a 64-unit layer, 10 logits; Adam (--optimizer sgd:
 plain SGD), batch 128, float32, Fashion-MNIST's first --train images)
 written several ways (and once traced instead of scripted), with variants
 of its layers (no padding; stride-2 convolutions instead of pools; average
-pools; leaky ReLUs; a third convolution; a second hidden layer), each in its
+pools; leaky ReLUs; a third convolution; a second hidden layer; and
+LeNet-5 with ReLUs), each in its
 own loop with pathkernel.record, then runs
 `pathkernel verify RUN --test 1 --json`
 on each and prints one line per spelling: the route, whether the module was
@@ -167,6 +168,25 @@ class TwoHidden(Base):
         return self.out(torch.relu(self.fc2(h)))
 
 
+class LeNet(nn.Module):
+    """LeNet-5 with ReLUs and max-pools: 5 x 5 convolutions of 6 and 16 channels
+    (28 -> 28 -> 14 -> 10 -> 5), then 400 -> 120 -> 84 -> 10; 61,706 parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.out = nn.Linear(84, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = torch.relu(self.fc1(x.flatten(1)))
+        return self.out(torch.relu(self.fc2(x)))
+
+
 # name: (module, loss); in the order printed.
 SPELLINGS = {
     "flatten": (Base, "cross_entropy"),
@@ -184,6 +204,7 @@ SPELLINGS = {
     "leaky_relu": (LeakyReLU, "cross_entropy"),
     "three_conv": (ThreeConv, "cross_entropy"),
     "two_hidden": (TwoHidden, "cross_entropy"),
+    "lenet": (LeNet, "cross_entropy"),
 }
 
 

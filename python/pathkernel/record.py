@@ -55,6 +55,7 @@ are stored as a sequence data set; ``pathkernel verify --position t``.
 import io
 import os
 import types
+import warnings
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -73,7 +74,8 @@ from ._schedule import CheckpointSchedule
 from ._writer import RunWriter
 from .dropout import SeededForward
 
-__all__ = ["Recorder", "RecorderError", "clip_grad_norm_", "set_threads", "SUPPORTED_OPTIMIZERS", "LOSSES"]
+__all__ = ["Recorder", "RecorderError", "ThreadsWarning", "clip_grad_norm_", "set_threads", "SUPPORTED_OPTIMIZERS",
+           "LOSSES"]
 
 # Recorders that are open, so that clip_grad_norm_ can tell them the factor.
 _open_recorders: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
@@ -101,6 +103,39 @@ def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0,
         if ids & rec._param_ids:
             rec._pending_clip = factor
     return total_norm
+
+
+class ThreadsWarning(UserWarning):
+    """A compact recording of a loop on more than one thread: pathkernel may
+    have to replay its steps in turn with its own work, not beside it.
+    ``warnings.simplefilter("ignore", ThreadsWarning)`` silences it."""
+
+
+# OpenBLAS's kernels whose products on several threads the engine adds alike
+# on one (include/pathkernel/threaded_products.h): a loop that ran them on
+# several OpenBLAS threads and one torch thread still replays beside.
+_THREADED_PRODUCTS_ON_ONE = ("SkylakeX", "Cooperlake")
+
+
+def _warn_threads(torch_threads: int, blas_threads: int, blas_kernels: str) -> None:
+    """Warns (ThreadsWarning) when a compact run's loop runs on threads the
+    engine's replay may not reproduce on one: it replays the steps between
+    checkpoints at the loop's counts, beside its own work only where one
+    thread reproduces them bit for bit, else in turn. torch's reductions on
+    several threads add in another order; OpenBLAS's products on several do
+    too, which the engine follows on one thread for its AVX-512 kernels
+    only. Measured on a 2-core AMD EPYC (docs/own-model.md): LeNet-5 trained
+    one epoch at torch 1, OpenBLAS 2 threads, `verify --test 1` took 16.4 s
+    with its replay in turn, before the engine followed OpenBLAS's threads."""
+    if torch_threads <= 1 and (blas_threads <= 1 or blas_kernels in _THREADED_PRODUCTS_ON_ONE):
+        return
+    warnings.warn(
+        f"pathkernel.record: this loop runs on {torch_threads} torch thread(s) and {blas_threads} OpenBLAS "
+        f"thread(s) ({blas_kernels or 'no OpenBLAS'} kernels); pathkernel replays its steps beside its own work "
+        "only where one thread reproduces them bit for bit (sums split over threads often add in another "
+        "order), else in turn, which can make verify a quarter slower. Call pathkernel.record.set_threads(1) "
+        "before the loop to replay it beside, or silence this with "
+        "warnings.simplefilter('ignore', pathkernel.record.ThreadsWarning).", ThreadsWarning, stacklevel=3)
 
 
 def _module_bytes(script: torch.jit.ScriptModule) -> bytes:
@@ -223,6 +258,9 @@ class Recorder:
         self._mu = self._flat_module_buffers()
         self._counts = batch_counts(spec.coupling)
         self._writer.start(manifest, self._stored(self._w), self._mu)
+        if not self._schedule.every_step:  # every step stored: nothing is replayed
+            e = manifest.environment
+            _warn_threads(e.threads, e.blas_threads, e.blas_kernels)
         self._next_checkpoint = self._schedule.next_after(0)
 
         self._pending_clip: Optional[float] = None  # set by clip_grad_norm_ before optimizer.step()

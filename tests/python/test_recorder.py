@@ -155,6 +155,50 @@ class RecordedRunFormat(TempDirTest):
             if lib is not None:
                 lib.openblas_set_num_threads(blas_threads)
 
+    def test_a_compact_loop_on_several_threads_is_warned_of_its_replay(self):
+        # A compact run replays at the loop's counts: on more than one torch
+        # thread its replay may run in turn (ThreadsWarning, naming both
+        # counts and set_threads); one thread of each, or every step stored,
+        # is not warned, nor OpenBLAS alone on several threads with the
+        # kernels whose threaded products the engine follows on one.
+        import warnings
+        from pathkernel.record import ThreadsWarning, set_threads
+        lib = _openblas_library()
+        torch_threads = torch.get_num_threads()
+        blas_threads = lib.openblas_get_num_threads() if lib is not None else 0
+
+        def warned(n, every_step=False):
+            set_threads(n)
+            model = mlp()
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                Recorder(self.path(f"run{n}{every_step}"), model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         self.x, self.y, every_step=every_step).close()
+            return [w for w in seen if issubclass(w.category, ThreadsWarning)]
+
+        try:
+            several = warned(2)
+            self.assertEqual(len(several), 1)
+            self.assertEqual(several[0].filename, __file__)  # the user's line, not the recorder's
+            counts = f"2 torch thread(s) and {2 if lib is not None else 0} OpenBLAS thread(s)"
+            self.assertIn(counts, str(several[0].message))
+            self.assertIn("set_threads(1)", str(several[0].message))
+            self.assertEqual(warned(1), [])
+            self.assertEqual(warned(2, every_step=True), [])
+            from pathkernel.record import _warn_threads
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                _warn_threads(1, 2, "Cooperlake")
+                _warn_threads(1, 2, "SkylakeX")
+                self.assertEqual(seen, [])
+                _warn_threads(1, 2, "Haswell")
+                _warn_threads(2, 1, "Cooperlake")
+                self.assertEqual([w.category for w in seen], [ThreadsWarning] * 2)
+        finally:
+            torch.set_num_threads(torch_threads)
+            if lib is not None:
+                lib.openblas_set_num_threads(blas_threads)
+
     def test_manifest_round_trips_through_the_schema(self):
         # manifest.json -> pathkernel._manifest.Manifest -> the same bytes.
         from pathkernel._files import json_text
