@@ -13,6 +13,7 @@
 #include <set>
 
 #include "pathkernel/blas_kernels.h"
+#include "openblas_table.h"
 
 namespace pathkernel {
 
@@ -157,9 +158,7 @@ struct KernelTable {
   std::string routine_at(size_t offset) const {
     const void* p = nullptr;
     std::memcpy(&p, at + offset, sizeof p);
-    Dl_info info{};
-    if (p == nullptr || ::dladdr(p, &info) == 0 || info.dli_sname == nullptr || info.dli_saddr != p) return "";
-    const std::string name = info.dli_sname;
+    const std::string name = exported_routine(p);
     if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
       return "";
     }
@@ -243,6 +242,18 @@ bool mix_tables(const KernelTable& run, const KernelTable& wide, unsigned char* 
 }
 
 }  // namespace
+
+std::string exported_routine(const void* p) {
+  Dl_info info{};
+  if (p == nullptr || ::dladdr(p, &info) == 0 || info.dli_sname == nullptr || info.dli_saddr != p) return "";
+  return info.dli_sname;
+}
+
+const unsigned char* active_kernel_table() {
+  const DynamicArch& d = DynamicArch::get();
+  if (!d.available() || d.table == nullptr) return nullptr;
+  return static_cast<const unsigned char*>(*d.table);
+}
 
 BlasKernelsHeld::BlasKernelsHeld() {
   HeldKernels& h = HeldKernels::get();

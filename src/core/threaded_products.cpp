@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pathkernel/blas_switch.h"
+#include "openblas_table.h"
 
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
                        const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
@@ -44,13 +45,6 @@ std::string upper(std::string s) {
   return s;
 }
 
-/// The name of the routine at `p`, or "".
-std::string routine_at(const void* p) {
-  Dl_info info{};
-  if (p == nullptr || ::dladdr(p, &info) == 0 || info.dli_sname == nullptr || info.dli_saddr != p) return "";
-  return info.dli_sname;
-}
-
 /// The active kernels' rule, read from OpenBLAS's table of kernels
 /// (common_param.h, as Debian's 0.3.21 builds it: dtb_entries, the buffers'
 /// offsets and alignment, then sgemm's P, Q, R and unrolls M, N, MN, an
@@ -66,16 +60,15 @@ Rule active_rule() {
     return r;
   }
   const std::string kernels = active_blas_kernels();
-  const auto* table = static_cast<void* const*>(::dlsym(RTLD_DEFAULT, "gotoblas"));
-  if (kernels.empty() || table == nullptr || *table == nullptr) {
+  const unsigned char* head = active_kernel_table();
+  if (kernels.empty() || head == nullptr) {
     r.unavailable = "the BLAS is not an OpenBLAS that switches its kernels";
     return r;
   }
   const std::string suffix = "_" + upper(kernels);
-  const auto* head = static_cast<const unsigned char*>(*table);
   const void* first = nullptr;
   std::memcpy(&first, head + 48, sizeof first);
-  if (routine_at(first) != "samax_k" + suffix) {
+  if (exported_routine(first) != "samax_k" + suffix) {
     r.unavailable = "OpenBLAS's table of kernels is not laid out as 0.3.21's";
     return r;
   }
