@@ -1,4 +1,5 @@
 """Shared pieces of the Python tests: the CLI, tiny models and data, a loop."""
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,22 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from pathkernel.record import Recorder, clip_grad_norm_  # noqa: E402,F401
+from pathkernel._environment import _openblas_library  # noqa: E402
+
+
+@contextlib.contextmanager
+def thread_counts_kept():
+    """torch's and OpenBLAS's thread counts (the process's) put back as they
+    were when the block ends, however it ends."""
+    lib = _openblas_library()
+    torch_threads = torch.get_num_threads()
+    blas_threads = lib.openblas_get_num_threads() if lib is not None else 0
+    try:
+        yield
+    finally:
+        torch.set_num_threads(torch_threads)
+        if lib is not None:
+            lib.openblas_set_num_threads(blas_threads)
 
 
 def binary():

@@ -8,7 +8,8 @@ import json
 import os
 import zlib
 
-from _helpers import MLP, F, Recorder, TempDirTest, batches, blobs, cli, clip_grad_norm_, mlp, need_binary, np, torch
+from _helpers import (MLP, F, Recorder, TempDirTest, batches, blobs, cli, clip_grad_norm_, mlp, need_binary, np,
+                      thread_counts_kept, torch)
 
 from pathkernel._environment import _openblas_library
 
@@ -122,14 +123,13 @@ class CompactRecordings(TempDirTest):
         lib = _openblas_library()
         if lib is None:
             self.skipTest("torch does not run on OpenBLAS here")
-        torch_threads, blas_threads = torch.get_num_threads(), lib.openblas_get_num_threads()
         x, y = blobs(256, d=100, k=10, dtype=torch.float32)
         xt, yt = blobs(12, d=100, k=10, seed=5, dtype=torch.float32)
 
         def loop(run, blas):
-            set_threads(1)
-            lib.openblas_set_num_threads(blas)
-            try:
+            with thread_counts_kept():
+                set_threads(1)
+                lib.openblas_set_num_threads(blas)
                 torch.manual_seed(0)
                 model = MLP(d=100, h=100, k=10).float()
                 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -139,9 +139,6 @@ class CompactRecordings(TempDirTest):
                         F.cross_entropy(model(x[idx]), y[idx]).backward()
                         opt.step()
                         rec.step(idx)
-            finally:
-                torch.set_num_threads(torch_threads)
-                lib.openblas_set_num_threads(blas_threads)
             environment = manifest(run)["environment"]
             self.assertEqual((environment["threads"], environment["blas_threads"]), (1, blas), environment)
             rc, out, err = cli(["--quiet", "--json", "--threads", "2", "verify", run, "--test", "3"], cwd=self.tmp)

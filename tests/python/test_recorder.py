@@ -6,7 +6,7 @@ import os
 import zlib
 
 from _helpers import (F, MLP, Recorder, TempDirTest, batches, blobs, cli, cli_json, clip_grad_norm_, mlp, need_binary,
-                      nn, np, project_version, torch)
+                      nn, np, project_version, thread_counts_kept, torch)
 
 import pathkernel
 from pathkernel.record import RecorderError
@@ -139,9 +139,7 @@ class RecordedRunFormat(TempDirTest):
     def test_set_threads_sets_torch_and_openblas(self):
         from pathkernel.record import set_threads
         lib = _openblas_library()
-        torch_threads = torch.get_num_threads()
-        blas_threads = lib.openblas_get_num_threads() if lib is not None else 0
-        try:
+        with thread_counts_kept():
             for n in (1, 2):
                 set_threads(n)
                 self.assertEqual(torch.get_num_threads(), n)
@@ -150,10 +148,6 @@ class RecordedRunFormat(TempDirTest):
             for bad in (0, -1, 1.5, "2", True):
                 with self.assertRaisesRegex(ValueError, "set_threads: n is .*, expected a whole number >= 1"):
                     set_threads(bad)
-        finally:
-            torch.set_num_threads(torch_threads)
-            if lib is not None:
-                lib.openblas_set_num_threads(blas_threads)
 
     def test_a_compact_loop_on_several_threads_is_warned_of_its_replay(self):
         # A compact run replays at the loop's counts: on more than one torch
@@ -164,8 +158,6 @@ class RecordedRunFormat(TempDirTest):
         import warnings
         from pathkernel.record import ThreadsWarning, set_threads
         lib = _openblas_library()
-        torch_threads = torch.get_num_threads()
-        blas_threads = lib.openblas_get_num_threads() if lib is not None else 0
 
         def warned(n, every_step=False):
             set_threads(n)
@@ -176,7 +168,7 @@ class RecordedRunFormat(TempDirTest):
                          self.x, self.y, every_step=every_step).close()
             return [w for w in seen if issubclass(w.category, ThreadsWarning)]
 
-        try:
+        with thread_counts_kept():
             several = warned(2)
             self.assertEqual(len(several), 1)
             self.assertEqual(several[0].filename, __file__)  # the user's line, not the recorder's
@@ -194,10 +186,6 @@ class RecordedRunFormat(TempDirTest):
                 _warn_threads(1, 2, "Haswell")
                 _warn_threads(2, 1, "Cooperlake")
                 self.assertEqual([w.category for w in seen], [ThreadsWarning] * 2)
-        finally:
-            torch.set_num_threads(torch_threads)
-            if lib is not None:
-                lib.openblas_set_num_threads(blas_threads)
 
     def test_manifest_round_trips_through_the_schema(self):
         # manifest.json -> pathkernel._manifest.Manifest -> the same bytes.
