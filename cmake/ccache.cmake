@@ -17,7 +17,11 @@
 # - -fpch-preprocess (GCC) and -fno-pch-timestamp (clang): what ccache needs
 #   to see a precompiled header that is included with -include;
 # - inode_cache: the 600 MB precompiled header is hashed once, not once per
-#   file (a hit took ~1 s, nearly all of it reading that header; 0.05 s so).
+#   file (a hit took ~1 s, nearly all of it reading that header; 0.05 s so);
+# - the old precompiled header removed before its rule runs
+#   (cmake/fresh_pch.sh): the rule includes the header it writes, so the old
+#   .gch's bytes entered the new one's key and a re-run of the configure
+#   (adding a source file) rebuilt every object.
 # A launcher given on the command line (-DCMAKE_CXX_COMPILER_LAUNCHER=...) is
 # kept as it is.
 option(PATHKERNEL_CCACHE "Compile through ccache when it is installed" ON)
@@ -35,6 +39,7 @@ set(CMAKE_CXX_COMPILER_LAUNCHER
     CCACHE_NOHASHDIR=1
     CCACHE_INODECACHE=1
     CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+    sh ${PROJECT_SOURCE_DIR}/cmake/fresh_pch.sh
     ${PATHKERNEL_CCACHE_PROGRAM})
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   add_compile_options(-fpch-preprocess)
