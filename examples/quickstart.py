@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import pathkernel
-from pathkernel.record import Recorder
+from pathkernel.record import Recorder, set_threads
 
 # The engine: $PATHKERNEL_BIN, else this checkout's build/pathkernel, else pathkernel on PATH.
 BUILT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "build", "pathkernel")
@@ -62,6 +62,7 @@ class SmallCNN(nn.Module):
 def train(run, train_x, train_y, test_x, test_y, epochs, batch):
     """Your training loop, with the recorder's three lines."""
     torch.manual_seed(0)
+    set_threads(1)  # torch and OpenBLAS on one thread: pathkernel replays the loop beside its own work
     model = SmallCNN()
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
     rec = Recorder(run, model, optimizer, train_x, train_y, test_x=test_x, test_y=test_y,  # 1

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pathkernel.record import Recorder, clip_grad_norm_
+from pathkernel.record import Recorder, clip_grad_norm_, set_threads
 
 
 def spirals(n, seed):
@@ -66,6 +66,7 @@ def main():
     a = p.parse_args()
 
     torch.set_default_dtype(torch.float64)  # the exactness claim is for float64
+    set_threads(1)  # torch and OpenBLAS on one thread: pathkernel replays the loop beside its own work
     torch.manual_seed(a.seed)
     if a.data == "spirals":
         train_x, train_y = spirals(a.train, a.seed)

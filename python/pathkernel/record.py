@@ -111,26 +111,30 @@ class ThreadsWarning(UserWarning):
     ``warnings.simplefilter("ignore", ThreadsWarning)`` silences it."""
 
 
-# OpenBLAS's kernels whose products on several threads the engine adds alike
-# on one (include/pathkernel/threaded_products.h): a loop that ran them on
-# several OpenBLAS threads and one torch thread still replays beside.
+# OpenBLAS's kernels whose float32 products on several threads the engine
+# adds alike on one (include/pathkernel/threaded_products.h): a float32 loop
+# that ran them on several OpenBLAS threads and one torch thread still
+# replays beside.
 _THREADED_PRODUCTS_ON_ONE = ("SkylakeX", "Cooperlake")
 
 
-def _warn_threads(torch_threads: int, blas_threads: int, blas_kernels: str) -> None:
+def _warn_threads(torch_threads: int, blas_threads: int, blas_kernels: str, dtype: str = "float32") -> None:
     """Warns (ThreadsWarning) when a compact run's loop runs on threads the
     engine's replay may not reproduce on one: it replays the steps between
     checkpoints at the loop's counts, beside its own work only where one
     thread reproduces them bit for bit, else in turn. torch's reductions on
     several threads add in another order; OpenBLAS's products on several do
-    too, which the engine follows on one thread for its AVX-512 kernels
-    only. Measured on a 2-core AMD EPYC (docs/own-model.md): LeNet-5 trained
-    one epoch at torch 1, OpenBLAS 2 threads, `verify --test 1` took 16.4 s
-    with its replay in turn, before the engine followed OpenBLAS's threads."""
-    if torch_threads <= 1 and (blas_threads <= 1 or blas_kernels in _THREADED_PRODUCTS_ON_ONE):
+    too, which the engine follows on one thread on the AVX-512 kernels, for
+    float32 products only (float64's differ in more than the order of their
+    sums' blocks: scripts/blas_thread_bits.py --dtype float64). Measured on
+    a 2-core AMD EPYC (docs/own-model.md): LeNet-5 trained one epoch at
+    torch 1, OpenBLAS 2 threads, `verify --test 1` took 16.4 s with its
+    replay in turn, before the engine followed OpenBLAS's threads."""
+    followed = blas_kernels in _THREADED_PRODUCTS_ON_ONE and dtype == "float32"
+    if torch_threads <= 1 and (blas_threads <= 1 or followed):
         return
     warnings.warn(
-        f"pathkernel.record: this loop runs on {torch_threads} torch thread(s) and {blas_threads} OpenBLAS "
+        f"pathkernel.record: this {dtype} loop runs on {torch_threads} torch thread(s) and {blas_threads} OpenBLAS "
         f"thread(s) ({blas_kernels or 'no OpenBLAS'} kernels); pathkernel replays its steps beside its own work "
         "only where one thread reproduces them bit for bit (sums split over threads often add in another "
         "order), else in turn, which can make verify a quarter slower. Call pathkernel.record.set_threads(1) "
@@ -260,7 +264,7 @@ class Recorder:
         self._writer.start(manifest, self._stored(self._w), self._mu)
         if not self._schedule.every_step:  # every step stored: nothing is replayed
             e = manifest.environment
-            _warn_threads(e.threads, e.blas_threads, e.blas_kernels)
+            _warn_threads(e.threads, e.blas_threads, e.blas_kernels, spec.dtype_name)
         self._next_checkpoint = self._schedule.next_after(0)
 
         self._pending_clip: Optional[float] = None  # set by clip_grad_norm_ before optimizer.step()

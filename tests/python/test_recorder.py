@@ -153,8 +153,9 @@ class RecordedRunFormat(TempDirTest):
         # A compact run replays at the loop's counts: on more than one torch
         # thread its replay may run in turn (ThreadsWarning, naming both
         # counts and set_threads); one thread of each, or every step stored,
-        # is not warned, nor OpenBLAS alone on several threads with the
-        # kernels whose threaded products the engine follows on one.
+        # is not warned, nor a float32 loop with OpenBLAS alone on several
+        # threads on the kernels whose threaded products the engine follows
+        # on one (a float64 loop is).
         import warnings
         from pathkernel.record import ThreadsWarning, set_threads
         lib = _openblas_library()
@@ -185,7 +186,9 @@ class RecordedRunFormat(TempDirTest):
                 self.assertEqual(seen, [])
                 _warn_threads(1, 2, "Haswell")
                 _warn_threads(2, 1, "Cooperlake")
-                self.assertEqual([w.category for w in seen], [ThreadsWarning] * 2)
+                _warn_threads(1, 2, "Cooperlake", "float64")  # float64's products are not followed
+                self.assertEqual([w.category for w in seen], [ThreadsWarning] * 3)
+                self.assertIn("float64 loop", str(seen[2].message))
 
     def test_manifest_round_trips_through_the_schema(self):
         # manifest.json -> pathkernel._manifest.Manifest -> the same bytes.
