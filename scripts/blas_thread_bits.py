@@ -1,16 +1,19 @@
 #!/usr/bin/python3
-"""How many float32 (or float64) products OpenBLAS adds otherwise on two
-threads than on one, and how many of them pathkernel's rule reproduces on one thread
-(include/pathkernel/threaded_products.h: the threaded driver's k-blocks in
-turn, a block the small-matrix kernels would take widened with zero columns).
+"""How many products OpenBLAS adds otherwise on two threads than on one, and
+how many of them pathkernel's rule reproduces on one thread
+(include/pathkernel/threaded_products.h: OpenBLAS 0.3.21's threaded level-3
+driver, driver/level3/level3_thread.c, followed step by step on one thread,
+calling OpenBLAS's own packing, beta and kernel routines with the blocks and
+widths each thread would give them).
 
-Calls OpenBLAS's sgemm_ (dgemm_) directly (ctypes), on the kernels it chose
-or those OPENBLAS_CORETYPE names, with its block size Q and unroll read from
-its table of kernels as the engine reads them:
+An independent check of the engine's C++: the same driver written again
+here, calling OpenBLAS's routines (ctypes) on the kernels it chose or those
+OPENBLAS_CORETYPE names, with their block sizes read from its table of
+kernels:
 
-  scripts/blas_thread_bits.py                        # 157 shapes x 4 transposes
+  scripts/blas_thread_bits.py                        # float32, 160 shapes x 4 transposes
   scripts/blas_thread_bits.py --dtype float64
-  OPENBLAS_CORETYPE=SkylakeX scripts/blas_thread_bits.py --shapes 300
+  OPENBLAS_CORETYPE=Haswell scripts/blas_thread_bits.py --shapes 300
 """
 import argparse
 import ctypes
@@ -21,48 +24,168 @@ import numpy as np
 LIB = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 ob = ctypes.CDLL(LIB)
 ob.openblas_get_corename.restype = ctypes.c_char_p
-# per dtype: the numpy type, the C scalar, the routine's letter
+KERNELS = ob.openblas_get_corename().decode()
+L, P = ctypes.c_long, ctypes.c_void_p
+# per dtype: the numpy type, the C scalar, the routines' letter
 TYPES = {"float32": (np.float32, ctypes.c_float, "s"), "float64": (np.float64, ctypes.c_double, "d")}
 
 
-def ref(v):
-    return ctypes.byref(ctypes.c_int(v))
-
-
-def gemm(dtype, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
-    _, scalar, letter = TYPES[dtype]
-    P = ctypes.POINTER(scalar)
-    getattr(ob, letter + "gemm_")(ctypes.c_char_p(ta), ctypes.c_char_p(tb), ref(m), ref(n), ref(k),
-                                  ctypes.byref(scalar(1.0)), a.ctypes.data_as(P), ref(lda), b.ctypes.data_as(P),
-                                  ref(ldb), ctypes.byref(scalar(beta)), c.ctypes.data_as(P), ref(ldc))
-
-
-def block_rule(dtype, kernels):
-    """Q and the unroll of the active kernels' products of `dtype`, from
-    OpenBLAS's table: float32's are its 6th and 8th ints; float64's are the
-    ints just before the float64 routines (dgemm's P, Q, R, unrolls M, N,
-    MN, then damax_k)."""
+def block_sizes(dtype):
+    """GEMM_P, Q, R, UNROLL_M, UNROLL_N of the active kernels: float32's are
+    the table's ints from byte 16; float64's the ints just before its first
+    float64 routine (damax_k)."""
     table = ctypes.c_void_p.in_dll(ob, "gotoblas").value
     if dtype == "float32":
-        ints = list((ctypes.c_int * 10).from_address(table))
-        return ints[5], ints[7]
-    first = ctypes.cast(getattr(ob, "damax_k_" + kernels.upper()), ctypes.c_void_p).value
+        return list((ctypes.c_int * 5).from_address(table + 16))
+    first = ctypes.cast(getattr(ob, "damax_k_" + KERNELS.upper()), ctypes.c_void_p).value
     entries = (ctypes.c_void_p * 4096).from_address(table)
     at = next(i for i in range(4096) if entries[i] == first) * 8
-    ints = list((ctypes.c_int * 6).from_address(table + at - 24))
-    return ints[1], ints[3]
+    return list((ctypes.c_int * 5).from_address(table + at - 24))
 
 
-def k_blocks(k, q, unroll):
-    """OpenBLAS's cut of k: one thread's (unroll > 0) or the threaded driver's."""
-    out, ls = [], 0
-    while ls < k:
-        r = k - ls
-        l = q if r >= 2 * q else ((((r // 2) + unroll - 1) // unroll * unroll if unroll else (r + 1) // 2)
-                                  if r > q else r)
-        out.append((ls, l))
-        ls += l
-    return out
+def routines(dtype):
+    """The active table's gemm routines of `dtype`, read from its entries
+    (common_param.h: kernel, beta, incopy, itcopy, oncopy, otcopy, then the
+    small-matrix rule), where OpenBLAS calls them: one routine's code may
+    serve two entries (Prescott's dgemm_incopy is its dgemm_oncopy)."""
+    _, scalar, letter = TYPES[dtype]
+    table = ctypes.c_void_p.in_dll(ob, "gotoblas").value
+    kernel = ctypes.cast(getattr(ob, f"{letter}gemm_kernel_{KERNELS.upper()}"), ctypes.c_void_p).value
+    entries = (ctypes.c_void_p * 4096).from_address(table)
+    at = next(i for i in range(4096) if entries[i] == kernel)
+    kinds = {"kernel": [L, L, L, scalar, P, P, P, L], "beta": [L, L, L, scalar, P, L, P, L, P, L],
+             "incopy": [L, L, P, L, P], "itcopy": [L, L, P, L, P], "oncopy": [L, L, P, L, P],
+             "otcopy": [L, L, P, L, P], "small_matrix_permit": [ctypes.c_int, ctypes.c_int, L, L, L, scalar, scalar]}
+    return {name: ctypes.CFUNCTYPE(ctypes.c_int, *args)(entries[at + i]) for i, (name, args) in enumerate(kinds.items())}
+
+
+def aligned(count, dt):
+    """A zeroed array of `count` elements starting on a page, as OpenBLAS's buffers do."""
+    raw = np.zeros(count * np.dtype(dt).itemsize + 4096, np.uint8)
+    skip = (-raw.ctypes.data) % 4096
+    return raw[skip:skip + count * np.dtype(dt).itemsize].view(dt)
+
+
+def ranges(start, size, parts, least):
+    """gemm_driver's split of `size` into `parts`: each the rest over the parts left, at least `least`."""
+    at, i = [start], 0
+    while size > 0:
+        width = max((size + parts - i - 1) // (parts - i), least)
+        size -= width
+        if size < 0:
+            width += size
+        at.append(at[-1] + width)
+        i += 1
+    return at + [at[-1]] * (parts + 1 - len(at))
+
+
+def threaded(dtype, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, threads=2):
+    """C (column-major, ldc = m) as OpenBLAS's threaded driver adds it at
+    `threads` threads, every thread's share in turn; False where that driver
+    hands the product to its one-thread driver."""
+    dt = TYPES[dtype][0]
+    item = np.dtype(dt).itemsize
+    p, q, r, um, un = block_sizes(dtype)
+    f = routines(dtype)
+    switch, divide = 2, 2  # SWITCH_RATIO, DIVIDE_RATE as Debian's build has them
+    tm = 1 if m < 2 * switch else threads
+    while tm > 1 and m < tm * switch:
+        tm //= 2
+    tn = 1
+    if n >= switch * tm:
+        tn = (n + switch * tm - 1) // (switch * tm)
+        if tm * tn > threads:
+            tn = threads // tm
+    nth = tm * tn
+    if nth <= 1:
+        return False
+    a0, b0, c0 = A.ctypes.data, B.ctypes.data, C.ctypes.data
+    sa = aligned(p * q, dt)
+    range_m = ranges(0, m, tm, 1)
+
+    def a_at(row, l):
+        return a0 + ((row + l * lda) if ta == 0 else (l + row * lda)) * item
+
+    def b_at(l, col):
+        return b0 + ((l + col * ldb) if tb == 0 else (col + l * ldb)) * item
+
+    def c_at(row, col):
+        return c0 + (row + col * m) * item
+
+    def rows_first(rows):
+        return p if rows >= 2 * p else ((rows // 2 + um - 1) // um * um if rows > p else rows)
+
+    def rows_next(rows):
+        return p if rows >= 2 * p else (((rows + 1) // 2 + um - 1) // um * um if rows > p else rows)
+
+    for js0 in range(0, n, r * nth):
+        range_n = ranges(js0, min(n - js0, r * nth), nth, switch)
+        for pos in range(nth):
+            pn, pm = divmod(pos, tm)
+            m0, m1, n0, n1 = range_m[pm], range_m[pm + 1], range_n[pn * tm], range_n[(pn + 1) * tm]
+            if beta != 1.0 and m1 > m0 and n1 > n0:
+                f["beta"](m1 - m0, n1 - n0, 0, beta, None, 0, None, 0, c_at(m0, n0), m)
+        ls, keep = 0, []
+        while ls < k and alpha != 0.0:
+            l = q if k - ls >= 2 * q else ((k - ls + 1) // 2 if k - ls > q else k - ls)
+            buffers = []  # per thread: (first column, width, panel's address, its owner's kernel calls)
+            for pos in range(nth):
+                n0, n1 = range_n[pos], range_n[pos + 1]
+                div_n = (n1 - n0 + divide - 1) // divide
+                stride = q * ((div_n + un - 1) // un * un)  # inner_thread's buffer[i] - buffer[i - 1]
+                area = aligned(divide * stride, dt)  # the thread's own sb, on a page
+                keep.append(area)
+                mine = []
+                for side, js in enumerate(range(n0, n1, div_n)):
+                    end = min(n1, js + div_n)
+                    panel = area.ctypes.data + side * stride * item
+                    calls, jjs = [], js
+                    while jjs < end:
+                        jj = end - jjs
+                        jj = 3 * un if jj >= 3 * un else (un if jj > un else jj)
+                        at = panel + l * (jjs - js) * item
+                        f["oncopy" if tb == 0 else "otcopy"](l, jj, b_at(ls, jjs), ldb, at)
+                        calls.append((jjs, jj, at))
+                        jjs += jj
+                    mine.append((js, end - js, panel, calls))
+                buffers.append(mine)
+            for pos in range(nth):
+                pn, pm = divmod(pos, tm)
+                m0, m1 = range_m[pm], range_m[pm + 1]
+                if m1 <= m0:
+                    continue
+                order = [pn * tm + (pos - pn * tm + i) % tm for i in range(tm)]  # itself, then the others
+                rows = rows_first(m1 - m0)
+                f["itcopy" if ta == 0 else "incopy"](l, rows, a_at(m0, ls), lda, sa.ctypes.data)
+                for js, width, panel, calls in buffers[pos]:
+                    for col, jj, at in calls:
+                        f["kernel"](rows, jj, l, alpha, sa.ctypes.data, at, c_at(m0, col), m)
+                for cur in order[1:]:
+                    for js, width, panel, _ in buffers[cur]:
+                        f["kernel"](rows, width, l, alpha, sa.ctypes.data, panel, c_at(m0, js), m)
+                i = m0 + rows
+                while i < m1:
+                    rows = rows_next(m1 - i)
+                    f["itcopy" if ta == 0 else "incopy"](l, rows, a_at(i, ls), lda, sa.ctypes.data)
+                    for cur in order:
+                        for js, width, panel, _ in buffers[cur]:
+                            f["kernel"](rows, width, l, alpha, sa.ctypes.data, panel, c_at(i, js), m)
+                    i += rows
+            ls += l
+    return True
+
+
+def gemm(dtype, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C):
+    _, scalar, letter = TYPES[dtype]
+    ptr = ctypes.POINTER(scalar)
+
+    def ref(v):
+        return ctypes.byref(ctypes.c_int(v))
+
+    getattr(ob, letter + "gemm_")(ctypes.c_char_p(b"NT"[ta:ta + 1]), ctypes.c_char_p(b"NT"[tb:tb + 1]), ref(m),
+                                  ref(n), ref(k), ctypes.byref(scalar(alpha)), A.ctypes.data_as(ptr), ref(lda),
+                                  B.ctypes.data_as(ptr), ref(ldb), ctypes.byref(scalar(beta)), C.ctypes.data_as(ptr),
+                                  ref(m))
 
 
 def main():
@@ -70,62 +193,37 @@ def main():
     ap.add_argument("--shapes", type=int, default=150, help="random shapes besides the fixed ones")
     ap.add_argument("--dtype", choices=sorted(TYPES), default="float32")
     a = ap.parse_args()
-    kernels = ob.openblas_get_corename().decode()
-    dt, scalar, letter = TYPES[a.dtype]
-    q, unroll = block_rule(a.dtype, kernels)
-    permit = getattr(ob, letter + "gemm_small_matrix_permit_" + kernels.upper())
-    permit.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long, scalar, scalar]
+    dt = TYPES[a.dtype][0]
+    permit = routines(a.dtype)["small_matrix_permit"]
     random.seed(1)
     shapes = [(120, 128, 400), (128, 120, 400), (84, 128, 120), (400, 128, 120), (64, 128, 1568),
-              (1568, 64, 128), (16, 12544, 9)]
+              (1568, 64, 128), (16, 12544, 9), (200, 200, 300), (3, 500, 700), (2, 900, 300)]
     shapes += [(random.randint(1, 600), random.randint(1, 600), random.randint(1, 1500)) for _ in range(a.shapes)]
-    total = differ = missed = widened = 0
+    total = differ = missed = 0
     for m, n, k in shapes:
-        for ta in (b"N", b"T"):
-            for tb in (b"N", b"T"):
+        for ta in (0, 1):
+            for tb in (0, 1):
                 rng = np.random.default_rng(m * 7 + n * 13 + k)
                 A = rng.standard_normal(m * k).astype(dt)
                 B = rng.standard_normal(k * n).astype(dt)
                 C0 = rng.standard_normal(m * n).astype(dt)
-                lda, ldb = (m if ta == b"N" else k), (k if tb == b"N" else n)
+                lda, ldb = (m if ta == 0 else k), (k if tb == 0 else n)
                 out = {}
                 for threads in (1, 2):
                     ob.openblas_set_num_threads(threads)
                     out[threads] = C0.copy()
-                    gemm(a.dtype, ta, tb, m, n, k, A, lda, B, ldb, 1.0, out[threads], m)
+                    gemm(a.dtype, ta, tb, m, n, k, 1.0, A, lda, B, ldb, 1.0, out[threads])
                 ob.openblas_set_num_threads(1)
-                blocks = k_blocks(k, q, 0)
-                t, u = int(ta == b"T"), int(tb == b"T")
-                if (m * n * k <= 65536 * 4 or permit(t, u, m, n, k, 1.0, 1.0)
-                        or blocks == k_blocks(k, q, unroll)):
-                    blocks = [(0, k)]
-                n2 = n
-                while any(permit(t, u, m, n2, l, 1.0, 1.0) for _, l in blocks) and len(blocks) > 1:
-                    n2 *= 2
-                widened += n2 != n
-                # op(B) and C widened to n2 columns, zero past n
-                if tb == b"N":
-                    B2 = np.zeros((n2, k), dt)
-                    B2[:n] = B.reshape(n, k)
-                else:
-                    B2 = np.zeros((k, n2), dt)
-                    B2[:, :n] = B.reshape(k, n)
-                B2 = B2.reshape(-1)
-                ldb2 = k if tb == b"N" else n2
-                C = np.zeros((n2, m), dt)
-                C[:n] = C0.reshape(n, m)
-                C = C.reshape(-1)
-                beta = 1.0
-                for ls, l in blocks:
-                    As = A[ls * lda:] if ta == b"N" else A[ls:]
-                    Bs = B2[ls:] if tb == b"N" else B2[ls * ldb2:]
-                    gemm(a.dtype, ta, tb, m, n2, l, As, lda, Bs, ldb2, beta, C, m)
-                C = C.reshape(n2, m)[:n].reshape(-1)
+                C = C0.copy()
+                # interface/gemm.c: the small-matrix kernels, and small products, at any count
+                if (permit(ta, tb, m, n, k, 1.0, 1.0) or m * n * k <= 65536 * 4
+                        or not threaded(a.dtype, ta, tb, m, n, k, 1.0, A, lda, B, ldb, 1.0, C)):
+                    C = out[1]
                 total += 1
                 differ += not np.array_equal(out[1], out[2])
                 missed += not np.array_equal(C, out[2])
-    print(f"OpenBLAS {kernels}, {a.dtype} (Q {q}, unroll {unroll}): {total} products, {differ} differ between one thread "
-          f"and two, the rule misses {missed} ({widened} widened)")
+    print(f"OpenBLAS {KERNELS}, {a.dtype}: {total} products, {differ} differ between one thread and two, "
+          f"the rule misses {missed}")
 
 
 if __name__ == "__main__":

@@ -1,35 +1,37 @@
-// OpenBLAS's float32 products on several threads, added as they are there,
+// OpenBLAS's matrix products on several threads, added as they are there,
 // on one thread: a replay on one thread beside the engine's work for a loop
 // whose OpenBLAS ran on several.
 //
 // A Python loop runs OpenBLAS on every core unless it is told otherwise
 // (torch.set_num_threads leaves OpenBLAS's count), and a run is replayed
-// bit for bit only as it was trained. A product OpenBLAS runs on several
-// threads differs from the same product on one in one way on the AVX-512
-// kernels (SkylakeX, Cooperlake): where the inner dimension k is cut into
-// blocks, its threaded driver cuts a remainder between Q and 2Q (Q its
-// block size) into halves, ⌈r/2⌉ and ⌊r/2⌋, and its one-thread driver
-// rounds the first half up to a multiple of its unroll. LeNet-5's first
-// Linear layer (k = 400, Q = 320) adds as 200 + 200 on two threads and as
-// 208 + 192 on one: every entry may differ in its last bit.
+// bit for bit only as it was trained. OpenBLAS's threaded driver cuts a
+// product otherwise than its one-thread driver: the rows into one range a
+// thread, the inner dimension k into halves where its one-thread driver
+// rounds them to its unroll, and the columns into buffers whose widths its
+// kernels' sums can depend on. LeNet-5's first Linear layer (k = 400, Q =
+// 320 on Cooperlake's kernels) adds as 200 + 200 on two threads and as
+// 208 + 192 on one; on Haswell's and Zen's kernels, and in float64 on any,
+// the rows at the end of each thread's range add otherwise too.
 //
-// While a ThreadedProductsOnOneThread lives, this thread's float32 matrix
-// products (sgemm_, the routine LibTorch calls, which pathkernel's own
-// definition forwards to OpenBLAS's) that OpenBLAS at `threads` threads
-// would run on its threaded driver are run on one thread as products of
-// the threaded driver's k-blocks in turn, each added to the last: the
-// threaded driver's sums, in its order. Products OpenBLAS runs on one
-// thread at any count (small ones, and those its small-matrix kernels take)
-// are left as they are. A block small enough for the small-matrix kernels
-// alone runs on a copy with zero columns added until it is not. Measured on
-// 628 products of random shapes and transposes (2-core AMD EPYC, OpenBLAS
-// 0.3.21): 448 differ between one thread and two on Cooperlake's kernels,
-// 396 on SkylakeX's, and the rule reproduces every one (18 and 12 of them
-// widened; scripts/blas_thread_bits.py). On Haswell's and Zen's kernels a
-// product on two threads differs in more than its k-blocks (608 differ, the
-// rule misses 596), and a loop run on them replays in turn as before. The
-// replay compares every checkpoint it reaches, so a product the rule misses
-// costs the replay its place beside the walk (it runs in turn), never a bit.
+// While a ThreadedProductsOnOneThread lives, this thread's float32 and
+// float64 matrix products (sgemm_ and dgemm_, the routines LibTorch calls,
+// which pathkernel's own definitions forward to OpenBLAS's) that OpenBLAS
+// at `threads` threads would run on its threaded driver are run by that
+// driver's steps on this one thread: OpenBLAS 0.3.21's
+// driver/level3/level3_thread.c followed step by step, every thread's share
+// in turn, calling OpenBLAS's own packing, beta and kernel routines (the
+// active kernels', found by name from its table of kernels) with the blocks
+// and widths each thread would give them. Products OpenBLAS runs on one
+// thread at any count (small ones, those its small-matrix kernels take, and
+// those its threaded driver hands to its one-thread driver) are left as
+// they are. Measured on 640 products of random shapes and transposes
+// (2-core AMD EPYC, OpenBLAS 0.3.21, two threads): between 400 and 616
+// differ between one thread and two on Cooperlake's, SkylakeX's, Haswell's
+// and Zen's kernels, in float32 and float64, and this reproduces every one,
+// as on Sandybridge's and Prescott's
+// (scripts/blas_thread_bits.py). The replay compares every checkpoint it
+// reaches, so a product this misses (another OpenBLAS) costs the replay its
+// place beside the walk (it runs in turn), never a bit.
 #pragma once
 
 #include <string>
@@ -48,13 +50,15 @@ class ThreadedProductsOnOneThread {
   int previous_;
 };
 
-/// Why this process's float32 products cannot be run as OpenBLAS's threaded
-/// driver runs them (ThreadedProductsOnOneThread then changes nothing): ""
-/// when they can (LibTorch's calls reach pathkernel's sgemm_, and OpenBLAS's
-/// active kernels' block size, unroll and small-matrix rule were found).
+/// Why this process's float32 or float64 products cannot be run as
+/// OpenBLAS's threaded driver runs them (ThreadedProductsOnOneThread then
+/// changes nothing for them): "" when both can (LibTorch's calls reach
+/// pathkernel's sgemm_ and dgemm_, and OpenBLAS's active kernels' block
+/// sizes, packing routines and small-matrix rule were found).
 std::string threaded_products_unavailable();
 
-/// How many products this thread ran in k-blocks (the tests').
+/// How many products this thread ran by the threaded driver's steps (the
+/// tests').
 long threaded_products_split();
 
 }  // namespace pathkernel

@@ -111,27 +111,26 @@ class ThreadsWarning(UserWarning):
     ``warnings.simplefilter("ignore", ThreadsWarning)`` silences it."""
 
 
-# OpenBLAS's kernels whose float32 products on several threads the engine
-# adds alike on one (include/pathkernel/threaded_products.h): a float32 loop
-# that ran them on several OpenBLAS threads and one torch thread still
-# replays beside.
-_THREADED_PRODUCTS_ON_ONE = ("SkylakeX", "Cooperlake")
+def _threads_followed(blas: str) -> bool:
+    """Whether the engine adds this OpenBLAS's threaded products alike on one
+    thread (include/pathkernel/threaded_products.h follows 0.3.21's threaded
+    driver, calling the routines of a DYNAMIC_ARCH build's table)."""
+    return blas.startswith("OpenBLAS 0.3.21 ") and " DYNAMIC_ARCH " in f" {blas} "
 
 
-def _warn_threads(torch_threads: int, blas_threads: int, blas_kernels: str, dtype: str = "float32") -> None:
+def _warn_threads(torch_threads: int, blas_threads: int, blas: str, blas_kernels: str,
+                  dtype: str = "float32") -> None:
     """Warns (ThreadsWarning) when a compact run's loop runs on threads the
     engine's replay may not reproduce on one: it replays the steps between
     checkpoints at the loop's counts, beside its own work only where one
     thread reproduces them bit for bit, else in turn. torch's reductions on
     several threads add in another order; OpenBLAS's products on several do
-    too, which the engine follows on one thread on the AVX-512 kernels, for
-    float32 products only (float64's differ in more than the order of their
-    sums' blocks: scripts/blas_thread_bits.py --dtype float64). Measured on
+    too, which the engine follows on one thread for OpenBLAS 0.3.21 (any
+    kernels, float32 and float64: scripts/blas_thread_bits.py). Measured on
     a 2-core AMD EPYC (docs/own-model.md): LeNet-5 trained one epoch at
     torch 1, OpenBLAS 2 threads, `verify --test 1` took 16.4 s with its
     replay in turn, before the engine followed OpenBLAS's threads."""
-    followed = blas_kernels in _THREADED_PRODUCTS_ON_ONE and dtype == "float32"
-    if torch_threads <= 1 and (blas_threads <= 1 or followed):
+    if torch_threads <= 1 and (blas_threads <= 1 or _threads_followed(blas)):
         return
     warnings.warn(
         f"pathkernel.record: this {dtype} loop runs on {torch_threads} torch thread(s) and {blas_threads} OpenBLAS "
@@ -264,7 +263,7 @@ class Recorder:
         self._writer.start(manifest, self._stored(self._w), self._mu)
         if not self._schedule.every_step:  # every step stored: nothing is replayed
             e = manifest.environment
-            _warn_threads(e.threads, e.blas_threads, e.blas_kernels, spec.dtype_name)
+            _warn_threads(e.threads, e.blas_threads, e.blas, e.blas_kernels, spec.dtype_name)
         self._next_checkpoint = self._schedule.next_after(0)
 
         self._pending_clip: Optional[float] = None  # set by clip_grad_norm_ before optimizer.step()

@@ -5,6 +5,7 @@
 #include <link.h>
 #include <strings.h>
 
+#include <cctype>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -247,6 +248,20 @@ std::string exported_routine(const void* p) {
   Dl_info info{};
   if (p == nullptr || ::dladdr(p, &info) == 0 || info.dli_sname == nullptr || info.dli_saddr != p) return "";
   return info.dli_sname;
+}
+
+size_t kernel_table_offset(const std::string& routine) {
+  const DynamicArch& d = DynamicArch::get();
+  std::string kernels = active_blas_kernels();
+  if (!d.available() || kernels.empty()) return 0;
+  for (char& ch : kernels) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  // The exported table of the active kernels: the active one may be
+  // pathkernel's mix, laid out alike.
+  const KernelTable t = KernelTable::of(::dlsym(RTLD_DEFAULT, ("gotoblas_" + kernels).c_str()));
+  for (size_t o = 0; t.at != nullptr && o + sizeof(void*) <= t.size; o += sizeof(void*)) {
+    if (t.routine_at(o) == routine) return o;
+  }
+  return 0;
 }
 
 const unsigned char* active_kernel_table() {

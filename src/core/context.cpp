@@ -112,7 +112,9 @@ OpenMpThreads::~OpenMpThreads() {
 
 BlasInfo active_blas() {
   BlasInfo info{"unknown", false};
-  void* sym = dlsym(RTLD_DEFAULT, "dgemm_");
+  // The BLAS's own dgemm_, which pathkernel's (threaded_products.h) forwards to.
+  void* sym = dlsym(RTLD_NEXT, "dgemm_");
+  if (sym == nullptr) sym = dlsym(RTLD_DEFAULT, "dgemm_");
   Dl_info dl{};
   if (sym != nullptr && dladdr(sym, &dl) != 0 && dl.dli_fname != nullptr) {
     char resolved[4096];

@@ -63,7 +63,8 @@ void blas_of_process(std::string& blas, std::string& kernels) {
   }
   if (blas.empty()) {
     Dl_info info{};
-    void* gemm = ::dlsym(RTLD_DEFAULT, "dgemm_");
+    void* gemm = ::dlsym(RTLD_NEXT, "dgemm_");  // the BLAS's, after pathkernel's (threaded_products.h)
+    if (gemm == nullptr) gemm = ::dlsym(RTLD_DEFAULT, "dgemm_");
     if (gemm != nullptr && ::dladdr(gemm, &info) != 0 && info.dli_fname != nullptr) blas = info.dli_fname;
   }
   if (blas.empty()) blas = "unknown";

@@ -1,8 +1,9 @@
 // OpenBLAS's table of kernels, read by the names of the routines its
 // entries point to: internal to the core (blas_switch.cpp mixes tables,
-// threaded_products.cpp reads the float32 products' block sizes).
+// threaded_products.cpp reads the products' block sizes and routines).
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace pathkernel {
@@ -10,6 +11,11 @@ namespace pathkernel {
 /// The exported routine `p` points to, suffix and all ("samax_k_HASWELL"),
 /// or "" where it points to none (null, or inside a routine).
 std::string exported_routine(const void* p);
+
+/// The byte offset in OpenBLAS's table of kernels of the entry for
+/// `routine`, named without its kernels' suffix ("damax_k"), as the table
+/// of the active kernels lays it out; 0 where it has none.
+size_t kernel_table_offset(const std::string& routine);
 
 /// The table of kernels OpenBLAS calls through now (its `gotoblas`: one it
 /// exports, or pathkernel's mix), or null without a DYNAMIC_ARCH OpenBLAS.

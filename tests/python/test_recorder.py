@@ -153,9 +153,9 @@ class RecordedRunFormat(TempDirTest):
         # A compact run replays at the loop's counts: on more than one torch
         # thread its replay may run in turn (ThreadsWarning, naming both
         # counts and set_threads); one thread of each, or every step stored,
-        # is not warned, nor a float32 loop with OpenBLAS alone on several
-        # threads on the kernels whose threaded products the engine follows
-        # on one (a float64 loop is).
+        # is not warned, nor a loop with OpenBLAS alone on several threads,
+        # whose threaded products the engine follows on one for Debian's
+        # OpenBLAS 0.3.21 (another OpenBLAS is warned of).
         import warnings
         from pathkernel.record import ThreadsWarning, set_threads
         lib = _openblas_library()
@@ -179,16 +179,18 @@ class RecordedRunFormat(TempDirTest):
             self.assertEqual(warned(1), [])
             self.assertEqual(warned(2, every_step=True), [])
             from pathkernel.record import _warn_threads
+            debian = "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY Cooperlake MAX_THREADS=64"
             with warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always")
-                _warn_threads(1, 2, "Cooperlake")
-                _warn_threads(1, 2, "SkylakeX")
+                _warn_threads(1, 2, debian, "Cooperlake")
+                _warn_threads(1, 2, debian.replace("Cooperlake", "Haswell"), "Haswell", "float64")
                 self.assertEqual(seen, [])
-                _warn_threads(1, 2, "Haswell")
-                _warn_threads(2, 1, "Cooperlake")
-                _warn_threads(1, 2, "Cooperlake", "float64")  # float64's products are not followed
+                _warn_threads(2, 1, debian, "Cooperlake")  # torch's own threads are not followed
+                _warn_threads(1, 2, "OpenBLAS 0.3.26 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64", "Haswell",
+                              "float64")  # another OpenBLAS's driver is not
+                _warn_threads(1, 2, "OpenBLAS 0.3.21 NO_LAPACKE Haswell MAX_THREADS=64", "Haswell")  # nor one kernel set's
                 self.assertEqual([w.category for w in seen], [ThreadsWarning] * 3)
-                self.assertIn("float64 loop", str(seen[2].message))
+                self.assertIn("float64 loop", str(seen[1].message))
 
     def test_manifest_round_trips_through_the_schema(self):
         # manifest.json -> pathkernel._manifest.Manifest -> the same bytes.
