@@ -298,7 +298,7 @@ double PathReader::replay_segment(size_t k, const std::function<void(PathStep&&)
       // work on the step (fn) runs with the caller's.
       const StepThreads threads(replay_threads_ > 0 ? replay_threads_ : static_cast<int>(manifest_.threads),
                                 replay_threads_ > 0 ? replay_threads_ : run_blas_threads());
-      // On one thread, a loop's float32 products added as its OpenBLAS
+      // On one thread, a loop's products added as its OpenBLAS
       // added them on its threads (threaded_products.h).
       const ThreadedProductsOnOneThread as_threaded(replay_threads_ > 0 ? run_blas_threads() : 0);
       StepBatch batch{train_inputs(idx),
