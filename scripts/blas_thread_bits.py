@@ -14,6 +14,7 @@ kernels:
   scripts/blas_thread_bits.py                        # float32, 160 shapes x 4 transposes
   scripts/blas_thread_bits.py --dtype float64
   OPENBLAS_CORETYPE=Haswell scripts/blas_thread_bits.py --shapes 300
+  scripts/blas_thread_bits.py --threads 8           # OpenBLAS runs more threads than cores
 """
 import argparse
 import ctypes
@@ -136,7 +137,7 @@ def threaded(dtype, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, threads=2):
                 area = aligned(divide * stride, dt)  # the thread's own sb, on a page
                 keep.append(area)
                 mine = []
-                for side, js in enumerate(range(n0, n1, div_n)):
+                for side, js in enumerate(range(n0, n1, max(div_n, 1))):  # none where n1 == n0
                     end = min(n1, js + div_n)
                     panel = area.ctypes.data + side * stride * item
                     calls, jjs = [], js
@@ -192,6 +193,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", type=int, default=150, help="random shapes besides the fixed ones")
     ap.add_argument("--dtype", choices=sorted(TYPES), default="float32")
+    ap.add_argument("--threads", type=int, default=2, help="OpenBLAS's count to reproduce on one thread")
     a = ap.parse_args()
     dt = TYPES[a.dtype][0]
     permit = routines(a.dtype)["small_matrix_permit"]
@@ -209,7 +211,7 @@ def main():
                 C0 = rng.standard_normal(m * n).astype(dt)
                 lda, ldb = (m if ta == 0 else k), (k if tb == 0 else n)
                 out = {}
-                for threads in (1, 2):
+                for threads in (1, a.threads):
                     ob.openblas_set_num_threads(threads)
                     out[threads] = C0.copy()
                     gemm(a.dtype, ta, tb, m, n, k, 1.0, A, lda, B, ldb, 1.0, out[threads])
@@ -217,12 +219,12 @@ def main():
                 C = C0.copy()
                 # interface/gemm.c: the small-matrix kernels, and small products, at any count
                 if (permit(ta, tb, m, n, k, 1.0, 1.0) or m * n * k <= 65536 * 4
-                        or not threaded(a.dtype, ta, tb, m, n, k, 1.0, A, lda, B, ldb, 1.0, C)):
+                        or not threaded(a.dtype, ta, tb, m, n, k, 1.0, A, lda, B, ldb, 1.0, C, a.threads)):
                     C = out[1]
                 total += 1
-                differ += not np.array_equal(out[1], out[2])
-                missed += not np.array_equal(C, out[2])
-    print(f"OpenBLAS {KERNELS}, {a.dtype}: {total} products, {differ} differ between one thread and two, "
+                differ += not np.array_equal(out[1], out[a.threads])
+                missed += not np.array_equal(C, out[a.threads])
+    print(f"OpenBLAS {KERNELS}, {a.dtype}: {total} products, {differ} differ between one thread and {a.threads}, "
           f"the rule misses {missed}")
 
 

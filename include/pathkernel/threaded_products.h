@@ -28,8 +28,8 @@
 // (2-core AMD EPYC, OpenBLAS 0.3.21, two threads): between 400 and 616
 // differ between one thread and two on Cooperlake's, SkylakeX's, Haswell's
 // and Zen's kernels, in float32 and float64, and this reproduces every one,
-// as on Sandybridge's and Prescott's
-// (scripts/blas_thread_bits.py). The replay compares every checkpoint it
+// as on Sandybridge's and Prescott's, and against OpenBLAS on 3, 4 and 8
+// threads (scripts/blas_thread_bits.py --threads N). The replay compares every checkpoint it
 // reaches, so a product this misses (another OpenBLAS) costs the replay its
 // place beside the walk (it runs in turn), never a bit.
 #pragma once

@@ -50,10 +50,11 @@ class ThreadedProducts : public ::testing::TestWithParam<torch::ScalarType> {
 };
 
 /// Products as LibTorch's Linear forward and backward call the BLAS (x
-/// [m, k], w [n, k]), in every transpose, on two threads, on one, and on
-/// one inside the scope; each of the last two flagged where it differs from
-/// two threads'. Returns how many the scope ran by the threaded driver.
-long check_products(torch::ScalarType dtype, int* differ_on_one) {
+/// [m, k], w [n, k]), in every transpose, on `threads` threads, on one, and
+/// on one inside the scope; each of the last two flagged where it differs
+/// from `threads` threads'. Returns how many the scope ran by the threaded
+/// driver.
+long check_products(torch::ScalarType dtype, int* differ_on_one, int threads = 2) {
   // [rows, k, columns]: LeNet-5's first Linear layer on a batch of 128 (k =
   // 400, halved on Cooperlake's kernels), inner dimensions cut into blocks
   // and halves, rows fewer than four (the columns split instead), products
@@ -74,17 +75,17 @@ long check_products(torch::ScalarType dtype, int* differ_on_one) {
     };
     std::vector<torch::Tensor> two, one, as_threaded;
     {
-      const BlasThreads at(2);
+      const BlasThreads at(threads);
       two = products();
     }
     {
       const BlasThreads at(1);
       one = products();
-      const ThreadedProductsOnOneThread scope(2);
+      const ThreadedProductsOnOneThread scope(threads);
       as_threaded = products();
     }
     for (size_t i = 0; i < two.size(); ++i) {
-      SCOPED_TRACE(std::string(c10::toString(dtype)) + " [" + std::to_string(m) + ", " + std::to_string(k) +
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " on " + std::to_string(threads) + " threads [" + std::to_string(m) + ", " + std::to_string(k) +
                    "] x [" + std::to_string(k) + ", " + std::to_string(n) + "], product " + std::to_string(i) +
                    ", kernels " + active_blas_kernels());
       EXPECT_TRUE(torch::equal(as_threaded[i], two[i]));
@@ -100,6 +101,21 @@ TEST_P(ThreadedProducts, ProductsOnOneThreadAddAsOpenBlasOnTwo) {
   // The check has something to find: on one thread alone some products add
   // otherwise.
   EXPECT_GT(differ_on_one, 0);
+}
+
+TEST_P(ThreadedProducts, ProductsOnOneThreadAddAsOpenBlasOnMoreThreadsThanCores) {
+  // OpenBLAS runs as many threads as it is told; a user's machine has more
+  // cores than this one. Three threads split the rows unevenly, eight split
+  // the columns too where the rows are few.
+  for (const int threads : {3, 8}) {
+    {
+      const BlasThreads at(threads);
+      if (openblas_threads() != threads) GTEST_SKIP() << "OpenBLAS does not run " << threads << " threads here";
+    }
+    int differ_on_one = 0;
+    EXPECT_GT(check_products(GetParam(), &differ_on_one, threads), 0);
+    EXPECT_GT(differ_on_one, 0);
+  }
 }
 
 TEST_P(ThreadedProducts, ProductsOnOneThreadAddAsOpenBlasOnTwoOnOtherKernels) {
