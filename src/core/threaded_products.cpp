@@ -8,16 +8,12 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
+#include <cstdint>
 #include <cstring>
-#include <map>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "pathkernel/blas_switch.h"
 #include "openblas_table.h"
 
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
@@ -72,15 +68,6 @@ struct Rule {
   std::string unavailable;  ///< why there is no rule; "" when there is
 };
 
-/// The active table's block sizes and routines of precision T. The table
-/// (common_param.h as 0.3.21 lays it out) starts with dtb_entries, the
-/// buffers' offsets and alignment, then sgemm's P, Q, R and unrolls M, N,
-/// MN; dgemm's come right before its first float64 routine, damax_k. Each
-/// precision's gemm kernel is followed by its beta, its four packing
-/// routines (incopy, itcopy, oncopy, otcopy) and its small-matrix rule.
-/// The routines are read from the entries, where OpenBLAS calls them: one
-/// routine's code may serve two entries (Prescott's dgemm_incopy is its
-/// dgemm_oncopy), and the table may be pathkernel's mix (blas_switch.h).
 /// What does not change in a process: whether LibTorch's products reach
 /// pathkernel's gemm_ and OpenBLAS's comes after it, and where precision
 /// T's entries are in OpenBLAS's tables (every table of one library is laid
