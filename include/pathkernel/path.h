@@ -241,6 +241,9 @@ class PathReader {
   /// Why the last forward() or reverse() replayed in turn with fn, not
   /// ahead: empty when it replayed ahead (or nothing was replayed yet).
   const std::string& replay_in_turn_reason() const { return in_turn_reason_; }
+  /// The OpenMP count a replay on its own thread runs at: 1, or the run's
+  /// torch count where one thread does not reproduce it (replay_team_).
+  int replay_team() const { return replay_team_; }
   /// Whether one thread reproduces the run's shortest segment bit for bit
   /// (replayed once, then remembered).
   bool one_thread_reproduces();
@@ -396,6 +399,11 @@ class PathReader {
   std::string in_turn_reason_;  ///< replay_in_turn_reason
   std::string one_thread_differed_;  ///< where a forward walk ahead on one thread met a segment it did not reproduce
   int replay_threads_ = 0;  ///< the replay's OpenMP count: the run's (0), or one (replays_on_one_thread)
+  /// The OpenMP count of a replay on one thread (replay_threads_ 1): one, or
+  /// the run's torch count where one does not reproduce the run and that
+  /// count, on the replay's thread alone, does (one_thread_reproduces):
+  /// LibTorch splits an operation by the calling thread's OpenMP team.
+  int replay_team_ = 1;
   std::optional<bool> one_thread_reproduces_;
   bool forward_on_one_thread_ = false;  ///< a forward() replaying a run of several threads on one
   bool one_thread_in_turn_ = false;  ///< set_replay_on_one_thread

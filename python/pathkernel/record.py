@@ -121,16 +121,18 @@ def _threads_followed(blas: str) -> bool:
 def _warn_threads(torch_threads: int, blas_threads: int, blas: str, blas_kernels: str,
                   dtype: str = "float32") -> None:
     """Warns (ThreadsWarning) when a compact run's loop runs on threads the
-    engine's replay may not reproduce on one: it replays the steps between
-    checkpoints at the loop's counts, beside its own work only where one
-    thread reproduces them bit for bit, else in turn. torch's reductions on
-    several threads add in another order; OpenBLAS's products on several do
-    too, which the engine follows on one thread for OpenBLAS 0.3.21 (any
-    kernels, float32 and float64: scripts/blas_thread_bits.py). Measured on
-    a 2-core AMD EPYC (docs/own-model.md): LeNet-5 trained one epoch at
-    torch 1, OpenBLAS 2 threads, `verify --test 1` took 16.4 s with its
-    replay in turn, before the engine followed OpenBLAS's threads."""
-    if torch_threads <= 1 and (blas_threads <= 1 or _threads_followed(blas)):
+    engine's replay may not reproduce beside its own work: it replays the
+    steps between checkpoints bit for bit, beside its work where its own
+    thread can, else in turn. torch's operations on several threads split
+    by the thread's OpenMP team, which the replay's thread takes at the
+    loop's size; OpenBLAS's products on several threads add in another order
+    than on one, which the engine follows on one thread for Debian's
+    OpenBLAS 0.3.21 (any kernels, float32 and float64:
+    scripts/blas_thread_bits.py), not for another. Measured on a 2-core AMD
+    EPYC (docs/own-model.md): LeNet-5 trained one epoch at torch 1, OpenBLAS
+    2 threads, `verify --test 1` took 16.4 s with its replay in turn, before
+    the engine followed OpenBLAS's threads."""
+    if blas_threads <= 1 or _threads_followed(blas):
         return
     warnings.warn(
         f"pathkernel.record: this {dtype} loop runs on {torch_threads} torch thread(s) and {blas_threads} OpenBLAS "

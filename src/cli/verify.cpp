@@ -162,6 +162,7 @@ void add_verify_command(CLI::App& app, Globals& globals) {
     if (!route.reason.empty()) j["route_reason"] = route.reason;
     // Why the path was replayed between the walk's steps, not beside them.
     if (!reader.replay_in_turn_reason().empty()) j["replay_in_turn_reason"] = reader.replay_in_turn_reason();
+    if (reader.replay_team() > 1) j["replay_openmp_threads"] = reader.replay_team();
     j["arithmetic"] = arithmetic_json(reader, options, x, d);
     if (reader.manifest().sequence_length > 0) {  // the position whose outputs were decomposed
       j["position"] = resolve_position(options.position, reader.manifest().sequence_length);

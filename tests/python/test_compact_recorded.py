@@ -160,6 +160,42 @@ class CompactRecordings(TempDirTest):
         self.assertNotIn("replay_in_turn_reason", ahead)
         self.assertGreater(ahead["seconds_by_part"]["replay_ahead"], 0)
 
+    def test_a_loop_on_several_torch_threads_replays_beside_the_walk_bit_for_bit(self):
+        """LibTorch splits an operation by the calling thread's OpenMP team
+        (a convolution's gradient over the batch among them), so a loop on two
+        torch threads is not reproduced on one. The replay's own thread then
+        runs a team of the loop's size, the walk's threads keeping theirs: it
+        still runs beside the walk, every checkpoint bit for bit. Where one
+        thread reproduces the loop (machine-dependent) it runs on one."""
+        from pathkernel.record import set_threads
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(256, 1, 12, 12, generator=g)
+        y = torch.arange(256) % 4
+        xt = torch.randn(8, 1, 12, 12, generator=g)
+        run = self.path("torch-threads-2")
+        with thread_counts_kept():
+            set_threads(2)
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                        torch.nn.Flatten(), torch.nn.Linear(8 * 5 * 5, 4))
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+            with Recorder(run, model, opt, x, y, test_x=xt, test_y=y[:8], expected_steps=16) as rec:
+                for idx in batches(256, 64, 16):
+                    opt.zero_grad()
+                    F.cross_entropy(model(x[idx]), y[idx]).backward()
+                    opt.step()
+                    rec.step(idx)
+        self.assertEqual(manifest(run)["environment"]["threads"], 2)
+        rc, out, err = cli(["--quiet", "--json", "--threads", "2", "verify", run, "--test", "2"], cwd=self.tmp)
+        self.assertEqual(rc, 0, "verify failed:\n%s\n%s" % (out, err[-3000:]))
+        j = json.loads(out[out.find("{"):])
+        self.assertNotIn("replay_in_turn_reason", j)
+        self.assertIn(j.get("replay_openmp_threads", 1), (1, 2))
+        drift = j["replay_drift"]
+        self.assertEqual(drift["bit_for_bit"], drift["checkpoints"], drift)
+        self.assertGreater(j["seconds_by_part"]["replay_ahead"], 0)
+        self.assertLessEqual(j["max_rel_error"], MAX_REL_ERROR, j)
+
     def test_drift_is_reported_at_its_checkpoint(self):
         """A checkpoint the replay does not reproduce (here: changed after
         the loop) is drift at that checkpoint; the decomposition rejoins it
