@@ -106,8 +106,9 @@ def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0,
 
 
 class ThreadsWarning(UserWarning):
-    """A compact recording of a loop on more than one thread: pathkernel may
-    have to replay its steps in turn with its own work, not beside it.
+    """A compact recording of a loop on several threads of a BLAS whose
+    threaded products the engine does not follow on one thread: pathkernel
+    may have to replay its steps in turn with its own work, not beside it.
     ``warnings.simplefilter("ignore", ThreadsWarning)`` silences it."""
 
 

@@ -250,6 +250,14 @@ std::string exported_routine(const void* p) {
   return info.dli_sname;
 }
 
+std::string blas_library_file() {
+  void* gemm = ::dlsym(RTLD_NEXT, "dgemm_");
+  if (gemm == nullptr) gemm = ::dlsym(RTLD_DEFAULT, "dgemm_");
+  Dl_info info{};
+  if (gemm == nullptr || ::dladdr(gemm, &info) == 0 || info.dli_fname == nullptr) return "";
+  return info.dli_fname;
+}
+
 size_t kernel_table_offset(const std::string& routine) {
   const DynamicArch& d = DynamicArch::get();
   std::string kernels = active_blas_kernels();

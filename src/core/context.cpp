@@ -14,6 +14,7 @@
 #include "pathkernel/blas_kernels.h"
 #include "pathkernel/error.h"
 #include "pathkernel/process_environment.h"
+#include "openblas_table.h"
 
 namespace pathkernel {
 
@@ -112,13 +113,10 @@ OpenMpThreads::~OpenMpThreads() {
 
 BlasInfo active_blas() {
   BlasInfo info{"unknown", false};
-  // The BLAS's own dgemm_, which pathkernel's (threaded_products.h) forwards to.
-  void* sym = dlsym(RTLD_NEXT, "dgemm_");
-  if (sym == nullptr) sym = dlsym(RTLD_DEFAULT, "dgemm_");
-  Dl_info dl{};
-  if (sym != nullptr && dladdr(sym, &dl) != 0 && dl.dli_fname != nullptr) {
+  const std::string file = blas_library_file();
+  if (!file.empty()) {
     char resolved[4096];
-    info.library = realpath(dl.dli_fname, resolved) ? resolved : dl.dli_fname;
+    info.library = realpath(file.c_str(), resolved) ? resolved : file;
   }
   const std::string& lib = info.library;
   info.optimized = lib.find("openblas") != std::string::npos ||

@@ -13,6 +13,7 @@
 #include "pathkernel/json_number.h"
 #include "pathkernel/text.h"
 #include "pathkernel/version.h"
+#include "openblas_table.h"
 
 namespace pathkernel {
 
@@ -61,12 +62,7 @@ void blas_of_process(std::string& blas, std::string& kernels) {
     if (at != std::string::npos) blas.replace(at, unknown.size(), " " + active_blas_kernels() + " ");
     kernels = active_blas_kernels();
   }
-  if (blas.empty()) {
-    Dl_info info{};
-    void* gemm = ::dlsym(RTLD_NEXT, "dgemm_");  // the BLAS's, after pathkernel's (threaded_products.h)
-    if (gemm == nullptr) gemm = ::dlsym(RTLD_DEFAULT, "dgemm_");
-    if (gemm != nullptr && ::dladdr(gemm, &info) != 0 && info.dli_fname != nullptr) blas = info.dli_fname;
-  }
+  if (blas.empty()) blas = blas_library_file();
   if (blas.empty()) blas = "unknown";
   if (kernels.empty()) kernels = "unknown";
 }

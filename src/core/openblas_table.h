@@ -17,6 +17,11 @@ std::string exported_routine(const void* p);
 /// of the active kernels lays it out; 0 where it has none.
 size_t kernel_table_offset(const std::string& routine);
 
+/// The file of the BLAS whose dgemm_ LibTorch's products reach through
+/// pathkernel's (threaded_products.h): the one after it, else the first;
+/// "" where no dgemm_ is loaded.
+std::string blas_library_file();
+
 /// The table of kernels OpenBLAS calls through now (its `gotoblas`: one it
 /// exports, or pathkernel's mix), or null without a DYNAMIC_ARCH OpenBLAS.
 const unsigned char* active_kernel_table();
