@@ -2,7 +2,7 @@
 # Measures the exact decomposition for every optimizer on MNIST: mlp:64,
 # batch 100, 200 steps, weight decay 1e-4, verified on 50 test points.
 # Prints one JSON line per optimizer (verify's fields plus "optimizer").
-#   usage: scripts/verify_optimizers.sh [BUILD_DIR] [RUNS_DIR]
+#   usage: [OPTIMIZERS="rmsprop adagrad"] scripts/verify_optimizers.sh [BUILD_DIR] [RUNS_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-build}/pathkernel
@@ -10,11 +10,13 @@ RUNS=${2:-runs/optimizers}
 TEST_POINTS=${TEST_POINTS:-50}
 mkdir -p "$RUNS"
 
-for opt in sgd momentum nesterov adam adamw; do
+OPTIMIZERS=${OPTIMIZERS:-sgd momentum nesterov adam adamw rmsprop adagrad}
+
+for opt in $OPTIMIZERS; do
   case $opt in
     sgd) lr=0.1 ;;
-    momentum|nesterov) lr=0.01 ;;
-    adam|adamw) lr=0.001 ;;
+    momentum|nesterov|adagrad) lr=0.01 ;;
+    adam|adamw|rmsprop) lr=0.001 ;;
   esac
   "$BIN" train --data mnist --model mlp:64 --optimizer "$opt" --lr "$lr" --weight-decay 1e-4 --batch 100 \
     --steps 200 --out "$RUNS/$opt" --force --quiet > /dev/null

@@ -192,7 +192,7 @@ inline RunOptions small_run(const std::string& out, const std::string& optimizer
   r.data.test_size = 30;
   r.model = "mlp:6";
   r.train.optimizer.name = optimizer;
-  r.train.optimizer.lr = (optimizer == "adam" || optimizer == "adamw") ? 0.01 : 0.05;
+  r.train.optimizer.lr = (optimizer == "adam" || optimizer == "adamw" || optimizer == "rmsprop") ? 0.01 : 0.05;
   r.train.steps = steps;
   r.train.batch = optimizer == "gd" ? 0 : 16;
   r.train.progress = false;

@@ -2,7 +2,8 @@
 // their state as flat vectors (for checkpoints and exact replay).
 //
 // Names: gd (SGD on the full batch), sgd, momentum (SGD with momentum),
-// nesterov, adam, adamw. Updates are LibTorch's own, not re-implementations.
+// nesterov, adam, adamw, rmsprop (plain or centered, without momentum),
+// adagrad. Updates are LibTorch's own, not re-implementations.
 #pragma once
 
 #include <map>
@@ -17,16 +18,17 @@ namespace pathkernel {
 
 /// The optimizers users pick by name, parsed once at the edge
 /// (parse_optimizer_kind) and described by one traits table.
-enum class OptimizerKind { Gd, Sgd, Momentum, Nesterov, Adam, AdamW };
+enum class OptimizerKind { Gd, Sgd, Momentum, Nesterov, Adam, AdamW, RMSprop, Adagrad };
 
 struct OptimizerTraits {
   OptimizerKind kind;
   const char* name;      ///< as in manifests and on the command line, e.g. "adamw"
   bool full_batch;       ///< uses the whole training set at every step (gd)
-  bool has_buffer;       ///< carries a buffer across steps (momentum's, or Adam's moments)
+  bool has_buffer;       ///< carries state across steps (momentum's buffer, Adam's moments, RMSprop's and Adagrad's squares)
   bool momentum_family;  ///< momentum, nesterov: `momentum` and `dampening` apply
   bool adam_family;      ///< adam, adamw: `beta1`, `beta2` and `eps` apply
   double default_lr;     ///< the learning rate when none is given
+  double default_eps;    ///< the eps when none is given (0: eps does not apply)
 };
 
 /// Every kind's traits, in the order of optimizer_names().
@@ -40,18 +42,22 @@ OptimizerKind parse_optimizer_kind(const std::string& name);
 /// to the chosen optimizer are ignored and not recorded.
 struct OptimizerOptions {
   std::string name = "sgd";  ///< the kind's name, kept as written for the manifest
-  double lr = 0;             ///< 0: the kind's default_lr (0.1; 1e-3 for adam and adamw)
+  double lr = 0;             ///< 0: the kind's default_lr (0.1; 1e-3 for adam, adamw; 1e-2 for rmsprop, adagrad)
   double momentum = 0.9;     ///< momentum, nesterov
   double dampening = 0.0;    ///< momentum
-  double weight_decay = 0.0; ///< L2 (coupled) for gd/sgd/momentum/nesterov/adam; decoupled for adamw
+  double weight_decay = 0.0; ///< L2, coupled into the gradient for every kind but adamw (decoupled)
   double beta1 = 0.9;        ///< adam, adamw
   double beta2 = 0.999;      ///< adam, adamw
-  double eps = 1e-8;         ///< adam, adamw
+  double eps = 0;            ///< adam, adamw, rmsprop, adagrad; 0: the kind's default_eps (1e-8; 1e-10 for adagrad)
+  double alpha = 0.99;       ///< rmsprop: the smoothing of the squared gradients' average
+  bool centered = false;     ///< rmsprop: divide by the gradients' estimated deviation, not their root mean square
+  double lr_decay = 0.0;     ///< adagrad: the rate at step t is lr / (1 + (t − 1) lr_decay)
+  double initial_accumulator_value = 0.0;  ///< adagrad: the squares' sum before the first step
 
   /// The kind `name` names; throws Error listing the valid names.
   OptimizerKind kind() const { return parse_optimizer_kind(name); }
   const OptimizerTraits& traits() const { return optimizer_traits(kind()); }
-  /// These options with the defaults filled in (lr).
+  /// These options with the defaults filled in (lr, eps).
   OptimizerOptions resolved() const;
   /// Checks ranges and the name of resolved(); throws Error naming the bad value.
   void validate() const;
@@ -72,8 +78,8 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 /// Optimizer state flattened in the parameter order: each buffer has shape
 /// [P]. Empty before the first step (LibTorch creates state lazily).
 struct OptimizerState {
-  int64_t step = 0;  ///< adam/adamw step counter (0 for the SGD family)
-  std::map<std::string, torch::Tensor> buffers;  ///< e.g. "momentum_buffer", "exp_avg", "exp_avg_sq"
+  int64_t step = 0;  ///< the step counter of adam, adamw, rmsprop and adagrad (0 for the SGD family)
+  std::map<std::string, torch::Tensor> buffers;  ///< e.g. "momentum_buffer", "exp_avg", "exp_avg_sq", "square_avg", "grad_avg", "sum"
   bool empty() const { return buffers.empty(); }
 };
 

@@ -12,11 +12,17 @@
 // | nesterov      | μ  | 1 at s = 0, else 1  | −η_s   | −η_s μ         | I   | 0         | λ   |
 // | adam          | β1 | 1−β1                | 0      | −η_s/(1−β1^t)  | D_s | 0         | λ   |
 // | adamw         | β1 | 1−β1                | 0      | −η_s/(1−β1^t)  | D_s | −η_s λ w_s| 0   |
+// | rmsprop       | 0  | 0                   | −η_s   | 0              | R_s | 0         | λ   |
+// | adagrad       | 0  | 0                   | −η_s/(1+(t−1)δ) | 0     | A_s | 0         | λ   |
 //
-// with t = s+1 Adam's step count and D_s = 1/(√v_s/√(1−β2^t) + ε) from the
-// second-moment state after step s: once the step is taken, D_s is a known
-// fixed metric. e_s is the floating-point residual of the recorded update
-// against this reconstruction.
+// with t = s+1 the optimizer's step count, D_s = 1/(√v_s/√(1−β2^t) + ε) from
+// Adam's second-moment state after step s, R_s = 1/(√v_s + ε) from RMSprop's
+// (1/(√(v_s − m_s²) + ε) centered, m_s its average gradient) and
+// A_s = 1/(√Σ_s + ε) from Adagrad's sum of squares (δ its lr_decay): once
+// the step is taken, each is a known fixed metric. e_s is the
+// floating-point residual of the recorded update against this
+// reconstruction. RMSprop with momentum keeps R_s inside its buffer, which
+// this form does not take.
 #pragma once
 
 #include <string>
@@ -45,6 +51,12 @@ class UpdateRule {
   double coupled_decay() const { return coupled_decay_; }
   /// Whether the optimizer keeps a buffer b_s.
   bool has_buffer() const { return beta_ != 0; }
+  /// Whether its steps have a metric P_s other than the identity (adam, adamw,
+  /// rmsprop, adagrad): such a path is walked in reverse (decomposition.h).
+  bool has_metric() const { return has_metric_; }
+  /// Whether the decomposition walks the path in reverse: a buffer or a metric
+  /// (the forward walk takes neither).
+  bool walks_in_reverse() const { return has_buffer() || has_metric_; }
 
   /// b_s read from the optimizer state after step s, float64 [P]; undefined
   /// without a buffer. Throws Error when the state lacks it.
@@ -58,8 +70,14 @@ class UpdateRule {
   static torch::Tensor update(const StepCoefficients& c, const torch::Tensor& d, const torch::Tensor& b);
 
  private:
+  /// The buffer `key` of the state after a step; throws Error naming it when missing.
+  const torch::Tensor& state_buffer(const OptimizerState& after, const char* key) const;
+  /// The optimizer's step count after step s (≥ 1); throws Error otherwise.
+  int64_t step_count(int64_t s, const OptimizerState& after) const;
+
   OptimizerOptions options_;
   double beta_ = 0, coupled_decay_ = 0;
+  bool has_metric_ = false;
 };
 
 }  // namespace pathkernel

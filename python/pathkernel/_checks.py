@@ -18,9 +18,13 @@ LOSSES = ("cross_entropy", "nll", "mse")
 
 SUPPORTED_OPTIMIZERS = (
     "torch.optim.SGD (momentum 0: 'sgd'; momentum > 0: 'momentum', with dampening; nesterov=True: "
-    "'nesterov'), torch.optim.Adam ('adam') and torch.optim.AdamW ('adamw'), with weight decay, "
+    "'nesterov'), torch.optim.Adam ('adam'), torch.optim.AdamW ('adamw'), torch.optim.RMSprop "
+    "('rmsprop', plain or centered, momentum 0) and torch.optim.Adagrad ('adagrad'), with weight decay, "
     "one set of hyper-parameters for all parameters, amsgrad, maximize, capturable, differentiable "
     "and fused off")
+
+# The optimizers whose state counts its steps (pathkernel stores the count with the buffers).
+COUNTING_OPTIMIZERS = ("adam", "adamw", "rmsprop", "adagrad")
 
 _NORM_NAMES = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LazyBatchNorm1d",
                "LazyBatchNorm2d", "LazyBatchNorm3d"}
@@ -48,7 +52,13 @@ class OptimizerSpec:
         """The optimizer's state buffers pathkernel stores, one [P] each."""
         if self.kind == "sgd":
             return []
-        return ["momentum_buffer"] if self.kind in ("momentum", "nesterov") else ["exp_avg", "exp_avg_sq"]
+        if self.kind in ("momentum", "nesterov"):
+            return ["momentum_buffer"]
+        if self.kind == "rmsprop":
+            return ["square_avg", "grad_avg"] if self.declaration["centered"] else ["square_avg"]
+        if self.kind == "adagrad":
+            return ["sum"]
+        return ["exp_avg", "exp_avg_sq"]
 
 
 @dataclass
@@ -295,9 +305,9 @@ def _check_one_group(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
 
 def optimizer_declaration(optimizer: torch.optim.Optimizer) -> OptimizerSpec:
     """manifest.json's optimizer entry and the hyper-parameters that must not
-    change, for torch's SGD, Adam and AdamW."""
+    change, for torch's SGD, Adam, AdamW, RMSprop and Adagrad."""
     cls = type(optimizer)
-    if cls not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
+    if cls not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.RMSprop, torch.optim.Adagrad):
         raise RecorderError(f"optimizer {cls.__module__}.{cls.__name__} is not supported; supported: "
                             f"{SUPPORTED_OPTIMIZERS}")
     first = _check_one_group(optimizer)
@@ -314,12 +324,16 @@ def optimizer_declaration(optimizer: torch.optim.Optimizer) -> OptimizerSpec:
         raise RecorderError(f"optimizer weight_decay must be >= 0 (got {wd!r})")
     if cls is torch.optim.SGD:
         return OptimizerSpec(_sgd_declaration(g, lr, wd), first)
-    beta1, beta2 = (float(b) for b in g["betas"])
     eps = float(g["eps"])
+    if not (eps > 0):
+        raise RecorderError(f"{cls.__name__} eps must be > 0 (got {eps!r})")
+    if cls is torch.optim.RMSprop:
+        return OptimizerSpec(_rmsprop_declaration(g, lr, wd, eps), first)
+    if cls is torch.optim.Adagrad:
+        return OptimizerSpec(_adagrad_declaration(g, lr, wd, eps), first)
+    beta1, beta2 = (float(b) for b in g["betas"])
     if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
         raise RecorderError(f"Adam betas must be in [0, 1) (got {g['betas']!r})")
-    if not (eps > 0):
-        raise RecorderError(f"Adam eps must be > 0 (got {eps!r})")
     decl = {"name": "adam" if cls is torch.optim.Adam else "adamw", "lr": lr, "beta1": beta1, "beta2": beta2,
             "eps": eps, "weight_decay": wd}
     return OptimizerSpec(decl, first)
@@ -335,6 +349,43 @@ def _sgd_declaration(g: Dict[str, Any], lr: float, wd: float) -> Dict[str, Any]:
         raise RecorderError(f"SGD dampening must be in [0, 1) (got {dampening!r})")
     return {"name": "nesterov" if nesterov else "momentum", "lr": lr, "momentum": momentum, "dampening": dampening,
             "weight_decay": wd}
+
+
+def _rmsprop_declaration(g: Dict[str, Any], lr: float, wd: float, eps: float) -> Dict[str, Any]:
+    alpha, momentum = float(g["alpha"]), float(g["momentum"])
+    if momentum != 0:
+        raise RecorderError(f"RMSprop with momentum {momentum!r} is not supported: its buffer sums each step's "
+                            f"gradient divided by that step's own root mean square, which pathkernel's update "
+                            f"form does not take; supported: {SUPPORTED_OPTIMIZERS}")
+    if not (0 <= alpha < 1):
+        raise RecorderError(f"RMSprop alpha must be in [0, 1) (got {alpha!r})")
+    return {"name": "rmsprop", "lr": lr, "alpha": alpha, "centered": bool(g["centered"]), "eps": eps,
+            "weight_decay": wd}
+
+
+def _adagrad_declaration(g: Dict[str, Any], lr: float, wd: float, eps: float) -> Dict[str, Any]:
+    if g.get("foreach"):
+        raise RecorderError("Adagrad with foreach=True is not supported: its multi-tensor step takes the rate in "
+                            "float32 and divides after multiplying, other arithmetic than the step pathkernel "
+                            "replays, so the replay would drift from the loop; use foreach=False (torch's "
+                            "default on the CPU)")
+    lr_decay, initial = float(g["lr_decay"]), float(g["initial_accumulator_value"])
+    if not (lr_decay >= 0):
+        raise RecorderError(f"Adagrad lr_decay must be >= 0 (got {lr_decay!r})")
+    if not (initial >= 0):
+        raise RecorderError(f"Adagrad initial_accumulator_value must be >= 0 (got {initial!r})")
+    return {"name": "adagrad", "lr": lr, "lr_decay": lr_decay, "initial_accumulator_value": initial, "eps": eps,
+            "weight_decay": wd}
+
+
+def _fresh_state(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer has not stepped: no state, or Adagrad's as its
+    constructor makes it (step 0, every sum at initial_accumulator_value)."""
+    if isinstance(optimizer, torch.optim.Adagrad):
+        init = float(optimizer.param_groups[0]["initial_accumulator_value"])
+        return all(float(st.get("step", 0)) == 0 and bool((st["sum"] == init).all())
+                   for st in optimizer.state.values() if "sum" in st)
+    return not any(v is not None for st in optimizer.state.values() for v in st.values())
 
 
 def check_optimizer_parameters(optimizer: torch.optim.Optimizer,
@@ -353,7 +404,7 @@ def check_optimizer_parameters(optimizer: torch.optim.Optimizer,
     if extra:
         raise RecorderError(f"the optimizer trains {len(extra)} tensor(s) that are not parameters of the model; "
                             f"pass the model that owns all of the optimizer's parameters")
-    if any(v is not None for st in optimizer.state.values() for v in st.values()):
+    if not _fresh_state(optimizer):
         raise RecorderError("the optimizer has already taken steps (its state is not empty); create the Recorder "
                             "before the first optimizer.step(), so the path starts at the model's initial weights")
 
@@ -702,17 +753,18 @@ def clip_factor_of_step(given: Optional[float], applied: Optional[float], s: int
 
 
 def optimizer_step_count(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], s: int) -> int:
-    """Adam's step count after step s, the same for every parameter."""
+    """The optimizer's step count after step s (Adam's, AdamW's, RMSprop's,
+    Adagrad's), the same for every parameter."""
     counts = set()
     for p in params:
         t = optimizer.state.get(p, {}).get("step")
         counts.add(int(float(t)) if t is not None else 0)
     if len(counts) != 1:
         raise RecorderError(f"step {s}: the optimizer's parameters have different step counts {sorted(counts)} (a "
-                            f"parameter without a gradient is skipped by torch's Adam); pathkernel needs every "
+                            f"parameter without a gradient is skipped by torch's optimizers); pathkernel needs every "
                             f"parameter updated at every step")
     step = counts.pop()
     if step != s + 1:
-        raise RecorderError(f"step {s}: Adam's step count is {step}, expected {s + 1}; call rec.step(idx) once after "
+        raise RecorderError(f"step {s}: the optimizer's step count is {step}, expected {s + 1}; call rec.step(idx) once after "
                             f"every optimizer.step()")
     return step

@@ -63,7 +63,7 @@ import numpy as np
 import torch
 
 from . import __version__ as _pathkernel_version
-from ._checks import (LOSSES, SUPPORTED_OPTIMIZERS, RecordSpec, batch_counts, check_batch_counts, check_gradients,
+from ._checks import (COUNTING_OPTIMIZERS, LOSSES, SUPPORTED_OPTIMIZERS, RecordSpec, batch_counts, check_batch_counts, check_gradients,
                       check_hyper_parameters, check_modes, check_record, check_vocabulary, clip_factor_of_step,
                       flat_indices, optimizer_step_count, step_learning_rate)
 from ._environment import environment, libtorch_version, set_threads
@@ -177,7 +177,7 @@ class Recorder:
       directory: the run directory to create (refused if it exists and is not
         empty, unless ``overwrite=True`` and it holds a previous run).
       model: the torch.nn.Module being trained (on the CPU, float32 or float64).
-      optimizer: the torch.optim.SGD, Adam or AdamW instance that trains it,
+      optimizer: the torch.optim.SGD, Adam, AdamW, RMSprop or Adagrad instance that trains it,
         created over exactly the model's parameters, before its first step.
       train_x, train_y: the training set, tensors or numpy arrays; train_x is
         [n, *input_shape] (float32/float64, or integer ids, stored as int64),
@@ -380,7 +380,7 @@ class Recorder:
     def _state_after_step(self, s: int) -> Tuple[int, Dict[str, np.ndarray]]:
         """The optimizer's step count and buffers checkpoint s+1 starts from."""
         optimizer = self._spec.optimizer
-        step = optimizer_step_count(self._optimizer, self._spec.params, s) if optimizer.kind in ("adam", "adamw") \
+        step = optimizer_step_count(self._optimizer, self._spec.params, s) if optimizer.kind in COUNTING_OPTIMIZERS \
             else 0
         return step, {name: self._flat_state(name) for name in optimizer.buffer_names}
 

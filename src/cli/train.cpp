@@ -55,9 +55,21 @@ void check_conflicts(CLI::App& cmd, const TrainArgs& a) {
     PK_CHECK(cmd.count(flag) == 0 || kind.momentum_family,
              flag << " applies to --optimizer momentum or nesterov (got --optimizer " << opt << ")");
   }
-  for (const char* flag : {"--beta1", "--beta2", "--eps"}) {
+  for (const char* flag : {"--beta1", "--beta2"}) {
     PK_CHECK(cmd.count(flag) == 0 || kind.adam_family,
              flag << " applies to --optimizer adam or adamw (got --optimizer " << opt << ")");
+  }
+  PK_CHECK(cmd.count("--eps") == 0 || kind.default_eps != 0,
+           "--eps applies to --optimizer adam, adamw, rmsprop or adagrad (got --optimizer " << opt << ")");
+  PK_CHECK(cmd.count("--eps") == 0 || a.run.train.optimizer.eps > 0,
+           "--eps must be > 0 (got " << a.run.train.optimizer.eps << ")");
+  for (const char* flag : {"--alpha", "--centered"}) {
+    PK_CHECK(cmd.count(flag) == 0 || kind.kind == OptimizerKind::RMSprop,
+             flag << " applies to --optimizer rmsprop (got --optimizer " << opt << ")");
+  }
+  for (const char* flag : {"--lr-decay", "--initial-accumulator-value"}) {
+    PK_CHECK(cmd.count(flag) == 0 || kind.kind == OptimizerKind::Adagrad,
+             flag << " applies to --optimizer adagrad (got --optimizer " << opt << ")");
   }
   PK_CHECK(!(cmd.count("--steps") && cmd.count("--epochs")), "give --steps or --epochs, not both");
   PK_CHECK(a.run.force || !std::filesystem::is_directory(a.run.out) || std::filesystem::is_empty(a.run.out),
@@ -106,7 +118,7 @@ void add_train_command(CLI::App& app, Globals& globals) {
       ->capture_default_str();
   cmd->add_option("--optimizer", r.train.optimizer.name, "Optimizer: " + joined(optimizer_names()))
       ->capture_default_str();
-  cmd->add_option("--lr", r.train.optimizer.lr, "Learning rate (default: 0.1; 0.001 for adam and adamw)");
+  cmd->add_option("--lr", r.train.optimizer.lr, "Learning rate (default: 0.1; 0.001 for adam and adamw; 0.01 for rmsprop and adagrad)");
   cmd->add_option("--schedule", r.train.schedule, "Learning-rate schedule: constant, step[:EVERY[:GAMMA]], cosine, linear, warmup[:STEPS]")
       ->capture_default_str();
   auto* steps = cmd->add_option("--steps", r.train.steps, "Number of optimisation steps")->check(CLI::PositiveNumber);
@@ -123,7 +135,14 @@ void add_train_command(CLI::App& app, Globals& globals) {
       ->capture_default_str();
   cmd->add_option("--beta1", r.train.optimizer.beta1, "Adam beta1")->capture_default_str();
   cmd->add_option("--beta2", r.train.optimizer.beta2, "Adam beta2")->capture_default_str();
-  cmd->add_option("--eps", r.train.optimizer.eps, "Adam epsilon")->capture_default_str();
+  cmd->add_option("--eps", r.train.optimizer.eps,
+                  "Epsilon of adam, adamw, rmsprop and adagrad (default: 1e-8; 1e-10 for adagrad, as in PyTorch)");
+  cmd->add_option("--alpha", r.train.optimizer.alpha, "RMSprop's smoothing constant")->capture_default_str();
+  cmd->add_flag("--centered", r.train.optimizer.centered, "Centered RMSprop (divides by the gradients' deviation)");
+  cmd->add_option("--lr-decay", r.train.optimizer.lr_decay, "Adagrad's learning-rate decay")->capture_default_str();
+  cmd->add_option("--initial-accumulator-value", r.train.optimizer.initial_accumulator_value,
+                  "Adagrad's sum of squares before the first step")
+      ->capture_default_str();
   cmd->add_option("--seed", r.seed, "Seed of initialisation and batch order")->capture_default_str();
   cmd->add_option("--checkpoint-every", r.checkpoint_every,
                   "Store a full checkpoint every k steps (default: about sqrt(steps))")

@@ -139,7 +139,7 @@ EngineRoute engine_route(PathReader& reader, const DecompositionOptions& options
 
 int64_t decomposition_block(PathReader& reader, const torch::Tensor& x, const DecompositionOptions& options) {
   const Manifest& m = reader.manifest();
-  const bool reverse = UpdateRule(m.optimizer).has_buffer() || options.reverse;
+  const bool reverse = UpdateRule(m.optimizer).walks_in_reverse() || options.reverse;
   Network net64 = engine_network(m.network_options(options.position));
   SegmentEvaluator ev(net64, options.quadrature.route);
   const torch::Tensor x64 = x.to(torch::kFloat64);
@@ -188,10 +188,11 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
                    << "are: decompose without the kernel");
   PK_CHECK(!options.by_layer || !checkpoint,
            "the contributions by layer are not saved with the progress: decompose them without a checkpoint");
-  if (rule.has_buffer() || options.reverse) {
+  if (rule.walks_in_reverse() || options.reverse) {
     PK_CHECK(options.first_step == 0 && end_step == m.steps,
              "a range of steps is decomposed alone for gd and sgd runs only; run '"
-                 << reader.dir() << "' used '" << m.optimizer.name << "', whose buffer links every step to the next");
+                 << reader.dir() << "' used '" << m.optimizer.name
+                 << "', whose path is walked in reverse, as a whole (its buffer or its metric comes from the steps before)");
     return with_statistics(reader, x_in, options,
                            with_replay_read(reader, decomposition_walk::decompose_reverse(reader, x_in, options, rule,
                                                                                           checkpoint)));

@@ -21,9 +21,13 @@ namespace {
 using Buffers = std::map<std::string, torch::Tensor>;
 
 /// The optimizer state a step carries to the next, by name (optimizer.h).
-std::vector<std::string> state_names(const OptimizerTraits& t) {
+std::vector<std::string> state_names(const OptimizerOptions& o) {
+  const OptimizerTraits& t = o.traits();
   if (t.momentum_family) return {"momentum_buffer"};
   if (t.adam_family) return {"exp_avg", "exp_avg_sq"};
+  if (t.kind == OptimizerKind::RMSprop) return o.centered ? std::vector<std::string>{"square_avg", "grad_avg"}
+                                                          : std::vector<std::string>{"square_avg"};
+  if (t.kind == OptimizerKind::Adagrad) return {"sum"};
   return {};
 }
 
@@ -36,16 +40,50 @@ torch::Tensor safe_sqrt(const torch::Tensor& v) {
   return torch::where(positive, torch::sqrt(torch::where(positive, v, torch::ones_like(v))), torch::zeros_like(v));
 }
 
+/// RMSprop's step (no momentum) as a differentiable function, in LibTorch's
+/// conventions: v = α v + (1 − α) d², the update −η d / (√v + ε), centered
+/// −η d / (√(v − m²) + ε) with m = α m + (1 − α) d.
+std::pair<torch::Tensor, Buffers> rmsprop_update(const OptimizerOptions& o, double lr, const torch::Tensor& w,
+                                                 const torch::Tensor& d, const Buffers& before) {
+  Buffers after;
+  torch::Tensor v = (1 - o.alpha) * d * d;
+  if (!before.empty()) v = v + o.alpha * before.at("square_avg");
+  after["square_avg"] = v;
+  torch::Tensor spread = v;
+  if (o.centered) {
+    torch::Tensor m = (1 - o.alpha) * d;
+    if (!before.empty()) m = m + o.alpha * before.at("grad_avg");
+    after["grad_avg"] = m;
+    spread = v - m * m;
+  }
+  return {w - lr * d / (safe_sqrt(spread) + o.eps), after};
+}
+
+/// Adagrad's step as a differentiable function, in LibTorch's conventions:
+/// Σ = Σ + d² (from initial_accumulator_value), the update −η_t d / (√Σ + ε)
+/// with η_t = η / (1 + (t − 1) lr_decay).
+std::pair<torch::Tensor, Buffers> adagrad_update(const OptimizerOptions& o, double lr, int64_t t, const torch::Tensor& w,
+                                                 const torch::Tensor& d, const Buffers& before) {
+  Buffers after;
+  const torch::Tensor sum = (before.empty() ? torch::full_like(d, o.initial_accumulator_value) : before.at("sum")) + d * d;
+  after["sum"] = sum;
+  const double clr = lr / (1 + static_cast<double>(t - 1) * o.lr_decay);
+  return {w - clr * d / (safe_sqrt(sum) + o.eps), after};
+}
+
 /// One optimizer step as a differentiable function of the weights w [P], the
 /// batch gradient g [P] (already clipped) and the state before the step
 /// (empty on the first step), in LibTorch's conventions (optimizer.h): the
-/// weights after the step and the state after it. `t` is Adam's step count
-/// after the step.
-std::pair<torch::Tensor, Buffers> update(const OptimizerOptions& o, double lr, int64_t t, const torch::Tensor& w,
+/// weights after the step and the state after it. `t` is the optimizer's
+/// step count after the step (adam, adamw, adagrad).
+std::pair<torch::Tensor, Buffers> update(const OptimizerOptions& given, double lr, int64_t t, const torch::Tensor& w,
                                          const torch::Tensor& g, const Buffers& before) {
+  const OptimizerOptions o = given.resolved();
   const OptimizerTraits& traits = o.traits();
   const double lambda = o.weight_decay;
   Buffers after;
+  if (traits.kind == OptimizerKind::RMSprop) return rmsprop_update(o, lr, w, lambda == 0 ? g : g + lambda * w, before);
+  if (traits.kind == OptimizerKind::Adagrad) return adagrad_update(o, lr, t, w, lambda == 0 ? g : g + lambda * w, before);
   if (traits.adam_family) {
     const bool decoupled = traits.kind == OptimizerKind::AdamW;
     const torch::Tensor d = decoupled || lambda == 0 ? g : g + lambda * w;
@@ -158,7 +196,7 @@ class AdjointWalk {
         targets_(std::move(targets)),
         J_(targets_.count()),
         lw_(final_adjoints(x, fN)),
-        names_(state_names(m_.optimizer.traits())),
+        names_(state_names(m_.optimizer)),
         lstate_(static_cast<size_t>(J_)),
         values_(torch::zeros({J_, m_.num_train}, torch::kFloat64)),
         y_train_(reader.held_dataset().y_train),

@@ -14,7 +14,8 @@ namespace {
 OptimizerOptions checked(const OptimizerOptions& options) {
   const std::vector<std::string> names = optimizer_names();
   PK_CHECK(std::find(names.begin(), names.end(), options.name) != names.end(),
-           "no update rule for optimizer '" << options.name << "': expected one of gd, sgd, momentum, nesterov, adam, adamw");
+           "no update rule for optimizer '" << options.name << "': expected one of gd, sgd, momentum, nesterov, adam, "
+                                                              "adamw, rmsprop, adagrad");
   return options.resolved();
 }
 
@@ -24,20 +25,43 @@ UpdateRule::UpdateRule(const OptimizerOptions& options) : options_(checked(optio
   const OptimizerTraits& t = options_.traits();
   beta_ = t.momentum_family ? options.momentum : t.adam_family ? options.beta1 : 0.0;
   coupled_decay_ = t.kind == OptimizerKind::AdamW ? 0.0 : options.weight_decay;
+  has_metric_ = t.adam_family || t.kind == OptimizerKind::RMSprop || t.kind == OptimizerKind::Adagrad;
 }
 
 torch::Tensor UpdateRule::buffer(const OptimizerState& after) const {
   if (!has_buffer()) return {};
-  const char* key = options_.traits().adam_family ? "exp_avg" : "momentum_buffer";
+  return state_buffer(after, options_.traits().adam_family ? "exp_avg" : "momentum_buffer").to(torch::kFloat64);
+}
+
+const torch::Tensor& UpdateRule::state_buffer(const OptimizerState& after, const char* key) const {
   auto it = after.buffers.find(key);
   PK_CHECK(it != after.buffers.end(), "optimizer state of '" << options_.name << "' has no '" << key << "' buffer");
-  return it->second.to(torch::kFloat64);
+  return it->second;
+}
+
+int64_t UpdateRule::step_count(int64_t s, const OptimizerState& after) const {
+  PK_CHECK(after.step >= 1, "optimizer state of step " << s << " has step count " << after.step << ": expected >= 1");
+  return after.step;
 }
 
 StepCoefficients UpdateRule::step(int64_t s, double lr, const torch::Tensor& w, const OptimizerState& after) const {
   StepCoefficients c;
   const OptimizerTraits& traits = options_.traits();
-  const std::string& name = options_.name;
+  if (traits.kind == OptimizerKind::RMSprop) {
+    // As LibTorch computes it: avg = √v + ε (√(v − m²) + ε centered), the update −η d / avg.
+    torch::Tensor v = state_buffer(after, "square_avg").to(torch::kFloat64);
+    if (options_.centered) v = v - state_buffer(after, "grad_avg").to(torch::kFloat64).square();
+    c.metric = 1.0 / (v.sqrt() + options_.eps);
+    c.alpha = -lr;
+    return c;
+  }
+  if (traits.kind == OptimizerKind::Adagrad) {
+    // As LibTorch computes it: std = √Σ + ε, the rate η / (1 + (t − 1) δ).
+    const int64_t t = step_count(s, after);
+    c.metric = 1.0 / (state_buffer(after, "sum").to(torch::kFloat64).sqrt() + options_.eps);
+    c.alpha = -lr / (1 + static_cast<double>(t - 1) * options_.lr_decay);
+    return c;
+  }
   if (!traits.has_buffer) {
     c.alpha = -lr;
   } else if (traits.momentum_family) {
@@ -45,14 +69,11 @@ StepCoefficients UpdateRule::step(int64_t s, double lr, const torch::Tensor& w, 
     c.alpha = traits.kind == OptimizerKind::Nesterov ? -lr : 0.0;
     c.kappa = traits.kind == OptimizerKind::Nesterov ? -lr * options_.momentum : -lr;
   } else {
-    const int64_t t = after.step;
-    PK_CHECK(t >= 1, "optimizer state of step " << s << " has step count " << t << ": expected >= 1");
-    auto it = after.buffers.find("exp_avg_sq");
-    PK_CHECK(it != after.buffers.end(), "optimizer state of '" << name << "' has no 'exp_avg_sq' buffer");
+    const int64_t t = step_count(s, after);
     // As LibTorch computes it: denom = √v / √(1 − β2^t) + ε, step size η / (1 − β1^t).
     const double bc1 = 1 - std::pow(options_.beta1, static_cast<double>(t));
     const double bc2 = 1 - std::pow(options_.beta2, static_cast<double>(t));
-    c.metric = 1.0 / (it->second.to(torch::kFloat64).sqrt() / std::sqrt(bc2) + options_.eps);
+    c.metric = 1.0 / (state_buffer(after, "exp_avg_sq").to(torch::kFloat64).sqrt() / std::sqrt(bc2) + options_.eps);
     c.gamma = 1.0 - options_.beta1;
     c.kappa = -lr / bc1;
     if (traits.kind == OptimizerKind::AdamW && options_.weight_decay != 0) c.rho = -lr * options_.weight_decay * w;

@@ -34,6 +34,15 @@ std::unique_ptr<torch::optim::Optimizer> make(OptimizerKind kind, const Optimize
     case OptimizerKind::AdamW:
       return std::make_unique<torch::optim::AdamW>(
           p, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
+    case OptimizerKind::RMSprop:
+      return std::make_unique<torch::optim::RMSprop>(
+          p, torch::optim::RMSpropOptions(o.lr).alpha(o.alpha).eps(o.eps).weight_decay(o.weight_decay).centered(o.centered));
+    case OptimizerKind::Adagrad:
+      return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions(o.lr)
+                                                            .lr_decay(o.lr_decay)
+                                                            .weight_decay(o.weight_decay)
+                                                            .initial_accumulator_value(o.initial_accumulator_value)
+                                                            .eps(o.eps));
   }
   PK_ASSERT(false);
   return nullptr;
@@ -64,16 +73,31 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_adam_state(int64_t step,
   s->exp_avg_sq(slice("exp_avg_sq"));
   return s;
 }
+
+/// Adagrad's state before its first step, as its constructor makes it: LibTorch's
+/// Adagrad::step expects every parameter's state to exist.
+std::unique_ptr<torch::optim::OptimizerParamState> initial_adagrad_state(torch::optim::Optimizer& optimizer,
+                                                                         const torch::Tensor& p) {
+  auto s = std::make_unique<torch::optim::AdagradParamState>();
+  s->step(0);
+  const auto& o = static_cast<const torch::optim::AdagradOptions&>(optimizer.param_groups().front().options());
+  s->sum(torch::full_like(p, o.initial_accumulator_value(), at::MemoryFormat::Preserve));
+  return s;
+}
 }  // namespace
 
 const std::vector<OptimizerTraits>& optimizer_kinds() {
-  //                                kind                    name        full   buffer momentum adam  default lr
-  static const std::vector<OptimizerTraits> kinds = {{OptimizerKind::Gd, "gd", true, false, false, false, 0.1},
-                                                     {OptimizerKind::Sgd, "sgd", false, false, false, false, 0.1},
-                                                     {OptimizerKind::Momentum, "momentum", false, true, true, false, 0.1},
-                                                     {OptimizerKind::Nesterov, "nesterov", false, true, true, false, 0.1},
-                                                     {OptimizerKind::Adam, "adam", false, true, false, true, 1e-3},
-                                                     {OptimizerKind::AdamW, "adamw", false, true, false, true, 1e-3}};
+  // LibTorch's defaults of lr and eps (its Adagrad's eps is 1e-10).
+  //  kind                    name        full   buffer momentum adam  lr    eps
+  static const std::vector<OptimizerTraits> kinds = {
+      {OptimizerKind::Gd, "gd", true, false, false, false, 0.1, 0},
+      {OptimizerKind::Sgd, "sgd", false, false, false, false, 0.1, 0},
+      {OptimizerKind::Momentum, "momentum", false, true, true, false, 0.1, 0},
+      {OptimizerKind::Nesterov, "nesterov", false, true, true, false, 0.1, 0},
+      {OptimizerKind::Adam, "adam", false, true, false, true, 1e-3, 1e-8},
+      {OptimizerKind::AdamW, "adamw", false, true, false, true, 1e-3, 1e-8},
+      {OptimizerKind::RMSprop, "rmsprop", false, true, false, false, 1e-2, 1e-8},
+      {OptimizerKind::Adagrad, "adagrad", false, true, false, false, 1e-2, 1e-10}};
   return kinds;
 }
 
@@ -101,6 +125,7 @@ std::vector<std::string> optimizer_names() {
 OptimizerOptions OptimizerOptions::resolved() const {
   OptimizerOptions o = *this;
   if (o.lr == 0) o.lr = traits().default_lr;
+  if (o.eps == 0) o.eps = traits().default_eps;
   return o;
 }
 
@@ -117,7 +142,15 @@ void OptimizerOptions::validate() const {
   if (t.adam_family) {
     PK_CHECK(beta1 >= 0 && beta1 < 1, "beta1 must be in [0, 1) (got " << beta1 << ")");
     PK_CHECK(beta2 >= 0 && beta2 < 1, "beta2 must be in [0, 1) (got " << beta2 << ")");
-    PK_CHECK(eps > 0, "eps must be > 0 (got " << eps << ")");
+  }
+  if (t.default_eps != 0) PK_CHECK(resolved().eps > 0, "eps must be > 0 (got " << eps << ")");
+  if (t.kind == OptimizerKind::RMSprop) {
+    PK_CHECK(alpha >= 0 && alpha < 1, "alpha must be in [0, 1) (got " << alpha << ")");
+  }
+  if (t.kind == OptimizerKind::Adagrad) {
+    PK_CHECK(lr_decay >= 0, "lr_decay must be >= 0 (got " << lr_decay << ")");
+    PK_CHECK(initial_accumulator_value >= 0,
+             "initial_accumulator_value must be >= 0 (got " << initial_accumulator_value << ")");
   }
 }
 
@@ -132,8 +165,16 @@ nlohmann::ordered_json OptimizerOptions::to_json() const {
   if (traits().adam_family) {
     j["beta1"] = beta1;
     j["beta2"] = beta2;
-    j["eps"] = eps;
   }
+  if (traits().kind == OptimizerKind::RMSprop) {
+    j["alpha"] = alpha;
+    j["centered"] = centered;
+  }
+  if (traits().kind == OptimizerKind::Adagrad) {
+    j["lr_decay"] = lr_decay;
+    j["initial_accumulator_value"] = initial_accumulator_value;
+  }
+  if (traits().default_eps != 0) j["eps"] = resolved().eps;
   j["weight_decay"] = weight_decay;
   return j;
 }
@@ -150,8 +191,16 @@ OptimizerOptions OptimizerOptions::from_json(const nlohmann::ordered_json& j) {
   if (o.traits().adam_family) {
     o.beta1 = j.at("beta1").get<double>();
     o.beta2 = j.at("beta2").get<double>();
-    o.eps = j.at("eps").get<double>();
   }
+  if (o.traits().kind == OptimizerKind::RMSprop) {
+    o.alpha = j.at("alpha").get<double>();
+    o.centered = j.at("centered").get<bool>();
+  }
+  if (o.traits().kind == OptimizerKind::Adagrad) {
+    o.lr_decay = j.at("lr_decay").get<double>();
+    o.initial_accumulator_value = j.at("initial_accumulator_value").get<double>();
+  }
+  if (o.traits().default_eps != 0) o.eps = j.at("eps").get<double>();
   return o;
 }
 
@@ -182,6 +231,16 @@ OptimizerState export_state(torch::optim::Optimizer& optimizer, const std::strin
       export_adam(static_cast<torch::optim::AdamParamState&>(*it->second), out, parts);
     } else if (kind == OptimizerKind::AdamW) {
       export_adam(static_cast<torch::optim::AdamWParamState&>(*it->second), out, parts);
+    } else if (kind == OptimizerKind::RMSprop) {
+      auto& s = static_cast<torch::optim::RMSpropParamState&>(*it->second);
+      out.step = s.step();
+      parts["square_avg"].push_back(s.square_avg().reshape({-1}));
+      if (s.grad_avg().defined()) parts["grad_avg"].push_back(s.grad_avg().reshape({-1}));
+    } else if (kind == OptimizerKind::Adagrad) {
+      auto& s = static_cast<torch::optim::AdagradParamState&>(*it->second);
+      if (s.step() == 0) return out;  // the constructor's state, before any step: as empty as the others'
+      out.step = s.step();
+      parts["sum"].push_back(s.sum().reshape({-1}));
     }
   }
   for (auto& [key, list] : parts) out.buffers[key] = torch::cat(list).clone();
@@ -193,7 +252,12 @@ void import_state(torch::optim::Optimizer& optimizer, const std::string& name,
   const OptimizerKind kind = parse_optimizer_kind(name);
   auto& map = optimizer.state();
   map.clear();
-  if (state.empty()) return;
+  if (state.empty()) {
+    if (kind == OptimizerKind::Adagrad) {
+      for (const auto& p : params) map[key_of(p)] = initial_adagrad_state(optimizer, p);
+    }
+    return;
+  }
   auto buffer = [&](const std::string& key) -> const torch::Tensor& {
     auto it = state.buffers.find(key);
     PK_CHECK(it != state.buffers.end(), "optimizer state for '" << name << "' lacks buffer '" << key << "'");
@@ -215,6 +279,17 @@ void import_state(torch::optim::Optimizer& optimizer, const std::string& name,
       map[key_of(p)] = make_adam_state<torch::optim::AdamParamState>(state.step, slice);
     } else if (kind == OptimizerKind::AdamW) {
       map[key_of(p)] = make_adam_state<torch::optim::AdamWParamState>(state.step, slice);
+    } else if (kind == OptimizerKind::RMSprop) {
+      auto s = std::make_unique<torch::optim::RMSpropParamState>();
+      s->step(state.step);
+      s->square_avg(slice("square_avg"));
+      if (state.buffers.count("grad_avg")) s->grad_avg(slice("grad_avg"));
+      map[key_of(p)] = std::move(s);
+    } else if (kind == OptimizerKind::Adagrad) {
+      auto s = std::make_unique<torch::optim::AdagradParamState>();
+      s->step(state.step);
+      s->sum(slice("sum"));
+      map[key_of(p)] = std::move(s);
     } else {
       PK_THROW("optimizer '" << name << "' keeps no state, but state was given");
     }

@@ -116,7 +116,7 @@ TEST_P(TwoRanks, ExplainAndVerifyEqualOneProcessBitForBit) {
   EXPECT_LT(v2["max_rel_error"].get<double>(), 1e-10);
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, TwoRanks, ::testing::Values("gd", "sgd", "momentum", "adam"));
+INSTANTIATE_TEST_SUITE_P(Optimizers, TwoRanks, ::testing::Values("gd", "sgd", "momentum", "adam", "rmsprop"));
 
 // With fewer blocks of test points than ranks, gd and sgd split the steps:
 // every rank decomposes every point over its own blocks of steps (the

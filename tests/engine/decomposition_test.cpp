@@ -1,6 +1,7 @@
-// The decomposition for optimizers with a buffer (momentum, Nesterov, Adam,
-// AdamW), computed by reverse accumulation, against a brute-force
-// forward-in-time computation that keeps one buffer per training point.
+// The decomposition for optimizers with a buffer or a metric (momentum,
+// Nesterov, Adam, AdamW, RMSprop, Adagrad), computed by reverse accumulation,
+// against a brute-force forward-in-time computation that keeps one buffer per
+// training point.
 #include <gtest/gtest.h>
 
 #include "../test_util.h"
@@ -16,15 +17,24 @@ namespace {
 
 using testing::flat_grad;
 
+/// A run of `optimizer` ("rmsprop-centered": centered RMSprop) with weight
+/// decay and a changing rate.
 RunOptions buffered_run(const std::string& dir, const std::string& optimizer, int64_t steps) {
-  RunOptions r = testing::small_run(dir, optimizer, steps, 3);
+  const bool centered = optimizer == "rmsprop-centered";
+  RunOptions r = testing::small_run(dir, centered ? "rmsprop" : optimizer, steps, 3);
   r.train.optimizer.weight_decay = 1e-2;
   r.train.optimizer.dampening = optimizer == "momentum" ? 0.2 : 0.0;
+  r.train.optimizer.centered = centered;
+  r.train.optimizer.alpha = 0.9;
+  r.train.optimizer.lr_decay = 0.1;
+  r.train.optimizer.initial_accumulator_value = 0.05;
   r.train.schedule = "cosine";
   return r;
 }
 
-const char* const kBuffered[] = {"momentum", "nesterov", "adam", "adamw"};
+/// The optimizers walked in reverse: a buffer (momentum, nesterov, adam,
+/// adamw), a metric (adam, adamw, rmsprop, adagrad).
+const char* const kBuffered[] = {"momentum", "nesterov", "adam", "adamw", "rmsprop", "rmsprop-centered", "adagrad"};
 
 // With dpk (J̄_s = J(w_s, x)) both sides use the same test features, so this
 // checks the accumulation itself: per-sample buffers walked forward in time

@@ -18,12 +18,17 @@ torch::Tensor mean_gradient(Network& net, const torch::Tensor& x, const torch::T
   return torch::cat(g);
 }
 
+/// The options of `name` ("rmsprop-centered": centered RMSprop).
 OptimizerOptions optimizer(const std::string& name) {
   OptimizerOptions o;
-  o.name = name;
-  o.lr = name == "adam" || name == "adamw" ? 0.02 : 0.1;
+  o.name = name == "rmsprop-centered" ? "rmsprop" : name;
+  o.lr = name == "adam" || name == "adamw" || name == "rmsprop" || name == "rmsprop-centered" ? 0.02 : 0.1;
   o.weight_decay = 0.05;
   o.dampening = name == "momentum" ? 0.3 : 0.0;
+  o.centered = name == "rmsprop-centered";
+  o.alpha = 0.9;
+  o.lr_decay = 0.2;
+  o.initial_accumulator_value = 0.1;
   return o;
 }
 
@@ -31,7 +36,8 @@ OptimizerOptions optimizer(const std::string& name) {
 // b_s = β b_{s−1} + γ_s d_s and the update equals P_s(α d_s + κ b_s) + ρ_s,
 // both to rounding.
 TEST(UpdateRule, ReconstructsLibTorchsSteps) {
-  for (const std::string name : {"gd", "sgd", "momentum", "nesterov", "adam", "adamw"}) {
+  for (const std::string name :
+       {"gd", "sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "rmsprop-centered", "adagrad"}) {
     NetworkOptions no;
     no.spec = ModelSpec::parse("mlp:6");
     no.input_shape = {4};
@@ -52,7 +58,7 @@ TEST(UpdateRule, ReconstructsLibTorchsSteps) {
       torch::Tensor d = mean_gradient(net, x, y) + rule.coupled_decay() * w;
       take_step(net, *opt, {x, y, {}, s, lr});
       torch::Tensor dw = flatten_parameters(net) - w;
-      OptimizerState after = export_state(*opt, name, net->parameters());
+      OptimizerState after = export_state(*opt, o.name, net->parameters());
       StepCoefficients c = rule.step(s, lr, w, after);
       torch::Tensor b = rule.buffer(after);
       ASSERT_EQ(b.defined(), rule.has_buffer()) << name;
@@ -93,6 +99,16 @@ TEST(UpdateRule, RejectsWhatItCannotRepresent) {
                   "no 'momentum_buffer' buffer");
   EXPECT_CONTAINS(testing::error_message([&] { UpdateRule(optimizer("adam")).step(0, 0.1, torch::zeros({3}), empty); }),
                   "step count 0");
+  EXPECT_CONTAINS(testing::error_message([&] { UpdateRule(optimizer("adagrad")).step(0, 0.1, torch::zeros({3}), empty); }),
+                  "step count 0");
+  EXPECT_CONTAINS(testing::error_message([&] { UpdateRule(optimizer("rmsprop")).step(0, 0.1, torch::zeros({3}), empty); }),
+                  "no 'square_avg' buffer");
+  OptimizerState plain;
+  plain.step = 1;
+  plain.buffers["square_avg"] = torch::ones({3}, torch::kFloat64);
+  EXPECT_CONTAINS(
+      testing::error_message([&] { UpdateRule(optimizer("rmsprop-centered")).step(0, 0.1, torch::zeros({3}), plain); }),
+      "no 'grad_avg' buffer");
 }
 
 }  // namespace

@@ -30,7 +30,8 @@ using testing::same_bits;
 using testing::small_run;
 using testing::TempDir;
 
-const std::vector<std::string> kOptimizers = {"gd", "sgd", "momentum", "nesterov", "adam", "adamw"};
+const std::vector<std::string> kOptimizers = {"gd",    "sgd",   "momentum", "nesterov",
+                                              "adam", "adamw", "rmsprop",  "adagrad"};
 
 // The reference is a run that stores every step; the path under test stores
 // every 4th. Replaying the sparse one must give every stored w_s bit for bit.

@@ -532,8 +532,14 @@ class Refusals(TempDirTest):
 
     def test_unsupported_optimizers(self):
         model = mlp()
-        self.refuse(r"optimizer torch\.optim\.rmsprop\.RMSprop is not supported; supported: torch\.optim\.SGD.*Adam.*AdamW",
-                    model, torch.optim.RMSprop(model.parameters(), lr=0.1), self.x, self.y)
+        self.refuse(r"optimizer torch\.optim\.adadelta\.Adadelta is not supported; supported: torch\.optim\.SGD.*"
+                    r"Adam.*AdamW.*RMSprop.*Adagrad",
+                    model, torch.optim.Adadelta(model.parameters(), lr=0.1), self.x, self.y)
+        self.refuse(r"RMSprop with momentum 0\.9 is not supported: its buffer sums each step's gradient divided by "
+                    r"that step's own root mean square",
+                    model, torch.optim.RMSprop(model.parameters(), lr=0.1, momentum=0.9), self.x, self.y)
+        self.refuse(r"Adagrad with foreach=True is not supported: its multi-tensor step takes the rate in float32",
+                    model, torch.optim.Adagrad(model.parameters(), lr=0.1, foreach=True), self.x, self.y)
         self.refuse(r"Adam with amsgrad=True is not supported",
                     model, torch.optim.Adam(model.parameters(), amsgrad=True), self.x, self.y)
         self.refuse(r"SGD with maximize=True is not supported",

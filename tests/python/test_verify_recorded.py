@@ -20,6 +20,11 @@ OPTIMIZERS = {
     "nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True, weight_decay=1e-3),
     "adam": lambda p: torch.optim.Adam(p, lr=0.02, weight_decay=1e-3),
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.02, weight_decay=0.05),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01, alpha=0.9, weight_decay=1e-3),
+    "rmsprop-centered": lambda p: torch.optim.RMSprop(p, lr=0.01, centered=True, foreach=True),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.05, initial_accumulator_value=0.1,
+                                             weight_decay=1e-3),
+    "adagrad-eps": lambda p: torch.optim.Adagrad(p, lr=0.1, eps=1e-6),
 }
 
 SCHEDULERS = {
@@ -28,6 +33,10 @@ SCHEDULERS = {
     "nesterov": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 4)),
     "adam": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10),
     "adamw": lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.9),
+    "rmsprop": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=4, gamma=0.5),
+    "rmsprop-centered": None,
+    "adagrad": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10),
+    "adagrad-eps": None,
 }
 
 

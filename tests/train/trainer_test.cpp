@@ -67,10 +67,10 @@ TrainOptions options(const std::string& optimizer, double lr, int64_t steps, int
 }
 
 TEST(Train, ReducesTheLossOnGaussians3ForEveryOptimizer) {
-  for (const std::string opt : {"gd", "sgd", "momentum", "nesterov", "adam", "adamw"}) {
+  for (const std::string opt : {"gd", "sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "adagrad"}) {
     Problem p = gaussians();
     Recorder rec;
-    double lr = (opt == "adam" || opt == "adamw") ? 0.01 : 0.05;
+    double lr = (opt == "adam" || opt == "adamw" || opt == "rmsprop") ? 0.01 : 0.05;
     TrainSummary s = train(p.net, p.data.x_train, p.data.y_train, p.data.x_test, p.data.y_test,
                            options(opt, lr, 60, opt == "gd" ? 0 : 30), rec);
     ASSERT_EQ(rec.losses.size(), 60u) << opt;
@@ -213,6 +213,12 @@ TEST(TrainOptions, RejectsBadOptions) {
       {[](TrainOptions& t) { t.batch = -2; }, "batch size must be >= 1"},
       {[](TrainOptions& t) { t.optimizer.name = "momentum"; t.optimizer.momentum = 1.5; }, "momentum must be in (0, 1)"},
       {[](TrainOptions& t) { t.optimizer.name = "adam"; t.optimizer.beta2 = 1; }, "beta2 must be in [0, 1)"},
+      {[](TrainOptions& t) { t.optimizer.name = "adam"; t.optimizer.eps = -1e-8; }, "eps must be > 0 (got -1e-08)"},
+      {[](TrainOptions& t) { t.optimizer.name = "rmsprop"; t.optimizer.alpha = 1; }, "alpha must be in [0, 1) (got 1)"},
+      {[](TrainOptions& t) { t.optimizer.name = "adagrad"; t.optimizer.lr_decay = -0.5; },
+       "lr_decay must be >= 0 (got -0.5)"},
+      {[](TrainOptions& t) { t.optimizer.name = "adagrad"; t.optimizer.initial_accumulator_value = -1; },
+       "initial_accumulator_value must be >= 0 (got -1)"},
       {[](TrainOptions& t) { t.schedule = "warm"; }, "unknown schedule 'warm'"},
   };
   for (const auto& [mutate, message] : cases) {
@@ -246,14 +252,16 @@ TEST(OptimizerKinds, EveryNameParsesToItsTraits) {
     std::string name;
     OptimizerKind kind;
     bool full_batch, has_buffer, momentum_family, adam_family;
-    double default_lr;
+    double default_lr, default_eps;
   };
-  for (const Case& c : std::vector<Case>{{"gd", OptimizerKind::Gd, true, false, false, false, 0.1},
-                                         {"sgd", OptimizerKind::Sgd, false, false, false, false, 0.1},
-                                         {"momentum", OptimizerKind::Momentum, false, true, true, false, 0.1},
-                                         {"nesterov", OptimizerKind::Nesterov, false, true, true, false, 0.1},
-                                         {"adam", OptimizerKind::Adam, false, true, false, true, 1e-3},
-                                         {"adamw", OptimizerKind::AdamW, false, true, false, true, 1e-3}}) {
+  for (const Case& c : std::vector<Case>{{"gd", OptimizerKind::Gd, true, false, false, false, 0.1, 0},
+                                         {"sgd", OptimizerKind::Sgd, false, false, false, false, 0.1, 0},
+                                         {"momentum", OptimizerKind::Momentum, false, true, true, false, 0.1, 0},
+                                         {"nesterov", OptimizerKind::Nesterov, false, true, true, false, 0.1, 0},
+                                         {"adam", OptimizerKind::Adam, false, true, false, true, 1e-3, 1e-8},
+                                         {"adamw", OptimizerKind::AdamW, false, true, false, true, 1e-3, 1e-8},
+                                         {"rmsprop", OptimizerKind::RMSprop, false, true, false, false, 1e-2, 1e-8},
+                                         {"adagrad", OptimizerKind::Adagrad, false, true, false, false, 1e-2, 1e-10}}) {
     ASSERT_EQ(parse_optimizer_kind(c.name), c.kind) << c.name;
     const OptimizerTraits& t = optimizer_traits(c.kind);
     EXPECT_EQ(std::string(t.name), c.name);
@@ -262,10 +270,11 @@ TEST(OptimizerKinds, EveryNameParsesToItsTraits) {
     EXPECT_EQ(t.momentum_family, c.momentum_family) << c.name;
     EXPECT_EQ(t.adam_family, c.adam_family) << c.name;
     EXPECT_EQ(t.default_lr, c.default_lr) << c.name;
+    EXPECT_EQ(t.default_eps, c.default_eps) << c.name;
   }
   EXPECT_EQ(optimizer_kinds().size(), optimizer_names().size());
   EXPECT_CONTAINS(testing::error_message([] { parse_optimizer_kind("Adam"); }),
-                  "unknown optimizer 'Adam': expected one of gd, sgd, momentum, nesterov, adam, adamw");
+                  "unknown optimizer 'Adam': expected one of gd, sgd, momentum, nesterov, adam, adamw, rmsprop, adagrad");
 }
 
 // A library caller with default options gets what `pathkernel train` does:
@@ -277,7 +286,8 @@ TEST(OptimizerKinds, LibraryDefaultsAreTheCommandLinesDefaults) {
     int64_t batch;
   };
   for (const Case& c : std::vector<Case>{{"gd", 0.1, 0}, {"sgd", 0.1, 100}, {"momentum", 0.1, 100},
-                                         {"adam", 1e-3, 100}, {"adamw", 1e-3, 100}}) {
+                                         {"adam", 1e-3, 100}, {"adamw", 1e-3, 100}, {"rmsprop", 1e-2, 100},
+                                         {"adagrad", 1e-2, 100}}) {
     TrainOptions t;
     t.optimizer.name = c.name;
     const TrainOptions r = t.resolved();
@@ -298,6 +308,35 @@ TEST(OptimizerKinds, LibraryDefaultsAreTheCommandLinesDefaults) {
   EXPECT_EQ(t.resolved().optimizer.lr, 0.5);
   EXPECT_EQ(t.resolved().batch, 7);
   EXPECT_EQ(t.resolved().epochs, -1);
+}
+
+// eps defaults to PyTorch's for the kind (1e-10 for adagrad), and the
+// manifest's optimizer entry carries each kind's own fields and reads back.
+TEST(OptimizerOptions, EachKindsFieldsRoundTripThroughTheManifest) {
+  OptimizerOptions a;
+  a.name = "adagrad";
+  a.lr_decay = 0.25;
+  a.initial_accumulator_value = 0.5;
+  EXPECT_EQ(a.resolved().eps, 1e-10);
+  nlohmann::ordered_json j = a.to_json();
+  EXPECT_EQ(j.dump(), R"({"name":"adagrad","lr":0.01,"lr_decay":0.25,"initial_accumulator_value":0.5,"eps":1e-10,)"
+                      R"("weight_decay":0.0})");
+  OptimizerOptions b = OptimizerOptions::from_json(j);
+  EXPECT_EQ(b.to_json().dump(), j.dump());
+  OptimizerOptions r;
+  r.name = "rmsprop";
+  r.alpha = 0.9;
+  r.centered = true;
+  r.eps = 1e-6;
+  j = r.to_json();
+  EXPECT_EQ(j.dump(), R"({"name":"rmsprop","lr":0.01,"alpha":0.9,"centered":true,"eps":1e-06,"weight_decay":0.0})");
+  EXPECT_EQ(OptimizerOptions::from_json(j).to_json().dump(), j.dump());
+  OptimizerOptions adam;
+  adam.name = "adam";
+  EXPECT_EQ(adam.to_json().dump(),
+            R"({"name":"adam","lr":0.001,"beta1":0.9,"beta2":0.999,"eps":1e-08,"weight_decay":0.0})");
+  OptimizerOptions sgd;
+  EXPECT_EQ(sgd.to_json().dump(), R"({"name":"sgd","lr":0.1,"weight_decay":0.0})");
 }
 
 }  // namespace
