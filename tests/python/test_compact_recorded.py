@@ -22,6 +22,8 @@ OPTIMIZERS = {
     "nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True, weight_decay=1e-3),
     "adam": lambda p: torch.optim.Adam(p, lr=0.02, weight_decay=1e-3),
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.02, weight_decay=0.05),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01, centered=True, weight_decay=1e-3),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.05, lr_decay=0.01, weight_decay=1e-3),
 }
 
 SCHEDULERS = {
@@ -30,6 +32,8 @@ SCHEDULERS = {
     "nesterov": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 4)),
     "adam": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10),
     "adamw": lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.9),
+    "rmsprop": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=5, gamma=0.5),
+    "adagrad": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10),
 }
 
 

@@ -561,6 +561,16 @@ class Refusals(TempDirTest):
         F.cross_entropy(model(self.x), self.y).backward()
         opt.step()
         self.refuse(r"already taken steps", model, opt, self.x, self.y)
+        # Adagrad makes its state when it is made: that state is fresh, a stepped one is not.
+        for init in (0.0, 0.1):
+            with self.subTest(initial_accumulator_value=init):
+                model = mlp()
+                opt = torch.optim.Adagrad(model.parameters(), lr=0.1, initial_accumulator_value=init)
+                with Recorder(self.path("adagrad-fresh-%g" % init), model, opt, self.x, self.y):
+                    pass
+                F.cross_entropy(model(self.x), self.y).backward()
+                opt.step()
+                self.refuse(r"already taken steps", model, opt, self.x, self.y)
 
     def test_unscriptable_model(self):
         class Unscriptable(nn.Module):
