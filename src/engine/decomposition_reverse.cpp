@@ -194,10 +194,12 @@ class ReverseWalk {
   /// Walks the path backwards for the chunk of test points starting at c0,
   /// from the saved progress `resumed` when it stopped in this chunk.
   void walk_chunk(int64_t c0, const DecompositionProgress* resumed) {
-    ReverseChunk ch(w_, c0, std::min(chunk_, w_.n - c0), budget_, P_);
+    // Without a buffer (rmsprop, adagrad, sgd walked in reverse) Ã stays 0: [nc, K, 0].
+    const int64_t acc_width = rule_.has_buffer() ? P_ : 0;
+    ReverseChunk ch(w_, c0, std::min(chunk_, w_.n - c0), budget_, acc_width);
     if (resumed && c0 == resumed->chunk_start) {
-      PK_CHECK(resumed->acc.defined() && resumed->acc.sizes() == torch::IntArrayRef({ch.nc, K_, P_}),
-               "the saved progress has no accumulator of shape [" << ch.nc << ", " << K_ << ", " << P_
+      PK_CHECK(resumed->acc.defined() && resumed->acc.sizes() == torch::IntArrayRef({ch.nc, K_, acc_width}),
+               "the saved progress has no accumulator of shape [" << ch.nc << ", " << K_ << ", " << acc_width
                                                                   << "]; delete it to start over");
       ch.acc.assign(resumed->acc);
       ch.steps_done = resumed->steps_done;

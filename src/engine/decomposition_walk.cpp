@@ -10,6 +10,7 @@
 #include "pathkernel/batch_statistics.h"
 #include "pathkernel/context.h"
 #include "pathkernel/error.h"
+#include "pathkernel/update_rule.h"
 
 namespace pathkernel::decomposition_walk {
 
@@ -492,8 +493,11 @@ PointBudget point_budget(SegmentEvaluator& ev, PathReader& reader, const torch::
   ev.set_segment(reader.checkpoint(0), torch::zeros({m.parameter_count}, torch::kFloat64));
   const FeatureLayout layout = feature_layout(ev, x.narrow(0, 0, std::min<int64_t>(x.size(0), 1)));
   PointBudget budget;
-  budget.held_per_point = reverse ? m.num_classes * m.parameter_count : 0;
-  budget.per_point = 3 * budget.held_per_point + rows_per_point * layout.doubles_per_row;
+  // A reverse walk's group takes its dense features and A_s, K x P each; a
+  // buffer's accumulator Ã is held for every point of the chunk.
+  const int64_t dense = reverse ? m.num_classes * m.parameter_count : 0;
+  budget.held_per_point = UpdateRule(m.optimizer).has_buffer() ? dense : 0;
+  budget.per_point = 2 * dense + budget.held_per_point + rows_per_point * layout.doubles_per_row;
   const int64_t asked = options.point_block > 0 ? options.point_block : layout.factored ? 32 : 4;
   budget.block = std::clamp<int64_t>(options.memory_doubles / std::max<int64_t>(1, budget.per_point), 1, asked);
   budget.factored = layout.factored;

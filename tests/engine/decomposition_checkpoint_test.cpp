@@ -95,7 +95,7 @@ TEST(DecompositionCheckpoint, AForwardWalkResumedInsideABlockOfStepsEndsWithTheS
 }
 
 TEST(DecompositionCheckpoint, AReverseWalkResumedInsideALaterChunkEndsWithTheSameBits) {
-  for (const std::string opt : {"momentum", "adam"}) {
+  for (const std::string opt : {"momentum", "adam", "rmsprop"}) {
     testing::TempDir dir(opt);
     RunOptions r = testing::small_run(dir / "run", opt, 12, 4);
     train_run(r);
