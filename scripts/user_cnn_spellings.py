@@ -215,8 +215,10 @@ def record(name: str, run: str, x: torch.Tensor, y: torch.Tensor, xt: torch.Tens
     cls, loss = SPELLINGS[name]
     torch.manual_seed(0)
     model = cls()
-    opt = (torch.optim.SGD(model.parameters(), lr=0.05) if optimizer == "sgd"
-           else torch.optim.Adam(model.parameters(), lr=1e-3))
+    opt = {"sgd": lambda p: torch.optim.SGD(p, lr=0.05),
+           "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
+           "rmsprop": lambda p: torch.optim.RMSprop(p, lr=1e-3),
+           "adagrad": lambda p: torch.optim.Adagrad(p, lr=1e-2)}[optimizer](model.parameters())
     loss_fn = F.nll_loss if loss == "nll" else F.cross_entropy
     script = torch.jit.trace(model, x[:2]) if name == "traced" else None
     rec = (Recorder(run, model, opt, x, y, test_x=xt, test_y=yt, loss=loss, overwrite=True, script=script)
@@ -251,8 +253,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=list(SPELLINGS), choices=list(SPELLINGS))
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--train", type=int, default=4000, help="training images (the first ones)")
-    ap.add_argument("--optimizer", choices=["adam", "sgd"], default="adam",
-                    help="Adam (lr 1e-3; pathkernel's reverse walk) or plain SGD (lr 0.05; its forward walk)")
+    ap.add_argument("--optimizer", choices=["adam", "sgd", "rmsprop", "adagrad"], default="adam",
+                    help="Adam (lr 1e-3; pathkernel's reverse walk), plain SGD (lr 0.05; its forward walk), RMSprop (lr 1e-3) or Adagrad (lr 1e-2), both walked in reverse")
     ap.add_argument("--bin", default=os.environ.get("PATHKERNEL_BIN") or os.path.join(REPO, "build", "pathkernel"))
     ap.add_argument("--json", default="", help="also write the lines to this file")
     ap.add_argument("--keep", default="", help="record the runs into this directory and keep them")
