@@ -149,6 +149,7 @@ struct DecompositionSummary {
   /// max_rel_error, and the certificate's bound on that point's error.
   int64_t worst_point = 0;
   double worst_point_error_bound = 0;
+  double worst_point_cancellation = 0;  ///< `cancellation` of that point
   double completeness_error = 0;     ///< max |completeness_gap()|: includes E and the quadrature error
   double max_abs_rounding = 0;       ///< max |E|
   double max_abs_regularization = 0; ///< max |R|
@@ -159,6 +160,12 @@ struct DecompositionSummary {
   /// max of gap_abs / max(1, |f(w_N)|): the certificate's bound on max_rel_error
   /// (up to the rounding of forming f and the sums, a few ε).
   double error_bound = 0;
+  /// The largest, over points and outputs, of the terms' magnitudes summed,
+  /// (|f(w_0)| + Σ_i |C_i| + |R| + |E| + |S|) / max(1, |f(w_N)|): how much the
+  /// terms cancel. Forming them and their sums rounds by about ε times it
+  /// (at least: each C_i is itself a sum over steps), which error_bound
+  /// leaves out.
+  double cancellation = 0;
   double mean_evaluations_per_step = 0;          ///< integrand evaluations per test point and step
   double mean_forward_evaluations_per_step = 0;  ///< forward-only evaluations per test point and step
   double mean_moment_evaluations_per_step = 0;   ///< moment rows (one backprop each) per test point and step

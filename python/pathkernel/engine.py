@@ -185,7 +185,8 @@ def _parse_json(stdout: str, command: Sequence[str]) -> Dict[str, Any]:
 class VerifyResult:
     """``pathkernel verify``: the kernel machine against the network.
     ``max_rel_error`` is the error relative to max(1, |f|), ``error_bound``
-    the certificate's bound on it; ``json`` holds every field."""
+    the certificate's bound on it, which leaves out the sums' rounding, about
+    machine epsilon times ``cancellation``; ``json`` holds every field."""
     run: str
     test_points: int
     steps: int
@@ -194,6 +195,7 @@ class VerifyResult:
     completeness_error: float
     max_abs_rounding: float
     error_bound: float
+    cancellation: float
     updates_explained: bool
     first_unexplained_step: Optional[int]
     route: str
@@ -205,7 +207,8 @@ class VerifyResult:
         return cls(run=j["run"], test_points=j["test_points"], steps=j["steps"],
                    max_abs_error=j["max_abs_error"], max_rel_error=j["max_rel_error"],
                    completeness_error=j["completeness_error"], max_abs_rounding=j["max_abs_rounding"],
-                   error_bound=j["error_bound"], updates_explained=j["updates_explained"],
+                   error_bound=j["error_bound"], cancellation=j["cancellation"],
+                   updates_explained=j["updates_explained"],
                    first_unexplained_step=j["first_unexplained_step"], route=j["route"], seconds=j["seconds"],
                    json=j)
 

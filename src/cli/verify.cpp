@@ -120,6 +120,8 @@ void add_verify_command(CLI::App& app, Globals& globals) {
                              {"certificate_max_gap", s.certificate_max_gap},
                              // The certificate's bound on max_rel_error: the steps' gaps summed.
                              {"error_bound", s.error_bound},
+                             // (|f(w_0)| + Σ|C_i| + |R| + |E|) / max(1, |f|): the sums round by about ε times it.
+                             {"cancellation", s.cancellation},
                              {"mean_evaluations_per_step", s.mean_evaluations_per_step},
                              {"mean_forward_evaluations_per_step", s.mean_forward_evaluations_per_step},
                              // Nodes that walk back one cotangent (the log-softmax factor's).
@@ -158,7 +160,8 @@ void add_verify_command(CLI::App& app, Globals& globals) {
     j["worst_point"] = {{test_index.defined() ? "test_index" : "input_row",
                          test_index.defined() ? test_index[s.worst_point].item<int64_t>() : s.worst_point},
                         {"max_rel_error", s.max_rel_error},
-                        {"error_bound", s.worst_point_error_bound}};
+                        {"error_bound", s.worst_point_error_bound},
+                        {"cancellation", s.worst_point_cancellation}};
     if (!route.reason.empty()) j["route_reason"] = route.reason;
     // Why the path was replayed between the walk's steps, not beside them.
     if (!reader.replay_in_turn_reason().empty()) j["replay_in_turn_reason"] = reader.replay_in_turn_reason();

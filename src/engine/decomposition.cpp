@@ -38,6 +38,11 @@ DecompositionSummary summarize(const Decomposition& d) {
   s.max_abs_regularization = d.regularization.abs().max().item<double>();
   if (d.statistics.defined()) s.max_abs_statistics = d.statistics.abs().max().item<double>();
   s.certificate_max_gap = d.certificate_max_gap;
+  torch::Tensor magnitude = d.f0.abs() + d.contributions.abs().sum(1) + d.regularization.abs() + d.rounding.abs();
+  if (d.statistics.defined()) magnitude = magnitude + d.statistics.abs();
+  const torch::Tensor cancellation = (magnitude / d.fN.abs().clamp_min(1.0)).flatten(1);
+  s.cancellation = cancellation.max().item<double>();
+  s.worst_point_cancellation = cancellation[s.worst_point].max().item<double>();
   if (d.gap_abs.defined()) {
     const torch::Tensor bound = (d.gap_abs / d.fN.abs().clamp_min(1.0)).flatten(1);
     s.error_bound = bound.max().item<double>();

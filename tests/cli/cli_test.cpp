@@ -189,6 +189,8 @@ TEST(Cli, VerifyReportsTheKernelMachineAgainstTheNetwork) {
   EXPECT_TRUE(worst["test_index"] == 0 || worst["test_index"] == 3) << dj;
   EXPECT_EQ(worst["max_rel_error"], dj["max_rel_error"]);
   EXPECT_LE(worst["error_bound"].get<double>(), dj["error_bound"].get<double>());
+  EXPECT_GT(worst["cancellation"].get<double>(), 0.0);
+  EXPECT_LE(worst["cancellation"].get<double>(), dj["cancellation"].get<double>());
   Output bad = run("verify " + r + " --test-index 0,9999 --quiet");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.out.find("test index list: test index 9999 is out of range [0, 900)"), std::string::npos) << bad.out;

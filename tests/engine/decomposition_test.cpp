@@ -597,5 +597,30 @@ TEST(ReverseAccumulation, RefusesTheKernelOutput) {
                   "kernel output is built for gd and sgd");
 }
 
+// verify's cancellation: the terms' magnitudes summed over max(1, |f(w_N)|),
+// at the largest output, and the worst point's own.
+TEST(Summary, CancellationIsTheTermsMagnitudesOverTheOutput) {
+  Decomposition d;
+  d.f0 = torch::tensor({{0.5, -2.0}, {1.0, 0.0}}, torch::kFloat64);                   // [n = 2, K = 2]
+  d.contributions = torch::tensor({{{3.0, 1.0}, {-2.5, -1.0}, {0.0, 0.5}},            // [n, M = 3, K]
+                                   {{100.0, 0.0}, {-100.0, 0.0}, {0.25, 0.0}}},
+                                  torch::kFloat64);
+  d.regularization = torch::tensor({{0.0, 0.25}, {0.0, 0.0}}, torch::kFloat64);
+  d.rounding = torch::tensor({{1e-16, 0.0}, {0.0, 0.0}}, torch::kFloat64);
+  d.fN = d.f0 + d.contributions.sum(1) + d.regularization + d.rounding;              // [[1, -1.25], [1.25, 0]]
+  const DecompositionSummary s = summarize(d);
+  // Point 1, output 0: (1 + 100 + 100 + 0.25) / 1.25.
+  EXPECT_DOUBLE_EQ(s.cancellation, 201.25 / 1.25);
+  // Both points' errors are 0; the first is named, its larger output (0.5 + 3 + 2.5) / 1.
+  ASSERT_EQ(s.worst_point, 0);
+  EXPECT_DOUBLE_EQ(s.worst_point_cancellation, 6.0);
+  // Nothing cancels: each output is its terms' sum, the ratio 1 where |f| >= 1.
+  d.contributions = d.contributions.abs();
+  d.f0 = d.f0.abs();
+  d.regularization = d.regularization.abs();
+  d.fN = d.f0 + d.contributions.sum(1) + d.regularization + d.rounding;
+  EXPECT_DOUBLE_EQ(summarize(d).cancellation, 1.0);
+}
+
 }  // namespace
 }  // namespace pathkernel

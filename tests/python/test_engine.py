@@ -62,7 +62,7 @@ class SameNumbersAsTheCli(TempDirTest):
         self.assertIsInstance(v, pathkernel.VerifyResult)
         self.assertEqual(v.test_points, 2)
         for key in ("max_abs_error", "max_rel_error", "completeness_error", "max_abs_rounding", "error_bound",
-                    "updates_explained", "first_unexplained_step", "steps", "route"):
+                    "cancellation", "updates_explained", "first_unexplained_step", "steps", "route"):
             self.assertEqual(getattr(v, key), j[key], key)
         timings = ("seconds", "seconds_by_part")
         self.assertEqual({k: x for k, x in v.json.items() if k not in timings},
