@@ -20,6 +20,9 @@ OPTIMIZERS = {
     "nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True, weight_decay=1e-3),
     "adam": lambda p: torch.optim.Adam(p, lr=0.02, weight_decay=1e-3),
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.02, weight_decay=0.05),
+    # torch's multi-tensor steps: the same arithmetic, replayed bit for bit.
+    "adam-foreach": lambda p: torch.optim.Adam(p, lr=0.02, weight_decay=1e-3, foreach=True),
+    "momentum-foreach": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, foreach=True),
     "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01, alpha=0.9, weight_decay=1e-3),
     "rmsprop-centered": lambda p: torch.optim.RMSprop(p, lr=0.01, centered=True, foreach=True),
     "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.05, initial_accumulator_value=0.1,
@@ -35,6 +38,8 @@ SCHEDULERS = {
     "adamw": lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.9),
     "rmsprop": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=4, gamma=0.5),
     "rmsprop-centered": None,
+    "adam-foreach": None,
+    "momentum-foreach": None,
     "adagrad": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10),
     "adagrad-eps": None,
 }
@@ -93,7 +98,10 @@ class VerifyRecordedRuns(TempDirTest):
                 with self.subTest(optimizer=optimizer, loss=loss):
                     run = self.path("%s-%s" % (optimizer, loss))
                     record(run, optimizer, loss)
-                    self.assert_exact(run)
+                    j = self.assert_exact(run)
+                    # The replay took the loop's own steps: every checkpoint bit for bit.
+                    drift = j["replay_drift"]
+                    self.assertEqual(drift["bit_for_bit"], drift["checkpoints"], drift)
 
     def test_logits_output_and_declared_clipping(self):
         run = self.path("logits")
