@@ -24,7 +24,8 @@ struct OptimizerTraits {
   OptimizerKind kind;
   const char* name;      ///< as in manifests and on the command line, e.g. "adamw"
   bool full_batch;       ///< uses the whole training set at every step (gd)
-  bool has_buffer;       ///< carries state across steps (momentum's buffer, Adam's moments, RMSprop's and Adagrad's squares)
+  /// carries state across steps (momentum's buffer, Adam's moments, RMSprop's and Adagrad's squares)
+  bool has_buffer;
   bool momentum_family;  ///< momentum, nesterov: `momentum` and `dampening` apply
   bool adam_family;      ///< adam, adamw: `beta1`, `beta2` and `eps` apply
   double default_lr;     ///< the learning rate when none is given
@@ -79,7 +80,8 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 /// [P]. Empty before the first step (LibTorch creates state lazily).
 struct OptimizerState {
   int64_t step = 0;  ///< the step counter of adam, adamw, rmsprop and adagrad (0 for the SGD family)
-  std::map<std::string, torch::Tensor> buffers;  ///< e.g. "momentum_buffer", "exp_avg", "exp_avg_sq", "square_avg", "grad_avg", "sum"
+  /// e.g. "momentum_buffer", "exp_avg", "exp_avg_sq", "square_avg", "grad_avg", "sum"
+  std::map<std::string, torch::Tensor> buffers;
   bool empty() const { return buffers.empty(); }
 };
 

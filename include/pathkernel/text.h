@@ -1,4 +1,5 @@
-// Small text parsing shared by the spec and file readers.
+// Small text parsing shared by the spec and file readers, and the joining of
+// name lists for messages.
 #pragma once
 
 #include <string>
@@ -9,6 +10,9 @@ namespace pathkernel {
 /// Splits `s` at every `sep`, keeping empty parts ("a::b" -> a, "", b; a
 /// trailing separator gives a trailing "").
 std::vector<std::string> split(const std::string& s, char sep);
+
+/// `parts` joined by `sep` ("a, b, c"), for lists of valid names in messages.
+std::string join(const std::vector<std::string>& parts, const char* sep = ", ");
 
 /// `s` without the leading and trailing characters listed in `space`.
 std::string trim(const std::string& s, const char* space = " \t");

@@ -761,10 +761,10 @@ def optimizer_step_count(optimizer: torch.optim.Optimizer, params: Sequence[torc
         counts.add(int(float(t)) if t is not None else 0)
     if len(counts) != 1:
         raise RecorderError(f"step {s}: the optimizer's parameters have different step counts {sorted(counts)} (a "
-                            f"parameter without a gradient is skipped by torch's optimizers); pathkernel needs every "
-                            f"parameter updated at every step")
+                            f"parameter without a gradient is skipped by torch's optimizers); pathkernel needs "
+                            f"every parameter updated at every step")
     step = counts.pop()
     if step != s + 1:
-        raise RecorderError(f"step {s}: the optimizer's step count is {step}, expected {s + 1}; call rec.step(idx) once after "
-                            f"every optimizer.step()")
+        raise RecorderError(f"step {s}: the optimizer's step count is {step}, expected {s + 1}; call rec.step(idx) "
+                            f"once after every optimizer.step()")
     return step

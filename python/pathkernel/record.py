@@ -63,9 +63,9 @@ import numpy as np
 import torch
 
 from . import __version__ as _pathkernel_version
-from ._checks import (COUNTING_OPTIMIZERS, LOSSES, SUPPORTED_OPTIMIZERS, RecordSpec, batch_counts, check_batch_counts, check_gradients,
-                      check_hyper_parameters, check_modes, check_record, check_vocabulary, clip_factor_of_step,
-                      flat_indices, optimizer_step_count, step_learning_rate)
+from ._checks import (COUNTING_OPTIMIZERS, LOSSES, SUPPORTED_OPTIMIZERS, RecordSpec, batch_counts,
+                      check_batch_counts, check_gradients, check_hyper_parameters, check_modes, check_record,
+                      check_vocabulary, clip_factor_of_step, flat_indices, optimizer_step_count, step_learning_rate)
 from ._environment import environment, libtorch_version, set_threads
 from ._errors import RecorderError
 from ._manifest import DataInfo, FileRecord, Manifest, ModelInfo, TrainingInfo, parameter_layout

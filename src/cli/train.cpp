@@ -12,16 +12,11 @@
 #include "pathkernel/manifest.h"
 #include "pathkernel/optimizer.h"
 #include "pathkernel/run.h"
+#include "pathkernel/text.h"
 
 namespace pathkernel::cli {
 
 namespace {
-std::string joined(const std::vector<std::string>& names) {
-  std::string s;
-  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
-  return s;
-}
-
 struct TrainArgs {
   RunOptions run;
   std::string dtype = "float64";
@@ -90,7 +85,7 @@ void add_train_command(CLI::App& app, Globals& globals) {
   auto args = std::make_shared<TrainArgs>();
   RunOptions& r = args->run;
   CLI::App* cmd = app.add_subcommand("train", "Train a model and record its path in a run directory");
-  cmd->add_option("--data", r.data.spec, "Dataset: " + joined(dataset_names()) + " (required unless --resume)");
+  cmd->add_option("--data", r.data.spec, "Dataset: " + join(dataset_names()) + " (required unless --resume)");
   cmd->add_option("--train-size", r.data.train_size, "Class-balanced training subset size (default: all)");
   cmd->add_option("--test-size", r.data.test_size, "Class-balanced test subset size (default: all)");
   cmd->add_option("--data-seed", r.data.seed, "Seed of synthetic data and subsets")->capture_default_str();
@@ -116,9 +111,10 @@ void add_train_command(CLI::App& app, Globals& globals) {
   cmd->add_option("--dtype", args->dtype, "float64 or float32")
       ->check(CLI::IsMember({"float64", "float32"}))
       ->capture_default_str();
-  cmd->add_option("--optimizer", r.train.optimizer.name, "Optimizer: " + joined(optimizer_names()))
+  cmd->add_option("--optimizer", r.train.optimizer.name, "Optimizer: " + join(optimizer_names()))
       ->capture_default_str();
-  cmd->add_option("--lr", r.train.optimizer.lr, "Learning rate (default: 0.1; 0.001 for adam and adamw; 0.01 for rmsprop and adagrad)");
+  cmd->add_option("--lr", r.train.optimizer.lr,
+                  "Learning rate (default: 0.1; 0.001 for adam and adamw; 0.01 for rmsprop and adagrad)");
   cmd->add_option("--schedule", r.train.schedule, "Learning-rate schedule: constant, step[:EVERY[:GAMMA]], cosine, linear, warmup[:STEPS]")
       ->capture_default_str();
   auto* steps = cmd->add_option("--steps", r.train.steps, "Number of optimisation steps")->check(CLI::PositiveNumber);

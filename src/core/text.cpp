@@ -6,6 +6,12 @@
 
 namespace pathkernel {
 
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i) s += (i == 0 ? "" : sep) + parts[i];
+  return s;
+}
+
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> parts;
   std::string part;

@@ -40,11 +40,12 @@ DecompositionSummary summarize(const Decomposition& d) {
   s.certificate_max_gap = d.certificate_max_gap;
   torch::Tensor magnitude = d.f0.abs() + d.contributions.abs().sum(1) + d.regularization.abs() + d.rounding.abs();
   if (d.statistics.defined()) magnitude = magnitude + d.statistics.abs();
-  const torch::Tensor cancellation = (magnitude / d.fN.abs().clamp_min(1.0)).flatten(1);
+  const torch::Tensor scale = d.fN.abs().clamp_min(1.0);  // what max_rel_error is relative to
+  const torch::Tensor cancellation = (magnitude / scale).flatten(1);
   s.cancellation = cancellation.max().item<double>();
   s.worst_point_cancellation = cancellation[s.worst_point].max().item<double>();
   if (d.gap_abs.defined()) {
-    const torch::Tensor bound = (d.gap_abs / d.fN.abs().clamp_min(1.0)).flatten(1);
+    const torch::Tensor bound = (d.gap_abs / scale).flatten(1);
     s.error_bound = bound.max().item<double>();
     s.worst_point_error_bound = bound[s.worst_point].max().item<double>();
   }
@@ -197,7 +198,8 @@ Decomposition decompose(PathReader& reader, const torch::Tensor& x_in, const Dec
     PK_CHECK(options.first_step == 0 && end_step == m.steps,
              "a range of steps is decomposed alone for gd and sgd runs only; run '"
                  << reader.dir() << "' used '" << m.optimizer.name
-                 << "', whose path is walked in reverse, as a whole (its buffer or its metric comes from the steps before)");
+                 << "', whose path is walked in reverse, as a whole (its buffer or its metric comes from the steps "
+                    "before)");
     return with_statistics(reader, x_in, options,
                            with_replay_read(reader, decomposition_walk::decompose_reverse(reader, x_in, options, rule,
                                                                                           checkpoint)));

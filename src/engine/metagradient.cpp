@@ -62,10 +62,12 @@ std::pair<torch::Tensor, Buffers> rmsprop_update(const OptimizerOptions& o, doub
 /// Adagrad's step as a differentiable function, in LibTorch's conventions:
 /// Σ = Σ + d² (from initial_accumulator_value), the update −η_t d / (√Σ + ε)
 /// with η_t = η / (1 + (t − 1) lr_decay).
-std::pair<torch::Tensor, Buffers> adagrad_update(const OptimizerOptions& o, double lr, int64_t t, const torch::Tensor& w,
-                                                 const torch::Tensor& d, const Buffers& before) {
+std::pair<torch::Tensor, Buffers> adagrad_update(const OptimizerOptions& o, double lr, int64_t t,
+                                                 const torch::Tensor& w, const torch::Tensor& d,
+                                                 const Buffers& before) {
   Buffers after;
-  const torch::Tensor sum = (before.empty() ? torch::full_like(d, o.initial_accumulator_value) : before.at("sum")) + d * d;
+  const torch::Tensor sum0 = before.empty() ? torch::full_like(d, o.initial_accumulator_value) : before.at("sum");
+  const torch::Tensor sum = sum0 + d * d;
   after["sum"] = sum;
   const double clr = lr / (1 + static_cast<double>(t - 1) * o.lr_decay);
   return {w - clr * d / (safe_sqrt(sum) + o.eps), after};
@@ -81,12 +83,13 @@ std::pair<torch::Tensor, Buffers> update(const OptimizerOptions& given, double l
   const OptimizerOptions o = given.resolved();
   const OptimizerTraits& traits = o.traits();
   const double lambda = o.weight_decay;
+  // The gradient the optimizer sees: the decay coupled into it, but AdamW's.
+  const bool decoupled = traits.kind == OptimizerKind::AdamW;
+  const torch::Tensor d = decoupled || lambda == 0 ? g : g + lambda * w;
   Buffers after;
-  if (traits.kind == OptimizerKind::RMSprop) return rmsprop_update(o, lr, w, lambda == 0 ? g : g + lambda * w, before);
-  if (traits.kind == OptimizerKind::Adagrad) return adagrad_update(o, lr, t, w, lambda == 0 ? g : g + lambda * w, before);
+  if (traits.kind == OptimizerKind::RMSprop) return rmsprop_update(o, lr, w, d, before);
+  if (traits.kind == OptimizerKind::Adagrad) return adagrad_update(o, lr, t, w, d, before);
   if (traits.adam_family) {
-    const bool decoupled = traits.kind == OptimizerKind::AdamW;
-    const torch::Tensor d = decoupled || lambda == 0 ? g : g + lambda * w;
     const torch::Tensor w0 = decoupled && lambda != 0 ? w * (1 - lr * lambda) : w;
     torch::Tensor m = (1 - o.beta1) * d, v = (1 - o.beta2) * d * d;
     if (!before.empty()) {
@@ -100,7 +103,6 @@ std::pair<torch::Tensor, Buffers> update(const OptimizerOptions& given, double l
     after["exp_avg_sq"] = v;
     return {w0 - (lr / bc1) * m / denom, after};
   }
-  const torch::Tensor d = lambda == 0 ? g : g + lambda * w;
   if (!traits.momentum_family) return {w - lr * d, after};
   const bool nesterov = traits.kind == OptimizerKind::Nesterov;
   // LibTorch's first step starts the buffer at d itself, without dampening.

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "pathkernel/error.h"
+#include "pathkernel/text.h"
 
 namespace pathkernel {
 
@@ -14,8 +15,7 @@ namespace {
 OptimizerOptions checked(const OptimizerOptions& options) {
   const std::vector<std::string> names = optimizer_names();
   PK_CHECK(std::find(names.begin(), names.end(), options.name) != names.end(),
-           "no update rule for optimizer '" << options.name << "': expected one of gd, sgd, momentum, nesterov, adam, "
-                                                              "adamw, rmsprop, adagrad");
+           "no update rule for optimizer '" << options.name << "': expected one of " << join(names));
   return options.resolved();
 }
 

@@ -5,6 +5,7 @@
 
 
 #include "pathkernel/error.h"
+#include "pathkernel/text.h"
 
 namespace pathkernel {
 
@@ -35,8 +36,11 @@ std::unique_ptr<torch::optim::Optimizer> make(OptimizerKind kind, const Optimize
       return std::make_unique<torch::optim::AdamW>(
           p, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
     case OptimizerKind::RMSprop:
-      return std::make_unique<torch::optim::RMSprop>(
-          p, torch::optim::RMSpropOptions(o.lr).alpha(o.alpha).eps(o.eps).weight_decay(o.weight_decay).centered(o.centered));
+      return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions(o.lr)
+                                                            .alpha(o.alpha)
+                                                            .eps(o.eps)
+                                                            .weight_decay(o.weight_decay)
+                                                            .centered(o.centered));
     case OptimizerKind::Adagrad:
       return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions(o.lr)
                                                             .lr_decay(o.lr_decay)
@@ -46,12 +50,6 @@ std::unique_ptr<torch::optim::Optimizer> make(OptimizerKind kind, const Optimize
   }
   PK_ASSERT(false);
   return nullptr;
-}
-
-std::string joined_names() {
-  std::string s;
-  for (auto& n : optimizer_names()) s += (s.empty() ? "" : ", ") + n;
-  return s;
 }
 
 std::string key_of(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
@@ -113,7 +111,7 @@ OptimizerKind parse_optimizer_kind(const std::string& name) {
   for (const OptimizerTraits& t : optimizer_kinds()) {
     if (name == t.name) return t.kind;
   }
-  PK_THROW("unknown optimizer '" << name << "': expected one of " << joined_names());
+  PK_THROW("unknown optimizer '" << name << "': expected one of " << join(optimizer_names()));
 }
 
 std::vector<std::string> optimizer_names() {
