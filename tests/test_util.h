@@ -183,7 +183,8 @@ inline torch::Tensor flat_grad(Network& net, const torch::Tensor& w, const torch
   return torch::cat(g);
 }
 
-/// A small, fast run on gaussians3: 60 training points, mlp:6.
+/// A small, fast run on gaussians3: 60 training points, mlp:6
+/// ("rmsprop-momentum": RMSprop with momentum 0.5).
 inline RunOptions small_run(const std::string& out, const std::string& optimizer, int64_t steps,
                             int64_t checkpoint_every) {
   RunOptions r;
@@ -191,8 +192,11 @@ inline RunOptions small_run(const std::string& out, const std::string& optimizer
   r.data.train_size = 60;
   r.data.test_size = 30;
   r.model = "mlp:6";
-  r.train.optimizer.name = optimizer;
-  r.train.optimizer.lr = (optimizer == "adam" || optimizer == "adamw" || optimizer == "rmsprop") ? 0.01 : 0.05;
+  const bool rmsprop_momentum = optimizer == "rmsprop-momentum";
+  r.train.optimizer.name = rmsprop_momentum ? "rmsprop" : optimizer;
+  r.train.optimizer.momentum = rmsprop_momentum ? 0.5 : 0.0;
+  r.train.optimizer.lr =
+      (optimizer == "adam" || optimizer == "adamw" || optimizer == "rmsprop" || rmsprop_momentum) ? 0.01 : 0.05;
   r.train.steps = steps;
   r.train.batch = optimizer == "gd" ? 0 : 16;
   r.train.progress = false;

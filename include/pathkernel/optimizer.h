@@ -2,8 +2,8 @@
 // their state as flat vectors (for checkpoints and exact replay).
 //
 // Names: gd (SGD on the full batch), sgd, momentum (SGD with momentum),
-// nesterov, adam, adamw, rmsprop (plain or centered, without momentum),
-// adagrad. Updates are LibTorch's own, not re-implementations.
+// nesterov, adam, adamw, rmsprop (plain or centered, with or without
+// momentum), adagrad. Updates are LibTorch's own, not re-implementations.
 #pragma once
 
 #include <map>
@@ -44,7 +44,7 @@ OptimizerKind parse_optimizer_kind(const std::string& name);
 struct OptimizerOptions {
   std::string name = "sgd";  ///< the kind's name, kept as written for the manifest
   double lr = 0;             ///< 0: the kind's default_lr (0.1; 1e-3 for adam, adamw; 1e-2 for rmsprop, adagrad)
-  double momentum = 0.9;     ///< momentum, nesterov
+  double momentum = 0;       ///< momentum, nesterov, rmsprop; 0: the kind's default (0.9; none for rmsprop)
   double dampening = 0.0;    ///< momentum
   double weight_decay = 0.0; ///< L2, coupled into the gradient for every kind but adamw (decoupled)
   double beta1 = 0.9;        ///< adam, adamw
@@ -58,7 +58,7 @@ struct OptimizerOptions {
   /// The kind `name` names; throws Error listing the valid names.
   OptimizerKind kind() const { return parse_optimizer_kind(name); }
   const OptimizerTraits& traits() const { return optimizer_traits(kind()); }
-  /// These options with the defaults filled in (lr, eps).
+  /// These options with the defaults filled in (lr, eps, momentum).
   OptimizerOptions resolved() const;
   /// Checks ranges and the name of resolved(); throws Error naming the bad value.
   void validate() const;
@@ -80,7 +80,8 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 /// [P]. Empty before the first step (LibTorch creates state lazily).
 struct OptimizerState {
   int64_t step = 0;  ///< the step counter of adam, adamw, rmsprop and adagrad (0 for the SGD family)
-  /// e.g. "momentum_buffer", "exp_avg", "exp_avg_sq", "square_avg", "grad_avg", "sum"
+  /// e.g. "momentum_buffer" (momentum, nesterov, rmsprop with momentum), "exp_avg",
+  /// "exp_avg_sq", "square_avg", "grad_avg", "sum"
   std::map<std::string, torch::Tensor> buffers;
   bool empty() const { return buffers.empty(); }
 };

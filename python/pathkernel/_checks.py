@@ -19,7 +19,7 @@ LOSSES = ("cross_entropy", "nll", "mse")
 SUPPORTED_OPTIMIZERS = (
     "torch.optim.SGD (momentum 0: 'sgd'; momentum > 0: 'momentum', with dampening; nesterov=True: "
     "'nesterov'), torch.optim.Adam ('adam'), torch.optim.AdamW ('adamw'), torch.optim.RMSprop "
-    "('rmsprop', plain or centered, momentum 0) and torch.optim.Adagrad ('adagrad'), with weight decay, "
+    "('rmsprop', plain or centered, with momentum) and torch.optim.Adagrad ('adagrad'), with weight decay, "
     "one set of hyper-parameters for all parameters, amsgrad, maximize, capturable, differentiable "
     "and fused off")
 
@@ -55,7 +55,8 @@ class OptimizerSpec:
         if self.kind in ("momentum", "nesterov"):
             return ["momentum_buffer"]
         if self.kind == "rmsprop":
-            return ["square_avg", "grad_avg"] if self.declaration["centered"] else ["square_avg"]
+            names = ["square_avg", "grad_avg"] if self.declaration["centered"] else ["square_avg"]
+            return names + (["momentum_buffer"] if self.declaration.get("momentum", 0) else [])
         if self.kind == "adagrad":
             return ["sum"]
         return ["exp_avg", "exp_avg_sq"]
@@ -353,14 +354,15 @@ def _sgd_declaration(g: Dict[str, Any], lr: float, wd: float) -> Dict[str, Any]:
 
 def _rmsprop_declaration(g: Dict[str, Any], lr: float, wd: float, eps: float) -> Dict[str, Any]:
     alpha, momentum = float(g["alpha"]), float(g["momentum"])
-    if momentum != 0:
-        raise RecorderError(f"RMSprop with momentum {momentum!r} is not supported: its buffer sums each step's "
-                            f"gradient divided by that step's own root mean square, which pathkernel's update "
-                            f"form does not take; supported: {SUPPORTED_OPTIMIZERS}")
+    if not (0 <= momentum < 1):
+        raise RecorderError(f"RMSprop momentum must be in [0, 1) (got {momentum!r})")
     if not (0 <= alpha < 1):
         raise RecorderError(f"RMSprop alpha must be in [0, 1) (got {alpha!r})")
-    return {"name": "rmsprop", "lr": lr, "alpha": alpha, "centered": bool(g["centered"]), "eps": eps,
-            "weight_decay": wd}
+    decl = {"name": "rmsprop", "lr": lr, "alpha": alpha, "centered": bool(g["centered"])}
+    if momentum != 0:  # as src/train/optimizer.cpp writes it: absent means none
+        decl["momentum"] = momentum
+    decl.update({"eps": eps, "weight_decay": wd})
+    return decl
 
 
 def _adagrad_declaration(g: Dict[str, Any], lr: float, wd: float, eps: float) -> Dict[str, Any]:

@@ -46,10 +46,12 @@ void check_conflicts(CLI::App& cmd, const TrainArgs& a) {
   const std::string& opt = a.run.train.optimizer.name;
   const OptimizerTraits& kind = a.run.train.optimizer.traits();
   PK_CHECK(cmd.count("--lr") == 0 || a.run.train.optimizer.lr != 0, "--lr must be > 0 (got 0)");
-  for (const char* flag : {"--momentum", "--dampening"}) {
-    PK_CHECK(cmd.count(flag) == 0 || kind.momentum_family,
-             flag << " applies to --optimizer momentum or nesterov (got --optimizer " << opt << ")");
-  }
+  PK_CHECK(cmd.count("--momentum") == 0 || kind.momentum_family || kind.kind == OptimizerKind::RMSprop,
+           "--momentum applies to --optimizer momentum, nesterov or rmsprop (got --optimizer " << opt << ")");
+  PK_CHECK(cmd.count("--momentum") == 0 || !kind.momentum_family || a.run.train.optimizer.momentum != 0,
+           "--momentum must be in (0, 1) for --optimizer " << opt << " (got 0; without momentum, use --optimizer sgd)");
+  PK_CHECK(cmd.count("--dampening") == 0 || kind.momentum_family,
+           "--dampening applies to --optimizer momentum or nesterov (got --optimizer " << opt << ")");
   for (const char* flag : {"--beta1", "--beta2"}) {
     PK_CHECK(cmd.count(flag) == 0 || kind.adam_family,
              flag << " applies to --optimizer adam or adamw (got --optimizer " << opt << ")");
@@ -123,8 +125,8 @@ void add_train_command(CLI::App& app, Globals& globals) {
       ->excludes(steps);
   cmd->add_option("--batch", r.train.batch, "Minibatch size; 0 = full batch (default: 100; full for gd)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--momentum", r.train.optimizer.momentum, "Momentum (momentum, nesterov)")
-      ->capture_default_str();
+  cmd->add_option("--momentum", r.train.optimizer.momentum,
+                  "Momentum of momentum and nesterov (default: 0.9) or rmsprop (default: none)");
   cmd->add_option("--dampening", r.train.optimizer.dampening, "Dampening (momentum)")->capture_default_str();
   cmd->add_option("--weight-decay", r.train.optimizer.weight_decay,
                   "L2 weight decay (decoupled for adamw)")

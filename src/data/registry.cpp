@@ -13,6 +13,7 @@
 
 #include "pathkernel/dataset.h"
 #include "pathkernel/error.h"
+#include "pathkernel/text.h"
 #include "loaders.h"
 
 namespace pathkernel {
@@ -41,15 +42,6 @@ const Entry kRegistry[] = {
 
 std::string display_name(const Entry& entry) {
   return entry.takes_path ? std::string(entry.name) + ":" + entry.argument : std::string(entry.name);
-}
-
-std::string joined_names() {
-  std::string out;
-  for (const std::string& name : dataset_names()) {
-    if (!out.empty()) out += ", ";
-    out += name;
-  }
-  return out;
 }
 
 /// Mean and population standard deviation (divisor N) of all elements of
@@ -196,7 +188,7 @@ Dataset load_dataset(const DataOptions& options) {
     if (found != nullptr) break;
   }
   PK_CHECK(found != nullptr,
-           "unknown dataset '" << spec << "': expected one of " << joined_names());
+           "unknown dataset '" << spec << "': expected one of " << join(dataset_names()));
 
   Dataset data = found->load(argument, options.seed);
   data.spec = spec;

@@ -266,7 +266,7 @@ class ReverseWalk {
     const ReverseStep t = step_terms(st, std::move(bt));
     if (ch.c0 == 0) {  // the steps' residuals, once (they do not depend on the test points)
       residuals.visit(st.step, max_abs(t.residual), update_bound(m_, st), t.buf,
-                      t.buf.defined() ? t.c.gamma * t.dvec : torch::Tensor());
+                      t.buf.defined() ? UpdateRule::buffer_input(t.c, t.dvec) : torch::Tensor());
     }
     // Features formed ahead are the chunk's groups' in turn (only without
     // an observer, so all the chunk's groups are walked at once).
@@ -399,8 +399,8 @@ class ReverseWalk {
       if (t.c.rho.defined()) d_.regularization.narrow(0, p0, nb).add_(apply_features(ev, f, t.c.rho));
       // a_s and Ã_s in one pass over the group's dense features [nb, K, P]
       a = accumulator_step(dense_features(ev, f), t.c.metric, t.buf.defined() ? acc_b : torch::Tensor(),
-                           {t.c.alpha, beta_, t.c.kappa, t.c.gamma});
-      if (t.buf.defined()) erow += torch::matmul(acc_b, t.buf - t.c.gamma * t.dvec);
+                           {t.c.alpha, beta_, t.c.kappa, t.c.gamma}, t.c.buffer_metric);
+      if (t.buf.defined()) erow += torch::matmul(acc_b, t.buf - UpdateRule::buffer_input(t.c, t.dvec));
       d_.rounding.narrow(0, p0, nb).add_(erow);
       if (lambda_ != 0) d_.regularization.narrow(0, p0, nb).add_(lambda_ * torch::matmul(a, st.w));
     }

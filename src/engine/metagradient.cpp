@@ -25,8 +25,12 @@ std::vector<std::string> state_names(const OptimizerOptions& o) {
   const OptimizerTraits& t = o.traits();
   if (t.momentum_family) return {"momentum_buffer"};
   if (t.adam_family) return {"exp_avg", "exp_avg_sq"};
-  if (t.kind == OptimizerKind::RMSprop) return o.centered ? std::vector<std::string>{"square_avg", "grad_avg"}
-                                                          : std::vector<std::string>{"square_avg"};
+  if (t.kind == OptimizerKind::RMSprop) {
+    std::vector<std::string> names{"square_avg"};
+    if (o.centered) names.push_back("grad_avg");
+    if (o.resolved().momentum != 0) names.push_back("momentum_buffer");
+    return names;
+  }
   if (t.kind == OptimizerKind::Adagrad) return {"sum"};
   return {};
 }
@@ -40,9 +44,10 @@ torch::Tensor safe_sqrt(const torch::Tensor& v) {
   return torch::where(positive, torch::sqrt(torch::where(positive, v, torch::ones_like(v))), torch::zeros_like(v));
 }
 
-/// RMSprop's step (no momentum) as a differentiable function, in LibTorch's
-/// conventions: v = α v + (1 − α) d², the update −η d / (√v + ε), centered
-/// −η d / (√(v − m²) + ε) with m = α m + (1 − α) d.
+/// RMSprop's step as a differentiable function, in LibTorch's conventions:
+/// v = α v + (1 − α) d², the update −η d / (√v + ε), centered −η d / (√(v −
+/// m²) + ε) with m = α m + (1 − α) d; with momentum μ, b = μ b + d / (√v + ε)
+/// (b = 0 before the first step) and the update −η b.
 std::pair<torch::Tensor, Buffers> rmsprop_update(const OptimizerOptions& o, double lr, const torch::Tensor& w,
                                                  const torch::Tensor& d, const Buffers& before) {
   Buffers after;
@@ -56,7 +61,11 @@ std::pair<torch::Tensor, Buffers> rmsprop_update(const OptimizerOptions& o, doub
     after["grad_avg"] = m;
     spread = v - m * m;
   }
-  return {w - lr * d / (safe_sqrt(spread) + o.eps), after};
+  const torch::Tensor scaled = d / (safe_sqrt(spread) + o.eps);
+  if (o.momentum == 0) return {w - lr * scaled, after};
+  const torch::Tensor b = before.empty() ? scaled : o.momentum * before.at("momentum_buffer") + scaled;
+  after["momentum_buffer"] = b;
+  return {w - lr * b, after};
 }
 
 /// Adagrad's step as a differentiable function, in LibTorch's conventions:

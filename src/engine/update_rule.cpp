@@ -23,7 +23,9 @@ OptimizerOptions checked(const OptimizerOptions& options) {
 
 UpdateRule::UpdateRule(const OptimizerOptions& options) : options_(checked(options)) {
   const OptimizerTraits& t = options_.traits();
-  beta_ = t.momentum_family ? options.momentum : t.adam_family ? options.beta1 : 0.0;
+  beta_ = t.momentum_family || t.kind == OptimizerKind::RMSprop ? options_.momentum
+           : t.adam_family                                      ? options_.beta1
+                                                                : 0.0;
   coupled_decay_ = t.kind == OptimizerKind::AdamW ? 0.0 : options.weight_decay;
   has_metric_ = t.adam_family || t.kind == OptimizerKind::RMSprop || t.kind == OptimizerKind::Adagrad;
 }
@@ -48,11 +50,19 @@ StepCoefficients UpdateRule::step(int64_t s, double lr, const torch::Tensor& w, 
   StepCoefficients c;
   const OptimizerTraits& traits = options_.traits();
   if (traits.kind == OptimizerKind::RMSprop) {
-    // As LibTorch computes it: avg = √v + ε (√(v − m²) + ε centered), the update −η d / avg.
+    // As LibTorch computes it: avg = √v + ε (√(v − m²) + ε centered), the
+    // update −η d / avg, or with momentum b = μ b + d / avg and the update −η b.
     torch::Tensor v = state_buffer(after, "square_avg").to(torch::kFloat64);
     if (options_.centered) v = v - state_buffer(after, "grad_avg").to(torch::kFloat64).square();
-    c.metric = 1.0 / (v.sqrt() + options_.eps);
-    c.alpha = -lr;
+    torch::Tensor metric = 1.0 / (v.sqrt() + options_.eps);
+    if (!has_buffer()) {
+      c.metric = metric;
+      c.alpha = -lr;
+      return c;
+    }
+    c.buffer_metric = metric;
+    c.gamma = 1.0;
+    c.kappa = -lr;
     return c;
   }
   if (traits.kind == OptimizerKind::Adagrad) {
@@ -79,6 +89,10 @@ StepCoefficients UpdateRule::step(int64_t s, double lr, const torch::Tensor& w, 
     if (traits.kind == OptimizerKind::AdamW && options_.weight_decay != 0) c.rho = -lr * options_.weight_decay * w;
   }
   return c;
+}
+
+torch::Tensor UpdateRule::buffer_input(const StepCoefficients& c, const torch::Tensor& d) {
+  return c.buffer_metric.defined() ? c.gamma * (d * c.buffer_metric) : c.gamma * d;
 }
 
 torch::Tensor UpdateRule::update(const StepCoefficients& c, const torch::Tensor& d, const torch::Tensor& b) {

@@ -16,6 +16,7 @@
 #include "pathkernel/metagradient.h"
 #include "pathkernel/progress.h"
 #include "pathkernel/segment.h"
+#include "pathkernel/text.h"
 
 namespace pathkernel {
 
@@ -171,9 +172,7 @@ void check_attribution_method(const std::string& name) {
   for (const Entry& e : registry()) {
     if (name == e.name) return;
   }
-  std::string valid;
-  for (const Entry& e : registry()) valid += (valid.empty() ? "" : ", ") + std::string(e.name);
-  PK_THROW("unknown attribution method '" << name << "': expected one of " << valid);
+  PK_THROW("unknown attribution method '" << name << "': expected one of " << join(attribution_method_names()));
 }
 
 torch::Tensor attribution_scores(PathReader& reader, const std::string& method, const torch::Tensor& x,

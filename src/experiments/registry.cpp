@@ -3,6 +3,7 @@
 
 #include "common.h"
 #include "pathkernel/error.h"
+#include "pathkernel/text.h"
 
 namespace pathkernel {
 
@@ -33,9 +34,7 @@ const Entry& find(const std::string& name) {
   for (const auto& e : registry()) {
     if (name == e.name) return e;
   }
-  std::string valid;
-  for (const auto& e : registry()) valid += (valid.empty() ? "" : ", ") + std::string(e.name);
-  PK_THROW("unknown experiment '" << name << "': expected one of " << valid);
+  PK_THROW("unknown experiment '" << name << "': expected one of " << join(experiment_names()));
 }
 }  // namespace
 

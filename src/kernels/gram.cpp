@@ -10,6 +10,7 @@
 #include "pathkernel/infinite_width.h"
 #include "pathkernel/product_kernel.h"
 #include "pathkernel/progress.h"
+#include "pathkernel/text.h"
 
 namespace pathkernel {
 
@@ -179,9 +180,9 @@ class InfiniteWidthNtk : public Kernel {
 
 /// The names the registry knows, for messages: "epk, dpk, ntk[:STEP], ntk-inf".
 std::string known_kernels() {
-  std::string out;
-  for (const KernelEntry& e : kernel_registry()) out += (out.empty() ? "" : ", ") + e.syntax;
-  return out;
+  std::vector<std::string> syntax;
+  for (const KernelEntry& e : kernel_registry()) syntax.push_back(e.syntax);
+  return join(syntax);
 }
 
 const KernelEntry* find_entry(const std::string& name) {

@@ -39,6 +39,7 @@ std::unique_ptr<torch::optim::Optimizer> make(OptimizerKind kind, const Optimize
       return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions(o.lr)
                                                             .alpha(o.alpha)
                                                             .eps(o.eps)
+                                                            .momentum(o.momentum)
                                                             .weight_decay(o.weight_decay)
                                                             .centered(o.centered));
     case OptimizerKind::Adagrad:
@@ -124,6 +125,7 @@ OptimizerOptions OptimizerOptions::resolved() const {
   OptimizerOptions o = *this;
   if (o.lr == 0) o.lr = traits().default_lr;
   if (o.eps == 0) o.eps = traits().default_eps;
+  if (o.momentum == 0 && traits().momentum_family) o.momentum = 0.9;  // PyTorch's SGD takes none by default
   return o;
 }
 
@@ -133,6 +135,7 @@ void OptimizerOptions::validate() const {
   PK_CHECK(std::isfinite(lr) && lr > 0, "learning rate must be > 0 (got " << lr << ")");
   PK_CHECK(weight_decay >= 0, "weight decay must be >= 0 (got " << weight_decay << ")");
   if (t.momentum_family) {
+    const double momentum = resolved().momentum;
     PK_CHECK(momentum > 0 && momentum < 1, "momentum must be in (0, 1) (got " << momentum << ")");
     PK_CHECK(dampening >= 0 && dampening < 1, "dampening must be in [0, 1) (got " << dampening << ")");
     PK_CHECK(!(t.kind == OptimizerKind::Nesterov && dampening != 0), "nesterov needs dampening 0 (got " << dampening << ")");
@@ -144,6 +147,7 @@ void OptimizerOptions::validate() const {
   if (t.default_eps != 0) PK_CHECK(resolved().eps > 0, "eps must be > 0 (got " << eps << ")");
   if (t.kind == OptimizerKind::RMSprop) {
     PK_CHECK(alpha >= 0 && alpha < 1, "alpha must be in [0, 1) (got " << alpha << ")");
+    PK_CHECK(momentum >= 0 && momentum < 1, "momentum must be in [0, 1) (got " << momentum << ")");
   }
   if (t.kind == OptimizerKind::Adagrad) {
     PK_CHECK(lr_decay >= 0, "lr_decay must be >= 0 (got " << lr_decay << ")");
@@ -157,7 +161,7 @@ nlohmann::ordered_json OptimizerOptions::to_json() const {
   j["name"] = name;
   j["lr"] = resolved().lr;
   if (traits().momentum_family) {
-    j["momentum"] = momentum;
+    j["momentum"] = resolved().momentum;
     j["dampening"] = dampening;
   }
   if (traits().adam_family) {
@@ -167,6 +171,7 @@ nlohmann::ordered_json OptimizerOptions::to_json() const {
   if (traits().kind == OptimizerKind::RMSprop) {
     j["alpha"] = alpha;
     j["centered"] = centered;
+    if (momentum != 0) j["momentum"] = momentum;  // absent: none, as in runs made before RMSprop took momentum
   }
   if (traits().kind == OptimizerKind::Adagrad) {
     j["lr_decay"] = lr_decay;
@@ -193,6 +198,7 @@ OptimizerOptions OptimizerOptions::from_json(const nlohmann::ordered_json& j) {
   if (o.traits().kind == OptimizerKind::RMSprop) {
     o.alpha = j.at("alpha").get<double>();
     o.centered = j.at("centered").get<bool>();
+    o.momentum = j.value("momentum", 0.0);
   }
   if (o.traits().kind == OptimizerKind::Adagrad) {
     o.lr_decay = j.at("lr_decay").get<double>();
@@ -234,6 +240,7 @@ OptimizerState export_state(torch::optim::Optimizer& optimizer, const std::strin
       out.step = s.step();
       parts["square_avg"].push_back(s.square_avg().reshape({-1}));
       if (s.grad_avg().defined()) parts["grad_avg"].push_back(s.grad_avg().reshape({-1}));
+      if (s.momentum_buffer().defined()) parts["momentum_buffer"].push_back(s.momentum_buffer().reshape({-1}));
     } else if (kind == OptimizerKind::Adagrad) {
       auto& s = static_cast<torch::optim::AdagradParamState&>(*it->second);
       if (s.step() == 0) return out;  // the constructor's state, before any step: as empty as the others'
@@ -282,6 +289,7 @@ void import_state(torch::optim::Optimizer& optimizer, const std::string& name,
       s->step(state.step);
       s->square_avg(slice("square_avg"));
       if (state.buffers.count("grad_avg")) s->grad_avg(slice("grad_avg"));
+      if (state.buffers.count("momentum_buffer")) s->momentum_buffer(slice("momentum_buffer"));
       map[key_of(p)] = std::move(s);
     } else if (kind == OptimizerKind::Adagrad) {
       auto s = std::make_unique<torch::optim::AdagradParamState>();

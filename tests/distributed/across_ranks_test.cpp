@@ -61,13 +61,15 @@ nlohmann::json last_json(const std::string& out) {
 }
 
 /// A tiny run of `optimizer` (gaussians3, 90 training points, mlp:8, 9 steps,
-/// a checkpoint every `every` steps).
+/// a checkpoint every `every` steps; "rmsprop-momentum": RMSprop with momentum 0.5).
 std::string train(const testing::TempDir& dir, const std::string& optimizer, int every = 3) {
   const std::string r = dir / ("run-" + optimizer + (every == 3 ? "" : "-" + std::to_string(every)));
   const std::string batch = optimizer == "gd" ? "" : " --batch 30";
-  const std::string lr = optimizer == "adam" ? " --lr 0.01" : " --lr 0.1";
+  const bool rmsprop_momentum = optimizer == "rmsprop-momentum";
+  const std::string lr = optimizer == "adam" || rmsprop_momentum ? " --lr 0.01" : " --lr 0.1";
+  const std::string kind = rmsprop_momentum ? "rmsprop --momentum 0.5" : optimizer;
   const Output t = one_process("train --data gaussians3 --train-size 90 --test-size 30 --model mlp:8 --optimizer " +
-                               optimizer + batch + lr + " --weight-decay 0.001 --steps 9 --checkpoint-every " +
+                               kind + batch + lr + " --weight-decay 0.001 --steps 9 --checkpoint-every " +
                                std::to_string(every) + " --quiet --out " + r);
   EXPECT_EQ(t.status, 0) << t.out;
   return r;
@@ -116,7 +118,8 @@ TEST_P(TwoRanks, ExplainAndVerifyEqualOneProcessBitForBit) {
   EXPECT_LT(v2["max_rel_error"].get<double>(), 1e-10);
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, TwoRanks, ::testing::Values("gd", "sgd", "momentum", "adam", "rmsprop"));
+INSTANTIATE_TEST_SUITE_P(Optimizers, TwoRanks,
+                         ::testing::Values("gd", "sgd", "momentum", "adam", "rmsprop", "rmsprop-momentum"));
 
 // With fewer blocks of test points than ranks, gd and sgd split the steps:
 // every rank decomposes every point over its own blocks of steps (the

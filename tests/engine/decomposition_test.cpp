@@ -17,14 +17,16 @@ namespace {
 
 using testing::flat_grad;
 
-/// A run of `optimizer` ("rmsprop-centered": centered RMSprop) with weight
-/// decay and a changing rate.
+/// A run of `optimizer` ("rmsprop-centered": centered RMSprop;
+/// "rmsprop-momentum": centered RMSprop with momentum) with weight decay and
+/// a changing rate.
 RunOptions buffered_run(const std::string& dir, const std::string& optimizer, int64_t steps) {
-  const bool centered = optimizer == "rmsprop-centered";
-  RunOptions r = testing::small_run(dir, centered ? "rmsprop" : optimizer, steps, 3);
+  const bool rmsprop = optimizer.rfind("rmsprop", 0) == 0;
+  RunOptions r = testing::small_run(dir, rmsprop ? "rmsprop" : optimizer, steps, 3);
   r.train.optimizer.weight_decay = 1e-2;
   r.train.optimizer.dampening = optimizer == "momentum" ? 0.2 : 0.0;
-  r.train.optimizer.centered = centered;
+  r.train.optimizer.centered = optimizer == "rmsprop-centered" || optimizer == "rmsprop-momentum";
+  if (optimizer == "rmsprop-momentum") r.train.optimizer.momentum = 0.7;
   r.train.optimizer.alpha = 0.9;
   r.train.optimizer.lr_decay = 0.1;
   r.train.optimizer.initial_accumulator_value = 0.05;
@@ -33,8 +35,9 @@ RunOptions buffered_run(const std::string& dir, const std::string& optimizer, in
 }
 
 /// The optimizers walked in reverse: a buffer (momentum, nesterov, adam,
-/// adamw), a metric (adam, adamw, rmsprop, adagrad).
-const char* const kBuffered[] = {"momentum", "nesterov", "adam", "adamw", "rmsprop", "rmsprop-centered", "adagrad"};
+/// adamw, rmsprop with momentum), a metric (adam, adamw, rmsprop, adagrad).
+const char* const kBuffered[] = {"momentum", "nesterov",         "adam",    "adamw", "rmsprop", "rmsprop-centered",
+                                 "rmsprop-momentum", "adagrad"};
 
 // With dpk (J̄_s = J(w_s, x)) both sides use the same test features, so this
 // checks the accumulation itself: per-sample buffers walked forward in time
@@ -69,8 +72,10 @@ TEST(ReverseAccumulation, EqualsPerSampleBuffersForwardInTime) {
                         }) / static_cast<double>(st.batch.size(0));
       }
       const torch::Tensor reg = rule.coupled_decay() * st.w;
-      buffers = rule.beta() * buffers + c.gamma * per_sample;
-      reg_buffer = rule.beta() * reg_buffer + c.gamma * reg;
+      // b_s = β b_{s−1} + γ_s Q_s d_s, each training point's share kept apart
+      const torch::Tensor q = c.buffer_metric.defined() ? c.buffer_metric : torch::ones({P}, torch::kFloat64);
+      buffers = rule.beta() * buffers + c.gamma * per_sample * q;
+      reg_buffer = rule.beta() * reg_buffer + c.gamma * reg * q;
       StepCoefficients no_rho = c;
       no_rho.rho = torch::Tensor();
       torch::Tensor moves = UpdateRule::update(no_rho, per_sample, buffers);  // [M, P]: each point's share of Δw_s

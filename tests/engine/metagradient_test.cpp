@@ -68,9 +68,11 @@ class MetagradientFiniteDifferences : public ::testing::TestWithParam<Setting> {
 TEST_P(MetagradientFiniteDifferences, AgreesWithRetrainingToTheDifferencesError) {
   const Setting& s = GetParam();
   TempDir dir;
-  const bool centered = s.optimizer == "rmsprop-centered";
-  RunOptions r = small_run(dir / "run", centered ? "rmsprop" : s.optimizer, 12, 5);
-  r.train.optimizer.centered = centered;
+  // "rmsprop-centered", "rmsprop-momentum": RMSprop so
+  const bool rmsprop = s.optimizer.rfind("rmsprop", 0) == 0;
+  RunOptions r = small_run(dir / "run", rmsprop ? "rmsprop" : s.optimizer, 12, 5);
+  r.train.optimizer.centered = s.optimizer == "rmsprop-centered";
+  if (s.optimizer == "rmsprop-momentum") r.train.optimizer.momentum = 0.8;
   r.train.optimizer.lr_decay = 0.1;
   r.train.optimizer.initial_accumulator_value = 0.05;
   r.model = s.model;
@@ -107,6 +109,7 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, MetagradientFiniteDifferences,
                                            Setting{"adamw", "mlp:6", 0.05}, Setting{"sgd", "cnn:2", 0.0},
                                            Setting{"momentum", "cnn:2", 0.01}, Setting{"adam", "cnn:2", 0.0},
                                            Setting{"rmsprop", "mlp:6:tanh", 0.01}, Setting{"rmsprop-centered", "mlp:6", 0.0},
+                                           Setting{"rmsprop-momentum", "mlp:6:tanh", 0.01},
                                            Setting{"adagrad", "mlp:6:tanh", 0.01}),
                          [](const ::testing::TestParamInfo<Setting>& info) {
                            std::string name = info.param.optimizer + "_" + info.param.model;

@@ -18,14 +18,17 @@ torch::Tensor mean_gradient(Network& net, const torch::Tensor& x, const torch::T
   return torch::cat(g);
 }
 
-/// The options of `name` ("rmsprop-centered": centered RMSprop).
+/// The options of `name` ("rmsprop-centered", "rmsprop-momentum",
+/// "rmsprop-centered-momentum": RMSprop so).
 OptimizerOptions optimizer(const std::string& name) {
   OptimizerOptions o;
-  o.name = name == "rmsprop-centered" ? "rmsprop" : name;
-  o.lr = name == "adam" || name == "adamw" || name == "rmsprop" || name == "rmsprop-centered" ? 0.02 : 0.1;
+  const bool rmsprop = name.rfind("rmsprop", 0) == 0;
+  o.name = rmsprop ? "rmsprop" : name;
+  o.lr = name == "adam" || name == "adamw" || rmsprop ? 0.02 : 0.1;
   o.weight_decay = 0.05;
   o.dampening = name == "momentum" ? 0.3 : 0.0;
-  o.centered = name == "rmsprop-centered";
+  o.centered = name.find("centered") != std::string::npos;
+  if (rmsprop && name.find("momentum") != std::string::npos) o.momentum = 0.6;
   o.alpha = 0.9;
   o.lr_decay = 0.2;
   o.initial_accumulator_value = 0.1;
@@ -33,11 +36,11 @@ OptimizerOptions optimizer(const std::string& name) {
 }
 
 // Step by step with LibTorch's optimizer: the recorded buffer follows
-// b_s = β b_{s−1} + γ_s d_s and the update equals P_s(α d_s + κ b_s) + ρ_s,
+// b_s = β b_{s−1} + γ_s Q_s d_s and the update equals P_s(α d_s + κ b_s) + ρ_s,
 // both to rounding.
 TEST(UpdateRule, ReconstructsLibTorchsSteps) {
-  for (const std::string name :
-       {"gd", "sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "rmsprop-centered", "adagrad"}) {
+  for (const std::string name : {"gd", "sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "rmsprop-centered",
+                                 "rmsprop-momentum", "rmsprop-centered-momentum", "adagrad"}) {
     NetworkOptions no;
     no.spec = ModelSpec::parse("mlp:6");
     no.input_shape = {4};
@@ -63,7 +66,8 @@ TEST(UpdateRule, ReconstructsLibTorchsSteps) {
       torch::Tensor b = rule.buffer(after);
       ASSERT_EQ(b.defined(), rule.has_buffer()) << name;
       if (b.defined()) {
-        torch::Tensor expect = c.gamma * d + (b_prev.defined() ? rule.beta() * b_prev : torch::zeros_like(d));
+        const torch::Tensor qd = c.buffer_metric.defined() ? d * c.buffer_metric : d;
+        torch::Tensor expect = c.gamma * qd + (b_prev.defined() ? rule.beta() * b_prev : torch::zeros_like(d));
         EXPECT_LE((b - expect).abs().max().item<double>(), 1e-15 * b.abs().max().item<double>() + 1e-300)
             << name << " step " << s;
       }
@@ -88,6 +92,22 @@ TEST(UpdateRule, Coefficients) {
   const StepCoefficients m1 = UpdateRule(optimizer("momentum")).step(1, 0.1, torch::zeros({3}), none);
   EXPECT_EQ(m0.gamma, 1.0);  // the first buffer is the gradient itself
   EXPECT_EQ(m1.gamma, 1.0 - 0.3);
+  // RMSprop with momentum: a buffer with the step's metric inside it, the update the buffer alone.
+  const UpdateRule rm(optimizer("rmsprop-momentum"));
+  EXPECT_EQ(rm.beta(), 0.6);
+  EXPECT_TRUE(rm.walks_in_reverse());
+  OptimizerState after;
+  after.step = 1;
+  after.buffers["square_avg"] = torch::full({3}, 4.0, torch::kFloat64);
+  after.buffers["momentum_buffer"] = torch::ones({3}, torch::kFloat64);
+  const StepCoefficients r = rm.step(0, 0.1, torch::zeros({3}), after);
+  EXPECT_FALSE(r.metric.defined());
+  ASSERT_TRUE(r.buffer_metric.defined());
+  EXPECT_DOUBLE_EQ(r.buffer_metric[0].item<double>(), 1 / (2 + 1e-8));
+  EXPECT_EQ(r.alpha, 0.0);
+  EXPECT_EQ(r.kappa, -0.1);
+  EXPECT_EQ(r.gamma, 1.0);
+  EXPECT_EQ(UpdateRule(optimizer("rmsprop")).beta(), 0.0);  // no momentum, no buffer
 }
 
 TEST(UpdateRule, RejectsWhatItCannotRepresent) {

@@ -50,7 +50,7 @@ DecompositionOptions quiet_options() {
 
 TEST(CompactRecordedRun, ReplaysEveryOptimizerBitForBit) {
   for (const torch::Dtype dtype : {torch::kFloat64, torch::kFloat32}) {
-    for (const std::string opt : {"sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "adagrad"}) {
+    for (const std::string opt : {"sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "rmsprop-momentum", "adagrad"}) {
       TempDir dir(opt);
       auto [own, compact] = compact_twin(dir, opt, 8, dtype);
       PathReader reference(own), reader(compact);

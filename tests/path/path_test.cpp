@@ -31,7 +31,7 @@ using testing::small_run;
 using testing::TempDir;
 
 const std::vector<std::string> kOptimizers = {"gd",    "sgd",   "momentum", "nesterov",
-                                              "adam", "adamw", "rmsprop",  "adagrad"};
+                                              "adam", "adamw", "rmsprop",  "rmsprop-momentum", "adagrad"};
 
 // The reference is a run that stores every step; the path under test stores
 // every 4th. Replaying the sparse one must give every stored w_s bit for bit.

@@ -23,6 +23,7 @@ OPTIMIZERS = {
     "adam": lambda p: torch.optim.Adam(p, lr=0.02, weight_decay=1e-3),
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.02, weight_decay=0.05),
     "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01, centered=True, weight_decay=1e-3),
+    "rmsprop-momentum": lambda p: torch.optim.RMSprop(p, lr=0.005, momentum=0.7, weight_decay=1e-3),
     "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.05, lr_decay=0.01, weight_decay=1e-3),
 }
 
@@ -33,6 +34,7 @@ SCHEDULERS = {
     "adam": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10),
     "adamw": lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.9),
     "rmsprop": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=5, gamma=0.5),
+    "rmsprop-momentum": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=5, gamma=0.5),
     "adagrad": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10),
 }
 

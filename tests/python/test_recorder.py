@@ -535,9 +535,8 @@ class Refusals(TempDirTest):
         self.refuse(r"optimizer torch\.optim\.adadelta\.Adadelta is not supported; supported: torch\.optim\.SGD.*"
                     r"Adam.*AdamW.*RMSprop.*Adagrad",
                     model, torch.optim.Adadelta(model.parameters(), lr=0.1), self.x, self.y)
-        self.refuse(r"RMSprop with momentum 0\.9 is not supported: its buffer sums each step's gradient divided by "
-                    r"that step's own root mean square",
-                    model, torch.optim.RMSprop(model.parameters(), lr=0.1, momentum=0.9), self.x, self.y)
+        self.refuse(r"RMSprop momentum must be in \[0, 1\) \(got 1\.5\)",
+                    model, torch.optim.RMSprop(model.parameters(), lr=0.1, momentum=1.5), self.x, self.y)
         self.refuse(r"Adagrad with foreach=True is not supported: its multi-tensor step takes the rate in float32",
                     model, torch.optim.Adagrad(model.parameters(), lr=0.1, foreach=True), self.x, self.y)
         self.refuse(r"Adam with amsgrad=True is not supported",

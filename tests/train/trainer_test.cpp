@@ -67,12 +67,15 @@ TrainOptions options(const std::string& optimizer, double lr, int64_t steps, int
 }
 
 TEST(Train, ReducesTheLossOnGaussians3ForEveryOptimizer) {
-  for (const std::string opt : {"gd", "sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "adagrad"}) {
+  for (const std::string opt :
+       {"gd", "sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "rmsprop-momentum", "adagrad"}) {
     Problem p = gaussians();
     Recorder rec;
-    double lr = (opt == "adam" || opt == "adamw" || opt == "rmsprop") ? 0.01 : 0.05;
-    TrainSummary s = train(p.net, p.data.x_train, p.data.y_train, p.data.x_test, p.data.y_test,
-                           options(opt, lr, 60, opt == "gd" ? 0 : 30), rec);
+    const bool rmsprop = opt.rfind("rmsprop", 0) == 0;
+    double lr = (opt == "adam" || opt == "adamw" || opt == "rmsprop") ? 0.01 : opt == "rmsprop-momentum" ? 0.002 : 0.05;
+    TrainOptions t = options(rmsprop ? "rmsprop" : opt, lr, 60, opt == "gd" ? 0 : 30);
+    if (opt == "rmsprop-momentum") t.optimizer.momentum = 0.8;
+    TrainSummary s = train(p.net, p.data.x_train, p.data.y_train, p.data.x_test, p.data.y_test, t, rec);
     ASSERT_EQ(rec.losses.size(), 60u) << opt;
     // Full-set loss before and after, computed independently of the trainer.
     torch::NoGradGuard guard;
@@ -215,6 +218,8 @@ TEST(TrainOptions, RejectsBadOptions) {
       {[](TrainOptions& t) { t.optimizer.name = "adam"; t.optimizer.beta2 = 1; }, "beta2 must be in [0, 1)"},
       {[](TrainOptions& t) { t.optimizer.name = "adam"; t.optimizer.eps = -1e-8; }, "eps must be > 0 (got -1e-08)"},
       {[](TrainOptions& t) { t.optimizer.name = "rmsprop"; t.optimizer.alpha = 1; }, "alpha must be in [0, 1) (got 1)"},
+      {[](TrainOptions& t) { t.optimizer.name = "rmsprop"; t.optimizer.momentum = 1; },
+       "momentum must be in [0, 1) (got 1)"},
       {[](TrainOptions& t) { t.optimizer.name = "adagrad"; t.optimizer.lr_decay = -0.5; },
        "lr_decay must be >= 0 (got -0.5)"},
       {[](TrainOptions& t) { t.optimizer.name = "adagrad"; t.optimizer.initial_accumulator_value = -1; },
@@ -331,6 +336,15 @@ TEST(OptimizerOptions, EachKindsFieldsRoundTripThroughTheManifest) {
   j = r.to_json();
   EXPECT_EQ(j.dump(), R"({"name":"rmsprop","lr":0.01,"alpha":0.9,"centered":true,"eps":1e-06,"weight_decay":0.0})");
   EXPECT_EQ(OptimizerOptions::from_json(j).to_json().dump(), j.dump());
+  r.momentum = 0.5;  // RMSprop's momentum is written only where it has some
+  j = r.to_json();
+  EXPECT_EQ(j.dump(), R"({"name":"rmsprop","lr":0.01,"alpha":0.9,"centered":true,"momentum":0.5,"eps":1e-06,)"
+                      R"("weight_decay":0.0})");
+  EXPECT_EQ(OptimizerOptions::from_json(j).momentum, 0.5);
+  OptimizerOptions momentum;  // the momentum family's default, written out
+  momentum.name = "momentum";
+  EXPECT_EQ(momentum.to_json().dump(), R"({"name":"momentum","lr":0.1,"momentum":0.9,"dampening":0.0,)"
+                                       R"("weight_decay":0.0})");
   OptimizerOptions adam;
   adam.name = "adam";
   EXPECT_EQ(adam.to_json().dump(),
