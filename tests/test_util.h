@@ -183,8 +183,18 @@ inline torch::Tensor flat_grad(Network& net, const torch::Tensor& w, const torch
   return torch::cat(g);
 }
 
-/// A small, fast run on gaussians3: 60 training points, mlp:6
-/// ("rmsprop-momentum": RMSprop with momentum 0.5).
+/// Names the optimizer `name` in `o`: a kind's name, or one of RMSprop's
+/// forms "rmsprop-centered", "rmsprop-momentum" and
+/// "rmsprop-centered-momentum" (with momentum `rmsprop_momentum`).
+inline void name_optimizer(OptimizerOptions& o, const std::string& name, double rmsprop_momentum = 0.5) {
+  const bool rmsprop = name.rfind("rmsprop", 0) == 0;
+  o.name = rmsprop ? "rmsprop" : name;
+  o.centered = rmsprop && name.find("centered") != std::string::npos;
+  o.momentum = rmsprop && name.find("momentum") != std::string::npos ? rmsprop_momentum : 0.0;
+}
+
+/// A small, fast run on gaussians3: 60 training points, mlp:6, `optimizer`
+/// named as name_optimizer takes it.
 inline RunOptions small_run(const std::string& out, const std::string& optimizer, int64_t steps,
                             int64_t checkpoint_every) {
   RunOptions r;
@@ -192,11 +202,9 @@ inline RunOptions small_run(const std::string& out, const std::string& optimizer
   r.data.train_size = 60;
   r.data.test_size = 30;
   r.model = "mlp:6";
-  const bool rmsprop_momentum = optimizer == "rmsprop-momentum";
-  r.train.optimizer.name = rmsprop_momentum ? "rmsprop" : optimizer;
-  r.train.optimizer.momentum = rmsprop_momentum ? 0.5 : 0.0;
-  r.train.optimizer.lr =
-      (optimizer == "adam" || optimizer == "adamw" || optimizer == "rmsprop" || rmsprop_momentum) ? 0.01 : 0.05;
+  name_optimizer(r.train.optimizer, optimizer);
+  const std::string& kind = r.train.optimizer.name;
+  r.train.optimizer.lr = (kind == "adam" || kind == "adamw" || kind == "rmsprop") ? 0.01 : 0.05;
   r.train.steps = steps;
   r.train.batch = optimizer == "gd" ? 0 : 16;
   r.train.progress = false;

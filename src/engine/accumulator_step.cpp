@@ -49,7 +49,7 @@ __attribute__((always_inline)) inline void step_elements(double* a, double* acc,
     double* accr = acc ? acc + row * P : nullptr;
     if (accr && m.buffer && m.update) step_row<true, true, true>(ar, accr, m, p0, p1, c);
     else if (accr && m.buffer) step_row<false, true, true>(ar, accr, m, p0, p1, c);
-    else if (m.update && accr) step_row<true, true>(ar, accr, m, p0, p1, c);
+    else if (accr && m.update) step_row<true, true>(ar, accr, m, p0, p1, c);
     else if (accr) step_row<false, true>(ar, accr, m, p0, p1, c);
     else if (m.update) step_row<true, false>(ar, accr, m, p0, p1, c);
     else step_row<false, false>(ar, accr, m, p0, p1, c);

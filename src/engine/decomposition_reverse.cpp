@@ -164,6 +164,7 @@ struct ReverseStep {
   torch::Tensor dvec;
   StepCoefficients c;
   torch::Tensor buf, residual;
+  torch::Tensor buf_input;  ///< γ_s Q_s d_s, what the step added to b_s (undefined without a buffer)
 };
 
 /// The reverse walk's state across its chunks of test points: the totals d
@@ -265,8 +266,7 @@ class ReverseWalk {
     w_.finish_batch(st, bt, options_.train_chunk);  // formed ahead without c_s G_s
     const ReverseStep t = step_terms(st, std::move(bt));
     if (ch.c0 == 0) {  // the steps' residuals, once (they do not depend on the test points)
-      residuals.visit(st.step, max_abs(t.residual), update_bound(m_, st), t.buf,
-                      t.buf.defined() ? UpdateRule::buffer_input(t.c, t.dvec) : torch::Tensor());
+      residuals.visit(st.step, max_abs(t.residual), update_bound(m_, st), t.buf, t.buf_input);
     }
     // Features formed ahead are the chunk's groups' in turn (only without
     // an observer, so all the chunk's groups are walked at once).
@@ -366,6 +366,7 @@ class ReverseWalk {
     t.dvec = t.bt.gradient + lambda_ * st.w;  // d_s = c_s G_s + λ_c w_s
     t.c = rule_.step(st.step, st.lr, st.w, st.state);
     t.buf = rule_.buffer(st.state);
+    if (t.buf.defined()) t.buf_input = UpdateRule::buffer_input(t.c, t.dvec);
     t.residual = st.delta - UpdateRule::update(t.c, t.dvec, t.buf);
     return t;
   }
@@ -400,7 +401,7 @@ class ReverseWalk {
       // a_s and Ã_s in one pass over the group's dense features [nb, K, P]
       a = accumulator_step(dense_features(ev, f), t.c.metric, t.buf.defined() ? acc_b : torch::Tensor(),
                            {t.c.alpha, beta_, t.c.kappa, t.c.gamma}, t.c.buffer_metric);
-      if (t.buf.defined()) erow += torch::matmul(acc_b, t.buf - UpdateRule::buffer_input(t.c, t.dvec));
+      if (t.buf.defined()) erow += torch::matmul(acc_b, t.buf - t.buf_input);
       d_.rounding.narrow(0, p0, nb).add_(erow);
       if (lambda_ != 0) d_.regularization.narrow(0, p0, nb).add_(lambda_ * torch::matmul(a, st.w));
     }

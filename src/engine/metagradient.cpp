@@ -28,7 +28,7 @@ std::vector<std::string> state_names(const OptimizerOptions& o) {
   if (t.kind == OptimizerKind::RMSprop) {
     std::vector<std::string> names{"square_avg"};
     if (o.centered) names.push_back("grad_avg");
-    if (o.resolved().momentum != 0) names.push_back("momentum_buffer");
+    if (o.momentum != 0) names.push_back("momentum_buffer");
     return names;
   }
   if (t.kind == OptimizerKind::Adagrad) return {"sum"};

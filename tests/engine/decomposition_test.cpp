@@ -17,16 +17,12 @@ namespace {
 
 using testing::flat_grad;
 
-/// A run of `optimizer` ("rmsprop-centered": centered RMSprop;
-/// "rmsprop-momentum": centered RMSprop with momentum) with weight decay and
-/// a changing rate.
+/// A run of `optimizer` (as testing::name_optimizer takes it) with weight
+/// decay and a changing rate.
 RunOptions buffered_run(const std::string& dir, const std::string& optimizer, int64_t steps) {
-  const bool rmsprop = optimizer.rfind("rmsprop", 0) == 0;
-  RunOptions r = testing::small_run(dir, rmsprop ? "rmsprop" : optimizer, steps, 3);
+  RunOptions r = testing::small_run(dir, optimizer, steps, 3);
   r.train.optimizer.weight_decay = 1e-2;
   r.train.optimizer.dampening = optimizer == "momentum" ? 0.2 : 0.0;
-  r.train.optimizer.centered = optimizer == "rmsprop-centered" || optimizer == "rmsprop-momentum";
-  if (optimizer == "rmsprop-momentum") r.train.optimizer.momentum = 0.7;
   r.train.optimizer.alpha = 0.9;
   r.train.optimizer.lr_decay = 0.1;
   r.train.optimizer.initial_accumulator_value = 0.05;
@@ -37,7 +33,7 @@ RunOptions buffered_run(const std::string& dir, const std::string& optimizer, in
 /// The optimizers walked in reverse: a buffer (momentum, nesterov, adam,
 /// adamw, rmsprop with momentum), a metric (adam, adamw, rmsprop, adagrad).
 const char* const kBuffered[] = {"momentum", "nesterov",         "adam",    "adamw", "rmsprop", "rmsprop-centered",
-                                 "rmsprop-momentum", "adagrad"};
+                                 "rmsprop-centered-momentum", "adagrad"};
 
 // With dpk (J̄_s = J(w_s, x)) both sides use the same test features, so this
 // checks the accumulation itself: per-sample buffers walked forward in time

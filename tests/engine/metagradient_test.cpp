@@ -68,11 +68,7 @@ class MetagradientFiniteDifferences : public ::testing::TestWithParam<Setting> {
 TEST_P(MetagradientFiniteDifferences, AgreesWithRetrainingToTheDifferencesError) {
   const Setting& s = GetParam();
   TempDir dir;
-  // "rmsprop-centered", "rmsprop-momentum": RMSprop so
-  const bool rmsprop = s.optimizer.rfind("rmsprop", 0) == 0;
-  RunOptions r = small_run(dir / "run", rmsprop ? "rmsprop" : s.optimizer, 12, 5);
-  r.train.optimizer.centered = s.optimizer == "rmsprop-centered";
-  if (s.optimizer == "rmsprop-momentum") r.train.optimizer.momentum = 0.8;
+  RunOptions r = small_run(dir / "run", s.optimizer, 12, 5);  // "rmsprop-centered" etc.: testing::name_optimizer
   r.train.optimizer.lr_decay = 0.1;
   r.train.optimizer.initial_accumulator_value = 0.05;
   r.model = s.model;

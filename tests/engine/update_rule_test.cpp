@@ -18,17 +18,14 @@ torch::Tensor mean_gradient(Network& net, const torch::Tensor& x, const torch::T
   return torch::cat(g);
 }
 
-/// The options of `name` ("rmsprop-centered", "rmsprop-momentum",
-/// "rmsprop-centered-momentum": RMSprop so).
+/// The options of `name` (as testing::name_optimizer takes it; RMSprop's
+/// momentum 0.6).
 OptimizerOptions optimizer(const std::string& name) {
   OptimizerOptions o;
-  const bool rmsprop = name.rfind("rmsprop", 0) == 0;
-  o.name = rmsprop ? "rmsprop" : name;
-  o.lr = name == "adam" || name == "adamw" || rmsprop ? 0.02 : 0.1;
+  testing::name_optimizer(o, name, 0.6);
+  o.lr = o.name == "adam" || o.name == "adamw" || o.name == "rmsprop" ? 0.02 : 0.1;
   o.weight_decay = 0.05;
   o.dampening = name == "momentum" ? 0.3 : 0.0;
-  o.centered = name.find("centered") != std::string::npos;
-  if (rmsprop && name.find("momentum") != std::string::npos) o.momentum = 0.6;
   o.alpha = 0.9;
   o.lr_decay = 0.2;
   o.initial_accumulator_value = 0.1;
